@@ -1,0 +1,107 @@
+// Package testenv gives tests the real components they need: a Docker
+// Engine, bubblewrap, and a static cellbox binary to run as the in-box agent.
+//
+// A test that needs a component calls the matching Require function. When the
+// component is missing the test is skipped on a developer machine and fails
+// when the CI environment variable is set, so CI can never pass by skipping.
+package testenv
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+)
+
+// InCI reports whether the tests run under CI (CI is set and not "false").
+func InCI() bool {
+	v := os.Getenv("CI")
+	return v != "" && v != "false" && v != "0"
+}
+
+// missing fails under CI and skips elsewhere.
+func missing(t testing.TB, what string) {
+	t.Helper()
+	if InCI() {
+		t.Fatalf("%s is required when CI is set; run the README's test command, which installs it", what)
+	}
+	t.Skipf("%s not available: %s (set CI=1 to make this a failure)", what, what)
+}
+
+// DockerSocket is the Engine socket the tests use.
+func DockerSocket() string {
+	if h := os.Getenv("DOCKER_HOST"); len(h) > len("unix://") && h[:7] == "unix://" {
+		return h[7:]
+	}
+	return "/var/run/docker.sock"
+}
+
+// RequireDocker makes sure a Docker Engine answers on its socket.
+func RequireDocker(t testing.TB) {
+	t.Helper()
+	c, err := net.DialTimeout("unix", DockerSocket(), 2*time.Second)
+	if err != nil {
+		missing(t, "a Docker Engine ("+DockerSocket()+")")
+		return
+	}
+	c.Close()
+}
+
+// RequireBwrap makes sure bubblewrap is installed.
+func RequireBwrap(t testing.TB) {
+	t.Helper()
+	if _, err := exec.LookPath("bwrap"); err != nil {
+		missing(t, "bubblewrap (bwrap)")
+	}
+}
+
+var (
+	buildOnce sync.Once
+	buildPath string
+	buildErr  error
+)
+
+// RepoRoot is the module root, found from this source file.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// CellboxBinary builds cmd/cellbox once per test process, statically
+// (CGO_ENABLED=0, as in every box), and returns its path. Tests use it as the
+// agent binary mounted into boxes and to run the CLI.
+func CellboxBinary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "cellbox-testbin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildPath = filepath.Join(dir, "cellbox")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", buildPath, "./cmd/cellbox")
+		cmd.Dir = RepoRoot()
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = &buildError{err: err, out: string(out)}
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("build cellbox: %v", buildErr)
+	}
+	return buildPath
+}
+
+type buildError struct {
+	err error
+	out string
+}
+
+func (e *buildError) Error() string { return e.err.Error() + "\n" + e.out }

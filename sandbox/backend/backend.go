@@ -1,0 +1,132 @@
+// Package backend defines the contract between the box pool and the things
+// that make boxes: a Docker Engine (sandbox/docker) or bubblewrap
+// (sandbox/local). Backends are thin on purpose: they create, start, stop,
+// remove, inspect and list boxes. Everything that happens inside a box is a
+// request to the cellbox agent that runs as the box's PID 1 (sandbox/agent).
+//
+// Every backend passes the conformance suite in sandbox/backend/backendtest.
+package backend
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrNotFound is returned (wrapped) by Inspect, Start, Stop for a box the
+// backend does not know.
+var ErrNotFound = errors.New("box not found")
+
+// Paths inside every box.
+const (
+	// AgentPath is where the cellbox binary is mounted read-only.
+	AgentPath = "/.cellbox/cellbox"
+	// SocketDir is where the host's per-box directory is mounted read-write;
+	// the agent listens on SocketDir/agent.sock.
+	SocketDir = "/run/cellbox"
+	// SocketName is the agent socket's file name inside SocketDir.
+	SocketName = "agent.sock"
+	// Workspace is the writable working directory of every box.
+	Workspace = "/workspace"
+)
+
+// DefaultImage is the image a box gets when none is named: the host's own
+// /usr mounted read-only (bash, coreutils, python3), over a minimal root.
+const DefaultImage = "host"
+
+// Labels every box carries (Docker labels; the local backend stores them).
+const (
+	LabelManaged = "cellbox.managed" // always "1"
+	LabelSession = "cellbox.session"
+	LabelBox     = "cellbox.box" // the box's name within its session
+	LabelID      = "cellbox.id"
+)
+
+// Limits bound what a box may use. Zero means the backend default.
+type Limits struct {
+	MemoryBytes int64   `json:"memory_bytes,omitempty"` // default 1 GiB
+	CPUs        float64 `json:"cpus,omitempty"`         // default 1
+	Pids        int64   `json:"pids,omitempty"`         // default 256
+}
+
+// Defaults fills zero fields with the defaults.
+func (l Limits) Defaults() Limits {
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = 1 << 30
+	}
+	if l.CPUs == 0 {
+		l.CPUs = 1
+	}
+	if l.Pids == 0 {
+		l.Pids = 256
+	}
+	return l
+}
+
+// Spec describes a box to create.
+type Spec struct {
+	// ID is unique across the host and chosen by the caller (the pool); it
+	// names the container or the local box directory.
+	ID     string
+	Labels map[string]string
+	// Image is a Docker image name (cellbox/python) or DefaultImage.
+	// The local backend maps cellbox/NAME to the rootfs built by
+	// `cellbox image build NAME`.
+	Image   string
+	Env     map[string]string
+	Network bool // false: loopback only
+	Limits  Limits
+	// AgentBinary is the host path of a static cellbox binary, mounted
+	// read-only at AgentPath and started as `cellbox agent` (PID 1).
+	AgentBinary string
+	// HostDir is a host directory owned by this box, mounted at SocketDir.
+	// The agent creates its socket there. The host must treat everything in
+	// it as hostile (lstat, never follow links).
+	HostDir string
+}
+
+// State is a box's life state as the backend sees it.
+type State string
+
+const (
+	StateCreated State = "created" // made, never started or not running
+	StateRunning State = "running"
+	StateStopped State = "stopped" // was running, workspace kept
+)
+
+// Info is what a backend knows of a box.
+type Info struct {
+	ID      string
+	Labels  map[string]string
+	Image   string
+	State   State
+	Created time.Time
+	HostDir string
+}
+
+// Backend makes boxes. All methods are safe for concurrent use.
+//
+// Contract (checked by backendtest):
+//   - Create makes a box from a Spec without starting it. Creating an ID that
+//     exists is an error.
+//   - Start starts a created or stopped box and returns once its PID 1 (the
+//     agent) has been launched; the caller waits for the agent socket.
+//     Starting a running box is a no-op.
+//   - Stop stops a box and keeps its workspace: a later Start sees the same
+//     files. Stopping a stopped box is a no-op.
+//   - Remove stops and deletes a box and its workspace. Removing a missing
+//     box is not an error.
+//   - Inspect returns ErrNotFound (wrapped) for an unknown ID.
+//   - List returns the managed boxes whose labels include every given
+//     label; it sees boxes made by an earlier process (reattach, orphans).
+//   - Boxes have no network but loopback unless Spec.Network, run with
+//     Spec.Limits enforced, with no capabilities a shell does not need.
+type Backend interface {
+	Name() string // "docker" or "local"
+	Create(ctx context.Context, spec Spec) (Info, error)
+	Start(ctx context.Context, id string) (Info, error)
+	Stop(ctx context.Context, id string) error
+	Remove(ctx context.Context, id string) error
+	Inspect(ctx context.Context, id string) (Info, error)
+	List(ctx context.Context, labels map[string]string) ([]Info, error)
+}
