@@ -1,0 +1,234 @@
+package jsonschema
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+type editParams struct {
+	Path  string `json:"path" desc:"absolute path of the file"`
+	Edits []struct {
+		OldText string `json:"old_text"`
+		NewText string `json:"new_text"`
+	} `json:"edits" desc:"replacements, each matched against the original file"`
+	DryRun bool `json:"dry_run,omitempty" default:"false"`
+}
+
+type scalars struct {
+	S    string            `json:"s"`
+	B    bool              `json:"b"`
+	I    int64             `json:"i"`
+	U    uint8             `json:"u"`
+	F    float32           `json:"f"`
+	P    *int              `json:"p,omitempty"`
+	Z    int               `json:"z,omitzero"`
+	Raw  json.RawMessage   `json:"raw"`
+	Any  any               `json:"any"`
+	T    time.Time         `json:"t"`
+	D    time.Duration     `json:"d"`
+	Blob []byte            `json:"blob"`
+	Arr  [2]float64        `json:"arr"`
+	M    map[string]int    `json:"m"`
+	IM   map[int]bool      `json:"im"`
+	Q    int               `json:"q,string"`
+	Skip string            `json:"-"`
+	NoTg string            //
+	priv string            //nolint:unused
+	Nest *struct{ A int }  `json:"nest"`
+	SS   [][]string        `json:"ss"`
+	MS   map[string]*inner `json:"ms"`
+}
+
+type inner struct {
+	N int `json:"n" minimum:"1" maximum:"9"`
+}
+
+func TestForTypes(t *testing.T) {
+	got := string(JSON(scalars{}))
+	want := `{"type":"object","properties":{` +
+		`"s":{"type":"string"},"b":{"type":"boolean"},"i":{"type":"integer"},"u":{"type":"integer","minimum":0},` +
+		`"f":{"type":"number"},"p":{"type":"integer"},"z":{"type":"integer"},"raw":{},"any":{},` +
+		`"t":{"type":"string","format":"date-time"},"d":{"type":"integer"},"blob":{"type":"string","contentEncoding":"base64"},` +
+		`"arr":{"type":"array","minItems":2,"maxItems":2,"items":{"type":"number"}},` +
+		`"m":{"type":"object","additionalProperties":{"type":"integer"}},"im":{"type":"object","additionalProperties":{"type":"boolean"}},` +
+		`"q":{"type":"string"},"NoTg":{"type":"string"},` +
+		`"nest":{"type":"object","properties":{"A":{"type":"integer"}},"required":["A"],"additionalProperties":false},` +
+		`"ss":{"type":"array","items":{"type":"array","items":{"type":"string"}}},` +
+		`"ms":{"type":"object","additionalProperties":{"type":"object","properties":{"n":{"type":"integer","minimum":1,"maximum":9}},"required":["n"],"additionalProperties":false}}` +
+		`},"required":["s","b","i","u","f","raw","any","t","d","blob","arr","m","im","q","NoTg","nest","ss","ms"],"additionalProperties":false}`
+	assert.Equal(t, want, got, "properties keep declaration order")
+}
+
+func TestForTags(t *testing.T) {
+	type tagged struct {
+		Mode    string   `json:"mode,omitempty" desc:"how" enum:"fast, slow" default:"fast"`
+		Level   int      `json:"level,omitempty" enum:"1,2,3" default:"2" minimum:"1" maximum:"3"`
+		Ratio   float64  `json:"ratio" minimum:"-0.5"`
+		On      *bool    `json:"on,omitempty" default:"true"`
+		Tags    []string `json:"tags,omitempty" enum:"a,b" default:"[\"a\"]"`
+		Counts  []int    `json:"counts,omitempty" minimum:"0"`
+		Started string   `json:"started" desc:"when"`
+	}
+	s := For(tagged{})
+	mode := s.Properties.Get("mode")
+	assert.Equal(t, "how", mode.Description)
+	assert.Equal(t, "fast", mode.Default)
+	assert.Equal(t, []any{"fast", "slow"}, mode.Enum)
+	level := s.Properties.Get("level")
+	assert.Equal(t, []any{1, 2, 3}, level.Enum)
+	assert.Equal(t, 2, level.Default)
+	assert.Equal(t, 1.0, *level.Minimum)
+	assert.Equal(t, 3.0, *level.Maximum)
+	assert.Equal(t, -0.5, *s.Properties.Get("ratio").Minimum)
+	assert.Equal(t, true, s.Properties.Get("on").Default)
+	tags := s.Properties.Get("tags")
+	assert.Equal(t, []string{"a"}, tags.Default)
+	assert.Equal(t, []any{"a", "b"}, tags.Items.Enum, "enum on a slice constrains its items")
+	assert.Equal(t, 0.0, *s.Properties.Get("counts").Items.Minimum)
+	assert.Equal(t, []string{"ratio", "started"}, s.Required)
+
+	b, err := json.Marshal(s)
+	require.NoError(t, err)
+	assert.Contains(t, string(b), `"level":{"type":"integer","default":2,"enum":[1,2,3],"minimum":1,"maximum":3}`)
+}
+
+type Base struct {
+	ID      string `json:"id"`
+	Name    string `json:"name"`
+	Shadow  int    `json:"shadow"`
+	Clash   int
+	private int
+}
+
+type other struct {
+	Clash int
+	Extra bool `json:"extra,omitempty"`
+}
+
+type withEmbedded struct {
+	Base
+	*other
+	Shadow string `json:"shadow,omitempty"` // the shallower field wins
+	Named  Base   `json:"named"`
+}
+
+func TestForEmbedded(t *testing.T) {
+	s := For(&withEmbedded{})
+	var names []string
+	for _, p := range s.Properties {
+		names = append(names, p.Name)
+	}
+	assert.Equal(t, []string{"id", "name", "extra", "shadow", "named"}, names,
+		"embedded fields flattened; the clashing Clash fields cancel out as in encoding/json")
+	assert.Equal(t, "string", s.Properties.Get("shadow").Type)
+	assert.Equal(t, []string{"id", "name", "named"}, s.Required)
+
+	// the schema agrees with what encoding/json produces
+	v := withEmbedded{Base: Base{ID: "1", Name: "n", Shadow: 3}, other: &other{Extra: true}, Shadow: "s"}
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	require.NoError(t, Validate(JSON(v), b))
+}
+
+type tree struct {
+	Name     string  `json:"name"`
+	Children []*tree `json:"children,omitempty"`
+	Link     *link   `json:"link,omitempty"`
+}
+
+type link struct {
+	To   string `json:"to"`
+	Next *link  `json:"next,omitempty"`
+}
+
+func TestForRecursive(t *testing.T) {
+	s := For(tree{})
+	assert.Equal(t, "#", s.Properties.Get("children").Items.Ref)
+	require.Contains(t, s.Defs, "link")
+	assert.Equal(t, "#/$defs/link", s.Defs["link"].Properties.Get("next").Ref)
+
+	schema := JSON(tree{})
+	ok := `{"name":"a","children":[{"name":"b","link":{"to":"x","next":{"to":"y"}}}]}`
+	require.NoError(t, Validate(schema, []byte(ok)))
+	err := Validate(schema, []byte(`{"name":"a","children":[{"name":1,"link":{"to":"x","next":{"too":"y"}}}]}`))
+	require.Error(t, err)
+	assert.Equal(t, "value does not match the schema:\n"+
+		"  /children/0/link/next/to: required property is missing\n"+
+		"  /children/0/link/next/too: unknown property (allowed: next, to)\n"+
+		"  /children/0/name: must be string (got number)", err.Error())
+}
+
+func TestForErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		v    any
+		want string
+	}{
+		{"nil", nil, "cannot describe nil"},
+		{"chan field", struct {
+			C chan int `json:"c"`
+		}{}, "field C: type chan int (chan) has no JSON form"},
+		{"bad default", struct {
+			N int `json:"n" default:"many"`
+		}{}, `field N: default:"many": not a valid int`},
+		{"bad enum", struct {
+			N []int `json:"n" enum:"1,x"`
+		}{}, `field N: enum:"1,x": not a valid int`},
+		{"minimum on a string", struct {
+			S string `json:"s" minimum:"1"`
+		}{}, `field S: minimum:"1" on a string: only numbers have a minimum`},
+		{"bad minimum", struct {
+			N int `json:"n" minimum:"one"`
+		}{}, `field N: minimum:"one" is not a number`},
+		{"struct map key", map[struct{ A int }]int{}, "cannot be a JSON object key"},
+		{"nested path", struct {
+			In struct {
+				F func() `json:"f"`
+			} `json:"in"`
+		}{}, "field In: field F: type func()"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Generate(tt.v)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+			assert.Panics(t, func() { For(tt.v) })
+		})
+	}
+}
+
+func TestForCachedAndIndependent(t *testing.T) {
+	a := For(editParams{})
+	a.Properties[0].Schema.Description = "changed"
+	a.Required = append(a.Required, "x")
+	b := For(reflect.TypeFor[*editParams]())
+	assert.Equal(t, "absolute path of the file", b.Properties.Get("path").Description, "For returns a copy the caller may change")
+	assert.Equal(t, []string{"path", "edits"}, b.Required)
+	assert.Equal(t, string(JSON(editParams{})), string(JSON(&editParams{})))
+	e1, e2 := generate(editParams{}), generate(reflect.TypeFor[editParams]())
+	assert.Same(t, e1, e2, "generated once per type")
+}
+
+func TestForValidatesItsOwnValues(t *testing.T) {
+	schema := JSON(editParams{})
+	good := editParams{Path: "/w/a.go"}
+	good.Edits = append(good.Edits, struct {
+		OldText string `json:"old_text"`
+		NewText string `json:"new_text"`
+	}{"a", "b"})
+	b, err := json.Marshal(good)
+	require.NoError(t, err)
+	require.NoError(t, Validate(schema, b))
+
+	err = Validate(schema, []byte(`{"path":"/w/a.go","edits":[{"oldText":"a","new_text":"b"}],"dry_run":"yes"}`))
+	require.Error(t, err)
+	assert.Equal(t, "value does not match the schema:\n"+
+		"  /dry_run: must be boolean (got string)\n"+
+		"  /edits/0/oldText: unknown property (allowed: new_text, old_text)\n"+
+		"  /edits/0/old_text: required property is missing", err.Error())
+}
