@@ -1,0 +1,94 @@
+package patterns
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseString(t *testing.T) {
+	tmpl := func(parts ...Part) Value { return Value{Kind: ValueTemplate, Parts: parts} }
+	tests := []struct {
+		in   string
+		want Value
+		err  string
+	}{
+		{in: "", want: Literal("")},
+		{in: "plain text", want: Literal("plain text")},
+		{in: "$HOME and {braces}", want: Literal("$HOME and {braces}")},
+		{in: "${x}", want: Expr("x")},
+		{in: "${ x.y[\"a}b\"] }", want: Expr(`x.y["a}b"]`)},
+		{in: "${ {'a': 1}.a }", want: Expr("{'a': 1}.a")},
+		{in: "${`}` + x}", want: Expr("`}` + x")},
+		{in: `${"\"}" + x}`, want: Expr(`"\"}" + x`)},
+		{in: "$${x}", want: Literal("${x}")},
+		{in: "a ${x} b ${y}", want: tmpl(Part{Text: "a "}, Part{Expr: "x"}, Part{Text: " b "}, Part{Expr: "y"})},
+		{in: "${x}${y}", want: tmpl(Part{Expr: "x"}, Part{Expr: "y"})},
+		{in: " ${x}", want: tmpl(Part{Text: " "}, Part{Expr: "x"})},
+		{in: "$${a} ${b}", want: tmpl(Part{Text: "${a} "}, Part{Expr: "b"})},
+		{in: "${x", err: `"${" at column 1 has no closing "}"`},
+		{in: "ab ${ {x}", err: `"${" at column 4 has no closing "}"`},
+		{in: `${"x}`, err: `unterminated string in ${…} at column 3`},
+		{in: "${ }", err: "empty ${} at column 1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := parseString(tt.in)
+			if tt.err != "" {
+				require.EqualError(t, err, tt.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+			assert.Equal(t, got, Str(got.String()), "String writes what Str reads back")
+		})
+	}
+}
+
+func TestAnalyze(t *testing.T) {
+	tests := []struct {
+		src  string
+		want []ref
+	}{
+		{"x", []ref{{name: "x"}}},
+		{"x + y * 2", []ref{{name: "x"}, {name: "y"}}},
+		{`clean.result.files["/w/out.csv"]`, []ref{{name: "clean", path: []string{"result", "files", "/w/out.csv"}}}},
+		{`a.b[k].c`, []ref{{name: "a", path: []string{"b"}}, {name: "k"}}},
+		{`a?.b`, []ref{{name: "a", path: []string{"b"}}}},
+		{`repl.history[0].stdout`, []ref{{name: "repl", path: []string{"history"}}}},
+		{`len(xs) > 0 ? upper(s) : ""`, []ref{{name: "xs"}, {name: "s"}}},
+		{`filter(xs, .price > min)`, []ref{{name: "xs"}, {name: "min"}}},
+		{`map(xs, # * n)`, []ref{{name: "xs"}, {name: "n"}}},
+		{`let y = x; y + 1`, []ref{{name: "x"}}},
+		{`foo(1)`, []ref{{name: "foo", call: true}}},
+		{`"literal" + 'x'`, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.src, func(t *testing.T) {
+			got, err := analyze(tt.src)
+			require.NoError(t, err)
+			assert.ElementsMatch(t, tt.want, got)
+		})
+	}
+	for _, bad := range []string{"a +", "(", "a.b.", "1 ? 2"} {
+		_, err := analyze(bad)
+		assert.Error(t, err, bad)
+	}
+}
+
+func TestSuggest(t *testing.T) {
+	names := []string{"threshold", "command", "clean", "exec", "files"}
+	for in, want := range map[string]string{
+		"treshold":  "threshold",
+		"Threshold": "threshold",
+		"comand":    "command",
+		"commnad":   "command",
+		"exce":      "exec",
+		"clen":      "clean",
+		"zzz":       "",
+		"fil":       "",
+	} {
+		assert.Equal(t, want, nearest(in, names), in)
+	}
+}

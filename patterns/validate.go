@@ -1,0 +1,399 @@
+package patterns
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"path"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/cellbox/cellbox/builtins"
+	"github.com/expr-lang/expr/builtin"
+)
+
+// maxFileSize caps a file of the pattern folder read into a cell or a box.
+const maxFileSize = 32 << 20
+
+var (
+	identRE       = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	patternNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+)
+
+// What expressions may read of a node, by kind (see docs/patterns.md).
+var (
+	outputs = map[Kind][]string{
+		KindExec:    {"pending", "result", "error"},
+		KindSandbox: {"pending", "status", "history", "files"},
+	}
+	execResult = []string{"stdout", "stderr", "exit_code", "files"}
+	streams    = map[Kind][]string{KindSandbox: {"run", "destroy"}}
+)
+
+// checker validates a Pattern in place: it reads `file:` references from
+// fsys, fills each node's Reads and reports every problem it finds.
+type checker struct {
+	p     *Pattern
+	fsys  fs.FS
+	e     *errs
+	names map[string]string // cell or node name → "cell" or "node"
+	// edges[a][b] is the path of the first expression of node a that
+	// reads node b.
+	edges map[string]map[string]string
+}
+
+func check(p *Pattern, fsys fs.FS, e *errs) {
+	c := &checker{p: p, fsys: fsys, e: e, names: map[string]string{}, edges: map[string]map[string]string{}}
+	if p.Name == "" {
+		e.add("name", "missing: every pattern needs a name")
+	} else if !patternNameRE.MatchString(p.Name) {
+		e.add("name", "%q is not a valid pattern name: use letters, digits, '-', '_' and '.'", p.Name)
+	}
+	for i := range p.Cells {
+		c.name(field("cells", p.Cells[i].Name), p.Cells[i].Name, "cell")
+	}
+	for i := range p.Nodes {
+		c.name(field("nodes", p.Nodes[i].Name), p.Nodes[i].Name, "node")
+	}
+	for i := range p.Cells {
+		c.cell(&p.Cells[i])
+	}
+	for i := range p.Nodes {
+		c.node(&p.Nodes[i])
+	}
+	c.cycles()
+}
+
+// name checks a cell or node name and claims it.
+// A rejected name is still claimed, so that expressions reading it do not
+// add errors of their own.
+func (c *checker) name(at, name, what string) {
+	if prev, dup := c.names[name]; dup {
+		c.e.add(at, "name %q is already used by a %s (%s); cells and nodes share one namespace", name, prev, c.p.Where(field(prev+"s", name)))
+		return
+	}
+	c.names[name] = what
+	switch {
+	case !identRE.MatchString(name):
+		c.e.add(at, "%q is not a valid %s name: use letters, digits and '_', not starting with a digit (expressions refer to it by name)", name, what)
+	case isBuiltin(name):
+		c.e.add(at, "%q is an expression built-in; choose another %s name", name, what)
+	}
+}
+
+func (c *checker) cell(cell *Cell) {
+	at := field("cells", cell.Name)
+	if cell.File != "" {
+		if text, ok := c.readFile(field(at, "file"), cell.File); ok {
+			cell.Value, _ = json.Marshal(text)
+		}
+	}
+	if bytes.Equal(cell.Value, []byte("null")) {
+		cell.Value = nil
+	}
+	if cell.Schema != nil {
+		if err := checkSchema(cell.Schema, cell.Value); err != nil {
+			c.e.add(field(at, "schema"), "%v", err)
+		}
+	}
+}
+
+func (c *checker) node(n *Node) {
+	at := field("nodes", n.Name)
+	if n.Kind == "" || slices.Contains(planned, string(n.Kind)) {
+		return // the loader reported what is wrong with it
+	}
+	set := 0
+	for _, x := range []bool{!n.Computed.IsZero(), n.Exec != nil, n.Sandbox != nil} {
+		if x {
+			set++
+		}
+	}
+	if set != 1 || !slices.Contains(kinds, string(n.Kind)) {
+		c.e.add(at, "a node has exactly one kind (%s); kind %q with %d specs set", list(kinds), n.Kind, set)
+		return
+	}
+	reads := map[string]bool{}
+	val := func(at string, v Value, allowed ...ValueKind) {
+		c.value(n, reads, at, v, allowed...)
+	}
+	inputs := []ValueKind{ValueLiteral, ValueExpr, ValueTemplate}
+	switch n.Kind {
+	case KindComputed:
+		at = field(at, "computed")
+		if n.Computed.err == nil && (n.Computed.Kind == ValueLiteral || n.Computed.IsZero()) {
+			c.e.add(at, "%q is not an expression: write ${…} around it (e.g. '${%s}')", n.Computed.Text, n.Computed.Text)
+			break
+		}
+		val(at, n.Computed, ValueExpr, ValueTemplate)
+	case KindExec:
+		at = field(at, "exec")
+		s := n.Exec
+		if len(s.Command) == 0 {
+			c.e.add(field(at, "command"), "missing: an exec node needs a command (a string or a list of strings)")
+		}
+		for i, v := range s.Command {
+			val(index(field(at, "command"), i), v, inputs...)
+		}
+		if s.Timeout < 0 {
+			c.e.add(field(at, "timeout"), "negative timeout %s", s.Timeout)
+		}
+		c.box(n, at, s.Image, s.Env, s.Files, val)
+	case KindSandbox:
+		at = field(at, "sandbox")
+		c.box(n, at, n.Sandbox.Image, n.Sandbox.Env, n.Sandbox.Files, val)
+	}
+	n.Reads = slices.Sorted(maps.Keys(reads))
+}
+
+// box checks what exec and sandbox nodes share: image, env and files.
+func (c *checker) box(n *Node, at string, image Value, env, files map[string]Value, val func(string, Value, ...ValueKind)) {
+	inputs := []ValueKind{ValueLiteral, ValueExpr, ValueTemplate}
+	if !image.IsZero() {
+		val(field(at, "image"), image, inputs...)
+	}
+	for _, k := range sortedKeys(env) {
+		if !identRE.MatchString(k) {
+			c.e.add(field(field(at, "env"), k), "%q is not a valid environment variable name", k)
+		}
+		val(field(field(at, "env"), k), env[k], inputs...)
+	}
+	for _, k := range sortedKeys(files) {
+		fat := field(field(at, "files"), k)
+		if !path.IsAbs(k) || path.Clean(k) != k {
+			c.e.add(fat, "%q is not a clean absolute path in the box (e.g. %q)", k, path.Join("/workspace", k))
+		}
+		v := files[k]
+		val(fat, v, ValueLiteral, ValueExpr, ValueTemplate, ValueFile, ValueOutput)
+		if v.Kind == ValueFile {
+			if text, ok := c.readFile(fat, v.Path); ok {
+				v.Text = text
+				files[k] = v
+			}
+		}
+	}
+}
+
+// value checks one field value: its kind, its expressions and what they
+// read.
+func (c *checker) value(n *Node, reads map[string]bool, at string, v Value, allowed ...ValueKind) {
+	switch {
+	case v.err == errReported:
+		return
+	case v.err != nil:
+		c.e.add(at, "%v", v.err)
+		return
+	case v.IsZero():
+		c.e.add(at, "missing value")
+		return
+	case !slices.Contains(allowed, v.Kind):
+		c.e.add(at, "a %s value is not allowed here", v.Kind)
+		return
+	case v.Kind == ValueOutput && v.Format != "text" && v.Format != "json":
+		c.e.add(at, "unknown output format %q (want text or json)", v.Format)
+	}
+	for _, src := range v.Exprs() {
+		refs, err := analyze(src)
+		if err != nil {
+			c.e.add(at, "bad expression %q: %v", src, err)
+			continue
+		}
+		if !slices.ContainsFunc(refs, func(r ref) bool { return r.call && !isBuiltin(r.name) }) {
+			// What the runtime refuses (the clock, $env, ...), it says why.
+			if _, err := builtins.Parse(src); err != nil {
+				c.e.add(at, "%v", err)
+				continue
+			}
+		}
+		for _, r := range refs {
+			if msg := c.ref(r); msg != "" {
+				c.e.add(at, "%s", msg)
+				continue
+			}
+			reads[r.name] = true
+			if c.names[r.name] == "node" {
+				if c.edges[n.Name] == nil {
+					c.edges[n.Name] = map[string]string{}
+				}
+				if _, ok := c.edges[n.Name][r.name]; !ok {
+					c.edges[n.Name][r.name] = at
+				}
+			}
+		}
+	}
+}
+
+// ref checks one name an expression reads; it returns what is wrong, or "".
+func (c *checker) ref(r ref) string {
+	if r.call {
+		if isBuiltin(r.name) {
+			return ""
+		}
+		return fmt.Sprintf("unknown function %q%s", r.name, suggest(r.name, builtin.Names))
+	}
+	switch c.names[r.name] {
+	case "cell":
+		return ""
+	case "node":
+		n, _ := c.p.Node(r.name)
+		return checkOutput(n, r.path)
+	}
+	var cells, nodes []string
+	for name, what := range c.names {
+		if what == "cell" {
+			cells = append(cells, name)
+		} else {
+			nodes = append(nodes, name)
+		}
+	}
+	sort.Strings(cells)
+	sort.Strings(nodes)
+	if s := nearest(r.name, append(slices.Clone(cells), nodes...)); s != "" {
+		return fmt.Sprintf("unknown %s %q (did you mean %q?)", c.names[s], r.name, s)
+	}
+	return fmt.Sprintf("unknown cell or node %q (cells: %s; nodes: %s)", r.name, orNone(cells), orNone(nodes))
+}
+
+// checkOutput checks a path read from a node's output.
+func checkOutput(n *Node, p []string) string {
+	outs, ok := outputs[n.Kind]
+	if !ok || len(p) == 0 {
+		return ""
+	}
+	if slices.Contains(streams[n.Kind], p[0]) {
+		return fmt.Sprintf("%s.%s is a stream of %s node %q: send events to it, expressions cannot read it", n.Name, p[0], n.Kind, n.Name)
+	}
+	if !slices.Contains(outs, p[0]) {
+		return fmt.Sprintf("%s node %q has no output %q%s (outputs: %s)", n.Kind, n.Name, p[0], suggest(p[0], outs), list(outs))
+	}
+	var files map[string]Value
+	var rest []string
+	switch {
+	case n.Kind == KindExec && p[0] == "result" && len(p) > 1:
+		if !slices.Contains(execResult, p[1]) {
+			return fmt.Sprintf("exec node %q has no output \"result.%s\"%s (result has: %s)", n.Name, p[1], suggest(p[1], execResult), list(execResult))
+		}
+		if p[1] == "files" {
+			files, rest = n.Exec.Files, p[2:]
+		}
+	case n.Kind == KindSandbox && p[0] == "files":
+		files, rest = n.Sandbox.Files, p[1:]
+	}
+	if len(rest) == 0 {
+		return ""
+	}
+	var outFiles []string
+	for _, k := range sortedKeys(files) {
+		if files[k].Kind == ValueOutput {
+			outFiles = append(outFiles, k)
+		}
+	}
+	if slices.Contains(outFiles, rest[0]) {
+		return ""
+	}
+	if v, ok := files[rest[0]]; ok {
+		return fmt.Sprintf("file %q of %s node %q is an input (%s), not an output: declare it as text or json to read it back", rest[0], n.Kind, n.Name, v.Kind)
+	}
+	return fmt.Sprintf("%s node %q has no output file %q%s (output files: %s)", n.Kind, n.Name, rest[0], suggest(rest[0], outFiles), orNone(outFiles))
+}
+
+// readFile reads a file of the pattern folder as text.
+func (c *checker) readFile(at, name string) (string, bool) {
+	if c.fsys == nil {
+		c.e.add(at, "cannot read %q: this pattern has no folder (load it from a file, or set the builder's Dir)", name)
+		return "", false
+	}
+	if !fs.ValidPath(name) || name == "." {
+		c.e.add(at, "%q is not a path inside the pattern folder (use a relative path without ..)", name)
+		return "", false
+	}
+	st, err := fs.Stat(c.fsys, name)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		var siblings []string
+		ents, _ := fs.ReadDir(c.fsys, path.Dir(name))
+		for _, e := range ents {
+			siblings = append(siblings, path.Join(path.Dir(name), e.Name()))
+		}
+		c.e.add(at, "file %q not found in the pattern folder %s%s", name, c.dirName(), suggest(name, siblings))
+		return "", false
+	case err != nil:
+		c.e.add(at, "read %q: %v", name, err)
+		return "", false
+	case st.IsDir():
+		c.e.add(at, "%q is a folder, not a file", name)
+		return "", false
+	case st.Size() > maxFileSize:
+		c.e.add(at, "file %q is %d bytes, more than the %d a pattern file may have", name, st.Size(), maxFileSize)
+		return "", false
+	}
+	b, err := fs.ReadFile(c.fsys, name)
+	if err != nil {
+		c.e.add(at, "read %q: %v", name, err)
+		return "", false
+	}
+	if !utf8.Valid(b) {
+		c.e.add(at, "file %q is not UTF-8 text (binary files are not supported yet)", name)
+		return "", false
+	}
+	return string(b), true
+}
+
+func (c *checker) dirName() string {
+	if c.p.Dir == "" {
+		return "(in memory)"
+	}
+	return c.p.Dir
+}
+
+// cycles reports each dependency cycle among nodes once, with where each
+// edge of it was written.
+func (c *checker) cycles() {
+	const (
+		white = iota
+		grey
+		black
+	)
+	color := map[string]int{}
+	var stack []string
+	var visit func(n string)
+	visit = func(n string) {
+		color[n] = grey
+		stack = append(stack, n)
+		for _, m := range sortedKeys(c.edges[n]) {
+			switch color[m] {
+			case white:
+				visit(m)
+			case grey:
+				cyc := append(slices.Clone(stack[slices.Index(stack, m):]), m)
+				var where []string
+				for i := 0; i+1 < len(cyc); i++ {
+					where = append(where, fmt.Sprintf("%s reads %s at %s", cyc[i], cyc[i+1], c.p.Where(c.edges[cyc[i]][cyc[i+1]])))
+				}
+				c.e.add(c.edges[cyc[0]][cyc[1]], "dependency cycle %s (%s)", strings.Join(cyc, " -> "), strings.Join(where, "; "))
+			}
+		}
+		stack = stack[:len(stack)-1]
+		color[n] = black
+	}
+	for _, n := range c.p.Nodes {
+		if color[n.Name] == white {
+			visit(n.Name)
+		}
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
+
+func orNone(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return list(names)
+}

@@ -1,0 +1,578 @@
+package patterns
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// FileName is the pattern file Load looks for in a folder.
+const FileName = "pattern.yaml"
+
+// Load reads and validates the pattern at path: a pattern file, or a folder
+// holding pattern.yaml. `file:` references are read from the file's folder.
+func Load(path string) (*Pattern, error) {
+	file, dir := path, filepath.Dir(path)
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		file, dir = filepath.Join(path, FileName), path
+	}
+	src, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("load pattern: %w", err)
+	}
+	return parse(file, dir, src, os.DirFS(dir))
+}
+
+// Parse reads and validates a pattern from YAML source. filename names it in
+// errors; dir is the pattern folder `file:` references are read from (nil
+// when there is none).
+func Parse(filename string, src []byte, dir fs.FS) (*Pattern, error) {
+	return parse(filename, "", src, dir)
+}
+
+// errReported marks a field whose problem the loader already reported, so
+// the checker does not report it again.
+var errReported = errors.New("reported")
+
+// The fields of each mapping of the language.
+var (
+	topFields     = []string{"name", "description", "cells", "nodes"}
+	cellFields    = []string{"value", "file", "schema", "description"}
+	nodeFields    = append(slices.Clone(kinds), "description")
+	execFields    = []string{"command", "image", "env", "files", "cache", "timeout"}
+	sandboxFields = []string{"image", "env", "files"}
+	fileFields    = []string{"file", "content", "output"}
+)
+
+// maxYAMLNodes caps how many YAML nodes a value may expand to (aliases can
+// make a small file expand exponentially).
+const (
+	maxYAMLNodes = 1 << 20
+	maxDepth     = 1000
+)
+
+type loader struct {
+	file   string
+	p      *Pattern
+	e      *errs
+	budget int  // YAML nodes values may still expand to
+	tooBig bool // the budget ran out (reported once)
+}
+
+var yamlErrRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+func parse(file, dir string, src []byte, fsys fs.FS) (*Pattern, error) {
+	p := &Pattern{Dir: dir, Source: map[string]Pos{"": {File: file}}}
+	l := &loader{file: file, p: p, e: &errs{where: p.Where}, budget: maxYAMLNodes}
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(src))
+	err := dec.Decode(&doc)
+	switch {
+	case errors.Is(err, io.EOF):
+		return nil, ErrorList{{Pos: Pos{File: file}, Msg: "empty pattern: it needs at least a name (see docs/patterns.md)"}}
+	case err != nil:
+		pos := Pos{File: file}
+		msg := strings.TrimPrefix(err.Error(), "yaml: ")
+		if m := yamlErrRE.FindStringSubmatch(err.Error()); m != nil {
+			pos.Line, _ = strconv.Atoi(m[1])
+			msg = m[2]
+			if lines := strings.Split(string(src), "\n"); pos.Line >= 1 && pos.Line <= len(lines) && strings.Contains(strings.Join(lines[pos.Line-1:min(pos.Line+1, len(lines))], "\n"), "${") {
+				msg += ` (inside {…} or […] YAML needs ${…} quoted: '${x}')`
+			}
+		}
+		return nil, ErrorList{{Pos: pos, Msg: "malformed YAML: " + msg}}
+	}
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return nil, ErrorList{{Pos: Pos{File: file, Line: more.Line}, Msg: "more than one YAML document: a pattern file holds one"}}
+	}
+	if l.top(&doc) {
+		check(p, fsys, l.e)
+	}
+	if err := l.e.err(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (l *loader) pos(n *yaml.Node) Pos { return Pos{File: l.file, Line: n.Line, Col: n.Column} }
+
+func (l *loader) errAt(n *yaml.Node, path, format string, args ...any) {
+	l.e.list = append(l.e.list, &Error{Pos: l.pos(n), Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+// deref follows aliases and unwraps a document.
+func deref(n *yaml.Node) *yaml.Node {
+	for i := 0; n != nil && i < 100; i++ {
+		switch {
+		case n.Kind == yaml.AliasNode:
+			n = n.Alias
+		case n.Kind == yaml.DocumentNode && len(n.Content) == 1:
+			n = n.Content[0]
+		default:
+			return n
+		}
+	}
+	return n
+}
+
+type entry struct {
+	key, val *yaml.Node
+	path     string
+}
+
+// pairs reads a mapping whose keys are names the user chose (cells, nodes,
+// env, files): it reports non-mappings, non-scalar and repeated keys and
+// records where each entry was written.
+func (l *loader) pairs(n *yaml.Node, path, what string) []entry {
+	n = deref(n)
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		l.errAt(n, path, "want a mapping of %s, got %s", what, describe(n))
+		return nil
+	}
+	var out []entry
+	seen := map[string]*yaml.Node{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := deref(n.Content[i]), n.Content[i+1]
+		if k.Kind != yaml.ScalarNode {
+			l.errAt(k, path, "a key must be a plain name, got %s", describe(k))
+			continue
+		}
+		at := field(path, k.Value)
+		if k.ShortTag() == "!!merge" {
+			l.errAt(k, at, "merge keys (<<) are not supported; write the fields out (aliases such as *name are fine)")
+			continue
+		}
+		if prev, dup := seen[k.Value]; dup {
+			l.errAt(k, at, "%q is defined twice (first at %s)", k.Value, l.pos(prev))
+			continue
+		}
+		seen[k.Value] = k
+		l.p.Source[at] = l.pos(k)
+		out = append(out, entry{key: k, val: v, path: at})
+	}
+	return out
+}
+
+// fields reads a mapping of the language's own fields; unknown fields are
+// reported with the nearest valid one. hint, when not empty, is added to
+// unknown-field errors.
+func (l *loader) fields(n *yaml.Node, path string, names []string, hint string) (map[string]entry, bool) {
+	n = deref(n)
+	if n.Kind != yaml.MappingNode {
+		l.errAt(n, path, "want a mapping with fields %s, got %s", list(names), describe(n))
+		return nil, false
+	}
+	out := map[string]entry{}
+	for _, e := range l.pairs(n, path, "fields") {
+		if !slices.Contains(names, e.key.Value) {
+			l.errAt(e.key, e.path, "unknown field %q%s (fields: %s)%s", e.key.Value, suggest(e.key.Value, names), list(names), hint)
+			continue
+		}
+		out[e.key.Value] = e
+	}
+	return out, true
+}
+
+// top reads the document; false means it is not a pattern at all.
+func (l *loader) top(doc *yaml.Node) bool {
+	f, ok := l.fields(doc, "", topFields, "")
+	if !ok {
+		return false
+	}
+	if e, ok := f["name"]; ok {
+		l.p.Name, _ = l.str(e)
+	}
+	if e, ok := f["description"]; ok {
+		l.p.Description, _ = l.str(e)
+	}
+	if e, ok := f["cells"]; ok {
+		for _, c := range l.pairs(e.val, "cells", "cell names to values") {
+			l.cell(c)
+		}
+	}
+	if e, ok := f["nodes"]; ok {
+		for _, n := range l.pairs(e.val, "nodes", "node names to nodes") {
+			l.node(n)
+		}
+	}
+	return true
+}
+
+func (l *loader) cell(e entry) {
+	c := Cell{Name: e.key.Value}
+	defer func() { l.p.Cells = append(l.p.Cells, c) }()
+	n := deref(e.val)
+	if n.Kind != yaml.MappingNode {
+		c.Value = l.json(n, e.path, 0)
+		return
+	}
+	f, _ := l.fields(n, e.path, cellFields,
+		"; a cell written as a mapping takes these fields, so write an object value under value: ("+e.key.Value+": {value: {...}})")
+	if d, ok := f["description"]; ok {
+		c.Description, _ = l.str(d)
+	}
+	v, hasValue := f["value"]
+	file, hasFile := f["file"]
+	switch {
+	case hasValue && hasFile:
+		l.errAt(file.key, file.path, "a cell takes value or file, not both")
+	case hasValue:
+		c.Value = l.json(v.val, v.path, 0)
+	case hasFile:
+		if s, ok := l.str(file); ok && s == "" {
+			l.errAt(file.val, file.path, "empty file name")
+		} else {
+			c.File = s
+		}
+	}
+	if s, ok := f["schema"]; ok {
+		if sn := deref(s.val); sn.Kind != yaml.MappingNode && sn.ShortTag() != "!!bool" {
+			l.errAt(sn, s.path, "a JSON Schema is a mapping (or true/false), got %s", describe(sn))
+		} else {
+			c.Schema = l.json(sn, s.path, 0)
+		}
+	}
+}
+
+func (l *loader) node(e entry) {
+	n := Node{Name: e.key.Value}
+	defer func() { l.p.Nodes = append(l.p.Nodes, n) }()
+	vn := deref(e.val)
+	if vn.Kind != yaml.MappingNode {
+		l.errAt(vn, e.path, "want a node: a mapping with one of %s, got %s", list(kinds), describe(vn))
+		return
+	}
+	var specs []entry
+	for _, f := range l.pairs(vn, e.path, "fields") {
+		switch k := f.key.Value; {
+		case k == "description":
+			n.Description, _ = l.str(f)
+		case slices.Contains(kinds, k):
+			specs = append(specs, f)
+		case slices.Contains(planned, k):
+			l.errAt(f.key, f.path, "node kind %q is not available yet (kinds: %s)", k, list(kinds))
+			n.Kind = Kind(k) // known but unavailable: check skips it
+			return
+		default:
+			l.errAt(f.key, f.path, "unknown node kind %q%s (kinds: %s)", k, suggest(k, nodeFields), list(kinds))
+		}
+	}
+	switch len(specs) {
+	case 0:
+		if !slices.ContainsFunc(l.e.list, func(err *Error) bool { return strings.HasPrefix(err.Path, e.path) }) {
+			l.errAt(vn, e.path, "missing node kind: write one of %s", list(kinds))
+		}
+		return
+	case 1:
+	default:
+		l.errAt(specs[1].key, specs[1].path, "a node has one kind; %q already has %s", n.Name, specs[0].key.Value)
+		return
+	}
+	s := specs[0]
+	n.Kind = Kind(s.key.Value)
+	switch n.Kind {
+	case KindComputed:
+		if sn := deref(s.val); sn.Kind == yaml.ScalarNode && sn.ShortTag() != "!!str" {
+			n.Computed = Literal(sn.Value) // computed: 5 — a constant; the checker explains
+		} else {
+			n.Computed = l.string(s)
+		}
+	case KindExec:
+		n.Exec = &ExecSpec{}
+		reported := len(l.e.list)
+		f, ok := l.fields(s.val, s.path, execFields, "")
+		if c, has := f["command"]; has {
+			n.Exec.Command = l.command(c)
+		} else if !ok || len(l.e.list) > reported {
+			n.Exec.Command = []Value{{err: errReported}} // likely misspelled, reported as unknown
+		}
+		if !ok {
+			return
+		}
+		if c, ok := f["cache"]; ok {
+			var cache bool
+			if cn := deref(c.val); cn.Kind != yaml.ScalarNode || cn.ShortTag() != "!!bool" || cn.Decode(&cache) != nil {
+				l.errAt(cn, c.path, "want true or false, got %s", describe(cn))
+			} else {
+				n.Exec.NoCache = !cache
+			}
+		}
+		if t, ok := f["timeout"]; ok {
+			if s, ok := l.str(t); ok {
+				d, err := time.ParseDuration(s)
+				if err != nil || d <= 0 {
+					l.errAt(t.val, t.path, "want a positive duration such as 30s or 5m, got %q", s)
+				}
+				n.Exec.Timeout = d
+			}
+		}
+		n.Exec.Image, n.Exec.Env, n.Exec.Files = l.box(f)
+	case KindSandbox:
+		n.Sandbox = &SandboxSpec{}
+		if f, ok := l.fields(s.val, s.path, sandboxFields, ""); ok {
+			n.Sandbox.Image, n.Sandbox.Env, n.Sandbox.Files = l.box(f)
+		}
+	}
+}
+
+// box reads the fields exec and sandbox share.
+func (l *loader) box(f map[string]entry) (image Value, env, files map[string]Value) {
+	if e, ok := f["image"]; ok {
+		image = l.string(e)
+	}
+	if e, ok := f["env"]; ok {
+		env = map[string]Value{}
+		for _, v := range l.pairs(e.val, e.path, "variable names to values") {
+			env[v.key.Value] = l.scalar(v, "a string")
+		}
+	}
+	if e, ok := f["files"]; ok {
+		files = map[string]Value{}
+		for _, v := range l.pairs(e.val, e.path, "paths in the box to contents") {
+			files[v.key.Value] = l.fileValue(v)
+		}
+	}
+	return image, env, files
+}
+
+// command reads a string or a list of strings.
+func (l *loader) command(e entry) []Value {
+	n := deref(e.val)
+	if n.Kind == yaml.SequenceNode {
+		var out []Value
+		for i, item := range n.Content {
+			at := index(e.path, i)
+			l.p.Source[at] = l.pos(item)
+			out = append(out, l.string(entry{val: item, path: at}))
+		}
+		if len(out) == 0 {
+			l.errAt(n, e.path, "empty command list")
+			return []Value{{err: errReported}}
+		}
+		return out
+	}
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
+		l.errAt(n, e.path, "want a command: a string or a list of strings, got %s", describe(n))
+		return []Value{{err: errReported}}
+	}
+	return []Value{l.string(e)}
+}
+
+// fileValue reads one entry of files.
+func (l *loader) fileValue(e entry) Value {
+	n := deref(e.val)
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!str" && (n.Value == "text" || n.Value == "json") {
+		return Value{Kind: ValueOutput, Format: n.Value}
+	}
+	if n.Kind != yaml.MappingNode {
+		return l.scalar(e, "file content, a ${…} expression, {file: path}, or text/json for an output")
+	}
+	f, _ := l.fields(n, e.path, fileFields, "")
+	if len(f) != 1 {
+		if len(f) > 1 {
+			l.errAt(n, e.path, "a file takes one of file, content, output")
+		} else if len(n.Content) == 0 {
+			l.errAt(n, e.path, "empty mapping: a file takes one of file, content, output")
+		}
+		return Value{err: errReported}
+	}
+	for k, fe := range f {
+		s, ok := l.str(fe)
+		if !ok {
+			return Value{err: errReported}
+		}
+		switch k {
+		case "file":
+			return FromFile(s)
+		case "content":
+			return Literal(s)
+		case "output":
+			if s != "text" && s != "json" {
+				l.errAt(fe.val, fe.path, "unknown output format %q (want text or json)", s)
+				return Value{err: errReported}
+			}
+			return Value{Kind: ValueOutput, Format: s}
+		}
+	}
+	return Value{err: errReported}
+}
+
+// str reads a string scalar.
+func (l *loader) str(e entry) (string, bool) {
+	n := deref(e.val)
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
+		l.errAt(n, e.path, "want a string, got %s", describe(n))
+		return "", false
+	}
+	return n.Value, true
+}
+
+// string reads a string scalar by the ${…} rule.
+func (l *loader) string(e entry) Value {
+	s, ok := l.str(e)
+	if !ok {
+		return Value{err: errReported}
+	}
+	return l.parseStr(deref(e.val), e.path, s)
+}
+
+// scalar reads any non-null scalar as text, by the ${…} rule (env values,
+// file contents: PORT: 8080 is "8080").
+func (l *loader) scalar(e entry, want string) Value {
+	n := deref(e.val)
+	if n.Kind != yaml.ScalarNode || n.ShortTag() == "!!null" {
+		l.errAt(n, e.path, "want %s, got %s", want, describe(n))
+		return Value{err: errReported}
+	}
+	return l.parseStr(n, e.path, n.Value)
+}
+
+func (l *loader) parseStr(n *yaml.Node, path, s string) Value {
+	v, err := parseString(s)
+	if err != nil {
+		l.errAt(n, path, "%v", err)
+		return Value{err: errReported}
+	}
+	return v
+}
+
+// json converts a YAML value to compact JSON.
+func (l *loader) json(n *yaml.Node, path string, depth int) json.RawMessage {
+	v, ok := l.value(n, path, depth)
+	if !ok {
+		return nil
+	}
+	b, err := marshal(v)
+	if err != nil {
+		l.errAt(n, path, "not representable as JSON: %v", err)
+		return nil
+	}
+	return b
+}
+
+func (l *loader) value(n *yaml.Node, path string, depth int) (any, bool) {
+	n = deref(n)
+	if l.budget <= 0 || depth > maxDepth {
+		if !l.tooBig {
+			l.errAt(n, path, "value too large or too deep (more than %d nodes or %d levels, aliases expanded)", maxYAMLNodes, maxDepth)
+			l.tooBig = true
+		}
+		return nil, false
+	}
+	l.budget--
+	switch n.Kind {
+	case yaml.ScalarNode:
+		switch tag := n.ShortTag(); tag {
+		case "!!null":
+			return nil, true
+		case "!!str", "!!timestamp", "!!binary":
+			return n.Value, true
+		case "!!bool", "!!int", "!!float":
+			var v any
+			if err := n.Decode(&v); err != nil {
+				l.errAt(n, path, "%v", err)
+				return nil, false
+			}
+			if f, ok := v.(float64); ok && (math.IsInf(f, 0) || math.IsNaN(f)) {
+				l.errAt(n, path, "%s is not a JSON number", n.Value)
+				return nil, false
+			}
+			return v, true
+		default:
+			l.errAt(n, path, "unsupported YAML tag %s", tag)
+			return nil, false
+		}
+	case yaml.SequenceNode:
+		out := make([]any, 0, len(n.Content))
+		for i, item := range n.Content {
+			v, ok := l.value(item, index(path, i), depth+1)
+			if !ok {
+				return nil, false
+			}
+			out = append(out, v)
+		}
+		return out, true
+	case yaml.MappingNode:
+		out := map[string]any{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k := deref(n.Content[i])
+			if k.ShortTag() == "!!merge" {
+				l.errAt(k, path, "merge keys (<<) are not supported; write the fields out (aliases such as *name are fine)")
+				return nil, false
+			}
+			if k.Kind != yaml.ScalarNode {
+				l.errAt(k, path, "a JSON object key must be a plain string, got %s", describe(k))
+				return nil, false
+			}
+			if _, dup := out[k.Value]; dup {
+				l.errAt(k, field(path, k.Value), "key %q is defined twice", k.Value)
+				return nil, false
+			}
+			v, ok := l.value(n.Content[i+1], field(path, k.Value), depth+1)
+			if !ok {
+				return nil, false
+			}
+			out[k.Value] = v
+		}
+		return out, true
+	}
+	l.errAt(n, path, "unsupported YAML value: %s", describe(n))
+	return nil, false
+}
+
+// describe names what a YAML node is, for errors.
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		switch n.ShortTag() {
+		case "!!null":
+			return "nothing (null)"
+		case "!!str":
+			if len(n.Value) > 40 {
+				return fmt.Sprintf("the string %q…", n.Value[:40])
+			}
+			return fmt.Sprintf("the string %q", n.Value)
+		case "!!int", "!!float":
+			return "the number " + n.Value
+		case "!!bool":
+			return "the boolean " + n.Value
+		}
+		return fmt.Sprintf("%s %s", n.ShortTag(), n.Value)
+	case yaml.AliasNode:
+		return "an alias"
+	}
+	return "an empty document"
+}
+
+// marshal encodes a value as compact, canonical JSON (object keys sorted,
+// no HTML escaping).
+func marshal(v any) (json.RawMessage, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimRight(b.Bytes(), "\n"), nil
+}

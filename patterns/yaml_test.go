@@ -1,0 +1,327 @@
+package patterns
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestLoadCSVPipeline(t *testing.T) {
+	p, err := Load("testdata/csv")
+	require.NoError(t, err)
+
+	assert.Equal(t, "csv-pipeline", p.Name)
+	assert.Equal(t, "testdata/csv", p.Dir)
+
+	th, ok := p.Cell("threshold")
+	require.True(t, ok)
+	assert.JSONEq(t, `10`, string(th.Value))
+	raw, _ := p.Cell("raw")
+	assert.Equal(t, "data.csv", raw.File)
+	assert.JSONEq(t, `"a,b\n1,20\n2,5\n"`, string(raw.Value), "a file cell holds the file's text")
+	cfg, _ := p.Cell("config")
+	assert.JSONEq(t, `{"port":8080,"tags":["a","b"]}`, string(cfg.Value))
+	assert.JSONEq(t, `{"type":"object","properties":{"port":{"type":"integer"}},"required":["port"]}`, string(cfg.Schema))
+
+	clean, ok := p.Node("clean")
+	require.True(t, ok)
+	assert.Equal(t, KindExec, clean.Kind)
+	assert.Equal(t, []string{"raw"}, clean.Reads)
+	assert.Equal(t, []Value{Literal("python3 /workspace/clean.py")}, clean.Exec.Command)
+	assert.Equal(t, Literal("cellbox/python"), clean.Exec.Image)
+	assert.Equal(t, map[string]Value{"LC_ALL": Literal("C.UTF-8")}, clean.Exec.Env)
+	assert.Equal(t, map[string]Value{
+		"/workspace/in.csv":     Ref("raw"),
+		"/workspace/clean.py":   {Kind: ValueFile, Path: "clean.py", Text: "import sys\nprint(\"clean\")\n"},
+		"/workspace/note.txt":   Literal("static text"),
+		"/workspace/out.csv":    OutputText,
+		"/workspace/stats.json": OutputJSON,
+	}, clean.Exec.Files)
+	assert.False(t, clean.Exec.NoCache)
+
+	big, _ := p.Node("big")
+	assert.Equal(t, []string{"clean", "threshold"}, big.Reads)
+	assert.Equal(t, []Value{
+		{Kind: ValueTemplate, Parts: []Part{{Text: "python3 /workspace/filter.py --min "}, {Expr: "threshold"}}},
+		Literal("wc -l /workspace/big.csv"),
+	}, big.Exec.Command)
+	assert.True(t, big.Exec.NoCache)
+	assert.Equal(t, 30*time.Second, big.Exec.Timeout)
+	assert.Equal(t, Expr(`clean.result.files["/workspace/out.csv"]`), big.Exec.Files["/workspace/in.csv"])
+
+	ok2, _ := p.Node("ok")
+	assert.Equal(t, Expr("clean.result.exit_code == 0 && big.result.exit_code == 0"), ok2.Computed)
+	assert.Equal(t, []string{"big", "clean"}, ok2.Reads)
+
+	repl, _ := p.Node("repl")
+	assert.Equal(t, KindSandbox, repl.Kind)
+	assert.Equal(t, Literal("8080"), repl.Sandbox.Env["PORT"], "a number in env is its text")
+	assert.Equal(t, OutputText, repl.Sandbox.Files["/workspace/result.txt"])
+
+	// Source positions point at the lines the fields are written on.
+	assert.Equal(t, Pos{File: "testdata/csv/pattern.yaml", Line: 15, Col: 3}, p.Where("nodes.clean"))
+	assert.Equal(t, 21, p.Where(`nodes.clean.exec.files["/workspace/in.csv"]`).Line)
+	assert.Equal(t, 29, p.Where("nodes.big.exec.command[0]").Line)
+}
+
+func TestLoadFileOrFolder(t *testing.T) {
+	a, err := Load("testdata/csv")
+	require.NoError(t, err)
+	b, err := Load("testdata/csv/pattern.yaml")
+	require.NoError(t, err)
+	a.Source, b.Source = nil, nil
+	assert.Equal(t, a, b)
+
+	_, err = Load("testdata/nope")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "testdata/nope")
+}
+
+func TestParseValid(t *testing.T) {
+	fsys := fstest.MapFS{"s.py": {Data: []byte("print(1)\n")}}
+	tests := []struct {
+		name  string
+		src   string
+		check func(t *testing.T, p *Pattern)
+	}{
+		{"cells only", "name: c\ncells:\n  a: 1\n  b: [1, {x: y}]\n  c:\n  d: {value: null, schema: {type: integer}}\n", func(t *testing.T, p *Pattern) {
+			require.Len(t, p.Cells, 4)
+			assert.Equal(t, []string{"a", "b", "c", "d"}, []string{p.Cells[0].Name, p.Cells[1].Name, p.Cells[2].Name, p.Cells[3].Name})
+			assert.JSONEq(t, `[1,{"x":"y"}]`, string(p.Cells[1].Value))
+			assert.Nil(t, p.Cells[2].Value, "an empty cell starts as null")
+			assert.Nil(t, p.Cells[3].Value, "a null initial value is not checked against the schema")
+		}},
+		{"yaml scalars become json", "name: c\ncells:\n  t: 2024-01-02\n  f: 1.5\n  h: <b>&\n  k: {value: {1: one, true: yes}}\n", func(t *testing.T, p *Pattern) {
+			assert.Equal(t, `"2024-01-02"`, string(p.Cells[0].Value))
+			assert.Equal(t, `1.5`, string(p.Cells[1].Value))
+			assert.Equal(t, `"<b>&"`, string(p.Cells[2].Value))
+			assert.Equal(t, `{"1":"one","true":"yes"}`, string(p.Cells[3].Value))
+		}},
+		{"aliases", "name: c\ncells:\n  a: &v {value: {x: 1}}\n  b: *v\nnodes:\n  e:\n    exec:\n      command: &cmd [echo hi]\n      env: &env {A: b}\n  f:\n    exec: {command: *cmd, env: *env}\n", func(t *testing.T, p *Pattern) {
+			assert.Equal(t, p.Cells[0].Value, p.Cells[1].Value)
+			assert.Equal(t, p.Nodes[0].Exec.Env, p.Nodes[1].Exec.Env)
+		}},
+		{"string rule", "name: c\ncells: {x: 1}\nnodes:\n  n:\n    exec:\n      command:\n        - echo $HOME $${x} ${x}\n        - ${ x }\n        - plain\n", func(t *testing.T, p *Pattern) {
+			assert.Equal(t, []Value{
+				{Kind: ValueTemplate, Parts: []Part{{Text: "echo $HOME ${x} "}, {Expr: "x"}}},
+				Expr("x"),
+				Literal("plain"),
+			}, p.Nodes[0].Exec.Command)
+		}},
+		{"file forms", "name: c\nnodes:\n  n:\n    sandbox:\n      files:\n        /a: {file: s.py}\n        /b: {content: text}\n        /c: {output: json}\n        /d: json\n        /e: 42\n", func(t *testing.T, p *Pattern) {
+			f := p.Nodes[0].Sandbox.Files
+			assert.Equal(t, Value{Kind: ValueFile, Path: "s.py", Text: "print(1)\n"}, f["/a"])
+			assert.Equal(t, Literal("text"), f["/b"], "content: is always literal")
+			assert.Equal(t, OutputJSON, f["/c"])
+			assert.Equal(t, OutputJSON, f["/d"])
+			assert.Equal(t, Literal("42"), f["/e"])
+		}},
+		{"reading outputs", "name: c\nnodes:\n  e:\n    exec:\n      command: x\n      files: {/o: text}\n  s:\n    sandbox: {files: {/p: json}}\n  r: {computed: '${e.pending || e.error != nil ? \"\" : e.result.files[\"/o\"] + e.result.stdout + s.status + s.history[0].stdout + s.files[\"/p\"]}'}\n", func(t *testing.T, p *Pattern) {
+			assert.Equal(t, []string{"e", "s"}, p.Nodes[2].Reads)
+		}},
+		{"expression scopes", "name: c\ncells: {xs: [1], k: a}\nnodes:\n  r: {computed: '${let y = 2; map(filter(xs, # > 0), # * y)[0] + {\"v\": 1}[k]}'}\n", func(t *testing.T, p *Pattern) {
+			assert.Equal(t, []string{"k", "xs"}, p.Nodes[0].Reads, "let variables and predicates are not references")
+		}},
+		{"template computed", "name: c\ncells: {n: 1}\nnodes:\n  t: {computed: 'n is ${n}'}\n", func(t *testing.T, p *Pattern) {
+			assert.Equal(t, Value{Kind: ValueTemplate, Parts: []Part{{Text: "n is "}, {Expr: "n"}}}, p.Nodes[0].Computed)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Parse("p.yaml", []byte(tt.src), fsys)
+			require.NoError(t, err)
+			tt.check(t, p)
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	fsys := fstest.MapFS{"clean.py": {Data: []byte("x")}, "lib/util.py": {Data: []byte("y")}, "bin.dat": {Data: []byte{0xff, 0xfe}}}
+	tests := []struct {
+		name string
+		src  string
+		want []string // each line of the error, in order
+	}{
+		{"malformed yaml", "name: x\n  bad: [\n", []string{
+			`p.yaml:2: malformed YAML: mapping values are not allowed in this context`}},
+		{"unquoted expression in flow mapping", "name: x\nnodes:\n  r:\n    sandbox:\n      files: {/i: ${x}}\n", []string{
+			`p.yaml:4: malformed YAML: did not find expected ',' or '}' (inside {…} or […] YAML needs ${…} quoted: '${x}')`}},
+		{"empty", "", []string{`p.yaml: empty pattern: it needs at least a name (see docs/patterns.md)`}},
+		{"two documents", "name: a\n---\nname: b\n", []string{`p.yaml:2: more than one YAML document: a pattern file holds one`}},
+		{"not a mapping", "[1, 2]\n", []string{`p.yaml:1: want a mapping with fields name, description, cells, nodes, got a list`}},
+		{"missing name, misspelled field", "nam: x\n", []string{
+			`p.yaml: name: missing: every pattern needs a name`,
+			`p.yaml:1: nam: unknown field "nam" (did you mean "name"?) (fields: name, description, cells, nodes)`}},
+		{"bad pattern name", "name: a b\n", []string{`p.yaml:1: name: "a b" is not a valid pattern name: use letters, digits, '-', '_' and '.'`}},
+		{"unknown cell", "name: x\ncells:\n  threshold: 10\nnodes:\n  big: {computed: '${treshold * 2}'}\n", []string{
+			`p.yaml:5: nodes.big.computed: unknown cell "treshold" (did you mean "threshold"?)`}},
+		{"unknown node", "name: x\nnodes:\n  clean: {computed: '${1}'}\n  big: {computed: '${clen + 1}'}\n", []string{
+			`p.yaml:4: nodes.big.computed: unknown node "clen" (did you mean "clean"?)`}},
+		{"unknown name without suggestion", "name: x\ncells: {a: 1}\nnodes:\n  b: {computed: '${zzz}'}\n", []string{
+			`p.yaml:4: nodes.b.computed: unknown cell or node "zzz" (cells: a; nodes: b)`}},
+		{"unknown field with suggestion", "name: x\nnodes:\n  clean:\n    exec:\n      comand: echo\n", []string{
+			`p.yaml:5: nodes.clean.exec.comand: unknown field "comand" (did you mean "command"?) (fields: command, image, env, files, cache, timeout)`}},
+		{"missing command", "name: x\nnodes:\n  e:\n    exec: {image: x}\n", []string{
+			`p.yaml:4: nodes.e.exec.command: missing: an exec node needs a command (a string or a list of strings)`}},
+		{"unknown node kind", "name: x\nnodes:\n  a: {exce: {command: x}}\n  b: {llm: {}}\n  c: {}\n", []string{
+			`p.yaml:3: nodes.a.exce: unknown node kind "exce" (did you mean "exec"?) (kinds: computed, exec, sandbox)`,
+			`p.yaml:4: nodes.b.llm: node kind "llm" is not available yet (kinds: computed, exec, sandbox)`,
+			`p.yaml:5: nodes.c: missing node kind: write one of computed, exec, sandbox`}},
+		{"two kinds", "name: x\nnodes:\n  k: {computed: '${1}', exec: {command: x}}\n", []string{
+			`p.yaml:3: nodes.k.exec: a node has one kind; "k" already has computed`}},
+		{"node not a mapping", "name: x\nnodes:\n  k: echo hi\n", []string{
+			`p.yaml:3: nodes.k: want a node: a mapping with one of computed, exec, sandbox, got the string "echo hi"`}},
+		{"computed without ${}", "name: x\ncells: {a: 1}\nnodes:\n  g: {computed: a + 1}\n  h: {computed: 5}\n", []string{
+			`p.yaml:4: nodes.g.computed: "a + 1" is not an expression: write ${…} around it (e.g. '${a + 1}')`,
+			`p.yaml:5: nodes.h.computed: "5" is not an expression: write ${…} around it (e.g. '${5}')`}},
+		{"bad expressions", "name: x\ncells: {a: 1}\nnodes:\n  e: {computed: '${a +}'}\n  f: {computed: 'x ${a'}\n  h: {computed: '${lenn(a)}'}\n  j: {computed: 'a ${}'}\n", []string{
+			`p.yaml:4: nodes.e.computed: bad expression "a +": unexpected token EOF at column 3`,
+			`p.yaml:5: nodes.f.computed: "${" at column 3 has no closing "}"`,
+			`p.yaml:6: nodes.h.computed: unknown function "lenn" (did you mean "len"?)`,
+			`p.yaml:7: nodes.j.computed: empty ${} at column 3`}},
+		{"node outputs", "name: x\nnodes:\n  e:\n    exec: {command: x, files: {/o: text, /i: in}}\n" +
+			"  a: {computed: '${e.reslt}'}\n  b: {computed: '${e.result.exitcode}'}\n  c: {computed: '${e.result.files[\"/0\"]}'}\n  d: {computed: '${e.result.files[\"/i\"]}'}\n" +
+			"  r:\n    sandbox: {files: {/p: json}}\n  f: {computed: '${r.run}'}\n  g: {computed: '${r.histry}'}\n  h: {computed: '${r.files[\"/q\"]}'}\n", []string{
+			`p.yaml:5: nodes.a.computed: exec node "e" has no output "reslt" (did you mean "result"?) (outputs: pending, result, error)`,
+			`p.yaml:6: nodes.b.computed: exec node "e" has no output "result.exitcode" (did you mean "exit_code"?) (result has: stdout, stderr, exit_code, files)`,
+			`p.yaml:7: nodes.c.computed: exec node "e" has no output file "/0" (did you mean "/o"?) (output files: /o)`,
+			`p.yaml:8: nodes.d.computed: file "/i" of exec node "e" is an input (literal), not an output: declare it as text or json to read it back`,
+			`p.yaml:11: nodes.f.computed: r.run is a stream of sandbox node "r": send events to it, expressions cannot read it`,
+			`p.yaml:12: nodes.g.computed: sandbox node "r" has no output "histry" (did you mean "history"?) (outputs: pending, status, history, files)`,
+			`p.yaml:13: nodes.h.computed: sandbox node "r" has no output file "/q" (did you mean "/p"?) (output files: /p)`}},
+		{"cycle", "name: x\nnodes:\n  clean:\n    exec:\n      command: echo\n      files:\n        /in: ${big}\n  big: {computed: '${clean.result.stdout}'}\n  self: {computed: '${self + 1}'}\n", []string{
+			`p.yaml:7: nodes.clean.exec.files["/in"]: dependency cycle clean -> big -> clean (clean reads big at p.yaml:7; big reads clean at p.yaml:8)`,
+			`p.yaml:9: nodes.self.computed: dependency cycle self -> self (self reads self at p.yaml:9)`}},
+		{"files", "name: x\nnodes:\n  e:\n    exec:\n      command: x\n      files:\n        /a: {file: clen.py}\n        /b: {file: ../x}\n        c: text\n        /d: {file: lib/utill.py}\n        /e: {file: lib}\n        /f: {file: bin.dat}\n        /g: {file: a, content: b}\n        /h: {output: xml}\n        /i:\n        /j: {}\n", []string{
+			`p.yaml:7: nodes.e.exec.files["/a"]: file "clen.py" not found in the pattern folder (in memory) (did you mean "clean.py"?)`,
+			`p.yaml:8: nodes.e.exec.files["/b"]: "../x" is not a path inside the pattern folder (use a relative path without ..)`,
+			`p.yaml:9: nodes.e.exec.files.c: "c" is not a clean absolute path in the box (e.g. "/workspace/c")`,
+			`p.yaml:10: nodes.e.exec.files["/d"]: file "lib/utill.py" not found in the pattern folder (in memory) (did you mean "lib/util.py"?)`,
+			`p.yaml:11: nodes.e.exec.files["/e"]: "lib" is a folder, not a file`,
+			`p.yaml:12: nodes.e.exec.files["/f"]: file "bin.dat" is not UTF-8 text (binary files are not supported yet)`,
+			`p.yaml:13: nodes.e.exec.files["/g"]: a file takes one of file, content, output`,
+			`p.yaml:14: nodes.e.exec.files["/h"].output: unknown output format "xml" (want text or json)`,
+			`p.yaml:15: nodes.e.exec.files["/i"]: want file content, a ${…} expression, {file: path}, or text/json for an output, got nothing (null)`,
+			`p.yaml:16: nodes.e.exec.files["/j"]: empty mapping: a file takes one of file, content, output`}},
+		{"cell forms", "name: x\ncells:\n  config: {port: 8080}\n  both: {value: 1, file: clean.py}\n  missing: {file: nope.txt}\n  ok: {file: clean.py}\n", []string{
+			`p.yaml:3: cells.config.port: unknown field "port" (fields: value, file, schema, description); a cell written as a mapping takes these fields, so write an object value under value: (config: {value: {...}})`,
+			`p.yaml:4: cells.both.file: a cell takes value or file, not both`,
+			`p.yaml:5: cells.missing.file: file "nope.txt" not found in the pattern folder (in memory)`}},
+		{"schema not a mapping", "name: x\ncells:\n  u: {value: 1, schema: [1]}\n", []string{
+			`p.yaml:3: cells.u.schema: a JSON Schema is a mapping (or true/false), got a list`}},
+		{"names", "name: x\ncells:\n  a: 1\n  a: 2\n  s: 1\nnodes:\n  s: {computed: '${1}'}\n  raw-data: {computed: '${1}'}\n  len: {computed: '${1}'}\n  user: {computed: '${raw-data}'}\n", []string{
+			`p.yaml:4: cells.a: "a" is defined twice (first at p.yaml:3)`,
+			`p.yaml:7: nodes.s: name "s" is already used by a cell (p.yaml:5); cells and nodes share one namespace`,
+			`p.yaml:8: nodes.raw-data: "raw-data" is not a valid node name: use letters, digits and '_', not starting with a digit (expressions refer to it by name)`,
+			`p.yaml:9: nodes.len: "len" is an expression built-in; choose another node name`,
+			`p.yaml:10: nodes.user.computed: unknown cell or node "raw" (cells: a, s; nodes: len, raw-data, user)`,
+			`p.yaml:10: nodes.user.computed: unknown cell or node "data" (cells: a, s; nodes: len, raw-data, user)`}},
+		{"field types", "name: x\nnodes:\n  e:\n    exec:\n      command: 5\n      cache: maybe\n      timeout: forever\n      env: {A-B: x, C: null}\n      image: [a]\n  f:\n    exec: {command: []}\n", []string{
+			`p.yaml:5: nodes.e.exec.command: want a command: a string or a list of strings, got the number 5`,
+			`p.yaml:6: nodes.e.exec.cache: want true or false, got the string "maybe"`,
+			`p.yaml:7: nodes.e.exec.timeout: want a positive duration such as 30s or 5m, got "forever"`,
+			`p.yaml:8: nodes.e.exec.env.C: want a string, got nothing (null)`,
+			`p.yaml:8: nodes.e.exec.env.A-B: "A-B" is not a valid environment variable name`,
+			`p.yaml:9: nodes.e.exec.image: want a string, got a list`,
+			`p.yaml:11: nodes.f.exec.command: empty command list`}},
+		{"json values", "name: x\ncells:\n  a: .inf\n  b: !custom 1\n  c: {value: {? [1]: 2}}\n  d: {value: {<<: {a: 1}}}\n", []string{
+			`p.yaml:3: cells.a: .inf is not a JSON number`,
+			`p.yaml:4: cells.b: unsupported YAML tag !custom`,
+			`p.yaml:5: cells.c.value: a JSON object key must be a plain string, got a list`,
+			`p.yaml:6: cells.d.value: merge keys (<<) are not supported; write the fields out (aliases such as *name are fine)`}},
+		{"many errors at once", "name: x\ncells: {a: 1}\nnodes:\n  b: {computed: '${aa}'}\n  c: {computed: '${bb}'}\n  d: {computed: '${cc}'}\n", []string{
+			`p.yaml:4: nodes.b.computed: unknown cell "aa" (did you mean "a"?)`,
+			`p.yaml:5: nodes.c.computed: unknown node "bb" (did you mean "b"?)`,
+			`p.yaml:6: nodes.d.computed: unknown node "cc" (did you mean "c"?)`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Parse("p.yaml", []byte(tt.src), fsys)
+			require.Error(t, err)
+			assert.Nil(t, p)
+			assert.Equal(t, strings.Join(tt.want, "\n"), err.Error())
+			var list ErrorList
+			require.True(t, errors.As(err, &list))
+			assert.Len(t, list, len(tt.want))
+		})
+	}
+}
+
+// What the runtime refuses in an expression (builtins.Parse) is an error
+// here too, placed on the field, in the runtime's words.
+func TestRuntimeRefusals(t *testing.T) {
+	_, err := Parse("p.yaml", []byte("name: x\nnodes:\n  d: {computed: '${now()}'}\n  i: {computed: 'x ${$env}'}\n"), nil)
+	var list ErrorList
+	require.ErrorAs(t, err, &list)
+	require.Len(t, list, 2)
+	assert.Equal(t, Pos{File: "p.yaml", Line: 3, Col: 7}, list[0].Pos)
+	assert.Equal(t, "nodes.d.computed", list[0].Path)
+	assert.Contains(t, list[0].Msg, "now()")
+	assert.Contains(t, list[0].Msg, "not allowed")
+	assert.Equal(t, "nodes.i.computed", list[1].Path)
+	assert.Contains(t, list[1].Msg, "$env is not allowed")
+}
+
+// Schemas are checked by the same validator the cell store uses on writes;
+// its messages are its own.
+func TestSchemas(t *testing.T) {
+	_, err := Parse("p.yaml", []byte("name: x\ncells:\n"+
+		"  s: {value: {port: x}, schema: {type: object, properties: {port: {type: integer}}}}\n"+
+		"  t: {value: 1, schema: {type: frob}}\n"+
+		"  u: {schema: {type: integer}}\n"+
+		"  v: {value: 3, schema: {type: integer, minimum: 1}}\n"), nil)
+	var list ErrorList
+	require.ErrorAs(t, err, &list)
+	require.Len(t, list, 2, "an absent initial value is not checked; a good one passes")
+	assert.Equal(t, "p.yaml:3: cells.s.schema", list[0].Pos.String()+": "+list[0].Path)
+	assert.Contains(t, list[0].Msg, "initial value does not satisfy the schema: /port: ")
+	assert.Contains(t, list[0].Msg, "integer")
+	assert.Equal(t, "p.yaml:4: cells.t.schema", list[1].Pos.String()+": "+list[1].Path)
+	assert.Contains(t, list[1].Msg, "invalid JSON Schema")
+	assert.Contains(t, list[1].Msg, "frob")
+}
+
+func TestErrorsAreReachable(t *testing.T) {
+	_, err := Parse("p.yaml", []byte("name: x\nnodes:\n  b: {computed: '${a}'}\n"), nil)
+	var e *Error
+	require.True(t, errors.As(err, &e))
+	assert.Equal(t, Pos{File: "p.yaml", Line: 3, Col: 7}, e.Pos)
+	assert.Equal(t, "nodes.b.computed", e.Path)
+}
+
+func TestFileWithoutFolder(t *testing.T) {
+	_, err := Parse("p.yaml", []byte("name: x\ncells:\n  a: {file: x.txt}\n"), nil)
+	require.EqualError(t, err, `p.yaml:3: cells.a.file: cannot read "x.txt": this pattern has no folder (load it from a file, or set the builder's Dir)`)
+}
+
+func TestAliasBomb(t *testing.T) {
+	src := "name: x\ncells:\n  a: &a [1,1,1,1,1,1,1,1,1,1]\n"
+	prev := "a"
+	for i := range 8 {
+		name := string(rune('b' + i))
+		src += "  " + name + ": &" + name + " [*" + prev + ",*" + prev + ",*" + prev + ",*" + prev + ",*" + prev + ",*" + prev + ",*" + prev + ",*" + prev + ",*" + prev + ",*" + prev + "]\n"
+		prev = name
+	}
+	start := time.Now()
+	_, err := Parse("p.yaml", []byte(src), nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "value too large or too deep")
+	assert.Less(t, time.Since(start), 5*time.Second)
+}
+
+func TestDescriptionIsJSON(t *testing.T) {
+	p, err := Load("testdata/csv")
+	require.NoError(t, err)
+	b, err := json.Marshal(p)
+	require.NoError(t, err)
+	var back Pattern
+	require.NoError(t, json.Unmarshal(b, &back))
+	back.Source = p.Source
+	assert.Equal(t, p, &back, "a description survives a JSON round trip")
+}
