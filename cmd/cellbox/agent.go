@@ -1,0 +1,37 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/cellbox/cellbox/sandbox/agent"
+	"github.com/cellbox/cellbox/sandbox/backend"
+)
+
+func init() {
+	register(command{
+		name:  "agent",
+		usage: "[--socket PATH] [--workspace DIR]  run the in-box agent (PID 1 of every box)",
+		run:   runAgent,
+	})
+}
+
+func runAgent(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	socket := fs.String("socket", filepath.Join(backend.SocketDir, backend.SocketName), "unix socket to listen on")
+	workspace := fs.String("workspace", backend.Workspace, "the box's working directory (created if missing)")
+	if err := fs.Parse(args); err == flag.ErrHelp {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	return agent.Serve(ctx, agent.Options{Socket: *socket, Workspace: *workspace, Logger: log})
+}

@@ -1,0 +1,612 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+const (
+	// maxJSONResponse caps a JSON response body from the agent.
+	maxJSONResponse = 64 << 20
+	// maxErrorResponse caps an error response body.
+	maxErrorResponse = 1 << 20
+	// maxFrame caps one NDJSON frame of a stream.
+	maxFrame = 16 << 20
+)
+
+// Client talks to one agent over its unix socket. It is safe for concurrent
+// use; connections are pooled (keep-alive).
+type Client struct {
+	socket string
+	hc     *http.Client
+	tr     *http.Transport
+}
+
+// Dial returns a Client for the agent at socketPath. It does not connect;
+// each call does (or reuses a pooled connection).
+func Dial(socketPath string) *Client {
+	c := &Client{socket: socketPath}
+	c.tr = &http.Transport{
+		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return c.dial(ctx) },
+		MaxIdleConns:        32,
+		MaxIdleConnsPerHost: 32,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+	c.hc = &http.Client{Transport: c.tr}
+	return c
+}
+
+// dial connects to the socket after checking that it is a unix socket: the
+// directory it lives in is writable by the box, so it may hold a symlink or
+// anything else planted there.
+func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+	fi, err := os.Lstat(c.socket)
+	if err != nil {
+		return nil, fmt.Errorf("agent socket %s: %w", c.socket, err)
+	}
+	if fi.Mode().Type() != fs.ModeSocket {
+		return nil, fmt.Errorf("agent socket %s is not a unix socket (mode %s); refusing to connect", c.socket, fi.Mode())
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", c.socket)
+}
+
+// Close drops the pooled connections.
+func (c *Client) Close() error {
+	c.tr.CloseIdleConnections()
+	return nil
+}
+
+func (c *Client) url(path string, q url.Values) string {
+	u := "http://cellbox-agent" + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	return u
+}
+
+// do sends a request and returns the response if it is a 2xx from an agent
+// speaking our protocol; otherwise an error (an *Error from the agent about
+// the request where it sent one).
+func (c *Client) do(ctx context.Context, method, path string, q url.Values, body io.Reader, contentType string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.url(path, q), body)
+	if err != nil {
+		return nil, fmt.Errorf("agent %s %s: %w", method, path, err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("agent %s %s: %w", method, path, err)
+	}
+	if err := checkProtocol(resp.Header); err != nil {
+		resp.Body.Close()
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 && resp.StatusCode != http.StatusSwitchingProtocols {
+		defer resp.Body.Close()
+		return nil, decodeError(path, resp)
+	}
+	return resp, nil
+}
+
+func checkProtocol(h http.Header) error {
+	v := h.Get(ProtocolHeader)
+	if v == strconv.Itoa(ProtocolVersion) {
+		return nil
+	}
+	got, _ := strconv.Atoi(v)
+	return &ProtocolError{Got: got}
+}
+
+func decodeError(path string, resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorResponse))
+	var we wireError
+	if json.Unmarshal(b, &we) == nil && we.Error != nil {
+		return remoteError(we.Error)
+	}
+	return fmt.Errorf("agent %s: %s: %s", path, resp.Status, bytes.TrimSpace(b))
+}
+
+// remoteError returns an *Error for errors about the request, a plain error
+// for the agent's own failures.
+func remoteError(e *Error) error {
+	if e.Code == "" {
+		return fmt.Errorf("agent: %s", e.Message)
+	}
+	return e
+}
+
+// call POSTs in as JSON (GET when in is nil) and decodes the JSON answer.
+func (c *Client) call(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	ct := ""
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("agent %s: encode request: %w", path, err)
+		}
+		body, ct = bytes.NewReader(b), "application/json"
+	}
+	resp, err := c.do(ctx, method, path, nil, body, ct)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return decodeBody(path, resp.Body, out)
+}
+
+func decodeBody(path string, r io.Reader, out any) error {
+	b, err := io.ReadAll(io.LimitReader(r, maxJSONResponse+1))
+	if err != nil {
+		return fmt.Errorf("agent %s: read response: %w", path, err)
+	}
+	if len(b) > maxJSONResponse {
+		return fmt.Errorf("agent %s: response over %d bytes", path, maxJSONResponse)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("agent %s: decode response: %w", path, err)
+	}
+	return nil
+}
+
+// frameReader reads NDJSON frames of at most maxFrame bytes.
+type frameReader struct {
+	path string
+	br   *bufio.Reader
+	buf  []byte
+}
+
+func newFrameReader(path string, r io.Reader) *frameReader {
+	return &frameReader{path: path, br: bufio.NewReaderSize(r, 64<<10)}
+}
+
+// next decodes the next frame into v; io.EOF at a clean end of stream.
+func (f *frameReader) next(v any) error {
+	f.buf = f.buf[:0]
+	for {
+		line, err := f.br.ReadSlice('\n')
+		f.buf = append(f.buf, line...)
+		if len(f.buf) > maxFrame {
+			return fmt.Errorf("agent %s: stream frame over %d bytes", f.path, maxFrame)
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err == io.EOF && len(f.buf) == 0 {
+			return io.EOF
+		}
+		if err != nil && err != io.EOF {
+			return fmt.Errorf("agent %s: read stream: %w", f.path, err)
+		}
+		if err == io.EOF {
+			return fmt.Errorf("agent %s: stream ended mid-frame: %w", f.path, io.ErrUnexpectedEOF)
+		}
+		if err := json.Unmarshal(f.buf, v); err != nil {
+			return fmt.Errorf("agent %s: decode stream frame: %w", f.path, err)
+		}
+		return nil
+	}
+}
+
+// Version asks the agent who it is.
+func (c *Client) Version(ctx context.Context) (Version, error) {
+	var v Version
+	err := c.call(ctx, http.MethodGet, "/v1/version", nil, &v)
+	return v, err
+}
+
+// WaitReady polls Version every 2ms until the agent answers or ctx ends. A
+// protocol mismatch is returned at once.
+func (c *Client) WaitReady(ctx context.Context) error {
+	t := time.NewTicker(2 * time.Millisecond)
+	defer t.Stop()
+	for {
+		_, err := c.Version(ctx)
+		var pe *ProtocolError
+		if err == nil || errors.As(err, &pe) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent at %s not ready: %w (last error: %v)", c.socket, ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}
+
+// Exec runs a command to completion. onOutput (may be nil) sees the output
+// as it comes, up to MaxOutput bytes per stream, the same bytes the result
+// holds. Cancelling ctx kills the command's process group.
+func (c *Client) Exec(ctx context.Context, req ExecRequest, onOutput func(stream string, data []byte)) (ExecResult, error) {
+	var res ExecResult
+	if onOutput == nil {
+		err := c.call(ctx, http.MethodPost, "/v1/exec", req, &res)
+		return res, err
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return res, fmt.Errorf("agent exec: encode request: %w", err)
+	}
+	resp, err := c.do(ctx, http.MethodPost, "/v1/exec", url.Values{"stream": {"1"}}, bytes.NewReader(b), "application/json")
+	if err != nil {
+		return res, err
+	}
+	defer resp.Body.Close()
+	fr := newFrameReader("/v1/exec", resp.Body)
+	var stdout, stderr []byte
+	for {
+		var f execFrame
+		if err := fr.next(&f); err != nil {
+			if err == io.EOF {
+				err = fmt.Errorf("agent exec: stream ended without a result: %w", io.ErrUnexpectedEOF)
+			}
+			return res, err
+		}
+		switch {
+		case f.Error != nil:
+			return res, remoteError(f.Error)
+		case f.Result != nil:
+			res = *f.Result
+			res.Stdout = toUTF8(stdout, res.Truncated)
+			res.Stderr = toUTF8(stderr, res.Truncated)
+			return res, nil
+		case f.Stream == "stdout":
+			stdout = append(stdout, f.Data...)
+			onOutput(f.Stream, f.Data)
+		case f.Stream == "stderr":
+			stderr = append(stderr, f.Data...)
+			onOutput(f.Stream, f.Data)
+		}
+	}
+}
+
+// Start starts a background process and returns at once. Its combined
+// output is kept in a 1 MiB ring buffer (see Logs). TimeoutMs, if set, kills
+// it after that long.
+func (c *Client) Start(ctx context.Context, req ExecRequest) (Process, error) {
+	var p Process
+	err := c.call(ctx, http.MethodPost, "/v1/proc", req, &p)
+	return p, err
+}
+
+// Processes lists the running commands and the last finished background
+// processes, oldest first.
+func (c *Client) Processes(ctx context.Context) ([]Process, error) {
+	var ps []Process
+	err := c.call(ctx, http.MethodGet, "/v1/proc", nil, &ps)
+	return ps, err
+}
+
+// Logs copies a background process's combined output from offset to w; with
+// follow it streams until the process exits or ctx ends. If the ring buffer
+// no longer holds offset, it starts at the oldest byte kept. It returns the
+// offset to continue from.
+func (c *Client) Logs(ctx context.Context, id string, offset int64, follow bool, w io.Writer) (int64, error) {
+	q := url.Values{"offset": {strconv.FormatInt(offset, 10)}}
+	if follow {
+		q.Set("follow", "1")
+	}
+	resp, err := c.do(ctx, http.MethodGet, "/v1/proc/"+url.PathEscape(id)+"/logs", q, nil, "")
+	if err != nil {
+		return offset, err
+	}
+	defer resp.Body.Close()
+	if start, err := strconv.ParseInt(resp.Header.Get(logOffsetHeader), 10, 64); err == nil {
+		offset = start
+	}
+	n, err := io.Copy(w, resp.Body)
+	offset += n
+	if err != nil {
+		if ctx.Err() != nil {
+			return offset, ctx.Err()
+		}
+		return offset, fmt.Errorf("agent logs %s: %w", id, err)
+	}
+	return offset, nil
+}
+
+// Signal sends sig to the process's whole group.
+func (c *Client) Signal(ctx context.Context, id string, sig syscall.Signal) error {
+	return c.call(ctx, http.MethodPost, "/v1/proc/"+url.PathEscape(id)+"/signal", map[string]int{"signal": int(sig)}, nil)
+}
+
+// Wait waits until the process exits (or ctx ends).
+func (c *Client) Wait(ctx context.Context, id string) (Process, error) {
+	var p Process
+	err := c.call(ctx, http.MethodPost, "/v1/proc/"+url.PathEscape(id)+"/wait", struct{}{}, &p)
+	return p, err
+}
+
+type pathRequest struct {
+	Path      string `json:"path"`
+	Recursive bool   `json:"recursive,omitempty"`
+}
+
+// Stat describes path (a symlink itself, not its target).
+func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
+	var fi FileInfo
+	err := c.call(ctx, http.MethodPost, "/v1/fs/stat", pathRequest{Path: path}, &fi)
+	return fi, err
+}
+
+// ReadFile reads a window of a file: lines, or a byte range.
+func (c *Client) ReadFile(ctx context.Context, req ReadRequest) (ReadResult, error) {
+	var res ReadResult
+	err := c.call(ctx, http.MethodPost, "/v1/fs/read", req, &res)
+	return res, err
+}
+
+// WriteFile creates parent dirs and writes atomically (temp + rename, except
+// append); an existing file keeps its mode.
+func (c *Client) WriteFile(ctx context.Context, req WriteRequest) (WriteResult, error) {
+	var res WriteResult
+	err := c.call(ctx, http.MethodPost, "/v1/fs/write", req, &res)
+	return res, err
+}
+
+// copyStream copies a raw byte stream body to w and reports an error the
+// agent sent in the trailer after the body.
+func copyStream(op string, resp *http.Response, w io.Writer) (int64, error) {
+	n, err := io.Copy(w, resp.Body)
+	if err != nil {
+		return n, fmt.Errorf("agent %s: %w", op, err)
+	}
+	if msg := resp.Trailer.Get(errorTrailer); msg != "" {
+		var e Error
+		if json.Unmarshal([]byte(msg), &e) == nil {
+			return n, remoteError(&e)
+		}
+		return n, fmt.Errorf("agent %s: %s", op, msg)
+	}
+	return n, nil
+}
+
+// Download copies a file's bytes to w.
+func (c *Client) Download(ctx context.Context, path string, w io.Writer) (int64, error) {
+	resp, err := c.do(ctx, http.MethodGet, "/v1/fs/download", url.Values{"path": {path}}, nil, "")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	return copyStream("download "+path, resp, w)
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// Upload writes r's bytes to path atomically (no size cap) and returns the
+// size written. mode is for a new file (0 = 0644); an existing file keeps its
+// mode.
+func (c *Client) Upload(ctx context.Context, path string, r io.Reader, mode uint32) (int64, error) {
+	cr := &countingReader{r: r}
+	q := url.Values{"path": {path}}
+	if mode != 0 {
+		q.Set("mode", strconv.FormatUint(uint64(mode), 8))
+	}
+	resp, err := c.do(ctx, http.MethodPut, "/v1/fs/upload", q, io.NopCloser(cr), "application/octet-stream")
+	if err != nil {
+		return cr.n, err
+	}
+	defer resp.Body.Close()
+	var res WriteResult
+	if err := decodeBody("/v1/fs/upload", resp.Body, &res); err != nil {
+		return cr.n, err
+	}
+	return res.Size, nil
+}
+
+// Mkdir creates a directory and its parents.
+func (c *Client) Mkdir(ctx context.Context, path string) error {
+	return c.call(ctx, http.MethodPost, "/v1/fs/mkdir", pathRequest{Path: path}, nil)
+}
+
+// Remove removes a file, symlink or empty directory; recursive removes a tree.
+func (c *Client) Remove(ctx context.Context, path string, recursive bool) error {
+	return c.call(ctx, http.MethodPost, "/v1/fs/remove", pathRequest{Path: path, Recursive: recursive}, nil)
+}
+
+type treeRequest struct {
+	Path       string `json:"path"`
+	Depth      int    `json:"depth,omitempty"`
+	MaxEntries int    `json:"max_entries,omitempty"`
+}
+
+type treeResult struct {
+	Root      TreeEntry `json:"root"`
+	Truncated bool      `json:"truncated,omitempty"`
+}
+
+// Tree lists a directory depth levels deep (0 = 2), at most maxEntries
+// entries (0 = 1000); every Path in it is absolute.
+func (c *Client) Tree(ctx context.Context, path string, depth int, maxEntries int) (TreeEntry, bool, error) {
+	var res treeResult
+	err := c.call(ctx, http.MethodPost, "/v1/fs/tree", treeRequest{Path: path, Depth: depth, MaxEntries: maxEntries}, &res)
+	return res.Root, res.Truncated, err
+}
+
+type globRequest struct {
+	Pattern string `json:"pattern"`
+	Cwd     string `json:"cwd,omitempty"`
+	Max     int    `json:"max,omitempty"`
+}
+
+type globResult struct {
+	Paths     []string `json:"paths"`
+	Truncated bool     `json:"truncated,omitempty"`
+}
+
+// Glob returns the files (not directories) matching pattern, sorted and
+// absolute. Patterns support *, ?, [...], {a,b} and ** (any number of
+// directories); relative patterns are taken against cwd (default the
+// workspace). max 0 = 1000.
+func (c *Client) Glob(ctx context.Context, pattern, cwd string, max int) ([]string, bool, error) {
+	var res globResult
+	err := c.call(ctx, http.MethodPost, "/v1/fs/glob", globRequest{Pattern: pattern, Cwd: cwd, Max: max}, &res)
+	return res.Paths, res.Truncated, err
+}
+
+// Grep searches the text files under req.Path (default the workspace).
+func (c *Client) Grep(ctx context.Context, req GrepRequest) (GrepResult, error) {
+	var res GrepResult
+	err := c.call(ctx, http.MethodPost, "/v1/fs/grep", req, &res)
+	return res, err
+}
+
+// TarOut writes a tar of path (a file or a tree; entries named relative to
+// path's parent, base name first) to w and returns the tar's size.
+func (c *Client) TarOut(ctx context.Context, path string, w io.Writer) (int64, error) {
+	resp, err := c.do(ctx, http.MethodGet, "/v1/fs/tar", url.Values{"path": {path}}, nil, "")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	return copyStream("tar "+path, resp, w)
+}
+
+// TarIn extracts the tar read from r under dir (created if missing) and
+// returns the tar's size. Entries that would land outside dir (.., absolute
+// names, links pointing out) fail the extraction.
+func (c *Client) TarIn(ctx context.Context, dir string, r io.Reader) (int64, error) {
+	cr := &countingReader{r: r}
+	resp, err := c.do(ctx, http.MethodPut, "/v1/fs/tar", url.Values{"dir": {dir}}, io.NopCloser(cr), "application/x-tar")
+	if err != nil {
+		return cr.n, err
+	}
+	defer resp.Body.Close()
+	return cr.n, decodeBody("/v1/fs/tar", resp.Body, nil)
+}
+
+// watchFrame is one NDJSON frame of a watch stream.
+type watchFrame struct {
+	Ready  bool    `json:"ready,omitempty"`
+	Events []Event `json:"events,omitempty"`
+	Error  *Error  `json:"error,omitempty"`
+}
+
+// Watch watches a tree recursively and delivers debounced batches of events
+// until ctx ends (or the stream fails); the channel is closed then. It
+// returns once the watch is in place.
+func (c *Client) Watch(ctx context.Context, path string, debounce time.Duration) (<-chan []Event, error) {
+	q := url.Values{"path": {path}}
+	if debounce > 0 {
+		q.Set("debounce_ms", strconv.FormatInt(debounce.Milliseconds(), 10))
+	}
+	resp, err := c.do(ctx, http.MethodGet, "/v1/watch", q, nil, "")
+	if err != nil {
+		return nil, err
+	}
+	fr := newFrameReader("/v1/watch", resp.Body)
+	var f watchFrame
+	if err := fr.next(&f); err != nil || !f.Ready {
+		resp.Body.Close()
+		if f.Error != nil {
+			return nil, remoteError(f.Error)
+		}
+		return nil, fmt.Errorf("agent watch %s: no ready frame: %v", path, err)
+	}
+	ch := make(chan []Event)
+	go func() {
+		defer close(ch)
+		defer resp.Body.Close()
+		for {
+			var f watchFrame
+			if err := fr.next(&f); err != nil || f.Error != nil {
+				return
+			}
+			if len(f.Events) == 0 {
+				continue
+			}
+			select {
+			case ch <- f.Events:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return ch, nil
+}
+
+// tunnelConn is the connection of a port tunnel; bytes the HTTP reader
+// buffered past the upgrade response are read first.
+type tunnelConn struct {
+	*net.UnixConn
+	r io.Reader
+}
+
+func (t *tunnelConn) Read(p []byte) (int, error) { return t.r.Read(p) }
+
+// DialPort connects to 127.0.0.1:port inside the box. The returned
+// connection supports CloseWrite (it is a *net.UnixConn underneath).
+func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
+	if port <= 0 || port > 65535 {
+		return nil, &Error{Op: "port", Code: CodeInvalid, Message: fmt.Sprintf("port %d: not a TCP port", port)}
+	}
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	req := fmt.Sprintf("GET /v1/port/%d HTTP/1.1\r\nHost: cellbox-agent\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n", port)
+	if _, err := io.WriteString(conn, req); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("agent port %d: %w", port, err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		conn.Close()
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return nil, fmt.Errorf("agent port %d: %w", port, err)
+	}
+	if err := checkProtocol(resp.Header); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		err := decodeError("/v1/port", resp)
+		conn.Close()
+		return nil, err
+	}
+	if !stop() {
+		conn.Close()
+		return nil, fmt.Errorf("agent port %d: %w", port, ctx.Err())
+	}
+	uc := conn.(*net.UnixConn)
+	var r io.Reader = uc
+	if n := br.Buffered(); n > 0 {
+		buffered, _ := br.Peek(n)
+		r = io.MultiReader(bytes.NewReader(bytes.Clone(buffered)), uc)
+	}
+	return &tunnelConn{UnixConn: uc, r: r}, nil
+}

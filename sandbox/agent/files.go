@@ -1,0 +1,649 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"unicode/utf8"
+)
+
+const (
+	maxReadBytesCap = 8 << 20 // ReadRequest.MaxBytes and ByteLimit are capped here
+	binarySniff     = 8 << 10
+	defaultTreeMax  = 1000
+)
+
+// abs makes p absolute (relative to the workspace) and clean. This is the
+// path the caller sees in messages and results.
+func (s *server) abs(p string) string {
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(s.workspace, p)
+	}
+	return filepath.Clean(p)
+}
+
+// resolve returns the real path of p (symlinks resolved: the whole path, or
+// with keepLast the parent only) after checking that it lies under an
+// allowed root. p need not exist; its longest existing prefix is resolved.
+func (s *server) resolve(op, p string, keepLast bool) (display, real string, err error) {
+	if p == "" {
+		return "", "", &Error{Op: op, Code: CodeInvalid, Message: op + ": path is required"}
+	}
+	if strings.IndexByte(p, 0) >= 0 {
+		return "", "", &Error{Op: op, Code: CodeInvalid, Message: op + ": path contains a NUL byte"}
+	}
+	display = s.abs(p)
+	target := display
+	var last string
+	if keepLast && display != "/" {
+		target, last = filepath.Dir(display), filepath.Base(display)
+	}
+	real, err = resolveExisting(target)
+	if err != nil {
+		return display, "", asError(op, display, err)
+	}
+	if last != "" {
+		real = filepath.Join(real, last)
+	}
+	if !within(real, s.roots) {
+		msg := fmt.Sprintf("%s %s: outside the workspace; file tools may only use %s", op, display, strings.Join(s.roots, " and "))
+		if real != display {
+			msg = fmt.Sprintf("%s %s: resolves to %s, outside the workspace; file tools may only use %s", op, display, real, strings.Join(s.roots, " and "))
+		}
+		return display, "", &Error{Op: op, Path: display, Code: CodeOutsideWorkspace, Message: msg}
+	}
+	return display, real, nil
+}
+
+// resolveExisting resolves symlinks in the longest existing prefix of the
+// clean absolute path p and appends the rest (which, not existing, holds no
+// symlinks). A dangling symlink is followed to where it points, so that
+// creating a file through it is checked where the file would land.
+func resolveExisting(p string) (string, error) {
+	rest := ""
+	for hops := 0; hops < 64; hops++ {
+		r, err := filepath.EvalSymlinks(p)
+		if err == nil {
+			return filepath.Join(r, rest), nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return "", err
+		}
+		if fi, lerr := os.Lstat(p); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			target, err := os.Readlink(p)
+			if err != nil {
+				return "", err
+			}
+			if !filepath.IsAbs(target) {
+				dir, err := filepath.EvalSymlinks(filepath.Dir(p))
+				if err != nil {
+					return "", err
+				}
+				target = filepath.Join(dir, target)
+			}
+			p = filepath.Clean(target)
+			continue
+		}
+		parent := filepath.Dir(p)
+		if parent == p {
+			return "", err
+		}
+		rest = filepath.Join(filepath.Base(p), rest)
+		p = parent
+	}
+	return "", &fs.PathError{Op: "resolve", Path: p, Err: syscall.ELOOP}
+}
+
+// within reports whether p is one of roots or under one.
+func within(p string, roots []string) bool {
+	for _, r := range roots {
+		if p == r || strings.HasPrefix(p, r+"/") || r == "/" {
+			return true
+		}
+	}
+	return false
+}
+
+func fileType(m fs.FileMode) string {
+	switch {
+	case m.IsRegular():
+		return "file"
+	case m.IsDir():
+		return "dir"
+	case m&fs.ModeSymlink != 0:
+		return "symlink"
+	}
+	return "other"
+}
+
+func (s *server) handleStat(w http.ResponseWriter, r *http.Request) {
+	var req pathRequest
+	if !readJSON(w, r, "stat", &req) {
+		return
+	}
+	display, real, err := s.resolve("stat", req.Path, true)
+	if err != nil {
+		writeError(w, asError("stat", display, err))
+		return
+	}
+	fi, err := os.Lstat(real)
+	if err != nil {
+		writeError(w, asError("stat", display, err))
+		return
+	}
+	writeJSON(w, FileInfo{Path: display, Type: fileType(fi.Mode()), Size: fi.Size(), Mode: uint32(fi.Mode().Perm()), ModTime: fi.ModTime()})
+}
+
+// --- read ---
+
+func (s *server) handleRead(w http.ResponseWriter, r *http.Request) {
+	var req ReadRequest
+	if !readJSON(w, r, "read", &req) {
+		return
+	}
+	res, err := s.read(req)
+	if err != nil {
+		writeError(w, asError("read", s.abs(req.Path), err))
+		return
+	}
+	writeJSON(w, res)
+}
+
+func (s *server) read(req ReadRequest) (ReadResult, error) {
+	display, real, err := s.resolve("read", req.Path, false)
+	if err != nil {
+		return ReadResult{}, err
+	}
+	f, err := os.Open(real)
+	if err != nil {
+		return ReadResult{}, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return ReadResult{}, err
+	}
+	if fi.IsDir() {
+		return ReadResult{}, &Error{Op: "read", Path: display, Code: CodeIsDir, Message: fmt.Sprintf("read %s: is a directory (list it instead)", display)}
+	}
+	if req.ByteOffset < 0 || req.ByteLimit < 0 || req.Offset < 0 || req.Limit < 0 {
+		return ReadResult{}, &Error{Op: "read", Path: display, Code: CodeInvalid, Message: fmt.Sprintf("read %s: offsets and limits must not be negative", display)}
+	}
+	maxBytes := req.MaxBytes
+	if maxBytes <= 0 {
+		maxBytes = DefaultReadBytes
+	}
+	maxBytes = min(maxBytes, maxReadBytesCap)
+	res := ReadResult{Size: fi.Size(), Encoding: "utf-8"}
+	if req.ByteLimit > 0 {
+		return readBytes(f, res, req.ByteOffset, min(req.ByteLimit, int64(maxBytes)), req.ByteLimit > int64(maxBytes))
+	}
+	head := make([]byte, binarySniff)
+	n, err := io.ReadFull(f, head)
+	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
+		return res, err
+	}
+	if isBinary(head[:n], n < binarySniff) {
+		return readBytes(f, res, req.ByteOffset, int64(maxBytes), true)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return res, err
+	}
+	return readLines(f, res, req, maxBytes)
+}
+
+// isBinary: a NUL byte, or invalid UTF-8 (a rune cut at the end of a sniff
+// window that is not the whole file is fine).
+func isBinary(b []byte, whole bool) bool {
+	if bytes.IndexByte(b, 0) >= 0 {
+		return true
+	}
+	if !whole {
+		for i := 0; i < utf8.UTFMax-1 && len(b) > 0; i++ {
+			if utf8.Valid(b) {
+				return false
+			}
+			b = b[:len(b)-1]
+		}
+	}
+	return !utf8.Valid(b)
+}
+
+// readBytes returns a raw byte window; text when it is valid UTF-8 without
+// NUL bytes, base64 otherwise. It is truncated when the window was capped
+// (not the caller's own limit) and the file goes on.
+func readBytes(f *os.File, res ReadResult, off, limit int64, capped bool) (ReadResult, error) {
+	buf := make([]byte, limit)
+	n, err := f.ReadAt(buf, off)
+	if err != nil && err != io.EOF {
+		return res, err
+	}
+	buf = buf[:n]
+	if isBinary(buf, true) {
+		res.Encoding, res.Content = "base64", base64.StdEncoding.EncodeToString(buf)
+	} else {
+		res.Content = string(buf)
+	}
+	res.Truncated = capped && off+int64(n) < res.Size
+	return res, nil
+}
+
+// readLines streams the file and keeps the requested line window; lines
+// longer than MaxReadLineChars characters are cut and marked with
+// LineCutMarker. It scans to the end to count the lines.
+func readLines(f *os.File, res ReadResult, req ReadRequest, maxBytes int) (ReadResult, error) {
+	start := max(req.Offset, 1)
+	maxLines := req.MaxLines
+	if maxLines <= 0 {
+		maxLines = DefaultReadLines
+	}
+	limit, capped := maxLines, true
+	if req.Limit > 0 && req.Limit <= maxLines {
+		limit, capped = req.Limit, false
+	}
+	const keep = MaxReadLineChars * utf8.UTFMax // bytes kept of one line: enough for MaxReadLineChars runes
+	br := bufio.NewReaderSize(f, 64<<10)
+	var out strings.Builder
+	var cur []byte
+	line, taken, done, lineCut := 0, 0, false, false
+	for {
+		inWindow := !done && line+1 >= start
+		cur = cur[:0]
+		long, got := false, false
+		var err error
+		for {
+			var chunk []byte
+			chunk, err = br.ReadSlice('\n')
+			got = got || len(chunk) > 0
+			if inWindow {
+				room := keep - len(cur)
+				if room < len(chunk) {
+					chunk, long = chunk[:max(room, 0)], true
+				}
+				cur = append(cur, chunk...)
+			}
+			if err != bufio.ErrBufferFull {
+				break
+			}
+		}
+		if err != nil && err != io.EOF {
+			return res, err
+		}
+		if !got {
+			break
+		}
+		line++
+		switch {
+		case inWindow:
+			text, cut := renderLine(cur, long, err == nil)
+			if taken > 0 && out.Len()+len(text) > maxBytes {
+				done, capped, res.NextOffset = true, true, line
+				break
+			}
+			out.WriteString(text)
+			lineCut = lineCut || cut
+			taken++
+			if res.StartLine == 0 {
+				res.StartLine = line
+			}
+			res.EndLine = line
+			done = taken == limit
+		case done && res.NextOffset == 0:
+			res.NextOffset = line
+		}
+		if err == io.EOF {
+			break
+		}
+	}
+	res.TotalLines = line
+	if start > 1 && start > line {
+		return res, &Error{Op: "read", Code: CodeInvalid, Message: fmt.Sprintf("read: offset %d is past the end of the file (%d lines)", start, line)}
+	}
+	res.Truncated = lineCut || capped && res.NextOffset != 0
+	res.Content = strings.ToValidUTF8(out.String(), "\uFFFD")
+	return res, nil
+}
+
+// renderLine returns a line with its terminator, cut to MaxReadLineChars
+// characters and marked if it is longer (long: bytes were dropped already).
+func renderLine(b []byte, long, newline bool) (string, bool) {
+	s, nl := string(b), ""
+	switch {
+	case long:
+		if newline {
+			nl = "\n"
+		}
+	case strings.HasSuffix(s, "\r\n"):
+		s, nl = s[:len(s)-2], "\r\n"
+	case strings.HasSuffix(s, "\n"):
+		s, nl = s[:len(s)-1], "\n"
+	}
+	if !long && len(s) <= MaxReadLineChars {
+		return s + nl, false
+	}
+	i, n := 0, 0
+	for i < len(s) && n < MaxReadLineChars {
+		_, size := utf8.DecodeRuneInString(s[i:])
+		i += size
+		n++
+	}
+	if i == len(s) && !long {
+		return s + nl, false
+	}
+	return s[:i] + LineCutMarker + nl, true
+}
+
+// --- write ---
+
+func (s *server) handleWrite(w http.ResponseWriter, r *http.Request) {
+	var req WriteRequest
+	if !readJSON(w, r, "write", &req) {
+		return
+	}
+	res, err := s.write(req)
+	if err != nil {
+		writeError(w, asError("write", s.abs(req.Path), err))
+		return
+	}
+	writeJSON(w, res)
+}
+
+func (s *server) write(req WriteRequest) (WriteResult, error) {
+	display, real, err := s.resolve("write", req.Path, false)
+	if err != nil {
+		return WriteResult{}, err
+	}
+	limit := req.MaxBytes
+	if limit <= 0 {
+		limit = DefaultWriteBytes
+	}
+	if int64(len(req.Data)) > limit {
+		return WriteResult{}, &Error{Op: "write", Path: display, Code: CodeTooLarge, Message: fmt.Sprintf(
+			"write %s: %d bytes is over the %d-byte write limit; write it in chunks with append, or upload it", display, len(req.Data), limit)}
+	}
+	if !req.Append {
+		n, created, err := writeAtomic(real, bytes.NewReader(req.Data), fs.FileMode(req.Mode))
+		return WriteResult{Path: display, Size: n, Created: created}, err
+	}
+	mode := fs.FileMode(req.Mode).Perm()
+	if mode == 0 {
+		mode = 0o644
+	}
+	if err := os.MkdirAll(filepath.Dir(real), 0o755); err != nil {
+		return WriteResult{}, err
+	}
+	_, statErr := os.Stat(real)
+	f, err := os.OpenFile(real, os.O_WRONLY|os.O_APPEND|os.O_CREATE, mode)
+	if err != nil {
+		return WriteResult{}, err
+	}
+	if _, err := f.Write(req.Data); err != nil {
+		f.Close()
+		return WriteResult{}, err
+	}
+	fi, err := f.Stat()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return WriteResult{}, err
+	}
+	return WriteResult{Path: display, Size: fi.Size(), Created: statErr != nil}, nil
+}
+
+// writeAtomic writes r to a temp file beside path and renames it over path.
+// An existing file keeps its mode (and owner); a new one gets mode (0644).
+func writeAtomic(path string, r io.Reader, mode fs.FileMode) (n int64, created bool, err error) {
+	old, statErr := os.Stat(path)
+	switch {
+	case statErr == nil && old.IsDir():
+		return 0, false, syscall.EISDIR
+	case statErr == nil:
+		mode = old.Mode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
+	case !errors.Is(statErr, fs.ErrNotExist):
+		return 0, false, statErr
+	default:
+		created = true
+		if mode = mode.Perm(); mode == 0 {
+			mode = 0o644
+		}
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return 0, created, err
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".cellbox-*")
+	if err != nil {
+		return 0, created, err
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if n, err = io.Copy(tmp, r); err != nil {
+		return n, created, err
+	}
+	if err = tmp.Chmod(mode); err != nil {
+		return n, created, err
+	}
+	if st, ok := statOwner(old); ok && !created {
+		tmp.Chown(st.Uid, st.Gid) // best effort: only root may give files away
+	}
+	if err = tmp.Close(); err != nil {
+		return n, created, err
+	}
+	return n, created, os.Rename(tmp.Name(), path)
+}
+
+type owner struct{ Uid, Gid int }
+
+func statOwner(fi fs.FileInfo) (owner, bool) {
+	if fi == nil {
+		return owner{}, false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return owner{}, false
+	}
+	return owner{int(st.Uid), int(st.Gid)}, true
+}
+
+// --- raw bytes ---
+
+// streamError reports an error after a raw stream's body started, in the
+// trailer; before that, as a normal error response.
+func streamError(w http.ResponseWriter, started bool, e *Error) {
+	if !started {
+		writeError(w, e)
+		return
+	}
+	b, _ := json.Marshal(e)
+	w.Header().Set(errorTrailer, string(b))
+}
+
+func (s *server) handleDownload(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Query().Get("path")
+	display, real, err := s.resolve("download", p, false)
+	if err != nil {
+		writeError(w, asError("download", display, err))
+		return
+	}
+	f, err := os.Open(real)
+	if err != nil {
+		writeError(w, asError("download", display, err))
+		return
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		writeError(w, &Error{Op: "download", Path: display, Code: CodeIsDir, Message: fmt.Sprintf("download %s: not a regular file (use a tar for directories)", display)})
+		return
+	}
+	w.Header().Set("Trailer", errorTrailer)
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.WriteHeader(http.StatusOK)
+	if _, err := io.Copy(w, f); err != nil {
+		streamError(w, true, asError("download", display, err))
+	}
+}
+
+func (s *server) handleUpload(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Query().Get("path")
+	display, real, err := s.resolve("upload", p, false)
+	if err != nil {
+		writeError(w, asError("upload", display, err))
+		return
+	}
+	var mode uint64
+	if m := r.URL.Query().Get("mode"); m != "" {
+		if mode, err = strconv.ParseUint(m, 8, 32); err != nil {
+			writeError(w, &Error{Op: "upload", Path: display, Code: CodeInvalid, Message: fmt.Sprintf("upload %s: bad mode %q", display, m)})
+			return
+		}
+	}
+	n, created, err := writeAtomic(real, r.Body, fs.FileMode(mode))
+	if err != nil {
+		writeError(w, asError("upload", display, err))
+		return
+	}
+	writeJSON(w, WriteResult{Path: display, Size: n, Created: created})
+}
+
+// --- mkdir, remove ---
+
+func (s *server) handleMkdir(w http.ResponseWriter, r *http.Request) {
+	var req pathRequest
+	if !readJSON(w, r, "mkdir", &req) {
+		return
+	}
+	display, real, err := s.resolve("mkdir", req.Path, false)
+	if err == nil {
+		err = os.MkdirAll(real, 0o755)
+		if errors.Is(err, syscall.ENOTDIR) || errors.Is(err, fs.ErrExist) {
+			err = &Error{Op: "mkdir", Path: display, Code: CodeExists, Message: fmt.Sprintf("mkdir %s: a file is in the way", display)}
+		}
+	}
+	if err != nil {
+		writeError(w, asError("mkdir", display, err))
+		return
+	}
+	writeJSON(w, struct{}{})
+}
+
+func (s *server) handleRemove(w http.ResponseWriter, r *http.Request) {
+	var req pathRequest
+	if !readJSON(w, r, "remove", &req) {
+		return
+	}
+	display, real, err := s.resolve("remove", req.Path, true)
+	if err == nil {
+		for _, root := range s.roots {
+			if real == root {
+				err = &Error{Op: "remove", Path: display, Code: CodeInvalid, Message: fmt.Sprintf("remove %s: refusing to remove a root directory; remove what is in it", display)}
+			}
+		}
+	}
+	if err == nil {
+		if _, err = os.Lstat(real); err == nil {
+			if req.Recursive {
+				err = os.RemoveAll(real)
+			} else {
+				err = os.Remove(real)
+			}
+		}
+	}
+	if err != nil {
+		writeError(w, asError("remove", display, err))
+		return
+	}
+	writeJSON(w, struct{}{})
+}
+
+// --- tree ---
+
+func (s *server) handleTree(w http.ResponseWriter, r *http.Request) {
+	var req treeRequest
+	if !readJSON(w, r, "tree", &req) {
+		return
+	}
+	if req.Path == "" {
+		req.Path = s.workspace
+	}
+	display, real, err := s.resolve("tree", req.Path, false)
+	if err != nil {
+		writeError(w, asError("tree", display, err))
+		return
+	}
+	fi, err := os.Stat(real)
+	if err != nil {
+		writeError(w, asError("tree", display, err))
+		return
+	}
+	if req.Depth <= 0 {
+		req.Depth = 2
+	}
+	if req.MaxEntries <= 0 {
+		req.MaxEntries = defaultTreeMax
+	}
+	t := &treeWalk{left: req.MaxEntries}
+	root := TreeEntry{Path: display, Type: fileType(fi.Mode()), Size: fi.Size()}
+	if fi.IsDir() {
+		root.Size = 0
+		root.Children = t.list(real, display, req.Depth)
+	}
+	writeJSON(w, treeResult{Root: root, Truncated: t.truncated})
+}
+
+type treeWalk struct {
+	left      int
+	truncated bool
+}
+
+// list returns dir's entries (dirs and files sorted by name), depth levels.
+func (t *treeWalk) list(real, display string, depth int) []TreeEntry {
+	des, err := os.ReadDir(real)
+	if err != nil {
+		return nil
+	}
+	sort.Slice(des, func(i, j int) bool { return des[i].Name() < des[j].Name() })
+	out := make([]TreeEntry, 0, len(des))
+	for _, de := range des {
+		if t.left <= 0 {
+			t.truncated = true
+			break
+		}
+		t.left--
+		e := TreeEntry{Path: filepath.Join(display, de.Name()), Type: fileType(de.Type())}
+		if de.Type().IsRegular() {
+			if fi, err := de.Info(); err == nil {
+				e.Size = fi.Size()
+			}
+		}
+		out = append(out, e)
+	}
+	// Breadth before depth: a level is listed whole before the next, so the
+	// entry cap cuts the deepest part of the tree.
+	if depth > 1 {
+		for i := range out {
+			if out[i].Type == "dir" && t.left > 0 {
+				out[i].Children = t.list(filepath.Join(real, filepath.Base(out[i].Path)), out[i].Path, depth-1)
+			} else if out[i].Type == "dir" {
+				t.truncated = true
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,78 @@
+package agent
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// handlePort upgrades the connection to a raw byte pipe to 127.0.0.1:port in
+// the box's network namespace.
+func (s *server) handlePort(w http.ResponseWriter, r *http.Request) {
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || port <= 0 || port > 65535 {
+		writeError(w, &Error{Op: "port", Code: CodeInvalid, Message: fmt.Sprintf("port %q: not a TCP port", r.PathValue("port"))})
+		return
+	}
+	d := net.Dialer{Timeout: 5 * time.Second}
+	up, err := d.DialContext(r.Context(), "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		writeError(w, &Error{Op: "port", Message: fmt.Sprintf("connect to port %d in the box: %v", port, err)})
+		return
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		up.Close()
+		writeError(w, &Error{Op: "port", Message: "port: cannot take over the connection: " + err.Error()})
+		return
+	}
+	s.tunnels.Add(1)
+	go func() {
+		defer s.tunnels.Done()
+		defer conn.Close()
+		defer up.Close()
+		fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: tcp\r\nConnection: Upgrade\r\n%s: %d\r\n\r\n", ProtocolHeader, ProtocolVersion)
+		if err := brw.Flush(); err != nil {
+			return
+		}
+		stop := make(chan struct{})
+		go func() {
+			select {
+			case <-s.ctx.Done():
+				conn.Close()
+				up.Close()
+			case <-stop:
+			}
+		}()
+		defer close(stop)
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { // client -> port (bytes the server already buffered first)
+			defer wg.Done()
+			if _, err := io.Copy(up, brw.Reader); err != nil {
+				up.Close() // the client is gone: tear down both ways
+				conn.Close()
+			}
+			closeWrite(up)
+		}()
+		go func() { // port -> client
+			defer wg.Done()
+			if _, err := io.Copy(conn, up); err != nil {
+				up.Close()
+				conn.Close()
+			}
+			closeWrite(conn)
+		}()
+		wg.Wait()
+	}()
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+}

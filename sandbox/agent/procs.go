@@ -1,0 +1,221 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// maxFinished is how many finished background processes the table keeps.
+const maxFinished = 64
+
+// proc is one process the agent started (the leader of its process group).
+type proc struct {
+	id         string
+	command    string
+	pid        int
+	started    time.Time
+	background bool
+	log        *ring // combined output; background processes only
+
+	done     chan struct{} // closed when the process has exited
+	ended    time.Time     // valid after done
+	exitCode int           // valid after done; -1 if killed by a signal
+}
+
+func (p *proc) info() Process {
+	out := Process{ID: p.id, Command: p.command, PID: p.pid, Started: p.started, Running: true}
+	select {
+	case <-p.done:
+		code, ended := p.exitCode, p.ended
+		out.Running, out.ExitCode, out.Ended = false, &code, &ended
+	default:
+	}
+	return out
+}
+
+// signal sends sig to the process's whole group.
+func (p *proc) signal(sig syscall.Signal) error {
+	return syscall.Kill(-p.pid, sig)
+}
+
+// procTable owns every child the agent starts. As PID 1 it reaps all
+// children itself (wait4(-1)) and hands exit statuses to the table; otherwise
+// it waits for each child by pid, so that it never steals another part of
+// the process's exit statuses.
+type procTable struct {
+	log    *slog.Logger
+	reaper bool
+
+	mu       sync.Mutex
+	next     int
+	byID     map[string]*proc
+	byPID    map[int]*proc
+	finished []string // ids of finished background processes, oldest first
+}
+
+func newProcTable(log *slog.Logger, reaper bool) *procTable {
+	t := &procTable{log: log, reaper: reaper, byID: map[string]*proc{}, byPID: map[int]*proc{}}
+	if reaper {
+		ch := make(chan os.Signal, 1)
+		signal.Notify(ch, syscall.SIGCHLD)
+		go func() {
+			for range ch {
+				t.reap()
+			}
+		}()
+		t.reap()
+	}
+	return t
+}
+
+// reap collects every exited child (PID 1 only): the ones the table started
+// and orphans re-parented to init.
+func (t *procTable) reap() {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if pid <= 0 || err != nil {
+			return
+		}
+		// start holds mu from fork until the pid is registered, so a child
+		// that exits at once is found here.
+		t.mu.Lock()
+		p := t.byPID[pid]
+		delete(t.byPID, pid)
+		t.mu.Unlock()
+		if p != nil {
+			t.exited(p, ws)
+		}
+	}
+}
+
+func (t *procTable) exited(p *proc, ws syscall.WaitStatus) {
+	p.ended = time.Now()
+	p.exitCode = -1
+	if ws.Exited() {
+		p.exitCode = ws.ExitStatus()
+	}
+	close(p.done)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !p.background {
+		delete(t.byID, p.id)
+		return
+	}
+	t.finished = append(t.finished, p.id)
+	for len(t.finished) > maxFinished {
+		delete(t.byID, t.finished[0])
+		t.finished = t.finished[1:]
+	}
+}
+
+// start starts one process in a new process group with the given stdio.
+func (t *procTable) start(argv []string, dir string, env []string, files []*os.File, command string, background bool) (*proc, error) {
+	path := argv[0]
+	if !strings.Contains(path, "/") {
+		lp, err := exec.LookPath(path)
+		if err != nil {
+			return nil, &Error{Op: "exec", Code: CodeNotFound, Message: fmt.Sprintf("exec %s: executable file not found in $PATH", path)}
+		}
+		path = lp
+	} else if !filepath.IsAbs(path) {
+		path = filepath.Join(dir, path)
+	}
+	attr := &os.ProcAttr{Dir: dir, Env: env, Files: files, Sys: &syscall.SysProcAttr{Setpgid: true}}
+	t.mu.Lock()
+	op, err := os.StartProcess(path, argv, attr)
+	if err != nil {
+		t.mu.Unlock()
+		return nil, asError("exec", argv[0], err)
+	}
+	t.next++
+	p := &proc{
+		id: "p" + strconv.Itoa(t.next), command: command, pid: op.Pid, started: time.Now(),
+		background: background, done: make(chan struct{}),
+	}
+	t.byID[p.id] = p
+	if t.reaper {
+		t.byPID[p.pid] = p
+	}
+	t.mu.Unlock()
+	op.Release() // the table waits for it, by pid
+	if !t.reaper {
+		go func() {
+			var ws syscall.WaitStatus
+			for {
+				_, err := syscall.Wait4(p.pid, &ws, 0, nil)
+				if !errors.Is(err, syscall.EINTR) {
+					break
+				}
+			}
+			t.exited(p, ws)
+		}()
+	}
+	return p, nil
+}
+
+func (t *procTable) get(id string) (*proc, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p := t.byID[id]; p != nil {
+		return p, nil
+	}
+	return nil, &Error{Op: "process", Path: id, Code: CodeNotFound, Message: fmt.Sprintf("process %s: no such process (list processes to see the ids)", id)}
+}
+
+func (t *procTable) list() []Process {
+	t.mu.Lock()
+	ps := make([]*proc, 0, len(t.byID))
+	for _, p := range t.byID {
+		ps = append(ps, p)
+	}
+	t.mu.Unlock()
+	sort.Slice(ps, func(i, j int) bool { return ps[i].started.Before(ps[j].started) })
+	out := make([]Process, len(ps))
+	for i, p := range ps {
+		out[i] = p.info()
+	}
+	return out
+}
+
+// shutdown sends SIGTERM to every running process group, waits up to grace,
+// then SIGKILLs the ones left.
+func (t *procTable) shutdown(grace time.Duration) {
+	t.mu.Lock()
+	var running []*proc
+	for _, p := range t.byID {
+		select {
+		case <-p.done:
+		default:
+			running = append(running, p)
+		}
+	}
+	t.mu.Unlock()
+	for _, p := range running {
+		p.signal(syscall.SIGTERM)
+	}
+	deadline := time.After(grace)
+	for _, p := range running {
+		select {
+		case <-p.done:
+		case <-deadline:
+		}
+	}
+	for _, p := range running {
+		p.signal(syscall.SIGKILL)
+	}
+}

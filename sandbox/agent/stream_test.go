@@ -1,0 +1,325 @@
+package agent
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestTarRoundTrip(t *testing.T) {
+	a := startAgent(t)
+	ctx := ctxT(t)
+	src := a.path("proj")
+	require.NoError(t, os.MkdirAll(filepath.Join(src, "bin"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(src, "empty"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(src, "bin", "run"), []byte("#!/bin/sh\necho hi\n"), 0o755))
+	blob := bytes.Repeat([]byte{0, 1, 2, 0xff}, 1<<18)
+	require.NoError(t, os.WriteFile(filepath.Join(src, "blob"), blob, 0o600))
+	require.NoError(t, os.Symlink("bin/run", filepath.Join(src, "link")))
+
+	var buf bytes.Buffer
+	n, err := a.c.TarOut(ctx, "proj", &buf)
+	require.NoError(t, err)
+	assert.Equal(t, int64(buf.Len()), n)
+
+	var names []string
+	tr := tar.NewReader(bytes.NewReader(buf.Bytes()))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		names = append(names, h.Name)
+	}
+	assert.Equal(t, []string{"proj/", "proj/bin/", "proj/bin/run", "proj/blob", "proj/empty/", "proj/link"}, names)
+
+	in, err := a.c.TarIn(ctx, filepath.Join(a.tmp, "copy"), bytes.NewReader(buf.Bytes()))
+	require.NoError(t, err)
+	assert.Equal(t, n, in)
+	dst := filepath.Join(a.tmp, "copy", "proj")
+	got, err := os.ReadFile(filepath.Join(dst, "blob"))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(blob, got))
+	for p, mode := range map[string]os.FileMode{"bin/run": 0o755, "blob": 0o600, "empty": 0o700 | os.ModeDir} {
+		fi, err := os.Stat(filepath.Join(dst, p))
+		require.NoError(t, err)
+		assert.Equal(t, mode, fi.Mode()&(os.ModeDir|os.ModePerm), p)
+	}
+	link, err := os.Readlink(filepath.Join(dst, "link"))
+	require.NoError(t, err)
+	assert.Equal(t, "bin/run", link)
+
+	// a single file
+	buf.Reset()
+	_, err = a.c.TarOut(ctx, "proj/blob", &buf)
+	require.NoError(t, err)
+	h, err := tar.NewReader(&buf).Next()
+	require.NoError(t, err)
+	assert.Equal(t, "blob", h.Name)
+}
+
+func TestTarInRejectsEscapes(t *testing.T) {
+	a := startAgent(t)
+	ctx := ctxT(t)
+	type entry struct {
+		name, link string
+		typ        byte
+	}
+	tests := []struct {
+		name    string
+		entries []entry
+	}{
+		{"dotdot", []entry{{name: "../evil", typ: tar.TypeReg}}},
+		{"nested dotdot", []entry{{name: "a/../../evil", typ: tar.TypeReg}}},
+		{"absolute", []entry{{name: filepath.Join(a.outside, "evil"), typ: tar.TypeReg}}},
+		{"symlink out absolute", []entry{{name: "l", link: a.outside, typ: tar.TypeSymlink}}},
+		{"symlink out relative", []entry{{name: "l", link: "../../outside", typ: tar.TypeSymlink}}},
+		{"hardlink out", []entry{{name: "h", link: "../../outside/secret", typ: tar.TypeLink}}},
+		{"hardlink absolute", []entry{{name: "h", link: filepath.Join(a.outside, "secret"), typ: tar.TypeLink}}},
+		{"through a symlink already there", []entry{{name: "planted/evil", typ: tar.TypeReg}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			tw := tar.NewWriter(&buf)
+			for _, e := range tt.entries {
+				h := &tar.Header{Name: e.name, Linkname: e.link, Typeflag: e.typ, Mode: 0o644}
+				if e.typ == tar.TypeReg {
+					h.Size = 5
+				}
+				require.NoError(t, tw.WriteHeader(h))
+				if e.typ == tar.TypeReg {
+					tw.Write([]byte("pwned"))
+				}
+			}
+			require.NoError(t, tw.Close())
+			dir := filepath.Join("x", tt.name)
+			require.NoError(t, os.MkdirAll(a.path(dir), 0o755))
+			require.NoError(t, os.Symlink(a.outside, a.path(filepath.Join(dir, "planted"))))
+			_, err := a.c.TarIn(ctx, dir, &buf)
+			e := requireCode(t, err, CodeOutsideWorkspace)
+			assert.Contains(t, e.Message, "nothing after it was extracted")
+			ents, _ := os.ReadDir(a.outside)
+			assert.Len(t, ents, 1, "only the secret is outside")
+			_, err = os.Stat(a.path("x/evil"))
+			assert.True(t, os.IsNotExist(err))
+		})
+	}
+	_, err := a.c.TarIn(ctx, "garbage", bytes.NewReader([]byte("this is not a tar stream, not at all, no.................................")))
+	requireCode(t, err, CodeInvalid)
+}
+
+func TestWatch(t *testing.T) {
+	a := startAgent(t)
+	ctx := ctxT(t)
+	require.NoError(t, os.MkdirAll(a.path("w/sub"), 0o755))
+	events, err := a.c.Watch(ctx, "w", 20*time.Millisecond)
+	require.NoError(t, err)
+
+	collect := func(until func(map[string]string) bool) map[string]string {
+		seen := map[string]string{}
+		timeout := time.After(5 * time.Second)
+		for !until(seen) {
+			select {
+			case batch, ok := <-events:
+				require.True(t, ok, "watch stream closed")
+				for _, e := range batch {
+					seen[e.Path] = e.Op
+					assert.False(t, e.Time.IsZero())
+				}
+			case <-timeout:
+				t.Fatalf("watch: saw only %v", seen)
+			}
+		}
+		return seen
+	}
+
+	require.NoError(t, os.WriteFile(a.path("w/a.txt"), []byte("1"), 0o644))
+	seen := collect(func(m map[string]string) bool { return m[a.path("w/a.txt")] != "" })
+	assert.Equal(t, "create", seen[a.path("w/a.txt")], "create then write coalesce into create")
+
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, os.WriteFile(a.path("w/sub/a.txt"), []byte("2"), 0o644))
+	require.NoError(t, os.WriteFile(a.path("w/a.txt"), []byte("3"), 0o644))
+	seen = collect(func(m map[string]string) bool { return m[a.path("w/a.txt")] != "" && m[a.path("w/sub/a.txt")] != "" })
+	assert.Equal(t, "write", seen[a.path("w/a.txt")])
+
+	// a new directory is watched, and what was made in it before is reported
+	require.NoError(t, os.MkdirAll(a.path("w/new/deeper"), 0o755))
+	require.NoError(t, os.WriteFile(a.path("w/new/deeper/f"), []byte("x"), 0o644))
+	collect(func(m map[string]string) bool { return m[a.path("w/new/deeper/f")] == "create" })
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, os.WriteFile(a.path("w/new/deeper/g"), []byte("x"), 0o644))
+	collect(func(m map[string]string) bool { return m[a.path("w/new/deeper/g")] == "create" })
+
+	// git's churn is not reported
+	require.NoError(t, os.MkdirAll(a.path("w/.git/objects"), 0o755))
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, os.WriteFile(a.path("w/.git/objects/x"), []byte("x"), 0o644))
+	require.NoError(t, os.Remove(a.path("w/a.txt")))
+	seen = collect(func(m map[string]string) bool { return m[a.path("w/a.txt")] != "" })
+	assert.Equal(t, "remove", seen[a.path("w/a.txt")])
+	assert.NotContains(t, seen, a.path("w/.git/objects/x"))
+	assert.NotContains(t, seen, a.path("w/.git"))
+
+	_, err = a.c.Watch(ctx, "w/sub/a.txt", 0)
+	requireCode(t, err, CodeNotDir)
+}
+
+func TestWatchEndsWithContext(t *testing.T) {
+	a := startAgent(t)
+	ctx, cancel := cancelCtx(t)
+	events, err := a.c.Watch(ctx, "", 0)
+	require.NoError(t, err)
+	cancel()
+	select {
+	case _, ok := <-events:
+		for ok {
+			_, ok = <-events
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("watch channel not closed after cancel")
+	}
+}
+
+func TestDialPort(t *testing.T) {
+	a := startAgent(t)
+	ctx := ctxT(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(c, c) // echo until the client half-closes
+			}()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+
+	conn, err := a.c.DialPort(ctx, port)
+	require.NoError(t, err)
+	defer conn.Close()
+	payload := bytes.Repeat([]byte("echo! "), 100000)
+	go func() {
+		conn.Write(payload)
+		conn.(interface{ CloseWrite() error }).CloseWrite()
+	}()
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(conn)
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(payload, got), "echoed %d of %d bytes", len(got), len(payload))
+
+	// an HTTP server through the tunnel, as the preview proxy uses it
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello from the box") })}
+	hln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go hs.Serve(hln)
+	defer hs.Close()
+	conn2, err := a.c.DialPort(ctx, hln.Addr().(*net.TCPAddr).Port)
+	require.NoError(t, err)
+	defer conn2.Close()
+	io.WriteString(conn2, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn2), nil)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	assert.Equal(t, "hello from the box", string(body))
+
+	// nothing listening
+	ln2, _ := net.Listen("tcp", "127.0.0.1:0")
+	closed := ln2.Addr().(*net.TCPAddr).Port
+	ln2.Close()
+	_, err = a.c.DialPort(ctx, closed)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "connection refused")
+	_, err = a.c.DialPort(ctx, 70000)
+	requireCode(t, err, CodeInvalid)
+}
+
+func TestProtocolMismatch(t *testing.T) {
+	dir, err := os.MkdirTemp("", "cbag")
+	require.NoError(t, err)
+	defer os.RemoveAll(dir)
+	for _, tt := range []struct {
+		header string
+		got    int
+		msg    string
+	}{
+		{"2", 2, "agent speaks protocol 2, host expects 1: recreate the box"},
+		{"", 0, "agent sent no valid Cellbox-Agent-Protocol header: not a cellbox agent or too old (host expects protocol 1): recreate the box"},
+	} {
+		sock := filepath.Join(dir, "s"+tt.header+".sock")
+		ln, err := net.Listen("unix", sock)
+		require.NoError(t, err)
+		hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if tt.header != "" {
+				w.Header().Set(ProtocolHeader, tt.header)
+			}
+			io.WriteString(w, `{"protocol":2}`)
+		})}
+		go hs.Serve(ln)
+		c := Dial(sock)
+		_, err = c.Version(ctxT(t))
+		var pe *ProtocolError
+		require.True(t, errors.As(err, &pe), "%v", err)
+		assert.Equal(t, tt.got, pe.Got)
+		assert.EqualError(t, err, tt.msg)
+		require.ErrorAs(t, c.WaitReady(ctxT(t)), &pe, "WaitReady gives up at once")
+		_, err = c.DialPort(ctxT(t), 80)
+		require.ErrorAs(t, err, &pe)
+		c.Close()
+		hs.Close()
+	}
+}
+
+func TestSocketMustBeASocket(t *testing.T) {
+	a := startAgent(t)
+	dir, err := os.MkdirTemp("", "cbag")
+	require.NoError(t, err)
+	defer os.RemoveAll(dir)
+	link := filepath.Join(dir, "agent.sock")
+	require.NoError(t, os.Symlink(a.socket, link))
+	_, err = Dial(link).Version(ctxT(t))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "is not a unix socket")
+
+	_, err = Dial(filepath.Join(dir, "missing.sock")).Version(ctxT(t))
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+func TestStaleSocketIsReplaced(t *testing.T) {
+	a := startAgent(t)
+	// A second agent on the same socket path replaces the first's socket.
+	ctx, cancel := cancelCtx(t)
+	done := make(chan error, 1)
+	go func() {
+		done <- Serve(ctx, Options{Socket: a.socket, Workspace: a.workspace, AllowedRoots: []string{a.workspace}})
+	}()
+	require.NoError(t, Dial(a.socket).WaitReady(ctxT(t)))
+	cancel()
+	require.NoError(t, <-done)
+
+	// a regular file in the way is not removed
+	f := filepath.Join(filepath.Dir(a.socket), "file.sock")
+	require.NoError(t, os.WriteFile(f, []byte("x"), 0o644))
+	err := Serve(ctxT(t), Options{Socket: f, Workspace: a.workspace})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "is not a socket")
+}
