@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/docker"
+	"github.com/cellbox/cellbox/sandbox/local"
+)
+
+func init() {
+	register(command{
+		name:  "serve",
+		usage: "[--addr 127.0.0.1:7077] [--data DIR] [--backend auto|docker|local] [--pool N] [--agent-binary PATH]  serve the sandbox tool API over HTTP",
+		run:   runServe,
+	})
+}
+
+// defaultAddr is where serve listens and the clients look by default.
+const defaultAddr = "127.0.0.1:7077"
+
+func runServe(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	addr := fs.String("addr", defaultAddr, "address to listen on")
+	data := fs.String("data", defaultDataDir(), "data directory: state file, box directories, images")
+	backendName := fs.String("backend", "auto", "box backend: docker, local (bubblewrap), or auto (docker if an engine answers, else local)")
+	agentBinary := fs.String("agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
+	pool := fs.Int("pool", sandbox.DefaultPoolSize, "pre-started boxes kept for the default image (0: none)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	dataDir, err := filepath.Abs(*data)
+	if err != nil {
+		return err
+	}
+	be, err := openBackend(ctx, *backendName, dataDir)
+	if err != nil {
+		return err
+	}
+	svc, err := sandbox.New(ctx, sandbox.Config{
+		Backend:     be,
+		DataDir:     dataDir,
+		AgentBinary: *agentBinary,
+		Pool:        map[string]int{backend.DefaultImage: max(*pool, 0)},
+	})
+	if err != nil {
+		return err
+	}
+	defer svc.Close()
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", *addr, err)
+	}
+	base := "http://" + ln.Addr().String()
+	svc.SetBaseURL(base)
+	srv := &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	slog.Info("cellbox serving", "url", base, "backend", be.Name(), "data", dataDir)
+	fmt.Fprintf(os.Stderr, "cellbox: serving on %s (backend %s, data %s)\n  try: eval \"$(cellbox session new --server %s)\"; cellbox tool shell '{\"command\":\"uname -a\"}'\n", base, be.Name(), dataDir, base)
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("shut down: %w", err)
+	}
+	return nil
+}
+
+// openBackend opens the named box backend: docker, local, or auto (docker
+// when an engine answers, else local). Box files of the local backend live
+// in DATA/local, images in DATA/images.
+func openBackend(ctx context.Context, name, dataDir string) (backend.Backend, error) {
+	openLocal := func() (backend.Backend, error) {
+		return local.New(local.Options{Root: filepath.Join(dataDir, "local"), ImagesDir: filepath.Join(dataDir, "images")})
+	}
+	switch name {
+	case "local":
+		return openLocal()
+	case "docker":
+		return docker.New(ctx, docker.Options{})
+	case "auto":
+		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		be, err := docker.New(pctx, docker.Options{})
+		if err == nil {
+			return be, nil
+		}
+		slog.Info("no Docker Engine answers; using the local (bubblewrap) backend", "err", err)
+		return openLocal()
+	}
+	return nil, fmt.Errorf("unknown backend %q: want docker, local or auto", name)
+}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/cellbox/cellbox/sandboxclient"
+)
+
+func init() {
+	register(command{
+		name:  "session",
+		usage: "new [--server URL] | rm [--server URL] [--token T] ID  create a session (prints export lines) or delete one",
+		run:   runSession,
+	})
+}
+
+// clientFlags are the flags of the commands that talk to a server; they
+// default to CELLBOX_SERVER, CELLBOX_SESSION and CELLBOX_TOKEN.
+type clientFlags struct {
+	server, session, token *string
+}
+
+func addClientFlags(fs *flag.FlagSet, withSession bool) clientFlags {
+	server := os.Getenv("CELLBOX_SERVER")
+	if server == "" {
+		server = "http://" + defaultAddr
+	}
+	c := clientFlags{server: fs.String("server", server, "server URL (env CELLBOX_SERVER)")}
+	if withSession {
+		c.session = fs.String("session", os.Getenv("CELLBOX_SESSION"), "session id (env CELLBOX_SESSION)")
+	}
+	c.token = fs.String("token", os.Getenv("CELLBOX_TOKEN"), "session token (env CELLBOX_TOKEN)")
+	return c
+}
+
+func runSession(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return errors.New("want a subcommand: new or rm ID")
+	}
+	fs := flag.NewFlagSet("session "+args[0], flag.ContinueOnError)
+	switch args[0] {
+	case "new":
+		cf := addClientFlags(fs, false)
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		c, err := sandboxclient.NewSession(ctx, *cf.server)
+		if err != nil {
+			return err
+		}
+		id, token := c.Session()
+		fmt.Printf("export CELLBOX_SERVER=%s\nexport CELLBOX_SESSION=%s\nexport CELLBOX_TOKEN=%s\n", *cf.server, id, token)
+		return nil
+	case "rm":
+		cf := addClientFlags(fs, false)
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		if fs.NArg() != 1 {
+			return errors.New("want the id of the session to delete")
+		}
+		if *cf.token == "" {
+			return errors.New("no token: pass --token or set CELLBOX_TOKEN")
+		}
+		return sandboxclient.New(*cf.server, fs.Arg(0), *cf.token).DeleteSession(ctx)
+	}
+	return fmt.Errorf("unknown subcommand %q: want new or rm", args[0])
+}

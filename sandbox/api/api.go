@@ -1,0 +1,366 @@
+// Package api holds the wire types shared by the sandbox service and its
+// clients (sandboxclient): the tools' input and output objects, the
+// streaming exec frames, watch events and errors. It imports nothing of
+// cellbox, so both sides can use it.
+//
+// Every tool input struct is also the source of the tool's JSON Schema
+// (internal/jsonschema): json tags name the fields, omitempty makes a field
+// optional, and desc/default/enum/minimum tags document it.
+package api
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// DefaultBox is the box name used when a tool input names none.
+const DefaultBox = "default"
+
+// Tool result fields every result object carries.
+const (
+	FieldIsError = "is_error"
+	FieldError   = "error"
+	FieldNotice  = "notice"
+)
+
+// ToolInfo describes one tool (GET /v1/tools).
+type ToolInfo struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description"`
+	InputSchema json.RawMessage `json:"input_schema"`
+}
+
+// ToolError is a tool result with is_error: true, returned as a Go error by
+// the clients. Message is written for a model (or a person) to act on.
+type ToolError struct {
+	Tool    string
+	Message string
+	// Result is the whole result object.
+	Result json.RawMessage
+}
+
+func (e *ToolError) Error() string { return e.Tool + ": " + e.Message }
+
+// ErrorBody is the body of every 4xx/5xx answer of the HTTP API.
+type ErrorBody struct {
+	Error string `json:"error"`
+}
+
+// NewSessionResult is the answer of POST /v1/sessions.
+type NewSessionResult struct {
+	ID    string `json:"id"`
+	Token string `json:"token"`
+}
+
+// Limits bound what a box may use; zero means the backend default.
+type Limits struct {
+	MemoryBytes int64   `json:"memory_bytes,omitempty" desc:"Memory limit in bytes (default 1 GiB)." minimum:"0"`
+	CPUs        float64 `json:"cpus,omitempty" desc:"CPU limit in cores (default 1)." minimum:"0"`
+	Pids        int64   `json:"pids,omitempty" desc:"Maximum number of processes (default 256)." minimum:"0"`
+}
+
+// ShellInput is the input of the shell tool.
+type ShellInput struct {
+	Sandbox    string            `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	Command    string            `json:"command" desc:"Shell command line, run with bash -c (sh if bash is missing)."`
+	WorkingDir string            `json:"working_dir,omitempty" desc:"Directory to run in." default:"/workspace"`
+	TimeoutMs  int               `json:"timeout_ms,omitempty" desc:"Kill the command (its whole process group) after this many milliseconds. Use background for servers." default:"30000" minimum:"1"`
+	Env        map[string]string `json:"env,omitempty" desc:"Extra environment variables."`
+	Background bool              `json:"background,omitempty" desc:"Start the command in the background and return its process_id at once (dev servers, long jobs); see the process tool."`
+}
+
+// ShellOutput is the result of the shell tool.
+type ShellOutput struct {
+	Stdout     string `json:"stdout"`
+	Stderr     string `json:"stderr"`
+	ExitCode   int    `json:"exit_code"`
+	Truncated  bool   `json:"truncated"`
+	TimedOut   bool   `json:"timed_out,omitempty"`
+	ProcessID  string `json:"process_id,omitempty"`
+	DurationMs int64  `json:"duration_ms"`
+	Hint       string `json:"hint,omitempty"`
+}
+
+// ProcessInput is the input of the process tool.
+type ProcessInput struct {
+	Sandbox string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	Action  string `json:"action" desc:"list: all processes; logs: output of process id from offset; kill: terminate process id (and its group)." enum:"list,logs,kill"`
+	ID      string `json:"id,omitempty" desc:"Process id (from shell with background: true, or from list); needed by logs and kill."`
+	Offset  int64  `json:"offset,omitempty" desc:"logs: byte offset to read from (next_offset of the previous call)." minimum:"0"`
+}
+
+// Process is one entry of the process list.
+type Process struct {
+	ID       string     `json:"id"`
+	Command  string     `json:"command"`
+	PID      int        `json:"pid"`
+	Running  bool       `json:"running"`
+	ExitCode *int       `json:"exit_code,omitempty"`
+	Started  time.Time  `json:"started"`
+	Ended    *time.Time `json:"ended,omitempty"`
+}
+
+// ProcessOutput is the result of the process tool; which fields are set
+// depends on the action.
+type ProcessOutput struct {
+	Processes  []Process `json:"processes,omitempty"`
+	Output     string    `json:"output,omitempty"`
+	NextOffset int64     `json:"next_offset,omitempty"`
+	Truncated  bool      `json:"truncated,omitempty"`
+	Running    *bool     `json:"running,omitempty"`
+	ExitCode   *int      `json:"exit_code,omitempty"`
+	OK         bool      `json:"ok,omitempty"`
+}
+
+// ReadFileInput is the input of the read_file tool.
+type ReadFileInput struct {
+	Sandbox string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	Path    string `json:"path" desc:"File path, absolute or relative to /workspace."`
+	Offset  int    `json:"offset,omitempty" desc:"1-indexed line to start at (next_offset of the previous call)." minimum:"0"`
+	Limit   int    `json:"limit,omitempty" desc:"Maximum number of lines (at most 2000; at most 256 KiB are returned per call)." minimum:"0"`
+}
+
+// ReadFileOutput is the result of the read_file tool.
+type ReadFileOutput struct {
+	Content    string `json:"content"`
+	Encoding   string `json:"encoding"`
+	TotalLines int    `json:"total_lines"`
+	StartLine  int    `json:"start_line"`
+	EndLine    int    `json:"end_line"`
+	NextOffset int    `json:"next_offset,omitempty"`
+	Truncated  bool   `json:"truncated"`
+	Size       int64  `json:"size"`
+}
+
+// WriteFileInput is the input of the write_file tool.
+type WriteFileInput struct {
+	Sandbox  string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	Path     string `json:"path" desc:"File path, absolute or relative to /workspace; parent directories are created."`
+	Content  string `json:"content" desc:"The file content (at most 2 MiB)."`
+	Append   bool   `json:"append,omitempty" desc:"Append to the file instead of replacing it."`
+	Encoding string `json:"encoding,omitempty" desc:"Encoding of content: utf-8 text or base64 for binary data." default:"utf-8" enum:"utf-8,base64"`
+}
+
+// WriteFileOutput is the result of the write_file tool.
+type WriteFileOutput struct {
+	OK   bool   `json:"ok"`
+	Size int64  `json:"size"`
+	Path string `json:"path"`
+}
+
+// Edit is one replacement of the edit tool.
+type Edit struct {
+	OldText string `json:"old_text" desc:"Text to replace; must occur exactly once in the original file."`
+	NewText string `json:"new_text" desc:"Replacement text."`
+}
+
+// EditInput is the input of the edit tool.
+type EditInput struct {
+	Sandbox string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	Path    string `json:"path" desc:"File path, absolute or relative to /workspace."`
+	Edits   []Edit `json:"edits" desc:"Replacements, each matched against the ORIGINAL file (not applied one after another); they must not overlap."`
+}
+
+// EditOutput is the result of the edit and str_replace tools.
+type EditOutput struct {
+	OK           bool   `json:"ok"`
+	Diff         string `json:"diff"`
+	Replacements int    `json:"replacements"`
+	Fuzzy        []int  `json:"fuzzy,omitempty"`
+}
+
+// StrReplaceInput is the input of the str_replace tool.
+type StrReplaceInput struct {
+	Sandbox    string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	Path       string `json:"path" desc:"File path, absolute or relative to /workspace."`
+	OldStr     string `json:"old_str" desc:"Text to replace; must occur exactly once unless replace_all."`
+	NewStr     string `json:"new_str" desc:"Replacement text."`
+	ReplaceAll bool   `json:"replace_all,omitempty" desc:"Replace every occurrence."`
+}
+
+// GrepInput is the input of the grep tool.
+type GrepInput struct {
+	Sandbox    string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	Pattern    string `json:"pattern" desc:"Text to search for (literal unless regex)."`
+	Path       string `json:"path,omitempty" desc:"File or directory to search." default:"/workspace"`
+	Regex      bool   `json:"regex,omitempty" desc:"Treat pattern as a regular expression (Go RE2 syntax)."`
+	IgnoreCase bool   `json:"ignore_case,omitempty" desc:"Match case-insensitively."`
+	Glob       string `json:"glob,omitempty" desc:"Only search files whose path matches this glob (e.g. **/*.go)."`
+	MaxHits    int    `json:"max_hits,omitempty" desc:"Maximum number of hits." default:"200" minimum:"0"`
+}
+
+// GrepHit is one matching line.
+type GrepHit struct {
+	Path string `json:"path"`
+	Line int    `json:"line"`
+	Text string `json:"text"`
+}
+
+// GrepOutput is the result of the grep tool.
+type GrepOutput struct {
+	Hits      []GrepHit `json:"hits"`
+	Truncated bool      `json:"truncated"`
+}
+
+// GlobInput is the input of the glob tool.
+type GlobInput struct {
+	Sandbox string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	Pattern string `json:"pattern" desc:"Glob pattern; ** matches any number of directories (e.g. src/**/*.ts)."`
+	Cwd     string `json:"cwd,omitempty" desc:"Directory relative patterns start from." default:"/workspace"`
+}
+
+// GlobOutput is the result of the glob tool.
+type GlobOutput struct {
+	Files     []string `json:"files"`
+	Truncated bool     `json:"truncated"`
+}
+
+// LsInput is the input of the ls tool.
+type LsInput struct {
+	Sandbox string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	Path    string `json:"path,omitempty" desc:"Directory to list (two levels deep)." default:"/workspace"`
+}
+
+// Entry is one node of an ls listing.
+type Entry struct {
+	Path     string  `json:"path"`
+	Type     string  `json:"type"`
+	Size     int64   `json:"size"`
+	Children []Entry `json:"children,omitempty"`
+}
+
+// LsOutput is the result of the ls tool.
+type LsOutput struct {
+	Tree      string  `json:"tree"`
+	Entries   []Entry `json:"entries"`
+	Truncated bool    `json:"truncated"`
+}
+
+// TransferInput is the input of the transfer tool.
+type TransferInput struct {
+	FromSandbox string `json:"from_sandbox,omitempty" desc:"Sandbox to copy from." default:"default"`
+	FromPath    string `json:"from_path" desc:"File (or, with recursive, directory) to copy."`
+	ToSandbox   string `json:"to_sandbox,omitempty" desc:"Sandbox to copy to." default:"default"`
+	ToPath      string `json:"to_path" desc:"Destination path; if it is an existing directory the source is copied into it."`
+	Recursive   bool   `json:"recursive,omitempty" desc:"Copy a directory tree."`
+}
+
+// TransferOutput is the result of the transfer tool.
+type TransferOutput struct {
+	OK    bool   `json:"ok"`
+	Bytes int64  `json:"bytes"`
+	Path  string `json:"path"`
+}
+
+// BrowseInput is the input of the browse tool.
+type BrowseInput struct {
+	Sandbox string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	Port    int    `json:"port" desc:"TCP port a server listens on inside the box (on 127.0.0.1 or 0.0.0.0)." minimum:"1"`
+}
+
+// BrowseOutput is the result of the browse tool.
+type BrowseOutput struct {
+	// URL is BASE/preview/ID/: the app sees paths without the prefix, so it
+	// must use relative URLs.
+	URL string `json:"url"`
+	// HostURL is http://ID.localhost:PORT/ (browsers and curl resolve
+	// *.localhost to the loopback address): the app sees whole paths.
+	HostURL   string `json:"host_url,omitempty"`
+	Port      int    `json:"port"`
+	Listening bool   `json:"listening"`
+}
+
+// SandboxCreateInput is the input of the sandbox_create tool.
+type SandboxCreateInput struct {
+	Sandbox             string            `json:"sandbox,omitempty" desc:"Name of the sandbox in this session." default:"default"`
+	Image               string            `json:"image,omitempty" desc:"Image: host (the host's /usr read-only: bash, coreutils, python3) or cellbox/NAME built by cellbox image build." default:"host"`
+	Env                 map[string]string `json:"env,omitempty" desc:"Environment variables of every command in the box."`
+	Limits              *Limits           `json:"limits,omitempty" desc:"Resource limits."`
+	Network             bool              `json:"network,omitempty" desc:"Give the box network access (default: loopback only)."`
+	SleepAfterMs        int64             `json:"sleep_after_ms,omitempty" desc:"Stop the box after this many idle milliseconds; its files are kept and the next call wakes it." default:"600000" minimum:"0"`
+	BoxID               string            `json:"box_id,omitempty" desc:"Attach to the box with this explicit id, shared by every session that names it. Requires share_across_sessions: true."`
+	ShareAcrossSessions bool              `json:"share_across_sessions,omitempty" desc:"Confirm that box_id is meant to be shared across sessions."`
+}
+
+// SandboxCreateOutput is the result of the sandbox_create tool.
+type SandboxCreateOutput struct {
+	Sandbox string `json:"sandbox"`
+	Created bool   `json:"created"`
+	ID      string `json:"id"`
+}
+
+// SandboxListInput is the input of the sandbox_list tool.
+type SandboxListInput struct{}
+
+// SandboxInfo describes one box of a session.
+type SandboxInfo struct {
+	Name     string    `json:"name"`
+	ID       string    `json:"id"`
+	Image    string    `json:"image"`
+	Status   string    `json:"status"` // running|sleeping
+	Shared   bool      `json:"shared,omitempty"`
+	Created  time.Time `json:"created"`
+	LastUsed time.Time `json:"last_used"`
+}
+
+// SandboxListOutput is the result of the sandbox_list tool.
+type SandboxListOutput struct {
+	Sandboxes []SandboxInfo `json:"sandboxes"`
+}
+
+// SandboxDestroyInput is the input of the sandbox_destroy tool.
+type SandboxDestroyInput struct {
+	Sandbox string `json:"sandbox" desc:"Name of the sandbox to destroy (its files are deleted)."`
+}
+
+// OKOutput is a result that only says it worked.
+type OKOutput struct {
+	OK bool `json:"ok"`
+}
+
+// ExecRequest is the body of the streaming exec endpoint
+// (POST /v1/sessions/{id}/boxes/{box}/exec).
+type ExecRequest struct {
+	Command   string            `json:"command,omitempty"`
+	Argv      []string          `json:"argv,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Stdin     []byte            `json:"stdin,omitempty"`
+	TimeoutMs int               `json:"timeout_ms,omitempty"` // 0: no timeout
+	MaxOutput int               `json:"max_output,omitempty"` // bytes kept per stream in the result (default 1 MiB)
+}
+
+// ExecResult is the final outcome of a streaming exec.
+type ExecResult struct {
+	Stdout     string `json:"stdout"`
+	Stderr     string `json:"stderr"`
+	ExitCode   int    `json:"exit_code"`
+	Truncated  bool   `json:"truncated,omitempty"`
+	TimedOut   bool   `json:"timed_out,omitempty"`
+	ProcessID  string `json:"process_id,omitempty"`
+	DurationMs int64  `json:"duration_ms"`
+}
+
+// ExecFrame is one NDJSON line of the streaming exec endpoint: an output
+// chunk (Stream and Data), then exactly one final frame with Result or Error.
+type ExecFrame struct {
+	Stream string      `json:"stream,omitempty"` // stdout|stderr
+	Data   []byte      `json:"data,omitempty"`
+	Result *ExecResult `json:"result,omitempty"`
+	Error  string      `json:"error,omitempty"`
+	Notice string      `json:"notice,omitempty"`
+}
+
+// WatchEvent is one file change in a box (the watch endpoint sends
+// batches of them as server-sent events of type "changes").
+type WatchEvent struct {
+	Path string    `json:"path"`
+	Op   string    `json:"op"` // create|write|remove|rename
+	Time time.Time `json:"time"`
+}
+
+// UploadResult is the answer of PUT .../files/{path}.
+type UploadResult struct {
+	Path  string `json:"path"`
+	Bytes int64  `json:"bytes"`
+}

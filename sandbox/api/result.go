@@ -1,0 +1,48 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// MarshalInput encodes a tool input: json.RawMessage and []byte are taken
+// as JSON as they are, nil is {}, anything else is marshalled.
+func MarshalInput(input any) (json.RawMessage, error) {
+	switch v := input.(type) {
+	case nil:
+		return json.RawMessage("{}"), nil
+	case json.RawMessage:
+		return v, nil
+	case []byte:
+		return v, nil
+	}
+	raw, err := json.Marshal(input)
+	if err != nil {
+		return nil, fmt.Errorf("encode tool input: %w", err)
+	}
+	return raw, nil
+}
+
+// ResultError returns a *ToolError if the result object of tool has
+// is_error: true, else nil.
+func ResultError(tool string, result json.RawMessage) error {
+	var head struct {
+		IsError bool   `json:"is_error"`
+		Error   string `json:"error"`
+	}
+	if err := json.Unmarshal(result, &head); err != nil {
+		return fmt.Errorf("%s: result is not a JSON object: %w", tool, err)
+	}
+	if !head.IsError {
+		return nil
+	}
+	return &ToolError{Tool: tool, Message: head.Error, Result: result}
+}
+
+// DecodeResult decodes a result object into out.
+func DecodeResult(result json.RawMessage, out any) error {
+	if err := json.Unmarshal(result, out); err != nil {
+		return fmt.Errorf("decode tool result: %w", err)
+	}
+	return nil
+}

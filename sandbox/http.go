@@ -1,0 +1,353 @@
+package sandbox
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cellbox/cellbox/sandbox/agent"
+	"github.com/cellbox/cellbox/sandbox/api"
+)
+
+// MaxToolBody caps the body of a tool call and of a streaming exec request.
+const MaxToolBody = 8 << 20
+
+// Handler returns the HTTP API:
+//
+//	POST   /v1/sessions                                   -> 201 {"id","token"}
+//	DELETE /v1/sessions/{id}                              (Bearer)
+//	GET    /v1/tools                                      -> [{"name","description","input_schema"}]
+//	POST   /v1/sessions/{id}/tools/{name}                 (Bearer) body: input -> 200 result object
+//	POST   /v1/sessions/{id}/boxes/{box}/exec             (Bearer) body: api.ExecRequest -> NDJSON api.ExecFrame
+//	GET    /v1/sessions/{id}/boxes/{box}/files/{path...}  (Bearer) raw bytes
+//	PUT    /v1/sessions/{id}/boxes/{box}/files/{path...}  (Bearer) raw bytes -> {"path","bytes"}
+//	GET    /v1/sessions/{id}/boxes/{box}/watch?path=&debounce_ms=  (Bearer) server-sent events
+//	GET    /healthz, /metrics
+//	ANY    /preview/{pid}/...                             preview proxy (also Host: {pid}.localhost)
+//
+// File paths in URLs are relative to /workspace; an absolute path is
+// written with its leading slash escaped (files/%2Ftmp/x). Errors are JSON
+// {"error": "..."}; tool failures are 200 results with is_error: true.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/sessions", s.handleNewSession)
+	mux.HandleFunc("DELETE /v1/sessions/{id}", s.authed(s.handleDeleteSession))
+	mux.HandleFunc("GET /v1/tools", s.handleTools)
+	mux.HandleFunc("POST /v1/sessions/{id}/tools/{name}", s.authed(s.handleTool))
+	mux.HandleFunc("POST /v1/sessions/{id}/boxes/{box}/exec", s.authed(s.handleExec))
+	mux.HandleFunc("GET /v1/sessions/{id}/boxes/{box}/files/{path...}", s.authed(s.handleDownload))
+	mux.HandleFunc("PUT /v1/sessions/{id}/boxes/{box}/files/{path...}", s.authed(s.handleUpload))
+	mux.HandleFunc("GET /v1/sessions/{id}/boxes/{box}/watch", s.authed(s.handleWatch))
+	mux.HandleFunc("GET /healthz", s.handleHealth)
+	mux.HandleFunc("GET /metrics", s.handleMetrics)
+	mux.HandleFunc("/preview/{pid}", s.handlePreview)
+	mux.HandleFunc("/preview/{pid}/{rest...}", s.handlePreview)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id, ok := previewHost(r.Host); ok {
+			s.servePreview(w, r, id, r.URL.Path, "")
+			return
+		}
+		if _, pattern := mux.Handler(r); pattern == "" {
+			// Answer the mux's own 404/405 as JSON.
+			rec := &statusRecorder{header: http.Header{}}
+			h, _ := mux.Handler(r)
+			h.ServeHTTP(rec, r)
+			if allow := rec.header.Get("Allow"); allow != "" {
+				w.Header().Set("Allow", allow)
+			}
+			if rec.status == http.StatusMethodNotAllowed {
+				writeError(w, rec.status, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path))
+				return
+			}
+			writeError(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s %s; see GET /v1/tools and POST /v1/sessions", r.Method, r.URL.Path))
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+type statusRecorder struct {
+	header http.Header
+	status int
+}
+
+func (r *statusRecorder) Header() http.Header         { return r.header }
+func (r *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
+func (r *statusRecorder) WriteHeader(status int)      { r.status = status }
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, api.ErrorBody{Error: msg})
+}
+
+// authed checks the bearer token against the session in the path.
+func (s *Service) authed(h func(http.ResponseWriter, *http.Request, *Session)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || token == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="cellbox"`)
+			writeError(w, http.StatusUnauthorized, "missing bearer token: send Authorization: Bearer TOKEN (the token of POST /v1/sessions)")
+			return
+		}
+		sess, err := s.Authenticate(r.PathValue("id"), token)
+		switch {
+		case errors.Is(err, ErrNoSession):
+			writeError(w, http.StatusNotFound, err.Error())
+		case err != nil:
+			writeError(w, http.StatusForbidden, fmt.Sprintf("session %s: %v", r.PathValue("id"), err))
+		default:
+			h(w, r, sess)
+		}
+	}
+}
+
+func (s *Service) handleNewSession(w http.ResponseWriter, r *http.Request) {
+	id, token, err := s.NewSession(r.Context())
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusCreated, api.NewSessionResult{ID: id, Token: token})
+}
+
+func (s *Service) handleDeleteSession(w http.ResponseWriter, r *http.Request, sess *Session) {
+	if err := s.DeleteSession(r.Context(), sess.ID); err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, api.OKOutput{OK: true})
+}
+
+func (s *Service) handleTools(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, ToolInfos())
+}
+
+func (s *Service) handleHealth(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "backend": s.be.Name()})
+}
+
+// readJSONBody reads a capped body that must be JSON (empty means {}),
+// answering 400/413 itself when it is not.
+func readJSONBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxToolBody))
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes; move large files with the files endpoint or transfer", MaxToolBody))
+		return nil, false
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "read request body: "+err.Error())
+		return nil, false
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return []byte("{}"), true
+	}
+	var v any
+	if err := json.Unmarshal(body, &v); err != nil {
+		writeError(w, http.StatusBadRequest, "malformed JSON in request body: "+describeJSONError(body, err))
+		return nil, false
+	}
+	return body, true
+}
+
+// describeJSONError says where in body a JSON syntax error is.
+func describeJSONError(body []byte, err error) string {
+	var se *json.SyntaxError
+	if !errors.As(err, &se) {
+		return err.Error()
+	}
+	off := max(int(se.Offset)-1, 0) // Offset counts the offending byte
+	line, col := 1, 1
+	for _, c := range body[:min(off, len(body))] {
+		if c == '\n' {
+			line, col = line+1, 1
+		} else {
+			col++
+		}
+	}
+	return fmt.Sprintf("%s at offset %d (line %d, column %d)", se.Error(), off, line, col)
+}
+
+func (s *Service) handleTool(w http.ResponseWriter, r *http.Request, sess *Session) {
+	name := r.PathValue("name")
+	if _, ok := LookupTool(name); !ok {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("unknown tool %q; tools: %s", name, strings.Join(toolNames(), ", ")))
+		return
+	}
+	body, ok := readJSONBody(w, r)
+	if !ok {
+		return
+	}
+	res, err := s.callTool(r.Context(), sess, name, body)
+	if err != nil {
+		writeError(w, http.StatusNotFound, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(res)
+	w.Write([]byte("\n"))
+}
+
+// errorStatus maps an error of a box operation to an HTTP status.
+func errorStatus(err error) int {
+	var ae *agent.Error
+	if errors.As(err, &ae) {
+		switch ae.Code {
+		case agent.CodeNotFound:
+			return http.StatusNotFound
+		case agent.CodeOutsideWorkspace:
+			return http.StatusForbidden
+		case agent.CodeTooLarge:
+			return http.StatusRequestEntityTooLarge
+		case agent.CodeExists:
+			return http.StatusConflict
+		}
+		return http.StatusBadRequest
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return http.StatusNotFound
+	}
+	return http.StatusBadGateway
+}
+
+func (s *Service) handleExec(w http.ResponseWriter, r *http.Request, sess *Session) {
+	body, ok := readJSONBody(w, r)
+	if !ok {
+		return
+	}
+	var req api.ExecRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, http.StatusBadRequest, "exec request: "+err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	var mu sync.Mutex
+	enc := json.NewEncoder(w)
+	send := func(f api.ExecFrame) {
+		mu.Lock()
+		defer mu.Unlock()
+		enc.Encode(f)
+		rc.Flush()
+	}
+	res, err := s.exec(r.Context(), sess, r.PathValue("box"), req,
+		func(stream string, data []byte) { send(api.ExecFrame{Stream: stream, Data: data}) },
+		func(n string) { send(api.ExecFrame{Notice: n}) })
+	if err != nil {
+		send(api.ExecFrame{Error: err.Error()})
+		return
+	}
+	send(api.ExecFrame{Result: &res})
+}
+
+// filePath is the box path of a files URL: relative to the workspace, or
+// absolute when its leading slash was escaped.
+func filePath(r *http.Request) string {
+	p := r.PathValue("path")
+	if p == "" {
+		return "."
+	}
+	return p
+}
+
+func (s *Service) handleDownload(w http.ResponseWriter, r *http.Request, sess *Session) {
+	started := false
+	notice := func(n string) { w.Header().Add("X-Cellbox-Notice", n) }
+	_, err := s.download(r.Context(), sess, r.PathValue("box"), filePath(r), w, func(fi agent.FileInfo) error {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+		w.Header().Set("Last-Modified", fi.ModTime.UTC().Format(http.TimeFormat))
+		w.Header().Set("X-Cellbox-Mode", strconv.FormatUint(uint64(fi.Mode), 8))
+		started = true
+		return nil
+	}, notice)
+	if err != nil && !started {
+		writeError(w, errorStatus(err), err.Error())
+		return
+	}
+	if err != nil {
+		s.log.Warn("download cut short", "session", sess.ID, "path", filePath(r), "err", err)
+		panic(http.ErrAbortHandler) // the client must not take a cut file for whole
+	}
+}
+
+func (s *Service) handleUpload(w http.ResponseWriter, r *http.Request, sess *Session) {
+	var mode uint32
+	if m := r.URL.Query().Get("mode"); m != "" {
+		v, err := strconv.ParseUint(m, 8, 32)
+		if err != nil || v > 0o7777 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("mode %q: want octal permission bits like 644 or 755", m))
+			return
+		}
+		mode = uint32(v)
+	}
+	n, err := s.upload(r.Context(), sess, r.PathValue("box"), filePath(r), r.Body, mode, func(n string) { w.Header().Add("X-Cellbox-Notice", n) })
+	if err != nil {
+		writeError(w, errorStatus(err), err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, api.UploadResult{Path: filePath(r), Bytes: n})
+}
+
+func (s *Service) handleWatch(w http.ResponseWriter, r *http.Request, sess *Session) {
+	q := r.URL.Query()
+	var debounce time.Duration
+	if d := q.Get("debounce_ms"); d != "" {
+		ms, err := strconv.Atoi(d)
+		if err != nil || ms < 0 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("debounce_ms %q: want a number of milliseconds", d))
+			return
+		}
+		debounce = time.Duration(ms) * time.Millisecond
+	}
+	ctx := r.Context()
+	ch, err := s.watch(ctx, sess, r.PathValue("box"), q.Get("path"), debounce, func(n string) { w.Header().Add("X-Cellbox-Notice", n) })
+	if err != nil {
+		writeError(w, errorStatus(err), err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	io.WriteString(w, ": watching\n\n")
+	rc.Flush()
+	ping := time.NewTicker(15 * time.Second)
+	defer ping.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ping.C:
+			io.WriteString(w, ": ping\n\n")
+		case evs, ok := <-ch:
+			if !ok {
+				io.WriteString(w, "event: end\ndata: {}\n\n")
+				rc.Flush()
+				return
+			}
+			data, _ := json.Marshal(evs)
+			fmt.Fprintf(w, "event: changes\ndata: %s\n\n", data)
+		}
+		if err := rc.Flush(); err != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,190 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/cellbox/cellbox/sandbox/agent"
+	"github.com/cellbox/cellbox/sandbox/api"
+)
+
+// The streaming operations behind the HTTP endpoints and the in-process
+// client: exec with output callbacks, raw file download and upload, watch.
+
+func (s *Service) exec(ctx context.Context, sess *Session, box string, req api.ExecRequest, onOutput func(stream string, data []byte), notice func(string)) (api.ExecResult, error) {
+	if req.Command == "" && len(req.Argv) == 0 {
+		return api.ExecResult{}, fmt.Errorf("exec: give a command or an argv")
+	}
+	l, err := s.acquire(ctx, sess, box, notice)
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	defer l.release()
+	res, err := l.client.Exec(ctx, agent.ExecRequest{
+		Command:   req.Command,
+		Argv:      req.Argv,
+		Cwd:       req.Cwd,
+		Env:       mergeEnv(l.b.rec.Env, req.Env),
+		Stdin:     req.Stdin,
+		TimeoutMs: req.TimeoutMs,
+		MaxOutput: req.MaxOutput,
+	}, onOutput)
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	return api.ExecResult(res), nil
+}
+
+// download streams a file to w; start (if not nil) sees the file's info
+// before the first byte.
+func (s *Service) download(ctx context.Context, sess *Session, box, path string, w io.Writer, start func(agent.FileInfo) error, notice func(string)) (int64, error) {
+	l, err := s.acquire(ctx, sess, box, notice)
+	if err != nil {
+		return 0, err
+	}
+	defer l.release()
+	if start != nil {
+		fi, err := l.client.Stat(ctx, path)
+		if err != nil {
+			return 0, err
+		}
+		if fi.Type != "file" {
+			return 0, &agent.Error{Op: "download", Path: fi.Path, Code: agent.CodeIsDir, Message: fmt.Sprintf("download %s: a %s, not a file", fi.Path, fi.Type)}
+		}
+		if err := start(fi); err != nil {
+			return 0, err
+		}
+	}
+	return l.client.Download(ctx, path, w)
+}
+
+// upload streams r into a file (mode 0: keep the existing mode or 0644).
+func (s *Service) upload(ctx context.Context, sess *Session, box, path string, r io.Reader, mode uint32, notice func(string)) (int64, error) {
+	l, err := s.acquire(ctx, sess, box, notice)
+	if err != nil {
+		return 0, err
+	}
+	defer l.release()
+	return l.client.Upload(ctx, path, r, mode)
+}
+
+// watch streams batches of file changes under path until ctx ends. The box
+// stays awake while it is watched.
+func (s *Service) watch(ctx context.Context, sess *Session, box, path string, debounce time.Duration, notice func(string)) (<-chan []api.WatchEvent, error) {
+	l, err := s.acquire(ctx, sess, box, notice)
+	if err != nil {
+		return nil, err
+	}
+	in, err := l.client.Watch(ctx, path, debounce)
+	if err != nil {
+		l.release()
+		return nil, err
+	}
+	out := make(chan []api.WatchEvent)
+	go func() {
+		defer close(out)
+		defer l.release()
+		for evs := range in {
+			batch := make([]api.WatchEvent, len(evs))
+			for i, e := range evs {
+				batch[i] = api.WatchEvent(e)
+			}
+			select {
+			case out <- batch:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+// LocalClient is the in-process client of one session: the same operations
+// as sandboxclient's HTTP client, without HTTP (it satisfies
+// sandboxclient.Client).
+type LocalClient struct {
+	s       *Service
+	session string
+}
+
+// Client returns the in-process client of session id. The session is
+// looked up on each call.
+func (s *Service) Client(sessionID string) *LocalClient {
+	return &LocalClient{s: s, session: sessionID}
+}
+
+func (c *LocalClient) logNotice(n string) {
+	c.s.log.Info("sandbox notice", "session", c.session, "notice", n)
+}
+
+// Tool runs a tool; an is_error result is returned as *api.ToolError.
+func (c *LocalClient) Tool(ctx context.Context, name string, input any) (json.RawMessage, error) {
+	raw, err := api.MarshalInput(input)
+	if err != nil {
+		return nil, err
+	}
+	res, err := c.s.CallTool(ctx, c.session, name, raw)
+	if err != nil {
+		return nil, err
+	}
+	return res, api.ResultError(name, res)
+}
+
+// CreateBox runs sandbox_create.
+func (c *LocalClient) CreateBox(ctx context.Context, in api.SandboxCreateInput) (api.SandboxCreateOutput, error) {
+	var out api.SandboxCreateOutput
+	res, err := c.Tool(ctx, "sandbox_create", in)
+	if err != nil {
+		return out, err
+	}
+	return out, api.DecodeResult(res, &out)
+}
+
+// DestroyBox destroys the box named box.
+func (c *LocalClient) DestroyBox(ctx context.Context, box string) error {
+	sess, err := c.s.session(c.session)
+	if err != nil {
+		return err
+	}
+	return c.s.destroyBox(ctx, sess, box)
+}
+
+// Exec runs a command in box, calling onOutput (if not nil) with output
+// chunks as they come.
+func (c *LocalClient) Exec(ctx context.Context, box string, req api.ExecRequest, onOutput func(stream string, data []byte)) (api.ExecResult, error) {
+	sess, err := c.s.session(c.session)
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	return c.s.exec(ctx, sess, box, req, onOutput, c.logNotice)
+}
+
+// Upload writes r into the file path of box (created with its parents).
+func (c *LocalClient) Upload(ctx context.Context, box, path string, r io.Reader) (int64, error) {
+	sess, err := c.s.session(c.session)
+	if err != nil {
+		return 0, err
+	}
+	return c.s.upload(ctx, sess, box, path, r, 0, c.logNotice)
+}
+
+// Download writes the file path of box to w.
+func (c *LocalClient) Download(ctx context.Context, box, path string, w io.Writer) (int64, error) {
+	sess, err := c.s.session(c.session)
+	if err != nil {
+		return 0, err
+	}
+	return c.s.download(ctx, sess, box, path, w, nil, c.logNotice)
+}
+
+// Watch delivers batches of changes under path in box until ctx ends.
+func (c *LocalClient) Watch(ctx context.Context, box, path string) (<-chan []api.WatchEvent, error) {
+	sess, err := c.s.session(c.session)
+	if err != nil {
+		return nil, err
+	}
+	return c.s.watch(ctx, sess, box, path, 0, c.logNotice)
+}

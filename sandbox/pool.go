@@ -1,0 +1,740 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cellbox/cellbox/sandbox/agent"
+	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
+)
+
+// boxState is a box's life state as the pool sees it.
+type boxState int
+
+const (
+	stateNew      boxState = iota // named, not made yet
+	stateRunning                  // agent answers
+	stateSleeping                 // stopped (idle, or not reattached yet); woken on use
+	stateGone                     // the backend lost it; recreated empty on use
+	stateRemoved                  // destroyed
+)
+
+func (st boxState) String() string {
+	return [...]string{"new", "running", "sleeping", "gone", "removed"}[st]
+}
+
+// box is one box of the pool. Lifecycle transitions (create, wake, sleep,
+// destroy) hold life; rec, state and client are guarded by Service.mu and
+// written only while life is held too, so a holder of life may read them
+// without Service.mu.
+type box struct {
+	life     sync.Mutex
+	rec      boxRecord
+	state    boxState
+	client   *agent.Client
+	failed   error          // why making a new box failed (for waiters)
+	inflight atomic.Int32   // calls using the box; the reaper leaves it alone
+	lastUsed atomic.Int64   // unix nanoseconds
+	saved    int64          // lastUsed as last written to the store (guarded by Service.mu)
+	previews map[int]string // port -> preview id (guarded by Service.mu)
+}
+
+// record returns b's record for the store; the caller holds Service.mu.
+func (b *box) record() *boxRecord {
+	r := b.rec
+	r.Previews = maps.Clone(b.previews)
+	r.LastUsed = time.Unix(0, b.lastUsed.Load()).UTC()
+	return &r
+}
+
+func (b *box) touch() { b.lastUsed.Store(time.Now().UnixNano()) }
+
+// lease is a box in use by one call.
+type lease struct {
+	b      *box
+	client *agent.Client
+	once   sync.Once
+}
+
+func (l *lease) release() {
+	l.once.Do(func() {
+		l.b.touch()
+		l.b.inflight.Add(-1)
+	})
+}
+
+var (
+	nameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
+	boxIDRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+)
+
+func checkName(name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("invalid sandbox name %q: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", name)
+	}
+	return nil
+}
+
+// boxSpec is what a new box is made from.
+type boxSpec struct {
+	Image        string
+	Env          map[string]string
+	Limits       api.Limits
+	Network      bool
+	SleepAfterMs int64
+	ID           string // preset id (shared boxes)
+	Shared       bool
+}
+
+// acquire returns a lease on the session's box name, creating it with the
+// default settings if the session has none by that name, and waking it if
+// it sleeps. Notices (box recreated, ...) are passed to notice.
+func (s *Service) acquire(ctx context.Context, sess *Session, name string, notice func(string)) (*lease, error) {
+	if name == "" {
+		name = api.DefaultBox
+	}
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	for {
+		s.mu.Lock()
+		if sess.deleted {
+			s.mu.Unlock()
+			return nil, fmt.Errorf("session %s: %w", sess.ID, ErrNoSession)
+		}
+		b := sess.boxes[name]
+		if b == nil {
+			b = s.newBoxLocked(sess, boxSpec{})
+			sess.boxes[name] = b
+		}
+		s.mu.Unlock()
+		l, err := s.use(ctx, sess, name, b, notice)
+		if errors.Is(err, errRetry) {
+			continue // lost a race with a destroy or a failed creation
+		}
+		return l, err
+	}
+}
+
+// errRetry says the box changed under the caller; look it up again.
+var errRetry = errors.New("retry")
+
+// newBoxLocked makes a not-yet-created box of sess from spec.
+func (s *Service) newBoxLocked(sess *Session, spec boxSpec) *box {
+	if spec.Image == "" {
+		spec.Image = s.cfg.DefaultImage
+	}
+	if spec.SleepAfterMs <= 0 {
+		spec.SleepAfterMs = DefaultSleepAfter.Milliseconds()
+	}
+	now := time.Now().UTC()
+	b := &box{state: stateNew, rec: boxRecord{
+		ID:           spec.ID,
+		Session:      sess.ID,
+		Shared:       spec.Shared,
+		Image:        spec.Image,
+		Env:          spec.Env,
+		Limits:       spec.Limits,
+		Network:      spec.Network,
+		SleepAfterMs: spec.SleepAfterMs,
+		Created:      now,
+		LastUsed:     now,
+	}}
+	if spec.Shared {
+		b.rec.Session = ""
+	}
+	b.touch()
+	return b
+}
+
+// use brings b up if needed and leases it.
+func (s *Service) use(ctx context.Context, sess *Session, name string, b *box, notice func(string)) (*lease, error) {
+	b.life.Lock()
+	defer b.life.Unlock()
+	switch b.state {
+	case stateRunning:
+	case stateRemoved:
+		if b.failed != nil {
+			return nil, b.failed
+		}
+		return nil, errRetry
+	default:
+		if err := s.bringUp(ctx, sess, name, b, notice); err != nil {
+			return nil, err
+		}
+	}
+	b.inflight.Add(1)
+	b.touch()
+	return &lease{b: b, client: b.client}, nil
+}
+
+// bringUp makes, wakes or recreates b; the caller holds b.life.
+func (s *Service) bringUp(ctx context.Context, sess *Session, name string, b *box, notice func(string)) error {
+	switch b.state {
+	case stateNew:
+		if sess == nil {
+			return fmt.Errorf("sandbox %q is not made yet", name)
+		}
+		if err := s.create(ctx, sess, name, b); err != nil {
+			s.mu.Lock()
+			b.state, b.failed = stateRemoved, err
+			if sess.boxes[name] == b {
+				delete(sess.boxes, name)
+			}
+			if b.rec.ID != "" && s.boxes[b.rec.ID] == b {
+				delete(s.boxes, b.rec.ID)
+			}
+			s.mu.Unlock()
+			return err
+		}
+		return nil
+	case stateSleeping:
+		release, err := s.acquireSlot(ctx, sess)
+		if err != nil {
+			return err
+		}
+		defer release()
+		start := time.Now()
+		cl, err := s.wake(ctx, b.rec.ID)
+		var pe *agent.ProtocolError
+		switch {
+		case err == nil:
+			s.setRunning(b, cl)
+			s.log.Info("box woken", "box", b.rec.ID, "ms", time.Since(start).Milliseconds())
+			return nil
+		case errors.Is(err, backend.ErrNotFound):
+			s.log.Warn("box lost while asleep; recreating it", "box", b.rec.ID, "err", err)
+			notice(fmt.Sprintf("sandbox %q (%s) had been lost by the %s backend; it was recreated with an empty workspace", name, b.rec.ID, s.be.Name()))
+		case errors.As(err, &pe):
+			s.log.Warn("box agent speaks another protocol; recreating it", "box", b.rec.ID, "protocol", pe.Got, "want", agent.ProtocolVersion)
+			notice(fmt.Sprintf("sandbox %q (%s) ran an agent of protocol %d, this server speaks %d; it was recreated with an empty workspace", name, b.rec.ID, pe.Got, agent.ProtocolVersion))
+		default:
+			return fmt.Errorf("wake sandbox %q (%s): %w", name, b.rec.ID, err)
+		}
+		return s.recreate(ctx, name, b)
+	case stateGone:
+		release, err := s.acquireSlot(ctx, sess)
+		if err != nil {
+			return err
+		}
+		defer release()
+		notice(fmt.Sprintf("sandbox %q (%s) was lost (it no longer existed in the %s backend when this server started); it was recreated with an empty workspace", name, b.rec.ID, s.be.Name()))
+		return s.recreate(ctx, name, b)
+	}
+	return fmt.Errorf("sandbox %q is %s", name, b.state)
+}
+
+// create makes the new box b, from the warm pool when its spec allows.
+func (s *Service) create(ctx context.Context, sess *Session, name string, b *box) error {
+	start := time.Now()
+	rec := b.rec
+	if rec.ID == "" && rec.Limits == (api.Limits{}) && !rec.Network {
+		if id, cl, ok := s.takeWarm(rec.Image); ok {
+			s.setID(b, id)
+			if err := s.adopt(sess, name, b, cl); err != nil {
+				s.removeBox(context.WithoutCancel(ctx), id)
+				return err
+			}
+			s.log.Info("box created from warm pool", "session", sess.ID, "name", name, "box", id, "ms", time.Since(start).Milliseconds())
+			return nil
+		}
+	}
+	release, err := s.acquireSlot(ctx, sess)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if rec.ID == "" {
+		s.setID(b, "cb-"+randomID(8))
+	}
+	cl, err := s.makeBox(ctx, b.rec, sess.ID, name)
+	if err != nil {
+		return fmt.Errorf("create sandbox %q: %w", name, err)
+	}
+	if err := s.adopt(sess, name, b, cl); err != nil {
+		s.removeBox(context.WithoutCancel(ctx), b.rec.ID)
+		return err
+	}
+	s.log.Info("box created", "session", sess.ID, "name", name, "box", b.rec.ID, "image", b.rec.Image, "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// adopt records the freshly made box b as running and owned, in memory and
+// in the store.
+func (s *Service) adopt(sess *Session, name string, b *box, cl *agent.Client) error {
+	s.mu.Lock()
+	b.state, b.client = stateRunning, cl
+	s.boxes[b.rec.ID] = b
+	rec := b.record()
+	srec := s.sessionRecordLocked(sess)
+	s.mu.Unlock()
+	if err := s.st.apply(change{box: rec}, change{session: &srec}); err != nil {
+		s.mu.Lock()
+		b.state, b.client = stateNew, nil
+		delete(s.boxes, b.rec.ID)
+		s.mu.Unlock()
+		cl.Close()
+		return fmt.Errorf("save sandbox %q: %w", name, err)
+	}
+	return nil
+}
+
+// recreate replaces b's backend box by a new empty one with the same id and
+// spec; the caller holds b.life and a slot.
+func (s *Service) recreate(ctx context.Context, name string, b *box) error {
+	s.closeClient(b)
+	if err := s.be.Remove(ctx, b.rec.ID); err != nil {
+		return fmt.Errorf("recreate sandbox %q: remove old box %s: %w", name, b.rec.ID, err)
+	}
+	session := b.rec.Session
+	cl, err := s.makeBox(ctx, b.rec, session, name)
+	if err != nil {
+		return fmt.Errorf("recreate sandbox %q: %w", name, err)
+	}
+	s.mu.Lock()
+	b.rec.Gone = false
+	s.dropPreviewsLocked(b)
+	b.state, b.client = stateRunning, cl
+	rec := b.record()
+	s.mu.Unlock()
+	return s.st.apply(change{box: rec})
+}
+
+// makeBox creates and starts a backend box for rec and waits for its agent.
+func (s *Service) makeBox(ctx context.Context, rec boxRecord, session, name string) (*agent.Client, error) {
+	hostDir := s.hostDir(rec.ID)
+	if err := os.MkdirAll(hostDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create host dir of box %s: %w", rec.ID, err)
+	}
+	spec := backend.Spec{
+		ID: rec.ID,
+		Labels: map[string]string{
+			backend.LabelManaged: "1",
+			backend.LabelSession: session,
+			backend.LabelBox:     name,
+			backend.LabelID:      rec.ID,
+			labelInstance:        s.st.instance,
+		},
+		Image:       rec.Image,
+		Env:         rec.Env,
+		Network:     rec.Network,
+		Limits:      toBackendLimits(rec.Limits),
+		AgentBinary: s.cfg.AgentBinary,
+		HostDir:     hostDir,
+	}
+	if _, err := s.be.Create(ctx, spec); err != nil {
+		// An interrupted create may still have made the box.
+		s.removeBox(context.WithoutCancel(ctx), rec.ID)
+		return nil, fmt.Errorf("%s backend: create box %s (image %s): %w", s.be.Name(), rec.ID, rec.Image, err)
+	}
+	cl, err := s.wake(ctx, rec.ID)
+	if err != nil {
+		s.removeBox(context.WithoutCancel(ctx), rec.ID)
+		return nil, err
+	}
+	return cl, nil
+}
+
+// wake starts box id (a no-op if it runs) and waits for its agent.
+func (s *Service) wake(ctx context.Context, id string) (*agent.Client, error) {
+	if _, err := s.be.Start(ctx, id); err != nil {
+		return nil, fmt.Errorf("%s backend: start box %s: %w", s.be.Name(), id, err)
+	}
+	return s.connect(ctx, id, s.cfg.ReadyTimeout)
+}
+
+// connect waits up to timeout for box id's agent and checks its protocol.
+func (s *Service) connect(ctx context.Context, id string, timeout time.Duration) (*agent.Client, error) {
+	cl := agent.Dial(socketPath(s.cfg.DataDir, id))
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := cl.WaitReady(wctx)
+	var pe *agent.ProtocolError
+	switch {
+	case errors.As(err, &pe):
+		cl.Close()
+		return nil, fmt.Errorf("agent of box %s: %w", id, err)
+	case err != nil:
+		cl.Close()
+		return nil, fmt.Errorf("agent of box %s did not answer within %s: %w", id, timeout, err)
+	}
+	return cl, nil
+}
+
+func (s *Service) setID(b *box, id string) {
+	s.mu.Lock()
+	b.rec.ID = id
+	s.mu.Unlock()
+}
+
+func (s *Service) setRunning(b *box, cl *agent.Client) {
+	s.mu.Lock()
+	b.state, b.client = stateRunning, cl
+	s.mu.Unlock()
+}
+
+func (s *Service) closeClient(b *box) {
+	s.mu.Lock()
+	cl := b.client
+	b.client = nil
+	s.mu.Unlock()
+	if cl != nil {
+		cl.Close()
+	}
+}
+
+// removeBox removes a backend box and its host directory, logging failures.
+func (s *Service) removeBox(ctx context.Context, id string) {
+	if err := s.be.Remove(ctx, id); err != nil {
+		s.log.Error("remove box", "box", id, "err", err)
+	}
+	if err := os.RemoveAll(s.hostDir(id)); err != nil {
+		s.log.Warn("remove box host dir", "box", id, "err", err)
+	}
+}
+
+// destroyBox unbinds name from sess and removes the box, unless it is a
+// shared box another session still uses.
+func (s *Service) destroyBox(ctx context.Context, sess *Session, name string) error {
+	s.mu.Lock()
+	b := sess.boxes[name]
+	if b == nil {
+		names := sortedNames(sess.boxes)
+		s.mu.Unlock()
+		return fmt.Errorf("no sandbox named %q in this session (sandboxes: %s)", name, listOrNone(names))
+	}
+	delete(sess.boxes, name)
+	used := false
+	for _, other := range s.sessions {
+		for _, ob := range other.boxes {
+			used = used || ob == b
+		}
+	}
+	srec := s.sessionRecordLocked(sess)
+	s.mu.Unlock()
+	var changes []change
+	if !sess.deleted {
+		changes = append(changes, change{session: &srec})
+	}
+	if used {
+		s.log.Info("shared box detached", "session", sess.ID, "box", b.rec.ID)
+		return s.st.apply(changes...)
+	}
+	b.life.Lock()
+	defer b.life.Unlock()
+	prev := b.state
+	s.closeClient(b)
+	s.mu.Lock()
+	b.state = stateRemoved
+	id := b.rec.ID
+	if id != "" && s.boxes[id] == b {
+		delete(s.boxes, id)
+	}
+	s.dropPreviewsLocked(b)
+	s.mu.Unlock()
+	if prev != stateNew {
+		s.removeBox(ctx, id)
+		changes = append(changes, change{delBox: id})
+	}
+	s.log.Info("box destroyed", "session", sess.ID, "name", name, "box", id)
+	return s.st.apply(changes...)
+}
+
+// reaper puts idle boxes to sleep, saves last-used times and refills the
+// warm pool, every ReapInterval until Close.
+func (s *Service) reaper() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+			s.reap(s.ctx)
+			s.flushLastUsed()
+			s.fillPools()
+		}
+	}
+}
+
+// reap stops every running box idle for longer than its sleep_after_ms.
+func (s *Service) reap(ctx context.Context) {
+	s.mu.Lock()
+	boxes := make([]*box, 0, len(s.boxes))
+	for _, b := range s.boxes {
+		boxes = append(boxes, b)
+	}
+	s.mu.Unlock()
+	now := time.Now()
+	for _, b := range boxes {
+		if !b.life.TryLock() {
+			continue // busy with a transition
+		}
+		idle := now.Sub(time.Unix(0, b.lastUsed.Load()))
+		if b.state == stateRunning && b.inflight.Load() == 0 && idle > sleepAfter(b.rec.SleepAfterMs) {
+			s.sleep(ctx, b, idle)
+		}
+		b.life.Unlock()
+	}
+}
+
+// sleep stops b, keeping its workspace; the caller holds b.life.
+func (s *Service) sleep(ctx context.Context, b *box, idle time.Duration) {
+	if err := s.be.Stop(ctx, b.rec.ID); err != nil {
+		s.log.Warn("stop idle box", "box", b.rec.ID, "err", err)
+		return
+	}
+	s.closeClient(b)
+	s.mu.Lock()
+	b.state = stateSleeping
+	s.mu.Unlock()
+	s.log.Info("box put to sleep", "box", b.rec.ID, "idle", idle.Round(time.Second))
+}
+
+// flushLastUsed saves the last-used times that changed.
+func (s *Service) flushLastUsed() {
+	s.mu.Lock()
+	var changes []change
+	for _, b := range s.boxes {
+		lu := b.lastUsed.Load()
+		if lu == b.saved || b.state == stateNew || b.state == stateRemoved {
+			continue
+		}
+		b.saved = lu
+		changes = append(changes, change{box: b.record()})
+	}
+	s.mu.Unlock()
+	if len(changes) > 0 {
+		if err := s.st.apply(changes...); err != nil {
+			s.log.Warn("save last-used times", "err", err)
+		}
+	}
+}
+
+// reconcile loads the store and matches it with the backend: running boxes
+// are reattached, stopped ones sleep, missing ones are marked gone, and
+// managed boxes of this data dir that the store does not know are removed.
+func (s *Service) reconcile(ctx context.Context) error {
+	sessions, boxes, err := s.st.load()
+	if err != nil {
+		return err
+	}
+	listed, err := s.be.List(ctx, map[string]string{backend.LabelManaged: "1", labelInstance: s.st.instance})
+	if err != nil {
+		return fmt.Errorf("list %s boxes: %w", s.be.Name(), err)
+	}
+	infos := map[string]backend.Info{}
+	for _, in := range listed {
+		infos[in.ID] = in
+	}
+	var changes []change
+	for _, rec := range boxes {
+		b := &box{rec: rec, state: stateSleeping, previews: rec.Previews}
+		b.rec.Previews = nil
+		b.lastUsed.Store(rec.LastUsed.UnixNano())
+		b.saved = b.lastUsed.Load()
+		info, ok := infos[rec.ID]
+		delete(infos, rec.ID)
+		switch {
+		case !ok:
+			b.state = stateGone
+			if !rec.Gone {
+				s.log.Warn("box is gone from the backend; it will be recreated empty on next use", "box", rec.ID, "backend", s.be.Name())
+				b.rec.Gone = true
+				changes = append(changes, change{box: b.record()})
+			}
+		case info.State == backend.StateRunning:
+			cl, err := s.connect(ctx, rec.ID, 5*time.Second)
+			if err != nil {
+				s.log.Warn("running box did not answer; it will be restarted on next use", "box", rec.ID, "err", err)
+				break
+			}
+			b.state, b.client = stateRunning, cl
+			s.log.Info("box reattached", "box", rec.ID)
+		}
+		s.boxes[rec.ID] = b
+		for port, pid := range rec.Previews {
+			s.previews[pid] = previewTarget{box: rec.ID, port: port}
+		}
+	}
+	for _, rec := range sessions {
+		sess := &Session{
+			ID:      rec.ID,
+			Created: rec.Created,
+			sem:     make(chan struct{}, s.cfg.SessionConcurrency),
+			boxes:   map[string]*box{},
+		}
+		if h, err := hex.DecodeString(rec.TokenHash); err != nil || len(h) != len(sess.tokenHash) {
+			s.log.Error("session with a bad token hash skipped", "session", rec.ID)
+			continue
+		} else {
+			copy(sess.tokenHash[:], h)
+		}
+		for name, id := range rec.Boxes {
+			if b := s.boxes[id]; b != nil {
+				sess.boxes[name] = b
+			} else {
+				s.log.Warn("session names a box the store does not have", "session", rec.ID, "name", name, "box", id)
+			}
+		}
+		s.sessions[rec.ID] = sess
+	}
+	// Boxes no session names (a crash between writes) are orphans too.
+	used := map[*box]bool{}
+	for _, sess := range s.sessions {
+		for _, b := range sess.boxes {
+			used[b] = true
+		}
+	}
+	for id, b := range s.boxes {
+		if !used[b] {
+			if b.client != nil {
+				b.client.Close()
+			}
+			delete(s.boxes, id)
+			changes = append(changes, change{delBox: id})
+			if b.state != stateGone {
+				infos[id] = backend.Info{ID: id}
+			}
+		}
+	}
+	for id := range infos {
+		s.log.Info("removing orphan box", "box", id, "backend", s.be.Name())
+		s.removeBox(ctx, id)
+	}
+	if len(changes) > 0 {
+		return s.st.apply(changes...)
+	}
+	return nil
+}
+
+// warmPool keeps pre-started boxes of one image.
+type warmPool struct {
+	image   string
+	size    int
+	ready   []warmBox // guarded by Service.mu
+	filling int       // guarded by Service.mu
+}
+
+type warmBox struct {
+	id     string
+	client *agent.Client
+}
+
+// takeWarm takes a pre-started box of image, if one is ready.
+func (s *Service) takeWarm(image string) (string, *agent.Client, bool) {
+	s.mu.Lock()
+	p := s.pools[image]
+	if p == nil || len(p.ready) == 0 {
+		s.mu.Unlock()
+		return "", nil, false
+	}
+	w := p.ready[len(p.ready)-1]
+	p.ready = p.ready[:len(p.ready)-1]
+	s.mu.Unlock()
+	s.fillPools()
+	return w.id, w.client, true
+}
+
+// fillPools starts the creation of the boxes the warm pools lack.
+func (s *Service) fillPools() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	for _, p := range s.pools {
+		for len(p.ready)+p.filling < p.size {
+			p.filling++
+			s.wg.Add(1)
+			go s.fillOne(p)
+		}
+	}
+}
+
+func (s *Service) fillOne(p *warmPool) {
+	defer s.wg.Done()
+	ok := false
+	defer func() {
+		if !ok {
+			s.mu.Lock()
+			p.filling--
+			s.mu.Unlock()
+		}
+	}()
+	// Not cancelled by Close, which waits for it: a box half made when
+	// the service stops would be left behind.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*s.cfg.ReadyTimeout)
+	defer cancel()
+	release, err := s.acquireSlot(ctx, nil)
+	if err != nil {
+		return
+	}
+	defer release()
+	rec := boxRecord{ID: "cb-" + randomID(8), Image: p.image}
+	cl, err := s.makeBox(ctx, rec, "", "")
+	if err != nil {
+		s.log.Warn("warm pool: create box", "image", p.image, "err", err)
+		return
+	}
+	s.mu.Lock()
+	p.filling--
+	ok = true
+	if s.closed {
+		s.mu.Unlock()
+		cl.Close()
+		s.removeBox(context.Background(), rec.ID)
+		return
+	}
+	p.ready = append(p.ready, warmBox{id: rec.ID, client: cl})
+	s.mu.Unlock()
+}
+
+// drainPools removes the pre-started boxes (at Close).
+func (s *Service) drainPools(ctx context.Context) {
+	s.mu.Lock()
+	var ready []warmBox
+	for _, p := range s.pools {
+		ready = append(ready, p.ready...)
+		p.ready = nil
+	}
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, w := range ready {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.client.Close()
+			s.removeBox(ctx, w.id)
+		}()
+	}
+	wg.Wait()
+}
+
+func sortedNames[V any](m map[string]V) []string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func listOrNone(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
+}

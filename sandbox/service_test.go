@@ -1,0 +1,609 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
+)
+
+// httpSession is a session of a test server, driven over HTTP.
+type httpSession struct {
+	t     *testing.T
+	url   string
+	id    string
+	token string
+}
+
+func startHTTP(t *testing.T, s *Service) string {
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	s.SetBaseURL(srv.URL)
+	return srv.URL
+}
+
+func newHTTPSession(t *testing.T, url string) *httpSession {
+	resp, err := http.Post(url+"/v1/sessions", "application/json", nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	var ns api.NewSessionResult
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&ns))
+	require.NotEmpty(t, ns.ID)
+	require.Len(t, ns.Token, 64)
+	return &httpSession{t: t, url: url, id: ns.ID, token: ns.Token}
+}
+
+// raw posts body to tool name and returns the status and decoded body.
+func (h *httpSession) raw(name, body, token string) (int, map[string]any) {
+	req, err := http.NewRequest(http.MethodPost, h.url+"/v1/sessions/"+h.id+"/tools/"+name, strings.NewReader(body))
+	require.NoError(h.t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(h.t, err)
+	defer resp.Body.Close()
+	require.Equal(h.t, "application/json", resp.Header.Get("Content-Type"))
+	var m map[string]any
+	require.NoError(h.t, json.NewDecoder(resp.Body).Decode(&m))
+	return resp.StatusCode, m
+}
+
+// tool calls a tool that must succeed.
+func (h *httpSession) tool(name string, input any) map[string]any {
+	h.t.Helper()
+	m := h.call(name, input)
+	require.Equal(h.t, false, m["is_error"], "%s: %v", name, m["error"])
+	return m
+}
+
+// call calls a tool and returns its result (which may be an error result).
+func (h *httpSession) call(name string, input any) map[string]any {
+	h.t.Helper()
+	body, err := json.Marshal(input)
+	require.NoError(h.t, err)
+	status, m := h.raw(name, string(body), h.token)
+	require.Equal(h.t, http.StatusOK, status, "%s: %v", name, m)
+	return m
+}
+
+// toolErr calls a tool that must fail and returns its message.
+func (h *httpSession) toolErr(name string, input any) string {
+	h.t.Helper()
+	m := h.call(name, input)
+	require.Equal(h.t, true, m["is_error"], "%s should fail: %v", name, m)
+	return m["error"].(string)
+}
+
+func TestVerticalSlice(t *testing.T) {
+	be := newFakeBackend(t)
+	s := newTestService(t, be, "", nil)
+	h := newHTTPSession(t, startHTTP(t, s))
+
+	w := h.tool("write_file", map[string]any{"path": "notes/hello.txt", "content": "hello\nworld\n"})
+	assert.Equal(t, true, w["ok"])
+	assert.EqualValues(t, 12, w["size"])
+	assert.True(t, strings.HasSuffix(w["path"].(string), "/notes/hello.txt"), w["path"])
+
+	r := h.tool("read_file", map[string]any{"path": "notes/hello.txt", "offset": 2})
+	assert.Equal(t, "world\n", r["content"])
+	assert.EqualValues(t, 2, r["total_lines"])
+	assert.EqualValues(t, 2, r["start_line"])
+	assert.Equal(t, "utf-8", r["encoding"])
+
+	sh := h.tool("shell", map[string]any{"command": "cat notes/hello.txt; echo oops >&2; exit 3"})
+	assert.Equal(t, "hello\nworld\n", sh["stdout"])
+	assert.Equal(t, "oops\n", sh["stderr"])
+	assert.EqualValues(t, 3, sh["exit_code"])
+	assert.Equal(t, false, sh["truncated"])
+
+	l := h.tool("sandbox_list", nil)
+	boxes := l["sandboxes"].([]any)
+	require.Len(t, boxes, 1)
+	assert.Equal(t, "default", boxes[0].(map[string]any)["name"])
+	assert.Equal(t, "running", boxes[0].(map[string]any)["status"])
+	assert.Equal(t, 1, be.count())
+}
+
+func TestHTTPProtocolFaults(t *testing.T) {
+	be := newFakeBackend(t)
+	s := newTestService(t, be, "", nil)
+	url := startHTTP(t, s)
+	a, b := newHTTPSession(t, url), newHTTPSession(t, url)
+
+	tests := []struct {
+		name, tool, body, token string
+		status                  int
+		contains                []string
+	}{
+		{"no token", "shell", `{"command":"true"}`, "", 401, []string{"bearer token"}},
+		{"wrong token", "shell", `{"command":"true"}`, strings.Repeat("0", 64), 403, []string{"does not grant access"}},
+		{"other session's token", "shell", `{"command":"true"}`, b.token, 403, []string{"does not grant access"}},
+		{"malformed JSON", "shell", "{\n \"command\": \"true\",\n}", a.token, 400, []string{"malformed JSON", "line 3", "column 1"}},
+		{"unknown tool", "sh", `{}`, a.token, 404, []string{`unknown tool "sh"`, "shell", "read_file", "transfer"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			status, m := a.raw(tt.tool, tt.body, tt.token)
+			assert.Equal(t, tt.status, status)
+			for _, c := range tt.contains {
+				assert.Contains(t, m["error"], c)
+			}
+		})
+	}
+	t.Run("unknown session", func(t *testing.T) {
+		c := *a
+		c.id = "s-nope"
+		status, m := c.raw("shell", `{"command":"true"}`, a.token)
+		assert.Equal(t, 404, status)
+		assert.Contains(t, m["error"], "no such session")
+	})
+	t.Run("unknown endpoint is JSON", func(t *testing.T) {
+		resp, err := http.Get(url + "/v2/nothing")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		assert.Equal(t, 404, resp.StatusCode)
+		assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+		resp2, err := http.Get(url + "/v1/sessions")
+		require.NoError(t, err)
+		defer resp2.Body.Close()
+		assert.Equal(t, 405, resp2.StatusCode)
+		assert.Equal(t, "application/json", resp2.Header.Get("Content-Type"))
+	})
+	assert.Equal(t, 0, be.count(), "no box is made for a refused request")
+}
+
+func TestToolInputErrors(t *testing.T) {
+	s := newTestService(t, newFakeBackend(t), "", nil)
+	h := newHTTPSession(t, startHTTP(t, s))
+	tests := []struct {
+		tool     string
+		input    string
+		contains []string
+	}{
+		{"shell", `{"command":"true","cwd":"/"}`, []string{`unknown field "cwd"`, "valid fields: background, command, env, sandbox, timeout_ms, working_dir"}},
+		{"shell", `{}`, []string{`missing required field "command"`}},
+		{"shell", `{"command":"true","timeout_ms":"5s"}`, []string{"timeout_ms: must be integer"}},
+		{"shell", `{"command":"true","timeout_ms":0}`, []string{"timeout_ms: must be >= 1"}},
+		{"process", `{"action":"stop"}`, []string{`action: must be one of "list", "logs", "kill"`}},
+		{"process", `{"action":"logs"}`, []string{"needs the id of a process"}},
+		{"edit", `{"path":"x","edits":[{"old_text":"a","new":"b"}]}`, []string{"edits/0"}},
+		{"shell", `{"command":""}`, []string{"command is empty"}},
+		{"shell", `[1,2]`, []string{"must be a JSON object"}},
+		{"sandbox_list", `{"x":1}`, []string{`unknown field "x"`, "it takes no fields"}},
+		{"read_file", `{"path":"missing.txt"}`, []string{"missing.txt", "no such file"}},
+		{"sandbox_create", `{"sandbox":"bad name!"}`, []string{"invalid sandbox name"}},
+		{"write_file", `{"path":"x","content":"%%%","encoding":"base64"}`, []string{"not valid base64"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.tool+" "+tt.input, func(t *testing.T) {
+			status, m := h.raw(tt.tool, tt.input, h.token)
+			require.Equal(t, 200, status)
+			require.Equal(t, true, m["is_error"], m)
+			for _, c := range tt.contains {
+				assert.Contains(t, m["error"], c)
+			}
+		})
+	}
+}
+
+func TestToolsEndpointSchemas(t *testing.T) {
+	s := newTestService(t, newFakeBackend(t), "", nil)
+	resp, err := http.Get(startHTTP(t, s) + "/v1/tools")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var tools []api.ToolInfo
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&tools))
+	var names []string
+	for _, tl := range tools {
+		names = append(names, tl.Name)
+		assert.NotEmpty(t, tl.Description, tl.Name)
+		var schema map[string]any
+		require.NoError(t, json.Unmarshal(tl.InputSchema, &schema), tl.Name)
+		assert.Equal(t, "object", schema["type"], tl.Name)
+	}
+	assert.Equal(t, []string{"shell", "process", "read_file", "write_file", "edit", "str_replace", "grep", "glob", "ls",
+		"transfer", "browse", "sandbox_create", "sandbox_list", "sandbox_destroy"}, names)
+	var shell map[string]any
+	require.NoError(t, json.Unmarshal(tools[0].InputSchema, &shell))
+	props := shell["properties"].(map[string]any)
+	assert.EqualValues(t, 30000, props["timeout_ms"].(map[string]any)["default"])
+	assert.Equal(t, []any{"command"}, shell["required"])
+}
+
+func TestFileTools(t *testing.T) {
+	s := newTestService(t, newFakeBackend(t), "", nil)
+	h := newHTTPSession(t, startHTTP(t, s))
+	h.tool("write_file", map[string]any{"path": "src/main.go", "content": "package main\r\n\r\nfunc main() {\r\n\tprintln(\"hi\")\r\n}\r\n"})
+	h.tool("write_file", map[string]any{"path": "src/util/util.go", "content": "package util\n// TODO: more\n"})
+	h.tool("write_file", map[string]any{"path": "README.md", "content": "# demo\nTODO: docs\n"})
+
+	e := h.tool("edit", map[string]any{"path": "src/main.go", "edits": []map[string]string{
+		{"old_text": "package main", "new_text": "package main // edited"},
+		{"old_text": "println(\"hi\")", "new_text": "println(\"hello\")"},
+	}})
+	assert.EqualValues(t, 2, e["replacements"])
+	assert.Contains(t, e["diff"], "+\tprintln(\"hello\")")
+	r := h.tool("read_file", map[string]any{"path": "src/main.go"})
+	assert.Equal(t, "package main // edited\r\n\r\nfunc main() {\r\n\tprintln(\"hello\")\r\n}\r\n", r["content"], "CRLF line endings are kept")
+
+	msg := h.toolErr("edit", map[string]any{"path": "src/main.go", "edits": []map[string]string{{"old_text": "not there", "new_text": "x"}}})
+	assert.Contains(t, msg, "src/main.go")
+
+	sr := h.tool("str_replace", map[string]any{"path": "README.md", "old_str": "TODO", "new_str": "DONE"})
+	assert.EqualValues(t, 1, sr["replacements"])
+	h.tool("write_file", map[string]any{"path": "twice.txt", "content": "a a a"})
+	assert.NotEmpty(t, h.toolErr("str_replace", map[string]any{"path": "twice.txt", "old_str": "a", "new_str": "b"}))
+	sr = h.tool("str_replace", map[string]any{"path": "twice.txt", "old_str": "a", "new_str": "b", "replace_all": true})
+	assert.EqualValues(t, 3, sr["replacements"])
+
+	g := h.tool("grep", map[string]any{"pattern": "todo", "ignore_case": true})
+	hits := g["hits"].([]any)
+	require.Len(t, hits, 1)
+	assert.Contains(t, hits[0].(map[string]any)["path"], "src/util/util.go")
+	assert.EqualValues(t, 2, hits[0].(map[string]any)["line"])
+
+	gl := h.tool("glob", map[string]any{"pattern": "**/*.go"})
+	files := gl["files"].([]any)
+	require.Len(t, files, 2)
+	assert.Contains(t, files[0], "src/main.go")
+
+	ls := h.tool("ls", map[string]any{})
+	tree := ls["tree"].(string)
+	assert.Contains(t, tree, "├── src/\n")
+	assert.Contains(t, tree, "│   ├── main.go (")
+	assert.Contains(t, tree, "README.md (")
+	assert.NotContains(t, tree, "util.go", "two levels deep only")
+
+	big := strings.Repeat("x", 2<<20+1)
+	assert.Contains(t, h.toolErr("write_file", map[string]any{"path": "big", "content": big}), "at most")
+	h.tool("write_file", map[string]any{"path": "bin", "content": "AAEC/w==", "encoding": "base64"})
+	rb := h.tool("read_file", map[string]any{"path": "bin"})
+	assert.Equal(t, "base64", rb["encoding"])
+	assert.Equal(t, "AAEC/w==", rb["content"])
+}
+
+func TestShellTimeoutAndBackground(t *testing.T) {
+	s := newTestService(t, newFakeBackend(t), "", nil)
+	h := newHTTPSession(t, startHTTP(t, s))
+	sh := h.tool("shell", map[string]any{"command": "echo started; sleep 30", "timeout_ms": 300})
+	assert.Equal(t, true, sh["timed_out"])
+	assert.Equal(t, "started\n", sh["stdout"])
+	assert.NotEmpty(t, sh["process_id"])
+	assert.Contains(t, sh["hint"], "background: true")
+
+	bg := h.tool("shell", map[string]any{"command": "for i in 1 2 3; do echo line$i; done; sleep 30", "background": true})
+	id := bg["process_id"].(string)
+	require.NotEmpty(t, id)
+	require.Eventually(t, func() bool {
+		lg := h.tool("process", map[string]any{"action": "logs", "id": id})
+		return lg["output"] == "line1\nline2\nline3\n" && lg["running"] == true
+	}, 5*time.Second, 20*time.Millisecond)
+	list := h.tool("process", map[string]any{"action": "list"})
+	assert.NotEmpty(t, list["processes"])
+	k := h.tool("process", map[string]any{"action": "kill", "id": id})
+	assert.Equal(t, true, k["ok"])
+	assert.Equal(t, false, k["running"])
+	assert.Contains(t, h.toolErr("process", map[string]any{"action": "logs", "id": "nope"}), "no such process")
+	k = h.tool("process", map[string]any{"action": "kill", "id": id})
+	assert.Equal(t, false, k["running"], "killing an ended process is fine")
+
+	out := h.tool("shell", map[string]any{"command": "head -c 200000 /dev/zero | tr '\\0' y"})
+	assert.Equal(t, true, out["truncated"])
+	assert.Len(t, out["stdout"], 64<<10)
+}
+
+func TestBoxesLifecycle(t *testing.T) {
+	be := newFakeBackend(t)
+	s := newTestService(t, be, "", nil)
+	h := newHTTPSession(t, startHTTP(t, s))
+
+	c := h.tool("sandbox_create", map[string]any{"sandbox": "db", "env": map[string]string{"ROLE": "db"}})
+	assert.Equal(t, true, c["created"])
+	id := c["id"].(string)
+	assert.True(t, strings.HasPrefix(id, "cb-"), id)
+	c2 := h.tool("sandbox_create", map[string]any{"sandbox": "db"})
+	assert.Equal(t, false, c2["created"])
+	assert.Equal(t, id, c2["id"])
+	sh := h.tool("shell", map[string]any{"sandbox": "db", "command": "echo $ROLE"})
+	assert.Equal(t, "db\n", sh["stdout"], "box env applies to every command")
+
+	h.tool("shell", map[string]any{"command": "true"}) // lazily makes "default"
+	l := h.tool("sandbox_list", nil)["sandboxes"].([]any)
+	require.Len(t, l, 2)
+	assert.Equal(t, "db", l[0].(map[string]any)["name"])
+	assert.Equal(t, "default", l[1].(map[string]any)["name"])
+	assert.Equal(t, 2, be.count())
+
+	assert.Equal(t, true, h.tool("sandbox_destroy", map[string]any{"sandbox": "db"})["ok"])
+	assert.Equal(t, 1, be.count())
+	assert.Contains(t, h.toolErr("sandbox_destroy", map[string]any{"sandbox": "db"}), `no sandbox named "db" in this session (sandboxes: default)`)
+
+	// Deleting the session destroys its boxes and revokes the token.
+	req, _ := http.NewRequest(http.MethodDelete, h.url+"/v1/sessions/"+h.id, nil)
+	req.Header.Set("Authorization", "Bearer "+h.token)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, 0, be.count())
+	status, _ := h.raw("shell", `{"command":"true"}`, h.token)
+	assert.Equal(t, 404, status)
+}
+
+func TestSessionsAreIsolated(t *testing.T) {
+	s := newTestService(t, newFakeBackend(t), "", nil)
+	url := startHTTP(t, s)
+	a, b := newHTTPSession(t, url), newHTTPSession(t, url)
+	a.tool("write_file", map[string]any{"path": "secret.txt", "content": "a's"})
+	assert.Contains(t, b.toolErr("read_file", map[string]any{"path": "secret.txt"}), "no such file")
+	ida := a.tool("sandbox_list", nil)["sandboxes"].([]any)[0].(map[string]any)["id"].(string)
+
+	// A box id of another session cannot be attached, shared or not.
+	assert.Contains(t, b.toolErr("sandbox_create", map[string]any{"box_id": ida, "share_across_sessions": true}), "not starting with \"cb-\"")
+	assert.Contains(t, b.toolErr("sandbox_create", map[string]any{"box_id": "team"}), "share_across_sessions: true")
+	assert.Contains(t, b.toolErr("sandbox_create", map[string]any{"share_across_sessions": true}), "needs box_id")
+
+	// An explicitly shared box is shared.
+	a.tool("sandbox_create", map[string]any{"sandbox": "shared", "box_id": "team", "share_across_sessions": true})
+	a.tool("write_file", map[string]any{"sandbox": "shared", "path": "note", "content": "from a"})
+	cb := b.tool("sandbox_create", map[string]any{"sandbox": "t", "box_id": "team", "share_across_sessions": true})
+	assert.Equal(t, false, cb["created"])
+	assert.Equal(t, "from a", b.tool("read_file", map[string]any{"sandbox": "t", "path": "note"})["content"])
+	// Destroying it in one session detaches it; the other keeps it.
+	b.tool("sandbox_destroy", map[string]any{"sandbox": "t"})
+	assert.Equal(t, "from a", a.tool("read_file", map[string]any{"sandbox": "shared", "path": "note"})["content"])
+}
+
+func TestRestartReattaches(t *testing.T) {
+	be := newFakeBackend(t)
+	dir := t.TempDir()
+	s1 := newTestService(t, be, dir, nil)
+	h := newHTTPSession(t, startHTTP(t, s1))
+	h.tool("write_file", map[string]any{"path": "keep.txt", "content": "kept"})
+	h.tool("sandbox_create", map[string]any{"sandbox": "lost"})
+	h.tool("sandbox_create", map[string]any{"sandbox": "asleep"})
+	ids := map[string]string{}
+	for _, b := range h.tool("sandbox_list", nil)["sandboxes"].([]any) {
+		ids[b.(map[string]any)["name"].(string)] = b.(map[string]any)["id"].(string)
+	}
+	require.NoError(t, s1.Close())
+
+	// While the server is down: one box vanishes, one is stopped, and an
+	// orphan (a pooled box of a crashed server) appears.
+	require.NoError(t, be.Remove(context.Background(), ids["lost"]))
+	require.NoError(t, be.Stop(context.Background(), ids["asleep"]))
+	orphan := "cb-orphan"
+	_, err := be.Create(context.Background(), backend.Spec{ID: orphan, HostDir: t.TempDir(),
+		Labels: map[string]string{backend.LabelManaged: "1", labelInstance: s1.st.instance}})
+	require.NoError(t, err)
+	creates := be.creates
+
+	s2 := newTestService(t, be, dir, nil)
+	h.url = startHTTP(t, s2)
+	assert.Empty(t, be.state(orphan), "orphan removed")
+	assert.Equal(t, backend.StateRunning, be.state(ids["default"]))
+
+	r := h.tool("read_file", map[string]any{"path": "keep.txt"})
+	assert.Equal(t, "kept", r["content"], "same session token, same box, same files")
+	assert.Nil(t, r["notice"])
+	assert.Equal(t, creates, be.creates, "reattached, not recreated")
+
+	l := h.tool("sandbox_list", nil)["sandboxes"].([]any)
+	status := map[string]string{}
+	for _, b := range l {
+		status[b.(map[string]any)["name"].(string)] = b.(map[string]any)["status"].(string)
+	}
+	assert.Equal(t, map[string]string{"default": "running", "asleep": "sleeping", "lost": "sleeping"}, status)
+
+	sh := h.tool("shell", map[string]any{"sandbox": "lost", "command": "ls"})
+	assert.Contains(t, sh["notice"], "recreated with an empty workspace")
+	sh = h.tool("shell", map[string]any{"sandbox": "asleep", "command": "true"})
+	assert.Nil(t, sh["notice"])
+	assert.Equal(t, backend.StateRunning, be.state(ids["asleep"]))
+}
+
+func TestIdleSleepAndWake(t *testing.T) {
+	be := newFakeBackend(t)
+	s := newTestService(t, be, "", func(c *Config) { c.ReapInterval = 20 * time.Millisecond })
+	h := newHTTPSession(t, startHTTP(t, s))
+	c := h.tool("sandbox_create", map[string]any{"sandbox": "nap", "sleep_after_ms": 100})
+	id := c["id"].(string)
+	h.tool("write_file", map[string]any{"sandbox": "nap", "path": "f", "content": "still here"})
+	require.Eventually(t, func() bool { return be.state(id) == backend.StateStopped }, 5*time.Second, 10*time.Millisecond)
+	l := h.tool("sandbox_list", nil)["sandboxes"].([]any)
+	assert.Equal(t, "sleeping", l[0].(map[string]any)["status"])
+
+	r := h.tool("read_file", map[string]any{"sandbox": "nap", "path": "f"})
+	assert.Equal(t, "still here", r["content"])
+	assert.Equal(t, backend.StateRunning, be.state(id))
+
+	// A long call is never put to sleep under itself.
+	sh := h.tool("shell", map[string]any{"sandbox": "nap", "command": "sleep 0.5; echo done"})
+	assert.Equal(t, "done\n", sh["stdout"])
+}
+
+func TestConcurrencyLimitsQueue(t *testing.T) {
+	be := newFakeBackend(t)
+	be.delay = 30 * time.Millisecond
+	s := newTestService(t, be, "", func(c *Config) { c.SessionConcurrency = 2; c.GlobalConcurrency = 3 })
+	h := newHTTPSession(t, startHTTP(t, s))
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.tool("shell", map[string]any{"sandbox": fmt.Sprintf("b%d", i), "command": "true"})
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, 8, be.count(), "a burst queues, nothing fails")
+	assert.LessOrEqual(t, be.peak, 2, "at most SessionConcurrency creates at once")
+}
+
+func TestWarmPool(t *testing.T) {
+	be := newFakeBackend(t)
+	s := newTestService(t, be, "", func(c *Config) { c.Pool = map[string]int{backend.DefaultImage: 2} })
+	h := newHTTPSession(t, startHTTP(t, s))
+	require.Eventually(t, func() bool { return be.count() == 2 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.pools[backend.DefaultImage].ready) == 2 }, 5*time.Second, 5*time.Millisecond)
+
+	var took []time.Duration
+	for i := range 5 {
+		start := time.Now()
+		c := h.tool("sandbox_create", map[string]any{"sandbox": fmt.Sprintf("w%d", i)})
+		sh := h.tool("shell", map[string]any{"sandbox": fmt.Sprintf("w%d", i), "command": "echo hi"})
+		took = append(took, time.Since(start))
+		assert.Equal(t, "hi\n", sh["stdout"])
+		assert.Equal(t, true, c["created"])
+		// Wait for the refill so each create takes a warm box.
+		require.Eventually(t, func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.pools[backend.DefaultImage].ready) == 2 }, 5*time.Second, 2*time.Millisecond)
+	}
+	t.Logf("create -> first exec from the warm pool: %v", took)
+	assert.Equal(t, 7, be.count())
+
+	// A box with limits does not come from the pool.
+	h.tool("sandbox_create", map[string]any{"sandbox": "big", "limits": map[string]any{"memory_bytes": 1 << 29}})
+	assert.Equal(t, 8, be.count())
+
+	// Close removes the pooled boxes but keeps the sessions' ones.
+	require.NoError(t, s.Close())
+	assert.Equal(t, 6, be.count())
+}
+
+func TestTransferBetweenBoxes(t *testing.T) {
+	s := newTestService(t, newFakeBackend(t), "", nil)
+	h := newHTTPSession(t, startHTTP(t, s))
+	h.tool("shell", map[string]any{"sandbox": "builder", "command": "mkdir -p app/dist/assets && echo '<h1>hi</h1>' > app/dist/index.html && head -c 3000 /dev/urandom > app/dist/assets/blob.bin && chmod 755 app/dist/index.html"})
+	sum := h.tool("shell", map[string]any{"sandbox": "builder", "command": "cd app/dist && sha256sum index.html assets/blob.bin"})["stdout"]
+
+	tr := h.tool("transfer", map[string]any{"from_sandbox": "builder", "from_path": "app/dist", "to_sandbox": "web", "to_path": "site/static", "recursive": true})
+	assert.EqualValues(t, 3012, tr["bytes"])
+	assert.True(t, strings.HasSuffix(tr["path"].(string), "/site/static"), tr["path"])
+	got := h.tool("shell", map[string]any{"sandbox": "web", "command": "cd site/static && sha256sum index.html assets/blob.bin && stat -c %a index.html"})["stdout"]
+	assert.Equal(t, sum.(string)+"755\n", got)
+
+	// A single file into an existing directory lands inside it.
+	tr = h.tool("transfer", map[string]any{"from_sandbox": "builder", "from_path": "app/dist/assets/blob.bin", "to_sandbox": "web", "to_path": "site"})
+	assert.EqualValues(t, 3000, tr["bytes"])
+	assert.True(t, strings.HasSuffix(tr["path"].(string), "/site/blob.bin"), tr["path"])
+
+	assert.Contains(t, h.toolErr("transfer", map[string]any{"from_sandbox": "builder", "from_path": "app", "to_sandbox": "web", "to_path": "x"}), "recursive: true")
+	assert.Contains(t, h.toolErr("transfer", map[string]any{"from_sandbox": "builder", "from_path": "nope", "to_sandbox": "web", "to_path": "x"}), "no such file")
+}
+
+func TestBrowsePreview(t *testing.T) {
+	s := newTestService(t, newFakeBackend(t), "", nil)
+	h := newHTTPSession(t, startHTTP(t, s))
+	// The fake's agent runs on the host, so a host server stands in for a
+	// server in the box.
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "path=%s host=%s prefix=%s", r.URL.Path, r.Host, r.Header.Get("X-Forwarded-Prefix"))
+	}))
+	defer app.Close()
+	port := app.Listener.Addr().(*net.TCPAddr).Port
+
+	b := h.tool("browse", map[string]any{"port": port})
+	assert.Equal(t, true, b["listening"])
+	u := b["url"].(string)
+	assert.True(t, strings.HasPrefix(u, h.url+"/preview/p"), u)
+	assert.Equal(t, u, h.tool("browse", map[string]any{"port": port})["url"], "stable per port")
+
+	resp, err := http.Get(u + "a/b?q=1")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	id := strings.TrimSuffix(strings.TrimPrefix(u, h.url+"/preview/"), "/")
+	assert.Equal(t, fmt.Sprintf("path=/a/b host=localhost:%d prefix=/preview/%s", port, id), string(body))
+
+	// Host-based routing sends the whole path.
+	hu := b["host_url"].(string)
+	assert.Equal(t, "http://"+id+".localhost:"+strings.Split(h.url, ":")[2]+"/", hu)
+	req, _ := http.NewRequest(http.MethodGet, h.url+"/x/y", nil)
+	req.Host = strings.TrimSuffix(strings.TrimPrefix(hu, "http://"), "/")
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, fmt.Sprintf("path=/x/y host=localhost:%d prefix=", port), string(body))
+
+	resp, err = http.Get(h.url + "/preview/p00000000000000000000000000000000/")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 404, resp.StatusCode)
+
+	app.Close()
+	b = h.tool("browse", map[string]any{"port": port})
+	assert.Equal(t, false, b["listening"])
+	assert.Contains(t, b["notice"], "nothing listens")
+	resp, err = http.Get(u)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+}
+
+func TestMetricsAndHealth(t *testing.T) {
+	s := newTestService(t, newFakeBackend(t), "", nil)
+	h := newHTTPSession(t, startHTTP(t, s))
+	h.tool("shell", map[string]any{"command": "true"})
+	h.toolErr("read_file", map[string]any{"path": "nope"})
+	resp, err := http.Get(h.url + "/metrics")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`cellbox_tool_calls_total{tool="shell",outcome="ok"} 1`,
+		`cellbox_tool_calls_total{tool="read_file",outcome="error"} 1`,
+		`cellbox_tool_duration_seconds_count{tool="shell"} 1`,
+		`cellbox_boxes{state="running"} 1`,
+		`cellbox_sessions 1`,
+	} {
+		assert.Contains(t, string(body), want)
+	}
+	resp, err = http.Get(h.url + "/healthz")
+	require.NoError(t, err)
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.JSONEq(t, `{"ok":true,"backend":"fake"}`, string(bytes.TrimSpace(body)))
+}
+
+func TestProtocolMismatchRecreates(t *testing.T) {
+	be := newFakeBackend(t)
+	dir := t.TempDir()
+	s1 := newTestService(t, be, dir, nil)
+	h := newHTTPSession(t, startHTTP(t, s1))
+	id := h.tool("sandbox_create", map[string]any{"sandbox": "x"})["id"].(string)
+	h.tool("write_file", map[string]any{"sandbox": "x", "path": "f", "content": "old"})
+	require.NoError(t, s1.Close())
+
+	// The box now runs an agent of another protocol (an older cellbox).
+	require.NoError(t, be.Stop(context.Background(), id))
+	be.mu.Lock()
+	be.old[id] = true
+	be.mu.Unlock()
+	_, err := be.Start(context.Background(), id)
+	require.NoError(t, err)
+
+	s2 := newTestService(t, be, dir, nil)
+	h.url = startHTTP(t, s2)
+	sh := h.tool("shell", map[string]any{"sandbox": "x", "command": "ls"})
+	assert.Contains(t, sh["notice"], "ran an agent of protocol 99")
+	assert.Contains(t, sh["notice"], "recreated")
+	assert.Equal(t, "", sh["stdout"], "the recreated box is empty")
+	assert.Equal(t, backend.StateRunning, be.state(id), "same id, new box")
+}

@@ -1,0 +1,279 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cellbox/cellbox/internal/jsonschema"
+	"github.com/cellbox/cellbox/sandbox/api"
+)
+
+// Tool is one tool of the registry: the HTTP API, MCP, the CLI and the LLM
+// built-in all serve these.
+type Tool struct {
+	Name        string
+	Description string
+	// InputSchema is the JSON Schema of the input, generated from the input
+	// struct.
+	InputSchema json.RawMessage
+	// Input is the input struct's type.
+	Input reflect.Type
+
+	fields   []string // property names, sorted
+	required []string
+	run      func(ctx context.Context, c *call, raw json.RawMessage) (any, error)
+}
+
+// ErrUnknownTool is returned (wrapped) by CallTool for a name the registry
+// does not have.
+var ErrUnknownTool = errors.New("unknown tool")
+
+// defineTool makes a Tool whose input is In; the handler gets the decoded
+// input (unknown fields and missing required ones are refused before).
+func defineTool[In any, Out any](name, description string, h func(ctx context.Context, c *call, in In) (Out, error)) *Tool {
+	var zero In
+	schema := jsonschema.For(reflect.TypeOf(zero))
+	raw, err := json.Marshal(schema)
+	if err != nil {
+		panic(fmt.Sprintf("sandbox: schema of tool %s: %v", name, err))
+	}
+	t := &Tool{Name: name, Description: description, InputSchema: raw, Input: reflect.TypeOf(zero)}
+	for _, p := range schema.Properties {
+		t.fields = append(t.fields, p.Name)
+	}
+	sort.Strings(t.fields)
+	t.required = schema.Required
+	t.run = func(ctx context.Context, c *call, raw json.RawMessage) (any, error) {
+		var in In
+		if err := t.decode(raw, &in); err != nil {
+			return nil, err
+		}
+		return h(ctx, c, in)
+	}
+	return t
+}
+
+// decode checks raw against the tool's fields and decodes it into in, with
+// errors a model can act on.
+func (t *Tool) decode(raw json.RawMessage, in any) error {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		raw = json.RawMessage("{}")
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return fmt.Errorf("the input of %s must be a JSON object with the fields %s", t.Name, strings.Join(t.fields, ", "))
+	}
+	for _, k := range sortedNames(fields) {
+		if !contains(t.fields, k) {
+			valid := "it takes no fields"
+			if len(t.fields) > 0 {
+				valid = "valid fields: " + strings.Join(t.fields, ", ")
+			}
+			return fmt.Errorf("unknown field %q in the input of %s; %s", k, t.Name, valid)
+		}
+	}
+	for _, k := range t.required {
+		if _, ok := fields[k]; !ok {
+			return fmt.Errorf("missing required field %q in the input of %s (required: %s)", k, t.Name, strings.Join(t.required, ", "))
+		}
+	}
+	if err := jsonschema.Validate(t.InputSchema, raw); err != nil {
+		var ve *jsonschema.ValidationError
+		if errors.As(err, &ve) {
+			problems := make([]string, len(ve.Violations))
+			for i, v := range ve.Violations {
+				problems[i] = strings.TrimPrefix(v.String(), "/")
+			}
+			return fmt.Errorf("invalid input of %s: %s", t.Name, strings.Join(problems, "; "))
+		}
+		return fmt.Errorf("invalid input of %s: %w", t.Name, err)
+	}
+	if err := json.Unmarshal(raw, in); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return fmt.Errorf("field %q of %s: expected %s, got %s", te.Field, t.Name, jsonKind(te.Type), te.Value)
+		}
+		return fmt.Errorf("input of %s: %w", t.Name, err)
+	}
+	return nil
+}
+
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.String:
+		return "a string"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct, reflect.Pointer:
+		return "an object"
+	}
+	return t.String()
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	registryOnce sync.Once
+	registry     map[string]*Tool
+	toolOrder    []*Tool
+)
+
+// Tools returns the registry, in a stable order.
+func Tools() []*Tool {
+	registryOnce.Do(func() {
+		registry = map[string]*Tool{}
+		for _, t := range allTools() {
+			if registry[t.Name] != nil {
+				panic("sandbox: tool defined twice: " + t.Name)
+			}
+			registry[t.Name] = t
+			toolOrder = append(toolOrder, t)
+		}
+	})
+	return toolOrder
+}
+
+// LookupTool returns the tool called name.
+func LookupTool(name string) (*Tool, bool) {
+	Tools()
+	t, ok := registry[name]
+	return t, ok
+}
+
+// ToolInfos describes every tool (GET /v1/tools).
+func ToolInfos() []api.ToolInfo {
+	var out []api.ToolInfo
+	for _, t := range Tools() {
+		out = append(out, api.ToolInfo{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema})
+	}
+	return out
+}
+
+func toolNames() []string {
+	var names []string
+	for _, t := range Tools() {
+		names = append(names, t.Name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// call is one tool call: its session, the boxes it leased and the notices
+// for the result.
+type call struct {
+	s       *Service
+	sess    *Session
+	notices []string
+	leases  []*lease
+}
+
+// box leases the session's box name (lazily created, woken if asleep)
+// until the call ends.
+func (c *call) box(ctx context.Context, name string) (*lease, error) {
+	l, err := c.s.acquire(ctx, c.sess, name, func(n string) { c.notices = append(c.notices, n) })
+	if err != nil {
+		return nil, err
+	}
+	c.leases = append(c.leases, l)
+	return l, nil
+}
+
+func (c *call) done() {
+	for _, l := range c.leases {
+		l.release()
+	}
+}
+
+// CallTool runs tool name for session id with the JSON input raw and
+// returns the result object: the tool's output plus "is_error" (and
+// "error" with a message a model can act on when it failed, "notice" when
+// something happened worth knowing, e.g. a lost box was recreated). The
+// error is non-nil only for an unknown session or tool.
+func (s *Service) CallTool(ctx context.Context, sessionID, name string, raw json.RawMessage) (json.RawMessage, error) {
+	sess, err := s.session(sessionID)
+	if err != nil {
+		return nil, err
+	}
+	return s.callTool(ctx, sess, name, raw)
+}
+
+func (s *Service) callTool(ctx context.Context, sess *Session, name string, raw json.RawMessage) (json.RawMessage, error) {
+	t, ok := LookupTool(name)
+	if !ok {
+		return nil, fmt.Errorf("%w %q; tools: %s", ErrUnknownTool, name, strings.Join(toolNames(), ", "))
+	}
+	start := time.Now()
+	c := &call{s: s, sess: sess}
+	out, err := t.run(ctx, c, raw)
+	c.done()
+	s.metrics.observeTool(name, err == nil, time.Since(start))
+	if err != nil {
+		s.log.Debug("tool failed", "tool", name, "session", sess.ID, "err", err)
+	}
+	return toolResult(out, err, c.notices), nil
+}
+
+// toolResult renders a result object: {"is_error":..., ["error"], ["notice"], output fields...}.
+func toolResult(out any, err error, notices []string) json.RawMessage {
+	var body []byte
+	if err == nil {
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		if merr := enc.Encode(out); merr != nil {
+			err = fmt.Errorf("encode result: %w", merr)
+		} else if body = bytes.TrimSpace(b.Bytes()); len(body) < 2 || body[0] != '{' {
+			err = errors.New("tool result is not an object")
+		}
+	}
+	var buf bytes.Buffer
+	buf.WriteString(`{"is_error":`)
+	if err != nil {
+		buf.WriteString(`true,"error":`)
+		buf.Write(jsonString(err.Error()))
+	} else {
+		buf.WriteString("false")
+	}
+	if len(notices) > 0 {
+		buf.WriteString(`,"notice":`)
+		buf.Write(jsonString(strings.Join(notices, "; ")))
+	}
+	if err == nil && len(body) > 2 {
+		buf.WriteByte(',')
+		buf.Write(body[1:])
+	} else {
+		buf.WriteByte('}')
+	}
+	return buf.Bytes()
+}
+
+func jsonString(s string) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.Encode(s)
+	return bytes.TrimSpace(b.Bytes())
+}

@@ -1,0 +1,324 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cellbox/cellbox/sandbox/agent"
+	"github.com/cellbox/cellbox/sandbox/api"
+)
+
+// Tool result caps.
+const (
+	shellOutputCap   = 64 << 10 // per stream
+	shellTimeoutMs   = 30000
+	processLogsCap   = 64 << 10
+	killGrace        = 2 * time.Second
+	fileToolMaxBytes = 2 << 20
+)
+
+// allTools is the registry, in the order tools are listed.
+func allTools() []*Tool {
+	return []*Tool{
+		defineTool("shell", "Run a shell command in a sandbox and return its stdout, stderr and exit code (each stream capped at 64 KiB; truncated says so). The command is killed with its whole process group after timeout_ms. Start servers and long jobs with background: true and follow them with the process tool.", shellTool),
+		defineTool("process", "Manage background processes of a sandbox: list them, read a process's output from an offset (logs), or kill it (and its process group).", processTool),
+		defineTool("read_file", "Read a text file, a window of lines at a time (at most 2000 lines / 256 KiB per call; next_offset continues). Binary files come back base64-encoded.", readFileTool),
+		defineTool("write_file", "Write (or append to) a file (at most 2 MiB). Parent directories are created; an existing file keeps its mode.", writeFileTool),
+		defineTool("edit", "Apply several replacements to a file at once. Each old_text must occur exactly once in the ORIGINAL file; edits must not overlap. Line endings and BOM are kept; small whitespace differences are tolerated. Returns a unified diff.", editTool),
+		defineTool("str_replace", "Replace old_str by new_str in a file. old_str must occur exactly once unless replace_all is set. Returns a unified diff.", strReplaceTool),
+		defineTool("grep", "Search file contents under a path (literal text, or a regular expression with regex: true). Returns matching lines with path and line number; truncated says the hit cap was reached — refine the query.", grepTool),
+		defineTool("glob", "List files matching a glob pattern (** matches across directories), sorted.", globTool),
+		defineTool("ls", "List a directory two levels deep as a tree.", lsTool),
+		defineTool("transfer", "Copy a file, or with recursive a directory tree, from one sandbox of this session to another (or within one). Binary-safe and streamed.", transferTool),
+		defineTool("browse", "Return a URL on this server that proxies to a TCP port inside a sandbox (works although sandboxes have no network). Start the server first (shell with background: true). Apps should use relative URLs.", browseTool),
+		defineTool("sandbox_create", "Create a named sandbox with an image, environment, limits and network access; a no-op if it exists. Tools create sandboxes on first use anyway; use this to choose their settings.", sandboxCreateTool),
+		defineTool("sandbox_list", "List the sandboxes of this session with image, status (running or sleeping), creation and last-use times.", sandboxListTool),
+		defineTool("sandbox_destroy", "Destroy a sandbox of this session and delete its files.", sandboxDestroyTool),
+	}
+}
+
+// ShellBackground is the result of shell with background: true.
+type shellBackground struct {
+	ProcessID string `json:"process_id"`
+	PID       int    `json:"pid"`
+	Running   bool   `json:"running"`
+	Hint      string `json:"hint"`
+}
+
+func shellTool(ctx context.Context, c *call, in api.ShellInput) (any, error) {
+	if strings.TrimSpace(in.Command) == "" {
+		return nil, errors.New("command is empty")
+	}
+	l, err := c.box(ctx, in.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	req := agent.ExecRequest{
+		Command:   in.Command,
+		Cwd:       in.WorkingDir,
+		Env:       mergeEnv(l.b.rec.Env, in.Env),
+		TimeoutMs: in.TimeoutMs,
+		MaxOutput: shellOutputCap,
+	}
+	if in.Background {
+		req.TimeoutMs = 0
+		p, err := l.client.Start(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		return shellBackground{ProcessID: p.ID, PID: p.PID, Running: p.Running,
+			Hint: fmt.Sprintf(`started in the background; read its output with process {"action":"logs","id":%q}, stop it with process {"action":"kill","id":%q}`, p.ID, p.ID)}, nil
+	}
+	if req.TimeoutMs <= 0 {
+		req.TimeoutMs = shellTimeoutMs
+	}
+	res, err := l.client.Exec(ctx, req, nil)
+	if err != nil {
+		return nil, err
+	}
+	out := api.ShellOutput{
+		Stdout:     res.Stdout,
+		Stderr:     res.Stderr,
+		ExitCode:   res.ExitCode,
+		Truncated:  res.Truncated,
+		TimedOut:   res.TimedOut,
+		DurationMs: res.DurationMs,
+	}
+	if res.TimedOut {
+		out.ProcessID = res.ProcessID
+		out.Hint = fmt.Sprintf("the command was still running after %d ms and was killed with its process group; the output so far is above. Run servers and long jobs with background: true (then use the process tool), or raise timeout_ms.", req.TimeoutMs)
+	} else if res.Truncated {
+		out.Hint = fmt.Sprintf("output was cut at %d KiB per stream; redirect it to a file and read that with read_file or grep", shellOutputCap>>10)
+	}
+	return out, nil
+}
+
+// mergeEnv returns base overlaid with extra.
+func mergeEnv(base, extra map[string]string) map[string]string {
+	if len(base) == 0 {
+		return extra
+	}
+	m := maps.Clone(base)
+	maps.Copy(m, extra)
+	return m
+}
+
+func processTool(ctx context.Context, c *call, in api.ProcessInput) (api.ProcessOutput, error) {
+	var out api.ProcessOutput
+	if in.Action != "list" && in.ID == "" {
+		return out, fmt.Errorf("process %s needs the id of a process (see process {\"action\":\"list\"})", in.Action)
+	}
+	l, err := c.box(ctx, in.Sandbox)
+	if err != nil {
+		return out, err
+	}
+	switch in.Action {
+	case "list":
+		ps, err := l.client.Processes(ctx)
+		if err != nil {
+			return out, err
+		}
+		out.Processes = []api.Process{}
+		for _, p := range ps {
+			out.Processes = append(out.Processes, api.Process(p))
+		}
+	case "logs":
+		w := &capWriter{max: processLogsCap}
+		next, err := l.client.Logs(ctx, in.ID, in.Offset, false, w)
+		if err != nil {
+			return out, err
+		}
+		out.Output = w.buf.String()
+		out.NextOffset = next
+		if w.dropped > 0 {
+			out.Truncated = true
+			out.NextOffset = in.Offset + int64(w.buf.Len())
+		}
+		p, err := findProcess(ctx, l.client, in.ID)
+		if err != nil {
+			return out, err
+		}
+		out.Running, out.ExitCode = &p.Running, p.ExitCode
+	case "kill":
+		p, err := killProcess(ctx, l.client, in.ID)
+		if err != nil {
+			return out, err
+		}
+		out.OK = true
+		out.Running, out.ExitCode = &p.Running, p.ExitCode
+	}
+	return out, nil
+}
+
+func findProcess(ctx context.Context, cl *agent.Client, id string) (agent.Process, error) {
+	ps, err := cl.Processes(ctx)
+	if err != nil {
+		return agent.Process{}, err
+	}
+	var ids []string
+	for _, p := range ps {
+		if p.ID == id {
+			return p, nil
+		}
+		ids = append(ids, p.ID)
+	}
+	return agent.Process{}, fmt.Errorf("no process %q in this sandbox (processes: %s)", id, listOrNone(ids))
+}
+
+// killProcess sends SIGTERM to the process group, then SIGKILL if it has
+// not ended after killGrace. Killing an ended process is not an error.
+func killProcess(ctx context.Context, cl *agent.Client, id string) (agent.Process, error) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		p, err := findProcess(ctx, cl, id)
+		if err != nil || !p.Running {
+			return p, err
+		}
+		if err := cl.Signal(ctx, id, sig); err != nil && !agent.IsCode(err, agent.CodeInvalid) {
+			return p, err // CodeInvalid: it ended meanwhile
+		}
+		wctx, cancel := context.WithTimeout(ctx, killGrace)
+		p, err = cl.Wait(wctx, id)
+		cancel()
+		if err == nil && !p.Running {
+			return p, nil
+		}
+	}
+	return findProcess(ctx, cl, id)
+}
+
+// capWriter keeps the first max bytes written and counts the rest.
+type capWriter struct {
+	buf     strings.Builder
+	max     int
+	dropped int64
+}
+
+func (w *capWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	if room := w.max - w.buf.Len(); room < len(p) {
+		w.dropped += int64(len(p) - max(room, 0))
+		p = p[:max(room, 0)]
+	}
+	w.buf.Write(p)
+	return n, nil
+}
+
+var _ io.Writer = (*capWriter)(nil)
+
+func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) (api.SandboxCreateOutput, error) {
+	name := in.Sandbox
+	if name == "" {
+		name = api.DefaultBox
+	}
+	out := api.SandboxCreateOutput{Sandbox: name}
+	if err := checkName(name); err != nil {
+		return out, err
+	}
+	spec := boxSpec{Image: in.Image, Env: in.Env, Network: in.Network, SleepAfterMs: in.SleepAfterMs}
+	if in.Limits != nil {
+		spec.Limits = *in.Limits
+	}
+	s, sess := c.s, c.sess
+	switch {
+	case in.BoxID != "" && !in.ShareAcrossSessions:
+		return out, fmt.Errorf("box_id %q attaches this session to a box that every session naming it shares: what one session writes, the others read. Set share_across_sessions: true if that is intended, or omit box_id for a box private to this session", in.BoxID)
+	case in.BoxID == "" && in.ShareAcrossSessions:
+		return out, errors.New("share_across_sessions needs box_id, the id of the shared box")
+	case in.BoxID != "":
+		if !boxIDRE.MatchString(in.BoxID) || strings.HasPrefix(in.BoxID, "cb-") {
+			return out, fmt.Errorf("invalid box_id %q: use 1-63 lowercase letters, digits, '.', '_' or '-', not starting with \"cb-\" (reserved for private boxes)", in.BoxID)
+		}
+		if n := len(socketPath(s.cfg.DataDir, in.BoxID)); n > maxSocketPath {
+			return out, fmt.Errorf("box_id %q is too long for this server's data dir (its agent socket path would have %d bytes, at most %d); use a shorter id", in.BoxID, n, maxSocketPath)
+		}
+		spec.ID, spec.Shared = in.BoxID, true
+	}
+	s.mu.Lock()
+	if sess.deleted {
+		s.mu.Unlock()
+		return out, fmt.Errorf("session %s: %w", sess.ID, ErrNoSession)
+	}
+	b := sess.boxes[name]
+	created := false
+	switch {
+	case b != nil && spec.Shared && b.rec.ID != spec.ID:
+		s.mu.Unlock()
+		return out, fmt.Errorf("this session already has a sandbox named %q (%s); destroy it first or pick another name", name, b.rec.ID)
+	case b != nil:
+		if b.state == stateNew {
+			created = true // being made by a concurrent call
+		}
+	case spec.Shared:
+		b = s.boxes[spec.ID]
+		if b != nil && !b.rec.Shared {
+			s.mu.Unlock()
+			return out, fmt.Errorf("box_id %q is in use by a private box; pick another id", spec.ID)
+		}
+		if b == nil {
+			b = s.newBoxLocked(sess, spec)
+			s.boxes[spec.ID] = b
+			created = true
+		}
+		sess.boxes[name] = b
+		s.log.Warn("session attaches a box shared across sessions", "session", sess.ID, "name", name, "box", spec.ID)
+	default:
+		b = s.newBoxLocked(sess, spec)
+		sess.boxes[name] = b
+		created = true
+	}
+	s.mu.Unlock()
+	l, err := s.use(ctx, sess, name, b, func(n string) { c.notices = append(c.notices, n) })
+	if err != nil {
+		return out, err
+	}
+	c.leases = append(c.leases, l)
+	if spec.Shared && !created {
+		// Record the new binding of an existing shared box.
+		s.mu.Lock()
+		srec := s.sessionRecordLocked(sess)
+		s.mu.Unlock()
+		if err := s.st.apply(change{session: &srec}); err != nil {
+			return out, err
+		}
+	}
+	if !created && in.Image != "" && in.Image != b.rec.Image {
+		c.notices = append(c.notices, fmt.Sprintf("sandbox %q already exists with image %s; it was left as it is (destroy it first to change its image)", name, b.rec.Image))
+	}
+	out.Created, out.ID = created, b.rec.ID
+	return out, nil
+}
+
+func sandboxListTool(ctx context.Context, c *call, in api.SandboxListInput) (api.SandboxListOutput, error) {
+	s, sess := c.s, c.sess
+	out := api.SandboxListOutput{Sandboxes: []api.SandboxInfo{}}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, name := range sortedNames(sess.boxes) {
+		b := sess.boxes[name]
+		if b.state == stateNew || b.state == stateRemoved {
+			continue
+		}
+		status := "sleeping"
+		if b.state == stateRunning {
+			status = "running"
+		}
+		out.Sandboxes = append(out.Sandboxes, api.SandboxInfo{
+			Name: name, ID: b.rec.ID, Image: b.rec.Image, Status: status, Shared: b.rec.Shared,
+			Created: b.rec.Created, LastUsed: time.Unix(0, b.lastUsed.Load()).UTC(),
+		})
+	}
+	return out, nil
+}
+
+func sandboxDestroyTool(ctx context.Context, c *call, in api.SandboxDestroyInput) (api.OKOutput, error) {
+	if err := c.s.destroyBox(ctx, c.sess, in.Sandbox); err != nil {
+		return api.OKOutput{}, err
+	}
+	return api.OKOutput{OK: true}, nil
+}

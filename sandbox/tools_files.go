@@ -1,0 +1,340 @@
+package sandbox
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"path"
+	"strings"
+
+	"github.com/cellbox/cellbox/sandbox/agent"
+	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/textedit"
+)
+
+const (
+	globMax = 1000
+	lsMax   = 500
+)
+
+func readFileTool(ctx context.Context, c *call, in api.ReadFileInput) (api.ReadFileOutput, error) {
+	l, err := c.box(ctx, in.Sandbox)
+	if err != nil {
+		return api.ReadFileOutput{}, err
+	}
+	res, err := l.client.ReadFile(ctx, agent.ReadRequest{Path: in.Path, Offset: in.Offset, Limit: in.Limit})
+	if err != nil {
+		return api.ReadFileOutput{}, err
+	}
+	return api.ReadFileOutput{
+		Content: res.Content, Encoding: res.Encoding, TotalLines: res.TotalLines, StartLine: res.StartLine,
+		EndLine: res.EndLine, NextOffset: res.NextOffset, Truncated: res.Truncated, Size: res.Size,
+	}, nil
+}
+
+func writeFileTool(ctx context.Context, c *call, in api.WriteFileInput) (api.WriteFileOutput, error) {
+	data := []byte(in.Content)
+	if in.Encoding == "base64" {
+		var err error
+		if data, err = base64.StdEncoding.DecodeString(in.Content); err != nil {
+			return api.WriteFileOutput{}, fmt.Errorf("content is not valid base64 (encoding: base64): %w", err)
+		}
+	}
+	if len(data) > fileToolMaxBytes {
+		return api.WriteFileOutput{}, fmt.Errorf("content is %d bytes; write_file takes at most %d (2 MiB). Write it in parts with append: true, change a large file with edit, or upload it through the files endpoint", len(data), fileToolMaxBytes)
+	}
+	l, err := c.box(ctx, in.Sandbox)
+	if err != nil {
+		return api.WriteFileOutput{}, err
+	}
+	res, err := l.client.WriteFile(ctx, agent.WriteRequest{Path: in.Path, Data: data, Append: in.Append, MaxBytes: fileToolMaxBytes})
+	if err != nil {
+		return api.WriteFileOutput{}, err
+	}
+	return api.WriteFileOutput{OK: true, Size: res.Size, Path: res.Path}, nil
+}
+
+func editTool(ctx context.Context, c *call, in api.EditInput) (api.EditOutput, error) {
+	if len(in.Edits) == 0 {
+		return api.EditOutput{}, errors.New("edits is empty; give at least one {old_text, new_text}")
+	}
+	edits := make([]textedit.Replacement, len(in.Edits))
+	for i, e := range in.Edits {
+		edits[i] = textedit.Replacement{OldText: e.OldText, NewText: e.NewText}
+	}
+	return rewriteFile(ctx, c, in.Sandbox, in.Path, func(orig []byte) (textedit.Result, error) {
+		return textedit.Edit(orig, edits, textedit.DiffOptions{Path: in.Path})
+	})
+}
+
+func strReplaceTool(ctx context.Context, c *call, in api.StrReplaceInput) (api.EditOutput, error) {
+	return rewriteFile(ctx, c, in.Sandbox, in.Path, func(orig []byte) (textedit.Result, error) {
+		return textedit.StrReplace(orig, in.OldStr, in.NewStr, in.ReplaceAll, textedit.DiffOptions{Path: in.Path})
+	})
+}
+
+// rewriteFile reads a file (at most 2 MiB), changes it with edit and
+// writes it back (keeping its mode).
+func rewriteFile(ctx context.Context, c *call, box, p string, edit func([]byte) (textedit.Result, error)) (api.EditOutput, error) {
+	var out api.EditOutput
+	l, err := c.box(ctx, box)
+	if err != nil {
+		return out, err
+	}
+	fi, err := l.client.Stat(ctx, p)
+	if err != nil {
+		return out, err
+	}
+	if fi.Type != "file" {
+		return out, fmt.Errorf("%s is a %s, not a file", fi.Path, fi.Type)
+	}
+	if fi.Size > fileToolMaxBytes {
+		return out, fmt.Errorf("%s is %d bytes; edit works on files up to 2 MiB — use shell (sed, patch) for larger ones", fi.Path, fi.Size)
+	}
+	var buf bytes.Buffer
+	if _, err := l.client.Download(ctx, p, &buf); err != nil {
+		return out, err
+	}
+	res, err := edit(buf.Bytes())
+	if err != nil {
+		return out, fmt.Errorf("%s: %w", fi.Path, err)
+	}
+	if _, err := l.client.WriteFile(ctx, agent.WriteRequest{Path: p, Data: res.Content, MaxBytes: fileToolMaxBytes + int64(len(res.Content))}); err != nil {
+		return out, err
+	}
+	return api.EditOutput{OK: true, Diff: res.Diff, Replacements: res.Replacements, Fuzzy: res.Fuzzy}, nil
+}
+
+func grepTool(ctx context.Context, c *call, in api.GrepInput) (api.GrepOutput, error) {
+	l, err := c.box(ctx, in.Sandbox)
+	if err != nil {
+		return api.GrepOutput{}, err
+	}
+	res, err := l.client.Grep(ctx, agent.GrepRequest{Pattern: in.Pattern, Path: in.Path, Regex: in.Regex, IgnoreCase: in.IgnoreCase, Glob: in.Glob, MaxHits: in.MaxHits})
+	if err != nil {
+		return api.GrepOutput{}, err
+	}
+	out := api.GrepOutput{Hits: make([]api.GrepHit, len(res.Hits)), Truncated: res.Truncated}
+	for i, h := range res.Hits {
+		out.Hits[i] = api.GrepHit(h)
+	}
+	return out, nil
+}
+
+func globTool(ctx context.Context, c *call, in api.GlobInput) (api.GlobOutput, error) {
+	l, err := c.box(ctx, in.Sandbox)
+	if err != nil {
+		return api.GlobOutput{}, err
+	}
+	files, truncated, err := l.client.Glob(ctx, in.Pattern, in.Cwd, globMax)
+	if err != nil {
+		return api.GlobOutput{}, err
+	}
+	if files == nil {
+		files = []string{}
+	}
+	return api.GlobOutput{Files: files, Truncated: truncated}, nil
+}
+
+func lsTool(ctx context.Context, c *call, in api.LsInput) (api.LsOutput, error) {
+	l, err := c.box(ctx, in.Sandbox)
+	if err != nil {
+		return api.LsOutput{}, err
+	}
+	root, truncated, err := l.client.Tree(ctx, in.Path, 2, lsMax)
+	if err != nil {
+		return api.LsOutput{}, err
+	}
+	if root.Type != "dir" {
+		return api.LsOutput{}, fmt.Errorf("ls %s: not a directory (it is a %s); use read_file to read a file", root.Path, root.Type)
+	}
+	var b strings.Builder
+	b.WriteString(root.Path + "/\n")
+	if len(root.Children) == 0 {
+		b.WriteString("(empty)\n")
+	}
+	renderTree(&b, root.Children, "")
+	if truncated {
+		fmt.Fprintf(&b, "… (listing cut at %d entries; ls a subdirectory or use glob)\n", lsMax)
+	}
+	return api.LsOutput{Tree: b.String(), Entries: toEntries(root.Children), Truncated: truncated}, nil
+}
+
+func renderTree(b *strings.Builder, entries []agent.TreeEntry, indent string) {
+	for i, e := range entries {
+		branch, next := "├── ", "│   "
+		if i == len(entries)-1 {
+			branch, next = "└── ", "    "
+		}
+		name := path.Base(e.Path)
+		switch e.Type {
+		case "dir":
+			name += "/"
+		case "file":
+			name += " (" + humanSize(e.Size) + ")"
+		case "symlink":
+			name += "@"
+		}
+		b.WriteString(indent + branch + name + "\n")
+		renderTree(b, e.Children, indent+next)
+	}
+}
+
+func toEntries(in []agent.TreeEntry) []api.Entry {
+	out := make([]api.Entry, len(in))
+	for i, e := range in {
+		out[i] = api.Entry{Path: e.Path, Type: e.Type, Size: e.Size, Children: toEntries(e.Children)}
+		if len(e.Children) == 0 {
+			out[i].Children = nil
+		}
+	}
+	return out
+}
+
+func humanSize(n int64) string {
+	switch {
+	case n < 1<<10:
+		return fmt.Sprintf("%d B", n)
+	case n < 1<<20:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	case n < 1<<30:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+}
+
+func transferTool(ctx context.Context, c *call, in api.TransferInput) (api.TransferOutput, error) {
+	var out api.TransferOutput
+	src, err := c.box(ctx, in.FromSandbox)
+	if err != nil {
+		return out, err
+	}
+	dst, err := c.box(ctx, in.ToSandbox)
+	if err != nil {
+		return out, err
+	}
+	fi, err := src.client.Stat(ctx, in.FromPath)
+	if err != nil {
+		return out, err
+	}
+	to := in.ToPath
+	if dfi, err := dst.client.Stat(ctx, to); err == nil && dfi.Type == "dir" {
+		to = path.Join(dfi.Path, path.Base(fi.Path))
+	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return out, err
+	}
+	switch fi.Type {
+	case "file":
+		n, err := copyFile(ctx, src.client, dst.client, fi, to)
+		if err != nil {
+			return out, err
+		}
+		out.Bytes = n
+	case "dir":
+		if !in.Recursive {
+			return out, fmt.Errorf("%s is a directory; set recursive: true to copy the tree", fi.Path)
+		}
+		n, err := copyTree(ctx, src.client, dst.client, fi.Path, to)
+		if err != nil {
+			return out, err
+		}
+		out.Bytes = n
+	default:
+		return out, fmt.Errorf("%s is a %s; transfer copies files and directories", fi.Path, fi.Type)
+	}
+	dfi, err := dst.client.Stat(ctx, to)
+	if err != nil {
+		return out, err
+	}
+	out.OK, out.Path = true, dfi.Path
+	return out, nil
+}
+
+// copyFile streams one file from src to dst, keeping its mode.
+func copyFile(ctx context.Context, src, dst *agent.Client, fi agent.FileInfo, to string) (int64, error) {
+	pr, pw := io.Pipe()
+	srcErr := make(chan error, 1)
+	go func() {
+		_, err := src.Download(ctx, fi.Path, pw)
+		pw.CloseWithError(err)
+		srcErr <- err
+	}()
+	n, err := dst.Upload(ctx, to, pr, fi.Mode)
+	pr.CloseWithError(err)
+	if err = pipeError(<-srcErr, err); err != nil {
+		return n, fmt.Errorf("transfer %s to %s: %w", fi.Path, to, err)
+	}
+	return n, nil
+}
+
+// pipeError picks the error to report of a copy from a source to a sink:
+// the source's, unless it only failed because the sink closed the pipe.
+func pipeError(srcErr, dstErr error) error {
+	if srcErr != nil && !errors.Is(srcErr, io.ErrClosedPipe) {
+		return srcErr
+	}
+	return dstErr
+}
+
+// copyTree streams the tree from (entries named base/...) through a tar
+// rewriter that renames its top to path.Base(to), into dst under
+// path.Dir(to). It returns the bytes of the files copied.
+func copyTree(ctx context.Context, src, dst *agent.Client, from, to string) (int64, error) {
+	outR, outW := io.Pipe()
+	inR, inW := io.Pipe()
+	srcErr := make(chan error, 1)
+	go func() {
+		_, err := src.TarOut(ctx, from, outW)
+		outW.CloseWithError(err)
+		srcErr <- err
+	}()
+	done := make(chan int64, 1)
+	go func() {
+		n, err := renameTar(outR, inW, path.Base(from), path.Base(to))
+		outR.CloseWithError(err)
+		inW.CloseWithError(err)
+		done <- n
+	}()
+	_, err := dst.TarIn(ctx, path.Dir(to), inR)
+	inR.CloseWithError(err)
+	files := <-done
+	if err = pipeError(<-srcErr, err); err != nil {
+		return 0, fmt.Errorf("transfer %s to %s: %w", from, to, err)
+	}
+	return files, nil
+}
+
+// renameTar copies a tar stream, renaming the top-level entry oldTop to
+// newTop, and returns the size of the regular files.
+func renameTar(r io.Reader, w io.Writer, oldTop, newTop string) (int64, error) {
+	tr, tw := tar.NewReader(r), tar.NewWriter(w)
+	var n int64
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return n, tw.Close()
+		}
+		if err != nil {
+			return n, fmt.Errorf("read tar: %w", err)
+		}
+		name := strings.TrimPrefix(h.Name, "./")
+		if rest, ok := strings.CutPrefix(name, oldTop); ok && (rest == "" || rest[0] == '/') {
+			h.Name = newTop + rest
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return n, fmt.Errorf("write tar: %w", err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			c, err := io.Copy(tw, tr)
+			n += c
+			if err != nil {
+				return n, fmt.Errorf("copy tar entry %s: %w", h.Name, err)
+			}
+		}
+	}
+}

@@ -1,0 +1,360 @@
+// Package sandboxclient is the client of the sandbox service: the Client
+// interface the pattern runtime's built-ins use, and its HTTP
+// implementation. The service hands out an in-process implementation of the
+// same interface (sandbox.Service.Client).
+package sandboxclient
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/cellbox/cellbox/sandbox/api"
+)
+
+// Client drives the boxes of one session.
+type Client interface {
+	// Tool calls a tool of the registry with input (a struct, a map, or
+	// JSON as json.RawMessage/[]byte) and returns the result object. A
+	// result with is_error: true is returned along with a *ToolError.
+	Tool(ctx context.Context, name string, input any) (json.RawMessage, error)
+	// CreateBox creates (or ensures) a named box (the sandbox_create tool).
+	CreateBox(ctx context.Context, in api.SandboxCreateInput) (api.SandboxCreateOutput, error)
+	// Exec runs a command in box, calling onOutput (if not nil) with output
+	// chunks ("stdout"/"stderr") as they come.
+	Exec(ctx context.Context, box string, req api.ExecRequest, onOutput func(stream string, data []byte)) (api.ExecResult, error)
+	// Upload writes r into the file path of box (parents are created).
+	Upload(ctx context.Context, box, path string, r io.Reader) (int64, error)
+	// Download writes the file path of box to w.
+	Download(ctx context.Context, box, path string, w io.Writer) (int64, error)
+	// Watch delivers batches of file changes under path in box until ctx
+	// ends; the channel is closed then.
+	Watch(ctx context.Context, box, path string) (<-chan []api.WatchEvent, error)
+	// DestroyBox destroys box and its files.
+	DestroyBox(ctx context.Context, box string) error
+}
+
+// ToolError is a tool result with is_error: true.
+type ToolError = api.ToolError
+
+// APIError is a protocol fault of the HTTP API (bad JSON, unknown tool,
+// authentication, ...).
+type APIError struct {
+	Status  int
+	Message string
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("sandbox API: %s (HTTP %d)", e.Message, e.Status)
+}
+
+// HTTP is the Client over the HTTP API.
+type HTTP struct {
+	base    string
+	session string
+	token   string
+	hc      *http.Client
+}
+
+var _ Client = (*HTTP)(nil)
+
+// New returns a client of session sessionID (with its bearer token) on the
+// server at baseURL (http://127.0.0.1:PORT).
+func New(baseURL, sessionID, token string) *HTTP {
+	return &HTTP{base: strings.TrimRight(baseURL, "/"), session: sessionID, token: token, hc: &http.Client{}}
+}
+
+// NewSession creates a session on the server at baseURL and returns its
+// client.
+func NewSession(ctx context.Context, baseURL string) (*HTTP, error) {
+	c := New(baseURL, "", "")
+	var res api.NewSessionResult
+	if err := c.do(ctx, http.MethodPost, "/v1/sessions", nil, &res); err != nil {
+		return nil, fmt.Errorf("create session: %w", err)
+	}
+	c.session, c.token = res.ID, res.Token
+	return c, nil
+}
+
+// Session returns the session id and token.
+func (c *HTTP) Session() (id, token string) { return c.session, c.token }
+
+// DeleteSession destroys the session and all its boxes.
+func (c *HTTP) DeleteSession(ctx context.Context) error {
+	return c.do(ctx, http.MethodDelete, "/v1/sessions/"+url.PathEscape(c.session), nil, nil)
+}
+
+// Tools lists the tools of the server.
+func (c *HTTP) Tools(ctx context.Context) ([]api.ToolInfo, error) {
+	var out []api.ToolInfo
+	return out, c.do(ctx, http.MethodGet, "/v1/tools", nil, &out)
+}
+
+func (c *HTTP) sessionPath(parts ...string) string {
+	p := "/v1/sessions/" + url.PathEscape(c.session)
+	for _, s := range parts {
+		p += "/" + s
+	}
+	return p
+}
+
+func (c *HTTP) boxPath(box string, parts ...string) string {
+	if box == "" {
+		box = api.DefaultBox
+	}
+	return c.sessionPath(append([]string{"boxes", url.PathEscape(box)}, parts...)...)
+}
+
+// filesPath escapes a box file path for the files endpoint: relative paths
+// stay relative to /workspace, an absolute path keeps its leading slash
+// escaped.
+func filesPath(p string) string {
+	var b strings.Builder
+	if strings.HasPrefix(p, "/") {
+		b.WriteString("%2F")
+		p = strings.TrimLeft(p, "/")
+	}
+	for i, seg := range strings.Split(p, "/") {
+		if i > 0 {
+			b.WriteByte('/')
+		}
+		b.WriteString(url.PathEscape(seg))
+	}
+	return b.String()
+}
+
+func (c *HTTP) request(ctx context.Context, method, path string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	return req, nil
+}
+
+// send performs a request and turns a non-2xx answer into an *APIError.
+func (c *HTTP) send(req *http.Request) (*http.Response, error) {
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var eb api.ErrorBody
+	if json.Unmarshal(data, &eb) != nil || eb.Error == "" {
+		eb.Error = strings.TrimSpace(string(data))
+	}
+	return nil, &APIError{Status: resp.StatusCode, Message: eb.Error}
+}
+
+// do sends in as JSON (if not nil) and decodes the answer into out (if not nil).
+func (c *HTTP) do(ctx context.Context, method, path string, in any, out any) error {
+	var body io.Reader
+	if in != nil {
+		raw, err := api.MarshalInput(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(raw)
+	}
+	req, err := c.request(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.send(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		return nil
+	}
+	if raw, ok := out.(*json.RawMessage); ok {
+		*raw, err = io.ReadAll(resp.Body)
+		return err
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("decode answer of %s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+// Tool calls a tool.
+func (c *HTTP) Tool(ctx context.Context, name string, input any) (json.RawMessage, error) {
+	if input == nil {
+		input = struct{}{}
+	}
+	var res json.RawMessage
+	if err := c.do(ctx, http.MethodPost, c.sessionPath("tools", url.PathEscape(name)), input, &res); err != nil {
+		return nil, err
+	}
+	res = bytes.TrimSpace(res)
+	return res, api.ResultError(name, res)
+}
+
+// CreateBox runs sandbox_create.
+func (c *HTTP) CreateBox(ctx context.Context, in api.SandboxCreateInput) (api.SandboxCreateOutput, error) {
+	var out api.SandboxCreateOutput
+	res, err := c.Tool(ctx, "sandbox_create", in)
+	if err != nil {
+		return out, err
+	}
+	return out, api.DecodeResult(res, &out)
+}
+
+// DestroyBox runs sandbox_destroy.
+func (c *HTTP) DestroyBox(ctx context.Context, box string) error {
+	_, err := c.Tool(ctx, "sandbox_destroy", api.SandboxDestroyInput{Sandbox: box})
+	return err
+}
+
+// Exec runs a command through the streaming exec endpoint.
+func (c *HTTP) Exec(ctx context.Context, box string, req api.ExecRequest, onOutput func(stream string, data []byte)) (api.ExecResult, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	hreq, err := c.request(ctx, http.MethodPost, c.boxPath(box, "exec"), bytes.NewReader(body))
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := c.send(hreq)
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var f api.ExecFrame
+		if err := dec.Decode(&f); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return api.ExecResult{}, fmt.Errorf("exec stream: %w", err)
+		}
+		switch {
+		case f.Result != nil:
+			return *f.Result, nil
+		case f.Error != "":
+			return api.ExecResult{}, errors.New(f.Error)
+		case f.Stream != "" && onOutput != nil:
+			onOutput(f.Stream, f.Data)
+		}
+	}
+}
+
+// Upload streams r into the file path of box.
+func (c *HTTP) Upload(ctx context.Context, box, path string, r io.Reader) (int64, error) {
+	req, err := c.request(ctx, http.MethodPut, c.boxPath(box, "files", filesPath(path)), r)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := c.send(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var res api.UploadResult
+	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
+		return 0, fmt.Errorf("upload %s: decode answer: %w", path, err)
+	}
+	return res.Bytes, nil
+}
+
+// Download streams the file path of box to w.
+func (c *HTTP) Download(ctx context.Context, box, path string, w io.Writer) (int64, error) {
+	req, err := c.request(ctx, http.MethodGet, c.boxPath(box, "files", filesPath(path)), nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.send(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	n, err := io.Copy(w, resp.Body)
+	if err != nil {
+		return n, fmt.Errorf("download %s: %w", path, err)
+	}
+	if resp.ContentLength >= 0 && n != resp.ContentLength {
+		return n, fmt.Errorf("download %s: got %d of %d bytes", path, n, resp.ContentLength)
+	}
+	return n, nil
+}
+
+// Watch follows the watch endpoint's server-sent events.
+func (c *HTTP) Watch(ctx context.Context, box, path string) (<-chan []api.WatchEvent, error) {
+	req, err := c.request(ctx, http.MethodGet, c.boxPath(box, "watch")+"?path="+url.QueryEscape(path), nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := c.send(req)
+	if err != nil {
+		return nil, err
+	}
+	ch := make(chan []api.WatchEvent)
+	go func() {
+		defer close(ch)
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 64<<10), 16<<20)
+		event := ""
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case strings.HasPrefix(line, "event: "):
+				event = strings.TrimPrefix(line, "event: ")
+			case strings.HasPrefix(line, "data: ") && event == "changes":
+				var evs []api.WatchEvent
+				if json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &evs) != nil {
+					continue
+				}
+				select {
+				case ch <- evs:
+				case <-ctx.Done():
+					return
+				}
+			case line == "":
+				if event == "end" {
+					return
+				}
+				event = ""
+			}
+		}
+	}()
+	return ch, nil
+}
+
+// WaitHealthy polls /healthz until the server answers or ctx ends.
+func WaitHealthy(ctx context.Context, baseURL string) error {
+	c := New(baseURL, "", "")
+	for {
+		if err := c.do(ctx, http.MethodGet, "/healthz", nil, nil); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("server %s did not answer: %w", baseURL, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
