@@ -26,6 +26,9 @@ type Tool struct {
 	InputSchema json.RawMessage
 	// Input is the input struct's type.
 	Input reflect.Type
+	// Output is the result struct's type (the fields of a successful
+	// result, beside is_error); docs/tools.md is generated from both.
+	Output reflect.Type
 
 	fields   []string // property names, sorted
 	required []string
@@ -45,7 +48,8 @@ func defineTool[In any, Out any](name, description string, h func(ctx context.Co
 	if err != nil {
 		panic(fmt.Sprintf("sandbox: schema of tool %s: %v", name, err))
 	}
-	t := &Tool{Name: name, Description: description, InputSchema: raw, Input: reflect.TypeOf(zero)}
+	var out Out
+	t := &Tool{Name: name, Description: description, InputSchema: raw, Input: reflect.TypeOf(zero), Output: reflect.TypeOf(out)}
 	for _, p := range schema.Properties {
 		t.fields = append(t.fields, p.Name)
 	}
