@@ -1,0 +1,238 @@
+// Package builtins holds the node kinds patterns use: computed, exec,
+// sandbox.
+package builtins
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/expr-lang/expr"
+	"github.com/expr-lang/expr/ast"
+	"github.com/expr-lang/expr/builtin"
+	"github.com/expr-lang/expr/parser"
+	"github.com/expr-lang/expr/vm"
+)
+
+// Expr is a compiled, deterministic expr-lang expression over cells
+// (https://expr-lang.org/docs/language-definition). The values it reads are
+// decoded JSON: nil, bool, float64, string, []any, map[string]any.
+//
+// Deterministic means the same inputs give the same output: now() is
+// refused, date() reads dates in UTC, and keys(), values() and toPairs()
+// return map entries in key order instead of Go's random map order.
+type Expr struct {
+	src     string
+	refs    []string
+	program *vm.Program
+}
+
+// nondeterministic builtins, refused at compile time with the reason.
+var refused = map[string]string{
+	"now": "now() reads the clock",
+}
+
+// Parse compiles src. It refuses functions that read the clock, $env, and
+// calls of unknown functions, with an error saying why.
+func Parse(src string) (*Expr, error) {
+	if strings.TrimSpace(src) == "" {
+		return nil, fmt.Errorf("expression is empty")
+	}
+	tree, err := parser.Parse(src)
+	if err != nil {
+		return nil, fmt.Errorf("expression %q: %w", src, err)
+	}
+	a := &analysis{src: src, refs: map[string]bool{}}
+	a.walk(tree.Node, nil)
+	if a.err != nil {
+		return nil, fmt.Errorf("expression %q: %w", src, a.err)
+	}
+	program, err := expr.Compile(src, exprOptions...)
+	if err != nil {
+		return nil, fmt.Errorf("expression %q: %w", src, err)
+	}
+	refs := make([]string, 0, len(a.refs))
+	for r := range a.refs {
+		refs = append(refs, r)
+	}
+	sort.Strings(refs)
+	return &Expr{src: src, refs: refs, program: program}, nil
+}
+
+// MustParse is Parse for expressions known to be valid (tests, Go patterns
+// with constant sources); it panics on an error.
+func MustParse(src string) *Expr {
+	e, err := Parse(src)
+	if err != nil {
+		panic(err)
+	}
+	return e
+}
+
+// Refs returns the cell or node names the expression reads: the root of
+// every identifier or member chain (clean.result.files["/a"] -> "clean"),
+// sorted, without duplicates. Names bound by let are not refs.
+func (e *Expr) Refs() []string { return slices.Clone(e.refs) }
+
+// String returns the source.
+func (e *Expr) String() string { return e.src }
+
+var vms = sync.Pool{New: func() any { return &vm.VM{} }}
+
+// Eval evaluates the expression with env holding the referenced values (a
+// missing one reads as nil). Safe for concurrent use.
+func (e *Expr) Eval(env map[string]any) (any, error) {
+	if env == nil {
+		env = map[string]any{}
+	}
+	m := vms.Get().(*vm.VM)
+	defer vms.Put(m)
+	out, err := m.Run(e.program, env)
+	if err != nil {
+		return nil, fmt.Errorf("expression %q: %w", e.src, err)
+	}
+	return out, nil
+}
+
+var exprOptions = []expr.Option{
+	// date() reads dates in UTC, not in the machine's zone. (expr.Timezone
+	// would do it too, but breaks method calls on the result in v1.17.)
+	expr.Function("date", func(args ...any) (any, error) {
+		return builtinDate(append([]any{time.UTC}, args...)...)
+	}),
+	expr.Function("keys", func(args ...any) (any, error) {
+		return sortedMap(args, "keys", func(k string, _ any) any { return k })
+	}),
+	expr.Function("values", func(args ...any) (any, error) {
+		return sortedMap(args, "values", func(_ string, v any) any { return v })
+	}),
+	expr.Function("toPairs", func(args ...any) (any, error) {
+		return sortedMap(args, "toPairs", func(k string, v any) any { return []any{k, v} })
+	}),
+}
+
+// sortedMap maps the entries of a map argument, in key order.
+func sortedMap(args []any, fn string, f func(k string, v any) any) (any, error) {
+	if len(args) != 1 {
+		return nil, fmt.Errorf("%s() takes 1 argument, got %d", fn, len(args))
+	}
+	v := reflect.ValueOf(args[0])
+	if v.Kind() != reflect.Map {
+		return nil, fmt.Errorf("%s() of %s: want a map", fn, v.Kind())
+	}
+	type entry struct {
+		k string
+		v any
+	}
+	entries := make([]entry, 0, v.Len())
+	for it := v.MapRange(); it.Next(); {
+		entries = append(entries, entry{fmt.Sprint(it.Key().Interface()), it.Value().Interface()})
+	}
+	slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.k, b.k) })
+	out := make([]any, len(entries))
+	for i, e := range entries {
+		out[i] = f(e.k, e.v)
+	}
+	return out, nil
+}
+
+// overridden are the builtins replaced by exprOptions: they parse as calls.
+var overridden = map[string]bool{"date": true, "keys": true, "values": true, "toPairs": true}
+
+// builtinDate is expr's own date(), which takes a leading *time.Location.
+var builtinDate = builtin.Builtins[builtin.Index["date"]].Func
+
+// analysis walks a parse tree for refs and refused constructs.
+type analysis struct {
+	src  string
+	refs map[string]bool
+	err  error
+}
+
+func (a *analysis) fail(n ast.Node, format string, args ...any) {
+	if a.err == nil {
+		before := a.src[:min(max(n.Location().From, 0), len(a.src))]
+		line := strings.Count(before, "\n") + 1
+		col := len([]rune(before[strings.LastIndexByte(before, '\n')+1:])) + 1
+		a.err = fmt.Errorf("%s (line %d, column %d)", fmt.Sprintf(format, args...), line, col)
+	}
+}
+
+// walk visits n; scope holds the let-bound names in effect.
+func (a *analysis) walk(n ast.Node, scope []string) {
+	if n == nil || a.err != nil {
+		return
+	}
+	switch n := n.(type) {
+	case *ast.IdentifierNode:
+		switch {
+		case n.Value == "$env":
+			a.fail(n, "$env is not allowed: name the cells you read")
+		case !slices.Contains(scope, n.Value):
+			a.refs[n.Value] = true
+		}
+	case *ast.MemberNode:
+		a.walk(n.Node, scope)
+		a.walk(n.Property, scope)
+	case *ast.ChainNode:
+		a.walk(n.Node, scope)
+	case *ast.UnaryNode:
+		a.walk(n.Node, scope)
+	case *ast.BinaryNode:
+		a.walk(n.Left, scope)
+		a.walk(n.Right, scope)
+	case *ast.SliceNode:
+		a.walk(n.Node, scope)
+		a.walk(n.From, scope)
+		a.walk(n.To, scope)
+	case *ast.BuiltinNode:
+		if why, ok := refused[n.Name]; ok {
+			a.fail(n, "%s is not allowed: expressions must be deterministic (no clock, no randomness); pass such a value in through a cell", why)
+			return
+		}
+		for _, arg := range n.Arguments {
+			a.walk(arg, scope)
+		}
+	case *ast.CallNode:
+		switch c := n.Callee.(type) {
+		case *ast.IdentifierNode:
+			if !overridden[c.Value] {
+				a.fail(n, "%s is not a function: expressions can call only the expr-lang builtins", c.Value)
+				return
+			}
+		default: // a method, as in date(s).Hour()
+			a.walk(c, scope)
+		}
+		for _, arg := range n.Arguments {
+			a.walk(arg, scope)
+		}
+	case *ast.PredicateNode:
+		a.walk(n.Node, scope)
+	case *ast.VariableDeclaratorNode:
+		a.walk(n.Value, scope)
+		a.walk(n.Expr, append(slices.Clip(scope), n.Name))
+	case *ast.SequenceNode:
+		for _, x := range n.Nodes {
+			a.walk(x, scope)
+		}
+	case *ast.ConditionalNode:
+		a.walk(n.Cond, scope)
+		a.walk(n.Exp1, scope)
+		a.walk(n.Exp2, scope)
+	case *ast.ArrayNode:
+		for _, x := range n.Nodes {
+			a.walk(x, scope)
+		}
+	case *ast.MapNode:
+		for _, x := range n.Pairs {
+			a.walk(x, scope)
+		}
+	case *ast.PairNode:
+		a.walk(n.Key, scope)
+		a.walk(n.Value, scope)
+	}
+}

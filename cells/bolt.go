@@ -1,0 +1,90 @@
+package cells
+
+import (
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// OpenBolt opens (creating if needed) the bbolt store at path. It refuses a
+// file written with a newer layout version than this build knows, and a
+// bbolt file that is not a cellbox store. Only one process may have the file
+// open: a second OpenBolt waits up to 2 seconds, then fails.
+func OpenBolt(path string, opts Options) (Store, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, NoSync: opts.NoSync})
+	if err != nil {
+		return nil, fmt.Errorf("open cell store %s: %w", path, err)
+	}
+	s, err := open(&boltKV{db: db}, opts)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open cell store %s: %w", path, err)
+	}
+	return s, nil
+}
+
+type boltKV struct{ db *bolt.DB }
+
+func (b *boltKV) close() error { return b.db.Close() }
+
+func (b *boltKV) begin(writable bool) (kvTx, error) {
+	tx, err := b.db.Begin(writable)
+	if err != nil {
+		return nil, err
+	}
+	return &boltTx{tx: tx, buckets: map[string]kvBucket{}}, nil
+}
+
+type boltTx struct {
+	tx      *bolt.Tx
+	buckets map[string]kvBucket
+}
+
+func (t *boltTx) bucket(name string) (kvBucket, error) {
+	if b, ok := t.buckets[name]; ok {
+		return b, nil
+	}
+	var kb kvBucket
+	if b := t.tx.Bucket([]byte(name)); b != nil {
+		kb = boltBucket{b}
+	} else if !t.tx.Writable() {
+		kb = emptyBucket{}
+	} else {
+		b, err := t.tx.CreateBucket([]byte(name))
+		if err != nil {
+			return nil, fmt.Errorf("create bucket %q: %w", name, err)
+		}
+		kb = boltBucket{b}
+	}
+	t.buckets[name] = kb
+	return kb, nil
+}
+
+func (t *boltTx) commit() error { return t.tx.Commit() }
+func (t *boltTx) rollback()     { _ = t.tx.Rollback() }
+
+type boltBucket struct{ b *bolt.Bucket }
+
+func (b boltBucket) get(k []byte) []byte   { return b.b.Get(k) }
+func (b boltBucket) put(k, v []byte) error { return b.b.Put(k, v) }
+func (b boltBucket) del(k []byte) error    { return b.b.Delete(k) }
+
+func (b boltBucket) scan(from []byte, fn func(k, v []byte) bool) {
+	c := b.b.Cursor()
+	for k, v := c.Seek(from); k != nil; k, v = c.Next() {
+		if !fn(k, v) {
+			return
+		}
+	}
+}
+
+// NewMemory returns an in-memory store (for unit tests). It behaves as the
+// bbolt store does, except that a read waits while a write is in progress.
+func NewMemory(opts Options) Store {
+	s, err := open(newMemKV(), opts)
+	if err != nil {
+		panic("cells: in-memory store: " + err.Error()) // cannot happen: a new memory kv has no layout to refuse
+	}
+	return s
+}

@@ -1,0 +1,250 @@
+// Package cells stores cell values: JSON values at addresses, versioned by
+// one store-wide sequence, written in transactions and watched from a
+// version.
+//
+// A cell lives at an Address (space / pattern instance / name). Writing a
+// value bumps its version to the version of the committing transaction:
+// every transaction that changes at least one cell takes the next number of
+// one store-wide sequence, and all cells it writes get that number. One
+// transaction is one commit and one notification Batch.
+//
+// A cell may be a stream: it queues events instead of holding a value.
+// Send appends an event; its handler reads Events and marks one handled with
+// Ack. Ack is the receipt: it is stored in the transaction that acks, so
+// whatever else that transaction writes commits together with the receipt.
+// A handler whose whole effect is writes in that transaction therefore runs
+// exactly once; a handler with effects outside the store (a command in a box)
+// acks first, commits, then acts, so a crash in between loses the event
+// rather than repeating it: each event is handled at most once.
+//
+// Watch replays every committed Batch after a version from the change log
+// and then follows live, so a client that reconnects with the last version it
+// saw misses nothing. The log is bounded (Options.LogLimit commits); a watch
+// from a version older than the log's start first gets a Snapshot batch with
+// the current state of every cell under its prefix.
+//
+// Two implementations share one code path over a small ordered key/value
+// layer: OpenBolt (go.etcd.io/bbolt, one file, the default) and NewMemory
+// (in memory, for unit tests). The bbolt bucket layout is documented in
+// layout.go.
+package cells
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Address names a cell: Space / Pattern (instance) / Name. No part is empty
+// or contains '/'. Node output cells are named after their node ("clean");
+// node streams are "node.stream" ("repl.run").
+type Address struct {
+	Space   string
+	Pattern string
+	Name    string
+}
+
+// String returns "space/pattern/name".
+func (a Address) String() string { return a.Space + "/" + a.Pattern + "/" + a.Name }
+
+// Prefix returns "space/pattern/", the watch prefix of the address's pattern
+// instance.
+func (a Address) Prefix() string { return a.Space + "/" + a.Pattern + "/" }
+
+// Valid reports whether every part is non-empty and free of '/'.
+func (a Address) Valid() error {
+	for _, p := range [...]struct{ what, v string }{{"space", a.Space}, {"pattern", a.Pattern}, {"name", a.Name}} {
+		if p.v == "" {
+			return fmt.Errorf("cell address %q: empty %s", a.String(), p.what)
+		}
+		if strings.ContainsRune(p.v, '/') {
+			return fmt.Errorf("cell address %q: %s %q contains '/'", a.String(), p.what, p.v)
+		}
+	}
+	return nil
+}
+
+// Parse parses "space/pattern/name".
+func Parse(s string) (Address, error) {
+	parts := strings.Split(s, "/")
+	if len(parts) != 3 {
+		return Address{}, fmt.Errorf("cell address %q: want space/pattern/name", s)
+	}
+	a := Address{parts[0], parts[1], parts[2]}
+	return a, a.Valid()
+}
+
+// Cell is the state of one cell.
+type Cell struct {
+	Addr Address
+	// Value is the cell's JSON value (compact); "null" for a cell never
+	// written, and for a stream.
+	Value json.RawMessage
+	// Error, when not empty, says the cell's producer failed (a node error,
+	// a node backing off). Value then holds the last good value.
+	Error string
+	// Version is the version of the commit that last changed the cell.
+	Version uint64
+	// Changed is when that commit happened.
+	Changed time.Time
+	// Stream marks a stream cell: it queues events instead of a value.
+	Stream bool
+}
+
+// Spec declares a cell's kind and constraints.
+type Spec struct {
+	// Schema is an optional JSON Schema; a Set that violates it is refused
+	// with a *SchemaError. Nil means none.
+	Schema json.RawMessage
+	// Stream makes the cell a stream. A cell's kind cannot change once
+	// declared.
+	Stream bool
+}
+
+// Event is one event queued on a stream cell.
+type Event struct {
+	// ID is unique in the store and increases with every Send.
+	ID      uint64
+	Payload json.RawMessage
+	Sent    time.Time
+}
+
+// Change is one cell's change in a committed transaction.
+type Change struct {
+	// Cell is the cell's state after the commit (for a Send: the stream
+	// cell, whose Version moved to the commit's).
+	Cell Cell
+	// Event is the event appended by a Send, nil otherwise. A commit with
+	// several Sends has one Change per event.
+	Event *Event
+	// Deleted says the cell was removed.
+	Deleted bool
+}
+
+// Batch is what one commit changed, as a watcher sees it.
+type Batch struct {
+	// Version is the commit's version: watch again from it to resume.
+	Version uint64
+	// Snapshot says Changes are the full current state of every cell under
+	// the watch prefix (sent when the watch started before the start of the
+	// change log): a client replaces what it knew with it.
+	Snapshot bool
+	// Changes lists the cells the commit changed, in first-write order; a
+	// cell written twice appears once, with its final state.
+	Changes []Change
+}
+
+// Store is a cell store. All methods are safe for concurrent use.
+type Store interface {
+	// Get returns one cell, or an error wrapping ErrNotFound.
+	Get(addr Address) (Cell, error)
+	// Version returns the version of the last commit (0 for an empty store).
+	Version() uint64
+	// View runs fn in a read-only transaction.
+	View(fn func(Tx) error) error
+	// Update runs fn in a read-write transaction: if fn returns nil,
+	// everything it wrote commits at once and watchers get one Batch; if it
+	// returns an error (or panics), nothing is written. Updates are
+	// serialized.
+	Update(fn func(Tx) error) error
+	// Watch sends every Batch committed after version from, limited to the
+	// changes whose address string starts with prefix ("" for all, "s/p/"
+	// for a pattern instance), then follows live until ctx ends, when the
+	// channel is closed. Batches without a matching change are skipped. If
+	// from is older than the change log's start (or newer than the store),
+	// the first Batch is a Snapshot of the current state. A slow reader
+	// never blocks writers and never loses a batch: the watch reads the log
+	// at its own pace.
+	Watch(ctx context.Context, prefix string, from uint64) (<-chan Batch, error)
+	// Close closes the store. Watches end.
+	Close() error
+}
+
+// Tx is a store transaction. It must not be used after View or Update
+// returns. Byte slices it returns are copies the caller may keep.
+type Tx interface {
+	// Version is the version this transaction's writes get (in a read-only
+	// transaction: the store's current version).
+	Version() uint64
+	// Get returns one cell, or an error wrapping ErrNotFound.
+	Get(addr Address) (Cell, error)
+	// List returns the cells whose address string starts with prefix, in
+	// address order.
+	List(prefix string) ([]Cell, error)
+	// Declare creates the cell if it does not exist (value null) and sets
+	// its spec. Changing a declared cell's Stream flag is an error.
+	Declare(addr Address, spec Spec) error
+	// Spec returns a cell's spec (zero for an undeclared cell).
+	Spec(addr Address) (Spec, error)
+	// Set writes a JSON value, creating the cell if needed, and clears its
+	// Error. The value is validated and stored compact. A value byte-equal
+	// to the current one (and no Error to clear) changes nothing and
+	// reports false. A value that breaks the cell's schema is refused with
+	// a *SchemaError. Set on a stream is an error.
+	Set(addr Address, value json.RawMessage) (changed bool, err error)
+	// SetError marks the cell failed with msg, keeping its value; "" clears
+	// it. It reports whether anything changed.
+	SetError(addr Address, msg string) (changed bool, err error)
+	// Delete removes a cell with its spec and queued events.
+	Delete(addr Address) error
+	// Send appends an event to a declared stream.
+	Send(addr Address, payload json.RawMessage) (Event, error)
+	// Events returns the stream's events not yet acked, oldest first.
+	Events(addr Address) ([]Event, error)
+	// Ack records that the stream's events up to and including id are
+	// handled and drops them. Acking an id already acked returns an error
+	// wrapping ErrHandled.
+	Ack(addr Address, id uint64) error
+	// Meta returns a named key/value bucket for a client's own state (the
+	// runtime keeps node state and its memo cache there). Its writes commit
+	// with the transaction and cause no notification.
+	Meta(bucket string) Bucket
+}
+
+// Bucket is a key/value bucket inside a transaction.
+type Bucket interface {
+	// Get returns a copy of the value, or nil, false.
+	Get(key string) ([]byte, bool)
+	// Put stores value (an empty value is stored as empty, not deleted).
+	Put(key string, value []byte) error
+	// Delete removes key; a missing key is not an error.
+	Delete(key string) error
+	// ForEach calls fn for each key starting with prefix, in key order,
+	// until fn returns an error, which ForEach returns.
+	ForEach(prefix string, fn func(key string, value []byte) error) error
+}
+
+// Options tune a store.
+type Options struct {
+	// LogLimit is how many commits the change log keeps (default 10000).
+	LogLimit int
+	// NoSync skips fsync on commit (bbolt only; for tests and benchmarks).
+	NoSync bool
+}
+
+var (
+	// ErrNotFound: no such cell.
+	ErrNotFound = errors.New("no such cell")
+	// ErrHandled: a stream event was already handled.
+	ErrHandled = errors.New("event already handled")
+	// ErrClosed: the store is closed.
+	ErrClosed = errors.New("store is closed")
+	// ErrReadOnly: a write in a View transaction.
+	ErrReadOnly = errors.New("write in a read-only transaction")
+)
+
+// SchemaError is a write refused by a cell's JSON Schema.
+type SchemaError struct {
+	Addr Address
+	// Err lists each violation as "/json/path: reason".
+	Err error
+}
+
+func (e *SchemaError) Error() string {
+	return fmt.Sprintf("set %s: %v", e.Addr, e.Err)
+}
+
+func (e *SchemaError) Unwrap() error { return e.Err }

@@ -1,0 +1,185 @@
+package runtime
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// nodeState is an async node's durable state (bucket runtime.nodes).
+type nodeState struct {
+	Key     string `json:"key"`
+	Pending bool   `json:"pending"`
+}
+
+// envelope is an async node's output cell.
+type envelope struct {
+	Pending bool            `json:"pending"`
+	Result  json.RawMessage `json:"result"`
+	Error   *string         `json:"error"`
+}
+
+// decideAsync brings an async node up to date in the batch: nothing to do,
+// a memo hit written now, or a run decided now (pending:true) and started
+// after the commit.
+func (b *batch) decideAsync(n *node, in Inputs, inErr string) {
+	if inErr != "" {
+		b.failAsync(n, inErr)
+		return
+	}
+	key, memo, err := safeKey(n.async, in)
+	if err != nil {
+		b.failAsync(n, err.Error())
+		return
+	}
+	if key == "" {
+		key = b.inputsHash(n)
+	}
+	if key == n.key && (!n.pending || n.cur != 0) {
+		return // finished for these inputs, or running for them
+	}
+	if memo {
+		if res, ok := b.tx.Meta(bucketMemo).Get(key); ok {
+			b.writeAsync(n, envelope{Result: res}, key, false)
+			b.status = append(b.status, Status{Node: n.addr, Kind: Cached})
+			b.then(func() {
+				n.abort()
+				n.key, n.pending, n.err = key, false, ""
+				n.hits++
+			})
+			return
+		}
+	}
+	var prev envelope
+	_ = json.Unmarshal(b.get(n.out).raw, &prev)
+	b.writeAsync(n, envelope{Pending: true, Result: prev.Result}, key, true)
+	b.then(func() {
+		n.abort()
+		n.key, n.pending = key, true
+		b.r.startRun(n, key, memo, in)
+	})
+}
+
+func (b *batch) failAsync(n *node, msg string) {
+	b.writeAsync(n, envelope{Error: &msg}, "", false)
+	b.status = append(b.status, Status{Node: n.addr, Kind: Failed, Err: msg})
+	b.then(func() {
+		n.abort()
+		n.key, n.pending, n.err = "", false, msg
+	})
+}
+
+// writeAsync writes an async node's output and durable state.
+func (b *batch) writeAsync(n *node, env envelope, key string, pending bool) {
+	raw, err := encode(env)
+	if err == nil {
+		_, err = b.setCompact(n.out, raw)
+	}
+	if err != nil {
+		b.setError(n.out, err.Error())
+	}
+	st, _ := json.Marshal(nodeState{Key: key, Pending: pending})
+	if err := b.tx.Meta(bucketNodes).Put(n.addr.String(), st); err != nil {
+		b.r.log.Error("save node state", "node", n.addr.String(), "error", err)
+	}
+}
+
+// inputsHash is the key of a node that gives none: a hash of its inputs.
+func (b *batch) inputsHash(n *node) string {
+	h := sha256.New()
+	for _, i := range n.inputs {
+		h.Write([]byte(i.name))
+		h.Write([]byte{0})
+		h.Write(b.get(i.slot).raw)
+		h.Write([]byte{0})
+	}
+	return "inputs:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// abort cancels the node's run in flight, if any; its result is dropped.
+func (n *node) abort() {
+	if n.cancel != nil {
+		n.cancel()
+	}
+	n.cur, n.cancel = 0, nil
+}
+
+// startRun starts a decided run. Callers hold r.mu.
+func (r *Runtime) startRun(n *node, key string, memo bool, in Inputs) {
+	r.runID++
+	id := r.runID
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cur, n.cancel = id, cancel
+	r.begin()
+	r.wg.Add(1)
+	r.emit(Status{Node: n.addr, Kind: Started})
+	go func() {
+		defer r.wg.Done()
+		start := time.Now()
+		res, err := safeRun(ctx, n.async, in)
+		r.finishRun(n, id, key, memo, res, err, time.Since(start))
+		cancel()
+	}()
+}
+
+// finishRun writes a run's result if the run is still the node's current
+// one.
+func (r *Runtime) finishRun(n *node, id uint64, key string, memo bool, res any, runErr error, d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	defer r.end()
+	if n.cur != id || n.detached || r.closed {
+		r.emit(Status{Node: n.addr, Kind: Aborted, Duration: d})
+		return
+	}
+	n.cur, n.cancel = 0, nil
+	env := envelope{}
+	var raw json.RawMessage
+	if runErr == nil {
+		raw, runErr = encode(res)
+	}
+	if runErr != nil {
+		msg := runErr.Error()
+		env.Error = &msg
+	} else {
+		env.Result = raw
+	}
+	err := r.batch(func(b *batch) error {
+		b.writeAsync(n, env, key, false)
+		if memo && runErr == nil {
+			if err := b.tx.Meta(bucketMemo).Put(key, raw); err != nil {
+				return fmt.Errorf("memoize %s: %w", n.addr, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		// The run stays pending in the store: a restart runs it again.
+		n.err = fmt.Sprintf("store the result: %v", err)
+		r.emit(Status{Node: n.addr, Kind: Failed, Duration: d, Err: n.err})
+		return
+	}
+	n.pending, n.last = false, d
+	n.runs++
+	s := Status{Node: n.addr, Kind: Finished, Duration: d}
+	if runErr != nil {
+		n.err = runErr.Error()
+		s.Kind, s.Err = Failed, n.err
+	} else {
+		n.err = ""
+	}
+	r.emit(s)
+}
+
+func safeKey(a Async, in Inputs) (key string, memo bool, err error) {
+	defer recoverTo(&err)
+	return a.Key(in)
+}
+
+func safeRun(ctx context.Context, a Async, in Inputs) (out any, err error) {
+	defer recoverTo(&err)
+	return a.Run(ctx, in)
+}

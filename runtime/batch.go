@@ -1,0 +1,390 @@
+package runtime
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/cellbox/cellbox/cells"
+)
+
+// node is a loaded node. Its fields are guarded by Runtime.mu.
+type node struct {
+	addr    cells.Address
+	decl    Node
+	pat     *pattern
+	inputs  []input
+	out     *slot // its output cell
+	height  int
+	shape   shape
+	compute Compute
+	async   Async
+	service Service
+
+	queued   uint64 // id of the batch that last queued it
+	detached bool   // its pattern stopped or the runtime closed
+
+	err        string
+	runs, hits int
+	last       time.Duration
+
+	// async
+	key     string // key of the current or last run
+	pending bool
+	cur     uint64 // id of the run in flight, 0 if none
+	cancel  func()
+
+	// service
+	svc *service
+
+	// backoff of self-initiated output changes
+	changes      []time.Time
+	backoffUntil time.Time
+	backoffEnd   time.Time
+	backoffDelay time.Duration
+	held         json.RawMessage
+}
+
+func (n *node) kindName() string {
+	if n.decl.Builtin != "" {
+		return n.decl.Builtin
+	}
+	return n.shape.String()
+}
+
+func (n *node) state() NodeState {
+	switch {
+	case time.Now().Before(n.backoffUntil):
+		return Backoff
+	case n.cur != 0 || (n.svc != nil && n.svc.draining):
+		return Running
+	case n.err != "":
+		return Error
+	case n.svc != nil && n.svc.open:
+		return Open
+	}
+	return Idle
+}
+
+// batch is one store transaction of the scheduler: the triggering writes,
+// then every node they make dirty, in height order.
+type batch struct {
+	r       *Runtime
+	tx      cells.Tx
+	id      uint64
+	queue   nodeHeap
+	touched []*slot // slots with a value in this batch
+	after   []func()
+	status  []Status
+	timed   bool   // measure computes (someone is subscribed)
+	scratch Inputs // reused for computes
+}
+
+// batch runs fn and the propagation it causes in one transaction, then,
+// once committed, updates the runtime's copy of the cells and runs the
+// post-commit actions. Callers hold r.mu.
+func (r *Runtime) batch(fn func(*batch) error) error {
+	r.batchID++
+	b := &batch{r: r, id: r.batchID, timed: r.nsubs.Load() > 0}
+	err := r.store.Update(func(tx cells.Tx) error {
+		b.tx = tx
+		if err := fn(b); err != nil {
+			return err
+		}
+		for len(b.queue) > 0 {
+			b.process(b.queue.pop())
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, s := range b.touched {
+		s.val = s.next
+	}
+	for _, f := range b.after {
+		f()
+	}
+	for _, s := range b.status {
+		r.emit(s)
+	}
+	return nil
+}
+
+func (b *batch) then(f func()) { b.after = append(b.after, f) }
+
+// get returns a cell's value as of this batch.
+func (b *batch) get(s *slot) *value {
+	if s.nextID == b.id {
+		return s.next
+	}
+	if s.val != nil {
+		return s.val
+	}
+	v := &value{raw: nullValue}
+	if c, err := b.tx.Get(s.addr); err == nil {
+		v.raw, v.err = c.Value, c.Error
+	} else if errors.Is(err, cells.ErrNotFound) {
+		v.missing = true
+	}
+	b.stage(s, v)
+	return v
+}
+
+// stage gives a slot its value in this batch; the commit makes it current.
+func (b *batch) stage(s *slot, v *value) {
+	if s.nextID != b.id {
+		s.nextID = b.id
+		b.touched = append(b.touched, s)
+	}
+	s.next = v
+}
+
+// set writes a value (compacting it unless compact is known) and marks the
+// cell's readers dirty if it changed.
+func (b *batch) set(s *slot, raw json.RawMessage) (bool, error) {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		return false, fmt.Errorf("set %s: value is not JSON: %w", s.addr, err)
+	}
+	return b.setCompact(s, buf.Bytes())
+}
+
+func (b *batch) setCompact(s *slot, raw json.RawMessage) (bool, error) {
+	cur := b.get(s)
+	if !cur.missing && cur.err == "" && bytes.Equal(cur.raw, raw) {
+		return false, nil // early cutoff
+	}
+	changed, err := b.tx.Set(s.addr, raw)
+	if err != nil || !changed {
+		return changed, err
+	}
+	b.stage(s, &value{raw: raw})
+	b.mark(s)
+	return true, nil
+}
+
+// setError marks a cell failed (keeping its value) or, with "", clears it.
+func (b *batch) setError(s *slot, msg string) {
+	cur := b.get(s)
+	if cur.err == msg {
+		return
+	}
+	changed, err := b.tx.SetError(s.addr, msg)
+	if err != nil {
+		b.r.log.Error("write node error", "cell", s.addr.String(), "error", err)
+		return
+	}
+	if changed {
+		b.stage(s, &value{raw: cur.raw, err: msg, decoded: cur.decoded, val: cur.val})
+		b.mark(s)
+	}
+}
+
+// mark queues the readers of s.
+func (b *batch) mark(s *slot) {
+	for _, d := range s.readers {
+		b.enqueue(d)
+	}
+}
+
+func (b *batch) enqueue(n *node) {
+	if !n.detached && n.queued != b.id {
+		n.queued = b.id
+		b.queue.push(n)
+	}
+}
+
+// inputs returns a node's inputs, or the error of the first failed one.
+// A compute gets the batch's scratch map; others keep theirs.
+func (b *batch) inputs(n *node) (Inputs, string) {
+	var in Inputs
+	if n.shape == shapeCompute {
+		if b.scratch == nil {
+			b.scratch = make(Inputs, len(n.inputs))
+		}
+		in = b.scratch
+		clear(in)
+	} else {
+		in = make(Inputs, len(n.inputs))
+	}
+	for _, i := range n.inputs {
+		v := b.get(i.slot)
+		if v.err != "" {
+			return nil, upstream(i, v.err)
+		}
+		in[i.name] = v.get()
+	}
+	return in, ""
+}
+
+// upstream names the failure a node inherits from an input, keeping the
+// origin when the input itself inherited it.
+func upstream(i input, err string) string {
+	if strings.HasPrefix(err, "upstream ") {
+		return err
+	}
+	return fmt.Sprintf("upstream %s failed: %s", i.name, err)
+}
+
+func (b *batch) process(n *node) {
+	in, inErr := b.inputs(n)
+	switch n.shape {
+	case shapeCompute:
+		b.compute(n, in, inErr)
+	case shapeAsync:
+		b.decideAsync(n, in, inErr)
+	case shapeService:
+		if inErr == "" {
+			b.then(func() { b.r.updateService(n, in) })
+		}
+	}
+}
+
+func (b *batch) compute(n *node, in Inputs, inErr string) {
+	var start time.Time
+	if b.timed {
+		start = time.Now()
+	}
+	var err error
+	if inErr != "" {
+		err = errors.New(inErr)
+	} else {
+		var out any
+		if out, err = safeCompute(n.compute, in); err == nil {
+			var raw json.RawMessage
+			if raw, err = encode(out); err == nil {
+				_, err = b.setCompact(n.out, raw)
+			}
+		}
+		n.runs++
+	}
+	if err != nil {
+		n.err = err.Error()
+		b.setError(n.out, n.err)
+	} else {
+		n.err = ""
+	}
+	if b.timed {
+		n.last = time.Since(start)
+		s := Status{Node: n.addr, Kind: Finished, Duration: n.last}
+		if err != nil {
+			s.Kind, s.Err = Failed, n.err
+		}
+		b.status = append(b.status, s)
+	}
+}
+
+// load declares a pattern's cells and queues all its nodes.
+func (b *batch) load(pat *pattern, p Pattern) error {
+	addr := func(name string) cells.Address { return cells.Address{Space: p.Space, Pattern: p.Name, Name: name} }
+	for _, c := range p.Cells {
+		a := addr(c.Name)
+		_, err := b.tx.Get(a)
+		existed := err == nil
+		if err := b.tx.Declare(a, cells.Spec{Schema: c.Schema, Stream: c.Stream}); err != nil {
+			return fmt.Errorf("cell %s: %w", c.Name, err)
+		}
+		if !existed && !c.Stream && c.Initial != nil {
+			if _, err := b.set(b.r.slotFor(a), c.Initial); err != nil {
+				return fmt.Errorf("cell %s: initial value: %w", c.Name, err)
+			}
+		}
+	}
+	nodes := b.tx.Meta(bucketNodes)
+	for _, n := range pat.nodes {
+		if err := b.tx.Declare(n.addr, cells.Spec{Schema: n.decl.Schema}); err != nil {
+			return fmt.Errorf("node %s: output cell: %w", n.decl.Name, err)
+		}
+		for _, s := range n.decl.Streams {
+			if err := b.tx.Declare(streamAddr(n, s), cells.Spec{Stream: true}); err != nil {
+				return fmt.Errorf("node %s: stream %s: %w", n.decl.Name, s, err)
+			}
+		}
+		if n.shape == shapeAsync {
+			if raw, ok := nodes.Get(n.addr.String()); ok {
+				var st nodeState
+				if err := json.Unmarshal(raw, &st); err == nil {
+					n.key, n.pending = st.Key, st.Pending
+				}
+			}
+		}
+		b.enqueue(n)
+	}
+	return nil
+}
+
+// encode marshals a node's output: a json.RawMessage is validated and
+// compacted, anything else is encoded as json.Marshal would, without
+// escaping HTML characters.
+func encode(v any) (json.RawMessage, error) {
+	if raw, ok := v.(json.RawMessage); ok {
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, raw); err != nil {
+			return nil, fmt.Errorf("output is not JSON: %w", err)
+		}
+		return buf.Bytes(), nil
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // keep "<", ">" and "&" readable
+	if err := enc.Encode(v); err != nil {
+		return nil, fmt.Errorf("output cannot be stored as JSON: %w", err)
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+func safeCompute(c Compute, in Inputs) (out any, err error) {
+	defer recoverTo(&err)
+	return c.Compute(in)
+}
+
+func recoverTo(err *error) {
+	if p := recover(); p != nil {
+		*err = fmt.Errorf("panic: %v", p)
+	}
+}
+
+// nodeHeap orders nodes by height.
+type nodeHeap []*node
+
+func (h *nodeHeap) push(n *node) {
+	*h = append(*h, n)
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		p := (i - 1) / 2
+		if s[p].height <= s[i].height {
+			break
+		}
+		s[p], s[i] = s[i], s[p]
+		i = p
+	}
+}
+
+func (h *nodeHeap) pop() *node {
+	s := *h
+	top := s[0]
+	last := len(s) - 1
+	s[0] = s[last]
+	s[last] = nil
+	s = s[:last]
+	for i := 0; ; {
+		l, m := 2*i+1, i
+		if l < len(s) && s[l].height < s[m].height {
+			m = l
+		}
+		if l+1 < len(s) && s[l+1].height < s[m].height {
+			m = l + 1
+		}
+		if m == i {
+			break
+		}
+		s[i], s[m] = s[m], s[i]
+		i = m
+	}
+	*h = s
+	return top
+}

@@ -1,0 +1,481 @@
+package runtime_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/builtins"
+	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/runtime"
+)
+
+const space, pat = "test", "p"
+
+func at(name string) cells.Address { return cells.Address{Space: space, Pattern: pat, Name: name} }
+
+// stores runs fn against an in-memory and a bbolt store.
+func stores(t *testing.T, fn func(t *testing.T, s cells.Store)) {
+	t.Run("memory", func(t *testing.T) {
+		s := cells.NewMemory(cells.Options{})
+		t.Cleanup(func() { s.Close() })
+		fn(t, s)
+	})
+	t.Run("bolt", func(t *testing.T) {
+		s, err := cells.OpenBolt(filepath.Join(t.TempDir(), "cells.db"), cells.Options{NoSync: true})
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		fn(t, s)
+	})
+}
+
+func start(t *testing.T, s cells.Store, p runtime.Pattern, opts runtime.Options) *runtime.Runtime {
+	t.Helper()
+	rt := runtime.New(s, opts)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		rt.Close(ctx)
+	})
+	if p.Space == "" {
+		p.Space, p.Name = space, pat
+	}
+	require.NoError(t, rt.Load(context.Background(), p))
+	settle(t, rt)
+	return rt
+}
+
+func settle(t *testing.T, rt *runtime.Runtime) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, rt.Wait(ctx))
+}
+
+func computed(t *testing.T, name, src string) runtime.Node {
+	t.Helper()
+	c, err := builtins.NewComputed(src)
+	require.NoError(t, err)
+	return runtime.Node{Name: name, Inputs: c.Inputs(), Kind: c, Builtin: "computed"}
+}
+
+func set(t *testing.T, rt *runtime.Runtime, name string, v string) {
+	t.Helper()
+	require.NoError(t, rt.Set(context.Background(), at(name), json.RawMessage(v)))
+}
+
+func get(t *testing.T, s cells.Store, name string) cells.Cell {
+	t.Helper()
+	c, err := s.Get(at(name))
+	require.NoError(t, err)
+	return c
+}
+
+// counted wraps a compute kind and records every run's inputs.
+type counted struct {
+	mu   sync.Mutex
+	ins  []runtime.Inputs
+	kind runtime.Compute
+}
+
+func (c *counted) Compute(in runtime.Inputs) (any, error) {
+	c.mu.Lock()
+	c.ins = append(c.ins, in)
+	c.mu.Unlock()
+	return c.kind.Compute(in)
+}
+
+func (c *counted) runs() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.ins)
+}
+
+func TestDiamondGlitchFree(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		d := computed(t, "d", "{a: a, b: b, c: c}")
+		probe := &counted{kind: d.Kind.(runtime.Compute)}
+		d.Kind = probe
+		p := runtime.Pattern{
+			Cells: []runtime.Cell{{Name: "a", Initial: json.RawMessage(`1`)}},
+			Nodes: []runtime.Node{computed(t, "b", "a + 1"), computed(t, "c", "a * 2"), d},
+		}
+		rt := start(t, s, p, runtime.Options{})
+		require.Equal(t, 1, probe.runs())
+
+		w, err := s.Watch(context.Background(), "", s.Version())
+		require.NoError(t, err)
+		for i := 2; i <= 6; i++ {
+			set(t, rt, "a", fmt.Sprint(i))
+			batch := <-w
+			assert.Len(t, batch.Changes, 4, "one notification with a, b, c and d")
+		}
+		require.Equal(t, 6, probe.runs(), "d runs once per change")
+		for _, in := range probe.ins {
+			a := in["a"].(int)
+			assert.Equal(t, a+1, in["b"], "b from the same a")
+			assert.Equal(t, a*2, in["c"], "c from the same a")
+		}
+		assert.JSONEq(t, `{"a":6,"b":7,"c":12}`, string(get(t, s, "d").Value))
+	})
+}
+
+func TestEarlyCutoff(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		last := computed(t, "last", "parity == 0 ? 'even' : 'odd'")
+		probe := &counted{kind: last.Kind.(runtime.Compute)}
+		last.Kind = probe
+		p := runtime.Pattern{
+			Cells: []runtime.Cell{{Name: "n", Initial: json.RawMessage(`1`)}},
+			Nodes: []runtime.Node{computed(t, "parity", "n % 2"), last},
+		}
+		rt := start(t, s, p, runtime.Options{})
+		before := get(t, s, "parity").Version
+		set(t, rt, "n", `3`)
+		set(t, rt, "n", `5`)
+		assert.Equal(t, 1, probe.runs(), "an unchanged parity stops propagation")
+		assert.Equal(t, before, get(t, s, "parity").Version, "an unchanged output keeps its version")
+		set(t, rt, "n", `4`)
+		assert.Equal(t, 2, probe.runs())
+		assert.Equal(t, `"even"`, string(get(t, s, "last").Value))
+	})
+}
+
+func TestLoadErrors(t *testing.T) {
+	s := cells.NewMemory(cells.Options{})
+	defer s.Close()
+	node := func(name string, inputs ...string) runtime.Node {
+		return runtime.Node{Name: name, Inputs: inputs, Kind: &counted{}}
+	}
+	for _, tc := range []struct {
+		name string
+		p    runtime.Pattern
+		err  string
+	}{
+		{"two-node cycle", runtime.Pattern{Nodes: []runtime.Node{node("a", "b"), node("b", "a")}}, "cycle: a -> b -> a"},
+		{"three-node cycle", runtime.Pattern{Cells: []runtime.Cell{{Name: "x"}}, Nodes: []runtime.Node{node("a", "x", "c"), node("b", "a"), node("c", "b")}}, "cycle: a -> b -> c -> a"},
+		{"self", runtime.Pattern{Nodes: []runtime.Node{node("a", "a")}}, "cycle: a -> a"},
+		{"unknown input", runtime.Pattern{Cells: []runtime.Cell{{Name: "raw"}}, Nodes: []runtime.Node{node("clean", "raww")}}, `node clean: unknown input "raww" (cells: raw; nodes: clean)`},
+		{"stream input", runtime.Pattern{Cells: []runtime.Cell{{Name: "ev", Stream: true}}, Nodes: []runtime.Node{node("a", "ev")}}, `input "ev" is a stream`},
+		{"duplicate", runtime.Pattern{Cells: []runtime.Cell{{Name: "a"}}, Nodes: []runtime.Node{node("a")}}, `node "a": the name is already used by a cell`},
+		{"bad kind", runtime.Pattern{Nodes: []runtime.Node{{Name: "a", Kind: 42}}}, "kind int implements none of Compute, Async, Service"},
+		{"bad initial", runtime.Pattern{Cells: []runtime.Cell{{Name: "a", Initial: json.RawMessage(`{`)}}}, "cell a: initial value"},
+		{"schema", runtime.Pattern{Cells: []runtime.Cell{{Name: "a", Initial: json.RawMessage(`-1`), Schema: json.RawMessage(`{"minimum":0}`)}}}, "cell a: initial value: set test/bad/a: value does not match the schema"},
+	} {
+		rt := runtime.New(s, runtime.Options{})
+		tc.p.Space, tc.p.Name = space, "bad"
+		err := rt.Load(context.Background(), tc.p)
+		assert.ErrorContains(t, err, tc.err, tc.name)
+		assert.Empty(t, rt.Nodes(), "%s: a failed load leaves nothing behind", tc.name)
+	}
+}
+
+func TestErrorsPropagate(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		p := runtime.Pattern{
+			Cells: []runtime.Cell{{Name: "cfg", Initial: json.RawMessage(`{"n":2}`)}},
+			Nodes: []runtime.Node{computed(t, "n", "cfg.n * 10"), computed(t, "m", "n + 1"), computed(t, "o", "m + 1")},
+		}
+		rt := start(t, s, p, runtime.Options{})
+		assert.Equal(t, "22", string(get(t, s, "o").Value))
+		set(t, rt, "cfg", `null`)
+		n := get(t, s, "n")
+		assert.Contains(t, n.Error, "cannot fetch n from <nil>")
+		assert.Equal(t, "20", string(n.Value), "the last good value stays")
+		assert.Equal(t, "upstream n failed: "+n.Error, get(t, s, "m").Error)
+		assert.Equal(t, "upstream n failed: "+n.Error, get(t, s, "o").Error, "the origin is kept down the chain")
+		info := rt.Nodes()
+		assert.Equal(t, runtime.Error, info[1].State)
+		set(t, rt, "cfg", `{"n":3}`)
+		assert.Empty(t, get(t, s, "o").Error)
+		assert.Equal(t, "32", string(get(t, s, "o").Value))
+	})
+}
+
+func TestSetRules(t *testing.T) {
+	s := cells.NewMemory(cells.Options{})
+	defer s.Close()
+	p := runtime.Pattern{
+		Cells: []runtime.Cell{{Name: "cfg", Initial: json.RawMessage(`{"n":1}`), Schema: json.RawMessage(`{"type":"object","properties":{"n":{"type":"integer"}}}`)}},
+		Nodes: []runtime.Node{computed(t, "n", "cfg.n")},
+	}
+	rt := start(t, s, p, runtime.Options{})
+	err := rt.Set(context.Background(), at("cfg"), json.RawMessage(`{"n":"two"}`))
+	var se *cells.SchemaError
+	require.ErrorAs(t, err, &se)
+	assert.ErrorContains(t, err, "/n")
+	assert.Equal(t, `{"n":1}`, string(get(t, s, "cfg").Value))
+	assert.ErrorContains(t, rt.Set(context.Background(), at("n"), json.RawMessage(`1`)), "it is the output of node n (computed)")
+	// Loading the same instance twice is refused.
+	assert.ErrorContains(t, rt.Load(context.Background(), runtime.Pattern{Space: space, Name: pat}), "already loaded")
+}
+
+// statuses collects status events.
+type statuses struct {
+	mu  sync.Mutex
+	all []runtime.Status
+}
+
+func watchStatus(t *testing.T, rt *runtime.Runtime) *statuses {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	st := &statuses{}
+	ch := rt.Subscribe(ctx, 1024)
+	go func() {
+		for s := range ch {
+			st.mu.Lock()
+			st.all = append(st.all, s)
+			st.mu.Unlock()
+		}
+	}()
+	return st
+}
+
+func (s *statuses) count(node string, kind runtime.StatusKind) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, x := range s.all {
+		if x.Node.Name == node && x.Kind == kind {
+			n++
+		}
+	}
+	return n
+}
+
+// work is an async test kind: its key is its input x; a run records x,
+// then finishes with x*10 when released, or with the context's error.
+type work struct {
+	memo    bool
+	block   bool
+	started chan float64
+	release chan struct{}
+	runs    atomic.Int32
+}
+
+func newWork(memo, block bool) *work {
+	return &work{memo: memo, block: block, started: make(chan float64, 16), release: make(chan struct{}, 16)}
+}
+
+func (w *work) Key(in runtime.Inputs) (string, bool, error) {
+	return fmt.Sprint(in["x"]), w.memo, nil
+}
+
+func (w *work) Run(ctx context.Context, in runtime.Inputs) (any, error) {
+	w.runs.Add(1)
+	x := toFloat(in["x"])
+	w.started <- x
+	if w.block {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-w.release:
+		}
+	}
+	return map[string]any{"out": x * 10}, nil
+}
+
+func toFloat(v any) float64 {
+	switch x := v.(type) {
+	case int:
+		return float64(x)
+	case float64:
+		return x
+	}
+	return 0
+}
+
+func waitStarted(t *testing.T, w *work) float64 {
+	t.Helper()
+	select {
+	case x := <-w.started:
+		return x
+	case <-time.After(5 * time.Second):
+		t.Fatal("run did not start")
+		return 0
+	}
+}
+
+func mustComputed(src string) *builtins.Computed {
+	c, err := builtins.NewComputed(src)
+	if err != nil {
+		panic(err)
+	}
+	return c
+}
+
+func asyncPattern(w *work) runtime.Pattern {
+	return runtime.Pattern{
+		Cells: []runtime.Cell{{Name: "x", Initial: json.RawMessage(`1`)}},
+		Nodes: []runtime.Node{
+			{Name: "job", Inputs: []string{"x"}, Kind: w, Builtin: "work"},
+			{Name: "after", Inputs: []string{"job"}, Kind: mustComputed("job.pending ? 'waiting' : job.result.out")},
+		},
+	}
+}
+
+func TestAsyncAbort(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		w := newWork(false, true)
+		rt := runtime.New(s, runtime.Options{})
+		defer rt.Close(context.Background())
+		st := watchStatus(t, rt)
+		require.NoError(t, rt.Load(context.Background(), runtime.Pattern{Space: space, Name: pat, Cells: asyncPattern(w).Cells, Nodes: asyncPattern(w).Nodes}))
+		assert.Equal(t, 1.0, waitStarted(t, w))
+		// pending is written in the batch that decided the run, before it
+		// starts; downstream sees it in the same batch.
+		assert.JSONEq(t, `{"pending":true,"result":null,"error":null}`, string(get(t, s, "job").Value))
+		assert.Equal(t, `"waiting"`, string(get(t, s, "after").Value))
+		w.release <- struct{}{}
+		settle(t, rt)
+		assert.JSONEq(t, `{"pending":false,"result":{"out":10},"error":null}`, string(get(t, s, "job").Value))
+
+		// Two quick changes: the first run is cancelled and never written.
+		set(t, rt, "x", `2`)
+		assert.Equal(t, 2.0, waitStarted(t, w))
+		assert.JSONEq(t, `{"pending":true,"result":{"out":10},"error":null}`, string(get(t, s, "job").Value), "the last result stays while pending")
+		set(t, rt, "x", `3`)
+		assert.Equal(t, 3.0, waitStarted(t, w))
+		w.release <- struct{}{}
+		settle(t, rt)
+		assert.JSONEq(t, `{"pending":false,"result":{"out":30},"error":null}`, string(get(t, s, "job").Value))
+		assert.Equal(t, "30", string(get(t, s, "after").Value))
+		assert.Eventually(t, func() bool {
+			return st.count("job", runtime.Aborted) == 1 && st.count("job", runtime.Finished) == 2 && st.count("job", runtime.Started) == 3
+		}, 5*time.Second, 10*time.Millisecond, "3 runs: 2 finished, 1 aborted")
+
+		// The aborted run's value never reached the store.
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		log, err := s.Watch(ctx, "", 0)
+		require.NoError(t, err)
+		for b := range log {
+			for _, c := range b.Changes {
+				assert.NotContains(t, string(c.Cell.Value), `"out":20`)
+			}
+			if b.Version >= s.Version() {
+				break
+			}
+		}
+	})
+}
+
+func TestAsyncMemo(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		w := newWork(true, false)
+		rt := start(t, s, asyncPattern(w), runtime.Options{})
+		st := watchStatus(t, rt)
+		set(t, rt, "x", `2`)
+		settle(t, rt)
+		require.EqualValues(t, 2, w.runs.Load())
+		set(t, rt, "x", `1`) // revert: served from the memo cache
+		settle(t, rt)
+		assert.EqualValues(t, 2, w.runs.Load(), "no run on a revert")
+		assert.JSONEq(t, `{"pending":false,"result":{"out":10},"error":null}`, string(get(t, s, "job").Value))
+		assert.Eventually(t, func() bool { return st.count("job", runtime.Cached) == 1 }, 5*time.Second, 10*time.Millisecond)
+		assert.Equal(t, 1, rt.Nodes()[1].CacheHits)
+
+		// Without memo, a revert runs again; an unchanged key does not.
+		w2 := newWork(false, false)
+		p := asyncPattern(w2)
+		p.Space, p.Name = space, "nomemo"
+		require.NoError(t, rt.Load(context.Background(), p))
+		settle(t, rt)
+		for _, x := range []string{`2`, `1`, `1.0`} {
+			require.NoError(t, rt.Set(context.Background(), cells.Address{Space: space, Pattern: "nomemo", Name: "x"}, json.RawMessage(x)))
+			settle(t, rt)
+		}
+		assert.EqualValues(t, 3, w2.runs.Load())
+	})
+}
+
+func TestRestartResumes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cells.db")
+	pattern := func(slow, fast *work) runtime.Pattern {
+		return runtime.Pattern{
+			Space: space, Name: pat,
+			Cells: []runtime.Cell{{Name: "x", Initial: json.RawMessage(`1`)}, {Name: "y", Initial: json.RawMessage(`2`)}},
+			Nodes: []runtime.Node{
+				{Name: "slow", Inputs: []string{"x"}, Kind: slow},
+				{Name: "fast", Inputs: []string{"y"}, Kind: &renamed{fast, "y"}},
+			},
+		}
+	}
+	s, err := cells.OpenBolt(path, cells.Options{})
+	require.NoError(t, err)
+	slow, fast := newWork(false, true), newWork(false, false)
+	rt := runtime.New(s, runtime.Options{})
+	require.NoError(t, rt.Load(context.Background(), pattern(slow, fast)))
+	waitStarted(t, slow)
+	require.Eventually(t, func() bool {
+		c, _ := s.Get(at("fast"))
+		return string(c.Value) == `{"pending":false,"result":{"out":20},"error":null}`
+	}, 5*time.Second, 10*time.Millisecond)
+	// Kill mid-run: close without finishing.
+	require.NoError(t, rt.Close(context.Background()))
+	require.NoError(t, s.Close())
+
+	s, err = cells.OpenBolt(path, cells.Options{})
+	require.NoError(t, err)
+	defer s.Close()
+	assert.JSONEq(t, `{"pending":true,"result":null,"error":null}`, string(get(t, s, "slow").Value), "the cancelled run was not written")
+	slow2, fast2 := newWork(false, true), newWork(false, false)
+	rt = runtime.New(s, runtime.Options{})
+	defer rt.Close(context.Background())
+	require.NoError(t, rt.Load(context.Background(), pattern(slow2, fast2)))
+	assert.Equal(t, 1.0, waitStarted(t, slow2), "the pending run runs again")
+	slow2.release <- struct{}{}
+	settle(t, rt)
+	assert.EqualValues(t, 0, fast2.runs.Load(), "the finished run is not repeated")
+	assert.JSONEq(t, `{"pending":false,"result":{"out":10},"error":null}`, string(get(t, s, "slow").Value))
+}
+
+// renamed feeds a work kind its input under another name (y as x).
+type renamed struct {
+	*work
+	from string
+}
+
+func (r *renamed) Key(in runtime.Inputs) (string, bool, error) {
+	return r.work.Key(runtime.Inputs{"x": in[r.from]})
+}
+
+func (r *renamed) Run(ctx context.Context, in runtime.Inputs) (any, error) {
+	return r.work.Run(ctx, runtime.Inputs{"x": in[r.from]})
+}
+
+func TestOutputEncoding(t *testing.T) {
+	s := cells.NewMemory(cells.Options{})
+	defer s.Close()
+	p := runtime.Pattern{
+		Cells: []runtime.Cell{{Name: "name", Initial: json.RawMessage(`"a&b"`)}, {Name: "big", Initial: json.RawMessage(`1.5e300`)}},
+		Nodes: []runtime.Node{computed(t, "html", `"<b>" + name + "</b>"`), computed(t, "n", "big * 2"), computed(t, "i", "len(name) + 1")},
+	}
+	start(t, s, p, runtime.Options{})
+	assert.Equal(t, `"<b>a&b</b>"`, string(get(t, s, "html").Value), "HTML characters are not escaped")
+	assert.Equal(t, `3e+300`, string(get(t, s, "n").Value))
+	assert.Equal(t, `4`, string(get(t, s, "i").Value))
+}
+
+func TestWaitTimeout(t *testing.T) {
+	s := cells.NewMemory(cells.Options{})
+	defer s.Close()
+	w := newWork(false, true)
+	rt := runtime.New(s, runtime.Options{})
+	p := asyncPattern(w)
+	p.Space, p.Name = space, pat
+	require.NoError(t, rt.Load(context.Background(), p))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	assert.ErrorContains(t, rt.Wait(ctx), "wait for the runtime to settle: context deadline exceeded")
+	require.NoError(t, rt.Close(context.Background()), "Close cancels the run")
+	assert.ErrorIs(t, rt.Set(context.Background(), at("x"), json.RawMessage(`2`)), runtime.ErrClosed)
+}
