@@ -251,11 +251,11 @@ func (s *server) handleExec(w http.ResponseWriter, r *http.Request) {
 	case <-p.done:
 	case <-timeout:
 		res.TimedOut = true
-		p.signal(syscall.SIGKILL)
+		p.kill()
 	case <-r.Context().Done():
-		p.signal(syscall.SIGKILL)
+		p.kill()
 	case <-s.ctx.Done():
-		p.signal(syscall.SIGKILL)
+		p.kill()
 	}
 	<-p.done
 	stdout.finish()
@@ -313,7 +313,7 @@ func (s *server) handleStart(w http.ResponseWriter, r *http.Request) {
 	p.log = newRing(DefaultLogBuffer)
 	go p.log.fill(outR)
 	if req.TimeoutMs > 0 {
-		t := time.AfterFunc(time.Duration(req.TimeoutMs)*time.Millisecond, func() { p.signal(syscall.SIGKILL) })
+		t := time.AfterFunc(time.Duration(req.TimeoutMs)*time.Millisecond, func() { p.kill() })
 		go func() { <-p.done; t.Stop() }()
 	}
 	writeJSON(w, p.info())
@@ -345,7 +345,9 @@ func (s *server) handleSignal(w http.ResponseWriter, r *http.Request) {
 		return
 	default:
 	}
-	if err := p.signal(syscall.Signal(req.Signal)); err != nil {
+	if syscall.Signal(req.Signal) == syscall.SIGKILL {
+		p.kill()
+	} else if err := p.signal(syscall.Signal(req.Signal)); err != nil {
 		writeError(w, asError("signal", p.id, err))
 		return
 	}

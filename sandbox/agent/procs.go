@@ -49,6 +49,20 @@ func (p *proc) signal(sig syscall.Signal) error {
 	return syscall.Kill(-p.pid, sig)
 }
 
+// kill SIGKILLs the process's whole group until no member is left. One
+// kill(2) is not enough for a fork bomb: a member in the middle of fork can
+// still add a child after the signal went out. Bounded, so a group that
+// cannot die (uninterruptible sleep) does not hold the caller forever.
+func (p *proc) kill() {
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := syscall.Kill(-p.pid, syscall.SIGKILL); errors.Is(err, syscall.ESRCH) {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
 // procTable owns every child the agent starts. As PID 1 it reaps all
 // children itself (wait4(-1)) and hands exit statuses to the table; otherwise
 // it waits for each child by pid, so that it never steals another part of
