@@ -17,6 +17,9 @@ import (
 // backend does not know.
 var ErrNotFound = errors.New("box not found")
 
+// ErrExists is returned (wrapped) by Create for an ID that is taken.
+var ErrExists = errors.New("box already exists")
+
 // Paths inside every box.
 const (
 	// AgentPath is where the cellbox binary is mounted read-only.
@@ -108,19 +111,24 @@ type Info struct {
 //
 // Contract (checked by backendtest):
 //   - Create makes a box from a Spec without starting it. Creating an ID that
-//     exists is an error.
+//     exists is an error (ErrExists, wrapped). Spec.Validate's rules apply.
 //   - Start starts a created or stopped box and returns once its PID 1 (the
-//     agent) has been launched; the caller waits for the agent socket.
-//     Starting a running box is a no-op.
+//     agent) has been launched; the caller waits for the agent socket (a
+//     box whose PID 1 dies at once shows as stopped in Inspect). Starting a
+//     running box is a no-op.
 //   - Stop stops a box and keeps its workspace: a later Start sees the same
-//     files. Stopping a stopped box is a no-op.
+//     files. Stopping a stopped or never started box is a no-op.
 //   - Remove stops and deletes a box and its workspace. Removing a missing
 //     box is not an error.
 //   - Inspect returns ErrNotFound (wrapped) for an unknown ID.
 //   - List returns the managed boxes whose labels include every given
 //     label; it sees boxes made by an earlier process (reattach, orphans).
+//     A pool reconciles at start with List(ctx, {LabelManaged: "1"}):
+//     boxes it knows are reattached (running ones keep running), the others
+//     are orphans to Remove.
 //   - Boxes have no network but loopback unless Spec.Network, run with
-//     Spec.Limits enforced, with no capabilities a shell does not need.
+//     Spec.Limits enforced (see Enforcer), with no capabilities a shell does
+//     not need, as the unprivileged box user (BoxUID/BoxGID, HOME=Workspace).
 type Backend interface {
 	Name() string // "docker" or "local"
 	Create(ctx context.Context, spec Spec) (Info, error)

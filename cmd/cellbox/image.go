@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cellbox/cellbox/sandbox/docker"
+	"github.com/cellbox/cellbox/sandbox/image"
+)
+
+func init() {
+	register(command{
+		name:  "image",
+		usage: "build base|python|node [--data DIR] [--backend docker|local|both] [--force] | ls [--data DIR]  box images",
+		run:   runImage,
+	})
+}
+
+// defaultDataDir is $CELLBOX_DATA, else ~/.local/share/cellbox.
+func defaultDataDir() string {
+	if d := os.Getenv("CELLBOX_DATA"); d != "" {
+		return d
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "share", "cellbox")
+	}
+	return "cellbox-data"
+}
+
+func runImage(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return errors.New("want a subcommand: build NAME or ls")
+	}
+	fs := flag.NewFlagSet("image "+args[0], flag.ContinueOnError)
+	data := fs.String("data", defaultDataDir(), "data directory (images are in DATA/images)")
+	switch args[0] {
+	case "build":
+		backendFlag := fs.String("backend", "both", "where the image is used: docker (rootfs + docker import), local (rootfs only), both")
+		force := fs.Bool("force", false, "rebuild the rootfs and re-import it even if they exist")
+		quiet := fs.Bool("q", false, "do not show debootstrap's output")
+		name, rest := "", args[1:]
+		if len(rest) > 0 && rest[0] != "" && rest[0][0] != '-' {
+			name, rest = rest[0], rest[1:]
+		}
+		if err := fs.Parse(rest); err != nil {
+			return err
+		}
+		if name == "" && fs.NArg() == 1 {
+			name = fs.Arg(0)
+		} else if fs.NArg() > 0 || name == "" {
+			return fmt.Errorf("want exactly one image name (%v)", image.Names())
+		}
+		if *backendFlag != "docker" && *backendFlag != "local" && *backendFlag != "both" {
+			return fmt.Errorf("--backend %q: want docker, local or both", *backendFlag)
+		}
+		var out io.Writer = os.Stderr
+		if *quiet {
+			out = nil
+		}
+		return imageBuild(ctx, filepath.Join(*data, "images"), name, *backendFlag, *force, out)
+	case "ls":
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		return imageList(ctx, filepath.Join(*data, "images"))
+	default:
+		return fmt.Errorf("unknown subcommand %q: want build or ls", args[0])
+	}
+}
+
+func imageBuild(ctx context.Context, imagesDir, name, where string, force bool, out io.Writer) error {
+	start := time.Now()
+	in, built, err := image.Build(ctx, image.BuildOptions{ImagesDir: imagesDir, Name: name, Force: force, Output: out})
+	if err != nil {
+		return err
+	}
+	if built {
+		fmt.Printf("built %s: %s (%s) in %s\n", name, in.Rootfs, humanBytes(in.Size), time.Since(start).Round(time.Second))
+	} else {
+		fmt.Printf("%s: rootfs exists at %s (--force rebuilds)\n", name, in.Rootfs)
+	}
+	if where == "local" {
+		return nil
+	}
+	d, err := docker.New(ctx, docker.Options{})
+	if err != nil {
+		if where == "both" {
+			fmt.Printf("%s: not imported into Docker: %v\n", name, err)
+			return nil
+		}
+		return err
+	}
+	defer d.Close()
+	ref := image.Ref(name)
+	if id, err := d.ImageID(ctx, ref); err != nil {
+		return err
+	} else if id != "" && !built && !force {
+		fmt.Printf("%s: docker image %s exists (%s)\n", name, ref, id)
+		return nil
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(image.Tar(ctx, in.Rootfs, pw)) }()
+	id, err := d.ImportImage(ctx, ref, pr)
+	pr.CloseWithError(err)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s: imported into Docker as %s (%s)\n", name, ref, id)
+	return nil
+}
+
+func imageList(ctx context.Context, imagesDir string) error {
+	imgs, err := image.List(imagesDir)
+	if err != nil {
+		return err
+	}
+	c, cancel := context.WithTimeout(ctx, 2*time.Second)
+	d, _ := docker.New(c, docker.Options{})
+	cancel()
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tROOTFS\tSIZE\tBUILT\tDOCKER IMAGE")
+	for _, in := range imgs {
+		id := "-"
+		if d != nil {
+			if s, err := d.ImageID(ctx, image.Ref(in.Name)); err == nil && s != "" {
+				id = image.Ref(in.Name) + " " + s
+			}
+		} else {
+			id = "(no Docker Engine)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", in.Name, in.Rootfs, humanBytes(in.Size), in.Built.Local().Format(time.DateTime), id)
+	}
+	if d != nil {
+		d.Close()
+	}
+	return tw.Flush()
+}
+
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	default:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+}

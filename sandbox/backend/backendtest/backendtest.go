@@ -1,0 +1,506 @@
+// Package backendtest is the conformance suite every backend.Backend passes:
+// the lifecycle contract of backend.Backend, and the confinement of a box
+// (network, limits, capabilities, user), checked from inside the box through
+// the real cellbox agent.
+package backendtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/sandbox/agent"
+	"github.com/cellbox/cellbox/sandbox/backend"
+)
+
+// Options configure RunWith.
+type Options struct {
+	// AgentBinary is a static cellbox binary (testenv.CellboxBinary).
+	AgentBinary string
+	// Image is the image of the boxes; default backend.DefaultImage.
+	Image string
+}
+
+// Run runs the suite on boxes of backend.DefaultImage.
+//
+// newBackend may be called more than once per test; every Backend it returns
+// must manage the same boxes (same engine, same root directory), as a
+// restarted server would.
+func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, agentBinary string) {
+	RunWith(t, newBackend, Options{AgentBinary: agentBinary})
+}
+
+// RunWith runs the suite with options.
+func RunWith(t *testing.T, newBackend func(t *testing.T) backend.Backend, o Options) {
+	s := &suite{newBackend: newBackend, o: o, session: "cbt-" + randHex(4)}
+	s.b = newBackend(t)
+	t.Run("Lifecycle", s.lifecycle)
+	t.Run("Errors", s.errors)
+	t.Run("ListByLabel", s.list)
+	t.Run("Reattach", s.reattach)
+	t.Run("Confinement", s.confinement)
+	t.Run("Network", s.network)
+	t.Run("MemoryLimit", s.memory)
+	t.Run("PidsLimit", s.pids)
+}
+
+type suite struct {
+	newBackend func(t *testing.T) backend.Backend
+	b          backend.Backend
+	o          Options
+	session    string
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// spec is a fresh box spec in the suite's session; its host dir and the box
+// are removed when the test ends.
+func (s *suite) spec(t *testing.T, name string) backend.Spec {
+	t.Helper()
+	// Short paths: a unix socket path must fit in 108 bytes.
+	dir, err := os.MkdirTemp("", "cbt")
+	require.NoError(t, err)
+	id := s.session + "-" + name + "-" + randHex(3)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		assert.NoError(t, s.b.Remove(ctx, id), "remove box %s", id)
+		_ = os.RemoveAll(dir)
+	})
+	return backend.Spec{
+		ID:          id,
+		Labels:      map[string]string{backend.LabelSession: s.session, backend.LabelBox: name},
+		Image:       s.o.Image,
+		AgentBinary: s.o.AgentBinary,
+		HostDir:     dir,
+	}
+}
+
+// up creates and starts a box and waits for its agent.
+func (s *suite) up(t *testing.T, spec backend.Spec) *agent.Client {
+	t.Helper()
+	ctx := ctxFor(t, time.Minute)
+	_, err := s.b.Create(ctx, spec)
+	require.NoError(t, err)
+	info, err := s.b.Start(ctx, spec.ID)
+	require.NoError(t, err)
+	require.Equal(t, backend.StateRunning, info.State)
+	return waitAgent(t, spec)
+}
+
+func waitAgent(t *testing.T, spec backend.Spec) *agent.Client {
+	t.Helper()
+	c := agent.Dial(filepath.Join(spec.HostDir, backend.SocketName))
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, c.WaitReady(ctx), "agent of box %s never answered", spec.ID)
+	return c
+}
+
+// sh runs a shell command in the box.
+func sh(t *testing.T, c *agent.Client, cmd string) agent.ExecResult {
+	t.Helper()
+	ctx := ctxFor(t, time.Minute)
+	res, err := c.Exec(ctx, agent.ExecRequest{Command: cmd, TimeoutMs: 30000}, nil)
+	require.NoError(t, err, "exec %q", cmd)
+	return res
+}
+
+// ok runs a command that must succeed and returns its trimmed stdout.
+func ok(t *testing.T, c *agent.Client, cmd string) string {
+	t.Helper()
+	res := sh(t, c, cmd)
+	require.Equal(t, 0, res.ExitCode, "exec %q: stdout %q stderr %q", cmd, res.Stdout, res.Stderr)
+	return strings.TrimSpace(res.Stdout)
+}
+
+func (s *suite) lifecycle(t *testing.T) {
+	t.Parallel()
+	spec := s.spec(t, "life")
+	ctx := ctxFor(t, 2*time.Minute)
+	before := time.Now().Add(-2 * time.Second)
+
+	info, err := s.b.Create(ctx, spec)
+	require.NoError(t, err)
+	assert.Equal(t, spec.ID, info.ID)
+	assert.Equal(t, backend.StateCreated, info.State)
+	assert.Equal(t, spec.ImageOrDefault(), info.Image)
+	assert.Equal(t, spec.HostDir, info.HostDir)
+	assert.WithinRange(t, info.Created, before, time.Now().Add(2*time.Second))
+	for k, v := range map[string]string{backend.LabelManaged: "1", backend.LabelID: spec.ID, backend.LabelSession: s.session, backend.LabelBox: "life"} {
+		assert.Equal(t, v, info.Labels[k], "label %s", k)
+	}
+	got, err := s.b.Inspect(ctx, spec.ID)
+	require.NoError(t, err)
+	assert.Equal(t, info.State, got.State)
+	assert.Equal(t, info.Labels, got.Labels)
+	require.NoError(t, s.b.Stop(ctx, spec.ID), "stopping a created box is a no-op")
+
+	info, err = s.b.Start(ctx, spec.ID)
+	require.NoError(t, err)
+	assert.Equal(t, backend.StateRunning, info.State)
+	c := waitAgent(t, spec)
+	v, err := c.Version(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, v.PID, "the agent is PID 1")
+	fi, err := os.Lstat(filepath.Join(spec.HostDir, backend.SocketName))
+	require.NoError(t, err)
+	assert.Equal(t, os.ModeSocket, fi.Mode().Type(), "the agent's socket is in the host dir")
+	ok(t, c, "echo kept > /workspace/keep.txt && mkdir -p /workspace/d && echo x > /workspace/d/y")
+
+	info, err = s.b.Start(ctx, spec.ID)
+	require.NoError(t, err, "starting a running box is a no-op")
+	assert.Equal(t, backend.StateRunning, info.State)
+	assert.Equal(t, "kept", ok(t, c, "cat keep.txt"), "the no-op Start did not restart the box")
+
+	require.NoError(t, s.b.Stop(ctx, spec.ID))
+	got, err = s.b.Inspect(ctx, spec.ID)
+	require.NoError(t, err)
+	assert.Equal(t, backend.StateStopped, got.State)
+	require.NoError(t, s.b.Stop(ctx, spec.ID), "stopping a stopped box is a no-op")
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = c.Version(short)
+	cancel()
+	assert.Error(t, err, "a stopped box's agent does not answer")
+
+	info, err = s.b.Start(ctx, spec.ID)
+	require.NoError(t, err)
+	assert.Equal(t, backend.StateRunning, info.State)
+	c = waitAgent(t, spec)
+	assert.Equal(t, "kept", ok(t, c, "cat /workspace/keep.txt"), "the workspace survives stop and start")
+	assert.Equal(t, "x", ok(t, c, "cat /workspace/d/y"))
+
+	require.NoError(t, s.b.Remove(ctx, spec.ID))
+	_, err = s.b.Inspect(ctx, spec.ID)
+	assert.ErrorIs(t, err, backend.ErrNotFound)
+	require.NoError(t, s.b.Remove(ctx, spec.ID), "removing a removed box is not an error")
+	list, err := s.b.List(ctx, map[string]string{backend.LabelID: spec.ID})
+	require.NoError(t, err)
+	assert.Empty(t, list)
+	_, err = c.Version(short)
+	assert.Error(t, err, "a removed box's agent does not answer")
+}
+
+func (s *suite) errors(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t, time.Minute)
+	unknown := s.session + "-nosuchbox"
+	_, err := s.b.Inspect(ctx, unknown)
+	assert.ErrorIs(t, err, backend.ErrNotFound, "inspect")
+	_, err = s.b.Start(ctx, unknown)
+	assert.ErrorIs(t, err, backend.ErrNotFound, "start")
+	assert.ErrorIs(t, s.b.Stop(ctx, unknown), backend.ErrNotFound, "stop")
+	assert.NoError(t, s.b.Remove(ctx, unknown), "remove")
+
+	spec := s.spec(t, "dup")
+	_, err = s.b.Create(ctx, spec)
+	require.NoError(t, err)
+	_, err = s.b.Create(ctx, spec)
+	assert.ErrorIs(t, err, backend.ErrExists, "create twice")
+
+	bad := []struct {
+		name   string
+		mutate func(*backend.Spec)
+	}{
+		{"id with a slash", func(sp *backend.Spec) { sp.ID = "a/b" }},
+		{"id ..", func(sp *backend.Spec) { sp.ID = ".." }},
+		{"empty id", func(sp *backend.Spec) { sp.ID = "" }},
+		{"missing agent binary", func(sp *backend.Spec) { sp.AgentBinary = "/nonexistent/cellbox" }},
+		{"relative host dir", func(sp *backend.Spec) { sp.HostDir = "boxes/x" }},
+		{"negative memory", func(sp *backend.Spec) { sp.Limits.MemoryBytes = -1 }},
+		{"unknown image", func(sp *backend.Spec) { sp.Image = "cellbox/nosuchimage-" + randHex(3) }},
+	}
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
+			sp := spec
+			sp.ID = s.session + "-bad-" + randHex(3)
+			tc.mutate(&sp)
+			_, err := s.b.Create(ctx, sp)
+			require.Error(t, err)
+			if backend.ValidID(sp.ID) == nil {
+				_, err = s.b.Inspect(ctx, sp.ID)
+				assert.ErrorIs(t, err, backend.ErrNotFound, "a failed create leaves no box")
+			}
+		})
+	}
+}
+
+func ids(list []backend.Info) []string {
+	out := make([]string, 0, len(list))
+	for _, in := range list {
+		out = append(out, in.ID)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (s *suite) list(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t, time.Minute)
+	a, b := s.spec(t, "lista"), s.spec(t, "listb")
+	other := s.spec(t, "listother")
+	other.Labels = map[string]string{backend.LabelSession: s.session + "-other", backend.LabelBox: "lista"}
+	for _, sp := range []backend.Spec{a, b, other} {
+		_, err := s.b.Create(ctx, sp)
+		require.NoError(t, err)
+	}
+	_, err := s.b.Start(ctx, b.ID)
+	require.NoError(t, err)
+
+	tests := []struct {
+		labels map[string]string
+		want   []string
+	}{
+		{map[string]string{backend.LabelID: a.ID}, []string{a.ID}},
+		{map[string]string{backend.LabelSession: s.session + "-other"}, []string{other.ID}},
+		{map[string]string{backend.LabelSession: s.session, backend.LabelBox: "listb"}, []string{b.ID}},
+		{map[string]string{backend.LabelBox: "lista", backend.LabelSession: s.session}, []string{a.ID}},
+		{map[string]string{backend.LabelSession: "no-such-session"}, nil},
+	}
+	for _, tc := range tests {
+		got, err := s.b.List(ctx, tc.labels)
+		require.NoError(t, err)
+		want := slices.Clone(tc.want)
+		slices.Sort(want)
+		assert.Equal(t, want, nilIfEmpty(ids(got)), "List(%v)", tc.labels)
+	}
+	all, err := s.b.List(ctx, nil)
+	require.NoError(t, err)
+	states := map[string]backend.State{}
+	for _, in := range all {
+		states[in.ID] = in.State
+		assert.Equal(t, "1", in.Labels[backend.LabelManaged])
+	}
+	assert.Equal(t, backend.StateCreated, states[a.ID], "List(nil) sees every box, with its state")
+	assert.Equal(t, backend.StateRunning, states[b.ID])
+	assert.Contains(t, states, other.ID)
+}
+
+func nilIfEmpty(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
+}
+
+// reattach: a second Backend over the same boxes (a restarted server) sees
+// a running box as running and can drive its lifecycle.
+func (s *suite) reattach(t *testing.T) {
+	t.Parallel()
+	spec := s.spec(t, "reattach")
+	c := s.up(t, spec)
+	ok(t, c, "echo before > /workspace/f")
+
+	ctx := ctxFor(t, time.Minute)
+	b2 := s.newBackend(t)
+	got, err := b2.List(ctx, map[string]string{backend.LabelID: spec.ID})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	assert.Equal(t, backend.StateRunning, got[0].State)
+	assert.Equal(t, spec.HostDir, got[0].HostDir)
+	assert.Equal(t, "before", ok(t, c, "cat /workspace/f"), "the box kept running")
+
+	require.NoError(t, b2.Stop(ctx, spec.ID))
+	in, err := s.b.Inspect(ctx, spec.ID)
+	require.NoError(t, err)
+	assert.Equal(t, backend.StateStopped, in.State)
+	_, err = b2.Start(ctx, spec.ID)
+	require.NoError(t, err)
+	c = waitAgent(t, spec)
+	assert.Equal(t, "before", ok(t, c, "cat /workspace/f"))
+}
+
+// confinement checks, from inside one box, who runs and what it may do.
+func (s *suite) confinement(t *testing.T) {
+	t.Parallel()
+	spec := s.spec(t, "conf")
+	spec.Env = map[string]string{"CELLBOX_TEST_VAR": "a b=c"}
+	c := s.up(t, spec)
+
+	tests := []struct {
+		name, cmd, want string
+	}{
+		{"runs as the box user", "id -u; id -g", "1000\n1000"},
+		{"home and cwd are the workspace", `echo "$HOME"; pwd`, backend.Workspace + "\n" + backend.Workspace},
+		{"spec env is set", `echo "$CELLBOX_TEST_VAR"`, "a b=c"},
+		{"no effective capabilities", `grep CapEff /proc/self/status | cut -f2`, "0000000000000000"},
+		{"no new privileges", `grep NoNewPrivs /proc/self/status | cut -f2`, "1"},
+		{"the agent is PID 1", `tr '\0' ' ' < /proc/1/cmdline`, backend.AgentPath + " agent"},
+		{"hostname", "cat /proc/sys/kernel/hostname", "box"},
+		{"bash and python3", `bash -c 'echo $BASH_VERSINFO' >/dev/null && python3 -c 'print(6*7)'`, "42"},
+		{"a Debian userland", `. /etc/os-release && echo $ID`, "debian"},
+		{"workspace and tmp are writable", "echo w > /workspace/w && echo t > /tmp/t && cat /workspace/w /tmp/t", "w\nt"},
+		{"usr, etc and root are not writable",
+			`for p in /usr/cbt /usr/bin/cbt /etc/cbt /cbt /.cellbox/cellbox; do (echo x > $p) 2>/dev/null && echo "wrote $p"; done; echo done`, "done"},
+		{"mount fails", `python3 -c 'import ctypes; l=ctypes.CDLL(None, use_errno=True); print(l.mount(b"none", b"/tmp", b"tmpfs", 0, None), ctypes.get_errno())'`, "-1 1"},
+		{"mknod fails", `python3 -c '
+import os, stat
+try:
+    os.mknod("/tmp/null", stat.S_IFCHR | 0o666, os.makedev(1, 3)); print("made")
+except PermissionError: print("denied")'`, "denied"},
+		{"the socket dir is mounted", "test -S " + backend.SocketDir + "/" + backend.SocketName + " && echo yes", "yes"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, ok(t, c, tc.cmd))
+		})
+	}
+}
+
+// interfaces lists the box's network interfaces.
+func interfaces(t *testing.T, c *agent.Client) []string {
+	out := ok(t, c, `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort`)
+	return strings.Fields(out)
+}
+
+func (s *suite) network(t *testing.T) {
+	t.Parallel()
+	t.Run("none by default", func(t *testing.T) {
+		t.Parallel()
+		c := s.up(t, s.spec(t, "nonet"))
+		assert.Equal(t, []string{"lo"}, interfaces(t, c), "loopback only")
+		res := sh(t, c, `python3 -c 'import socket; socket.create_connection(("1.1.1.1", 53), timeout=2)'`)
+		assert.NotEqual(t, 0, res.ExitCode)
+		assert.Contains(t, res.Stderr, "unreachable")
+		assert.Equal(t, "lo-ok", ok(t, c, `python3 -c '
+import socket
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
+c = socket.create_connection(s.getsockname()); print("lo-ok")'`), "loopback works")
+	})
+	t.Run("on with Spec.Network", func(t *testing.T) {
+		t.Parallel()
+		spec := s.spec(t, "net")
+		spec.Network = true
+		c := s.up(t, spec)
+		ifs := interfaces(t, c)
+		assert.Contains(t, ifs, "lo")
+		assert.Greater(t, len(ifs), 1, "an interface besides loopback: %v", ifs)
+	})
+}
+
+func (s *suite) enforcement() backend.Enforcement {
+	if e, ok := s.b.(backend.Enforcer); ok {
+		return e.Enforcement()
+	}
+	return backend.Enforcement{Memory: true, CPU: true, Pids: true}
+}
+
+func (s *suite) memory(t *testing.T) {
+	t.Parallel()
+	if !s.enforcement().Memory {
+		t.Skip("memory limit not enforced by this backend here")
+	}
+	spec := s.spec(t, "mem")
+	spec.Limits.MemoryBytes = 128 << 20
+	c := s.up(t, spec)
+	assert.Equal(t, "32", ok(t, c, `python3 -c 'x = b"x" * (32 << 20); print(len(x) >> 20)'`), "under the limit works")
+	res := sh(t, c, `python3 -c 'x = b"x" * (512 << 20); print("survived")'`)
+	assert.NotEqual(t, 0, res.ExitCode, "allocating 512 MiB in a 128 MiB box fails (stderr %q)", res.Stderr)
+	assert.NotContains(t, res.Stdout, "survived")
+	assert.Equal(t, "alive", ok(t, c, "echo alive"), "the box survives")
+}
+
+func (s *suite) pids(t *testing.T) {
+	if !s.enforcement().Pids {
+		t.Skip("pids limit not enforced by this backend here: a fork bomb would hit the host")
+	}
+	spec := s.spec(t, "pids")
+	spec.Limits.Pids = 64
+	c := s.up(t, spec)
+	ctx := ctxFor(t, time.Minute)
+	// The shell stays (sleep) so that the timeout kills the bomb's process
+	// group.
+	res, err := c.Exec(ctx, agent.ExecRequest{Command: `:(){ :|:& };:; sleep 60`, TimeoutMs: 3000}, nil)
+	require.NoError(t, err, "the fork bomb's exec returns")
+	t.Logf("fork bomb: exit %d timed out %v", res.ExitCode, res.TimedOut)
+	// The bomb's process group was killed at the timeout; stragglers die
+	// out. The box must answer again shortly.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		short, cancel := context.WithTimeout(ctx, 5*time.Second)
+		r, err := c.Exec(short, agent.ExecRequest{Command: "echo alive", TimeoutMs: 4000}, nil)
+		cancel()
+		if err == nil && r.ExitCode == 0 && strings.TrimSpace(r.Stdout) == "alive" {
+			break
+		}
+		if time.Now().After(deadline) {
+			require.Failf(t, "box dead after a fork bomb", "last: %+v %v", r, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Forking stops at the limit (the agent and the shell count too).
+	n := ok(t, c, `python3 -c '
+import os, signal
+pids = []
+try:
+    for i in range(200):
+        p = os.fork()
+        if p == 0:
+            signal.pause()
+            os._exit(0)
+        pids.append(p)
+except BlockingIOError:
+    pass
+for p in pids:
+    os.kill(p, 9)
+    os.waitpid(p, 0)
+print(len(pids))'`)
+	forked, err := strconv.Atoi(n)
+	require.NoError(t, err)
+	// The limit counts every task of the box (agent threads included).
+	assert.Less(t, forked, 64, "processes forked under a pids limit of 64")
+	assert.Greater(t, forked, 20, "processes forked under a pids limit of 64")
+}
+
+// MeasureStartup creates, starts and removes n boxes one after the other
+// and returns the time from Create to the agent's first answer, sorted.
+func MeasureStartup(t *testing.T, b backend.Backend, o Options, n int) []time.Duration {
+	t.Helper()
+	s := &suite{b: b, o: o, session: "cbt-" + randHex(4)}
+	ctx := ctxFor(t, 5*time.Minute)
+	out := make([]time.Duration, 0, n)
+	for i := 0; i < n; i++ {
+		spec := s.spec(t, "lat")
+		t0 := time.Now()
+		_, err := b.Create(ctx, spec)
+		require.NoError(t, err)
+		_, err = b.Start(ctx, spec.ID)
+		require.NoError(t, err)
+		c := agent.Dial(filepath.Join(spec.HostDir, backend.SocketName))
+		require.NoError(t, c.WaitReady(ctx))
+		out = append(out, time.Since(t0))
+		c.Close()
+		require.NoError(t, b.Remove(ctx, spec.ID))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Percentile of sorted durations (p in 0..100).
+func Percentile(sorted []time.Duration, p int) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[(len(sorted)-1)*p/100]
+}

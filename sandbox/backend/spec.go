@@ -1,0 +1,116 @@
+package backend
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+)
+
+// The unprivileged user every box runs as (named BoxUser in the box's
+// /etc/passwd, home Workspace). Files a box writes are owned by it.
+const (
+	BoxUID  = 1000
+	BoxGID  = 1000
+	BoxUser = "user"
+)
+
+// BoxEnv is the environment every box's PID 1 starts with, before
+// Spec.Env (which may override it).
+var BoxEnv = map[string]string{
+	"HOME": Workspace,
+	"USER": BoxUser,
+	"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"LANG": "C.UTF-8",
+}
+
+var idPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$`)
+
+// ValidID checks that id can name a box on every backend (a container name,
+// a directory name).
+func ValidID(id string) error {
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("box id %q: want 1-128 characters of [a-zA-Z0-9_.-], starting with a letter or digit", id)
+	}
+	return nil
+}
+
+// Enforcement says which Limits a backend enforces on this host, and why not
+// where it does not.
+type Enforcement struct {
+	Memory, CPU, Pids bool
+	Warnings          []string
+}
+
+// Enforcer is implemented by backends whose enforcement of Limits depends
+// on the host (local: cgroups may be unavailable). A backend that does not
+// implement it enforces every limit.
+type Enforcer interface {
+	Enforcement() Enforcement
+}
+
+// ImageOrDefault is the Spec's image, or DefaultImage when none is named.
+func (s Spec) ImageOrDefault() string {
+	if s.Image == "" {
+		return DefaultImage
+	}
+	return s.Image
+}
+
+// Validate checks what every backend needs of a Spec and says what is wrong
+// in terms a caller can act on.
+func (s Spec) Validate() error {
+	if err := ValidID(s.ID); err != nil {
+		return err
+	}
+	if !filepath.IsAbs(s.AgentBinary) {
+		return fmt.Errorf("box %s: agent binary %q: want an absolute host path", s.ID, s.AgentBinary)
+	}
+	if fi, err := os.Stat(s.AgentBinary); err != nil {
+		return fmt.Errorf("box %s: agent binary: %w", s.ID, err)
+	} else if !fi.Mode().IsRegular() {
+		return fmt.Errorf("box %s: agent binary %s is not a regular file", s.ID, s.AgentBinary)
+	}
+	if !filepath.IsAbs(s.HostDir) {
+		return fmt.Errorf("box %s: host dir %q: want an absolute host path", s.ID, s.HostDir)
+	}
+	if fi, err := os.Lstat(s.HostDir); err != nil {
+		return fmt.Errorf("box %s: host dir: %w", s.ID, err)
+	} else if !fi.IsDir() {
+		return fmt.Errorf("box %s: host dir %s is not a directory", s.ID, s.HostDir)
+	}
+	for k, v := range s.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return fmt.Errorf("box %s: env %q: names must be non-empty without '=' or NUL, values without NUL", s.ID, k)
+		}
+	}
+	if s.Limits.MemoryBytes < 0 || s.Limits.CPUs < 0 || s.Limits.Pids < 0 {
+		return fmt.Errorf("box %s: limits %+v: values must not be negative", s.ID, s.Limits)
+	}
+	if s.Limits.MemoryBytes != 0 && s.Limits.MemoryBytes < 16<<20 {
+		return fmt.Errorf("box %s: memory limit %d bytes: want at least 16 MiB", s.ID, s.Limits.MemoryBytes)
+	}
+	return nil
+}
+
+// BoxLabels are the labels a backend stores with the box: Spec.Labels plus
+// LabelManaged and LabelID, which the backend owns.
+func (s Spec) BoxLabels() map[string]string {
+	l := make(map[string]string, len(s.Labels)+2)
+	maps.Copy(l, s.Labels)
+	l[LabelManaged] = "1"
+	l[LabelID] = s.ID
+	return l
+}
+
+// MatchLabels reports whether have includes every label in want.
+func MatchLabels(have, want map[string]string) bool {
+	for k, v := range want {
+		if hv, ok := have[k]; !ok || hv != v {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,59 @@
+package backend_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/sandbox/backend"
+)
+
+func TestSpecValidate(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "cellbox")
+	require.NoError(t, os.WriteFile(bin, []byte("x"), 0o755))
+	good := backend.Spec{ID: "s1-box_a.b", AgentBinary: bin, HostDir: dir}
+	require.NoError(t, good.Validate())
+
+	tests := []struct {
+		name   string
+		mutate func(*backend.Spec)
+		want   string
+	}{
+		{"empty id", func(s *backend.Spec) { s.ID = "" }, "box id"},
+		{"id with slash", func(s *backend.Spec) { s.ID = "a/b" }, "box id"},
+		{"id starting with a dot", func(s *backend.Spec) { s.ID = ".hidden" }, "box id"},
+		{"id too long", func(s *backend.Spec) { s.ID = string(make([]byte, 129)) }, "box id"},
+		{"relative agent", func(s *backend.Spec) { s.AgentBinary = "cellbox" }, "absolute"},
+		{"missing agent", func(s *backend.Spec) { s.AgentBinary = "/nonexistent/cellbox" }, "no such file"},
+		{"agent is a dir", func(s *backend.Spec) { s.AgentBinary = dir }, "not a regular file"},
+		{"missing host dir", func(s *backend.Spec) { s.HostDir = filepath.Join(dir, "nope") }, "no such file"},
+		{"host dir is a file", func(s *backend.Spec) { s.HostDir = bin }, "not a directory"},
+		{"env name with =", func(s *backend.Spec) { s.Env = map[string]string{"A=B": "c"} }, "env"},
+		{"env value with NUL", func(s *backend.Spec) { s.Env = map[string]string{"A": "a\x00"} }, "env"},
+		{"negative pids", func(s *backend.Spec) { s.Limits.Pids = -1 }, "negative"},
+		{"tiny memory", func(s *backend.Spec) { s.Limits.MemoryBytes = 1 << 20 }, "at least 16 MiB"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := good
+			tc.mutate(&s)
+			assert.ErrorContains(t, s.Validate(), tc.want)
+		})
+	}
+}
+
+func TestLabels(t *testing.T) {
+	s := backend.Spec{ID: "x", Labels: map[string]string{backend.LabelSession: "s", backend.LabelID: "spoofed"}}
+	l := s.BoxLabels()
+	assert.Equal(t, map[string]string{backend.LabelSession: "s", backend.LabelID: "x", backend.LabelManaged: "1"}, l)
+	assert.Equal(t, "spoofed", s.Labels[backend.LabelID], "the spec's map is not modified")
+
+	assert.True(t, backend.MatchLabels(l, nil))
+	assert.True(t, backend.MatchLabels(l, map[string]string{backend.LabelSession: "s"}))
+	assert.False(t, backend.MatchLabels(l, map[string]string{backend.LabelSession: "t"}))
+	assert.False(t, backend.MatchLabels(l, map[string]string{"other": ""}))
+}

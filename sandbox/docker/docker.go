@@ -1,0 +1,407 @@
+// Package docker is the Backend that makes boxes as Docker containers through
+// the Engine API (github.com/moby/moby/client; Engine API 1.41 and newer, the
+// version is negotiated).
+//
+// A box is one container named after the box ID. Its PID 1 is the cellbox
+// agent, bind-mounted read-only at backend.AgentPath; the box's host
+// directory is bind-mounted at backend.SocketDir, where the agent puts its
+// socket. The workspace lives in the container's own filesystem, so it
+// survives Stop (ContainerStop) and goes with Remove.
+//
+// Confinement of every box:
+//   - runs as backend.BoxUID:BoxGID, not root, with every capability dropped
+//     (effective and bounding sets empty: a shell, python, pip --user, npm
+//     and compilers need none when they run as a plain user) and
+//     no-new-privileges, so setuid binaries in an image gain nothing;
+//   - network mode "none" (loopback only) unless Spec.Network ("bridge");
+//   - memory (swap included: MemorySwap = Memory), CPU (NanoCPUs) and pids
+//     limits from Spec.Limits (Defaults applied).
+//
+// The image backend.DefaultImage is cellbox/host: a skeleton root (see
+// image.SkeletonTar) imported on first use, with the host's /usr (bash,
+// coreutils, python3), /etc/alternatives and /etc/ssl/certs bind-mounted
+// read-only. Other images are used as they are; `cellbox image build NAME`
+// makes cellbox/NAME.
+//
+// Orphans: every container carries backend.LabelManaged=1 and LabelID, so
+// List(ctx, {LabelManaged: "1"}) finds every box ever made on this engine,
+// including those of an earlier server; the pool removes the ones it does not
+// know (see backend.Backend).
+package docker
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
+	"github.com/moby/moby/client"
+
+	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/image"
+)
+
+// HostImage is the Docker image behind backend.DefaultImage. Its tag is a
+// digest of image.SkeletonTar, so a changed skeleton is imported anew.
+var HostImage = func() string {
+	h := sha256.New()
+	if err := image.SkeletonTar(h); err != nil {
+		panic(err)
+	}
+	return fmt.Sprintf("cellbox/host:%x", h.Sum(nil)[:6])
+}()
+
+// labelImage keeps the image name the box was created with (Spec.Image).
+const labelImage = "cellbox.image"
+
+// hostBinds are the host paths the DefaultImage mounts read-only.
+var hostBinds = []string{"/usr", "/etc/alternatives", "/etc/ssl/certs"}
+
+// stopTimeout is how long Stop waits for the agent to exit on SIGTERM
+// before the engine kills it.
+const stopTimeout = 2
+
+// Options configure New.
+type Options struct {
+	// Host is the engine address (unix:///var/run/docker.sock, tcp://...).
+	// Empty: DOCKER_HOST, else the default socket.
+	Host   string
+	Logger *slog.Logger
+}
+
+// Backend makes boxes as Docker containers. Safe for concurrent use.
+type Backend struct {
+	cli *client.Client
+	log *slog.Logger
+
+	hostImageMu sync.Mutex // serializes the on-demand import of HostImage
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New connects to a Docker Engine and negotiates the API version. It fails
+// when no engine answers.
+func New(ctx context.Context, opts Options) (*Backend, error) {
+	clientOpts := []client.Opt{client.FromEnv}
+	if opts.Host != "" {
+		clientOpts = append(clientOpts, client.WithHost(opts.Host))
+	}
+	cli, err := client.New(clientOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("docker: client: %w", err)
+	}
+	ping, err := cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
+	if err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("docker: engine at %s does not answer: %w", cli.DaemonHost(), err)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log.Debug("docker backend", "host", cli.DaemonHost(), "api", cli.ClientVersion(), "engine_api", ping.APIVersion)
+	return &Backend{cli: cli, log: log}, nil
+}
+
+// Close releases the client's connections.
+func (b *Backend) Close() error { return b.cli.Close() }
+
+// Name is "docker".
+func (b *Backend) Name() string { return "docker" }
+
+// Create makes the container (not started). See the package doc for what
+// it gets.
+func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, error) {
+	if err := spec.Validate(); err != nil {
+		return backend.Info{}, err
+	}
+	ref := spec.ImageOrDefault()
+	// Mounts, not Binds: the engine refuses a missing source instead of
+	// making an empty directory there.
+	mounts := []mount.Mount{
+		{Type: mount.TypeBind, Source: spec.AgentBinary, Target: backend.AgentPath, ReadOnly: true},
+		{Type: mount.TypeBind, Source: spec.HostDir, Target: backend.SocketDir},
+	}
+	if ref == backend.DefaultImage {
+		if err := b.ensureHostImage(ctx); err != nil {
+			return backend.Info{}, err
+		}
+		ref = HostImage
+		for _, p := range hostBinds {
+			if _, err := os.Stat(p); err == nil {
+				mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: p, Target: p, ReadOnly: true})
+			}
+		}
+	}
+	// The agent runs as the box user and makes its socket in HostDir.
+	if err := os.Lchown(spec.HostDir, backend.BoxUID, backend.BoxGID); err != nil {
+		return backend.Info{}, fmt.Errorf("create box %s: give host dir to the box user: %w", spec.ID, err)
+	}
+
+	lim := spec.Limits.Defaults()
+	pids := lim.Pids
+	labels := spec.BoxLabels()
+	labels[labelImage] = spec.ImageOrDefault()
+	env := make([]string, 0, len(backend.BoxEnv)+len(spec.Env))
+	for k, v := range backend.BoxEnv {
+		if _, over := spec.Env[k]; !over {
+			env = append(env, k+"="+v)
+		}
+	}
+	for k, v := range spec.Env {
+		env = append(env, k+"="+v)
+	}
+	network := container.NetworkMode("none")
+	if spec.Network {
+		network = "bridge"
+	}
+	noInit := false
+	timeout := stopTimeout
+	_, err := b.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Name: spec.ID,
+		Config: &container.Config{
+			Image:       ref,
+			Cmd:         []string{backend.AgentPath, "agent"},
+			Env:         env,
+			Labels:      labels,
+			WorkingDir:  backend.Workspace,
+			User:        fmt.Sprintf("%d:%d", backend.BoxUID, backend.BoxGID),
+			Hostname:    "box",
+			StopTimeout: &timeout,
+		},
+		HostConfig: &container.HostConfig{
+			Mounts:      mounts,
+			NetworkMode: network,
+			CapDrop:     []string{"ALL"},
+			SecurityOpt: []string{"no-new-privileges"},
+			Init:        &noInit,
+			Resources: container.Resources{
+				Memory:     lim.MemoryBytes,
+				MemorySwap: lim.MemoryBytes,
+				NanoCPUs:   int64(lim.CPUs * 1e9),
+				PidsLimit:  &pids,
+			},
+		},
+	})
+	switch {
+	case cerrdefs.IsConflict(err):
+		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, backend.ErrExists)
+	case cerrdefs.IsNotFound(err):
+		return backend.Info{}, fmt.Errorf("create box %s: image %s not found (build it with `cellbox image build NAME` or load it into the engine): %w", spec.ID, ref, err)
+	case err != nil:
+		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
+	}
+	if ref != HostImage {
+		// Any image: make sure the workspace exists and belongs to the box user.
+		if err := b.ownWorkspace(ctx, spec.ID); err != nil {
+			_ = b.Remove(context.WithoutCancel(ctx), spec.ID)
+			return backend.Info{}, err
+		}
+	}
+	return b.Inspect(ctx, spec.ID)
+}
+
+// ownWorkspace copies an empty /workspace owned by the box user into the
+// container.
+func (b *Backend) ownWorkspace(ctx context.Context, id string) error {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	_ = tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: strings.TrimPrefix(backend.Workspace, "/") + "/",
+		Mode: 0o755, Uid: backend.BoxUID, Gid: backend.BoxGID, ModTime: time.Now()})
+	_ = tw.Close()
+	_, err := b.cli.CopyToContainer(ctx, id, client.CopyToContainerOptions{DestinationPath: "/", Content: &buf})
+	if err != nil {
+		return fmt.Errorf("create box %s: make %s: %w", id, backend.Workspace, err)
+	}
+	return nil
+}
+
+// Start starts the container; the agent is PID 1.
+func (b *Backend) Start(ctx context.Context, id string) (backend.Info, error) {
+	if _, err := b.Inspect(ctx, id); err != nil {
+		return backend.Info{}, err
+	}
+	if _, err := b.cli.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil && !cerrdefs.IsNotModified(err) {
+		return backend.Info{}, fmt.Errorf("start box %s: %w", id, notFound(err))
+	}
+	return b.Inspect(ctx, id)
+}
+
+// Stop stops the container (SIGTERM, SIGKILL after 2 s); its filesystem,
+// and so the workspace, is kept.
+func (b *Backend) Stop(ctx context.Context, id string) error {
+	if _, err := b.Inspect(ctx, id); err != nil {
+		return err
+	}
+	timeout := stopTimeout
+	if _, err := b.cli.ContainerStop(ctx, id, client.ContainerStopOptions{Timeout: &timeout}); err != nil && !cerrdefs.IsNotModified(err) {
+		return fmt.Errorf("stop box %s: %w", id, notFound(err))
+	}
+	return nil
+}
+
+// Remove kills and deletes the container and its filesystem. A missing box
+// is not an error.
+func (b *Backend) Remove(ctx context.Context, id string) error {
+	if _, err := b.Inspect(ctx, id); errors.Is(err, backend.ErrNotFound) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	_, err := b.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+	if err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("remove box %s: %w", id, err)
+	}
+	return nil
+}
+
+// Inspect reports a box. Containers without the cellbox labels are not
+// boxes (ErrNotFound), even when the name matches.
+func (b *Backend) Inspect(ctx context.Context, id string) (backend.Info, error) {
+	res, err := b.cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+	if err != nil {
+		return backend.Info{}, fmt.Errorf("inspect box %s: %w", id, notFound(err))
+	}
+	c := res.Container
+	if c.Config == nil || c.Config.Labels[backend.LabelManaged] != "1" || c.Config.Labels[backend.LabelID] != id {
+		return backend.Info{}, fmt.Errorf("inspect box %s: %w", id, backend.ErrNotFound)
+	}
+	created, _ := time.Parse(time.RFC3339Nano, c.Created)
+	var status container.ContainerState
+	if c.State != nil {
+		status = c.State.Status
+	}
+	return info(c.Config.Labels, status, created, c.Mounts), nil
+}
+
+// List returns the boxes whose labels include every given label.
+func (b *Backend) List(ctx context.Context, labels map[string]string) ([]backend.Info, error) {
+	f := client.Filters{}.Add("label", backend.LabelManaged+"=1")
+	for k, v := range labels {
+		f.Add("label", k+"="+v)
+	}
+	res, err := b.cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
+	if err != nil {
+		return nil, fmt.Errorf("list boxes: %w", err)
+	}
+	out := make([]backend.Info, 0, len(res.Items))
+	for _, c := range res.Items {
+		out = append(out, info(c.Labels, c.State, time.Unix(c.Created, 0), c.Mounts))
+	}
+	return out, nil
+}
+
+func info(labels map[string]string, status container.ContainerState, created time.Time, mounts []container.MountPoint) backend.Info {
+	in := backend.Info{
+		ID:      labels[backend.LabelID],
+		Labels:  make(map[string]string, len(labels)),
+		Image:   labels[labelImage],
+		Created: created,
+	}
+	for k, v := range labels {
+		if k != labelImage {
+			in.Labels[k] = v
+		}
+	}
+	switch status {
+	case container.StateRunning, container.StatePaused, container.StateRestarting:
+		in.State = backend.StateRunning
+	case container.StateCreated:
+		in.State = backend.StateCreated
+	default:
+		in.State = backend.StateStopped
+	}
+	for _, m := range mounts {
+		if m.Destination == backend.SocketDir {
+			in.HostDir = m.Source
+		}
+	}
+	return in
+}
+
+// notFound maps the engine's not-found to backend.ErrNotFound.
+func notFound(err error) error {
+	if cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("%w: %w", backend.ErrNotFound, err)
+	}
+	return err
+}
+
+// ensureHostImage imports HostImage from image.SkeletonTar unless the
+// engine has it.
+func (b *Backend) ensureHostImage(ctx context.Context) error {
+	b.hostImageMu.Lock()
+	defer b.hostImageMu.Unlock()
+	if id, err := b.ImageID(ctx, HostImage); err != nil || id != "" {
+		return err
+	}
+	var buf bytes.Buffer
+	if err := image.SkeletonTar(&buf); err != nil {
+		return fmt.Errorf("make %s: %w", HostImage, err)
+	}
+	id, err := b.ImportImage(ctx, HostImage, &buf)
+	if err != nil {
+		return err
+	}
+	b.log.Info("imported box image", "image", HostImage, "id", id)
+	return nil
+}
+
+// ImageID returns the engine's id of an image, "" when it has none.
+func (b *Backend) ImageID(ctx context.Context, ref string) (string, error) {
+	res, err := b.cli.ImageInspect(ctx, ref)
+	if cerrdefs.IsNotFound(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("inspect image %s: %w", ref, err)
+	}
+	return res.ID, nil
+}
+
+// ImportImage imports a root filesystem tar stream as image ref (like
+// `docker import`) and returns the new image's id.
+func (b *Backend) ImportImage(ctx context.Context, ref string, rootfsTar io.Reader) (string, error) {
+	rc, err := b.cli.ImageImport(ctx, client.ImageImportSource{Source: rootfsTar, SourceName: "-"}, ref, client.ImageImportOptions{
+		Changes: []string{"WORKDIR " + backend.Workspace, fmt.Sprintf("USER %d:%d", backend.BoxUID, backend.BoxGID)},
+	})
+	if err != nil {
+		return "", fmt.Errorf("import image %s: %w", ref, err)
+	}
+	defer rc.Close()
+	// The engine answers with JSON messages; the last status is the id.
+	var id string
+	sc := bufio.NewScanner(rc)
+	for sc.Scan() {
+		var msg struct {
+			Status string `json:"status"`
+			Error  string `json:"error"`
+		}
+		if json.Unmarshal(sc.Bytes(), &msg) != nil {
+			continue
+		}
+		if msg.Error != "" {
+			return "", fmt.Errorf("import image %s: %s", ref, msg.Error)
+		}
+		if msg.Status != "" {
+			id = strings.TrimSpace(msg.Status)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", fmt.Errorf("import image %s: %w", ref, err)
+	}
+	return id, nil
+}

@@ -1,0 +1,195 @@
+package local_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/sandbox/agent"
+	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/local"
+)
+
+// box creates and starts a box on b and waits for its agent.
+func box(t *testing.T, b *local.Backend, id string, lim backend.Limits) (backend.Spec, *agent.Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "cbl")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Remove(context.Background(), id); _ = os.RemoveAll(dir) })
+	spec := backend.Spec{ID: id, AgentBinary: testenv.CellboxBinary(t), HostDir: dir, Limits: lim}
+	_, err = b.Create(ctx, spec)
+	require.NoError(t, err)
+	_, err = b.Start(ctx, id)
+	require.NoError(t, err)
+	c := agent.Dial(filepath.Join(dir, backend.SocketName))
+	t.Cleanup(func() { c.Close() })
+	require.NoError(t, c.WaitReady(ctx))
+	return spec, c
+}
+
+func newLocal(t *testing.T, root string) *local.Backend {
+	t.Helper()
+	b, err := local.New(local.Options{Root: root})
+	require.NoError(t, err)
+	return b
+}
+
+func requireCgroups(t *testing.T, b *local.Backend) {
+	t.Helper()
+	if e := b.Enforcement(); !e.Memory || !e.Pids || !e.CPU || len(e.Warnings) > 0 {
+		if testenv.InCI() {
+			t.Fatalf("cgroups v1 not writable: %v", e.Warnings)
+		}
+		t.Skipf("cgroups v1 not writable: %v", e.Warnings)
+	}
+}
+
+func cgroupFile(ctrl, id, file string) string {
+	return filepath.Join("/sys/fs/cgroup", ctrl, "cellbox", id, file)
+}
+
+func TestCgroupLimitsAndStopLeavesNothing(t *testing.T) {
+	testenv.RequireBwrap(t)
+	b := newLocal(t, t.TempDir())
+	requireCgroups(t, b)
+	id := "cgl-" + fmt.Sprint(time.Now().UnixNano())
+	_, c := box(t, b, id, backend.Limits{MemoryBytes: 200 << 20, CPUs: 0.5, Pids: 77})
+
+	for _, tc := range []struct{ ctrl, file, want string }{
+		{"memory", "memory.limit_in_bytes", fmt.Sprint(200 << 20)},
+		{"pids", "pids.max", "77"},
+		{"cpu", "cpu.cfs_quota_us", "50000"},
+		{"cpu", "cpu.cfs_period_us", "100000"},
+	} {
+		got, err := os.ReadFile(cgroupFile(tc.ctrl, id, tc.file))
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, strings.TrimSpace(string(got)), tc.file)
+	}
+
+	// A background process in a session of its own is in the box's cgroup
+	// and dies with the box.
+	ctx := context.Background()
+	_, err := c.Start(ctx, agent.ExecRequest{Command: "exec setsid sleep 1000"})
+	require.NoError(t, err)
+	var pids []string
+	require.Eventually(t, func() bool {
+		b, _ := os.ReadFile(cgroupFile("pids", id, "cgroup.procs"))
+		pids = strings.Fields(string(b))
+		return len(pids) >= 3 // bwrap, agent, sleep
+	}, 5*time.Second, 20*time.Millisecond)
+
+	require.NoError(t, b.Stop(ctx, id))
+	for _, p := range pids {
+		_, err := os.Stat("/proc/" + p)
+		assert.True(t, os.IsNotExist(err), "process %s of the box still exists after Stop", p)
+	}
+	for _, ctrl := range []string{"memory", "pids", "cpu"} {
+		_, err := os.Stat(cgroupFile(ctrl, id, ""))
+		assert.True(t, os.IsNotExist(err), "cgroup %s of the box still exists after Stop", ctrl)
+	}
+}
+
+func TestWithoutCgroupsReportsWhatIsNotEnforced(t *testing.T) {
+	testenv.RequireBwrap(t)
+	b, err := local.New(local.Options{Root: t.TempDir(), CgroupRoot: "-"})
+	require.NoError(t, err)
+	e := b.Enforcement()
+	assert.True(t, e.Memory, "memory falls back to RLIMIT_DATA")
+	assert.False(t, e.Pids)
+	assert.False(t, e.CPU)
+	assert.Len(t, b.Warnings(), 3)
+	_, c := box(t, b, "nocg-"+fmt.Sprint(time.Now().UnixNano()), backend.Limits{MemoryBytes: 64 << 20})
+	res, err := c.Exec(context.Background(), agent.ExecRequest{Command: "ulimit -d"}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, fmt.Sprint(128<<10), strings.TrimSpace(res.Stdout), "RLIMIT_DATA in KiB, at least 128 MiB")
+}
+
+func TestRemoveDoesNotFollowSymlinks(t *testing.T) {
+	testenv.RequireBwrap(t)
+	b := newLocal(t, t.TempDir())
+	outside := t.TempDir()
+	victim := filepath.Join(outside, "victim")
+	require.NoError(t, os.WriteFile(victim, []byte("keep me"), 0o644))
+	id := "sym-" + fmt.Sprint(time.Now().UnixNano())
+	_, c := box(t, b, id, backend.Limits{})
+	// The box can only make links whose targets are host paths by name.
+	res, err := c.Exec(context.Background(), agent.ExecRequest{Command: fmt.Sprintf(
+		"ln -s %s /workspace/dir && ln -s %s /workspace/file && ln -s / /workspace/root && mkdir -p a/b && ln -s %s a/b/up",
+		outside, victim, outside)}, nil)
+	require.NoError(t, err)
+	require.Equal(t, 0, res.ExitCode, res.Stderr)
+
+	require.NoError(t, b.Remove(context.Background(), id))
+	got, err := os.ReadFile(victim)
+	require.NoError(t, err)
+	assert.Equal(t, "keep me", string(got))
+	_, err = b.Inspect(context.Background(), id)
+	assert.ErrorIs(t, err, backend.ErrNotFound)
+}
+
+// TestBoxOutlivesServer starts a box from another process (a server) that
+// then exits; this process reattaches to the still running box.
+func TestBoxOutlivesServer(t *testing.T) {
+	testenv.RequireBwrap(t)
+	if os.Getenv("CELLBOX_LOCAL_TEST_SERVER") != "" {
+		return // the server's part runs in TestServerPart
+	}
+	root := t.TempDir()
+	hostDir, err := os.MkdirTemp("", "cbl")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(hostDir) })
+	id := "outlive-" + fmt.Sprint(time.Now().UnixNano())
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestServerPart$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "CELLBOX_LOCAL_TEST_SERVER="+strings.Join([]string{root, hostDir, id, testenv.CellboxBinary(t)}, "\n"))
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "server process: %s", out)
+
+	b := newLocal(t, root)
+	t.Cleanup(func() { _ = b.Remove(context.Background(), id) })
+	in, err := b.Inspect(context.Background(), id)
+	require.NoError(t, err)
+	assert.Equal(t, backend.StateRunning, in.State, "the box runs after its server exited")
+	c := agent.Dial(filepath.Join(hostDir, backend.SocketName))
+	defer c.Close()
+	res, err := c.Exec(context.Background(), agent.ExecRequest{Command: "cat /workspace/mark"}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, "from the first server\n", res.Stdout)
+
+	require.NoError(t, b.Stop(context.Background(), id))
+	in, err = b.Inspect(context.Background(), id)
+	require.NoError(t, err)
+	assert.Equal(t, backend.StateStopped, in.State)
+}
+
+// TestServerPart is the first server of TestBoxOutlivesServer.
+func TestServerPart(t *testing.T) {
+	env := os.Getenv("CELLBOX_LOCAL_TEST_SERVER")
+	if env == "" {
+		t.Skip("run by TestBoxOutlivesServer")
+	}
+	p := strings.Split(env, "\n")
+	root, hostDir, id, bin := p[0], p[1], p[2], p[3]
+	b := newLocal(t, root)
+	ctx := context.Background()
+	_, err := b.Create(ctx, backend.Spec{ID: id, AgentBinary: bin, HostDir: hostDir})
+	require.NoError(t, err)
+	_, err = b.Start(ctx, id)
+	require.NoError(t, err)
+	c := agent.Dial(filepath.Join(hostDir, backend.SocketName))
+	require.NoError(t, c.WaitReady(ctx))
+	res, err := c.Exec(ctx, agent.ExecRequest{Command: "echo from the first server > /workspace/mark"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, 0, res.ExitCode)
+}

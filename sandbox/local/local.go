@@ -1,0 +1,599 @@
+// Package local is the Backend that runs boxes under bubblewrap (bwrap), with
+// no daemon.
+//
+// A box is a directory Root/<id> holding spec.json (the Spec and creation
+// time), workspace/ (bound at backend.Workspace), state.json (the running
+// bwrap process) and box.log (the agent's stdout and stderr). Start launches
+// bwrap detached (own session, no --die-with-parent), so a box outlives the
+// server that started it; a new server finds it with List and Inspect, which
+// tell a live box from a dead one by pid and process start time.
+//
+// Confinement of every box: every namespace unshared (user, pid, mount, ipc,
+// uts, cgroup, and net unless Spec.Network), the agent as PID 1 of the new pid
+// namespace (--as-pid-1), uid/gid backend.BoxUID/BoxGID inside a user
+// namespace (mapped to the server's uid outside), every capability dropped,
+// no further user namespaces (--disable-userns), a read-only root: the
+// host's /usr plus a generated /etc (backend.DefaultImage) or an image rootfs
+// made by `cellbox image build` (cellbox/NAME), tmpfs /tmp, and /workspace
+// and /run/cellbox the only writable host paths.
+//
+// Limits: cgroup memory (swap included when accounted), pids and cpu (CFS
+// quota) in cgroups cellbox/<id> (v1: /sys/fs/cgroup/<ctrl>/cellbox/<id>;
+// v2: /sys/fs/cgroup/cellbox/<id>, untested so far) when this process may
+// create them; bwrap starts inside them. Otherwise memory falls back to a per-process RLIMIT_DATA of
+// at least 128 MiB (RLIMIT_AS would break V8 and other runtimes that reserve
+// large address ranges; the agent's Go runtime needs ~80 MiB), and pids
+// and CPU are not enforced: RLIMIT_NPROC counts every process of the host
+// uid, not the box's. Enforcement reports what holds on this host.
+//
+// No seccomp filter and no disk quota (a box may fill the disk holding
+// Root).
+package local
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/image"
+)
+
+// Options configure New.
+type Options struct {
+	// Root holds one directory per box. Required.
+	Root string
+	// ImagesDir holds the images built by `cellbox image build`:
+	// cellbox/NAME is ImagesDir/NAME/rootfs. Empty: only DefaultImage.
+	ImagesDir string
+	// Bwrap is the bubblewrap binary; default "bwrap" from PATH.
+	Bwrap string
+	// CgroupRoot is where cgroups are mounted; default /sys/fs/cgroup.
+	// "-" disables cgroups (rlimits only).
+	CgroupRoot string
+	Logger     *slog.Logger
+}
+
+// etcBinds are the host directories a DefaultImage box sees read-only in
+// its generated /etc, besides the host's /usr.
+var etcBinds = []string{"/etc/alternatives", "/etc/ssl/certs"}
+
+// minDataLimit is the least RLIMIT_DATA of the fallback: the agent's Go
+// runtime maps 64 MiB heap arenas and does not start under about 80 MiB.
+const minDataLimit = 128 << 20
+
+// stopGrace is how long Stop waits for the agent to exit on SIGTERM.
+const stopGrace = 2 * time.Second
+
+// Backend runs boxes under bubblewrap. Safe for concurrent use; boxes of
+// the same Root must not be managed by two Backends in two processes at
+// once.
+type Backend struct {
+	root, images, bwrap, etc string
+	cg                       *cgroups
+	enf                      backend.Enforcement
+	log                      *slog.Logger
+
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex // per box: Start, Stop, Remove
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New prepares Root (and the shared /etc of DefaultImage boxes in
+// Root/.etc), finds bwrap and the cgroups it may use.
+func New(opts Options) (*Backend, error) {
+	if opts.Root == "" || !filepath.IsAbs(opts.Root) {
+		return nil, fmt.Errorf("local backend: root %q: want an absolute directory", opts.Root)
+	}
+	bw := opts.Bwrap
+	if bw == "" {
+		bw = "bwrap"
+	}
+	bwPath, err := exec.LookPath(bw)
+	if err != nil {
+		return nil, fmt.Errorf("local backend: bubblewrap: %w (install the bubblewrap package)", err)
+	}
+	b := &Backend{root: opts.Root, images: opts.ImagesDir, bwrap: bwPath, etc: filepath.Join(opts.Root, ".etc"),
+		log: opts.Logger, locks: map[string]*sync.Mutex{}}
+	if b.log == nil {
+		b.log = slog.Default()
+	}
+	if err := os.MkdirAll(b.root, 0o700); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	if err := writeEtc(b.etc); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	cgRoot := opts.CgroupRoot
+	if cgRoot == "" {
+		cgRoot = "/sys/fs/cgroup"
+	}
+	b.cg = &cgroups{}
+	if cgRoot != "-" {
+		b.cg = newCgroups(cgRoot)
+	}
+	b.enf = backend.Enforcement{Memory: true, CPU: b.cg.has("cpu"), Pids: b.cg.has("pids")}
+	if !b.cg.has("memory") {
+		b.enf.Warnings = append(b.enf.Warnings, "memory: no writable cgroup memory controller; each process limited by RLIMIT_DATA (at least 128 MiB; heap only, not page cache or shared memory)")
+	}
+	if !b.enf.Pids {
+		b.enf.Warnings = append(b.enf.Warnings, "pids: no writable cgroup pids controller; not enforced (RLIMIT_NPROC counts all processes of the host uid)")
+	}
+	if !b.enf.CPU {
+		b.enf.Warnings = append(b.enf.Warnings, "cpu: no writable cgroup cpu controller; not enforced")
+	}
+	for _, w := range b.enf.Warnings {
+		b.log.Warn("local backend: limit not enforced", "detail", w)
+	}
+	return b, nil
+}
+
+// writeEtc writes the /etc of DefaultImage boxes, with mount points for the
+// host directories bound into it.
+func writeEtc(dir string) error {
+	for _, d := range []string{"alternatives", "ssl/certs"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	for name, body := range image.BoxEtc {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			return err
+		}
+	}
+	for name, target := range image.BoxEtcLinks {
+		p := filepath.Join(dir, name)
+		_ = os.Remove(p)
+		if err := os.Symlink(target, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Name is "local".
+func (b *Backend) Name() string { return "local" }
+
+// Enforcement reports which limits hold on this host.
+func (b *Backend) Enforcement() backend.Enforcement { return b.enf }
+
+// Warnings lists the limits this host does not let the backend enforce.
+func (b *Backend) Warnings() []string { return b.enf.Warnings }
+
+type boxFile struct {
+	Spec    backend.Spec `json:"spec"`
+	Created time.Time    `json:"created"`
+}
+
+// running is state.json: the bwrap process and the agent (PID 1 inside).
+type running struct {
+	Bwrap proc `json:"bwrap"`
+	Agent proc `json:"agent"`
+}
+
+// alive: a box runs while its agent or its bwrap does.
+func (r *running) alive() bool { return r.Agent.alive() || r.Bwrap.alive() }
+
+func (b *Backend) dir(id string) string { return filepath.Join(b.root, id) }
+
+func (b *Backend) lock(id string) func() {
+	b.mu.Lock()
+	l, ok := b.locks[id]
+	if !ok {
+		l = &sync.Mutex{}
+		b.locks[id] = l
+	}
+	b.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+var imageName = regexp.MustCompile(`^cellbox/([a-z0-9][a-z0-9_.-]*?)(:latest)?$`)
+
+// rootfs is the image rootfs of a spec's image, "" for DefaultImage.
+func (b *Backend) rootfs(img string) (string, error) {
+	if img == backend.DefaultImage {
+		return "", nil
+	}
+	m := imageName.FindStringSubmatch(img)
+	if m == nil {
+		return "", fmt.Errorf("image %q: the local backend runs %q or cellbox/NAME built by `cellbox image build NAME`", img, backend.DefaultImage)
+	}
+	if b.images == "" {
+		return "", fmt.Errorf("image %q: this local backend has no images directory", img)
+	}
+	dir := image.RootfsDir(b.images, m[1])
+	for _, p := range []string{"usr", strings.TrimPrefix(backend.Workspace, "/"), strings.TrimPrefix(backend.SocketDir, "/"), strings.TrimPrefix(backend.AgentPath, "/")} {
+		if _, err := os.Lstat(filepath.Join(dir, p)); err != nil {
+			return "", fmt.Errorf("image %q: %s is not a cellbox image rootfs (%v); run `cellbox image build %s`", img, dir, err, m[1])
+		}
+	}
+	return dir, nil
+}
+
+// Create makes the box directory and its workspace.
+func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, error) {
+	if err := spec.Validate(); err != nil {
+		return backend.Info{}, err
+	}
+	spec.Image = spec.ImageOrDefault()
+	if _, err := b.rootfs(spec.Image); err != nil {
+		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
+	}
+	defer b.lock(spec.ID)()
+	dir := b.dir(spec.ID)
+	if err := os.Mkdir(dir, 0o700); errors.Is(err, os.ErrExist) {
+		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, backend.ErrExists)
+	} else if err != nil {
+		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
+	}
+	bf := boxFile{Spec: spec, Created: time.Now().UTC()}
+	data, _ := json.MarshalIndent(bf, "", "  ")
+	err := os.Mkdir(filepath.Join(dir, "workspace"), 0o755)
+	if err == nil {
+		err = writeFileAtomic(filepath.Join(dir, "spec.json"), data)
+	}
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
+	}
+	return b.info(bf, nil), nil
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// load reads a box's spec.json and state.json (nil when never started).
+func (b *Backend) load(id string) (boxFile, *running, error) {
+	var bf boxFile
+	if !validID(id) {
+		return bf, nil, fmt.Errorf("box %s: %w", id, backend.ErrNotFound)
+	}
+	data, err := os.ReadFile(filepath.Join(b.dir(id), "spec.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return bf, nil, fmt.Errorf("box %s: %w", id, backend.ErrNotFound)
+	} else if err != nil {
+		return bf, nil, fmt.Errorf("box %s: %w", id, err)
+	}
+	if err := json.Unmarshal(data, &bf); err != nil {
+		return bf, nil, fmt.Errorf("box %s: spec.json: %w", id, err)
+	}
+	data, err = os.ReadFile(filepath.Join(b.dir(id), "state.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return bf, nil, nil
+	} else if err != nil {
+		return bf, nil, fmt.Errorf("box %s: %w", id, err)
+	}
+	var r running
+	if err := json.Unmarshal(data, &r); err != nil {
+		return bf, nil, fmt.Errorf("box %s: state.json: %w", id, err)
+	}
+	return bf, &r, nil
+}
+
+func validID(id string) bool { return backend.ValidID(id) == nil }
+
+func (b *Backend) info(bf boxFile, r *running) backend.Info {
+	st := backend.StateCreated
+	if r != nil {
+		st = backend.StateStopped
+		if r.alive() {
+			st = backend.StateRunning
+		}
+	}
+	return backend.Info{ID: bf.Spec.ID, Labels: bf.Spec.BoxLabels(), Image: bf.Spec.ImageOrDefault(), State: st,
+		Created: bf.Created, HostDir: bf.Spec.HostDir}
+}
+
+// Inspect reports a box.
+func (b *Backend) Inspect(ctx context.Context, id string) (backend.Info, error) {
+	bf, r, err := b.load(id)
+	if err != nil {
+		return backend.Info{}, fmt.Errorf("inspect %w", err)
+	}
+	return b.info(bf, r), nil
+}
+
+// List scans Root for boxes whose labels include every given label.
+func (b *Backend) List(ctx context.Context, labels map[string]string) ([]backend.Info, error) {
+	ents, err := os.ReadDir(b.root)
+	if err != nil {
+		return nil, fmt.Errorf("list boxes in %s: %w", b.root, err)
+	}
+	var out []backend.Info
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		bf, r, err := b.load(e.Name())
+		if errors.Is(err, backend.ErrNotFound) {
+			continue // being created or removed
+		} else if err != nil {
+			b.log.Warn("local backend: skipping unreadable box", "dir", b.dir(e.Name()), "err", err)
+			continue
+		}
+		if in := b.info(bf, r); backend.MatchLabels(in.Labels, labels) {
+			out = append(out, in)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// wrapper joins the box's cgroups (or sets the rlimit fallback) and execs
+// bwrap, so that no box process ever runs outside them.
+const wrapper = `for f in $CELLBOX_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done
+if [ -n "$CELLBOX_DATA_KB" ]; then ulimit -d "$CELLBOX_DATA_KB" || exit 125; fi
+exec "$@"`
+
+// Start launches bwrap detached with the agent as PID 1 and returns once
+// bwrap reports the agent's pid.
+func (b *Backend) Start(ctx context.Context, id string) (backend.Info, error) {
+	defer b.lock(id)()
+	bf, r, err := b.load(id)
+	if err != nil {
+		return backend.Info{}, fmt.Errorf("start %w", err)
+	}
+	if r != nil && r.alive() {
+		return b.info(bf, r), nil
+	}
+	spec := bf.Spec
+	rootfs, err := b.rootfs(spec.ImageOrDefault())
+	if err != nil {
+		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
+	}
+	dir := b.dir(id)
+	logf, err := os.OpenFile(filepath.Join(dir, "box.log"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+	if err != nil {
+		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
+	}
+	defer logf.Close()
+	infoR, infoW, err := os.Pipe()
+	if err != nil {
+		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
+	}
+	defer infoR.Close()
+	defer infoW.Close()
+
+	lim := spec.Limits.Defaults()
+	env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	procs, err := b.cg.setup(id, lim)
+	if err != nil {
+		_ = b.cg.remove(id)
+		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
+	}
+	env = append(env, "CELLBOX_CGROUP_PROCS="+strings.Join(procs, " "))
+	if !b.cg.has("memory") {
+		env = append(env, "CELLBOX_DATA_KB="+strconv.FormatInt(max(lim.MemoryBytes, minDataLimit)>>10, 10))
+	}
+
+	args := append([]string{"-c", wrapper, "sh", b.bwrap}, b.bwrapArgs(spec, rootfs, dir)...)
+	cmd := exec.Command("/bin/sh", args...)
+	cmd.Env = env
+	cmd.Dir = "/"
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{infoW} // fd 3: --info-fd
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	infoW.Close() // the child has it; EOF on infoR once bwrap is gone
+	if err != nil {
+		_ = b.cg.remove(id)
+		return backend.Info{}, fmt.Errorf("start box %s: run bwrap: %w", id, err)
+	}
+	bwrapProc, perr := currentProc(cmd.Process.Pid)
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }() // reap; a later server's boxes are reaped by init
+
+	agentPID, err := readChildPID(ctx, infoR, exited)
+	if err == nil && perr != nil {
+		err = perr
+	}
+	if err != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-exited
+		_ = b.cg.remove(id)
+		return backend.Info{}, fmt.Errorf("start box %s: %w%s", id, err, logTail(filepath.Join(dir, "box.log")))
+	}
+	agent, _ := currentProc(agentPID)
+	r = &running{Bwrap: bwrapProc, Agent: agent}
+	data, _ := json.Marshal(r)
+	if err := writeFileAtomic(filepath.Join(dir, "state.json"), data); err != nil {
+		_ = b.stop(id, r)
+		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
+	}
+	return b.info(bf, r), nil
+}
+
+// readChildPID reads bwrap's --info-fd JSON; it ends when bwrap has made
+// the namespaces and forked the agent.
+func readChildPID(ctx context.Context, r *os.File, exited <-chan struct{}) (int, error) {
+	type result struct {
+		pid int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		var info struct {
+			ChildPID int `json:"child-pid"`
+		}
+		err := json.NewDecoder(r).Decode(&info)
+		if err == nil && info.ChildPID <= 0 {
+			err = errors.New("no child-pid")
+		}
+		ch <- result{info.ChildPID, err}
+	}()
+	timer := time.NewTimer(10 * time.Second)
+	defer timer.Stop()
+	select {
+	case res := <-ch:
+		if res.err != nil {
+			return 0, fmt.Errorf("bwrap did not start the box: %w", res.err)
+		}
+		return res.pid, nil
+	case <-exited:
+		select {
+		case res := <-ch:
+			if res.err == nil {
+				return res.pid, nil
+			}
+		case <-time.After(100 * time.Millisecond):
+		}
+		return 0, errors.New("bwrap exited at once")
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-timer.C:
+		return 0, errors.New("bwrap did not report its child within 10s")
+	}
+}
+
+// logTail is the end of the box log, for error messages.
+func logTail(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > 2048 {
+		_, _ = f.Seek(-2048, io.SeekEnd)
+	}
+	var lines []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	if len(lines) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(lines, "; ")
+}
+
+// bwrapArgs is the bubblewrap command line of a box (after "bwrap").
+func (b *Backend) bwrapArgs(spec backend.Spec, rootfs, dir string) []string {
+	a := []string{
+		"--unshare-all", "--unshare-user", "--disable-userns",
+		"--uid", strconv.Itoa(backend.BoxUID), "--gid", strconv.Itoa(backend.BoxGID),
+		"--cap-drop", "ALL", "--as-pid-1", "--hostname", "box",
+		"--info-fd", "3",
+	}
+	if spec.Network {
+		a = append(a, "--share-net")
+	}
+	if rootfs != "" {
+		a = append(a, "--ro-bind", rootfs, "/")
+	} else {
+		a = append(a, "--ro-bind", "/usr", "/usr")
+		for _, l := range [][2]string{{"usr/bin", "/bin"}, {"usr/lib", "/lib"}, {"usr/lib64", "/lib64"}, {"usr/sbin", "/sbin"}} {
+			a = append(a, "--symlink", l[0], l[1])
+		}
+		a = append(a, "--ro-bind", b.etc, "/etc")
+		for _, p := range etcBinds {
+			a = append(a, "--ro-bind-try", p, p)
+		}
+		if spec.Network {
+			a = append(a, "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf")
+		}
+	}
+	a = append(a,
+		"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+		"--bind", filepath.Join(dir, "workspace"), backend.Workspace,
+		"--bind", spec.HostDir, backend.SocketDir,
+		"--ro-bind", spec.AgentBinary, backend.AgentPath,
+	)
+	if rootfs == "" {
+		a = append(a, "--remount-ro", "/")
+	}
+	a = append(a, "--chdir", backend.Workspace, "--clearenv")
+	env := make(map[string]string, len(backend.BoxEnv)+len(spec.Env))
+	for k, v := range backend.BoxEnv {
+		env[k] = v
+	}
+	for k, v := range spec.Env {
+		env[k] = v
+	}
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		a = append(a, "--setenv", k, env[k])
+	}
+	return append(a, "--", backend.AgentPath, "agent")
+}
+
+// Stop ends the box's processes and removes its cgroups; the workspace
+// stays.
+func (b *Backend) Stop(ctx context.Context, id string) error {
+	defer b.lock(id)()
+	_, r, err := b.load(id)
+	if err != nil {
+		return fmt.Errorf("stop %w", err)
+	}
+	return b.stop(id, r)
+}
+
+// stop asks the agent to exit (SIGTERM; PID 1 of a pid namespace only gets
+// the signals it handles), kills it after stopGrace (which ends the whole
+// pid namespace), then makes sure bwrap and the cgroups are gone.
+func (b *Backend) stop(id string, r *running) error {
+	if r != nil && r.alive() {
+		r.Agent.signal(syscall.SIGTERM)
+		if r.Agent.waitGone(stopGrace) != nil {
+			r.Agent.signal(syscall.SIGKILL)
+		}
+		if r.Agent.waitGone(stopGrace) == nil && r.Bwrap.waitGone(stopGrace) != nil {
+			r.Bwrap.signal(syscall.SIGKILL)
+		}
+		if r.alive() {
+			_ = r.Bwrap.waitGone(stopGrace)
+			if r.alive() {
+				return fmt.Errorf("stop box %s: agent pid %d / bwrap pid %d still running after SIGKILL", id, r.Agent.PID, r.Bwrap.PID)
+			}
+		}
+	}
+	if err := b.cg.remove(id); err != nil {
+		return fmt.Errorf("stop box %s: %w", id, err)
+	}
+	return nil
+}
+
+// Remove stops the box and deletes its directory (workspace included;
+// symlinks in it are removed, never followed). A missing box is not an
+// error.
+func (b *Backend) Remove(ctx context.Context, id string) error {
+	if !validID(id) {
+		return nil
+	}
+	defer b.lock(id)()
+	_, r, err := b.load(id)
+	if err != nil && !errors.Is(err, backend.ErrNotFound) {
+		b.log.Warn("local backend: removing unreadable box", "id", id, "err", err)
+	}
+	if err := b.stop(id, r); err != nil {
+		return fmt.Errorf("remove box %s: %w", id, err)
+	}
+	if err := os.RemoveAll(b.dir(id)); err != nil {
+		return fmt.Errorf("remove box %s: %w", id, err)
+	}
+	return nil
+}
