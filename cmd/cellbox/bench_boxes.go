@@ -1,0 +1,631 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/docker"
+	"github.com/cellbox/cellbox/sandboxclient"
+)
+
+// Targets of the boxes bench (issue 2), and its sizes and time limits.
+const (
+	targetWarmShell   = 5 * time.Millisecond
+	targetWarmCreate  = 30 * time.Millisecond
+	benchFileSize     = 1 << 20
+	benchPoolSize     = 2
+	benchPoolWait     = 2 * time.Minute
+	benchCleanupLimit = 2 * time.Minute
+)
+
+// boxesOptions are the flags of `cellbox bench boxes`.
+type boxesOptions struct {
+	backends    []string
+	n           int
+	data        string
+	agentBinary string
+	budget      time.Duration
+	treeMiB     int
+}
+
+func benchBoxesCmd(ctx context.Context, args []string) (*benchReport, bool, error) {
+	fs := flag.NewFlagSet("bench boxes", flag.ContinueOnError)
+	be := fs.String("backend", "both", "box backend to measure: docker, local (bubblewrap) or both")
+	n := fs.Int("n", 50, "iterations of each measurement (creates at most 20, the tree transfer n/10 between 1 and 5)")
+	data := fs.String("data", "", "directory for the bench's state and boxes (default: a temporary directory, removed at the end)")
+	agentBinary := fs.String("agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
+	budget := fs.Duration("budget", 20*time.Second, "time limit of each measurement loop")
+	treeMiB := fs.Int("tree-mib", 100, "size of the tree copied between two boxes, in files of 1 MiB")
+	asJSON := fs.Bool("json", false, "print JSON instead of a Markdown table")
+	if err := fs.Parse(args); err != nil {
+		return nil, false, err
+	}
+	if fs.NArg() > 0 {
+		return nil, false, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	o := boxesOptions{n: *n, data: *data, agentBinary: *agentBinary, budget: *budget, treeMiB: *treeMiB}
+	var err error
+	if o.backends, err = parseBackends(*be, false); err != nil {
+		return nil, false, err
+	}
+	if err := errors.Join(positive("n", o.n), positive("tree-mib", o.treeMiB)); err != nil {
+		return nil, false, err
+	}
+	if o.budget <= 0 {
+		return nil, false, fmt.Errorf("--budget %s: want a positive duration", o.budget)
+	}
+	rep, err := benchBoxes(ctx, o)
+	return rep, *asJSON, err
+}
+
+// benchBoxes measures each backend of o in turn.
+func benchBoxes(ctx context.Context, o boxesOptions) (rep *benchReport, err error) {
+	root := o.data
+	if root == "" {
+		// Short, so that box socket paths under it stay within the limit.
+		if root, err = os.MkdirTemp("", "cbb-"); err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(root)
+	}
+	if root, err = filepath.Abs(root); err != nil {
+		return nil, err
+	}
+	if o.agentBinary, err = agentBinaryOrSelf(o.agentBinary); err != nil {
+		return nil, err
+	}
+	rep = newBenchReport("boxes")
+	rep.note("create → first result: sandbox_create of a new name, then shell `true` in it; from the warm pool the bench waits until the pool (%d boxes) is full before each create. Cold: a service without a pool.", benchPoolSize)
+	rep.note("warm shell: the shell tool running `true` in a running box, over HTTP on loopback (JSON in, JSON out).")
+	rep.note("1 MiB file: raw bytes through PUT/GET .../files/PATH; write_file takes it in one call, read_file pages it (at most 256 KiB per call).")
+	rep.note("tree transfer: the transfer tool copying a directory of %d files of 1 MiB (random bytes) from one box to another of the session.", o.treeMiB)
+	if slices.Contains(o.backends, "docker") {
+		rep.note("docker baselines use the docker CLI: `docker run --rm` of the box image (%s with the host's /usr), `docker exec` and `docker cp` on a running box.", docker.HostImage)
+	}
+	if slices.Contains(o.backends, "local") {
+		rep.note("local baselines: `bwrap` running /usr/bin/true in fresh namespaces with the host's /usr; host file I/O and `cp -r` of the same bytes with no box.")
+	}
+	for _, name := range o.backends {
+		b := &boxesBench{o: o, rep: rep, name: name, root: root, run: "cbb-" + strconv.FormatInt(time.Now().UnixNano(), 36)}
+		err := b.measure(ctx)
+		if cerr := b.cleanup(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+		if err != nil {
+			return rep, fmt.Errorf("bench %s backend: %w", name, err)
+		}
+	}
+	return rep, nil
+}
+
+// boxesBench measures one backend.
+type boxesBench struct {
+	o    boxesOptions
+	rep  *benchReport
+	name string // docker|local
+	root string
+	run  string // label value of the baseline containers
+
+	be      backend.Backend
+	servers []*benchServer
+	content []byte // the 1 MiB file
+}
+
+func (b *boxesBench) measure(ctx context.Context) error {
+	be, err := openBackend(ctx, b.name, b.root)
+	if err != nil {
+		return fmt.Errorf("%w (pick the backends to measure with --backend)", err)
+	}
+	b.be = be
+	if b.name == "docker" {
+		if err := b.rep.noteDocker(ctx); err != nil {
+			return err
+		}
+	}
+	b.content = benchText(benchFileSize)
+
+	// Cold creates: a service with no warm pool.
+	cold, err := b.startServer(ctx, "cold", 0)
+	if err != nil {
+		return err
+	}
+	coldN := min(b.o.n, 20)
+	coldSamples, err := benchLoop(ctx, coldN, b.o.budget, func(i int) (time.Duration, error) {
+		return createFirstResult(ctx, cold.c, fmt.Sprintf("cold%d", i))
+	})
+	if err != nil {
+		return fmt.Errorf("cold create: %w", err)
+	}
+	if err := b.stopServer(cold); err != nil {
+		return err
+	}
+
+	srv, err := b.startServer(ctx, "warm", benchPoolSize)
+	if err != nil {
+		return err
+	}
+	c := srv.c
+	warmSamples, err := benchLoop(ctx, coldN, b.o.budget, func(i int) (time.Duration, error) {
+		if err := waitPool(ctx, srv.url, benchPoolSize); err != nil {
+			return 0, err
+		}
+		return createFirstResult(ctx, c, fmt.Sprintf("warm%d", i))
+	})
+	if err != nil {
+		return fmt.Errorf("create from the warm pool: %w", err)
+	}
+
+	// A running box for the warm measurements.
+	w, err := c.CreateBox(ctx, api.SandboxCreateInput{Sandbox: "w"})
+	if err != nil {
+		return err
+	}
+	for range 3 {
+		if err := shellTrue(ctx, c, "w"); err != nil {
+			return err
+		}
+	}
+	shellSamples, err := benchLoop(ctx, b.o.n, b.o.budget, func(int) (time.Duration, error) {
+		return timed(func() error { return shellTrue(ctx, c, "w") })
+	})
+	if err != nil {
+		return fmt.Errorf("warm shell: %w", err)
+	}
+
+	createBase, createP50, shellBase, shellP50, err := b.startBaselines(ctx, w.ID)
+	if err != nil {
+		return err
+	}
+	b.rep.add(b.name, "create → first result, warm pool", warmSamples, createBase, createP50, targetWarmCreate)
+	b.rep.add(b.name, "create → first result, cold (no pool)", coldSamples, createBase, createP50, 0)
+	b.rep.add(b.name, "warm `shell` `true`", shellSamples, shellBase, shellP50, targetWarmShell)
+
+	if err := b.files(ctx, c, w.ID); err != nil {
+		return err
+	}
+	return b.transfer(ctx, c)
+}
+
+// startBaselines measures what a create and a warm exec cost without
+// cellbox: docker run --rm and docker exec, or bwrap.
+func (b *boxesBench) startBaselines(ctx context.Context, boxID string) (createName string, createP50 time.Duration, execName string, execP50 time.Duration, err error) {
+	p50 := func(argv ...string) (time.Duration, error) {
+		return b.baselineP50(ctx, func() error { return runCmd(ctx, argv...) })
+	}
+	if b.name == "local" {
+		bw := []string{"bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
+			"--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+			"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--", "/usr/bin/true"}
+		p, err := p50(bw...)
+		return "bwrap … true", p, "bwrap … true", p, err
+	}
+	run := []string{"docker", "run", "--rm", "--network", "none", "--label", "cellbox.bench=" + b.run,
+		"-v", "/usr:/usr:ro", docker.HostImage, "true"}
+	if createP50, err = p50(run...); err != nil {
+		return
+	}
+	execP50, err = p50("docker", "exec", boxID, "true")
+	return "docker run --rm", createP50, "docker exec", execP50, err
+}
+
+// baselineP50 runs fn once to warm up (and to fail early), then as many
+// times as a cellbox measurement, and returns its p50.
+func (b *boxesBench) baselineP50(ctx context.Context, fn func() error) (time.Duration, error) {
+	if err := fn(); err != nil {
+		return 0, err
+	}
+	s, err := benchLoop(ctx, b.o.n, b.o.budget, func(int) (time.Duration, error) { return timed(fn) })
+	p, _, _ := percentiles(s)
+	return p, err
+}
+
+// files measures reading and writing a 1 MiB file in box w.
+func (b *boxesBench) files(ctx context.Context, c *sandboxclient.HTTP, boxID string) error {
+	const path = "bench/1m.txt"
+	upload, err := benchLoop(ctx, b.o.n, b.o.budget, func(int) (time.Duration, error) {
+		return timed(func() error {
+			n, err := c.Upload(ctx, "w", path, bytes.NewReader(b.content))
+			if err == nil && n != int64(len(b.content)) {
+				err = fmt.Errorf("upload %s: wrote %d of %d bytes", path, n, len(b.content))
+			}
+			return err
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("upload 1 MiB: %w", err)
+	}
+	var buf bytes.Buffer
+	download, err := benchLoop(ctx, b.o.n, b.o.budget, func(int) (time.Duration, error) {
+		buf.Reset()
+		d, err := timed(func() error { _, err := c.Download(ctx, "w", path, &buf); return err })
+		if err == nil && !bytes.Equal(buf.Bytes(), b.content) {
+			err = fmt.Errorf("download %s: got %d bytes that differ from the %d uploaded", path, buf.Len(), len(b.content))
+		}
+		return d, err
+	})
+	if err != nil {
+		return fmt.Errorf("download 1 MiB: %w", err)
+	}
+	write, err := benchLoop(ctx, b.o.n, b.o.budget, func(int) (time.Duration, error) {
+		return timed(func() error {
+			_, err := c.Tool(ctx, "write_file", api.WriteFileInput{Sandbox: "w", Path: "bench/1m-tool.txt", Content: string(b.content)})
+			return err
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("write_file 1 MiB: %w", err)
+	}
+	calls := 0
+	read, err := benchLoop(ctx, b.o.n, b.o.budget, func(int) (time.Duration, error) {
+		buf.Reset()
+		d, err := timed(func() error {
+			n, err := readFilePaged(ctx, c, "w", "bench/1m-tool.txt", &buf)
+			calls = n
+			return err
+		})
+		if err == nil && !bytes.Equal(buf.Bytes(), b.content) {
+			err = fmt.Errorf("read_file: got %d bytes that differ from the %d written", buf.Len(), len(b.content))
+		}
+		return d, err
+	})
+	if err != nil {
+		return fmt.Errorf("read_file 1 MiB: %w", err)
+	}
+
+	// Baselines: docker cp, or the host's own file I/O.
+	var writeBase, readBase string
+	var writeP50, readP50 time.Duration
+	hostFile := filepath.Join(b.root, "bench-1m.txt")
+	if err := os.WriteFile(hostFile, b.content, 0o644); err != nil {
+		return err
+	}
+	defer os.Remove(hostFile)
+	measure := func(fn func() error) (time.Duration, error) { return b.baselineP50(ctx, fn) }
+	if b.name == "docker" {
+		writeBase, readBase = "docker cp (host → box)", "docker cp (box → host)"
+		writeP50, err = measure(func() error {
+			return runCmd(ctx, "docker", "cp", hostFile, boxID+":"+backend.Workspace+"/bench/cp.txt")
+		})
+		if err == nil {
+			readP50, err = measure(func() error {
+				return runCmd(ctx, "docker", "cp", boxID+":"+backend.Workspace+"/"+path, hostFile+".out")
+			})
+			os.Remove(hostFile + ".out")
+		}
+	} else {
+		writeBase, readBase = "host os.WriteFile (no box)", "host os.ReadFile (no box)"
+		out := hostFile + ".out"
+		writeP50, err = measure(func() error { return os.WriteFile(out, b.content, 0o644) })
+		if err == nil {
+			readP50, err = measure(func() error { _, err := os.ReadFile(out); return err })
+		}
+		os.Remove(out)
+	}
+	if err != nil {
+		return fmt.Errorf("file baselines: %w", err)
+	}
+	b.rep.add(b.name, "write 1 MiB file (upload endpoint)", upload, writeBase, writeP50, 0)
+	b.rep.add(b.name, "read 1 MiB file (download endpoint)", download, readBase, readP50, 0)
+	b.rep.add(b.name, "write 1 MiB file (`write_file`)", write, writeBase, writeP50, 0)
+	b.rep.add(b.name, fmt.Sprintf("read 1 MiB file (`read_file`, %d calls)", calls), read, readBase, readP50, 0)
+	return nil
+}
+
+// transfer measures copying a tree of treeMiB files of 1 MiB between two
+// boxes with the transfer tool.
+func (b *boxesBench) transfer(ctx context.Context, c *sandboxclient.HTTP) error {
+	k := b.o.treeMiB
+	src, err := c.CreateBox(ctx, api.SandboxCreateInput{Sandbox: "src"})
+	if err != nil {
+		return err
+	}
+	dst, err := c.CreateBox(ctx, api.SandboxCreateInput{Sandbox: "dst"})
+	if err != nil {
+		return err
+	}
+	mk := fmt.Sprintf("mkdir -p tree && for i in $(seq 1 %d); do head -c 1048576 /dev/urandom > tree/f$i || exit 1; done", k)
+	if _, err := shell(ctx, c, "src", mk, 5*time.Minute); err != nil {
+		return fmt.Errorf("make the tree to transfer: %w", err)
+	}
+	size := int64(k) << 20
+	iters := max(min(b.o.n/10, 5), 1)
+	samples, err := benchLoop(ctx, iters, b.o.budget, func(i int) (time.Duration, error) {
+		to := fmt.Sprintf("t%d", i)
+		var out api.TransferOutput
+		d, err := timed(func() error {
+			res, err := c.Tool(ctx, "transfer", api.TransferInput{FromSandbox: "src", FromPath: "tree", ToSandbox: "dst", ToPath: to, Recursive: true})
+			if err != nil {
+				return err
+			}
+			return api.DecodeResult(res, &out)
+		})
+		if err != nil {
+			return 0, err
+		}
+		if out.Bytes < size {
+			return 0, fmt.Errorf("transfer copied %d bytes, want at least %d", out.Bytes, size)
+		}
+		_, err = shell(ctx, c, "dst", "rm -rf "+to, time.Minute)
+		return d, err
+	})
+	if err != nil {
+		return fmt.Errorf("transfer %d MiB tree: %w", k, err)
+	}
+
+	var base string
+	var one func(i int) (time.Duration, error)
+	if b.name == "docker" {
+		base = "docker cp box → box (tar pipe)"
+		pipe := fmt.Sprintf("set -e; docker cp %s:%s/tree - | docker cp - %s:%s/", src.ID, backend.Workspace, dst.ID, backend.Workspace)
+		one = func(int) (time.Duration, error) {
+			d, err := timedCmd(ctx, "sh", "-c", pipe)
+			if err != nil {
+				return 0, err
+			}
+			_, err = shell(ctx, c, "dst", "rm -rf tree", time.Minute)
+			return d, err
+		}
+	} else {
+		base = "host cp -r (no box)"
+		hostTree := filepath.Join(b.root, "bench-tree")
+		if err := writeTree(hostTree, k); err != nil {
+			return err
+		}
+		defer os.RemoveAll(hostTree)
+		one = func(int) (time.Duration, error) {
+			to := hostTree + ".copy"
+			d, err := timedCmd(ctx, "cp", "-r", hostTree, to)
+			if err != nil {
+				return 0, err
+			}
+			return d, os.RemoveAll(to)
+		}
+	}
+	baseSamples, err := benchLoop(ctx, iters, b.o.budget, one)
+	if err != nil {
+		return fmt.Errorf("transfer baseline %s: %w", base, err)
+	}
+	p, _, _ := percentiles(baseSamples)
+	b.rep.add(b.name, fmt.Sprintf("transfer %d MiB tree (%d files) box → box", k, k), samples, base, p, 0)
+	return nil
+}
+
+// cleanup removes everything the bench made on this backend: the sessions
+// with their boxes, the warm pools, the baseline containers.
+func (b *boxesBench) cleanup() error {
+	var errs []error
+	for _, s := range b.servers {
+		errs = append(errs, b.stopServer(s))
+	}
+	if b.name == "docker" {
+		ctx, cancel := context.WithTimeout(context.Background(), benchCleanupLimit)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "docker", "ps", "-aq", "--filter", "label=cellbox.bench="+b.run).Output()
+		if ids := strings.Fields(string(out)); err == nil && len(ids) > 0 {
+			errs = append(errs, runCmd(ctx, append([]string{"docker", "rm", "-f"}, ids...)...))
+		}
+	}
+	if c, ok := b.be.(io.Closer); ok {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// benchServer is a sandbox service over a data directory of its own,
+// served on a loopback port, with one session.
+type benchServer struct {
+	svc  *sandbox.Service
+	http *http.Server
+	url  string
+	c    *sandboxclient.HTTP
+	done bool
+}
+
+func (b *boxesBench) startServer(ctx context.Context, name string, pool int) (*benchServer, error) {
+	svc, err := newBenchService(ctx, b.be, filepath.Join(b.root, b.name+"-"+name), b.o.agentBinary, pool)
+	if err != nil {
+		return nil, err
+	}
+	s := &benchServer{svc: svc}
+	b.servers = append(b.servers, s)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s.url = "http://" + ln.Addr().String()
+	svc.SetBaseURL(s.url)
+	s.http = &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go s.http.Serve(ln)
+	if s.c, err = sandboxclient.NewSession(ctx, s.url); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// newBenchService starts a sandbox service on be over dataDir, with pool
+// warm boxes of the default image.
+func newBenchService(ctx context.Context, be backend.Backend, dataDir, agentBinary string, pool int) (*sandbox.Service, error) {
+	return sandbox.New(ctx, sandbox.Config{
+		Backend:     be,
+		DataDir:     dataDir,
+		AgentBinary: agentBinary,
+		Pool:        map[string]int{backend.DefaultImage: pool},
+		Logger:      benchLogger(),
+	})
+}
+
+// benchLogger logs warnings and errors only, to stderr.
+func benchLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// stopServer stops serving, deletes the server's session (destroying its
+// boxes) and closes the service (removing its warm boxes). It runs on its own context, so
+// that it cleans up after an interrupt too.
+func (b *boxesBench) stopServer(s *benchServer) error {
+	if s.done {
+		return nil
+	}
+	s.done = true
+	ctx, cancel := context.WithTimeout(context.Background(), benchCleanupLimit)
+	defer cancel()
+	var errs []error
+	if s.http != nil { // first: no call may make a box after the session is gone
+		errs = append(errs, s.http.Shutdown(ctx))
+	}
+	if s.c != nil {
+		id, _ := s.c.Session()
+		errs = append(errs, s.svc.DeleteSession(ctx, id))
+	}
+	errs = append(errs, s.svc.Close())
+	return errors.Join(errs...)
+}
+
+// createFirstResult times sandbox_create of a new box name and a shell
+// `true` in it, then destroys the box (untimed).
+func createFirstResult(ctx context.Context, c *sandboxclient.HTTP, name string) (time.Duration, error) {
+	d, err := timed(func() error {
+		out, err := c.CreateBox(ctx, api.SandboxCreateInput{Sandbox: name})
+		if err != nil {
+			return err
+		}
+		if !out.Created {
+			return fmt.Errorf("sandbox_create %s: the box existed already", name)
+		}
+		return shellTrue(ctx, c, name)
+	})
+	if err != nil {
+		return 0, err
+	}
+	return d, c.DestroyBox(ctx, name)
+}
+
+func shellTrue(ctx context.Context, c *sandboxclient.HTTP, box string) error {
+	_, err := shell(ctx, c, box, "true", 0)
+	return err
+}
+
+// shell runs command in box with the shell tool and fails unless it exits 0.
+func shell(ctx context.Context, c *sandboxclient.HTTP, box, command string, timeout time.Duration) (api.ShellOutput, error) {
+	var out api.ShellOutput
+	res, err := c.Tool(ctx, "shell", api.ShellInput{Sandbox: box, Command: command, TimeoutMs: int(timeout.Milliseconds())})
+	if err == nil {
+		err = api.DecodeResult(res, &out)
+	}
+	if err == nil && out.ExitCode != 0 {
+		err = fmt.Errorf("shell %q in %s: exit code %d: %s", command, box, out.ExitCode, out.Stderr)
+	}
+	return out, err
+}
+
+// readFilePaged reads a whole text file with read_file, page after page,
+// into w, and returns the number of calls.
+func readFilePaged(ctx context.Context, c *sandboxclient.HTTP, box, path string, w io.Writer) (int, error) {
+	offset := 0
+	for calls := 1; ; calls++ {
+		var out api.ReadFileOutput
+		res, err := c.Tool(ctx, "read_file", api.ReadFileInput{Sandbox: box, Path: path, Offset: offset})
+		if err == nil {
+			err = api.DecodeResult(res, &out)
+		}
+		if err != nil {
+			return calls, err
+		}
+		io.WriteString(w, out.Content)
+		if out.NextOffset == 0 {
+			return calls, nil
+		}
+		if out.NextOffset <= offset || calls > 1000 {
+			return calls, fmt.Errorf("read_file %s: next_offset %d after offset %d does not advance", path, out.NextOffset, offset)
+		}
+		offset = out.NextOffset
+	}
+}
+
+// waitPool waits until the server's warm pool holds want boxes (read from
+// /metrics).
+func waitPool(ctx context.Context, url string, want int) error {
+	ctx, cancel := context.WithTimeout(ctx, benchPoolWait)
+	defer cancel()
+	prefix := fmt.Sprintf("cellbox_pool_ready{image=%q} ", backend.DefaultImage)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/metrics", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				if v, ok := strings.CutPrefix(sc.Text(), prefix); ok {
+					if n, _ := strconv.Atoi(v); n >= want {
+						resp.Body.Close()
+						return nil
+					}
+				}
+			}
+			resp.Body.Close()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for %d warm boxes: %w", want, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// agentBinaryOrSelf returns path, or this executable when path is "".
+func agentBinaryOrSelf(path string) (string, error) {
+	if path != "" {
+		return path, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find the agent binary (pass --agent-binary): %w", err)
+	}
+	return exe, nil
+}
+
+// benchText is size bytes of printable text in lines of 1 KiB.
+func benchText(size int) []byte {
+	const alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+	buf := make([]byte, size)
+	for i := range buf {
+		buf[i] = alphabet[(i*7+i/1024)%len(alphabet)]
+		if i%1024 == 1023 {
+			buf[i] = '\n'
+		}
+	}
+	return buf
+}
+
+// writeTree writes k files of 1 MiB of random bytes into dir.
+func writeTree(dir string, k int) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	for i := 1; i <= k; i++ {
+		rand.Read(buf)
+		if err := os.WriteFile(filepath.Join(dir, "f"+strconv.Itoa(i)), buf, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,245 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/internal/testenv"
+)
+
+// TestBenchBoxesLocal runs the boxes bench with tiny numbers on the local
+// backend and checks the table a user would paste into the README: every
+// row, with sane numbers and a baseline, and no box left behind.
+func TestBenchBoxesLocal(t *testing.T) {
+	testenv.RequireBwrap(t)
+	bin := testenv.CellboxBinary(t)
+	data := t.TempDir()
+
+	var out bytes.Buffer
+	err := runBench(context.Background(), []string{"boxes", "--backend", "local", "--n", "3", "--tree-mib", "2",
+		"--data", data, "--agent-binary", bin}, &out)
+	require.NoError(t, err, out.String())
+	t.Log("\n" + out.String())
+
+	rows := parseBenchTable(t, out.String())
+	wants := []struct {
+		what, baseline string
+		target         bool
+	}{
+		{"create → first result, warm pool", "bwrap … true", true},
+		{"create → first result, cold (no pool)", "bwrap … true", false},
+		{"warm `shell` `true`", "bwrap … true", true},
+		{"write 1 MiB file (upload endpoint)", "host os.WriteFile (no box)", false},
+		{"read 1 MiB file (download endpoint)", "host os.ReadFile (no box)", false},
+		{"write 1 MiB file (`write_file`)", "host os.WriteFile (no box)", false},
+		{"read 1 MiB file (`read_file`, 4 calls)", "host os.ReadFile (no box)", false},
+		{"transfer 2 MiB tree (2 files) box → box", "host cp -r (no box)", false},
+	}
+	require.Len(t, rows, len(wants), "one row per measurement")
+	for i, w := range wants {
+		t.Run(w.what, func(t *testing.T) {
+			r := rows[i]
+			assert.Equal(t, "local", r["backend"])
+			assert.Equal(t, w.what, r["what"])
+			assert.Equal(t, w.baseline, r["baseline"])
+			checkSaneRow(t, r)
+			if w.target {
+				assert.Regexp(t, `^< \d+ ms [✔✘]$`, r["target p50"])
+			} else {
+				assert.Empty(t, r["target p50"])
+			}
+		})
+	}
+	assert.Contains(t, out.String(), "load average")
+	assertNoBoxesLeft(t, data)
+}
+
+// TestBenchBoxesInterrupted stops the bench midway, as ctrl-C does, and
+// checks that it leaves no box running.
+func TestBenchBoxesInterrupted(t *testing.T) {
+	testenv.RequireBwrap(t)
+	bin := testenv.CellboxBinary(t)
+	data := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	var out bytes.Buffer
+	err := runBench(ctx, []string{"boxes", "--backend", "local", "--n", "50", "--data", data, "--agent-binary", bin}, &out)
+	require.Error(t, err, "the bench was cut short")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assertNoBoxesLeft(t, data)
+}
+
+// TestBenchRuntime runs the runtime bench with small graphs, the file
+// bindings on the local backend, and checks its JSON.
+func TestBenchRuntime(t *testing.T) {
+	testenv.RequireBwrap(t)
+	bin := testenv.CellboxBinary(t)
+	var out bytes.Buffer
+	err := runBench(context.Background(), []string{"runtime", "--nodes", "300", "--n", "3", "--watch-n", "5",
+		"--backend", "local", "--agent-binary", bin, "--json"}, &out)
+	require.NoError(t, err, out.String())
+	var rep benchReport
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
+	assert.Equal(t, "runtime", rep.Bench)
+	assert.NotEmpty(t, rep.Host.LoadStart)
+
+	var got []string
+	for _, r := range rep.Rows {
+		got = append(got, r.Backend+": "+r.What)
+		assert.Positive(t, r.N, r.What)
+		assert.Positive(t, r.P50, r.What)
+		assert.GreaterOrEqual(t, r.P95, r.P50, r.What)
+		assert.Positive(t, r.Mean, r.What)
+		assert.NotEmpty(t, r.Baseline, r.What)
+		assert.Positive(t, r.BaselineP50, r.What)
+		assert.Positive(t, r.Ratio, r.What)
+	}
+	var want []string
+	for _, st := range []string{"memory", "bbolt"} {
+		want = append(want,
+			st+": propagate chain of 300 computed nodes, per node",
+			st+": propagate fan-out of 300 computed nodes, per node",
+			st+": propagate diamonds of 300 computed nodes, per node",
+			st+": propagate 50-level chain, whole write",
+			st+": cell write → watcher notified")
+	}
+	want = append(want,
+		"local: cell written → file in the box (sandbox node)",
+		"local: file written in the box → output cell (sandbox node)")
+	assert.Equal(t, want, got)
+	for _, i := range []int{0, 1, 2, 10, 11} {
+		assert.NotNil(t, rep.Rows[i].Met, "%s has a target", rep.Rows[i].What)
+	}
+}
+
+func TestBenchBadInput(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{nil, "want a subcommand: boxes or runtime"},
+		{[]string{"disks"}, `unknown subcommand "disks"`},
+		{[]string{"boxes", "--backend", "podman"}, `--backend "podman": want docker, local or both`},
+		{[]string{"boxes", "--n", "0"}, "--n 0: want a positive number"},
+		{[]string{"boxes", "--budget", "-1s"}, "--budget -1s: want a positive duration"},
+		{[]string{"boxes", "local"}, `unexpected arguments ["local"]`},
+		{[]string{"runtime", "--nodes", "2"}, "--nodes 2: want at least 3"},
+		{[]string{"runtime", "--watch-n", "-5"}, "--watch-n -5: want a positive number"},
+		{[]string{"runtime", "--backend", "k8s"}, `--backend "k8s": want docker, local, both or none`},
+	}
+	for _, c := range cases {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			var out bytes.Buffer
+			err := runBench(context.Background(), c.args, &out)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), c.want)
+			assert.Empty(t, out.String(), "nothing measured, nothing printed")
+		})
+	}
+}
+
+func TestPercentilesAndFormat(t *testing.T) {
+	var s []time.Duration
+	for i := 100; i >= 1; i-- {
+		s = append(s, time.Duration(i)*time.Millisecond)
+	}
+	p50, p95, mean := percentiles(s)
+	assert.Equal(t, 50*time.Millisecond, p50)
+	assert.Equal(t, 95*time.Millisecond, p95)
+	assert.Equal(t, 50500*time.Microsecond, mean)
+	p50, p95, mean = percentiles([]time.Duration{7})
+	assert.Equal(t, []time.Duration{7, 7, 7}, []time.Duration{p50, p95, mean})
+
+	for d, want := range map[time.Duration]string{
+		850:                       "850 ns",
+		1530:                      "1.53 µs",
+		45 * time.Millisecond:     "45 ms",
+		208400 * time.Microsecond: "208 ms",
+		2500 * time.Millisecond:   "2.5 s",
+	} {
+		assert.Equal(t, want, fmtDur(d))
+	}
+}
+
+// parseBenchTable returns the rows of the Markdown table, keyed by column.
+func parseBenchTable(t *testing.T, out string) []map[string]string {
+	t.Helper()
+	var header []string
+	var rows []map[string]string
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, "| ") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "|"), " | ")
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		if header == nil {
+			header = cells
+			continue
+		}
+		require.Len(t, cells, len(header), line)
+		row := map[string]string{}
+		for i, h := range header {
+			row[h] = cells[i]
+		}
+		rows = append(rows, row)
+	}
+	require.NotNil(t, header, "a Markdown table in:\n%s", out)
+	return rows
+}
+
+// checkSaneRow checks the numbers of a table row.
+func checkSaneRow(t *testing.T, r map[string]string) {
+	t.Helper()
+	n, err := strconv.Atoi(r["n"])
+	require.NoError(t, err)
+	assert.Positive(t, n)
+	p50, p95, mean := parseBenchDur(t, r["p50"]), parseBenchDur(t, r["p95"]), parseBenchDur(t, r["mean"])
+	assert.Positive(t, p50)
+	assert.GreaterOrEqual(t, p95, p50)
+	assert.Positive(t, mean)
+	assert.Less(t, p95, time.Minute)
+	assert.Positive(t, parseBenchDur(t, r["baseline p50"]))
+	ratio, err := strconv.ParseFloat(strings.TrimSuffix(r["ratio"], "×"), 64)
+	require.NoError(t, err, r["ratio"])
+	assert.Positive(t, ratio)
+}
+
+func parseBenchDur(t *testing.T, s string) time.Duration {
+	t.Helper()
+	num, unit, ok := strings.Cut(s, " ")
+	require.True(t, ok, "duration %q", s)
+	v, err := strconv.ParseFloat(num, 64)
+	require.NoError(t, err, s)
+	scale := map[string]float64{"ns": 1, "µs": 1e3, "ms": 1e6, "s": 1e9}[unit]
+	require.NotZero(t, scale, "unit of %q", s)
+	return time.Duration(v * scale)
+}
+
+// assertNoBoxesLeft checks that no box of the bench under data exists or
+// runs any more.
+func assertNoBoxesLeft(t *testing.T, data string) {
+	t.Helper()
+	entries, _ := os.ReadDir(filepath.Join(data, "local"))
+	for _, e := range entries {
+		assert.True(t, strings.HasPrefix(e.Name(), "."), "box directory left behind: %s", e.Name())
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		cmd, err := os.ReadFile(p)
+		if err == nil && bytes.Contains(cmd, []byte(data)) {
+			assert.Fail(t, "process left running", "%s: %s", p, bytes.ReplaceAll(cmd, []byte{0}, []byte{' '}))
+		}
+	}
+}
