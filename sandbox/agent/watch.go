@@ -15,7 +15,7 @@ import (
 )
 
 const (
-	defaultDebounce = 50 * time.Millisecond
+	defaultDebounce = 10 * time.Millisecond
 	maxBatch        = 1000 // events per frame
 )
 
@@ -164,6 +164,9 @@ func (wt *watchTree) translate(ev fsnotify.Event) []Event {
 	if rel, err := filepath.Rel(wt.real, ev.Name); err == nil && slices.Contains(strings.Split(rel, "/"), ".git") {
 		return nil // git's own churn
 	}
+	if isWriteTemp(filepath.Base(ev.Name)) {
+		return nil // our own atomic write; its rename shows up as the target's create
+	}
 	out := []Event{{Path: wt.shown(ev.Name), Op: op, Time: now}}
 	if op == "create" {
 		if fi, err := os.Lstat(ev.Name); err == nil && fi.IsDir() {
@@ -171,4 +174,15 @@ func (wt *watchTree) translate(ev fsnotify.Event) []Event {
 		}
 	}
 	return out
+}
+
+// isWriteTemp reports whether name is a temporary file of an atomic write
+// (".NAME.cellbox-123", see writeAtomic); watchers never see those.
+func isWriteTemp(name string) bool {
+	i := strings.LastIndex(name, ".cellbox-")
+	if !strings.HasPrefix(name, ".") || i <= 0 {
+		return false
+	}
+	digits := name[i+len(".cellbox-"):]
+	return digits != "" && strings.Trim(digits, "0123456789") == ""
 }
