@@ -1,0 +1,171 @@
+package builtins
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"path"
+	"strings"
+
+	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/sandboxclient"
+)
+
+// What the box-driving kinds share: box names, file bindings, reading files
+// back.
+
+// MaxOutputFile caps an output file read back from a box.
+const MaxOutputFile = 16 << 20
+
+// boxBase is a box-name-safe rendering of a node's address: "pattern.node",
+// prefixed by the space unless it is "default", at most max bytes (longer
+// ones are cut and end with a hash of the whole, so they stay unique).
+func boxBase(a cells.Address, max int) string {
+	s := a.Pattern + "." + a.Name
+	if a.Space != "default" {
+		s = a.Space + "." + s
+	}
+	s = strings.Map(func(r rune) rune {
+		if r == '_' || r == '-' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '_'
+	}, s)
+	if len(s) > max {
+		sum := sha256.Sum256([]byte(s))
+		s = s[:max-9] + "-" + hex.EncodeToString(sum[:4])
+	}
+	return s
+}
+
+// checkFiles checks file bindings: clean absolute paths, outputs text or
+// json.
+func checkFiles(files map[string]File) error {
+	for p, f := range files {
+		switch {
+		case !path.IsAbs(p) || path.Clean(p) != p:
+			return fmt.Errorf("file %q: not a clean absolute path in the box (e.g. %q)", p, path.Join("/workspace", p))
+		case f.Input == nil && f.Output != OutputText && f.Output != OutputJSON:
+			return fmt.Errorf("file %q: output format %q: want %q or %q", p, f.Output, OutputText, OutputJSON)
+		case f.Input != nil && f.Output != "":
+			return fmt.Errorf("file %q: both an input and an output", p)
+		}
+	}
+	return nil
+}
+
+// evalEnv evaluates env values as text.
+func evalEnv(env map[string]Field, in map[string]any) (map[string]string, error) {
+	if len(env) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(env))
+	for k, f := range env {
+		v, err := evalText(f, in, "env "+k)
+		if err != nil {
+			return nil, err
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// evalImage evaluates an image field ("" when unset: the default image).
+func evalImage(f Field, in map[string]any) (string, error) {
+	if f == nil {
+		return "", nil
+	}
+	return evalText(f, in, "image")
+}
+
+// upload writes content to path in box.
+func upload(ctx context.Context, c sandboxclient.Client, box, p, content string) error {
+	if _, err := c.Upload(ctx, box, p, strings.NewReader(content)); err != nil {
+		return fmt.Errorf("write input file %s in box %q: %w", p, box, err)
+	}
+	return nil
+}
+
+// readOutput reads the output file p of box as format says: "text" gives a
+// string, "json" the parsed value. A missing file gives found=false.
+func readOutput(ctx context.Context, c sandboxclient.Client, box, p, format string) (v any, found bool, err error) {
+	w := &capped{max: MaxOutputFile}
+	if _, err := c.Download(ctx, box, p, w); err != nil {
+		switch {
+		case w.over:
+			return nil, true, fmt.Errorf("output file %s is larger than %d MiB", p, MaxOutputFile>>20)
+		case notFound(err):
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("read output file %s in box %q: %w", p, box, err)
+	}
+	if format == OutputText {
+		return w.String(), true, nil
+	}
+	d := json.NewDecoder(bytes.NewReader(w.Bytes()))
+	d.UseNumber()
+	if err := d.Decode(&v); err != nil {
+		return nil, true, fmt.Errorf("output file %s is not JSON: %w", p, err)
+	}
+	if d.More() {
+		return nil, true, fmt.Errorf("output file %s is not JSON: more than one value", p)
+	}
+	return v, true, nil
+}
+
+// notFound reports whether err says a file does not exist, from the
+// in-process client (fs.ErrNotExist) or over HTTP (404).
+func notFound(err error) bool {
+	var ae *sandboxclient.APIError
+	return errors.Is(err, fs.ErrNotExist) || errors.As(err, &ae) && ae.Status == http.StatusNotFound
+}
+
+// capped is a buffer that refuses to grow past max bytes.
+type capped struct {
+	bytes.Buffer
+	max  int
+	over bool
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if c.Len()+len(p) > c.max {
+		c.over = true
+		return 0, fmt.Errorf("more than %d bytes", c.max)
+	}
+	return c.Buffer.Write(p)
+}
+
+// lastLine returns the last non-empty line of s, cut to 200 bytes.
+func lastLine(s string) string {
+	s = strings.TrimRight(s, "\r\n\t ")
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	s = strings.TrimSpace(s)
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
+
+// destroyQuietly destroys box under a context detached from ctx's
+// cancellation (cleanup must happen on abort too), bounded by 30 s.
+func destroyQuietly(ctx context.Context, env Env, box string) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if err := env.Client.DestroyBox(dctx, box); err != nil && !noSuchBox(err) {
+		env.logger().Warn("destroy box", "box", box, "error", err)
+	}
+}
+
+// noSuchBox reports whether err says the session has no box of that name
+// (the sandbox service's message, in process and over HTTP).
+func noSuchBox(err error) bool {
+	return strings.Contains(err.Error(), "no sandbox named")
+}

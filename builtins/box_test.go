@@ -1,0 +1,238 @@
+package builtins_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/builtins"
+	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/patterns"
+	"github.com/cellbox/cellbox/runtime"
+	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/local"
+	"github.com/cellbox/cellbox/sandboxclient"
+)
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// counting is a sandbox client that records the boxes it creates.
+type counting struct {
+	sandboxclient.Client
+	mu      sync.Mutex
+	created []string
+}
+
+func (c *counting) CreateBox(ctx context.Context, in api.SandboxCreateInput) (api.SandboxCreateOutput, error) {
+	out, err := c.Client.CreateBox(ctx, in)
+	if err == nil && out.Created {
+		c.mu.Lock()
+		c.created = append(c.created, in.Sandbox)
+		c.mu.Unlock()
+	}
+	return out, err
+}
+
+func (c *counting) boxesCreated() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.created)
+}
+
+// box is the sandbox service on the real local (bubblewrap) backend, one
+// session of it, and a counting client of that session.
+type box struct {
+	svc     *sandbox.Service
+	session string
+	client  *counting
+}
+
+func newBox(t *testing.T) *box { return startBox(t, false) }
+
+// newBoxHTTP is newBox with the HTTP client, through the service's HTTP API.
+func newBoxHTTP(t *testing.T) *box { return startBox(t, true) }
+
+func startBox(t *testing.T, overHTTP bool) *box {
+	t.Helper()
+	testenv.RequireBwrap(t)
+	dir, err := os.MkdirTemp("", "cbbuiltins") // short: agent socket paths are limited
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	be, err := local.New(local.Options{Root: filepath.Join(dir, "local"), Logger: quiet()})
+	require.NoError(t, err)
+	svc, err := sandbox.New(context.Background(), sandbox.Config{
+		Backend:     be,
+		DataDir:     dir,
+		AgentBinary: testenv.CellboxBinary(t),
+		Pool:        map[string]int{backend.DefaultImage: 2},
+		Logger:      quiet(),
+	})
+	require.NoError(t, err)
+	var id string
+	t.Cleanup(func() {
+		// Boxes outlive a service (it reattaches to them): delete the
+		// session to remove them.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if id != "" {
+			_ = svc.DeleteSession(ctx, id)
+		}
+		svc.Close()
+	})
+	if overHTTP {
+		hs := httptest.NewServer(svc.Handler())
+		t.Cleanup(hs.Close)
+		c, err := sandboxclient.NewSession(context.Background(), hs.URL)
+		require.NoError(t, err)
+		id, _ = c.Session()
+		return &box{svc: svc, session: id, client: &counting{Client: c}}
+	}
+	id, _, err = svc.NewSession(context.Background())
+	require.NoError(t, err)
+	return &box{svc: svc, session: id, client: &counting{Client: svc.Client(id)}}
+}
+
+// list returns the names of the session's boxes.
+func (b *box) list(t *testing.T) []string {
+	t.Helper()
+	raw, err := b.client.Tool(context.Background(), "sandbox_list", nil)
+	require.NoError(t, err)
+	var out api.SandboxListOutput
+	require.NoError(t, json.Unmarshal(raw, &out))
+	var names []string
+	for _, s := range out.Sandboxes {
+		names = append(names, s.Name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// read returns a file of a box ("" and false when missing).
+func (b *box) read(name, path string) (string, bool) {
+	var sb strings.Builder
+	if _, err := b.client.Download(context.Background(), name, path, &sb); err != nil {
+		return "", false
+	}
+	return sb.String(), true
+}
+
+// run is a pattern running on a runtime over a bbolt store in a temp dir.
+type run struct {
+	t     *testing.T
+	box   *box
+	store cells.Store
+	rt    *runtime.Runtime
+	pat   runtime.Pattern
+}
+
+// load parses a YAML pattern (files: the pattern folder), compiles it onto
+// the box's client and loads it.
+func (b *box) load(t *testing.T, yaml string, files map[string]string) *run {
+	t.Helper()
+	store, err := cells.OpenBolt(filepath.Join(t.TempDir(), "cells.db"), cells.Options{NoSync: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	return b.loadOn(t, store, yaml, files)
+}
+
+func (b *box) loadOn(t *testing.T, store cells.Store, yaml string, files map[string]string) *run {
+	t.Helper()
+	fsys := fstest.MapFS{}
+	for name, content := range files {
+		fsys[name] = &fstest.MapFile{Data: []byte(content)}
+	}
+	p, err := patterns.Parse("pattern.yaml", []byte(yaml), fsys)
+	require.NoError(t, err)
+	rp, err := patterns.Compile(p, builtins.Env{Client: b.client, Logger: quiet()})
+	require.NoError(t, err)
+	rt := runtime.New(store, runtime.Options{Logger: quiet()})
+	r := &run{t: t, box: b, store: store, rt: rt, pat: rp}
+	t.Cleanup(func() { r.close(runtime.Shutdown) })
+	require.NoError(t, rt.Load(context.Background(), rp))
+	return r
+}
+
+// close stops the pattern (Stopped) or shuts the runtime down.
+func (r *run) close(reason runtime.CloseReason) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if reason == runtime.Stopped {
+		_ = r.rt.Stop(ctx, r.pat.Space, r.pat.Name)
+	}
+	_ = r.rt.Close(ctx)
+}
+
+func (r *run) addr(name string) cells.Address {
+	return cells.Address{Space: r.pat.Space, Pattern: r.pat.Name, Name: name}
+}
+
+func (r *run) settle() {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	require.NoError(r.t, r.rt.Wait(ctx))
+}
+
+func (r *run) set(name, value string) {
+	r.t.Helper()
+	require.NoError(r.t, r.rt.Set(context.Background(), r.addr(name), json.RawMessage(value)))
+}
+
+func (r *run) send(stream, payload string) {
+	r.t.Helper()
+	_, err := r.rt.Send(context.Background(), r.addr(stream), json.RawMessage(payload))
+	require.NoError(r.t, err)
+}
+
+// get decodes a cell's value into v and returns the cell.
+func (r *run) get(name string, v any) cells.Cell {
+	r.t.Helper()
+	c, err := r.store.Get(r.addr(name))
+	require.NoError(r.t, err)
+	if v != nil {
+		require.NoError(r.t, json.Unmarshal(c.Value, v), "cell %s: %s", name, c.Value)
+	}
+	return c
+}
+
+// execOut is an exec node's output cell.
+type execOut struct {
+	Pending bool                 `json:"pending"`
+	Result  *builtins.ExecResult `json:"result"`
+	Error   *string              `json:"error"`
+}
+
+func (r *run) exec(name string) execOut {
+	r.t.Helper()
+	var o execOut
+	r.get(name, &o)
+	return o
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

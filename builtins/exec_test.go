@@ -1,0 +1,285 @@
+package builtins_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/builtins"
+	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/runtime"
+)
+
+func TestExecBasic(t *testing.T) {
+	b := newBox(t)
+	r := b.load(t, `
+name: basic
+cells:
+  name: world
+  steps: ["echo one", "echo two"]
+nodes:
+  hello:
+    exec:
+      command: echo hello ${name}; echo oops >&2
+  list:
+    exec:
+      command: ["echo first", '${steps}', echo last]
+`, nil)
+	assert.True(t, r.exec("hello").Pending, "the batch that decides a run writes pending before the run")
+	r.settle()
+
+	out := r.exec("hello")
+	assert.False(t, out.Pending)
+	assert.Nil(t, out.Error)
+	require.NotNil(t, out.Result)
+	assert.Equal(t, builtins.ExecResult{Stdout: "hello world\n", Stderr: "oops\n", Files: map[string]any{}}, *out.Result)
+	assert.Equal(t, "first\none\ntwo\nlast\n", r.exec("list").Result.Stdout, "a list from an expression is spliced in")
+	assert.Len(t, b.client.boxesCreated(), 2, "one fresh box per run")
+	assert.Empty(t, b.list(t), "run boxes are destroyed after the run")
+}
+
+func TestExecFiles(t *testing.T) {
+	b := newBox(t)
+	r := b.load(t, `
+name: files
+cells:
+  csv: "a,b\n1,2\n"
+  cfg: {value: {port: 8080, tags: [x, y]}}
+  empty:
+nodes:
+  job:
+    exec:
+      command:
+        - cat in.csv cfg.json note.txt script.sh t.txt; echo "$GREETING $PORT"
+        - >-
+          mkdir -p out && printf hello > out/o.txt &&
+          printf '{"n": 3, "big": 12345678901234567890, "l": [1.5]}' > out/o.json
+      env: {GREETING: hi, PORT: '${cfg.port}'}
+      files:
+        /workspace/in.csv: ${csv}
+        /workspace/cfg.json: ${cfg}
+        /workspace/note.txt: "static text\n"
+        /workspace/script.sh: {file: script.sh}
+        /workspace/t.txt: "port=${cfg.port} tags=${cfg.tags} empty=[${empty}]\n"
+        /workspace/out/o.txt: text
+        /workspace/out/o.json: json
+`, map[string]string{"script.sh": "echo from the pattern folder\n"})
+	r.settle()
+	out := r.exec("job")
+	require.Nil(t, out.Error)
+	assert.Equal(t, "a,b\n1,2\n"+`{"port":8080,"tags":["x","y"]}`+"static text\necho from the pattern folder\nport=8080 tags=[\"x\",\"y\"] empty=[]\nhi 8080\n", out.Result.Stdout)
+	raw, _ := json.Marshal(out.Result.Files)
+	assert.JSONEq(t, `{"/workspace/out/o.txt": "hello", "/workspace/out/o.json": {"n": 3, "big": 12345678901234567890, "l": [1.5]}}`, string(raw))
+	c := r.get("job", nil)
+	assert.Contains(t, string(c.Value), `"big":12345678901234567890`, "JSON numbers keep their precision")
+}
+
+func TestExecFailures(t *testing.T) {
+	b := newBox(t)
+	r := b.load(t, `
+name: failures
+nodes:
+  list:
+    exec:
+      command: [echo one, "echo two; echo bad >&2; exit 3", echo three]
+  badjson:
+    exec:
+      command: echo '{"a":' > /workspace/o.json
+      files: {/workspace/o.json: json}
+  missing:
+    exec:
+      command: "true"
+      files: {/workspace/never.txt: text}
+  slow:
+    exec:
+      command: sleep 30
+      timeout: 1s
+`, nil)
+	start := time.Now()
+	r.settle()
+	assert.Less(t, time.Since(start), 10*time.Second, "the timeout ends the run")
+	for node, want := range map[string]string{
+		"list":    "command 2 of 3 exited with 3: bad",
+		"badjson": "output file /workspace/o.json is not JSON",
+		"missing": "output file /workspace/never.txt (text) was not written by the command",
+		"slow":    "command timed out after 1",
+	} {
+		out := r.exec(node)
+		require.NotNil(t, out.Error, node)
+		assert.Contains(t, *out.Error, want, node)
+		assert.False(t, out.Pending, node)
+	}
+	assert.Empty(t, b.list(t), "failed runs destroy their boxes too")
+	for _, n := range r.rt.Nodes() {
+		assert.Equal(t, runtime.Error, n.State, n.Addr.String())
+	}
+}
+
+// TestExecExitError runs the kind directly to see the result an exit error
+// carries (the runtime stores the error).
+func TestExecExitError(t *testing.T) {
+	b := newBox(t)
+	x, err := builtins.NewExec(builtins.Env{Client: b.client, Logger: quiet()}, builtins.ExecSpec{
+		Node: cells.Address{Space: "s", Pattern: "p", Name: "x"},
+		Command: []builtins.Field{
+			builtins.Const("echo one"),
+			builtins.Const("echo two; echo bad >&2; exit 3"),
+			builtins.Const("echo three > /workspace/o.txt"),
+		},
+		Files: map[string]builtins.File{"/workspace/o.txt": {Output: builtins.OutputText}},
+	})
+	require.NoError(t, err)
+	_, err = x.Run(context.Background(), runtime.Inputs{})
+	var ee *builtins.ExitError
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, "command 2 of 3 exited with 3: bad", ee.Error())
+	assert.Equal(t, builtins.ExecResult{Stdout: "one\ntwo\n", Stderr: "bad\n", ExitCode: 3, Files: map[string]any{"/workspace/o.txt": nil}}, ee.Result,
+		"the list stops at the failure: the third command never wrote its file")
+	assert.Equal(t, ee.Result, ee.PartialResult())
+}
+
+func TestExecRerunAndAbort(t *testing.T) {
+	b := newBox(t)
+	r := b.load(t, `
+name: abort
+cells:
+  n: 1
+nodes:
+  job:
+    exec:
+      command: 'sleep ${n == 2 ? 5 : 0}; echo n=${n}'
+  shout: {computed: '${upper(job.result.stdout ?? "")}'}
+`, nil)
+	r.settle()
+	assert.Equal(t, "n=1\n", r.exec("job").Result.Stdout)
+	var shout string
+	r.get("shout", &shout)
+	assert.Equal(t, "N=1\n", shout)
+
+	from := r.store.Version()
+	r.set("n", "2")
+	waitFor(t, 5*time.Second, "the slow run's box", func() bool { return len(b.client.boxesCreated()) == 2 })
+	slowBox := b.client.boxesCreated()[1]
+	start := time.Now()
+	r.set("n", "3")
+	r.settle()
+	assert.Less(t, time.Since(start), 4*time.Second, "the sleep 5 run was aborted, not waited for")
+	assert.Equal(t, "n=3\n", r.exec("job").Result.Stdout)
+	r.get("shout", &shout)
+	assert.Equal(t, "N=3\n", shout, "dependents rerun")
+
+	// Every value job had since: never the aborted run's.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := r.store.Watch(ctx, r.addr("job").Prefix(), from)
+	require.NoError(t, err)
+	var seen []string
+	for len(seen) == 0 || seen[len(seen)-1] != "n=3\n" {
+		select {
+		case batch := <-ch:
+			for _, c := range batch.Changes {
+				if c.Cell.Addr.Name == "job" {
+					var o execOut
+					require.NoError(t, json.Unmarshal(c.Cell.Value, &o))
+					if o.Result != nil {
+						seen = append(seen, o.Result.Stdout)
+					}
+				}
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("job's changes: %q, never n=3", seen)
+		}
+	}
+	assert.NotContains(t, seen, "n=2\n", "the aborted run's result is never written")
+	assert.NotContains(t, b.list(t), slowBox, "the aborted run's box is destroyed")
+	assert.Empty(t, b.list(t))
+}
+
+func TestExecMemo(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cache string
+		boxes int // boxes created by n=1, n=2, back to n=1
+	}{
+		{"cached", "true", 2},
+		{"cache false", "false", 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBox(t)
+			r := b.load(t, `
+name: memo
+cells:
+  n: 1
+nodes:
+  job:
+    exec:
+      command: echo n=${n}
+      cache: `+tc.cache+`
+`, nil)
+			r.settle()
+			r.set("n", "2")
+			r.settle()
+			assert.Equal(t, "n=2\n", r.exec("job").Result.Stdout)
+			r.set("n", "1")
+			r.settle()
+			assert.Equal(t, "n=1\n", r.exec("job").Result.Stdout)
+			assert.Len(t, b.client.boxesCreated(), tc.boxes)
+			info := r.rt.Nodes()[0]
+			assert.Equal(t, tc.boxes, info.Runs)
+			assert.Equal(t, 3-tc.boxes, info.CacheHits)
+		})
+	}
+}
+
+func TestExecKey(t *testing.T) {
+	env := builtins.Env{Client: &counting{}, Logger: quiet()}
+	mk := func(spec builtins.ExecSpec) *builtins.Exec {
+		spec.Node = cells.Address{Space: "s", Pattern: "p", Name: "x"}
+		x, err := builtins.NewExec(env, spec)
+		require.NoError(t, err)
+		return x
+	}
+	base := builtins.ExecSpec{Command: []builtins.Field{builtins.ExprField(builtins.MustParse(`"echo " + n`))}}
+	key := func(x *builtins.Exec, in runtime.Inputs) string {
+		k, memo, err := x.Key(in)
+		require.NoError(t, err)
+		assert.True(t, memo)
+		return k
+	}
+	x := mk(base)
+	k1 := key(x, runtime.Inputs{"n": "1"})
+	assert.Equal(t, k1, key(x, runtime.Inputs{"n": "1"}), "same inputs, same key")
+	assert.NotEqual(t, k1, key(x, runtime.Inputs{"n": "2"}), "the command is in the key")
+	withImage := base
+	withImage.Image = builtins.Const("cellbox/python")
+	assert.NotEqual(t, k1, key(mk(withImage), runtime.Inputs{"n": "1"}), "the image is in the key")
+	withEnv := base
+	withEnv.Env = map[string]builtins.Field{"A": builtins.Const("1")}
+	assert.NotEqual(t, k1, key(mk(withEnv), runtime.Inputs{"n": "1"}), "env is in the key")
+	withFile := base
+	withFile.Files = map[string]builtins.File{"/workspace/a": {Input: builtins.ExprField(builtins.MustParse("n"))}}
+	assert.NotEqual(t, key(mk(withFile), runtime.Inputs{"n": "1"}), key(mk(withFile), runtime.Inputs{"n": "2"}), "input files are in the key")
+
+	noCache := base
+	noCache.NoCache = true
+	_, memo, err := mk(noCache).Key(runtime.Inputs{"n": "1"})
+	require.NoError(t, err)
+	assert.False(t, memo)
+
+	_, _, err = x.Key(runtime.Inputs{"n": nil})
+	assert.ErrorContains(t, err, "command[0]")
+	empty := builtins.ExecSpec{Command: []builtins.Field{builtins.Const([]any{})}}
+	_, _, err = mk(empty).Key(nil)
+	assert.ErrorContains(t, err, "no command to run")
+
+	_, err = builtins.NewExec(builtins.Env{}, base)
+	assert.ErrorContains(t, err, "no sandbox client")
+	_, err = builtins.NewExec(env, builtins.ExecSpec{Command: base.Command, Files: map[string]builtins.File{"rel/x": {Output: "text"}}})
+	assert.ErrorContains(t, err, "not a clean absolute path")
+	_, err = builtins.NewExec(env, builtins.ExecSpec{Command: base.Command, Files: map[string]builtins.File{"/x": {Output: "yaml"}}})
+	assert.ErrorContains(t, err, `output format "yaml"`)
+}

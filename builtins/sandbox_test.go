@@ -1,0 +1,312 @@
+package builtins_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/builtins"
+	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/runtime"
+)
+
+const replPattern = `
+name: repl
+cells:
+  cfg: {value: {port: 8080}}
+nodes:
+  repl:
+    sandbox:
+      env: {GREETING: hi}
+      files:
+        /workspace/config.json: ${cfg}
+        /workspace/port.txt: 'port ${cfg.port + 1}'
+        /workspace/out/result.txt: text
+        /workspace/data.json: json
+  latest: {computed: '${len(repl.history) > 0 ? repl.history[len(repl.history)-1].stdout : ""}'}
+`
+
+// sandboxOut is a sandbox node's output cell.
+type sandboxOut struct {
+	Pending bool                       `json:"pending"`
+	Status  string                     `json:"status"`
+	Box     string                     `json:"box"`
+	Error   string                     `json:"error"`
+	History []builtins.HistoryEntry    `json:"history"`
+	Files   map[string]json.RawMessage `json:"files"`
+}
+
+func (r *run) sandbox(name string) sandboxOut {
+	r.t.Helper()
+	var o sandboxOut
+	r.get(name, &o)
+	return o
+}
+
+func (r *run) file(node, path string) string {
+	r.t.Helper()
+	return string(r.sandbox(node).Files[path])
+}
+
+func TestSandbox(t *testing.T) {
+	b := newBox(t)
+	r := b.load(t, replPattern, nil)
+	r.settle()
+	out := r.sandbox("repl")
+	assert.Equal(t, "running", out.Status)
+	assert.False(t, out.Pending)
+	assert.Empty(t, out.History)
+	assert.Equal(t, []string{out.Box}, b.list(t))
+	cfg, ok := b.read(out.Box, "/workspace/config.json")
+	assert.True(t, ok)
+	assert.JSONEq(t, `{"port": 8080}`, cfg)
+	waitFor(t, time.Second, "output files read", func() bool { return len(r.sandbox("repl").Files) == 2 })
+	assert.Equal(t, "null", r.file("repl", "/workspace/out/result.txt"), "a missing output file is null")
+
+	t.Run("run stream", func(t *testing.T) {
+		r.send("repl.run", `{"command": "echo $GREETING; cat /workspace/config.json"}`)
+		r.send("repl.run", `{"command": "echo nope >&2; exit 3"}`)
+		r.send("repl.run", `{"command": "cat /workspace/x.txt", "files": {"/workspace/x.txt": "from the event"}}`)
+		r.settle()
+		out := r.sandbox("repl")
+		require.Len(t, out.History, 3)
+		h := out.History
+		assert.Equal(t, "echo $GREETING; cat /workspace/config.json", h[0].Command)
+		assert.Equal(t, "hi\n{\"port\":8080}", h[0].Stdout)
+		assert.Equal(t, 0, h[0].ExitCode)
+		assert.WithinDuration(t, time.Now(), h[0].Started, time.Minute)
+		assert.Equal(t, builtins.HistoryEntry{Command: "echo nope >&2; exit 3", Stderr: "nope\n", ExitCode: 3, Started: h[1].Started, DurationMs: h[1].DurationMs}, h[1],
+			"a non-zero exit is history, not a failure")
+		assert.Equal(t, "from the event", h[2].Stdout)
+		assert.False(t, out.Pending)
+		var last string
+		r.get("latest", &last)
+		assert.Equal(t, "from the event", last, "dependents see the history")
+
+		r.send("repl.run", `{"cmd": "ls"}`)
+		r.settle()
+		assert.Len(t, r.sandbox("repl").History, 3, "a malformed event is refused")
+	})
+
+	t.Run("input binding", func(t *testing.T) {
+		r.set("cfg", `{"port": 9090}`)
+		waitFor(t, time.Second, "config.json and port.txt rewritten", func() bool {
+			cfg, _ := b.read(out.Box, "/workspace/config.json")
+			port, _ := b.read(out.Box, "/workspace/port.txt")
+			return cfg == `{"port":9090}` && port == "port 9091"
+		})
+
+		r.set("cfg", `{"port": "x"}`)
+		waitFor(t, time.Second, "the input problem reported", func() bool {
+			return strings.Contains(r.sandbox("repl").Error, "file /workspace/port.txt")
+		})
+		assert.Equal(t, "running", r.sandbox("repl").Status, "a failing input binding does not stop the box")
+		r.set("cfg", `{"port": 9090}`)
+		waitFor(t, time.Second, "the problem gone", func() bool { return r.sandbox("repl").Error == "" })
+	})
+
+	t.Run("output bindings", func(t *testing.T) {
+		r.send("repl.run", `{"command": "echo done > /workspace/out/result.txt; echo '{\"a\": [1, 2]}' > /workspace/data.json"}`)
+		waitFor(t, 2*time.Second, "files updated", func() bool {
+			o := r.sandbox("repl")
+			return string(o.Files["/workspace/out/result.txt"]) == `"done\n"` && string(o.Files["/workspace/data.json"]) == `{"a":[1,2]}`
+		})
+		r.send("repl.run", `{"command": "rm /workspace/out/result.txt; echo '{' > /workspace/data.json"}`)
+		waitFor(t, 2*time.Second, "result.txt gone, data.json error", func() bool {
+			o := r.sandbox("repl")
+			return string(o.Files["/workspace/out/result.txt"]) == "null" && strings.Contains(o.Error, "output file /workspace/data.json is not JSON")
+		})
+		assert.Equal(t, `{"a":[1,2]}`, r.file("repl", "/workspace/data.json"), "a file that does not parse keeps its last value")
+		r.send("repl.run", `{"command": "echo 7 > /workspace/data.json"}`)
+		waitFor(t, 2*time.Second, "data.json fixed", func() bool {
+			o := r.sandbox("repl")
+			return string(o.Files["/workspace/data.json"]) == "7" && o.Error == ""
+		})
+	})
+
+	t.Run("destroy and run again", func(t *testing.T) {
+		n := len(r.sandbox("repl").History)
+		r.send("repl.destroy", `{}`)
+		r.settle()
+		assert.Equal(t, "destroyed", r.sandbox("repl").Status)
+		assert.Empty(t, b.list(t))
+
+		r.send("repl.run", `{"command": "cat /workspace/config.json; ls /workspace"}`)
+		r.settle()
+		o := r.sandbox("repl")
+		assert.Equal(t, "running", o.Status, "a run after destroy makes a fresh box")
+		require.Len(t, o.History, n+1, "history is kept")
+		assert.Equal(t, "{\"port\":9090}config.json\nout\nport.txt\n", o.History[n].Stdout, "a fresh box: inputs written anew, nothing else")
+		assert.Equal(t, []string{o.Box}, b.list(t))
+	})
+
+	t.Run("stop destroys the box", func(t *testing.T) {
+		r.close(runtime.Stopped)
+		assert.Empty(t, b.list(t))
+		assert.Equal(t, "destroyed", r.sandbox("repl").Status)
+	})
+}
+
+func TestSandboxReattach(t *testing.T) {
+	b := newBox(t)
+	store, err := cells.OpenBolt(filepath.Join(t.TempDir(), "cells.db"), cells.Options{NoSync: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+
+	r := b.loadOn(t, store, replPattern, nil)
+	r.settle()
+	r.send("repl.run", `{"command": "echo kept > /workspace/keep.txt"}`)
+	r.settle()
+	box := r.sandbox("repl").Box
+	r.close(runtime.Shutdown)
+	assert.Equal(t, []string{box}, b.list(t), "a shutdown keeps the box")
+
+	r = b.loadOn(t, store, replPattern, nil)
+	r.settle()
+	assert.Len(t, b.client.boxesCreated(), 1, "the restarted runner reattached")
+	s, ok := b.read(box, "/workspace/keep.txt")
+	assert.True(t, ok)
+	assert.Equal(t, "kept\n", s)
+	o := r.sandbox("repl")
+	assert.Equal(t, "running", o.Status)
+	assert.Len(t, o.History, 1)
+
+	// A destroyed sandbox stays destroyed across a restart.
+	r.send("repl.destroy", `{}`)
+	r.settle()
+	r.close(runtime.Shutdown)
+	r = b.loadOn(t, store, replPattern, nil)
+	r.settle()
+	assert.Equal(t, "destroyed", r.sandbox("repl").Status)
+	assert.Empty(t, b.list(t))
+}
+
+func TestSandboxHistoryLimits(t *testing.T) {
+	b := newBox(t)
+	r := b.load(t, `
+name: hist
+nodes:
+  sh: {sandbox: {}}
+`, nil)
+	r.settle()
+	r.send("sh.run", fmt.Sprintf(`{"command": "head -c %d /dev/zero | tr '\\0' x; echo; echo end"}`, 2*builtins.HistoryOutputLimit))
+	r.settle()
+	e := r.sandbox("sh").History[0]
+	assert.True(t, e.Truncated)
+	assert.LessOrEqual(t, len(e.Stdout), builtins.HistoryOutputLimit)
+
+	for i := range builtins.HistoryLimit + 2 {
+		r.send("sh.run", fmt.Sprintf(`{"command": "echo %d"}`, i))
+	}
+	r.settle()
+	// So many commands so fast back the node off (the runtime holds its
+	// writes for a second): wait for the last one.
+	var raw struct{ History []json.RawMessage }
+	waitFor(t, 5*time.Second, "the history of all commands", func() bool {
+		require.NoError(t, json.Unmarshal(r.get("sh", nil).Value, &raw))
+		return len(raw.History) == builtins.HistoryLimit+1
+	})
+	assert.JSONEq(t, `{"dropped": 3}`, string(raw.History[0]))
+	var first, last builtins.HistoryEntry
+	require.NoError(t, json.Unmarshal(raw.History[1], &first))
+	require.NoError(t, json.Unmarshal(raw.History[builtins.HistoryLimit], &last))
+	assert.Equal(t, "echo 2", first.Command)
+	assert.Equal(t, fmt.Sprintf("echo %d", builtins.HistoryLimit+1), last.Command)
+
+	r.send("sh.run", `{"command": "sleep 30", "timeout_ms": 300}`)
+	r.settle()
+	var o sandboxOut
+	r.get("sh", &o)
+	assert.True(t, o.History[len(o.History)-1].TimedOut)
+}
+
+// TestFileBindingLatency measures a sandbox's file bindings both ways:
+// cell written -> file in the box, and file written in the box -> output
+// cell updated.
+func TestFileBindingLatency(t *testing.T) {
+	b := newBox(t)
+	r := b.load(t, replPattern, nil)
+	r.settle()
+	box := r.sandbox("repl").Box
+	waitFor(t, time.Second, "output files read", func() bool { return len(r.sandbox("repl").Files) == 2 })
+	const n = 20
+	var in, out []time.Duration
+	for i := range n {
+		want := fmt.Sprintf(`{"port":%d}`, 10000+i)
+		start := time.Now()
+		r.set("cfg", want)
+		waitFor(t, 2*time.Second, "file in the box", func() bool {
+			s, _ := b.read(box, "/workspace/config.json")
+			return s == want
+		})
+		in = append(in, time.Since(start))
+
+		text := fmt.Sprintf("v%d", i)
+		start = time.Now()
+		_, err := b.client.Upload(context.Background(), box, "/workspace/out/result.txt", strings.NewReader(text))
+		require.NoError(t, err)
+		waitFor(t, 2*time.Second, "output cell", func() bool {
+			c, err := r.store.Get(r.addr("repl"))
+			return err == nil && strings.Contains(string(c.Value), `"/workspace/out/result.txt":"`+text+`"`)
+		})
+		out = append(out, time.Since(start))
+	}
+	p := func(ds []time.Duration, q float64) time.Duration {
+		s := slices.Clone(ds)
+		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+		return s[int(q*float64(len(s)-1))]
+	}
+	t.Logf("file bindings (local backend, n=%d): cell -> file p50 %s p95 %s; file -> cell p50 %s p95 %s",
+		n, p(in, .5), p(in, .95), p(out, .5), p(out, .95))
+	assert.Less(t, p(in, .5), 200*time.Millisecond)
+	assert.Less(t, p(out, .5), time.Second)
+}
+
+// TestOverHTTP runs exec and sandbox nodes through the HTTP client of the
+// sandbox API (cellbox serve), as a runner on another machine would.
+func TestOverHTTP(t *testing.T) {
+	b := newBoxHTTP(t)
+	r := b.load(t, `
+name: http
+cells:
+  msg: hello
+nodes:
+  job:
+    exec:
+      command: tr a-z A-Z < in.txt > out.txt
+      files:
+        /workspace/in.txt: ${msg}
+        /workspace/out.txt: text
+  missing:
+    exec:
+      command: "true"
+      files: {/workspace/never.json: json}
+  repl:
+    sandbox:
+      files:
+        /workspace/in.txt: ${msg}
+        /workspace/out.txt: text
+`, nil)
+	r.settle()
+	assert.Equal(t, map[string]any{"/workspace/out.txt": "HELLO"}, r.exec("job").Result.Files)
+	require.NotNil(t, r.exec("missing").Error)
+	assert.Contains(t, *r.exec("missing").Error, "output file /workspace/never.json (json) was not written")
+	r.send("repl.run", `{"command": "tr a-z A-Z < in.txt > out.txt"}`)
+	waitFor(t, 2*time.Second, "the output file", func() bool { return r.file("repl", "/workspace/out.txt") == `"HELLO"` })
+	r.set("msg", `"bye"`)
+	r.settle()
+	assert.Equal(t, map[string]any{"/workspace/out.txt": "BYE"}, r.exec("job").Result.Files)
+	s, _ := b.read(r.sandbox("repl").Box, "/workspace/in.txt")
+	assert.Equal(t, "bye", s)
+	r.close(runtime.Stopped)
+	assert.Empty(t, b.list(t))
+}
