@@ -25,12 +25,15 @@ type envelope struct {
 // decideAsync brings an async node up to date in the batch: nothing to do,
 // a memo hit written now, or a run decided now (pending:true) and started
 // after the commit.
-func (b *batch) decideAsync(n *node, in Inputs, inErr string) {
+func (b *batch) decideAsync(n *node, in Inputs, inErr string, waiting bool) {
 	if inErr != "" {
 		b.failAsync(n, inErr)
 		return
 	}
 	key, memo, err := safeKey(n.async, in)
+	if err != nil && waiting {
+		return // an input's first result is still coming; it marks n again
+	}
 	if err != nil {
 		b.failAsync(n, err.Error())
 		return

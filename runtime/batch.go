@@ -199,9 +199,12 @@ func (b *batch) enqueue(n *node) {
 }
 
 // inputs returns a node's inputs, or the error of the first failed one.
-// A compute gets the batch's scratch map; others keep theirs.
-func (b *batch) inputs(n *node) (Inputs, string) {
-	var in Inputs
+// A compute gets the batch's scratch map; others keep theirs. waiting is
+// true when an input is an async node's first run, still pending with no
+// result: a node that fails on such inputs (reading result.files of a null
+// result) is waiting, not failed; the result's write marks it again. A
+// node that can use the pending envelope (job.pending ? ...) still runs.
+func (b *batch) inputs(n *node) (in Inputs, inErr string, waiting bool) {
 	if n.shape == shapeCompute {
 		if b.scratch == nil {
 			b.scratch = make(Inputs, len(n.inputs))
@@ -214,11 +217,21 @@ func (b *batch) inputs(n *node) (Inputs, string) {
 	for _, i := range n.inputs {
 		v := b.get(i.slot)
 		if v.err != "" {
-			return nil, upstream(i, v.err)
+			return nil, upstream(i, v.err), false
 		}
 		in[i.name] = v.get()
+		if p := i.slot.producer; p != nil && p.shape == shapeAsync && firstRunPending(in[i.name]) {
+			waiting = true
+		}
 	}
-	return in, ""
+	return in, "", waiting
+}
+
+// firstRunPending reports whether an async node's output envelope is a run
+// in flight that has no earlier result to show.
+func firstRunPending(v any) bool {
+	env, ok := v.(map[string]any)
+	return ok && env["pending"] == true && env["result"] == nil && env["error"] == nil
 }
 
 // upstream names the failure a node inherits from an input, keeping the
@@ -231,12 +244,12 @@ func upstream(i input, err string) string {
 }
 
 func (b *batch) process(n *node) {
-	in, inErr := b.inputs(n)
+	in, inErr, waiting := b.inputs(n)
 	switch n.shape {
 	case shapeCompute:
-		b.compute(n, in, inErr)
+		b.compute(n, in, inErr, waiting)
 	case shapeAsync:
-		b.decideAsync(n, in, inErr)
+		b.decideAsync(n, in, inErr, waiting)
 	case shapeService:
 		if inErr == "" {
 			b.then(func() { b.r.updateService(n, in) })
@@ -244,7 +257,7 @@ func (b *batch) process(n *node) {
 	}
 }
 
-func (b *batch) compute(n *node, in Inputs, inErr string) {
+func (b *batch) compute(n *node, in Inputs, inErr string, waiting bool) {
 	var start time.Time
 	if b.timed {
 		start = time.Now()
@@ -261,6 +274,9 @@ func (b *batch) compute(n *node, in Inputs, inErr string) {
 			}
 		}
 		n.runs++
+	}
+	if err != nil && waiting {
+		return // an input's first result is still coming; it marks n again
 	}
 	if err != nil {
 		n.err = err.Error()

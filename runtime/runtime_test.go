@@ -479,3 +479,32 @@ func TestWaitTimeout(t *testing.T) {
 	require.NoError(t, rt.Close(context.Background()), "Close cancels the run")
 	assert.ErrorIs(t, rt.Set(context.Background(), at("x"), json.RawMessage(`2`)), runtime.ErrClosed)
 }
+
+// A node that reads an async node's result waits for the first result
+// instead of failing on the null of a run in flight.
+func TestWaitsForFirstAsyncResult(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		w := newWork(false, true)
+		rt := runtime.New(s, runtime.Options{})
+		defer rt.Close(context.Background())
+		p := runtime.Pattern{Space: space, Name: pat,
+			Cells: []runtime.Cell{{Name: "x", Initial: json.RawMessage(`1`)}},
+			Nodes: []runtime.Node{
+				{Name: "job", Inputs: []string{"x"}, Kind: w, Builtin: "work"},
+				{Name: "out", Inputs: []string{"job"}, Kind: mustComputed("job.result.out + 1")},
+			}}
+		require.NoError(t, rt.Load(context.Background(), p))
+		assert.Equal(t, 1.0, waitStarted(t, w))
+		if c, err := s.Get(at("out")); err == nil {
+			assert.Empty(t, c.Error, "out waits, it does not fail, while job's first run is in flight")
+			assert.Equal(t, "null", string(c.Value))
+		} else {
+			assert.ErrorIs(t, err, cells.ErrNotFound)
+		}
+		w.release <- struct{}{}
+		settle(t, rt)
+		c := get(t, s, "out")
+		assert.Empty(t, c.Error)
+		assert.Equal(t, `11`, string(c.Value))
+	})
+}
