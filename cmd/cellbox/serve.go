@@ -21,7 +21,7 @@ import (
 func init() {
 	register(command{
 		name:  "serve",
-		usage: "[--addr 127.0.0.1:7077] [--data DIR] [--backend auto|docker|local] [--pool N] [--agent-binary PATH]  serve the sandbox tool API over HTTP",
+		usage: "[--addr 127.0.0.1:7077] [--data DIR] [--backend auto|docker|local] [--pool N] [--agent-binary PATH]  serve the sandbox tool API and the runtime API (patterns, cells) over HTTP",
 		run:   runServe,
 	})
 }
@@ -46,6 +46,11 @@ func runServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	store, err := openCellStore(dataDir) // the runtime's store, beside the box service's cellbox.db
+	if err != nil {
+		return err
+	}
+	defer store.Close()
 	be, err := openBackend(ctx, *backendName, dataDir)
 	if err != nil {
 		return err
@@ -60,13 +65,22 @@ func runServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer svc.Close()
+	host, err := newRuntimeHost(ctx, dataDir, store, svc, slog.Default())
+	if err != nil {
+		return err
+	}
+	defer host.close()
+	if _, err := host.serve(""); err != nil { // DATA/run.sock, for `cellbox cell` and `cellbox send`
+		return err
+	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", *addr, err)
 	}
 	base := "http://" + ln.Addr().String()
 	svc.SetBaseURL(base)
-	srv := &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: withRuntimeAPI(svc.Handler(), host.api), ReadHeaderTimeout: 10 * time.Second}
+	srv.RegisterOnShutdown(host.api.Shutdown) // end watches
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	slog.Info("cellbox serving", "url", base, "backend", be.Name(), "data", dataDir)

@@ -1,0 +1,372 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cellbox/cellbox/builtins"
+	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/internal/runapi"
+	"github.com/cellbox/cellbox/patterns"
+	"github.com/cellbox/cellbox/runtime"
+	"github.com/cellbox/cellbox/sandbox"
+)
+
+func init() {
+	register(command{
+		name:  "run",
+		usage: "PATTERN [--data DIR] [--once] [--backend auto|docker|local] [--addr 127.0.0.1:PORT]  run a pattern and show its cells and nodes as they change",
+		run:   runRun,
+	})
+}
+
+// Files of the data directory the runtime uses. The sandbox service keeps
+// its own state in cellbox.db beside them: bbolt locks a file for one
+// process, so the two stores are separate files.
+const (
+	cellStoreFile = "cells.db" // the cell store (cells, node state, memo cache)
+	runSocketFile = "run.sock" // the runtime API of the process that holds cells.db
+	runLogFile    = "run.log"  // the log of `cellbox run`
+)
+
+func runRun(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	data := fs.String("data", defaultDataDir(), "data directory: cell store, box state and directories (a restarted run over it resumes)")
+	once := fs.Bool("once", false, "run until nothing is left to do, print the final cells and exit (non-zero if a node failed)")
+	backendName := fs.String("backend", "auto", "box backend: docker, local (bubblewrap), or auto (docker if an engine answers, else local)")
+	addr := fs.String("addr", "", "also serve the runtime API over HTTP on this address (e.g. 127.0.0.1:7078)")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("want one PATTERN (a folder holding %s, or a .yaml file), got %d arguments", patterns.FileName, len(pos))
+	}
+	source, err := filepath.Abs(pos[0])
+	if err != nil {
+		return err
+	}
+	p, err := patterns.Load(source)
+	if err != nil {
+		return err
+	}
+	dataDir, err := filepath.Abs(*data)
+	if err != nil {
+		return err
+	}
+	// The cell store first: it is the lock that says this process owns the
+	// data directory.
+	store, err := openCellStore(dataDir)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	logf, err := os.OpenFile(filepath.Join(dataDir, runLogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("open log: %w", err)
+	}
+	defer logf.Close()
+	log := slog.New(slog.NewTextHandler(logf, nil))
+	slog.SetDefault(log) // openBackend and the sandbox log there too, not over the view
+	be, err := openBackend(ctx, *backendName, dataDir)
+	if err != nil {
+		return err
+	}
+	svc, err := sandbox.New(ctx, sandbox.Config{Backend: be, DataDir: dataDir, Pool: map[string]int{}, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer svc.Close()
+	host, err := newRuntimeHost(ctx, dataDir, store, svc, log)
+	if err != nil {
+		return err
+	}
+	defer host.close()
+
+	tty := isTerminal(os.Stdout)
+	progress := io.Writer(os.Stdout)
+	if *once && !tty {
+		progress = os.Stderr // stdout is for the final cells
+	}
+	v := newView(host.rt, store, p, progress, tty)
+	finishView := v.start()
+
+	inst, err := host.api.Load(ctx, p, runapi.LoadOptions{Space: runapi.DefaultSpace, Name: p.Name, Source: source})
+	if err != nil {
+		finishView()
+		return err
+	}
+	sock, err := host.serve(*addr)
+	if err != nil {
+		finishView()
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "cellbox run: %s/%s from %s (backend %s, data %s)\n  API: unix:%s%s · log: %s\n",
+		inst.Space, inst.Name, source, be.Name(), dataDir, sock, orEmpty(" and http://", host.httpAddr), filepath.Join(dataDir, runLogFile))
+	if !*once {
+		fmt.Fprintf(os.Stderr, "  change a cell: cellbox cell set%s NAME JSON · stop: Ctrl-C\n", dataFlag(*data))
+	}
+	v.loaded() // the live view starts drawing below these lines
+
+	if *once {
+		err := host.rt.Wait(ctx)
+		finishView()
+		if ctx.Err() != nil {
+			return errors.New("interrupted before the pattern settled; a new run over the same data dir resumes it")
+		}
+		if err != nil {
+			return err
+		}
+		return printFinal(os.Stdout, store, host.rt, p, inst)
+	}
+	<-ctx.Done()
+	signal.Reset(os.Interrupt, syscall.SIGTERM) // a second Ctrl-C quits at once
+	finishView()
+	fmt.Fprintln(os.Stderr, "cellbox run: stopping (Ctrl-C again to quit at once)")
+	return nil
+}
+
+func orEmpty(prefix, s string) string {
+	if s == "" {
+		return ""
+	}
+	return prefix + s
+}
+
+// dataFlag is the --data flag to repeat in a hint, "" for the default.
+func dataFlag(data string) string {
+	if data == defaultDataDir() {
+		return ""
+	}
+	return " --data " + data
+}
+
+// openCellStore opens (creating) DATA/cells.db; a store another process
+// holds is a clear error.
+func openCellStore(dataDir string) (cells.Store, error) {
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create data dir: %w", err)
+	}
+	path := filepath.Join(dataDir, cellStoreFile)
+	store, err := cells.OpenBolt(path, cells.Options{})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, fmt.Errorf("data dir %s is in use: another cellbox run or serve holds %s (stop it, or use another --data)", dataDir, path)
+	}
+	return store, err
+}
+
+// runtimeHost is a runtime over a cell store, its API, and the servers
+// that serve the API (the unix socket DATA/run.sock, and an HTTP address).
+type runtimeHost struct {
+	dataDir  string
+	rt       *runtime.Runtime
+	api      *runapi.Server
+	servers  []*http.Server
+	sockPath string
+	httpAddr string
+}
+
+// newRuntimeHost starts a runtime over store whose exec and sandbox nodes
+// drive boxes of svc, in a session kept in the store so that a restart
+// finds its boxes again.
+func newRuntimeHost(ctx context.Context, dataDir string, store cells.Store, svc *sandbox.Service, log *slog.Logger) (*runtimeHost, error) {
+	session, err := runtimeSession(ctx, store, svc)
+	if err != nil {
+		return nil, err
+	}
+	rt := runtime.New(store, runtime.Options{Logger: log})
+	api := runapi.New(runapi.Config{Runtime: rt, Store: store, Env: builtins.Env{Client: svc.Client(session), Logger: log}, Logger: log})
+	return &runtimeHost{dataDir: dataDir, rt: rt, api: api}, nil
+}
+
+// runtimeSession returns the sandbox session the runtime's boxes live in:
+// the one recorded in the store if the service still has it, else a new
+// one, recorded.
+func runtimeSession(ctx context.Context, store cells.Store, svc *sandbox.Service) (string, error) {
+	const bucket, key = "cmd.cellbox", "sandbox.session"
+	type rec struct{ ID, Token string }
+	var r rec
+	err := store.View(func(tx cells.Tx) error {
+		if b, ok := tx.Meta(bucket).Get(key); ok {
+			return json.Unmarshal(b, &r)
+		}
+		return nil
+	})
+	if err == nil && r.ID != "" {
+		if _, err := svc.Authenticate(r.ID, r.Token); err == nil {
+			return r.ID, nil
+		}
+	}
+	r.ID, r.Token, err = svc.NewSession(ctx)
+	if err != nil {
+		return "", fmt.Errorf("create the runtime's sandbox session: %w", err)
+	}
+	b, _ := json.Marshal(r)
+	err = store.Update(func(tx cells.Tx) error { return tx.Meta(bucket).Put(key, b) })
+	if err != nil {
+		return "", fmt.Errorf("record the runtime's sandbox session: %w", err)
+	}
+	return r.ID, nil
+}
+
+// serve serves the API on DATA/run.sock (replacing a socket a killed run
+// left behind: this process holds the cell store, so no one else serves
+// it) and, if addr is set, over HTTP on addr. It returns the socket's path.
+func (h *runtimeHost) serve(addr string) (string, error) {
+	h.sockPath = filepath.Join(h.dataDir, runSocketFile)
+	if err := os.Remove(h.sockPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("remove stale socket: %w", err)
+	}
+	ln, err := net.Listen("unix", h.sockPath)
+	if err != nil {
+		return "", fmt.Errorf("listen on %s: %w", h.sockPath, err)
+	}
+	if err := os.Chmod(h.sockPath, 0o600); err != nil {
+		ln.Close()
+		return "", err
+	}
+	h.start(ln, h.api)
+	if addr != "" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return "", fmt.Errorf("listen on %s: %w", addr, err)
+		}
+		h.httpAddr = ln.Addr().String()
+		h.start(ln, h.api)
+	}
+	return h.sockPath, nil
+}
+
+func (h *runtimeHost) start(ln net.Listener, handler http.Handler) {
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	h.servers = append(h.servers, srv)
+	go srv.Serve(ln)
+}
+
+// close stops the API servers, stops every pattern (cancelling runs, which
+// resume on the next start, and closing sandbox nodes) and the runtime.
+func (h *runtimeHost) close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, srv := range h.servers {
+		srv.Close() // also ends watches
+	}
+	if h.sockPath != "" {
+		os.Remove(h.sockPath)
+	}
+	return errors.Join(h.api.StopAll(ctx), h.rt.Close(ctx))
+}
+
+// withRuntimeAPI routes the runtime API's paths to api and everything else
+// (the tool API, previews: preview hosts are *.localhost) to h.
+func withRuntimeAPI(h, api http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, err := net.SplitHostPort(r.Host)
+		if err != nil {
+			host = r.Host
+		}
+		if runapi.Owns(r.URL.Path) && !strings.HasSuffix(host, ".localhost") {
+			api.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// printFinal prints an instance's cells (inputs, then node outputs, in
+// declaration order; streams left out) and fails naming the nodes that
+// failed, with their errors.
+func printFinal(w io.Writer, store cells.Store, rt *runtime.Runtime, p *patterns.Pattern, inst runapi.Instance) error {
+	prefix := inst.Space + "/" + inst.Name + "/"
+	var names []string
+	for _, c := range p.Cells {
+		names = append(names, c.Name)
+	}
+	for _, n := range p.Nodes {
+		names = append(names, n.Name)
+	}
+	for _, name := range names {
+		c, err := store.Get(cells.Address{Space: inst.Space, Pattern: inst.Name, Name: name})
+		if err != nil {
+			return fmt.Errorf("read final value of %s: %w", name, err)
+		}
+		line := name + " = " + string(c.Value)
+		if c.Error != "" {
+			line += "  # error: " + oneLine(c.Error)
+		}
+		fmt.Fprintln(w, line)
+	}
+	infos := map[string]runtime.NodeInfo{}
+	for _, n := range rt.Nodes() {
+		if n.Addr.Prefix() == prefix {
+			infos[n.Addr.Name] = n
+		}
+	}
+	var failed []string
+	for _, n := range p.Nodes {
+		if info := infos[n.Name]; info.State == runtime.Error {
+			failed = append(failed, fmt.Sprintf("node %s (%s) failed: %s", n.Name, n.Kind, oneLine(info.Err)))
+		}
+	}
+	if len(failed) > 0 {
+		return errors.New(strings.Join(failed, "\n  "))
+	}
+	return nil
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// parseArgs parses flags anywhere among the arguments (`run PAT --once`)
+// and returns the others. A negative number is an argument (`cell set x
+// -1`); after "--" everything is.
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var flags, pos []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			pos = append(pos, args[i+1:]...)
+			break
+		}
+		if len(a) < 2 || a[0] != '-' {
+			pos = append(pos, a)
+			continue
+		}
+		if _, err := strconv.ParseFloat(a, 64); err == nil {
+			pos = append(pos, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			continue // fs.Parse reports it
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !(ok && b.IsBoolFlag()) && i+1 < len(args) {
+			flags = append(flags, args[i+1])
+			i++
+		}
+	}
+	if err := fs.Parse(flags); err != nil {
+		return nil, err
+	}
+	return pos, nil
+}

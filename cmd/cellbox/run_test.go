@@ -1,0 +1,400 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/internal/runapi"
+	"github.com/cellbox/cellbox/internal/testenv"
+)
+
+const sumPattern = `name: calc
+cells:
+  a: 1
+  b:
+    value: 2
+    schema: {type: integer, minimum: 0}
+nodes:
+  total: {computed: '${a + b}'}
+  double: {computed: '${total * 2}'}
+`
+
+const failingPattern = `name: broken
+cells:
+  a: 1
+nodes:
+  bad: {computed: '${int("x") + a}'}
+  after: {computed: '${bad + 1}'}
+`
+
+// writePattern writes a pattern folder and returns its path.
+func writePattern(t *testing.T, yaml string) string {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "pattern.yaml"), []byte(yaml), 0o644))
+	return dir
+}
+
+// cellbox runs the real binary to completion.
+func cellbox(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, testenv.CellboxBinary(t), args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	return out.String(), errb.String(), err
+}
+
+// runProc is a `cellbox run` in the background; out collects its output.
+type runProc struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan error
+}
+
+// startRun starts `cellbox run` and returns once its API answers.
+func startRun(t *testing.T, args ...string) *runProc {
+	t.Helper()
+	cmd := exec.Command(testenv.CellboxBinary(t), append([]string{"run"}, args...)...)
+	out := &syncBuffer{}
+	cmd.Stdout = out
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	p := &runProc{cmd: cmd, out: out, done: make(chan error, 1)}
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			out.Write([]byte(sc.Text() + "\n"))
+			if strings.Contains(sc.Text(), "API: unix:") {
+				close(ready)
+			}
+		}
+		p.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() { cmd.Process.Kill(); <-p.done })
+	select {
+	case <-ready:
+	case err := <-p.done:
+		p.done <- err
+		t.Fatalf("cellbox run exited before serving: %v\n%s", err, out.String())
+	case <-time.After(time.Minute):
+		t.Fatalf("cellbox run did not serve within a minute:\n%s", out.String())
+	}
+	return p
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func TestRunOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name, pattern string
+		ok            bool
+		stdout        []string
+		stderr        []string
+	}{
+		{"computed", sumPattern, true,
+			[]string{"a = 1\nb = 2\ntotal = 3\ndouble = 6\n"},
+			[]string{"cell a = 1", "node total = 3"}},
+		{"failing", failingPattern, false,
+			[]string{"a = 1\n", "bad = null  # error: expression", "after = null  # error: upstream bad failed"},
+			[]string{"node bad (computed) failed: expression \"int(\\\"x\\\") + a\"", "node after (computed) failed: upstream bad failed"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errOut, err := cellbox(t, "run", writePattern(t, tc.pattern), "--once", "--data", t.TempDir())
+			if tc.ok {
+				require.NoError(t, err, errOut)
+				assert.Equal(t, tc.stdout[0], out, "stdout holds exactly the final cells")
+			} else {
+				var ee *exec.ExitError
+				require.ErrorAs(t, err, &ee, "a failed node fails the run")
+				assert.Equal(t, 1, ee.ExitCode())
+				for _, s := range tc.stdout {
+					assert.Contains(t, out, s)
+				}
+			}
+			for _, s := range tc.stderr {
+				assert.Contains(t, errOut, s)
+			}
+		})
+	}
+}
+
+func TestRunCellSetGet(t *testing.T) {
+	data := t.TempDir()
+	pattern := writePattern(t, sumPattern)
+	run := startRun(t, pattern, "--data", data)
+
+	out, errOut, err := cellbox(t, "cell", "set", "a", "41", "--data", data)
+	require.NoError(t, err, errOut)
+	assert.Regexp(t, `^default/calc/a = 41  \(version \d+\)\n$`, out)
+	out, errOut, err = cellbox(t, "cell", "get", "total", "--data", data)
+	require.NoError(t, err, errOut)
+	assert.Equal(t, "43\n", out, "the computed cell was recomputed")
+	out, _, err = cellbox(t, "cell", "get", "calc/double", "--data", data)
+	require.NoError(t, err)
+	assert.Equal(t, "86\n", out)
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		msg  string
+	}{
+		{"bare word", []string{"cell", "set", "a", "hello"}, `a string needs quotes: '"hello"'`},
+		{"schema", []string{"cell", "set", "b", "-1"}, "must be >= 0 (got -1)"},
+		{"unknown cell", []string{"cell", "get", "totl"}, `did you mean "total"?`},
+		{"node output", []string{"cell", "set", "total", "3"}, "is the output of node total"},
+		{"send to a cell", []string{"send", "a", "1"}, "is not a stream"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, errOut, err := cellbox(t, append(tc.args, "--data", data)...)
+			require.Error(t, err)
+			assert.Contains(t, errOut, tc.msg)
+		})
+	}
+
+	t.Run("watch", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, testenv.CellboxBinary(t), "cell", "watch", "calc", "--data", data)
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		defer func() { cmd.Process.Kill(); cmd.Wait() }()
+		lines := bufio.NewScanner(stdout)
+		readUntil := func(want string) {
+			for lines.Scan() {
+				if strings.HasSuffix(lines.Text(), want) {
+					return
+				}
+			}
+			t.Fatalf("watch ended before %q", want)
+		}
+		readUntil("default/calc/total = 43") // the snapshot
+		_, errOut, err := cellbox(t, "cell", "set", "b", "10", "--data", data)
+		require.NoError(t, err, errOut)
+		readUntil("default/calc/double = 102")
+	})
+
+	assert.Contains(t, run.out.String(), "cell a = 41", "the run shows the change")
+	assert.Contains(t, run.out.String(), "node double = 86")
+}
+
+func TestRunRestartKeepsValues(t *testing.T) {
+	data := t.TempDir()
+	pattern := writePattern(t, sumPattern)
+	run := startRun(t, pattern, "--data", data)
+	_, errOut, err := cellbox(t, "cell", "set", "a", "5", "--data", data)
+	require.NoError(t, err, errOut)
+	require.NoError(t, run.cmd.Process.Signal(syscall.SIGKILL))
+	<-run.done
+	run.done <- nil
+
+	// Nothing serves the data dir: reads go to the store, writes are refused.
+	out, errOut, err := cellbox(t, "cell", "get", "total", "--data", data)
+	require.NoError(t, err, errOut)
+	assert.Equal(t, "7\n", out)
+	_, errOut, err = cellbox(t, "cell", "set", "a", "6", "--data", data)
+	require.Error(t, err)
+	assert.Contains(t, errOut, "no cellbox run is serving data dir "+data+"; start one with `cellbox run PATTERN --data "+data+"`")
+	_, errOut, err = cellbox(t, "send", "x.run", "{}", "--data", data)
+	require.Error(t, err)
+	assert.Contains(t, errOut, "no cellbox run is serving")
+	out, errOut, err = cellbox(t, "cell", "watch", "calc", "--from", "0", "--data", data)
+	require.NoError(t, err, errOut)
+	assert.Contains(t, out, " default/calc/a = 1\n", "the stored history replays")
+	assert.Regexp(t, `\d+ default/calc/a = 5\n\d+ default/calc/total = 7\n\d+ default/calc/double = 14\n$`, out, "up to the last change, then the watch ends")
+
+	run = startRun(t, pattern, "--data", data)
+	out, errOut, err = cellbox(t, "cell", "get", "a", "--data", data)
+	require.NoError(t, err, errOut)
+	assert.Equal(t, "5\n", out, "the restarted run keeps the cell's value, not the initial one")
+	out, _, err = cellbox(t, "cell", "get", "double", "--data", data)
+	require.NoError(t, err)
+	assert.Equal(t, "14\n", out)
+	assert.Contains(t, run.out.String(), "cell a = 5  (stored)")
+
+	// A second run over the same data dir is refused while the first holds it.
+	_, errOut, err = cellbox(t, "run", pattern, "--data", data, "--once")
+	require.Error(t, err)
+	assert.Contains(t, errOut, "data dir "+data+" is in use")
+
+	// Ctrl-C stops cleanly and removes the socket.
+	require.NoError(t, run.cmd.Process.Signal(os.Interrupt))
+	select {
+	case err := <-run.done:
+		run.done <- err
+		assert.NoError(t, err, run.out.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("cellbox run did not stop on SIGINT")
+	}
+	assert.NoFileExists(t, filepath.Join(data, runSocketFile))
+}
+
+func TestGraphCommand(t *testing.T) {
+	pattern := writePattern(t, sumPattern)
+	for _, tc := range []struct {
+		format string
+		want   []string
+	}{
+		{"dot", []string{`digraph "calc" {`, `"a" -> "total";`, `"total" -> "double";`}},
+		{"mermaid", []string{"flowchart LR", "c_a --> n_total", "n_total --> n_double"}},
+	} {
+		t.Run(tc.format, func(t *testing.T) {
+			out, errOut, err := cellbox(t, "graph", pattern, "--format", tc.format)
+			require.NoError(t, err, errOut)
+			for _, w := range tc.want {
+				assert.Contains(t, out, w)
+			}
+		})
+	}
+	_, errOut, err := cellbox(t, "graph", pattern, "--format", "svg")
+	require.Error(t, err)
+	assert.Contains(t, errOut, "want dot or mermaid")
+}
+
+// TestServeRuntimeAPI loads a pattern into `cellbox serve` over HTTP and
+// reaches it from the CLI through the data dir's socket.
+func TestServeRuntimeAPI(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	srv := exec.Command(testenv.CellboxBinary(t), "serve", "--backend", "local", "--data", data, "--addr", "127.0.0.1:0", "--pool", "0")
+	stderr, err := srv.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, srv.Start())
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	sc := bufio.NewScanner(stderr)
+	re := regexp.MustCompile(`serving on (http://127\.0\.0\.1:\d+)`)
+	url := ""
+	for url == "" && sc.Scan() {
+		if m := re.FindStringSubmatch(sc.Text()); m != nil {
+			url = m[1]
+		}
+	}
+	require.NotEmpty(t, url)
+	go io.Copy(io.Discard, stderr)
+
+	ctx := context.Background()
+	c := runapi.NewClient(url)
+	in, err := c.Load(ctx, writePattern(t, sumPattern), "", "")
+	require.NoError(t, err)
+	assert.Equal(t, "calc", in.Name)
+	_, err = c.Set(ctx, "a", json.RawMessage(`10`))
+	require.NoError(t, err)
+	cell, err := c.Get(ctx, "double")
+	require.NoError(t, err)
+	assert.Equal(t, "24", string(cell.Value))
+
+	out, errOut, err := cellbox(t, "cell", "get", "total", "--data", data)
+	require.NoError(t, err, errOut)
+	assert.Equal(t, "12\n", out, "the CLI reaches serve over DATA/run.sock")
+	out, errOut, err = cellbox(t, "cell", "set", "b", "0", "--server", url)
+	require.NoError(t, err, errOut)
+	assert.Contains(t, out, "default/calc/b = 0")
+
+	// The tool API is still there.
+	_, errOut, err = cellbox(t, "tool", "--server", url)
+	require.NoError(t, err, errOut)
+}
+
+// TestRunSandbox drives a sandbox node of a running pattern from the CLI:
+// send commands to its run stream, change the cell bound to one of its
+// files, and stop: the box is removed.
+func TestRunSandbox(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	pattern := writePattern(t, `name: repl
+cells:
+  greeting: hello
+nodes:
+  box:
+    sandbox:
+      files:
+        /workspace/greeting.txt: ${greeting}
+`)
+	run := startRun(t, pattern, "--data", data, "--backend", "local")
+	history := func() []map[string]any {
+		out, errOut, err := cellbox(t, "cell", "get", "box", "--data", data)
+		require.NoError(t, err, errOut)
+		var v struct{ History []map[string]any }
+		require.NoError(t, json.Unmarshal([]byte(out), &v), out)
+		return v.History
+	}
+	send := func(cmd string, n int) map[string]any {
+		out, errOut, err := cellbox(t, "send", "box.run", `{"command": "`+cmd+`"}`, "--data", data)
+		require.NoError(t, err, errOut)
+		assert.Regexp(t, `^sent event \d+ to default/repl/box.run\n$`, out)
+		var h []map[string]any
+		poll(t, "the command's history entry", func() bool { h = history(); return len(h) >= n })
+		return h[n-1]
+	}
+	entry := send("cat greeting.txt", 1)
+	assert.Equal(t, "hello", entry["stdout"])
+	assert.EqualValues(t, 0, entry["exit_code"])
+	boxes, err := os.ReadDir(filepath.Join(data, "boxes"))
+	require.NoError(t, err)
+	assert.NotEmpty(t, boxes, "the box lives while the pattern runs")
+
+	_, errOut, err := cellbox(t, "cell", "set", "greeting", `"bye"`, "--data", data)
+	require.NoError(t, err, errOut)
+	poll(t, "the cell change to rewrite the file in the box", func() bool {
+		return send("cat greeting.txt", len(history())+1)["stdout"] == "bye"
+	})
+
+	require.NoError(t, run.cmd.Process.Signal(os.Interrupt))
+	select {
+	case err := <-run.done:
+		run.done <- err
+		require.NoError(t, err, run.out.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("cellbox run did not stop on SIGINT")
+	}
+	boxes, err = os.ReadDir(filepath.Join(data, "boxes"))
+	require.NoError(t, err)
+	assert.Empty(t, boxes, "stopping the pattern removed its box")
+	assert.Contains(t, run.out.String(), "node box handled a run event")
+}
+
+// poll calls cond (in the test's goroutine, so it may use require) until it
+// holds, for at most 30 seconds.
+func poll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}

@@ -1,0 +1,321 @@
+// Package runapi is the HTTP face of the pattern runtime: load and stop
+// pattern instances, read, write and watch cells, send events to streams and
+// draw a pattern's graph. `cellbox run` serves it on a unix socket in its
+// data directory (and on --addr), `cellbox serve` next to the tool API; the
+// CLI (`cellbox cell`, `cellbox send`) is its Client. The runtime itself
+// knows nothing of HTTP.
+//
+// # Endpoints
+//
+//	POST   /v1/patterns              load: {"path": "dir or pattern.yaml"} or {"yaml": "..."}
+//	                                 (optional "name", "space" rename the instance), or the
+//	                                 YAML text itself as the body → 201 Instance
+//	GET    /v1/patterns              loaded instances → [Instance]
+//	GET    /v1/patterns/{name}       one instance, with its cells and nodes
+//	DELETE /v1/patterns/{name}       stop it (its cells stay in the store)
+//	GET    /v1/cells?prefix=P        cells → {"version": N, "cells": [Cell]}
+//	GET    /v1/cells/{addr}          one cell → Cell
+//	PUT    /v1/cells/{addr}          body: the new JSON value → Cell
+//	GET    /v1/watch?prefix=P&from=V server-sent events, one Batch each (see below)
+//	POST   /v1/send/{node}.{stream}  body: the event's JSON payload → 202 Sent
+//	GET    /v1/graph/{name}?format=dot|mermaid  the instance's graph, as text
+//
+// Errors are JSON, always: {"error": "what went wrong and what to do"},
+// plus "suggestion" on a 404 for an unknown cell, and "path", "reason" and
+// "violations" on a 422 for a value its cell's JSON Schema refuses. A PUT to
+// a node's output is a 409; a PUT to a stream or a send to a plain cell a
+// 400.
+//
+// # Cell addresses
+//
+// A cell's full address is "space/pattern/name" (node outputs are named
+// after their node, streams "node.stream"). In URLs and on the command line
+// it may be shortened:
+//
+//	name               a cell of the first loaded instance (with none loaded:
+//	                   the one cell of that name in the store)
+//	pattern/name       a cell of the loaded instance called pattern (with none
+//	                   loaded: in space "default")
+//	space/pattern/name the full address
+//
+// A watch or list prefix is matched against full addresses; a prefix that
+// names a loaded instance ("csv-pipeline" or "default/csv-pipeline") means
+// its cells.
+//
+// # Watching
+//
+// GET /v1/watch streams text/event-stream. Each event's id is the version of
+// the commit it reports and its data a Batch: {"version", "snapshot",
+// "changes": [{"cell": Cell, "event"?: Event, "deleted"?: true}]}. Without
+// from (or a Last-Event-ID header, which an EventSource sends when it
+// reconnects) the first event is a snapshot of the current state; with it,
+// every commit after that version is replayed before the watch follows live,
+// so a client that reconnects misses nothing. A snapshot batch replaces what
+// the client knew. Comments (": ping") keep idle connections open.
+package runapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cellbox/cellbox/builtins"
+	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/patterns"
+	"github.com/cellbox/cellbox/runtime"
+)
+
+// DefaultSpace is the space of instances loaded without one.
+const DefaultSpace = patterns.DefaultSpace
+
+// Config configures a Server.
+type Config struct {
+	// Runtime runs the patterns; Store is the store it runs them over.
+	Runtime *runtime.Runtime
+	Store   cells.Store
+	// Env is what exec and sandbox nodes of loaded patterns drive boxes
+	// with.
+	Env builtins.Env
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Server serves the runtime API. Create it with New; it is an
+// http.Handler and safe for concurrent use.
+type Server struct {
+	rt    *runtime.Runtime
+	store cells.Store
+	env   builtins.Env
+	log   *slog.Logger
+	mux   *http.ServeMux
+
+	loadMu sync.Mutex // serializes Load and Stop
+
+	shutdown     chan struct{} // closed by Shutdown: watches end
+	shutdownOnce sync.Once
+
+	mu        sync.Mutex
+	instances []*instance // in load order
+}
+
+// instance is a loaded pattern instance.
+type instance struct {
+	space, name string
+	source      string
+	pattern     *patterns.Pattern
+	loaded      time.Time
+}
+
+func (in *instance) key() string    { return in.space + "/" + in.name }
+func (in *instance) prefix() string { return in.key() + "/" }
+
+// New returns a server over cfg's runtime and store.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{rt: cfg.Runtime, store: cfg.Store, env: cfg.Env, log: cfg.Logger, shutdown: make(chan struct{})}
+	s.mux = s.routes()
+	return s
+}
+
+// Shutdown ends the watches in flight (they would hold an http.Server's
+// Shutdown until its deadline). The server keeps answering other requests.
+func (s *Server) Shutdown() { s.shutdownOnce.Do(func() { close(s.shutdown) }) }
+
+// LoadOptions name a pattern instance and say where it came from.
+type LoadOptions struct {
+	// Space and Name of the instance; default DefaultSpace and the
+	// pattern's name.
+	Space, Name string
+	// Source is the file or folder the pattern was read from, for views.
+	Source string
+}
+
+// Load compiles p and loads it as an instance (resuming it if the store
+// already holds it), and returns the instance as loaded.
+func (s *Server) Load(ctx context.Context, p *patterns.Pattern, opts LoadOptions) (Instance, error) {
+	space, name := opts.Space, opts.Name
+	if space == "" {
+		space = DefaultSpace
+	}
+	if name == "" {
+		name = p.Name
+	}
+	rp, err := patterns.CompileInstance(p, s.env, space, name)
+	if err != nil {
+		return Instance{}, &Error{Status: 400, Message: err.Error()}
+	}
+	s.loadMu.Lock()
+	defer s.loadMu.Unlock()
+	in := &instance{space: rp.Space, name: rp.Name, source: opts.Source, pattern: p, loaded: time.Now().UTC()}
+	s.mu.Lock()
+	if s.find(in.key()) != nil {
+		s.mu.Unlock()
+		return Instance{}, &Error{Status: 409, Message: fmt.Sprintf("pattern %s is already loaded: stop it first (DELETE /v1/patterns/%s) or load it under another name", in.key(), in.key())}
+	}
+	s.mu.Unlock()
+	if err := s.rt.Load(ctx, rp); err != nil {
+		return Instance{}, &Error{Status: 400, Message: err.Error()}
+	}
+	s.mu.Lock()
+	s.instances = append(s.instances, in)
+	s.mu.Unlock()
+	s.log.Info("pattern loaded", "pattern", in.key(), "source", in.source)
+	return s.describe(in)
+}
+
+// Stop stops the loaded instance called name ("name" or "space/name").
+func (s *Server) Stop(ctx context.Context, name string) error {
+	s.loadMu.Lock()
+	defer s.loadMu.Unlock()
+	s.mu.Lock()
+	in := s.lookup(name)
+	s.mu.Unlock()
+	if in == nil {
+		return s.notLoaded(name)
+	}
+	if err := s.rt.Stop(ctx, in.space, in.name); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.instances = slices.DeleteFunc(s.instances, func(x *instance) bool { return x == in })
+	s.mu.Unlock()
+	s.log.Info("pattern stopped", "pattern", in.key())
+	return nil
+}
+
+// StopAll stops every loaded instance, last loaded first.
+func (s *Server) StopAll(ctx context.Context) error {
+	s.mu.Lock()
+	keys := make([]string, 0, len(s.instances))
+	for _, in := range slices.Backward(s.instances) {
+		keys = append(keys, in.key())
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, k := range keys {
+		if err := s.Stop(ctx, k); err != nil {
+			errs = append(errs, fmt.Errorf("stop pattern %s: %w", k, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Instances returns the loaded instances with their cells and nodes, in
+// load order.
+func (s *Server) Instances() ([]Instance, error) {
+	s.mu.Lock()
+	ins := slices.Clone(s.instances)
+	s.mu.Unlock()
+	out := make([]Instance, 0, len(ins))
+	for _, in := range ins {
+		d, err := s.describe(in)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// Pattern returns the description of the loaded instance called name
+// ("name" or "space/name").
+func (s *Server) Pattern(name string) (*patterns.Pattern, error) {
+	s.mu.Lock()
+	in := s.lookup(name)
+	s.mu.Unlock()
+	if in == nil {
+		return nil, s.notLoaded(name)
+	}
+	return in.pattern, nil
+}
+
+// find returns the instance with key space/name. Callers hold s.mu.
+func (s *Server) find(key string) *instance {
+	for _, in := range s.instances {
+		if in.key() == key {
+			return in
+		}
+	}
+	return nil
+}
+
+// lookup finds an instance by "space/name" or by name alone (the first
+// loaded of that name). Callers hold s.mu.
+func (s *Server) lookup(name string) *instance {
+	if strings.Contains(name, "/") {
+		return s.find(name)
+	}
+	for _, in := range s.instances {
+		if in.name == name {
+			return in
+		}
+	}
+	return nil
+}
+
+// notLoaded is the error for an unknown instance name. Callers do not hold
+// s.mu.
+func (s *Server) notLoaded(name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return &Error{Status: 404, Message: fmt.Sprintf("pattern %q is not loaded (loaded: %s)", name, s.loadedNames())}
+}
+
+// loadedNames lists the loaded instances. Callers hold s.mu.
+func (s *Server) loadedNames() string {
+	if len(s.instances) == 0 {
+		return "none; load one with POST /v1/patterns or `cellbox run PATTERN`"
+	}
+	names := make([]string, len(s.instances))
+	for i, in := range s.instances {
+		names[i] = in.key()
+	}
+	return strings.Join(names, ", ")
+}
+
+// loaded returns the instance keys in load order.
+func (s *Server) loaded() []Loaded {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Loaded, len(s.instances))
+	for i, in := range s.instances {
+		out[i] = Loaded{Space: in.space, Name: in.name}
+	}
+	return out
+}
+
+// describe renders an instance with its cells and nodes.
+func (s *Server) describe(in *instance) (Instance, error) {
+	d := Instance{
+		Space: in.space, Name: in.name, Description: in.pattern.Description,
+		Source: in.source, Loaded: in.loaded, Cells: []Cell{}, Nodes: []Node{},
+	}
+	err := s.store.View(func(tx cells.Tx) error {
+		cs, err := tx.List(in.prefix())
+		if err != nil {
+			return err
+		}
+		d.Version = tx.Version()
+		for _, c := range cs {
+			d.Cells = append(d.Cells, CellOf(c))
+		}
+		return nil
+	})
+	if err != nil {
+		return d, fmt.Errorf("list cells of %s: %w", in.key(), err)
+	}
+	for _, n := range s.rt.Nodes() {
+		if n.Addr.Prefix() == in.prefix() {
+			d.Nodes = append(d.Nodes, nodeJSON(n))
+		}
+	}
+	return d, nil
+}

@@ -1,0 +1,411 @@
+package runapi_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/internal/runapi"
+	"github.com/cellbox/cellbox/runtime"
+)
+
+const tinyYAML = `name: tiny
+cells:
+  a: 1
+  b:
+    value: 2
+    schema: {type: integer, minimum: 0}
+  cfg:
+    value: {port: 80}
+    schema:
+      type: object
+      properties:
+        port: {type: integer}
+nodes:
+  total: {computed: '${a + b}'}
+  double: {computed: '${total * 2}'}
+`
+
+type fixture struct {
+	store cells.Store
+	rt    *runtime.Runtime
+	api   *runapi.Server
+	url   string
+	c     *runapi.Client
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	store := cells.NewMemory(cells.Options{})
+	rt := runtime.New(store, runtime.Options{})
+	api := runapi.New(runapi.Config{Runtime: rt, Store: store, Logger: slog.New(slog.DiscardHandler)})
+	ts := httptest.NewServer(api)
+	t.Cleanup(func() {
+		api.Shutdown()
+		ts.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		rt.Close(ctx)
+		store.Close()
+	})
+	return &fixture{store: store, rt: rt, api: api, url: ts.URL, c: runapi.NewClient(ts.URL)}
+}
+
+// do sends a raw request and decodes the JSON answer.
+func (f *fixture) do(t *testing.T, method, path, body string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, f.url+path, strings.NewReader(body))
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"), "%s %s answers JSON", method, path)
+	var out map[string]any
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		var v any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&v))
+		out, _ = v.(map[string]any)
+	}
+	return resp.StatusCode, out
+}
+
+func (f *fixture) loadTiny(t *testing.T) runapi.Instance {
+	t.Helper()
+	status, _ := f.do(t, "POST", "/v1/patterns", tinyYAML)
+	require.Equal(t, http.StatusCreated, status)
+	ins, err := f.c.Patterns(context.Background())
+	require.NoError(t, err)
+	require.Len(t, ins, 1)
+	return ins[0]
+}
+
+func (f *fixture) value(t *testing.T, addr string) string {
+	t.Helper()
+	c, err := f.c.Get(context.Background(), addr)
+	require.NoError(t, err)
+	return string(c.Value)
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "pattern.yaml"), []byte(tinyYAML), 0o644))
+	for _, tc := range []struct {
+		name, body, instance string
+	}{
+		{"yaml body", tinyYAML, "tiny"},
+		{"yaml field", mustJSON(map[string]string{"yaml": tinyYAML}), "tiny"},
+		{"folder path", mustJSON(map[string]string{"path": dir}), "tiny"},
+		{"file path, renamed", mustJSON(map[string]string{"path": filepath.Join(dir, "pattern.yaml"), "name": "other", "space": "s"}), "other"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			resp, err := http.Post(f.url+"/v1/patterns", "application/json", strings.NewReader(tc.body))
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			require.Equal(t, http.StatusCreated, resp.StatusCode)
+			var in runapi.Instance
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&in))
+			assert.Equal(t, tc.instance, in.Name)
+			cellsByName := map[string]string{}
+			for _, c := range in.Cells {
+				cellsByName[c.Address[strings.LastIndex(c.Address, "/")+1:]] = string(c.Value)
+			}
+			assert.Equal(t, map[string]string{"a": "1", "b": "2", "cfg": `{"port":80}`, "total": "3", "double": "6"}, cellsByName)
+			require.Len(t, in.Nodes, 2)
+			for _, n := range in.Nodes {
+				assert.Equal(t, "computed", n.Builtin)
+				assert.Equal(t, "idle", n.State)
+			}
+		})
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	f := newFixture(t)
+	f.loadTiny(t)
+	for _, tc := range []struct {
+		name, body string
+		status     int
+		msg        string
+	}{
+		{"again", tinyYAML, 409, "already loaded"},
+		{"relative path", `{"path": "examples/x"}`, 400, "relative"},
+		{"missing path", `{"path": "/nonexistent/x"}`, 400, "no such file"},
+		{"bad yaml", "name: [", 400, "malformed YAML"},
+		{"unknown reference", "name: bad\nnodes:\n  x: {computed: '${nope + 1}'}\n", 400, `unknown cell or node "nope"`},
+		{"empty", "", 400, "empty body"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body := f.do(t, "POST", "/v1/patterns", tc.body)
+			assert.Equal(t, tc.status, status)
+			assert.Contains(t, body["error"], tc.msg)
+		})
+	}
+}
+
+func TestGetSet(t *testing.T) {
+	f := newFixture(t)
+	f.loadTiny(t)
+	ctx := context.Background()
+
+	for _, addr := range []string{"total", "tiny/total", "default/tiny/total"} {
+		assert.Equal(t, "3", f.value(t, addr), addr)
+	}
+
+	c, err := f.c.Set(ctx, "a", json.RawMessage(`10`))
+	require.NoError(t, err)
+	assert.Equal(t, "default/tiny/a", c.Address)
+	assert.Equal(t, "10", string(c.Value))
+	assert.Equal(t, "12", f.value(t, "total"), "computed dependents rerun before the write returns")
+	assert.Equal(t, "24", f.value(t, "double"))
+
+	list, err := f.c.Cells(ctx, "tiny")
+	require.NoError(t, err)
+	assert.Len(t, list.Cells, 5)
+	assert.Equal(t, f.store.Version(), list.Version)
+
+	for _, tc := range []struct {
+		name, method, addr, body string
+		status                   int
+		want                     map[string]any
+	}{
+		{"schema minimum", "PUT", "b", `-1`, 422, map[string]any{"path": ""}},
+		{"schema type in object", "PUT", "cfg", `{"port": "x"}`, 422, map[string]any{"path": "/port"}},
+		{"unknown cell", "GET", "totl", "", 404, map[string]any{"suggestion": "total"}},
+		{"unknown cell set", "PUT", "tiny/bb", `1`, 404, map[string]any{"suggestion": "b"}},
+		{"unknown pattern", "GET", "tinny/a", "", 404, map[string]any{"suggestion": "default/tiny/a"}},
+		{"node output", "PUT", "total", `1`, 409, nil},
+		{"not JSON", "PUT", "a", `hello`, 400, nil},
+		{"empty value", "PUT", "a", ``, 400, nil},
+		{"bad address", "GET", "a/b/c/d", "", 400, nil},
+		{"send to a plain cell", "POST", "a", `1`, 400, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := "/v1/cells/" + tc.addr
+			if tc.method == "POST" {
+				path = "/v1/send/" + tc.addr
+			}
+			status, body := f.do(t, tc.method, path, tc.body)
+			assert.Equal(t, tc.status, status, "%v", body)
+			assert.NotEmpty(t, body["error"])
+			for k, v := range tc.want {
+				assert.Equal(t, v, body[k], k)
+			}
+		})
+	}
+
+	_, body := f.do(t, "PUT", "/v1/cells/b", `-1`)
+	assert.Equal(t, "must be >= 0 (got -1)", body["reason"])
+	_, body = f.do(t, "PUT", "/v1/cells/a", `hello`)
+	assert.Contains(t, body["error"], `'"hello"'`, "a bare word gets the quoting hint")
+	assert.Equal(t, "2", f.value(t, "b"), "a refused write changes nothing")
+	assert.Equal(t, "12", f.value(t, "total"))
+}
+
+func TestWatch(t *testing.T) {
+	f := newFixture(t)
+	f.loadTiny(t)
+	ctx := context.Background()
+	v0 := f.store.Version()
+	_, err := f.c.Set(ctx, "a", json.RawMessage(`5`))
+	require.NoError(t, err)
+	v1 := f.store.Version()
+
+	t.Run("snapshot then live", func(t *testing.T) {
+		events := sse(t, f.url+"/v1/watch?prefix=tiny", "")
+		first := <-events
+		assert.Equal(t, strconv.FormatUint(v1, 10), first.id)
+		assert.True(t, first.batch.Snapshot)
+		assert.Len(t, first.batch.Changes, 5)
+		_, err := f.c.Set(ctx, "b", json.RawMessage(`7`))
+		require.NoError(t, err)
+		next := <-events
+		assert.Greater(t, next.batch.Version, v1)
+		assert.Equal(t, map[string]string{"default/tiny/b": "7", "default/tiny/total": "12", "default/tiny/double": "24"}, values(next.batch),
+			"one commit, one event, with the write and what it recomputed")
+	})
+	for _, tc := range []struct{ name, query, lastID string }{
+		{"from", "?from=" + strconv.FormatUint(v0, 10), ""},
+		{"Last-Event-ID", "", strconv.FormatUint(v0, 10)},
+	} {
+		t.Run("replay with "+tc.name, func(t *testing.T) {
+			events := sse(t, f.url+"/v1/watch"+tc.query, tc.lastID)
+			first := <-events
+			assert.False(t, first.batch.Snapshot)
+			assert.Equal(t, strconv.FormatUint(v1, 10), first.id, "the first commit after the version")
+			assert.Equal(t, map[string]string{"default/tiny/a": "5", "default/tiny/total": "7", "default/tiny/double": "14"}, values(first.batch))
+		})
+	}
+	t.Run("client", func(t *testing.T) {
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var got []runapi.Batch
+		err := f.c.Watch(wctx, "default/tiny/a", &v0, func(b runapi.Batch) error {
+			got = append(got, b)
+			cancel()
+			return nil
+		})
+		assert.ErrorIs(t, err, context.Canceled)
+		require.Len(t, got, 1)
+		assert.Equal(t, map[string]string{"default/tiny/a": "5"}, values(got[0]), "the prefix filters changes")
+	})
+	status, body := f.do(t, "GET", "/v1/watch?from=x", "")
+	assert.Equal(t, 400, status)
+	assert.Contains(t, body["error"], "want a version")
+}
+
+type sseEvent struct {
+	id    string
+	batch runapi.Batch
+}
+
+// sse reads server-sent events from url (sending lastID as Last-Event-ID)
+// until the test ends.
+func sse(t *testing.T, url, lastID string) <-chan sseEvent {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+	require.NoError(t, err)
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, 200, resp.StatusCode)
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	ch := make(chan sseEvent, 16)
+	go func() {
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		var ev sseEvent
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case strings.HasPrefix(line, "id: "):
+				ev.id = strings.TrimPrefix(line, "id: ")
+			case strings.HasPrefix(line, "data: "):
+				if json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &ev.batch) != nil {
+					return
+				}
+			case line == "":
+				ch <- ev
+				ev = sseEvent{}
+			}
+		}
+	}()
+	return ch
+}
+
+func values(b runapi.Batch) map[string]string {
+	out := map[string]string{}
+	for _, c := range b.Changes {
+		out[c.Cell.Address] = string(c.Cell.Value)
+	}
+	return out
+}
+
+func TestSend(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	// A stream cell with no handler: events queue on it.
+	require.NoError(t, f.rt.Load(ctx, runtime.Pattern{Space: "s", Name: "p", Cells: []runtime.Cell{{Name: "in.events", Stream: true}}}))
+	sent, err := f.c.Send(ctx, "s/p/in.events", json.RawMessage(`{"command": "ls"}`))
+	require.NoError(t, err)
+	assert.Equal(t, "s/p/in.events", sent.Address)
+	var queued []cells.Event
+	require.NoError(t, f.store.View(func(tx cells.Tx) error {
+		queued, err = tx.Events(cells.Address{Space: "s", Pattern: "p", Name: "in.events"})
+		return err
+	}))
+	require.Len(t, queued, 1)
+	assert.Equal(t, sent.Event.ID, queued[0].ID)
+	assert.JSONEq(t, `{"command": "ls"}`, string(queued[0].Payload))
+
+	status, body := f.do(t, "PUT", "/v1/cells/s/p/in.events", `1`)
+	assert.Equal(t, 400, status)
+	assert.Contains(t, body["error"], "is a stream")
+	status, body = f.do(t, "POST", "/v1/send/s/p/in.event", `1`)
+	assert.Equal(t, 404, status)
+	assert.Equal(t, "in.events", body["suggestion"])
+	status, _ = f.do(t, "POST", "/v1/send/s/p/in.events", `not json`)
+	assert.Equal(t, 400, status)
+}
+
+func TestGraph(t *testing.T) {
+	f := newFixture(t)
+	f.loadTiny(t)
+	for _, tc := range []struct {
+		format string
+		want   []string
+	}{
+		{"", []string{`digraph "tiny" {`, `"a" [shape=ellipse`, `"total" [shape=box, style=rounded, label="total\ncomputed"]`, `"a" -> "total";`, `"b" -> "total";`, `"total" -> "double";`}},
+		{"dot", []string{`"total" -> "double";`}},
+		{"mermaid", []string{"flowchart LR", `c_a(["a"])`, `n_total("total<br/><i>computed</i>")`, "c_a --> n_total", "n_total --> n_double"}},
+	} {
+		t.Run("format "+tc.format, func(t *testing.T) {
+			text, err := f.c.Graph(context.Background(), "tiny", tc.format)
+			require.NoError(t, err)
+			for _, w := range tc.want {
+				assert.Contains(t, text, w)
+			}
+			assert.NotContains(t, text, `"cfg" ->`, "nothing reads cfg")
+		})
+	}
+	status, body := f.do(t, "GET", "/v1/graph/tiny?format=svg", "")
+	assert.Equal(t, 400, status)
+	assert.Contains(t, body["error"], "want dot or mermaid")
+	status, body = f.do(t, "GET", "/v1/graph/nope", "")
+	assert.Equal(t, 404, status)
+	assert.Contains(t, body["error"], "default/tiny")
+}
+
+func TestStop(t *testing.T) {
+	f := newFixture(t)
+	f.loadTiny(t)
+	require.NoError(t, f.c.Stop(context.Background(), "tiny"))
+	ins, err := f.c.Patterns(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, ins)
+	status, _ := f.do(t, "GET", "/v1/patterns/tiny", "")
+	assert.Equal(t, 404, status)
+	status, _ = f.do(t, "DELETE", "/v1/patterns/tiny", "")
+	assert.Equal(t, 404, status)
+	assert.Equal(t, "3", f.value(t, "default/tiny/total"), "a stopped pattern's cells stay")
+	assert.Equal(t, "3", f.value(t, "total"), "with nothing loaded a bare name is looked up in the store")
+
+	status, _ = f.do(t, "POST", "/v1/patterns", tinyYAML)
+	assert.Equal(t, 201, status, "loading it again resumes it")
+	assert.Equal(t, "3", f.value(t, "total"))
+
+	status, body := f.do(t, "GET", "/v1/nothing", "")
+	assert.Equal(t, 404, status)
+	assert.Contains(t, body["error"], "no endpoint GET /v1/nothing")
+}
+
+func TestOwns(t *testing.T) {
+	for path, want := range map[string]bool{
+		"/v1/patterns": true, "/v1/patterns/x": true, "/v1/cells": true, "/v1/cells/a/b": true, "/v1/watch": true,
+		"/v1/send/a.run": true, "/v1/graph/p": true, "/v1/sessions": false, "/v1/tools": false, "/v1/cellsx": false, "/healthz": false,
+	} {
+		assert.Equal(t, want, runapi.Owns(path), path)
+	}
+}
+
+func mustJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
