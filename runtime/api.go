@@ -30,7 +30,9 @@
 //   - Compute: a pure, fast function of its inputs, run inside the batch.
 //     Its output cell holds the value it returns.
 //   - Async: work under a context (exec, llm). The runtime owns its output
-//     cell, {"pending": bool, "result": any, "error": string|null}. The batch
+//     cell, {"pending": bool, "result": any, "error": string|null}. A run
+//     that fails with an error that has a PartialResult() any method keeps
+//     that partial result beside the error (not memoized). The batch
 //     that decides a run writes pending:true; the work starts only after that
 //     commit. A newer input version cancels the run (abort) and starts a
 //     fresh one; a result is written only if its run is still the current

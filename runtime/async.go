@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -147,6 +148,14 @@ func (r *Runtime) finishRun(n *node, id uint64, key string, memo bool, res any, 
 	if runErr != nil {
 		msg := runErr.Error()
 		env.Error = &msg
+		// A failure may carry what the run did produce (an exec's stdout
+		// and exit code): keep it beside the error, never in the memo.
+		var partial interface{ PartialResult() any }
+		if errors.As(runErr, &partial) {
+			if p, err := encode(partial.PartialResult()); err == nil {
+				env.Result = p
+			}
+		}
 	} else {
 		env.Result = raw
 	}

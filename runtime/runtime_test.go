@@ -508,3 +508,35 @@ func TestWaitsForFirstAsyncResult(t *testing.T) {
 		assert.Equal(t, `11`, string(c.Value))
 	})
 }
+
+type partialErr struct{ out any }
+
+func (e partialErr) Error() string      { return "exited with 3" }
+func (e partialErr) PartialResult() any { return e.out }
+
+type failing struct{ runs atomic.Int32 }
+
+func (*failing) Key(in runtime.Inputs) (string, bool, error) { return fmt.Sprint(in["x"]), true, nil }
+func (f *failing) Run(ctx context.Context, in runtime.Inputs) (any, error) {
+	f.runs.Add(1)
+	return nil, partialErr{out: map[string]any{"exit_code": 3, "stderr": "bad"}}
+}
+
+// A failed run shows what it produced beside its error, and is not memoized.
+func TestFailedRunKeepsPartialResult(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		rt := runtime.New(s, runtime.Options{})
+		defer rt.Close(context.Background())
+		f := &failing{}
+		require.NoError(t, rt.Load(context.Background(), runtime.Pattern{Space: space, Name: pat,
+			Cells: []runtime.Cell{{Name: "x", Initial: json.RawMessage(`1`)}},
+			Nodes: []runtime.Node{{Name: "job", Inputs: []string{"x"}, Kind: f, Builtin: "exec"}}}))
+		settle(t, rt)
+		assert.JSONEq(t, `{"pending":false,"result":{"exit_code":3,"stderr":"bad"},"error":"exited with 3"}`, string(get(t, s, "job").Value))
+		set(t, rt, "x", `2`)
+		settle(t, rt)
+		set(t, rt, "x", `1`)
+		settle(t, rt)
+		assert.Equal(t, int32(3), f.runs.Load(), "a failure is never served from the memo cache")
+	})
+}
