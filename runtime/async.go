@@ -31,10 +31,10 @@ func (b *batch) decideAsync(n *node, in Inputs, inErr string, waiting bool) {
 		b.failAsync(n, inErr)
 		return
 	}
-	key, memo, err := safeKey(n.async, in)
-	if err != nil && waiting {
+	if waiting {
 		return // an input's first result is still coming; it marks n again
 	}
+	key, memo, err := safeKey(n.async, in)
 	if err != nil {
 		b.failAsync(n, err.Error())
 		return

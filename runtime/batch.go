@@ -30,6 +30,9 @@ type node struct {
 	err        string
 	runs, hits int
 	last       time.Duration
+	// waiting: an input (or its inputs, transitively) is an async node
+	// with no first result yet; see batch.inputs.
+	waiting bool
 
 	// async
 	key     string // key of the current or last run
@@ -199,11 +202,14 @@ func (b *batch) enqueue(n *node) {
 }
 
 // inputs returns a node's inputs, or the error of the first failed one.
-// A compute gets the batch's scratch map; others keep theirs. waiting is
-// true when an input is an async node's first run, still pending with no
-// result: a node that fails on such inputs (reading result.files of a null
-// result) is waiting, not failed; the result's write marks it again. A
-// node that can use the pending envelope (job.pending ? ...) still runs.
+// A compute gets the batch's scratch map; others keep theirs.
+//
+// waiting is true when an input is an async node that has no first result
+// yet (never run, or its first run still pending), or is itself waiting.
+// A waiting compute still runs (it may show job.pending) but a failure is
+// not an error: reading result.files of a null result is just early. A
+// waiting async node does not run at all: it would run on inputs that are
+// not there yet. Either is marked again when its inputs stop waiting.
 func (b *batch) inputs(n *node) (in Inputs, inErr string, waiting bool) {
 	if n.shape == shapeCompute {
 		if b.scratch == nil {
@@ -220,16 +226,19 @@ func (b *batch) inputs(n *node) (in Inputs, inErr string, waiting bool) {
 			return nil, upstream(i, v.err), false
 		}
 		in[i.name] = v.get()
-		if p := i.slot.producer; p != nil && p.shape == shapeAsync && firstRunPending(in[i.name]) {
+		if p := i.slot.producer; p != nil && (p.waiting || p.shape == shapeAsync && noResultYet(in[i.name])) {
 			waiting = true
 		}
 	}
 	return in, "", waiting
 }
 
-// firstRunPending reports whether an async node's output envelope is a run
-// in flight that has no earlier result to show.
-func firstRunPending(v any) bool {
+// noResultYet reports whether an async node's output cell holds no result
+// to show: it was never written, or its first run is in flight.
+func noResultYet(v any) bool {
+	if v == nil {
+		return true
+	}
 	env, ok := v.(map[string]any)
 	return ok && env["pending"] == true && env["result"] == nil && env["error"] == nil
 }
@@ -245,6 +254,10 @@ func upstream(i input, err string) string {
 
 func (b *batch) process(n *node) {
 	in, inErr, waiting := b.inputs(n)
+	if n.waiting && !waiting {
+		b.mark(n.out) // readers waiting through n may go on, changed output or not
+	}
+	n.waiting = waiting
 	switch n.shape {
 	case shapeCompute:
 		b.compute(n, in, inErr, waiting)

@@ -540,3 +540,51 @@ func TestFailedRunKeepsPartialResult(t *testing.T) {
 		assert.Equal(t, int32(3), f.runs.Load(), "a failure is never served from the memo cache")
 	})
 }
+
+// follow is an async kind that needs job's result: on a null result its Key
+// fails, the way an exec's file field reading job.result.files would.
+type follow struct{ runs atomic.Int32 }
+
+func (*follow) Key(in runtime.Inputs) (string, bool, error) {
+	env, _ := in["job"].(map[string]any)
+	res, ok := env["result"].(map[string]any)
+	if !ok {
+		return "", false, fmt.Errorf("cannot fetch out from %v", env["result"])
+	}
+	return fmt.Sprint(res["out"]), false, nil
+}
+func (f *follow) Run(ctx context.Context, in runtime.Inputs) (any, error) {
+	f.runs.Add(1)
+	return "ok", nil
+}
+
+// Nodes downstream of an async node's first run, however far, wait for it:
+// no error shows, no async run starts on missing inputs.
+func TestWaitsTransitively(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		w, f := newWork(false, true), &follow{}
+		rt := runtime.New(s, runtime.Options{})
+		defer rt.Close(context.Background())
+		st := watchStatus(t, rt)
+		require.NoError(t, rt.Load(context.Background(), runtime.Pattern{Space: space, Name: pat,
+			Cells: []runtime.Cell{{Name: "x", Initial: json.RawMessage(`1`)}},
+			Nodes: []runtime.Node{
+				{Name: "job", Inputs: []string{"x"}, Kind: w, Builtin: "work"},
+				{Name: "next", Inputs: []string{"job"}, Kind: f, Builtin: "follow"},
+				{Name: "last", Inputs: []string{"next"}, Kind: mustComputed("next.result + '!'")},
+			}}))
+		assert.Equal(t, 1.0, waitStarted(t, w))
+		for _, n := range []string{"next", "last"} {
+			if c, err := s.Get(at(n)); err == nil {
+				assert.Empty(t, c.Error, "%s waits for job's first result", n)
+			}
+		}
+		w.release <- struct{}{}
+		settle(t, rt)
+		assert.Equal(t, int32(1), f.runs.Load())
+		assert.Equal(t, `"ok!"`, string(get(t, s, "last").Value))
+		for _, n := range []string{"job", "next", "last"} {
+			assert.Zero(t, st.count(n, runtime.Failed), "%s never failed on the way", n)
+		}
+	})
+}
