@@ -4,6 +4,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -53,8 +55,20 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := c.run(ctx, os.Args[2:]); err != nil {
+	err := c.run(ctx, os.Args[2:])
+	if err != nil && (errors.Is(err, flag.ErrHelp) || wantsHelp(os.Args[2:])) {
+		// The flag package printed the details already, if it had any.
+		fmt.Fprintf(os.Stderr, "usage: cellbox %s %s\n", c.name, c.usage)
+		os.Exit(0)
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "cellbox %s: %v\n", c.name, err)
 		os.Exit(1)
 	}
+}
+
+// wantsHelp reports whether a command was asked for help where it takes a
+// subcommand (cellbox cell --help).
+func wantsHelp(args []string) bool {
+	return len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help")
 }
