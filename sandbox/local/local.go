@@ -418,7 +418,7 @@ func (b *Backend) Start(ctx context.Context, id string) (backend.Info, error) {
 	r = &running{Bwrap: bwrapProc, Agent: agent}
 	data, _ := json.Marshal(r)
 	if err := writeFileAtomic(filepath.Join(dir, "state.json"), data); err != nil {
-		_ = b.stop(id, r)
+		_ = b.stop(id, r, false)
 		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
 	}
 	return b.info(bf, r), nil
@@ -549,16 +549,19 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("stop %w", err)
 	}
-	return b.stop(id, r)
+	return b.stop(id, r, true)
 }
 
 // stop asks the agent to exit (SIGTERM; PID 1 of a pid namespace only gets
-// the signals it handles), kills it after stopGrace (which ends the whole
-// pid namespace), then makes sure bwrap and the cgroups are gone.
-func (b *Backend) stop(id string, r *running) error {
+// the signals it handles) and kills it after stopGrace, or at once when
+// the box is not to be kept (killing PID 1 ends the whole pid namespace),
+// then makes sure bwrap and the cgroups are gone.
+func (b *Backend) stop(id string, r *running, graceful bool) error {
 	if r != nil && r.alive() {
-		r.Agent.signal(syscall.SIGTERM)
-		if r.Agent.waitGone(stopGrace) != nil {
+		if graceful {
+			r.Agent.signal(syscall.SIGTERM)
+		}
+		if !graceful || r.Agent.waitGone(stopGrace) != nil {
 			r.Agent.signal(syscall.SIGKILL)
 		}
 		if r.Agent.waitGone(stopGrace) == nil && r.Bwrap.waitGone(stopGrace) != nil {
@@ -589,7 +592,7 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 	if err != nil && !errors.Is(err, backend.ErrNotFound) {
 		b.log.Warn("local backend: removing unreadable box", "id", id, "err", err)
 	}
-	if err := b.stop(id, r); err != nil {
+	if err := b.stop(id, r, false); err != nil { // its files go too: no grace
 		return fmt.Errorf("remove box %s: %w", id, err)
 	}
 	if err := os.RemoveAll(b.dir(id)); err != nil {
