@@ -33,6 +33,9 @@ type node struct {
 	// waiting: an input (or its inputs, transitively) is an async node
 	// with no first result yet; see batch.inputs.
 	waiting bool
+	// failedUp: an input (or its inputs, transitively) is an async node
+	// whose last run failed; the reason, or "". See batch.inputs.
+	failedUp string
 
 	// async
 	key     string // key of the current or last run
@@ -210,7 +213,12 @@ func (b *batch) enqueue(n *node) {
 // not an error: reading result.files of a null result is just early. A
 // waiting async node does not run at all: it would run on inputs that are
 // not there yet. Either is marked again when its inputs stop waiting.
-func (b *batch) inputs(n *node) (in Inputs, inErr string, waiting bool) {
+//
+// failedUp names an async input whose last run failed (its envelope has an
+// error), directly or through other nodes. A compute still sees the
+// envelope (it may show compile.error); an async node does not run on the
+// partial result of a failure: it fails with "upstream X failed: ...".
+func (b *batch) inputs(n *node) (in Inputs, inErr string, waiting bool, failedUp string) {
 	if n.shape == shapeCompute {
 		if b.scratch == nil {
 			b.scratch = make(Inputs, len(n.inputs))
@@ -223,14 +231,36 @@ func (b *batch) inputs(n *node) (in Inputs, inErr string, waiting bool) {
 	for _, i := range n.inputs {
 		v := b.get(i.slot)
 		if v.err != "" {
-			return nil, upstream(i, v.err), false
+			return nil, upstream(i, v.err), false, ""
 		}
 		in[i.name] = v.get()
-		if p := i.slot.producer; p != nil && (p.waiting || p.shape == shapeAsync && noResultYet(in[i.name])) {
+		p := i.slot.producer
+		if p == nil {
+			continue
+		}
+		if p.waiting || p.shape == shapeAsync && noResultYet(in[i.name]) {
 			waiting = true
 		}
+		if failedUp == "" {
+			if msg, ok := runError(p, in[i.name]); ok {
+				failedUp = upstream(i, msg)
+			} else if p.failedUp != "" {
+				failedUp = p.failedUp
+			}
+		}
 	}
-	return in, "", waiting
+	return in, "", waiting, failedUp
+}
+
+// runError returns the error of an async node's last run, from its output
+// envelope.
+func runError(p *node, v any) (string, bool) {
+	if p.shape != shapeAsync {
+		return "", false
+	}
+	env, _ := v.(map[string]any)
+	msg, ok := env["error"].(string)
+	return msg, ok
 }
 
 // noResultYet reports whether an async node's output cell holds no result
@@ -253,15 +283,18 @@ func upstream(i input, err string) string {
 }
 
 func (b *batch) process(n *node) {
-	in, inErr, waiting := b.inputs(n)
-	if n.waiting && !waiting {
-		b.mark(n.out) // readers waiting through n may go on, changed output or not
+	in, inErr, waiting, failedUp := b.inputs(n)
+	if n.waiting && !waiting || n.failedUp != failedUp {
+		b.mark(n.out) // readers waiting or failing through n may go on, changed output or not
 	}
-	n.waiting = waiting
+	n.waiting, n.failedUp = waiting, failedUp
 	switch n.shape {
 	case shapeCompute:
 		b.compute(n, in, inErr, waiting)
 	case shapeAsync:
+		if inErr == "" && failedUp != "" {
+			inErr = failedUp
+		}
 		b.decideAsync(n, in, inErr, waiting)
 	case shapeService:
 		if inErr == "" {

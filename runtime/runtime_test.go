@@ -588,3 +588,25 @@ func TestWaitsTransitively(t *testing.T) {
 		}
 	})
 }
+
+// An async node does not run on the partial result of a failed upstream
+// run, however far up; a computed still sees the envelope to report it.
+func TestFailedUpstreamStopsAsync(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		f := &follow{}
+		rt := runtime.New(s, runtime.Options{})
+		defer rt.Close(context.Background())
+		require.NoError(t, rt.Load(context.Background(), runtime.Pattern{Space: space, Name: pat,
+			Cells: []runtime.Cell{{Name: "x", Initial: json.RawMessage(`1`)}},
+			Nodes: []runtime.Node{
+				{Name: "build", Inputs: []string{"x"}, Kind: &failing{}, Builtin: "exec"},
+				{Name: "job", Inputs: []string{"build"}, Kind: mustComputed("{pending: false, result: {out: build.result.exit_code}}")},
+				{Name: "next", Inputs: []string{"job"}, Kind: f, Builtin: "follow"},
+				{Name: "why", Inputs: []string{"build"}, Kind: mustComputed("build.error")},
+			}}))
+		settle(t, rt)
+		assert.Equal(t, `"exited with 3"`, string(get(t, s, "why").Value), "a computed reads the failure")
+		assert.Zero(t, f.runs.Load(), "next never ran on a failed build")
+		assert.JSONEq(t, `{"pending":false,"result":null,"error":"upstream build failed: exited with 3"}`, string(get(t, s, "next").Value))
+	})
+}
