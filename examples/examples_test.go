@@ -464,6 +464,9 @@ func TestTypeScript(t *testing.T) {
 	var js2 any
 	in.get("main_js", &js2)
 	assert.Nil(t, js2)
+	run := in.exec("run")
+	require.NotNil(t, run.Error, "run does not start on a failed compile")
+	assert.Contains(t, *run.Error, "upstream compile failed")
 }
 
 // TestCSVPipelineKillRestart runs the real `cellbox run`, kills it (SIGKILL)
