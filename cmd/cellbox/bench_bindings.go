@@ -158,7 +158,7 @@ func bindingRows(ctx context.Context, rep *benchReport, name string, o runtimeOp
 		return fmt.Errorf("file → cell: %w", err)
 	}
 	// Baseline: the same write until the box's own watch reports it (the
-	// agent debounces events by 50 ms).
+	// agent debounces events by 10 ms).
 	events, err := client.Watch(wctx, box, "/workspace")
 	if err != nil {
 		return err

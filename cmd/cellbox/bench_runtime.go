@@ -130,7 +130,7 @@ func benchRuntime(ctx context.Context, o runtimeOptions) (*benchReport, error) {
 	rep.note("watcher: cells.Store.Watch on the pattern; from the start of Runtime.Set of a cell to a watcher goroutine receiving the commit with its computed dependent; baseline: Runtime.Set returning.")
 	rep.note("bbolt: a cells.OpenBolt file in %s with fsync on every commit (the default).", os.TempDir())
 	if len(o.backends) > 0 {
-		rep.note("file bindings: a sandbox node (builtins.Sandbox) with %s bound to the cell content and %s bound to files[%q] of its output, on a runtime over bbolt with the sandbox service in-process (as `cellbox run` has them). Cell → file: from Runtime.Set until the box's file holds the value (polled through the service). File → cell: from the start of a write of the file through the service until a store watcher sees the output cell with it; the agent debounces file events by 50 ms.", bindIn, bindOut, bindOut)
+		rep.note("file bindings: a sandbox node (builtins.Sandbox) with %s bound to the cell content and %s bound to files[%q] of its output, on a runtime over bbolt with the sandbox service in-process (as `cellbox run` has them). Cell → file: from Runtime.Set until the box's file holds the value (polled through the service). File → cell: from the start of a write of the file through the service until a store watcher sees the output cell with it; the agent debounces file events by 10 ms.", bindIn, bindOut, bindOut)
 	}
 
 	for _, st := range []string{"memory", "bbolt"} {
