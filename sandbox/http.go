@@ -42,6 +42,7 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("DELETE /v1/sessions/{id}", s.authed(s.handleDeleteSession))
 	mux.HandleFunc("GET /v1/tools", s.handleTools)
 	mux.HandleFunc("POST /v1/sessions/{id}/tools/{name}", s.authed(s.handleTool))
+	mux.HandleFunc("POST /v1/sessions/{id}/mcp", s.authed(s.handleMCP)) // mcp_http.go
 	mux.HandleFunc("POST /v1/sessions/{id}/boxes/{box}/exec", s.authed(s.handleExec))
 	mux.HandleFunc("GET /v1/sessions/{id}/boxes/{box}/files/{path...}", s.authed(s.handleDownload))
 	mux.HandleFunc("PUT /v1/sessions/{id}/boxes/{box}/files/{path...}", s.authed(s.handleUpload))

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/mcp"
+	"github.com/cellbox/cellbox/sandboxclient"
+)
+
+func init() {
+	register(command{
+		name:  "mcp",
+		usage: "[--server URL [--session ID --token T] | --data DIR --backend auto|docker|local]  serve the sandbox tools to an MCP client over stdio (in-process boxes, or a running cellbox serve)",
+		run:   runMCP,
+	})
+}
+
+// runMCP serves MCP on stdin/stdout; logs go to stderr only.
+func runMCP(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("mcp", flag.ContinueOnError)
+	cf := addClientFlags(fs, true)
+	data := fs.String("data", defaultDataDir(), "data directory of the in-process boxes (without --server)")
+	backendName := fs.String("backend", "auto", "box backend without --server: docker, local (bubblewrap), or auto")
+	agentBinary := fs.String("agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
+	pool := fs.Int("pool", 1, "pre-started boxes kept for the default image (0: none)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["server"] || os.Getenv("CELLBOX_SERVER") != "" {
+		for _, local := range []string{"data", "backend", "agent-binary", "pool"} {
+			if set[local] {
+				return fmt.Errorf("--%s is for in-process boxes; with --server (or CELLBOX_SERVER) the server's own are used", local)
+			}
+		}
+		return mcpRemote(ctx, *cf.server, *cf.session, *cf.token)
+	}
+	if set["session"] || set["token"] {
+		return errors.New("--session and --token need --server URL (or CELLBOX_SERVER)")
+	}
+	return mcpLocal(ctx, *data, *backendName, *agentBinary, *pool)
+}
+
+// mcpLocal serves the tools of an in-process sandbox service, in one session
+// that lives as long as the process.
+func mcpLocal(ctx context.Context, data, backendName, agentBinary string, pool int) error {
+	dataDir, err := filepath.Abs(data)
+	if err != nil {
+		return err
+	}
+	be, err := openBackend(ctx, backendName, dataDir)
+	if err != nil {
+		return err
+	}
+	svc, err := sandbox.New(ctx, sandbox.Config{
+		Backend:     be,
+		DataDir:     dataDir,
+		AgentBinary: agentBinary,
+		Pool:        map[string]int{backend.DefaultImage: max(pool, 0)},
+	})
+	if err != nil {
+		return fmt.Errorf("%w; to share a running cellbox serve, use cellbox mcp --server URL", err)
+	}
+	defer svc.Close()
+	id, _, err := svc.NewSession(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := svc.DeleteSession(dctx, id); err != nil {
+			slog.Error("delete the MCP session", "session", id, "err", err)
+		}
+	}()
+	srv, err := svc.MCPServer(id)
+	if err != nil {
+		return err
+	}
+	slog.Info("cellbox mcp: serving on stdio", "backend", be.Name(), "data", dataDir, "session", id)
+	return serveStdio(ctx, srv)
+}
+
+// mcpRemote serves the tools of a running cellbox serve: in session id, or
+// in a new one deleted on exit.
+func mcpRemote(ctx context.Context, server, id, token string) error {
+	var c *sandboxclient.HTTP
+	switch {
+	case id != "" && token == "":
+		return errors.New("--session needs --token (or CELLBOX_TOKEN)")
+	case id != "":
+		c = sandboxclient.New(server, id, token)
+	default:
+		var err error
+		if c, err = sandboxclient.NewSession(ctx, server); err != nil {
+			return fmt.Errorf("%s: %w (is cellbox serve running there?)", server, err)
+		}
+		id, _ = c.Session()
+		defer func() {
+			dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := c.DeleteSession(dctx); err != nil {
+				slog.Error("delete the MCP session", "server", server, "session", id, "err", err)
+			}
+		}()
+	}
+	tools, err := c.Tools(ctx)
+	if err != nil {
+		return fmt.Errorf("list the tools of %s: %w", server, err)
+	}
+	slog.Info("cellbox mcp: serving on stdio", "server", server, "session", id)
+	return serveStdio(ctx, mcp.NewServer(remoteTools{c: c, tools: tools}, sandbox.MCPInfo()))
+}
+
+// serveStdio serves MCP on stdin/stdout until stdin ends or ctx does.
+func serveStdio(ctx context.Context, srv *mcp.Server) error {
+	err := srv.Serve(ctx, os.Stdin, os.Stdout)
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return nil // interrupted: a normal stop
+	}
+	return err
+}
+
+// remoteTools is the registry of a server, bound to one of its sessions.
+type remoteTools struct {
+	c     *sandboxclient.HTTP
+	tools []api.ToolInfo
+}
+
+func (r remoteTools) Tools() []api.ToolInfo { return r.tools }
+
+func (r remoteTools) Call(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error) {
+	res, err := r.c.Tool(ctx, name, args)
+	var te *sandboxclient.ToolError
+	if errors.As(err, &te) {
+		return res, nil // is_error: true is a result, for the model to read
+	}
+	return res, err
+}
