@@ -30,6 +30,7 @@ const MaxToolBody = 8 << 20
 //	GET    /v1/sessions/{id}/boxes/{box}/files/{path...}  (Bearer) raw bytes
 //	PUT    /v1/sessions/{id}/boxes/{box}/files/{path...}  (Bearer) raw bytes -> {"path","bytes"}
 //	GET    /v1/sessions/{id}/boxes/{box}/watch?path=&debounce_ms=  (Bearer) server-sent events
+//	POST   /v1/sessions/{id}/mcp                          (Bearer) one MCP JSON-RPC message (Streamable HTTP)
 //	GET    /healthz, /metrics
 //	ANY    /preview/{pid}/...                             preview proxy (also Host: {pid}.localhost)
 //
