@@ -318,6 +318,10 @@ func (r *Runtime) write(n *node, fn func(cur json.RawMessage) (any, error)) erro
 	if cur == nil {
 		if v := n.out.val; v != nil {
 			cur = v.raw
+		} else if c, err := r.store.Get(n.addr); err == nil {
+			// Nothing has read the cell since the runtime started: what a
+			// service modifies (a history) is the stored value, not null.
+			cur = c.Value
 		}
 	}
 	out, err := fn(cur)

@@ -272,3 +272,36 @@ func TestBackoff(t *testing.T) {
 		return c.Error == "" && string(c.Value) == `"final"`
 	}, 5*time.Second, 10*time.Millisecond, "the held value lands when the backoff ends")
 }
+
+// A service's output outlives a restart even when no node reads it: what
+// the reopened service modifies is the stored value (a sandbox's history).
+func TestServiceOutputSurvivesRestartUnread(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cells.db")
+	alone := func(b *box) runtime.Pattern {
+		p := boxPattern(b)
+		p.Nodes = p.Nodes[:1] // no reader of box
+		return p
+	}
+	s, err := cells.OpenBolt(path, cells.Options{NoSync: true})
+	require.NoError(t, err)
+	b := newBox()
+	rt := runtime.New(s, runtime.Options{})
+	require.NoError(t, rt.Load(context.Background(), alone(b)))
+	<-b.opened
+	ev := send(t, rt, "box.run", `{}`)
+	settle(t, rt)
+	require.Equal(t, []uint64{ev.ID}, out(t, s).Done)
+	require.NoError(t, rt.Close(context.Background()))
+	require.NoError(t, s.Close())
+
+	s, err = cells.OpenBolt(path, cells.Options{NoSync: true})
+	require.NoError(t, err)
+	defer s.Close()
+	b = newBox()
+	rt = runtime.New(s, runtime.Options{})
+	defer rt.Close(context.Background())
+	require.NoError(t, rt.Load(context.Background(), alone(b)))
+	<-b.opened
+	settle(t, rt)
+	assert.Equal(t, []uint64{ev.ID}, out(t, s).Done, "the reopened service kept what it had done")
+}
