@@ -168,6 +168,14 @@ type EventAcceptor interface {
 	Accept(stream string, ev cells.Event, output json.RawMessage) (any, error)
 }
 
+// EventChecker is an optional Service method: Send calls it before it
+// queues an event, so a malformed event is refused to the sender (an error
+// wrapping ErrEventRefused) instead of being dropped later. It must be fast
+// and pure.
+type EventChecker interface {
+	CheckEvent(stream string, payload json.RawMessage) error
+}
+
 // CloseReason says why a service is closed.
 type CloseReason int
 

@@ -27,6 +27,10 @@ const (
 // ErrClosed is returned by a closed runtime.
 var ErrClosed = errors.New("runtime is closed")
 
+// ErrEventRefused is returned (wrapped) by Send for an event the stream's
+// node refuses (see EventChecker).
+var ErrEventRefused = errors.New("event refused")
+
 // Runtime runs loaded patterns over a store. Safe for concurrent use.
 type Runtime struct {
 	store cells.Store
@@ -266,6 +270,13 @@ func (r *Runtime) Send(ctx context.Context, addr cells.Address, payload json.Raw
 	defer r.mu.Unlock()
 	if r.closed {
 		return cells.Event{}, ErrClosed
+	}
+	if ref, ok := r.streams[addr]; ok {
+		if c, ok := ref.node.service.(EventChecker); ok {
+			if err := c.CheckEvent(ref.name, payload); err != nil {
+				return cells.Event{}, fmt.Errorf("%w by %s: %w", ErrEventRefused, ref.node.addr, err)
+			}
+		}
 	}
 	var ev cells.Event
 	err := r.batch(func(b *batch) error {

@@ -305,3 +305,30 @@ func TestServiceOutputSurvivesRestartUnread(t *testing.T) {
 	settle(t, rt)
 	assert.Equal(t, []uint64{ev.ID}, out(t, s).Done, "the reopened service kept what it had done")
 }
+
+// checked is a box that refuses malformed events when they are sent.
+type checked struct{ *box }
+
+func (checked) CheckEvent(stream string, payload json.RawMessage) error {
+	var p struct{ Bad bool }
+	if json.Unmarshal(payload, &p) != nil || p.Bad {
+		return fmt.Errorf("want {\"bad\": false}")
+	}
+	return nil
+}
+
+func TestSendRefusesMalformedEvents(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		b := newBox()
+		p := boxPattern(b)
+		p.Nodes[0].Kind = checked{b}
+		rt := start(t, s, p, runtime.Options{})
+		<-b.opened
+		_, err := rt.Send(context.Background(), at("box.run"), json.RawMessage(`{"bad": true}`))
+		require.ErrorIs(t, err, runtime.ErrEventRefused)
+		assert.Contains(t, err.Error(), `want {"bad": false}`)
+		ev := send(t, rt, "box.run", `{}`)
+		settle(t, rt)
+		assert.Equal(t, []uint64{ev.ID}, out(t, s).Done, "only the good event was queued and handled")
+	})
+}

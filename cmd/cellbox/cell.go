@@ -38,7 +38,7 @@ type apiFlags struct {
 
 func addAPIFlags(fs *flag.FlagSet) apiFlags {
 	return apiFlags{
-		data:   fs.String("data", defaultDataDir(), "data directory of the `cellbox run` (or serve) to talk to, over DATA/run.sock"),
+		data:   fs.String("data", defaultDataDir(), "data directory of the cellbox run (or serve) to talk to, over DATA/run.sock"),
 		server: fs.String("server", "", "URL of the runtime API instead (cellbox serve, or cellbox run --addr)"),
 	}
 }

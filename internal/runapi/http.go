@@ -13,6 +13,7 @@ import (
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/internal/jsonschema"
 	"github.com/cellbox/cellbox/patterns"
+	"github.com/cellbox/cellbox/runtime"
 )
 
 // maxBody caps request bodies (a pattern's files are at most 32 MiB).
@@ -68,6 +69,8 @@ func writeErr(w http.ResponseWriter, err error) {
 	var se *cells.SchemaError
 	switch {
 	case errors.As(err, &e):
+	case errors.Is(err, runtime.ErrEventRefused):
+		e = &Error{Status: http.StatusBadRequest, Message: err.Error()}
 	case errors.As(err, &se):
 		e = &Error{Status: http.StatusUnprocessableEntity, Message: err.Error()}
 		var ve *jsonschema.ValidationError
