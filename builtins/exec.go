@@ -77,6 +77,9 @@ type ExecResult struct {
 	Stdout   string `json:"stdout"`
 	Stderr   string `json:"stderr"`
 	ExitCode int    `json:"exit_code"`
+	// Truncated says a command printed more than the box keeps per stream
+	// (1 MiB); the rest was dropped. Write big outputs to an output file.
+	Truncated bool `json:"truncated,omitempty"`
 	// Files maps each output path to its value: a string (text), the parsed
 	// value (json), or null when a failed run did not write it.
 	Files map[string]any `json:"files"`
@@ -244,6 +247,7 @@ func (x *Exec) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 		stdout.WriteString(r.Stdout)
 		stderr.WriteString(r.Stderr)
 		res.ExitCode = r.ExitCode
+		res.Truncated = res.Truncated || r.Truncated
 		switch {
 		case r.TimedOut:
 			failure = fmt.Sprintf("%s timed out after %s (timeout %s)", which, time.Since(start).Round(time.Millisecond), x.spec.Timeout)

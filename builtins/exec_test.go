@@ -28,6 +28,9 @@ nodes:
   list:
     exec:
       command: ["echo first", '${steps}', echo last]
+  chatty:
+    exec:
+      command: head -c 3000000 /dev/zero | tr '\\0' y
 `, nil)
 	assert.True(t, r.exec("hello").Pending, "the batch that decides a run writes pending before the run")
 	r.settle()
@@ -38,7 +41,10 @@ nodes:
 	require.NotNil(t, out.Result)
 	assert.Equal(t, builtins.ExecResult{Stdout: "hello world\n", Stderr: "oops\n", Files: map[string]any{}}, *out.Result)
 	assert.Equal(t, "first\none\ntwo\nlast\n", r.exec("list").Result.Stdout, "a list from an expression is spliced in")
-	assert.Len(t, b.client.boxesCreated(), 2, "one fresh box per run")
+	chatty := r.exec("chatty").Result
+	assert.True(t, chatty.Truncated, "3 MB of output is cut, and the result says so")
+	assert.Len(t, chatty.Stdout, 1<<20)
+	assert.Len(t, b.client.boxesCreated(), 3, "one fresh box per run")
 	assert.Empty(t, b.list(t), "run boxes are destroyed after the run")
 }
 
