@@ -11,6 +11,7 @@ import (
 	"maps"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -58,12 +59,15 @@ type SandboxSpec struct {
 	// input is rewritten whenever its value changes, an output updates
 	// files[path] whenever the file changes.
 	Files map[string]File
+	// Ports are TCP ports in the box (1-65535) whose preview URLs the node
+	// publishes in previews while the box runs.
+	Ports []int
 }
 
 // Sandbox is the sandbox node kind, a runtime.Service: a box that lives
 // while its pattern runs.
 //
-// Output: {pending, status, box, error?, history, files}. status is
+// Output: {pending, status, box, error?, history, files, previews?}. status is
 // starting, running, destroyed or error (error says why). history lists
 // the commands run, oldest first, each {command, stdout, stderr,
 // exit_code, started, duration_ms} (plus timed_out, truncated, error when
@@ -71,8 +75,15 @@ type SandboxSpec struct {
 // each capped at HistoryOutputLimit, and older entries are compacted into
 // a leading {"dropped": N}. files maps each output path to its value
 // (text: a string; json: the parsed value; null: the file does not exist),
-// kept up to date by a watch in the box (the agent's 50 ms debounce); a
+// kept up to date by a watch in the box (the agent's 10 ms debounce); a
 // file that fails to read or parse keeps its last value and sets error.
+// previews, present when the spec declares Ports, maps each port (as a
+// string) to its preview URLs {url, host_url?} (see api.BrowseOutput):
+// the sandbox service's browse tool, called for each port whenever the box
+// is made or reattached, so a box made anew (destroy, then run) publishes
+// its new URLs; previews is {} while there is no box. A URL answers as
+// soon as a server listens on the port in the box (the proxy connects per
+// request); a port whose URL could not be had is left out and sets error.
 //
 // Streams, handled one event at a time, in order:
 //   - run: {"command": "...", "files": {path: value}, "timeout_ms": N}
@@ -102,9 +113,10 @@ type Sandbox struct {
 	stopWatch context.CancelFunc
 	watchers  sync.WaitGroup
 
-	pmu      sync.Mutex        // guards the problems below, shown in error while running
-	inputErr string            // why input files could not be written
-	fileErrs map[string]string // output path -> why its last read failed
+	pmu        sync.Mutex        // guards the problems below, shown in error while running
+	inputErr   string            // why input files could not be written
+	previewErr string            // why preview URLs could not be had
+	fileErrs   map[string]string // output path -> why its last read failed
 }
 
 var (
@@ -119,6 +131,11 @@ func NewSandbox(env Env, spec SandboxSpec) (*Sandbox, error) {
 	}
 	if err := checkFiles(spec.Files); err != nil {
 		return nil, fmt.Errorf("sandbox node %s: %w", spec.Node.Name, err)
+	}
+	for _, p := range spec.Ports {
+		if p < 1 || p > 65535 {
+			return nil, fmt.Errorf("sandbox node %s: port %d is out of range 1-65535", spec.Node.Name, p)
+		}
 	}
 	return &Sandbox{
 		env: env, spec: spec,
@@ -138,6 +155,19 @@ type sandboxOutput struct {
 	Error   string                     `json:"error,omitempty"`
 	History []json.RawMessage          `json:"history"`
 	Files   map[string]json.RawMessage `json:"files"`
+	// Previews is nil (left out) when the spec declares no ports.
+	Previews map[string]Preview `json:"previews,omitzero"`
+}
+
+// Preview is where a browser on the runner's machine reaches a port of a
+// sandbox's box: api.BrowseOutput's URLs.
+type Preview struct {
+	// URL is BASE/preview/ID/ (the app sees paths without the prefix, so
+	// it must use relative URLs).
+	URL string `json:"url"`
+	// HostURL is http://ID.localhost:PORT/ (the app sees whole paths),
+	// when the server's base URL is on the loopback address.
+	HostURL string `json:"host_url,omitempty"`
 }
 
 // HistoryEntry is one command of a sandbox's history.
@@ -201,6 +231,9 @@ func (s *Sandbox) edit(cur json.RawMessage, fn func(o *sandboxOutput)) sandboxOu
 	}
 	o.Box = s.box
 	fn(&o)
+	if o.Previews == nil && len(s.spec.Ports) > 0 {
+		o.Previews = map[string]Preview{} // no box: no URLs
+	}
 	return o
 }
 
@@ -223,7 +256,7 @@ func (s *Sandbox) Open(ctx context.Context, h runtime.Handle, in runtime.Inputs)
 		_ = json.Unmarshal(raw, &st)
 	}
 	if st.Destroyed {
-		s.modify(ctx, func(o *sandboxOutput) { o.Status, o.Pending, o.Error = StatusDestroyed, false, "" })
+		s.modify(ctx, func(o *sandboxOutput) { o.Status, o.Pending, o.Error, o.Previews = StatusDestroyed, false, "", nil })
 		return nil
 	}
 	// A command in flight when the runner stopped is lost (events are
@@ -235,7 +268,7 @@ func (s *Sandbox) Open(ctx context.Context, h runtime.Handle, in runtime.Inputs)
 // up creates or reattaches to the box, writes the input files and starts
 // watching the output files. Callers hold s.mu.
 func (s *Sandbox) up(ctx context.Context) error {
-	s.modify(ctx, func(o *sandboxOutput) { o.Status, o.Error = StatusStarting, "" })
+	s.modify(ctx, func(o *sandboxOutput) { o.Status, o.Error, o.Previews = StatusStarting, "", nil })
 	err := s.start(ctx)
 	if err != nil {
 		err = fmt.Errorf("start box %q: %w", s.box, err)
@@ -245,8 +278,42 @@ func (s *Sandbox) up(ctx context.Context) error {
 	if err := s.h.SaveState(nil); err != nil {
 		s.log.Warn("save sandbox state", "error", err)
 	}
-	s.report(ctx, func(o *sandboxOutput) { o.Status = StatusRunning })
+	previews, err := s.browse(ctx)
+	if err != nil {
+		s.log.Warn("preview URLs", "box", s.box, "error", err)
+	}
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	s.previewErr = ""
+	if err != nil {
+		s.previewErr = err.Error()
+	}
+	s.reportLocked(ctx, func(o *sandboxOutput) { o.Status, o.Previews = StatusRunning, previews })
 	return nil
+}
+
+// browse asks the sandbox service for the preview URLs of the declared
+// ports (nil when there are none); a port it cannot have is left out and
+// named in the error.
+func (s *Sandbox) browse(ctx context.Context) (map[string]Preview, error) {
+	if len(s.spec.Ports) == 0 {
+		return nil, nil
+	}
+	out := map[string]Preview{}
+	var errs []error
+	for _, port := range s.spec.Ports {
+		var b api.BrowseOutput
+		raw, err := s.env.Client.Tool(ctx, "browse", api.BrowseInput{Sandbox: s.box, Port: port})
+		if err == nil {
+			err = json.Unmarshal(raw, &b)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("preview URL of port %d: %w", port, err))
+			continue
+		}
+		out[strconv.Itoa(port)] = Preview{URL: b.URL, HostURL: b.HostURL}
+	}
+	return out, errors.Join(errs...)
 }
 
 // setInputProblem records why input files could not be written (nil: they
@@ -286,6 +353,9 @@ func (s *Sandbox) report(ctx context.Context, fn func(o *sandboxOutput)) {
 
 func (s *Sandbox) reportLocked(ctx context.Context, fn func(o *sandboxOutput)) {
 	problem := s.inputErr
+	if problem == "" {
+		problem = s.previewErr
+	}
 	if problem == "" && len(s.fileErrs) > 0 {
 		problem = s.fileErrs[slices.Sorted(maps.Keys(s.fileErrs))[0]]
 	}
@@ -311,7 +381,7 @@ func (s *Sandbox) start(ctx context.Context) error {
 	s.log.Info("sandbox box up", "box", s.box, "created", out.Created, "id", out.ID)
 	s.alive, s.image, s.written = true, image, map[string][32]byte{}
 	s.pmu.Lock()
-	s.inputErr, s.fileErrs = "", map[string]string{}
+	s.inputErr, s.previewErr, s.fileErrs = "", "", map[string]string{}
 	s.pmu.Unlock()
 	if err := s.startWatches(ctx); err != nil {
 		if derr := s.down(context.WithoutCancel(ctx)); derr != nil {
@@ -550,6 +620,19 @@ func (s *Sandbox) Accept(stream string, ev cells.Event, cur json.RawMessage) (an
 	return s.edit(cur, func(o *sandboxOutput) { o.Pending = true }), nil
 }
 
+// CheckEvent refuses a malformed event when it is sent, so the sender
+// hears of it (runtime.EventChecker).
+func (s *Sandbox) CheckEvent(stream string, payload json.RawMessage) error {
+	switch stream {
+	case "run":
+		_, err := decodeRun(payload)
+		return err
+	case "destroy":
+		return nil
+	}
+	return fmt.Errorf("sandbox node has no stream %q (streams: run, destroy)", stream)
+}
+
 // Event handles a run or destroy event.
 func (s *Sandbox) Event(ctx context.Context, stream string, ev cells.Event) error {
 	switch stream {
@@ -563,7 +646,7 @@ func (s *Sandbox) Event(ctx context.Context, stream string, ev cells.Event) erro
 			err = errors.Join(err, fmt.Errorf("save sandbox state: %w", serr))
 		}
 		s.modify(ctx, func(o *sandboxOutput) {
-			o.Status, o.Pending, o.Error = StatusDestroyed, false, ""
+			o.Status, o.Pending, o.Error, o.Previews = StatusDestroyed, false, "", nil
 			if err != nil {
 				o.Error = err.Error()
 			}
@@ -707,7 +790,7 @@ func (s *Sandbox) Close(ctx context.Context, reason runtime.CloseReason) error {
 		return nil
 	}
 	err := s.down(context.WithoutCancel(ctx))
-	s.modify(context.WithoutCancel(ctx), func(o *sandboxOutput) { o.Status, o.Pending = StatusDestroyed, false })
+	s.modify(context.WithoutCancel(ctx), func(o *sandboxOutput) { o.Status, o.Pending, o.Previews = StatusDestroyed, false, nil })
 	if serr := s.h.SaveState(nil); serr != nil {
 		err = errors.Join(err, fmt.Errorf("save sandbox state: %w", serr))
 	}

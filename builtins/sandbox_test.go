@@ -4,7 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -37,12 +42,13 @@ nodes:
 
 // sandboxOut is a sandbox node's output cell.
 type sandboxOut struct {
-	Pending bool                       `json:"pending"`
-	Status  string                     `json:"status"`
-	Box     string                     `json:"box"`
-	Error   string                     `json:"error"`
-	History []builtins.HistoryEntry    `json:"history"`
-	Files   map[string]json.RawMessage `json:"files"`
+	Pending  bool                        `json:"pending"`
+	Status   string                      `json:"status"`
+	Box      string                      `json:"box"`
+	Error    string                      `json:"error"`
+	History  []builtins.HistoryEntry     `json:"history"`
+	Files    map[string]json.RawMessage  `json:"files"`
+	Previews map[string]builtins.Preview `json:"previews"`
 }
 
 func (r *run) sandbox(name string) sandboxOut {
@@ -92,7 +98,8 @@ func TestSandbox(t *testing.T) {
 		r.get("latest", &last)
 		assert.Equal(t, "from the event", last, "dependents see the history")
 
-		r.send("repl.run", `{"cmd": "ls"}`)
+		_, err := r.rt.Send(context.Background(), r.addr("repl.run"), json.RawMessage(`{"cmd": "ls"}`))
+		assert.ErrorContains(t, err, `unknown field "cmd"`, "a malformed event is refused when sent")
 		r.settle()
 		assert.Len(t, r.sandbox("repl").History, 3, "a malformed event is refused")
 	})
@@ -309,4 +316,104 @@ nodes:
 	assert.Equal(t, "bye", s)
 	r.close(runtime.Stopped)
 	assert.Empty(t, b.list(t))
+}
+
+// TestSandboxPreviews publishes the preview URLs of a sandbox's ports,
+// which answer once a server listens, and publishes new ones when the box
+// is made anew.
+func TestSandboxPreviews(t *testing.T) {
+	b := newBox(t)
+	const pattern = `
+name: web
+nodes:
+  web:
+    sandbox:
+      ports: [8000, 8001]
+      files: {/workspace/site/index.html: hello from the box}
+  link: {computed: '${web.previews["8000"]?.url ?? ""}'}
+`
+	t.Run("no base URL: an error, not a failure", func(t *testing.T) {
+		r := b.load(t, pattern, nil)
+		r.settle()
+		o := r.sandbox("web")
+		assert.Equal(t, "running", o.Status)
+		assert.Contains(t, o.Error, "preview URL of port 8000: ")
+		assert.Contains(t, o.Error, "no base URL")
+		assert.Equal(t, map[string]builtins.Preview{}, o.Previews)
+		r.close(runtime.Stopped)
+	})
+
+	hs := httptest.NewServer(b.svc.Handler())
+	t.Cleanup(hs.Close)
+	b.svc.SetBaseURL(hs.URL)
+	r := b.load(t, pattern, nil)
+	r.settle()
+	o := r.sandbox("web")
+	require.Equal(t, "running", o.Status)
+	assert.Empty(t, o.Error)
+	require.Len(t, o.Previews, 2)
+	first := o.Previews["8000"]
+	assert.Regexp(t, `^`+regexp.QuoteMeta(hs.URL)+`/preview/p[0-9a-f]{32}/$`, first.URL)
+	assert.Regexp(t, `^http://p[0-9a-f]{32}\.localhost:\d+/$`, first.HostURL)
+	assert.NotEqual(t, first.URL, o.Previews["8001"].URL)
+	var link string
+	r.get("link", &link)
+	assert.Equal(t, first.URL, link, "expressions read previews")
+
+	status, _ := get(t, first.URL, "")
+	assert.Equal(t, http.StatusBadGateway, status, "nothing listens yet")
+	serve := `{"command": "cd /workspace/site && setsid python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 0.1"}`
+	r.send("web.run", serve)
+	r.settle()
+	waitFor(t, 10*time.Second, "the server to answer through the preview URL", func() bool {
+		status, body := get(t, first.URL+"index.html", "")
+		return status == http.StatusOK && body == "hello from the box"
+	})
+	hostURL, err := url.Parse(first.HostURL)
+	require.NoError(t, err)
+	status, body := get(t, hs.URL+"/index.html", hostURL.Host)
+	assert.Equal(t, http.StatusOK, status)
+	assert.Equal(t, "hello from the box", body, "the host URL reaches the same server")
+
+	t.Run("destroy, then run: new URLs", func(t *testing.T) {
+		r.send("web.destroy", `{}`)
+		r.settle()
+		o := r.sandbox("web")
+		assert.Equal(t, "destroyed", o.Status)
+		assert.Equal(t, map[string]builtins.Preview{}, o.Previews, "no box, no URLs")
+		status, _ := get(t, first.URL, "")
+		assert.Equal(t, http.StatusNotFound, status)
+
+		r.send("web.run", serve)
+		r.settle()
+		o = r.sandbox("web")
+		require.Equal(t, "running", o.Status)
+		require.Len(t, o.Previews, 2)
+		second := o.Previews["8000"].URL
+		assert.NotEqual(t, first.URL, second, "the new box has new preview URLs")
+		var link string
+		r.get("link", &link)
+		assert.Equal(t, second, link)
+		waitFor(t, 10*time.Second, "the new box's server to answer", func() bool {
+			status, body := get(t, second+"index.html", "")
+			return status == http.StatusOK && body == "hello from the box"
+		})
+	})
+}
+
+// get fetches url (with Host header host, if set) and returns the status
+// and body.
+func get(t *testing.T, url, host string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	if host != "" {
+		req.Host = host
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
 }

@@ -26,7 +26,6 @@ import (
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
-	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/image"
 	"github.com/cellbox/cellbox/sandboxclient"
 )
@@ -338,7 +337,11 @@ type sandboxOut struct {
 		Stderr   string `json:"stderr"`
 		ExitCode int    `json:"exit_code"`
 	} `json:"history"`
-	Files map[string]any `json:"files"`
+	Files    map[string]any `json:"files"`
+	Previews map[string]struct {
+		URL     string `json:"url"`
+		HostURL string `json:"host_url"`
+	} `json:"previews"`
 }
 
 func (in *instance) num(name string) float64 {
@@ -350,47 +353,49 @@ func (in *instance) num(name string) float64 {
 
 func TestDevServer(t *testing.T) {
 	w := newWorld(t, "")
-	// The preview proxy is part of the sandbox service's HTTP API.
+	// The preview proxy is part of the sandbox service's HTTP API, served
+	// here as `cellbox run` serves it.
 	srv := httptest.NewServer(w.svc.Handler())
 	t.Cleanup(srv.Close)
 	w.svc.SetBaseURL(srv.URL)
 
 	in := w.load(load(t, "dev-server"))
 	in.wait()
+	// The node publishes the preview URL of its port as soon as the box runs.
+	var out sandboxOut
+	in.get("web", &out)
+	require.Equal(t, "running", out.Status, "%+v", out)
+	assert.Empty(t, out.Error)
+	url := out.Previews["8000"].URL
+	require.True(t, strings.HasPrefix(url, srv.URL+"/preview/"), "previews: %+v", out.Previews)
+
 	in.send("web", "run", map[string]string{"command": "sh start.sh"})
 	in.wait()
-	var out sandboxOut
 	in.get("web", &out)
 	require.Len(t, out.History, 1)
 	require.Equal(t, 0, out.History[0].ExitCode, "start.sh: %s%s", out.History[0].Stdout, out.History[0].Stderr)
+	assert.Equal(t, url, out.Previews["8000"].URL, "the URL stays while the box lives")
 
-	// The preview URL of port 8000 in the node's box.
-	raw, err := w.env.Client.Tool(context.Background(), "browse", api.BrowseInput{Sandbox: out.Box, Port: 8000})
-	require.NoError(t, err)
-	var b api.BrowseOutput
-	require.NoError(t, json.Unmarshal(raw, &b))
-	require.True(t, b.Listening, "the server listens: %+v", b)
-
-	page := fetch(t, b.URL)
+	page := fetch(t, url)
 	assert.Contains(t, page, `<h1 style="color:teal">Hello from cellbox</h1>`)
 
 	in.set("config", map[string]any{"title": "Changed live", "message": "no restart", "color": "crimson"})
 	in.wait()
 	eventually(t, 5*time.Second, "the page to show the new config", func() bool {
-		return strings.Contains(fetch(t, b.URL), `<h1 style="color:crimson">Changed live</h1>`)
+		return strings.Contains(fetch(t, url), `<h1 style="color:crimson">Changed live</h1>`)
 	})
-	assert.JSONEq(t, `{"title": "Changed live", "message": "no restart", "color": "crimson"}`, fetch(t, b.URL+"config"))
+	assert.JSONEq(t, `{"title": "Changed live", "message": "no restart", "color": "crimson"}`, fetch(t, url+"config"))
 	eventually(t, 5*time.Second, "the log cell to show the requests", func() bool {
 		return strings.Contains(in.str("log"), `"GET /config HTTP/1.1" 200`)
 	})
 
 	// A config the schema refuses is not written (the page keeps the last good one).
-	raw2, _ := json.Marshal(map[string]any{"title": 42})
-	err = in.rt.Set(context.Background(), in.addr("config"), raw2)
+	raw, _ := json.Marshal(map[string]any{"title": 42})
+	err := in.rt.Set(context.Background(), in.addr("config"), raw)
 	require.Error(t, err)
 	var se *cells.SchemaError
 	assert.ErrorAs(t, err, &se)
-	assert.Contains(t, fetch(t, b.URL), "Changed live")
+	assert.Contains(t, fetch(t, url), "Changed live")
 }
 
 func fetch(t *testing.T, url string) string {

@@ -154,7 +154,7 @@ func (b *Builder) Exec(name string, spec ExecSpec) Value {
 // Sandbox adds a sandbox node and returns a reference to it. The spec is
 // copied.
 func (b *Builder) Sandbox(name string, spec SandboxSpec) Value {
-	spec.Env, spec.Files = maps.Clone(spec.Env), maps.Clone(spec.Files)
+	spec.Env, spec.Files, spec.Ports = maps.Clone(spec.Env), maps.Clone(spec.Files), slices.Clone(spec.Ports)
 	b.addNode(Node{Name: name, Kind: KindSandbox, Sandbox: &spec})
 	return Ref(name)
 }

@@ -60,6 +60,7 @@ func csvPipeline() *Builder {
 			"/workspace/config.json": Str("${config}"),
 			"/workspace/result.txt":  OutputText,
 		},
+		Ports: []int{8080},
 	})
 	return b
 }
@@ -124,4 +125,22 @@ func TestBuilderCopiesSpecs(t *testing.T) {
 	p, err := b.Build()
 	require.NoError(t, err, "a change to the caller's map after Exec does not reach the pattern")
 	assert.Len(t, p.Nodes[0].Exec.Files, 1)
+}
+
+func TestBuilderPorts(t *testing.T) {
+	ports := []int{8000}
+	b := New("x")
+	b.Sandbox("web", SandboxSpec{Ports: ports})
+	ports[0] = 1
+	p, err := b.Build()
+	require.NoError(t, err)
+	assert.Equal(t, []int{8000}, p.Nodes[0].Sandbox.Ports, "the spec is copied")
+
+	_, _, line, _ := runtime.Caller(0)
+	b = New("x")
+	b.Sandbox("bad", SandboxSpec{Ports: []int{8000, 65536, 8000}}) // line+2
+	_, err = b.Build()
+	at := fmt.Sprintf("builder_test.go:%d", line+2)
+	assert.EqualError(t, err, at+`: nodes.bad.sandbox.ports[1]: port 65536 is out of range: want 1-65535`+"\n"+
+		at+`: nodes.bad.sandbox.ports[2]: port 8000 is listed twice`)
 }

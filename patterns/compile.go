@@ -2,6 +2,7 @@ package patterns
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/cells"
@@ -162,5 +163,6 @@ func (c compiler) sandbox(addr cells.Address, s *SandboxSpec) builtins.SandboxSp
 		Image: c.field(field(at, "image"), s.Image),
 		Env:   c.env(at, s.Env),
 		Files: c.files(at, s.Files),
+		Ports: slices.Clone(s.Ports),
 	}
 }

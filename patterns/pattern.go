@@ -97,13 +97,17 @@ type ExecSpec struct {
 
 // SandboxSpec describes a sandbox node: a box that lives while the pattern
 // runs, takes commands on its `run` stream and is removed by `destroy`.
-// Output: {pending, status, history, files}. Input files are rewritten in the
-// box whenever their value changes; output files update `files` whenever
-// they change in the box.
+// Output: {pending, status, history, files, previews}. Input files are
+// rewritten in the box whenever their value changes; output files update
+// `files` whenever they change in the box.
 type SandboxSpec struct {
 	Image Value            `json:"image,omitzero"`
 	Env   map[string]Value `json:"env,omitempty"`
 	Files map[string]Value `json:"files,omitempty"`
+	// Ports are TCP ports (1-65535) a server in the box listens on; the
+	// node publishes a preview URL of each in previews["PORT"] while the
+	// box runs.
+	Ports []int `json:"ports,omitempty"`
 }
 
 // ValueKind says how a Value is obtained.

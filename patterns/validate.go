@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -30,10 +31,11 @@ var (
 var (
 	outputs = map[Kind][]string{
 		KindExec:    {"pending", "result", "error"},
-		KindSandbox: {"pending", "status", "history", "files"},
+		KindSandbox: {"pending", "status", "history", "files", "previews"},
 	}
-	execResult = []string{"stdout", "stderr", "exit_code", "files"}
-	streams    = map[Kind][]string{KindSandbox: {"run", "destroy"}}
+	previewFields = []string{"url", "host_url"}
+	execResult    = []string{"stdout", "stderr", "exit_code", "files"}
+	streams       = map[Kind][]string{KindSandbox: {"run", "destroy"}}
 )
 
 // checker validates a Pattern in place: it reads `file:` references from
@@ -148,6 +150,7 @@ func (c *checker) node(n *Node) {
 	case KindSandbox:
 		at = field(at, "sandbox")
 		c.box(n, at, n.Sandbox.Image, n.Sandbox.Env, n.Sandbox.Files, val)
+		c.ports(field(at, "ports"), n.Sandbox.Ports)
 	}
 	n.Reads = slices.Sorted(maps.Keys(reads))
 }
@@ -176,6 +179,19 @@ func (c *checker) box(n *Node, at string, image Value, env, files map[string]Val
 				v.Text = text
 				files[k] = v
 			}
+		}
+	}
+}
+
+// ports checks a sandbox node's ports: in range, each listed once.
+func (c *checker) ports(at string, ports []int) {
+	for i, p := range ports {
+		switch {
+		case p == portReported:
+		case p < 1 || p > 65535:
+			c.e.add(index(at, i), "port %d is out of range: want 1-65535", p)
+		case slices.Index(ports, p) < i:
+			c.e.add(index(at, i), "port %d is listed twice", p)
 		}
 	}
 }
@@ -284,6 +300,8 @@ func checkOutput(n *Node, p []string) string {
 		}
 	case n.Kind == KindSandbox && p[0] == "files":
 		files, rest = n.Sandbox.Files, p[1:]
+	case n.Kind == KindSandbox && p[0] == "previews" && len(p) > 1:
+		return checkPreview(n, p[1:])
 	}
 	if len(rest) == 0 {
 		return ""
@@ -301,6 +319,24 @@ func checkOutput(n *Node, p []string) string {
 		return fmt.Sprintf("file %q of %s node %q is an input (%s), not an output: declare it as text or json to read it back", rest[0], n.Kind, n.Name, v.Kind)
 	}
 	return fmt.Sprintf("%s node %q has no output file %q%s (output files: %s)", n.Kind, n.Name, rest[0], suggest(rest[0], outFiles), orNone(outFiles))
+}
+
+// checkPreview checks a path read from a sandbox node's previews: a
+// declared port, then url or host_url.
+func checkPreview(n *Node, p []string) string {
+	var ports []string
+	for _, port := range n.Sandbox.Ports {
+		ports = append(ports, strconv.Itoa(port))
+	}
+	switch {
+	case len(ports) == 0:
+		return fmt.Sprintf("sandbox node %q declares no ports, so it has no previews (add ports: [%s])", n.Name, p[0])
+	case !slices.Contains(ports, p[0]):
+		return fmt.Sprintf("sandbox node %q has no preview of port %q%s (ports: %s)", n.Name, p[0], suggest(p[0], ports), list(ports))
+	case len(p) > 1 && !slices.Contains(previewFields, p[1]):
+		return fmt.Sprintf("a preview of sandbox node %q has no field %q%s (fields: %s)", n.Name, p[1], suggest(p[1], previewFields), list(previewFields))
+	}
+	return ""
 }
 
 // readFile reads a file of the pattern folder as text.

@@ -53,7 +53,7 @@ var (
 	cellFields    = []string{"value", "file", "schema", "description"}
 	nodeFields    = append(slices.Clone(kinds), "description")
 	execFields    = []string{"command", "image", "env", "files", "cache", "timeout"}
-	sandboxFields = []string{"image", "env", "files"}
+	sandboxFields = []string{"image", "env", "files", "ports"}
 	fileFields    = []string{"file", "content", "output"}
 )
 
@@ -328,8 +328,37 @@ func (l *loader) node(e entry) {
 		n.Sandbox = &SandboxSpec{}
 		if f, ok := l.fields(s.val, s.path, sandboxFields, ""); ok {
 			n.Sandbox.Image, n.Sandbox.Env, n.Sandbox.Files = l.box(f)
+			if e, ok := f["ports"]; ok {
+				n.Sandbox.Ports = l.ports(e)
+			}
 		}
 	}
+}
+
+// portReported stands for a port the loader reported as malformed.
+const portReported = math.MinInt
+
+// ports reads a list of port numbers (their range is checked with the
+// rest of the pattern).
+func (l *loader) ports(e entry) []int {
+	n := deref(e.val)
+	if n.Kind != yaml.SequenceNode {
+		l.errAt(n, e.path, "want a list of port numbers such as [8000], got %s", describe(n))
+		return nil
+	}
+	var out []int
+	for i, item := range n.Content {
+		at := index(e.path, i)
+		item = deref(item)
+		l.p.Source[at] = l.pos(item)
+		var port int
+		if item.Kind != yaml.ScalarNode || item.ShortTag() != "!!int" || item.Decode(&port) != nil {
+			l.errAt(item, at, "want a port number (1-65535), got %s", describe(item))
+			port = portReported // keeps the indexes of the others
+		}
+		out = append(out, port)
+	}
+	return out
 }
 
 // box reads the fields exec and sandbox share.

@@ -125,6 +125,10 @@ func TestParseValid(t *testing.T) {
 		{"reading outputs", "name: c\nnodes:\n  e:\n    exec:\n      command: x\n      files: {/o: text}\n  s:\n    sandbox: {files: {/p: json}}\n  r: {computed: '${e.pending || e.error != nil ? \"\" : e.result.files[\"/o\"] + e.result.stdout + s.status + s.history[0].stdout + s.files[\"/p\"]}'}\n", func(t *testing.T, p *Pattern) {
 			assert.Equal(t, []string{"e", "s"}, p.Nodes[2].Reads)
 		}},
+		{"ports and previews", "name: c\nnodes:\n  web:\n    sandbox: {ports: [8000, 5173]}\n  u: {computed: '${web.previews[\"8000\"].url + web.previews[\"5173\"].host_url}'}\n", func(t *testing.T, p *Pattern) {
+			assert.Equal(t, []int{8000, 5173}, p.Nodes[0].Sandbox.Ports)
+			assert.Equal(t, []string{"web"}, p.Nodes[1].Reads)
+		}},
 		{"expression scopes", "name: c\ncells: {xs: [1], k: a}\nnodes:\n  r: {computed: '${let y = 2; map(filter(xs, # > 0), # * y)[0] + {\"v\": 1}[k]}'}\n", func(t *testing.T, p *Pattern) {
 			assert.Equal(t, []string{"k", "xs"}, p.Nodes[0].Reads, "let variables and predicates are not references")
 		}},
@@ -193,7 +197,7 @@ func TestParseErrors(t *testing.T) {
 			`p.yaml:7: nodes.c.computed: exec node "e" has no output file "/0" (did you mean "/o"?) (output files: /o)`,
 			`p.yaml:8: nodes.d.computed: file "/i" of exec node "e" is an input (literal), not an output: declare it as text or json to read it back`,
 			`p.yaml:11: nodes.f.computed: r.run is a stream of sandbox node "r": send events to it, expressions cannot read it`,
-			`p.yaml:12: nodes.g.computed: sandbox node "r" has no output "histry" (did you mean "history"?) (outputs: pending, status, history, files)`,
+			`p.yaml:12: nodes.g.computed: sandbox node "r" has no output "histry" (did you mean "history"?) (outputs: pending, status, history, files, previews)`,
 			`p.yaml:13: nodes.h.computed: sandbox node "r" has no output file "/q" (did you mean "/p"?) (output files: /p)`}},
 		{"cycle", "name: x\nnodes:\n  clean:\n    exec:\n      command: echo\n      files:\n        /in: ${big}\n  big: {computed: '${clean.result.stdout}'}\n  self: {computed: '${self + 1}'}\n", []string{
 			`p.yaml:7: nodes.clean.exec.files["/in"]: dependency cycle clean -> big -> clean (clean reads big at p.yaml:7; big reads clean at p.yaml:8)`,
@@ -230,6 +234,17 @@ func TestParseErrors(t *testing.T) {
 			`p.yaml:8: nodes.e.exec.env.A-B: "A-B" is not a valid environment variable name`,
 			`p.yaml:9: nodes.e.exec.image: want a string, got a list`,
 			`p.yaml:11: nodes.f.exec.command: empty command list`}},
+		{"ports", "name: x\nnodes:\n  w:\n    sandbox:\n      ports:\n        - 8000\n        - 0\n        - 70000\n        - http\n        - 8000\n  v:\n    sandbox: {ports: 8000}\n", []string{
+			`p.yaml:7: nodes.w.sandbox.ports[1]: port 0 is out of range: want 1-65535`,
+			`p.yaml:8: nodes.w.sandbox.ports[2]: port 70000 is out of range: want 1-65535`,
+			`p.yaml:9: nodes.w.sandbox.ports[3]: want a port number (1-65535), got the string "http"`,
+			`p.yaml:10: nodes.w.sandbox.ports[4]: port 8000 is listed twice`,
+			`p.yaml:12: nodes.v.sandbox.ports: want a list of port numbers such as [8000], got the number 8000`}},
+		{"reading previews", "name: x\nnodes:\n  w: {sandbox: {ports: [8000, 8001]}}\n  n: {sandbox: {}}\n" +
+			"  a: {computed: '${w.previews[\"8080\"]}'}\n  b: {computed: '${w.previews[\"8000\"].ulr}'}\n  c: {computed: '${n.previews[\"8000\"]}'}\n  d: {computed: '${w.previews}'}\n", []string{
+			`p.yaml:5: nodes.a.computed: sandbox node "w" has no preview of port "8080" (did you mean "8000"?) (ports: 8000, 8001)`,
+			`p.yaml:6: nodes.b.computed: a preview of sandbox node "w" has no field "ulr" (did you mean "url"?) (fields: url, host_url)`,
+			`p.yaml:7: nodes.c.computed: sandbox node "n" declares no ports, so it has no previews (add ports: [8000])`}},
 		{"json values", "name: x\ncells:\n  a: .inf\n  b: !custom 1\n  c: {value: {? [1]: 2}}\n  d: {value: {<<: {a: 1}}}\n", []string{
 			`p.yaml:3: cells.a: .inf is not a JSON number`,
 			`p.yaml:4: cells.b: unsupported YAML tag !custom`,

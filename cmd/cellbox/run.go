@@ -31,7 +31,7 @@ import (
 func init() {
 	register(command{
 		name:  "run",
-		usage: "PATTERN [--data DIR] [--once] [--backend auto|docker|local] [--addr 127.0.0.1:PORT]  run a pattern and show its cells and nodes as they change",
+		usage: "PATTERN [--data DIR] [--once] [--backend auto|docker|local] [--addr 127.0.0.1:PORT]  run a pattern and show its cells and nodes (and its boxes' preview URLs) as they change",
 		run:   runRun,
 	})
 }
@@ -50,7 +50,7 @@ func runRun(ctx context.Context, args []string) error {
 	data := fs.String("data", defaultDataDir(), "data directory: cell store, box state and directories (a restarted run over it resumes)")
 	once := fs.Bool("once", false, "run until nothing is left to do, print the final cells and exit (non-zero if a node failed)")
 	backendName := fs.String("backend", "auto", "box backend: docker, local (bubblewrap), or auto (docker if an engine answers, else local)")
-	addr := fs.String("addr", "", "also serve the runtime API over HTTP on this address (e.g. 127.0.0.1:7078)")
+	addr := fs.String("addr", "127.0.0.1:0", "serve preview URLs, the tool API and the runtime API over HTTP on this address (default: a free port on 127.0.0.1)")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -107,18 +107,25 @@ func runRun(ctx context.Context, args []string) error {
 	v := newView(host.rt, store, p, progress, tty)
 	finishView := v.start()
 
+	// The base URL of previews is set before the pattern's sandbox nodes
+	// open and ask for theirs.
+	base, stopped, err := host.serveHTTP(*addr, svc)
+	if err != nil {
+		finishView()
+		return err
+	}
 	inst, err := host.api.Load(ctx, p, runapi.LoadOptions{Space: runapi.DefaultSpace, Name: p.Name, Source: source})
 	if err != nil {
 		finishView()
 		return err
 	}
-	sock, err := host.serve(*addr)
+	sock, err := host.serve()
 	if err != nil {
 		finishView()
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "cellbox run: %s/%s from %s (backend %s, data %s)\n  API: unix:%s%s · log: %s\n",
-		inst.Space, inst.Name, source, be.Name(), dataDir, sock, orEmpty(" and http://", host.httpAddr), filepath.Join(dataDir, runLogFile))
+	fmt.Fprintf(os.Stderr, "cellbox run: %s/%s from %s (backend %s, data %s)\n  previews and API: %s · runtime API: unix:%s · log: %s\n",
+		inst.Space, inst.Name, source, be.Name(), dataDir, base, sock, filepath.Join(dataDir, runLogFile))
 	if !*once {
 		fmt.Fprintf(os.Stderr, "  change a cell: cellbox cell set%s NAME JSON · stop: Ctrl-C\n", dataFlag(*data))
 	}
@@ -135,18 +142,16 @@ func runRun(ctx context.Context, args []string) error {
 		}
 		return printFinal(os.Stdout, store, host.rt, p, inst)
 	}
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case err := <-stopped:
+		finishView()
+		return fmt.Errorf("serve %s: %w", base, err)
+	}
 	signal.Reset(os.Interrupt, syscall.SIGTERM) // a second Ctrl-C quits at once
 	finishView()
 	fmt.Fprintln(os.Stderr, "cellbox run: stopping (Ctrl-C again to quit at once)")
 	return nil
-}
-
-func orEmpty(prefix, s string) string {
-	if s == "" {
-		return ""
-	}
-	return prefix + s
 }
 
 // dataFlag is the --data flag to repeat in a hint, "" for the default.
@@ -172,14 +177,14 @@ func openCellStore(dataDir string) (cells.Store, error) {
 }
 
 // runtimeHost is a runtime over a cell store, its API, and the servers
-// that serve the API (the unix socket DATA/run.sock, and an HTTP address).
+// that serve the API (the unix socket DATA/run.sock; serveHTTP: an HTTP
+// address, with the sandbox service).
 type runtimeHost struct {
 	dataDir  string
 	rt       *runtime.Runtime
 	api      *runapi.Server
 	servers  []*http.Server
 	sockPath string
-	httpAddr string
 }
 
 // newRuntimeHost starts a runtime over store whose exec and sandbox nodes
@@ -227,8 +232,8 @@ func runtimeSession(ctx context.Context, store cells.Store, svc *sandbox.Service
 
 // serve serves the API on DATA/run.sock (replacing a socket a killed run
 // left behind: this process holds the cell store, so no one else serves
-// it) and, if addr is set, over HTTP on addr. It returns the socket's path.
-func (h *runtimeHost) serve(addr string) (string, error) {
+// it). It returns the socket's path.
+func (h *runtimeHost) serve() (string, error) {
 	h.sockPath = filepath.Join(h.dataDir, runSocketFile)
 	if err := os.Remove(h.sockPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return "", fmt.Errorf("remove stale socket: %w", err)
@@ -242,51 +247,30 @@ func (h *runtimeHost) serve(addr string) (string, error) {
 		return "", err
 	}
 	h.start(ln, h.api)
-	if addr != "" {
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return "", fmt.Errorf("listen on %s: %w", addr, err)
-		}
-		h.httpAddr = ln.Addr().String()
-		h.start(ln, h.api)
-	}
 	return h.sockPath, nil
 }
 
-func (h *runtimeHost) start(ln net.Listener, handler http.Handler) {
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
-	h.servers = append(h.servers, srv)
-	go srv.Serve(ln)
-}
+// shutdownGrace is how long close lets requests in flight finish.
+const shutdownGrace = 10 * time.Second
 
-// close stops the API servers, stops every pattern (cancelling runs, which
-// resume on the next start, and closing sandbox nodes) and the runtime.
+// close stops the API servers (ending watches, letting other requests
+// finish for up to shutdownGrace), stops every pattern (cancelling runs,
+// which resume on the next start, and closing sandbox nodes) and the
+// runtime.
 func (h *runtimeHost) close() error {
+	sctx, scancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer scancel()
+	for _, srv := range h.servers {
+		if srv.Shutdown(sctx) != nil {
+			srv.Close()
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, srv := range h.servers {
-		srv.Close() // also ends watches
-	}
 	if h.sockPath != "" {
 		os.Remove(h.sockPath)
 	}
 	return errors.Join(h.api.StopAll(ctx), h.rt.Close(ctx))
-}
-
-// withRuntimeAPI routes the runtime API's paths to api and everything else
-// (the tool API, previews: preview hosts are *.localhost) to h.
-func withRuntimeAPI(h, api http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		host, _, err := net.SplitHostPort(r.Host)
-		if err != nil {
-			host = r.Host
-		}
-		if runapi.Owns(r.URL.Path) && !strings.HasSuffix(host, ".localhost") {
-			api.ServeHTTP(w, r)
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
 }
 
 // printFinal prints an instance's cells (inputs, then node outputs, in

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -386,6 +387,68 @@ nodes:
 	require.NoError(t, err)
 	assert.Empty(t, boxes, "stopping the pattern removed its box")
 	assert.Contains(t, run.out.String(), "node box handled a run event")
+}
+
+// TestRunPreview opens the preview URL a sandbox node publishes for its
+// port in a browser's stead: `cellbox run` serves it (and the tool API and
+// the runtime API) on the address its banner prints, and the URL answers
+// once a server listens in the box.
+func TestRunPreview(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	pattern := writePattern(t, `name: site
+nodes:
+  web:
+    sandbox:
+      ports: [8000]
+      files:
+        /workspace/site/index.html: hello through the preview
+`)
+	run := startRun(t, pattern, "--data", data, "--backend", "local")
+	m := regexp.MustCompile(`previews and API: (http://127\.0\.0\.1:\d+) `).FindStringSubmatch(run.out.String())
+	require.NotNil(t, m, "the banner names the HTTP address:\n%s", run.out.String())
+	base := m[1]
+
+	var out struct {
+		Status   string
+		Previews map[string]struct{ URL, HostURL string }
+	}
+	poll(t, "the preview URL in the node's output", func() bool {
+		stdout, errOut, err := cellbox(t, "cell", "get", "web", "--data", data)
+		require.NoError(t, err, errOut)
+		require.NoError(t, json.Unmarshal([]byte(stdout), &out), stdout)
+		return out.Previews["8000"].URL != ""
+	})
+	u := out.Previews["8000"].URL
+	assert.Regexp(t, `^`+regexp.QuoteMeta(base)+`/preview/p[0-9a-f]{32}/$`, u)
+	poll(t, "the live view to show the URL", func() bool {
+		return strings.Contains(run.out.String(), "node web preview of port 8000: "+u)
+	})
+
+	get := func(url string) (int, string) {
+		resp, err := http.Get(url)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(body)
+	}
+	status, _ := get(u)
+	assert.Equal(t, http.StatusBadGateway, status, "nothing listens in the box yet")
+	_, errOut, err := cellbox(t, "send", "web.run", `{"command": "cd /workspace/site && setsid python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &"}`, "--data", data)
+	require.NoError(t, err, errOut)
+	poll(t, "the server in the box to answer through the preview URL", func() bool {
+		status, body := get(u)
+		return status == http.StatusOK && body == "hello through the preview"
+	})
+
+	// The same address serves the tool API and the runtime API.
+	status, body := get(base + "/v1/tools")
+	assert.Equal(t, http.StatusOK, status)
+	assert.Contains(t, body, `"browse"`)
+	cell, err := runapi.NewClient(base).Get(context.Background(), "web")
+	require.NoError(t, err)
+	assert.Contains(t, string(cell.Value), u)
 }
 
 // poll calls cond (in the test's goroutine, so it may use require) until it

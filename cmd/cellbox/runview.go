@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -38,6 +40,7 @@ type view struct {
 	nodes   map[string]*nodeView
 	cells   map[string]cells.Cell // by name
 	shown   map[string]string     // the last line shown per cell (plain)
+	urls    map[string][]preview  // the preview URLs shown per node (plain)
 	drawn   int                   // lines of the last table (tty)
 	dirty   bool
 	ready   bool // the pattern is loaded: draw
@@ -62,6 +65,7 @@ func newView(rt *runtime.Runtime, store cells.Store, p *patterns.Pattern, out io
 		rt: rt, store: store, p: p, out: out, tty: tty, begun: time.Now(),
 		prefix: runapi.DefaultSpace + "/" + p.Name + "/",
 		nodes:  map[string]*nodeView{}, cells: map[string]cells.Cell{}, shown: map[string]string{},
+		urls: map[string][]preview{},
 	}
 	for _, n := range p.Nodes {
 		v.nodes[n.Name] = &nodeView{kind: string(n.Kind)}
@@ -232,6 +236,9 @@ func (v *view) apply(b cells.Batch, initial bool) {
 		if initial {
 			suffix = "  (stored)"
 		}
+		if what == "node" {
+			v.previewLines(name, c.Cell.Value)
+		}
 		text := "= " + short(c.Cell.Value, 100)
 		if c.Cell.Error != "" {
 			text = "has an error: " + oneLine(c.Cell.Error)
@@ -242,6 +249,45 @@ func (v *view) apply(b cells.Batch, initial bool) {
 		v.shown[name] = text
 		v.line("%s %s %s%s", what, name, text, suffix)
 	}
+}
+
+// previewLines prints a sandbox node's preview URLs when they change
+// (plain mode).
+func (v *view) previewLines(name string, raw json.RawMessage) {
+	ps := previews(raw)
+	if slices.Equal(ps, v.urls[name]) {
+		return
+	}
+	v.urls[name] = ps
+	for _, p := range ps {
+		v.line("node %s preview of port %s: %s", name, p.port, p.url)
+	}
+}
+
+// preview is a preview URL of a port of a sandbox node's box.
+type preview struct{ port, url string }
+
+// previews returns the preview URLs in a sandbox node's output, by port.
+func previews(raw json.RawMessage) []preview {
+	var out struct {
+		Previews map[string]struct {
+			URL string `json:"url"`
+		} `json:"previews"`
+	}
+	if json.Unmarshal(raw, &out) != nil {
+		return nil
+	}
+	var ps []preview
+	for port, p := range out.Previews {
+		ps = append(ps, preview{port, p.URL})
+	}
+	slices.SortFunc(ps, func(a, b preview) int {
+		if c := cmp.Compare(len(a.port), len(b.port)); c != 0 {
+			return c // numerically: no leading zeros
+		}
+		return strings.Compare(a.port, b.port)
+	})
+	return ps
 }
 
 func (v *view) tick(now time.Time) {
@@ -351,6 +397,18 @@ func (v *view) draw() {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", n.Name, n.Kind, st, t, val)
 	}
 	tw.Flush()
+	var urls []string
+	for _, n := range v.p.Nodes {
+		for _, p := range previews(v.cells[n.Name].Value) {
+			urls = append(urls, fmt.Sprintf("  %s:%s\t%s", n.Name, p.port, p.url))
+		}
+	}
+	if len(urls) > 0 {
+		tw = tabwriter.NewWriter(&tb, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  PREVIEW\tURL")
+		fmt.Fprintln(tw, strings.Join(urls, "\n"))
+		tw.Flush()
+	}
 	if len(v.p.Cells) > 0 {
 		tw = tabwriter.NewWriter(&tb, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "  CELL\tVALUE")

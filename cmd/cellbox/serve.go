@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -70,30 +67,19 @@ func runServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer host.close()
-	if _, err := host.serve(""); err != nil { // DATA/run.sock, for `cellbox cell` and `cellbox send`
+	if _, err := host.serve(); err != nil { // DATA/run.sock, for `cellbox cell` and `cellbox send`
 		return err
 	}
-	ln, err := net.Listen("tcp", *addr)
+	base, errc, err := host.serveHTTP(*addr, svc) // stopped by host.close
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", *addr, err)
+		return err
 	}
-	base := "http://" + ln.Addr().String()
-	svc.SetBaseURL(base)
-	srv := &http.Server{Handler: withRuntimeAPI(svc.Handler(), host.api), ReadHeaderTimeout: 10 * time.Second}
-	srv.RegisterOnShutdown(host.api.Shutdown) // end watches
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
 	slog.Info("cellbox serving", "url", base, "backend", be.Name(), "data", dataDir)
 	fmt.Fprintf(os.Stderr, "cellbox: serving on %s (backend %s, data %s)\n  try: eval \"$(cellbox session new --server %s)\"; cellbox tool shell '{\"command\":\"uname -a\"}'\n", base, be.Name(), dataDir, base)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("shut down: %w", err)
 	}
 	return nil
 }

@@ -1,0 +1,32 @@
+package builtins_test
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/cellbox/cellbox/builtins"
+)
+
+// A malformed run event is refused when it is sent, with the shape to use.
+func TestSandboxCheckEvent(t *testing.T) {
+	var s builtins.Sandbox
+	for _, tc := range []struct {
+		stream, payload, err string
+	}{
+		{"run", `{"command": "ls"}`, ""},
+		{"run", `{"cmd": "ls"}`, `unknown field "cmd"`},
+		{"run", `{"command": "  "}`, "no command"},
+		{"run", `{"command": "ls", "files": {"x.txt": "a"}}`, "not a clean absolute path"},
+		{"destroy", `{}`, ""},
+		{"stop", `{}`, `no stream "stop"`},
+	} {
+		err := s.CheckEvent(tc.stream, json.RawMessage(tc.payload))
+		if tc.err == "" {
+			assert.NoError(t, err, tc.payload)
+		} else {
+			assert.ErrorContains(t, err, tc.err, tc.payload)
+		}
+	}
+}
