@@ -159,8 +159,9 @@ func readJSONBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return []byte("{}"), true
 	}
-	var v any
-	if err := json.Unmarshal(body, &v); err != nil {
+	if !json.Valid(body) {
+		var v any // only to say where the syntax breaks
+		err := json.Unmarshal(body, &v)
 		writeError(w, http.StatusBadRequest, "malformed JSON in request body: "+describeJSONError(body, err))
 		return nil, false
 	}

@@ -90,7 +90,7 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 			return fmt.Errorf("missing required field %q in the input of %s (required: %s)", k, t.Name, strings.Join(t.required, ", "))
 		}
 	}
-	if err := jsonschema.Validate(t.InputSchema, raw); err != nil {
+	if err := jsonschema.Validate(t.InputSchema, skeleton(raw, fields)); err != nil {
 		var ve *jsonschema.ValidationError
 		if errors.As(err, &ve) {
 			problems := make([]string, len(ve.Violations))
@@ -109,6 +109,28 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 		return fmt.Errorf("input of %s: %w", t.Name, err)
 	}
 	return nil
+}
+
+// skeleton is the input to check against the schema: raw, with long
+// strings (file contents) replaced by "". No tool constrains a long
+// string beyond its type, and the schema validator would parse it again.
+func skeleton(raw json.RawMessage, fields map[string]json.RawMessage) json.RawMessage {
+	const long = 4 << 10
+	if len(raw) < long {
+		return raw
+	}
+	short := make(map[string]json.RawMessage, len(fields))
+	for k, v := range fields {
+		if len(v) > long && v[0] == '"' {
+			v = json.RawMessage(`""`)
+		}
+		short[k] = v
+	}
+	out, err := json.Marshal(short)
+	if err != nil {
+		return raw
+	}
+	return out
 }
 
 func jsonKind(t reflect.Type) string {

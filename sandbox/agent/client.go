@@ -357,9 +357,27 @@ func (c *Client) ReadFile(ctx context.Context, req ReadRequest) (ReadResult, err
 
 // WriteFile creates parent dirs and writes atomically (temp + rename, except
 // append); an existing file keeps its mode.
+//
+// The data travels as the raw request body (no JSON, no base64): a large
+// write costs a copy, not an encoding.
 func (c *Client) WriteFile(ctx context.Context, req WriteRequest) (WriteResult, error) {
+	q := url.Values{"path": {req.Path}}
+	if req.Append {
+		q.Set("append", "1")
+	}
+	if req.MaxBytes != 0 {
+		q.Set("max_bytes", strconv.FormatInt(req.MaxBytes, 10))
+	}
+	if req.Mode != 0 {
+		q.Set("mode", strconv.FormatUint(uint64(req.Mode), 8))
+	}
+	resp, err := c.do(ctx, http.MethodPost, "/v1/fs/write", q, io.NopCloser(bytes.NewReader(req.Data)), "application/octet-stream")
+	if err != nil {
+		return WriteResult{}, err
+	}
+	defer resp.Body.Close()
 	var res WriteResult
-	err := c.call(ctx, http.MethodPost, "/v1/fs/write", req, &res)
+	err = decodeBody("/v1/fs/write", resp.Body, &res)
 	return res, err
 }
 

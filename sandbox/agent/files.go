@@ -347,9 +347,31 @@ func renderLine(b []byte, long, newline bool) (string, bool) {
 
 // --- write ---
 
+// handleWrite takes the data as the raw body and the rest as query
+// parameters (path, append=1, max_bytes, mode in octal).
 func (s *server) handleWrite(w http.ResponseWriter, r *http.Request) {
-	var req WriteRequest
-	if !readJSON(w, r, "write", &req) {
+	q := r.URL.Query()
+	req := WriteRequest{Path: q.Get("path"), Append: q.Get("append") == "1"}
+	var err error
+	if v := q.Get("max_bytes"); v != "" {
+		req.MaxBytes, err = strconv.ParseInt(v, 10, 64)
+	}
+	if v := q.Get("mode"); v != "" && err == nil {
+		var m uint64
+		m, err = strconv.ParseUint(v, 8, 32)
+		req.Mode = uint32(m)
+	}
+	if err != nil {
+		writeError(w, &Error{Op: "write", Path: req.Path, Code: CodeInvalid, Message: fmt.Sprintf("write %s: bad query %q: %v", req.Path, r.URL.RawQuery, err)})
+		return
+	}
+	limit := req.MaxBytes
+	if limit <= 0 {
+		limit = DefaultWriteBytes
+	}
+	// One byte over the limit is enough for write to refuse it.
+	if req.Data, err = io.ReadAll(io.LimitReader(r.Body, limit+1)); err != nil {
+		writeError(w, asError("write", req.Path, err))
 		return
 	}
 	res, err := s.write(req)
@@ -371,7 +393,7 @@ func (s *server) write(req WriteRequest) (WriteResult, error) {
 	}
 	if int64(len(req.Data)) > limit {
 		return WriteResult{}, &Error{Op: "write", Path: display, Code: CodeTooLarge, Message: fmt.Sprintf(
-			"write %s: %d bytes is over the %d-byte write limit; write it in chunks with append, or upload it", display, len(req.Data), limit)}
+			"write %s: more than the %d-byte write limit; write it in chunks with append, or upload it", display, limit)}
 	}
 	if !req.Append {
 		n, created, err := writeAtomic(real, bytes.NewReader(req.Data), fs.FileMode(req.Mode))

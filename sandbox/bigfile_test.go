@@ -1,0 +1,46 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// BenchmarkWriteFile1MiB is write_file of 1 MiB through the registry (no
+// HTTP): the JSON handling of a large input.
+func BenchmarkWriteFile1MiB(b *testing.B) {
+	s := newTestService(&testing.T{}, newFakeBackend(&testing.T{}), b.TempDir(), nil)
+	id, _, err := s.NewSession(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	in, _ := json.Marshal(map[string]any{"path": "big.txt", "content": strings.Repeat("abcdefg\n", 1<<17)})
+	b.SetBytes(int64(len(in)))
+	for b.Loop() {
+		res, err := s.CallTool(context.Background(), id, "write_file", in)
+		if err != nil || !strings.Contains(string(res), `"is_error":false`) {
+			b.Fatal(err, string(res))
+		}
+	}
+}
+
+// A long input is still checked against the schema, field by field.
+func TestLongInputStillValidated(t *testing.T) {
+	s := newTestService(t, newFakeBackend(t), "", nil)
+	id, _, err := s.NewSession(context.Background())
+	require.NoError(t, err)
+	long := strings.Repeat("x", 100<<10)
+	for in, want := range map[string]string{
+		`{"path": "a.txt", "content": "` + long + `", "append": "yes"}`:      `append`,
+		`{"path": "a.txt", "content": "` + long + `", "encoding": "utf-16"}`: `encoding`,
+		`{"path": "a.txt", "content": "` + long + `"}`:                       `"is_error":false`,
+	} {
+		res, err := s.CallTool(context.Background(), id, "write_file", json.RawMessage(in))
+		require.NoError(t, err)
+		assert.Contains(t, string(res), want, in[:40])
+	}
+}
