@@ -44,3 +44,22 @@ func TestLongInputStillValidated(t *testing.T) {
 		assert.Contains(t, string(res), want, in[:40])
 	}
 }
+
+// BenchmarkReadFile256KiB is one read_file window of 256 KiB through the
+// registry (no HTTP).
+func BenchmarkReadFile256KiB(b *testing.B) {
+	s := newTestService(&testing.T{}, newFakeBackend(&testing.T{}), b.TempDir(), nil)
+	id, _, err := s.NewSession(context.Background())
+	require.NoError(b, err)
+	in, _ := json.Marshal(map[string]any{"path": "big.txt", "content": strings.Repeat("abcdefg\n", 1<<15)})
+	res, err := s.CallTool(context.Background(), id, "write_file", in)
+	require.NoError(b, err)
+	require.Contains(b, string(res), `"is_error":false`)
+	b.SetBytes(1 << 18)
+	for b.Loop() {
+		res, err := s.CallTool(context.Background(), id, "read_file", json.RawMessage(`{"path": "big.txt"}`))
+		if err != nil || !strings.Contains(string(res), `"is_error":false`) {
+			b.Fatal(err, string(res[:200]))
+		}
+	}
+}
