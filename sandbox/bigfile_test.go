@@ -45,19 +45,21 @@ func TestLongInputStillValidated(t *testing.T) {
 	}
 }
 
-// BenchmarkReadFile256KiB is one read_file window of 256 KiB through the
-// registry (no HTTP).
+// BenchmarkReadFile256KiB is the last read_file window of 256 KiB of a
+// 1 MiB file, through the registry (no HTTP).
 func BenchmarkReadFile256KiB(b *testing.B) {
 	s := newTestService(&testing.T{}, newFakeBackend(&testing.T{}), b.TempDir(), nil)
 	id, _, err := s.NewSession(context.Background())
 	require.NoError(b, err)
-	in, _ := json.Marshal(map[string]any{"path": "big.txt", "content": strings.Repeat("abcdefg\n", 1<<15)})
+	line := strings.Repeat("x", 127) + "\n" // 2000 lines = 256 KiB, so both caps meet
+	in, _ := json.Marshal(map[string]any{"path": "big.txt", "content": strings.Repeat(line, 1<<13)})
 	res, err := s.CallTool(context.Background(), id, "write_file", in)
 	require.NoError(b, err)
 	require.Contains(b, string(res), `"is_error":false`)
 	b.SetBytes(1 << 18)
 	for b.Loop() {
-		res, err := s.CallTool(context.Background(), id, "read_file", json.RawMessage(`{"path": "big.txt"}`))
+		// The last window of a 1 MiB file.
+		res, err := s.CallTool(context.Background(), id, "read_file", json.RawMessage(`{"path": "big.txt", "offset": 6001}`))
 		if err != nil || !strings.Contains(string(res), `"is_error":false`) {
 			b.Fatal(err, string(res[:200]))
 		}

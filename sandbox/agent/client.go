@@ -349,10 +349,32 @@ func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
 }
 
 // ReadFile reads a window of a file: lines, or a byte range.
+//
+// The content comes back as the raw response body and the rest in the
+// readResultHeader header, so a large window is not JSON-encoded twice.
 func (c *Client) ReadFile(ctx context.Context, req ReadRequest) (ReadResult, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return ReadResult{}, fmt.Errorf("agent read: encode request: %w", err)
+	}
+	resp, err := c.do(ctx, http.MethodPost, "/v1/fs/read", nil, bytes.NewReader(b), "application/json")
+	if err != nil {
+		return ReadResult{}, err
+	}
+	defer resp.Body.Close()
 	var res ReadResult
-	err := c.call(ctx, http.MethodPost, "/v1/fs/read", req, &res)
-	return res, err
+	if err := json.Unmarshal([]byte(resp.Header.Get(readResultHeader)), &res); err != nil {
+		return ReadResult{}, fmt.Errorf("agent read: bad %s header: %w", readResultHeader, err)
+	}
+	content, err := io.ReadAll(io.LimitReader(resp.Body, maxJSONResponse+1))
+	if err != nil {
+		return ReadResult{}, fmt.Errorf("agent read: read response: %w", err)
+	}
+	if len(content) > maxJSONResponse {
+		return ReadResult{}, fmt.Errorf("agent read: response over %d bytes", maxJSONResponse)
+	}
+	res.Content = string(content)
+	return res, nil
 }
 
 // WriteFile creates parent dirs and writes atomically (temp + rename, except

@@ -158,8 +158,17 @@ func (s *server) handleRead(w http.ResponseWriter, r *http.Request) {
 		writeError(w, asError("read", s.abs(req.Path), err))
 		return
 	}
-	writeJSON(w, res)
+	content := res.Content
+	res.Content = ""
+	meta, _ := json.Marshal(res)
+	w.Header().Set(readResultHeader, string(meta))
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	io.WriteString(w, content)
 }
+
+// readResultHeader carries a read's ReadResult but its Content, which is
+// the body.
+const readResultHeader = "Cellbox-Read-Result"
 
 func (s *server) read(req ReadRequest) (ReadResult, error) {
 	display, real, err := s.resolve("read", req.Path, false)
