@@ -31,10 +31,10 @@ var (
 var (
 	outputs = map[Kind][]string{
 		KindExec:    {"pending", "result", "error"},
-		KindSandbox: {"pending", "status", "history", "files", "previews"},
+		KindSandbox: {"pending", "status", "box", "error", "history", "files", "previews"},
 	}
 	previewFields = []string{"url", "host_url"}
-	execResult    = []string{"stdout", "stderr", "exit_code", "files"}
+	execResult    = []string{"stdout", "stderr", "exit_code", "truncated", "files"}
 	streams       = map[Kind][]string{KindSandbox: {"run", "destroy"}}
 )
 

@@ -193,11 +193,11 @@ func TestParseErrors(t *testing.T) {
 			"  a: {computed: '${e.reslt}'}\n  b: {computed: '${e.result.exitcode}'}\n  c: {computed: '${e.result.files[\"/0\"]}'}\n  d: {computed: '${e.result.files[\"/i\"]}'}\n" +
 			"  r:\n    sandbox: {files: {/p: json}}\n  f: {computed: '${r.run}'}\n  g: {computed: '${r.histry}'}\n  h: {computed: '${r.files[\"/q\"]}'}\n", []string{
 			`p.yaml:5: nodes.a.computed: exec node "e" has no output "reslt" (did you mean "result"?) (outputs: pending, result, error)`,
-			`p.yaml:6: nodes.b.computed: exec node "e" has no output "result.exitcode" (did you mean "exit_code"?) (result has: stdout, stderr, exit_code, files)`,
+			`p.yaml:6: nodes.b.computed: exec node "e" has no output "result.exitcode" (did you mean "exit_code"?) (result has: stdout, stderr, exit_code, truncated, files)`,
 			`p.yaml:7: nodes.c.computed: exec node "e" has no output file "/0" (did you mean "/o"?) (output files: /o)`,
 			`p.yaml:8: nodes.d.computed: file "/i" of exec node "e" is an input (literal), not an output: declare it as text or json to read it back`,
 			`p.yaml:11: nodes.f.computed: r.run is a stream of sandbox node "r": send events to it, expressions cannot read it`,
-			`p.yaml:12: nodes.g.computed: sandbox node "r" has no output "histry" (did you mean "history"?) (outputs: pending, status, history, files, previews)`,
+			`p.yaml:12: nodes.g.computed: sandbox node "r" has no output "histry" (did you mean "history"?) (outputs: pending, status, box, error, history, files, previews)`,
 			`p.yaml:13: nodes.h.computed: sandbox node "r" has no output file "/q" (did you mean "/p"?) (output files: /p)`}},
 		{"cycle", "name: x\nnodes:\n  clean:\n    exec:\n      command: echo\n      files:\n        /in: ${big}\n  big: {computed: '${clean.result.stdout}'}\n  self: {computed: '${self + 1}'}\n", []string{
 			`p.yaml:7: nodes.clean.exec.files["/in"]: dependency cycle clean -> big -> clean (clean reads big at p.yaml:7; big reads clean at p.yaml:8)`,
