@@ -33,11 +33,7 @@ func (r *Runtime) openService(n *node) {
 	n.svc = s
 	in := r.currentInputs(n)
 	r.begin()
-	r.wg.Add(1)
-	s.calls.Add(1)
-	go func() {
-		defer r.wg.Done()
-		defer s.calls.Done()
+	r.goService(s, func() {
 		start := time.Now()
 		err := safeOpen(s.ctx, n.service, &handle{r: r, n: n}, in)
 		r.mu.Lock()
@@ -60,7 +56,7 @@ func (r *Runtime) openService(n *node) {
 			r.startUpdates(n)
 		}
 		r.kickEvents(n)
-	}()
+	})
 }
 
 // currentInputs returns a node's inputs as committed (failed inputs read as
@@ -95,11 +91,7 @@ func (r *Runtime) startUpdates(n *node) {
 	s := n.svc
 	s.updating = true
 	r.begin()
-	r.wg.Add(1)
-	s.calls.Add(1)
-	go func() {
-		defer r.wg.Done()
-		defer s.calls.Done()
+	r.goService(s, func() {
 		for {
 			r.mu.Lock()
 			if !s.stale || s.closing {
@@ -116,7 +108,7 @@ func (r *Runtime) startUpdates(n *node) {
 				r.emit(Status{Node: n.addr, Kind: Failed, Duration: time.Since(start), Err: fmt.Sprintf("update: %v", err)})
 			}
 		}
-	}()
+	})
 }
 
 // kickEvents starts delivering a service's queued events. Callers hold
@@ -128,11 +120,7 @@ func (r *Runtime) kickEvents(n *node) {
 	}
 	s.draining = true
 	r.begin()
-	r.wg.Add(1)
-	s.calls.Add(1)
-	go func() {
-		defer r.wg.Done()
-		defer s.calls.Done()
+	r.goService(s, func() {
 		for {
 			stream, ev, ok := r.claim(n)
 			if !ok {
@@ -146,7 +134,7 @@ func (r *Runtime) kickEvents(n *node) {
 			st.Duration = time.Since(start)
 			r.emit(st)
 		}
-	}()
+	})
 }
 
 // claim acks the oldest event queued on the service's streams, with the
@@ -424,4 +412,17 @@ func safeAccept(a EventAcceptor, stream string, ev cells.Event, cur json.RawMess
 func safeClose(ctx context.Context, s Service, reason CloseReason) (err error) {
 	defer recoverTo(&err)
 	return s.Close(ctx, reason)
+}
+
+// goService runs fn on a goroutine of the service s: the runtime's and the
+// service's wait groups count it (Close and stop wait for it). Callers hold
+// r.mu and have called r.begin for the work fn does.
+func (r *Runtime) goService(s *service, fn func()) {
+	r.wg.Add(1)
+	s.calls.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer s.calls.Done()
+		fn()
+	}()
 }
