@@ -738,3 +738,28 @@ func listOrNone(names []string) string {
 	}
 	return strings.Join(names, ", ")
 }
+
+// SleepSession stops every running box of a session, keeping each
+// workspace; the next call on a box wakes it. A runner that owns a session
+// (cellbox run, the runtime of cellbox serve) calls it as it shuts down, so
+// that no box runs on with nobody left to use it.
+func (s *Service) SleepSession(ctx context.Context, id string) error {
+	sess, err := s.session(id)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	boxes := make([]*box, 0, len(sess.boxes))
+	for _, b := range sess.boxes {
+		boxes = append(boxes, b)
+	}
+	s.mu.Unlock()
+	for _, b := range boxes {
+		b.life.Lock()
+		if b.state == stateRunning {
+			s.sleep(ctx, b, time.Since(time.Unix(0, b.lastUsed.Load())))
+		}
+		b.life.Unlock()
+	}
+	return nil
+}

@@ -607,3 +607,22 @@ func TestProtocolMismatchRecreates(t *testing.T) {
 	assert.Equal(t, "", sh["stdout"], "the recreated box is empty")
 	assert.Equal(t, backend.StateRunning, be.state(id), "same id, new box")
 }
+
+// SleepSession stops the session's running boxes, keeping their files, and
+// leaves other sessions' boxes alone; the next call wakes a box.
+func TestSleepSession(t *testing.T) {
+	be := newFakeBackend(t)
+	s := newTestService(t, be, "", nil)
+	url := startHTTP(t, s)
+	mine, other := newHTTPSession(t, url), newHTTPSession(t, url)
+	a := mine.tool("sandbox_create", map[string]any{"sandbox": "a"})["id"].(string)
+	mine.tool("write_file", map[string]any{"sandbox": "a", "path": "f", "content": "kept"})
+	b := other.tool("sandbox_create", map[string]any{"sandbox": "b"})["id"].(string)
+
+	require.NoError(t, s.SleepSession(context.Background(), mine.id))
+	assert.Equal(t, backend.StateStopped, be.state(a))
+	assert.Equal(t, backend.StateRunning, be.state(b), "another session's box runs on")
+	assert.Equal(t, "kept", mine.tool("read_file", map[string]any{"sandbox": "a", "path": "f"})["content"])
+	assert.Equal(t, backend.StateRunning, be.state(a), "woken by the next call")
+	assert.ErrorIs(t, s.SleepSession(context.Background(), "s-nope"), ErrNoSession)
+}

@@ -93,7 +93,7 @@ func runRun(ctx context.Context, args []string) error {
 		return err
 	}
 	defer svc.Close()
-	host, err := newRuntimeHost(ctx, dataDir, store, svc, log)
+	host, err := newRuntimeHost(ctx, dataDir, store, svc, log, false)
 	if err != nil {
 		return err
 	}
@@ -183,21 +183,24 @@ type runtimeHost struct {
 	dataDir  string
 	rt       *runtime.Runtime
 	api      *runapi.Server
+	svc      *sandbox.Service
+	session  string // the sandbox session of the runtime's boxes
 	servers  []*http.Server
 	sockPath string
 }
 
 // newRuntimeHost starts a runtime over store whose exec and sandbox nodes
 // drive boxes of svc, in a session kept in the store so that a restart
-// finds its boxes again.
-func newRuntimeHost(ctx context.Context, dataDir string, store cells.Store, svc *sandbox.Service, log *slog.Logger) (*runtimeHost, error) {
+// finds its boxes again. persist: the API records loaded patterns for
+// runapi.Server.Resume (cellbox serve).
+func newRuntimeHost(ctx context.Context, dataDir string, store cells.Store, svc *sandbox.Service, log *slog.Logger, persist bool) (*runtimeHost, error) {
 	session, err := runtimeSession(ctx, store, svc)
 	if err != nil {
 		return nil, err
 	}
 	rt := runtime.New(store, runtime.Options{Logger: log})
-	api := runapi.New(runapi.Config{Runtime: rt, Store: store, Env: builtins.Env{Client: svc.Client(session), Logger: log}, Logger: log})
-	return &runtimeHost{dataDir: dataDir, rt: rt, api: api}, nil
+	api := runapi.New(runapi.Config{Runtime: rt, Store: store, Env: builtins.Env{Client: svc.Client(session), Logger: log}, Logger: log, Persist: persist})
+	return &runtimeHost{dataDir: dataDir, rt: rt, api: api, svc: svc, session: session}, nil
 }
 
 // runtimeSession returns the sandbox session the runtime's boxes live in:
@@ -254,9 +257,11 @@ func (h *runtimeHost) serve() (string, error) {
 const shutdownGrace = 10 * time.Second
 
 // close stops the API servers (ending watches, letting other requests
-// finish for up to shutdownGrace), stops every pattern (cancelling runs,
-// which resume on the next start, and closing sandbox nodes) and the
-// runtime.
+// finish for up to shutdownGrace) and shuts the runtime down: runs in
+// flight are cancelled and resume on the next start; patterns are not
+// stopped, so sandbox boxes are kept, put to sleep (files kept, processes
+// ended) and found again by the next start. Stopping a pattern (DELETE
+// /v1/patterns/NAME) is what destroys its boxes.
 func (h *runtimeHost) close() error {
 	sctx, scancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer scancel()
@@ -270,7 +275,7 @@ func (h *runtimeHost) close() error {
 	if h.sockPath != "" {
 		os.Remove(h.sockPath)
 	}
-	return errors.Join(h.api.StopAll(ctx), h.rt.Close(ctx))
+	return errors.Join(h.rt.Close(ctx), h.svc.SleepSession(ctx, h.session))
 }
 
 // printFinal prints an instance's cells (inputs, then node outputs, in

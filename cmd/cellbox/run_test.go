@@ -91,7 +91,17 @@ func startRun(t *testing.T, args ...string) *runProc {
 		}
 		p.done <- cmd.Wait()
 	}()
-	t.Cleanup(func() { cmd.Process.Kill(); <-p.done })
+	t.Cleanup(func() {
+		// Ctrl-C, as a user stops it (its boxes go to sleep); kill it if
+		// that does not do within a while.
+		cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-p.done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-p.done
+		}
+	})
 	select {
 	case <-ready:
 	case err := <-p.done:
@@ -333,7 +343,8 @@ func TestServeRuntimeAPI(t *testing.T) {
 
 // TestRunSandbox drives a sandbox node of a running pattern from the CLI:
 // send commands to its run stream, change the cell bound to one of its
-// files, and stop: the box is removed.
+// files, Ctrl-C: the box is put to sleep, not destroyed, and the next run
+// finds it again with its files and the node's history.
 func TestRunSandbox(t *testing.T) {
 	testenv.RequireBwrap(t)
 	data := t.TempDir()
@@ -375,6 +386,9 @@ nodes:
 		return send("cat greeting.txt", len(history())+1)["stdout"] == "bye"
 	})
 
+	send("echo kept > kept.txt", len(history())+1)
+	before := len(history())
+
 	require.NoError(t, run.cmd.Process.Signal(os.Interrupt))
 	select {
 	case err := <-run.done:
@@ -383,10 +397,32 @@ nodes:
 	case <-time.After(30 * time.Second):
 		t.Fatal("cellbox run did not stop on SIGINT")
 	}
+	assert.Contains(t, run.out.String(), "node box handled a run event")
 	boxes, err = os.ReadDir(filepath.Join(data, "boxes"))
 	require.NoError(t, err)
-	assert.Empty(t, boxes, "stopping the pattern removed its box")
-	assert.Contains(t, run.out.String(), "node box handled a run event")
+	assert.NotEmpty(t, boxes, "Ctrl-C keeps the box")
+	assert.Empty(t, boxProcesses(t, data), "but no process of it runs on")
+
+	startRun(t, pattern, "--data", data, "--backend", "local")
+	entry = send("cat kept.txt", before+1)
+	assert.Equal(t, "kept\n", entry["stdout"], "the restarted run found the box with its files")
+	assert.Len(t, history(), before+1, "and the node kept its history")
+}
+
+// boxProcesses lists the processes that run a local box of data (their
+// command line names a box directory of DATA/local).
+func boxProcesses(t *testing.T, data string) []string {
+	t.Helper()
+	dirs, err := filepath.Glob("/proc/[0-9]*/cmdline")
+	require.NoError(t, err)
+	var found []string
+	for _, f := range dirs {
+		b, err := os.ReadFile(f)
+		if err == nil && strings.Contains(string(b), filepath.Join(data, "local")) {
+			found = append(found, strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return found
 }
 
 // TestRunPreview opens the preview URL a sandbox node publishes for its

@@ -62,7 +62,7 @@ func runServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer svc.Close()
-	host, err := newRuntimeHost(ctx, dataDir, store, svc, slog.Default())
+	host, err := newRuntimeHost(ctx, dataDir, store, svc, slog.Default(), true)
 	if err != nil {
 		return err
 	}
@@ -73,6 +73,15 @@ func runServe(ctx context.Context, args []string) error {
 	base, errc, err := host.serveHTTP(*addr, svc) // stopped by host.close
 	if err != nil {
 		return err
+	}
+	// The patterns loaded before a restart run again, where they stood.
+	resumed, err := host.api.Resume(ctx)
+	if err != nil {
+		slog.Warn("some loaded patterns could not be resumed", "err", err)
+		fmt.Fprintf(os.Stderr, "cellbox: %v\n", err)
+	}
+	for _, in := range resumed {
+		fmt.Fprintf(os.Stderr, "cellbox: resumed pattern %s/%s\n", in.Space, in.Name)
 	}
 	slog.Info("cellbox serving", "url", base, "backend", be.Name(), "data", dataDir)
 	fmt.Fprintf(os.Stderr, "cellbox: serving on %s (backend %s, data %s)\n  try: eval \"$(cellbox session new --server %s)\"; cellbox tool shell '{\"command\":\"uname -a\"}'\n", base, be.Name(), dataDir, base)

@@ -179,7 +179,11 @@ func (s *Server) handleLoad(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	in, err := s.Load(r.Context(), p, LoadOptions{Space: req.Space, Name: req.Name, Source: source})
+	opts := LoadOptions{Space: req.Space, Name: req.Name, Source: source}
+	if req.Path == "" {
+		opts.YAML = req.YAML
+	}
+	in, err := s.Load(r.Context(), p, opts)
 	if err != nil {
 		writeErr(w, err)
 		return

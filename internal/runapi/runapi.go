@@ -56,6 +56,7 @@ package runapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -84,16 +85,21 @@ type Config struct {
 	Env builtins.Env
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Persist records each loaded instance in the store (and forgets it
+	// when stopped), so that Resume loads them again after a restart: what
+	// cellbox serve does. cellbox run loads the one pattern it is given.
+	Persist bool
 }
 
 // Server serves the runtime API. Create it with New; it is an
 // http.Handler and safe for concurrent use.
 type Server struct {
-	rt    *runtime.Runtime
-	store cells.Store
-	env   builtins.Env
-	log   *slog.Logger
-	mux   *http.ServeMux
+	rt      *runtime.Runtime
+	store   cells.Store
+	env     builtins.Env
+	log     *slog.Logger
+	mux     *http.ServeMux
+	persist bool
 
 	loadMu sync.Mutex // serializes Load and Stop
 
@@ -120,7 +126,7 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{rt: cfg.Runtime, store: cfg.Store, env: cfg.Env, log: cfg.Logger, shutdown: make(chan struct{})}
+	s := &Server{rt: cfg.Runtime, store: cfg.Store, env: cfg.Env, log: cfg.Logger, persist: cfg.Persist, shutdown: make(chan struct{})}
 	s.mux = s.routes()
 	return s
 }
@@ -136,7 +142,14 @@ type LoadOptions struct {
 	Space, Name string
 	// Source is the file or folder the pattern was read from, for views.
 	Source string
+	// YAML is the pattern's text when it came in a request rather than
+	// from Source (Resume parses it again).
+	YAML string `json:",omitempty"`
 }
+
+// instancesBucket is the store's meta bucket of loaded instances (with
+// Config.Persist): key "space/name", value the instance's LoadOptions.
+const instancesBucket = "runapi.instances"
 
 // Load compiles p and loads it as an instance (resuming it if the store
 // already holds it), and returns the instance as loaded.
@@ -167,8 +180,56 @@ func (s *Server) Load(ctx context.Context, p *patterns.Pattern, opts LoadOptions
 	s.mu.Lock()
 	s.instances = append(s.instances, in)
 	s.mu.Unlock()
+	if s.persist {
+		opts.Space, opts.Name = in.space, in.name
+		rec, _ := json.Marshal(opts)
+		if err := s.store.Update(func(tx cells.Tx) error { return tx.Meta(instancesBucket).Put(in.key(), rec) }); err != nil {
+			s.log.Warn("record the loaded pattern; it will not be resumed after a restart", "pattern", in.key(), "err", err)
+		}
+	}
 	s.log.Info("pattern loaded", "pattern", in.key(), "source", in.source)
 	return s.describe(in)
+}
+
+// Resume loads again every instance recorded as loaded (Config.Persist):
+// after a restart, cellbox serve runs what it ran, where it stood. An
+// instance that no longer loads (its folder is gone, it no longer
+// compiles) is reported in the error and forgotten.
+func (s *Server) Resume(ctx context.Context) ([]Instance, error) {
+	var recs []LoadOptions
+	err := s.store.View(func(tx cells.Tx) error {
+		return tx.Meta(instancesBucket).ForEach("", func(_ string, v []byte) error {
+			var o LoadOptions
+			if json.Unmarshal(v, &o) == nil {
+				recs = append(recs, o)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the loaded patterns: %w", err)
+	}
+	var out []Instance
+	var errs []error
+	for _, o := range recs {
+		var p *patterns.Pattern
+		if o.YAML != "" {
+			p, err = patterns.Parse("request.yaml", []byte(o.YAML), nil)
+		} else {
+			p, err = patterns.Load(o.Source)
+		}
+		var in Instance
+		if err == nil {
+			in, err = s.Load(ctx, p, o)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("resume pattern %s/%s from %s: %w", o.Space, o.Name, o.Source, err))
+			_ = s.store.Update(func(tx cells.Tx) error { return tx.Meta(instancesBucket).Delete(o.Space + "/" + o.Name) })
+			continue
+		}
+		out = append(out, in)
+	}
+	return out, errors.Join(errs...)
 }
 
 // Stop stops the loaded instance called name ("name" or "space/name").
@@ -187,25 +248,13 @@ func (s *Server) Stop(ctx context.Context, name string) error {
 	s.mu.Lock()
 	s.instances = slices.DeleteFunc(s.instances, func(x *instance) bool { return x == in })
 	s.mu.Unlock()
-	s.log.Info("pattern stopped", "pattern", in.key())
-	return nil
-}
-
-// StopAll stops every loaded instance, last loaded first.
-func (s *Server) StopAll(ctx context.Context) error {
-	s.mu.Lock()
-	keys := make([]string, 0, len(s.instances))
-	for _, in := range slices.Backward(s.instances) {
-		keys = append(keys, in.key())
-	}
-	s.mu.Unlock()
-	var errs []error
-	for _, k := range keys {
-		if err := s.Stop(ctx, k); err != nil {
-			errs = append(errs, fmt.Errorf("stop pattern %s: %w", k, err))
+	if s.persist {
+		if err := s.store.Update(func(tx cells.Tx) error { return tx.Meta(instancesBucket).Delete(in.key()) }); err != nil {
+			s.log.Warn("forget the stopped pattern", "pattern", in.key(), "err", err)
 		}
 	}
-	return errors.Join(errs...)
+	s.log.Info("pattern stopped", "pattern", in.key())
+	return nil
 }
 
 // Instances returns the loaded instances with their cells and nodes, in

@@ -409,3 +409,57 @@ func mustJSON(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
 }
+
+// With Persist, a restarted server resumes the instances that were loaded
+// (from a request's YAML or a folder), with their cells as they stood; a
+// stopped instance is forgotten.
+func TestPersistResume(t *testing.T) {
+	store := cells.NewMemory(cells.Options{})
+	defer store.Close()
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "pattern.yaml"), []byte(strings.Replace(tinyYAML, "name: tiny", "name: fromdir", 1)), 0o644))
+	start := func() (*runtime.Runtime, *runapi.Server, *httptest.Server) {
+		rt := runtime.New(store, runtime.Options{})
+		api := runapi.New(runapi.Config{Runtime: rt, Store: store, Logger: slog.New(slog.DiscardHandler), Persist: true})
+		return rt, api, httptest.NewServer(api)
+	}
+	stop := func(rt *runtime.Runtime, api *runapi.Server, ts *httptest.Server) {
+		api.Shutdown()
+		ts.Close()
+		require.NoError(t, rt.Close(context.Background()))
+	}
+
+	rt, api, ts := start()
+	c := runapi.NewClient(ts.URL)
+	resp, err := http.Post(ts.URL+"/v1/patterns", "application/yaml", strings.NewReader(tinyYAML))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	_, err = c.Load(context.Background(), dir, "", "")
+	require.NoError(t, err)
+	_, err = c.Set(context.Background(), "tiny/a", json.RawMessage(`40`))
+	require.NoError(t, err)
+	stop(rt, api, ts)
+
+	rt, api, ts = start()
+	resumed, err := api.Resume(context.Background())
+	require.NoError(t, err)
+	var names []string
+	for _, in := range resumed {
+		names = append(names, in.Name)
+	}
+	assert.ElementsMatch(t, []string{"tiny", "fromdir"}, names)
+	require.NoError(t, rt.Wait(context.Background()))
+	got, err := store.Get(cells.Address{Space: runapi.DefaultSpace, Pattern: "tiny", Name: "total"})
+	require.NoError(t, err)
+	assert.Equal(t, "42", string(got.Value), "the resumed instance kept its cells")
+	require.NoError(t, api.Stop(context.Background(), "tiny"))
+	stop(rt, api, ts)
+
+	rt, api, ts = start()
+	defer stop(rt, api, ts)
+	resumed, err = api.Resume(context.Background())
+	require.NoError(t, err)
+	require.Len(t, resumed, 1, "a stopped instance is not resumed")
+	assert.Equal(t, "fromdir", resumed[0].Name)
+}
