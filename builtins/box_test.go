@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -20,13 +19,11 @@ import (
 
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/cells"
-	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/api"
-	"github.com/cellbox/cellbox/sandbox/backend"
-	"github.com/cellbox/cellbox/sandbox/local"
 	"github.com/cellbox/cellbox/sandboxclient"
 )
 
@@ -70,40 +67,16 @@ func newBoxHTTP(t *testing.T) *box { return startBox(t, true) }
 
 func startBox(t *testing.T, overHTTP bool) *box {
 	t.Helper()
-	testenv.RequireBwrap(t)
-	dir, err := os.MkdirTemp("", "cbbuiltins") // short: agent socket paths are limited
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	be, err := local.New(local.Options{Root: filepath.Join(dir, "local"), Logger: quiet()})
-	require.NoError(t, err)
-	svc, err := sandbox.New(context.Background(), sandbox.Config{
-		Backend:     be,
-		DataDir:     dir,
-		AgentBinary: testenv.CellboxBinary(t),
-		Pool:        map[string]int{backend.DefaultImage: 2},
-		Logger:      quiet(),
-	})
-	require.NoError(t, err)
-	var id string
-	t.Cleanup(func() {
-		// Boxes outlive a service (it reattaches to them): delete the
-		// session to remove them.
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if id != "" {
-			_ = svc.DeleteSession(ctx, id)
-		}
-		svc.Close()
-	})
+	svc, _ := boxtest.Service(t, boxtest.Options{Pool: 2, Logger: quiet()})
 	if overHTTP {
 		hs := httptest.NewServer(svc.Handler())
 		t.Cleanup(hs.Close)
 		c, err := sandboxclient.NewSession(context.Background(), hs.URL)
 		require.NoError(t, err)
-		id, _ = c.Session()
+		id, _ := c.Session()
 		return &box{svc: svc, session: id, client: &counting{Client: c}}
 	}
-	id, _, err = svc.NewSession(context.Background())
+	id, _, err := svc.NewSession(context.Background())
 	require.NoError(t, err)
 	return &box{svc: svc, session: id, client: &counting{Client: svc.Client(id)}}
 }

@@ -15,12 +15,11 @@ import (
 
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/cells"
-	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/backend"
-	"github.com/cellbox/cellbox/sandbox/local"
 )
 
 // The run-level tests run each example the way `cellbox run` does, in
@@ -77,39 +76,18 @@ type world struct {
 // paths must stay short). imagesDir may be "" (only the default image).
 func newWorld(t *testing.T, imagesDir string) *world {
 	t.Helper()
-	testenv.RequireBwrap(t)
-	dir, err := os.MkdirTemp("", "cbx-")
-	require.NoError(t, err)
-	be, err := local.New(local.Options{Root: filepath.Join(dir, "local"), ImagesDir: imagesDir})
-	require.NoError(t, err)
-	w := &world{t: t, dir: dir, be: &counting{Backend: be}}
+	w := &world{t: t}
+	w.svc, w.dir = boxtest.Service(t, boxtest.Options{ImagesDir: imagesDir, Logger: quiet, Wrap: func(be backend.Backend) backend.Backend {
+		w.be = &counting{Backend: be}
+		return w.be
+	}})
 	ctx := context.Background()
-	w.svc, err = sandbox.New(ctx, sandbox.Config{
-		Backend:     w.be,
-		DataDir:     dir,
-		AgentBinary: testenv.CellboxBinary(t),
-		Pool:        map[string]int{}, // no warm boxes: every box a test sees was asked for
-		Logger:      quiet,
-	})
-	require.NoError(t, err)
 	sid, _, err := w.svc.NewSession(ctx)
 	require.NoError(t, err)
 	w.env = builtins.Env{Client: w.svc.Client(sid), Logger: quiet}
-	w.store, err = cells.OpenBolt(filepath.Join(dir, "cells.db"), cells.Options{})
+	w.store, err = cells.OpenBolt(filepath.Join(w.dir, "cells.db"), cells.Options{})
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		w.store.Close()
-		w.svc.Close()
-		// Remove whatever box is left (a test that failed half-way).
-		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if infos, err := be.List(cctx, map[string]string{backend.LabelManaged: "1"}); err == nil {
-			for _, in := range infos {
-				_ = be.Remove(cctx, in.ID)
-			}
-		}
-		os.RemoveAll(dir)
-	})
+	t.Cleanup(func() { w.store.Close() })
 	return w
 }
 

@@ -1,0 +1,75 @@
+// Package boxtest starts the sandbox service on the real local (bubblewrap)
+// backend for the tests of the packages above it (builtins, examples), as
+// `cellbox run` has it, and cleans up every box it made.
+package boxtest
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/local"
+)
+
+// Options shape the service.
+type Options struct {
+	// Pool is the number of warm boxes of the default image (0: none, so
+	// every box a test sees was asked for).
+	Pool int
+	// ImagesDir holds images built by `cellbox image build` ("" for the
+	// default image only).
+	ImagesDir string
+	// Wrap, if set, wraps the backend (to count the boxes it makes).
+	Wrap func(backend.Backend) backend.Backend
+	// Logger defaults to errors only: tests make boxes and nodes fail on
+	// purpose.
+	Logger *slog.Logger
+}
+
+// Service starts a sandbox service over a fresh, short data directory
+// (agent socket paths are limited) and returns it with that directory.
+// Cleanup closes the service and removes every box of the directory, also
+// those of a test that failed half-way.
+func Service(t *testing.T, opts Options) (*sandbox.Service, string) {
+	t.Helper()
+	testenv.RequireBwrap(t)
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	}
+	dir, err := os.MkdirTemp("", "cbt-")
+	require.NoError(t, err)
+	lb, err := local.New(local.Options{Root: filepath.Join(dir, "local"), ImagesDir: opts.ImagesDir, Logger: opts.Logger})
+	require.NoError(t, err)
+	var be backend.Backend = lb
+	if opts.Wrap != nil {
+		be = opts.Wrap(lb)
+	}
+	svc, err := sandbox.New(context.Background(), sandbox.Config{
+		Backend:     be,
+		DataDir:     dir,
+		AgentBinary: testenv.CellboxBinary(t),
+		Pool:        map[string]int{backend.DefaultImage: opts.Pool},
+		Logger:      opts.Logger,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		svc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if infos, err := lb.List(ctx, map[string]string{backend.LabelManaged: "1"}); err == nil {
+			for _, in := range infos {
+				_ = lb.Remove(ctx, in.ID)
+			}
+		}
+		os.RemoveAll(dir)
+	})
+	return svc, dir
+}
