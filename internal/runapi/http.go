@@ -46,7 +46,14 @@ func (s *Server) routes() *http.ServeMux {
 	m.HandleFunc("POST /v1/send/{addr...}", s.handleSend)
 	m.HandleFunc("GET /v1/graph/{name...}", s.handleGraph)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeErr(w, errorf(404, "no endpoint %s %s; the runtime API has: POST/GET /v1/patterns, GET/DELETE /v1/patterns/{name}, GET /v1/cells, GET/PUT /v1/cells/{addr}, GET /v1/watch, POST /v1/send/{node}.{stream}, GET /v1/graph/{name}", r.Method, r.URL.Path))
+		const endpoints = "POST/GET /v1/patterns, GET/DELETE /v1/patterns/{name}, GET /v1/cells, GET/PUT /v1/cells/{addr}, GET /v1/watch, POST /v1/send/{node}.{stream}, GET /v1/graph/{name}"
+		status, what := 404, "no endpoint"
+		for _, root := range []string{"/v1/patterns", "/v1/cells", "/v1/watch", "/v1/send", "/v1/graph"} {
+			if r.URL.Path == root || strings.HasPrefix(r.URL.Path, root+"/") {
+				status, what = 405, "method not allowed:"
+			}
+		}
+		writeErr(w, errorf(status, "%s %s %s; the runtime API has: %s", what, r.Method, r.URL.Path, endpoints))
 	})
 	return m
 }

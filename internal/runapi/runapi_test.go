@@ -394,6 +394,11 @@ func TestStop(t *testing.T) {
 	status, body := f.do(t, "GET", "/v1/nothing", "")
 	assert.Equal(t, 404, status)
 	assert.Contains(t, body["error"], "no endpoint GET /v1/nothing")
+	for _, r := range [][2]string{{"DELETE", "/v1/cells/tiny/a"}, {"POST", "/v1/cells"}, {"PUT", "/v1/patterns"}, {"GET", "/v1/send/x.run"}} {
+		status, body = f.do(t, r[0], r[1], "")
+		assert.Equal(t, 405, status, "%s %s", r[0], r[1])
+		assert.Contains(t, body["error"], "method not allowed: "+r[0]+" "+r[1])
+	}
 }
 
 func TestOwns(t *testing.T) {
