@@ -193,3 +193,20 @@ func TestServerPart(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 0, res.ExitCode)
 }
+
+// A box directory without spec.json (a process killed inside Create) is
+// removed by the next backend over the root once it is a minute old; a
+// fresh one may be a Create in flight and stays.
+func TestHalfMadeBoxDirsAreSwept(t *testing.T) {
+	testenv.RequireBwrap(t)
+	root := t.TempDir()
+	old, fresh := filepath.Join(root, "cb-halfmade-old"), filepath.Join(root, "cb-halfmade-new")
+	for _, d := range []string{old, fresh} {
+		require.NoError(t, os.MkdirAll(filepath.Join(d, "workspace"), 0o755))
+	}
+	past := time.Now().Add(-2 * time.Minute)
+	require.NoError(t, os.Chtimes(old, past, past))
+	newLocal(t, root)
+	assert.NoDirExists(t, old)
+	assert.DirExists(t, fresh)
+}

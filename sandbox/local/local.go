@@ -119,6 +119,7 @@ func New(opts Options) (*Backend, error) {
 	if err := writeEtc(b.etc); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
+	b.sweepHalfMade(time.Minute)
 	cgRoot := opts.CgroupRoot
 	if cgRoot == "" {
 		cgRoot = "/sys/fs/cgroup"
@@ -599,4 +600,28 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 		return fmt.Errorf("remove box %s: %w", id, err)
 	}
 	return nil
+}
+
+// sweepHalfMade removes box directories that have no spec.json and are
+// older than age: a process killed inside Create left them, List never
+// sees them, so nothing else would. The age spares a Create in flight.
+func (b *Backend) sweepHalfMade(age time.Duration) {
+	entries, err := os.ReadDir(b.root)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if !e.IsDir() || !validID(e.Name()) {
+			continue
+		}
+		dir := b.dir(e.Name())
+		if _, err := os.Lstat(filepath.Join(dir, "spec.json")); !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < age {
+			continue
+		}
+		b.log.Warn("local backend: removing a half-made box directory", "dir", dir)
+		_ = os.RemoveAll(dir)
+	}
 }
