@@ -3,12 +3,10 @@ package main
 import (
 	"bufio"
 	"encoding/json"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -181,7 +179,7 @@ func mustJSON(t *testing.T, v any) string {
 // which creates a session for the life of the process.
 func TestMCPProxy(t *testing.T) {
 	testenv.RequireBwrap(t)
-	url := startServe(t)
+	url := startServe(t, t.TempDir(), "--pool", "0").url
 
 	p := startMCP(t, "--server", url)
 	p.handshake()
@@ -201,24 +199,3 @@ func TestMCPProxy(t *testing.T) {
 }
 
 // startServe starts `cellbox serve` on the local backend and returns its URL.
-func startServe(t *testing.T) string {
-	srv := exec.Command(testenv.CellboxBinary(t), "serve", "--backend", "local", "--data", t.TempDir(), "--addr", "127.0.0.1:0", "--pool", "0")
-	srv.Env = cleanEnv()
-	stderr, err := srv.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, srv.Start())
-	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-	sc := bufio.NewScanner(stderr)
-	re := regexp.MustCompile(`serving on (http://127\.0\.0\.1:\d+)`)
-	for sc.Scan() {
-		if m := re.FindStringSubmatch(sc.Text()); m != nil {
-			go func() {
-				for sc.Scan() {
-				}
-			}()
-			return m[1]
-		}
-	}
-	require.FailNow(t, fmt.Sprintf("serve printed no URL: %v", sc.Err()))
-	return ""
-}

@@ -302,21 +302,7 @@ func TestGraphCommand(t *testing.T) {
 func TestServeRuntimeAPI(t *testing.T) {
 	testenv.RequireBwrap(t)
 	data := t.TempDir()
-	srv := exec.Command(testenv.CellboxBinary(t), "serve", "--backend", "local", "--data", data, "--addr", "127.0.0.1:0", "--pool", "0")
-	stderr, err := srv.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, srv.Start())
-	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-	sc := bufio.NewScanner(stderr)
-	re := regexp.MustCompile(`serving on (http://127\.0\.0\.1:\d+)`)
-	url := ""
-	for url == "" && sc.Scan() {
-		if m := re.FindStringSubmatch(sc.Text()); m != nil {
-			url = m[1]
-		}
-	}
-	require.NotEmpty(t, url)
-	go io.Copy(io.Discard, stderr)
+	url := startServe(t, data, "--pool", "0").url
 
 	ctx := context.Background()
 	c := runapi.NewClient(url)

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cellbox/cellbox/internal/runapi"
 	"github.com/cellbox/cellbox/internal/testenv"
 )
 
@@ -25,24 +27,8 @@ func TestServeSessionTool(t *testing.T) {
 	bin := testenv.CellboxBinary(t)
 	data := t.TempDir()
 
-	srv := exec.Command(bin, "serve", "--backend", "local", "--data", data, "--addr", "127.0.0.1:0", "--pool", "1")
-	stderr, err := srv.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, srv.Start())
-	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-	url := ""
-	sc := bufio.NewScanner(stderr)
-	re := regexp.MustCompile(`serving on (http://127\.0\.0\.1:\d+)`)
-	for url == "" && sc.Scan() {
-		if m := re.FindStringSubmatch(sc.Text()); m != nil {
-			url = m[1]
-		}
-	}
-	require.NotEmpty(t, url, "serve printed its URL")
-	go func() {
-		for sc.Scan() {
-		}
-	}()
+	srv := startServe(t, data, "--pool", "1")
+	url := srv.url
 
 	run := func(env []string, args ...string) (string, error) {
 		cmd := exec.Command(bin, args...)
@@ -91,13 +77,90 @@ func TestServeSessionTool(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, out, "no such session")
 
-	require.NoError(t, srv.Process.Signal(syscall.SIGTERM))
-	done := make(chan error, 1)
-	go func() { done <- srv.Wait() }()
+	assert.NoError(t, srv.stop(t), "graceful stop exits 0")
+}
+
+// serveProc is a running `cellbox serve`.
+type serveProc struct {
+	cmd  *exec.Cmd
+	url  string
+	done chan error // Wait's result, once
+}
+
+// startServe starts `cellbox serve` on the local backend over data, on a
+// free loopback port, with args added (--pool N), and returns once it
+// prints its URL. Cleanup stops it as a user would (SIGTERM).
+func startServe(t *testing.T, data string, args ...string) *serveProc {
+	t.Helper()
+	cmd := exec.Command(testenv.CellboxBinary(t), append([]string{"serve", "--backend", "local", "--data", data, "--addr", "127.0.0.1:0"}, args...)...)
+	cmd.Env = cleanEnv()
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	p := &serveProc{cmd: cmd, done: make(chan error, 1)}
+	urls := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		re := regexp.MustCompile(`serving on (http://127\.0\.0\.1:\d+)`)
+		for sc.Scan() {
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				urls <- m[1]
+			}
+		}
+		p.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() { p.stop(t) })
 	select {
-	case err := <-done:
-		assert.NoError(t, err, "graceful stop exits 0")
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop on SIGTERM")
+	case p.url = <-urls:
+	case err := <-p.done:
+		p.done <- err
+		t.Fatalf("serve exited before serving: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("serve printed no URL within a minute")
 	}
+	return p
+}
+
+// stop sends SIGTERM and returns serve's exit error (killing it after 30 s).
+func (p *serveProc) stop(t *testing.T) error {
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return err
+	case <-time.After(30 * time.Second):
+		p.cmd.Process.Kill()
+		t.Error("serve did not stop on SIGTERM")
+		return <-p.done
+	}
+}
+
+// TestServeResumesPatterns restarts `cellbox serve` over the same data
+// directory: the patterns it had loaded run again, with their cells.
+func TestServeResumesPatterns(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	ctx := context.Background()
+	srv := startServe(t, data, "--pool", "0")
+	c := runapi.NewClient(srv.url)
+	_, err := c.Load(ctx, writePattern(t, sumPattern), "", "")
+	require.NoError(t, err)
+	_, err = c.Set(ctx, "a", json.RawMessage(`10`))
+	require.NoError(t, err)
+	require.NoError(t, srv.stop(t))
+
+	srv = startServe(t, data, "--pool", "0")
+	c = runapi.NewClient(srv.url)
+	ins, err := c.Patterns(ctx)
+	require.NoError(t, err)
+	require.Len(t, ins, 1, "the loaded pattern is back")
+	assert.Equal(t, "calc", ins[0].Name)
+	cell, err := c.Get(ctx, "double")
+	require.NoError(t, err)
+	assert.Equal(t, "24", string(cell.Value), "with its cells as they stood")
+	_, err = c.Set(ctx, "b", json.RawMessage(`0`))
+	require.NoError(t, err)
+	cell, err = c.Get(ctx, "double")
+	require.NoError(t, err)
+	assert.Equal(t, "20", string(cell.Value), "and it runs")
 }
