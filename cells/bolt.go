@@ -16,7 +16,7 @@ func OpenBolt(path string, opts Options) (Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open cell store %s: %w", path, err)
 	}
-	s, err := open(&boltKV{db: db}, opts)
+	s, err := open(&boltKV{db: db, owned: true}, opts)
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open cell store %s: %w", path, err)
@@ -24,9 +24,29 @@ func OpenBolt(path string, opts Options) (Store, error) {
 	return s, nil
 }
 
-type boltKV struct{ db *bolt.DB }
+// OpenBoltDB is OpenBolt over a bbolt file the caller has open and shares
+// with other state (the sandbox service's sessions and boxes): the store
+// keeps to its own buckets (see layout.go) and its Close leaves db open.
+// opts.NoSync is the caller's to set on db.
+func OpenBoltDB(db *bolt.DB, opts Options) (Store, error) {
+	s, err := open(&boltKV{db: db}, opts)
+	if err != nil {
+		return nil, fmt.Errorf("open cell store %s: %w", db.Path(), err)
+	}
+	return s, nil
+}
 
-func (b *boltKV) close() error { return b.db.Close() }
+type boltKV struct {
+	db    *bolt.DB
+	owned bool // opened by OpenBolt, so closed with the store
+}
+
+func (b *boltKV) close() error {
+	if !b.owned {
+		return nil
+	}
+	return b.db.Close()
+}
 
 func (b *boltKV) begin(writable bool) (kvTx, error) {
 	tx, err := b.db.Begin(writable)

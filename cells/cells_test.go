@@ -466,3 +466,34 @@ func TestBoltLayout(t *testing.T) {
 		assert.ErrorContains(t, err, path, tc.name)
 	}
 }
+
+// A store over a shared bbolt file keeps to its buckets, tolerates other
+// state's, and leaves the file open when it closes; reopened, it has its
+func TestOpenBoltDBShared(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "cellbox.db"), 0o600, nil)
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists([]byte("sessions"))
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte("s-1"), []byte(`{"id":"s-1"}`))
+	}))
+	a := Address{Space: "s", Pattern: "p", Name: "x"}
+	s, err := OpenBoltDB(db, Options{})
+	require.NoError(t, err)
+	require.NoError(t, s.Update(func(tx Tx) error { _, err := tx.Set(a, json.RawMessage(`1`)); return err }))
+	require.NoError(t, s.Close())
+
+	require.NoError(t, db.View(func(tx *bolt.Tx) error {
+		assert.Equal(t, `{"id":"s-1"}`, string(tx.Bucket([]byte("sessions")).Get([]byte("s-1"))), "the other state is untouched")
+		return nil
+	}), "the file is still open")
+	s, err = OpenBoltDB(db, Options{})
+	require.NoError(t, err)
+	defer s.Close()
+	c, err := s.Get(a)
+	require.NoError(t, err)
+	assert.Equal(t, "1", string(c.Value))
+}

@@ -1,7 +1,8 @@
 package cells
 
 // Store layout, version 1. Both implementations use the same buckets; in
-// bbolt each is a top-level bucket of one file.
+// bbolt each is a top-level bucket of one file, which other state may share
+// (OpenBoltDB): the sandbox service keeps "meta", "sessions" and "boxes".
 //
 //	"cellbox"  "layout"   -> decimal layout version ("1"); a store with a
 //	                         higher number is refused, one without the key

@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
 )
@@ -41,13 +43,20 @@ const (
 // services on one engine never take each other's boxes for orphans.
 const labelInstance = "cellbox.instance"
 
+// StateFile is the bbolt file of a data directory.
+const StateFile = "cellbox.db"
+
 // Config configures a Service.
 type Config struct {
 	// Backend makes the boxes. Required.
 	Backend backend.Backend
-	// DataDir holds the state file (cellbox.db) and the boxes' host
+	// DataDir holds the state file (StateFile) and the boxes' host
 	// directories (boxes/<id>). Required.
 	DataDir string
+	// DB, if set, is the open state file to keep sessions and boxes in,
+	// shared with its opener (cellbox run and serve keep cells in the same
+	// file); the service does not close it.
+	DB *bolt.DB
 	// AgentBinary is the static cellbox binary run as every box's agent.
 	// Default: os.Executable().
 	AgentBinary string
@@ -155,7 +164,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if n := len(socketPath(cfg.DataDir, "cb-0123456789abcdef")); n > maxSocketPath {
 		return nil, fmt.Errorf("sandbox: data dir %s is too long: box agent sockets under it would have %d-byte paths, unix sockets allow %d; use a shorter --data path", cfg.DataDir, n, maxSocketPath)
 	}
-	st, err := openStore(filepath.Join(cfg.DataDir, "cellbox.db"))
+	st, err := openStore(filepath.Join(cfg.DataDir, StateFile), cfg.DB)
 	if err != nil {
 		return nil, err
 	}

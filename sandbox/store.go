@@ -52,19 +52,26 @@ type boxRecord struct {
 	Previews map[int]string `json:"previews,omitempty"` // port -> preview id
 }
 
-// store keeps sessions and boxes in one bbolt file.
+// store keeps sessions and boxes in one bbolt file: the data dir's own,
+// or one the caller shares (Config.DB) with the cell store.
 type store struct {
 	db       *bolt.DB
+	owned    bool   // opened here, so closed here
 	instance string // random id of this data dir; labels its backend boxes
 }
 
-func openStore(path string) (*store, error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
-	if err != nil {
-		return nil, fmt.Errorf("open state file %s: %w (is another cellbox serve using this data dir?)", path, err)
+func openStore(path string, shared *bolt.DB) (*store, error) {
+	db, owned := shared, false
+	if db == nil {
+		var err error
+		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+		if err != nil {
+			return nil, fmt.Errorf("open state file %s: %w (is another cellbox serve or run using this data dir?)", path, err)
+		}
+		owned = true
 	}
-	st := &store{db: db}
-	err = db.Update(func(tx *bolt.Tx) error {
+	st := &store{db: db, owned: owned}
+	err := db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketMeta, bucketSessions, bucketBoxes} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
@@ -87,13 +94,18 @@ func openStore(path string) (*store, error) {
 		return meta.Put(keyInstance, []byte(st.instance))
 	})
 	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("init state file %s: %w", path, err)
+		st.close()
+		return nil, fmt.Errorf("init state file %s: %w", db.Path(), err)
 	}
 	return st, nil
 }
 
-func (st *store) close() error { return st.db.Close() }
+func (st *store) close() error {
+	if !st.owned {
+		return nil
+	}
+	return st.db.Close()
+}
 
 // load returns every stored session and box.
 func (st *store) load() ([]sessionRecord, []boxRecord, error) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/internal/runapi"
+	"github.com/cellbox/cellbox/sandbox"
 )
 
 func init() {
@@ -67,12 +68,12 @@ func (f apiFlags) client() (*runapi.Client, error) {
 
 // offlineStore opens the cell store of DATA when no process serves it, to
 // read it.
-func (f apiFlags) offlineStore() (cells.Store, error) {
-	path := filepath.Join(*f.data, cellStoreFile)
+func (f apiFlags) offlineStore() (*dataState, error) {
+	path := filepath.Join(*f.data, sandbox.StateFile)
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("%w, and it holds no cells yet (%s: %v)", errNoRun{*f.data}, path, errors.Unwrap(err))
 	}
-	return openCellStore(*f.data)
+	return openState(*f.data)
 }
 
 func runCell(ctx context.Context, args []string) error {
@@ -166,11 +167,12 @@ func runCell(ctx context.Context, args []string) error {
 // ls as usual, watch shows what is stored (or the changes after since) and
 // returns, since nothing can change.
 func cellOffline(ctx context.Context, af apiFlags, sub, arg string, since *uint64, asJSON bool) error {
-	store, err := af.offlineStore()
+	state, err := af.offlineStore()
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	defer state.Close()
+	store := state.cells
 	prefix, err := runapi.ResolvePrefix(store, nil, arg)
 	if err != nil {
 		return err

@@ -40,8 +40,7 @@ func init() {
 // its own state in cellbox.db beside them: bbolt locks a file for one
 // process, so the two stores are separate files.
 const (
-	cellStoreFile = "cells.db" // the cell store (cells, node state, memo cache)
-	runSocketFile = "run.sock" // the runtime API of the process that holds cells.db
+	runSocketFile = "run.sock" // the runtime API of the process that holds DATA/cellbox.db
 	runLogFile    = "run.log"  // the log of `cellbox run`
 )
 
@@ -70,13 +69,14 @@ func runRun(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// The cell store first: it is the lock that says this process owns the
+	// The state file first: it is the lock that says this process owns the
 	// data directory.
-	store, err := openCellStore(dataDir)
+	state, err := openState(dataDir)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	defer state.Close()
+	store := state.cells
 	logf, err := os.OpenFile(filepath.Join(dataDir, runLogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("open log: %w", err)
@@ -88,7 +88,7 @@ func runRun(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	svc, err := sandbox.New(ctx, sandbox.Config{Backend: be, DataDir: dataDir, Pool: map[string]int{}, Logger: log})
+	svc, err := sandbox.New(ctx, sandbox.Config{Backend: be, DataDir: dataDir, DB: state.db, Pool: map[string]int{}, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -162,19 +162,39 @@ func dataFlag(data string) string {
 	return " --data " + data
 }
 
-// openCellStore opens (creating) DATA/cells.db; a store another process
-// holds is a clear error.
-func openCellStore(dataDir string) (cells.Store, error) {
+// dataState is a data directory's one bbolt file (DATA/cellbox.db), open:
+// the cell store lives in it, and the sandbox service keeps its sessions
+// and boxes in it too (sandbox.Config.DB).
+type dataState struct {
+	db    *bolt.DB
+	cells cells.Store
+}
+
+// openState opens (creating) DATA/cellbox.db; a file another process holds
+// is a clear error: it is the lock that says which process owns the data
+// directory.
+func openState(dataDir string) (*dataState, error) {
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
-	path := filepath.Join(dataDir, cellStoreFile)
-	store, err := cells.OpenBolt(path, cells.Options{})
+	path := filepath.Join(dataDir, sandbox.StateFile)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
 	if errors.Is(err, bolt.ErrTimeout) {
 		return nil, fmt.Errorf("data dir %s is in use: another cellbox run or serve holds %s (stop it, or use another --data)", dataDir, path)
 	}
-	return store, err
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	store, err := cells.OpenBoltDB(db, cells.Options{})
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	return &dataState{db: db, cells: store}, nil
 }
+
+// Close closes the cell store, then the file.
+func (d *dataState) Close() error { return errors.Join(d.cells.Close(), d.db.Close()) }
 
 // runtimeHost is a runtime over a cell store, its API, and the servers
 // that serve the API (the unix socket DATA/run.sock; serveHTTP: an HTTP

@@ -43,11 +43,12 @@ func runServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	store, err := openCellStore(dataDir) // the runtime's store, beside the box service's cellbox.db
+	state, err := openState(dataDir) // cells, sessions and boxes: one file
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	defer state.Close()
+	store := state.cells
 	be, err := openBackend(ctx, *backendName, dataDir)
 	if err != nil {
 		return err
@@ -55,6 +56,7 @@ func runServe(ctx context.Context, args []string) error {
 	svc, err := sandbox.New(ctx, sandbox.Config{
 		Backend:     be,
 		DataDir:     dataDir,
+		DB:          state.db,
 		AgentBinary: *agentBinary,
 		Pool:        map[string]int{backend.DefaultImage: max(*pool, 0)},
 	})
