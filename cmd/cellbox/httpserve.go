@@ -8,11 +8,12 @@ import (
 	"time"
 
 	"github.com/cellbox/cellbox/internal/runapi"
+	"github.com/cellbox/cellbox/internal/webui"
 	"github.com/cellbox/cellbox/sandbox"
 )
 
 // serveHTTP serves the sandbox service's handler (the tool API, preview
-// URLs) and the runtime API together over HTTP on addr (`cellbox serve`,
+// URLs), the runtime API and the web page together over HTTP on addr (`cellbox serve`,
 // `cellbox run`), and sets the service's base URL to the address it
 // listens on, so that browse hands out URLs that reach this server. It
 // returns that URL and a channel that reports the server stopping on its
@@ -28,22 +29,28 @@ func (h *runtimeHost) serveHTTP(addr string, svc *sandbox.Service) (base string,
 	}
 	base = "http://" + net.JoinHostPort(host, port)
 	svc.SetBaseURL(base)
-	return base, h.start(ln, withRuntimeAPI(svc.Handler(), h.api)), nil
+	return base, h.start(ln, withRuntimeAPI(svc.Handler(), h.api, webui.Handler())), nil
 }
 
-// withRuntimeAPI routes the runtime API's paths to api and everything else
-// (the tool API, previews: preview hosts are *.localhost) to h.
-func withRuntimeAPI(h, api http.Handler) http.Handler {
+// withRuntimeAPI routes the runtime API's paths to api, the web page's
+// (GET / and /ui) to page, and everything else (the tool API, previews:
+// preview hosts are *.localhost) to h.
+func withRuntimeAPI(h, api, page http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		host, _, err := net.SplitHostPort(r.Host)
 		if err != nil {
 			host = r.Host
 		}
-		if runapi.Owns(r.URL.Path) && !strings.HasSuffix(host, ".localhost") {
+		switch {
+		case strings.HasSuffix(host, ".localhost"):
+			h.ServeHTTP(w, r)
+		case runapi.Owns(r.URL.Path):
 			api.ServeHTTP(w, r)
-			return
+		case webui.Owns(r.URL.Path) && (r.Method == http.MethodGet || r.Method == http.MethodHead):
+			page.ServeHTTP(w, r)
+		default:
+			h.ServeHTTP(w, r)
 		}
-		h.ServeHTTP(w, r)
 	})
 }
 

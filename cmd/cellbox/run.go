@@ -124,8 +124,8 @@ func runRun(ctx context.Context, args []string) error {
 		finishView()
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "cellbox run: %s/%s from %s (backend %s, data %s)\n  previews and API: %s · runtime API: unix:%s · log: %s\n",
-		inst.Space, inst.Name, source, be.Name(), dataDir, base, sock, filepath.Join(dataDir, runLogFile))
+	fmt.Fprintf(os.Stderr, "cellbox run: %s/%s from %s (backend %s, data %s)\n  page: %s/ · previews and API: %s · runtime API: unix:%s · log: %s\n",
+		inst.Space, inst.Name, source, be.Name(), dataDir, base, base, sock, filepath.Join(dataDir, runLogFile))
 	if !*once {
 		fmt.Fprintf(os.Stderr, "  change a cell: cellbox cell set%s NAME JSON · stop: Ctrl-C\n", dataFlag(*data))
 	}

@@ -86,7 +86,7 @@ func runServe(ctx context.Context, args []string) error {
 		fmt.Fprintf(os.Stderr, "cellbox: resumed pattern %s/%s\n", in.Space, in.Name)
 	}
 	slog.Info("cellbox serving", "url", base, "backend", be.Name(), "data", dataDir)
-	fmt.Fprintf(os.Stderr, "cellbox: serving on %s (backend %s, data %s)\n  try: eval \"$(cellbox session new --server %s)\"; cellbox tool shell '{\"command\":\"uname -a\"}'\n", base, be.Name(), dataDir, base)
+	fmt.Fprintf(os.Stderr, "cellbox: serving on %s (backend %s, data %s)\n  page: %s/ · try: eval \"$(cellbox session new --server %s)\"; cellbox tool shell '{\"command\":\"uname -a\"}'\n", base, be.Name(), dataDir, base, base)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
