@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -448,12 +447,8 @@ nodes:
 	})
 
 	get := func(url string) (int, string) {
-		resp, err := http.Get(url)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp.StatusCode, string(body)
+		resp, body := testenv.HTTPGet(t, url, "")
+		return resp.StatusCode, body
 	}
 	status, _ := get(u)
 	assert.Equal(t, http.StatusBadGateway, status, "nothing listens in the box yet")

@@ -1,13 +1,14 @@
 package main
 
 import (
-	"io"
 	"net/http"
 	"regexp"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/internal/testenv"
 )
 
 // TestRunServesPage runs a pattern and opens the page at the address the
@@ -19,32 +20,19 @@ func TestRunServesPage(t *testing.T) {
 	require.NotNil(t, m, "the banner gives the page's address:\n%s", run.out.String())
 	base := m[1]
 
-	get := func(url, host string) (*http.Response, string) {
-		req, err := http.NewRequest(http.MethodGet, url, nil)
-		require.NoError(t, err)
-		if host != "" {
-			req.Host = host
-		}
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp, string(body)
-	}
 	for _, path := range []string{"/", "/ui"} {
-		resp, body := get(base+path, "")
+		resp, body := testenv.HTTPGet(t, base+path, "")
 		assert.Equal(t, http.StatusOK, resp.StatusCode, path)
 		assert.Equal(t, "text/html; charset=utf-8", resp.Header.Get("Content-Type"), path)
 		assert.Equal(t, "no-cache", resp.Header.Get("Cache-Control"), path)
 		assert.Contains(t, body, "new EventSource('/v1/watch')", path)
 	}
-	resp, body := get(base+"/v1/patterns", "")
+	resp, body := testenv.HTTPGet(t, base+"/v1/patterns", "")
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Contains(t, body, `"name":"calc"`, "the API the page reads answers on the same address")
-	resp, _ = get(base+"/v1/tools", "")
+	resp, _ = testenv.HTTPGet(t, base+"/v1/tools", "")
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "the tool API still answers")
-	resp, body = get(base+"/", "pnothing.localhost")
+	resp, body = testenv.HTTPGet(t, base+"/", "pnothing.localhost")
 	assert.NotContains(t, body, "<!doctype html>", "a preview host's / is the preview proxy's, not the page")
 	assert.NotEqual(t, http.StatusOK, resp.StatusCode, "no preview of that id")
 }
