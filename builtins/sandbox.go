@@ -343,14 +343,8 @@ func (s *Sandbox) setFileProblems(ctx context.Context, errs map[string]string, f
 	s.reportLocked(ctx, fn)
 }
 
-// report writes the output with fn applied and error set to the current
-// problem, if the box runs.
-func (s *Sandbox) report(ctx context.Context, fn func(o *sandboxOutput)) {
-	s.pmu.Lock()
-	defer s.pmu.Unlock()
-	s.reportLocked(ctx, fn)
-}
-
+// reportLocked writes the output with fn applied and error set to the
+// current problem, if the box runs. Callers hold s.pmu.
 func (s *Sandbox) reportLocked(ctx context.Context, fn func(o *sandboxOutput)) {
 	problem := s.inputErr
 	if problem == "" {
