@@ -19,6 +19,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cellbox/cellbox/sandbox/backend"
@@ -125,15 +126,8 @@ func Build(ctx context.Context, o BuildOptions) (Info, bool, error) {
 	}
 	log.Info("debootstrap", "image", o.Name, "suite", o.Suite, "mirror", o.Mirror, "packages", pkgs)
 	run := func(what string, name string, args ...string) error {
-		cmd := exec.CommandContext(ctx, name, args...)
-		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C.UTF-8")
-		tail := &tailWriter{}
-		out := o.Output
-		if out == nil {
-			out = io.Discard
-		}
-		cmd.Stdout, cmd.Stderr = io.MultiWriter(out, tail), io.MultiWriter(out, tail)
-		if err := cmd.Run(); err != nil {
+		tail, err := runLogged(ctx, o.Output, name, args...)
+		if err != nil {
 			if b, rerr := os.ReadFile(filepath.Join(tmp, "debootstrap", "debootstrap.log")); rerr == nil {
 				tail.Write(b)
 			}
@@ -304,10 +298,34 @@ func Tar(ctx context.Context, rootfs string, w io.Writer) error {
 	return nil
 }
 
-// tailWriter keeps the last 4 KiB written to it, for error messages.
-type tailWriter struct{ b []byte }
+// runLogged runs a build step with its stdout and stderr copied, in the
+// order they were written, to out (nil: nowhere) and to a tail kept for the
+// error message. Both streams go to one writer value, so os/exec copies them
+// through one pipe by one goroutine: two writers over the same out and tail
+// would be written concurrently (a data race the first build on a machine
+// hit).
+func runLogged(ctx context.Context, out io.Writer, name string, args ...string) (*tailWriter, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C.UTF-8")
+	tail := &tailWriter{}
+	if out == nil {
+		out = io.Discard
+	}
+	w := io.MultiWriter(out, tail)
+	cmd.Stdout, cmd.Stderr = w, w
+	return tail, cmd.Run()
+}
+
+// tailWriter keeps the last 4 KiB written to it, for error messages. It is
+// safe for concurrent use.
+type tailWriter struct {
+	mu sync.Mutex
+	b  []byte
+}
 
 func (t *tailWriter) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	t.b = append(t.b, p...)
 	if len(t.b) > 4096 {
 		t.b = slices.Clone(t.b[len(t.b)-4096:])
@@ -315,4 +333,8 @@ func (t *tailWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (t *tailWriter) String() string { return strings.TrimSpace(string(t.b)) }
+func (t *tailWriter) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.TrimSpace(string(t.b))
+}
