@@ -123,7 +123,9 @@ func (t *procTable) exited(p *proc, ws syscall.WaitStatus) {
 	if ws.Exited() {
 		p.exitCode = ws.ExitStatus()
 	}
-	close(p.done)
+	// The table is updated before done is closed, so a caller whose Wait
+	// returned sees the table as it stands after this exit.
+	defer close(p.done)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !p.background {
