@@ -4,7 +4,7 @@
 set -euo pipefail
 
 need=()
-for pkg in bubblewrap docker.io debootstrap python3 ca-certificates; do
+for pkg in bubblewrap docker.io debootstrap python3 ca-certificates patch; do
 	dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -24,13 +24,33 @@ func InCI() bool {
 	return v != "" && v != "false" && v != "0"
 }
 
-// missing fails under CI and skips elsewhere.
-func missing(t testing.TB, what string) {
+// Missing reports that something a test needs is not here: it fails the
+// test under CI and skips it elsewhere, so CI can never pass by skipping.
+func Missing(t testing.TB, what string) {
 	t.Helper()
 	if InCI() {
 		t.Fatalf("%s is required when CI is set; run the README's test command, which installs it", what)
 	}
-	t.Skipf("%s not available: %s (set CI=1 to make this a failure)", what, what)
+	t.Skipf("%s not available (set CI=1 to make this a failure)", what)
+}
+
+// RequireCommand returns the path of a command on PATH, or reports it
+// Missing.
+func RequireCommand(t testing.TB, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		Missing(t, name+" (command)")
+	}
+	return p
+}
+
+// RequireRoot makes sure the test runs as root.
+func RequireRoot(t testing.TB, why string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Missing(t, "root ("+why+")")
+	}
 }
 
 // DockerSocket is the Engine socket the tests use.
@@ -46,7 +66,7 @@ func RequireDocker(t testing.TB) {
 	t.Helper()
 	c, err := net.DialTimeout("unix", DockerSocket(), 2*time.Second)
 	if err != nil {
-		missing(t, "a Docker Engine ("+DockerSocket()+")")
+		Missing(t, "a Docker Engine ("+DockerSocket()+")")
 		return
 	}
 	c.Close()
@@ -56,7 +76,7 @@ func RequireDocker(t testing.TB) {
 func RequireBwrap(t testing.TB) {
 	t.Helper()
 	if _, err := exec.LookPath("bwrap"); err != nil {
-		missing(t, "bubblewrap (bwrap)")
+		Missing(t, "bubblewrap (bwrap)")
 	}
 }
 

@@ -11,22 +11,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/internal/testenv"
 )
 
 // TestPID1 runs the real binary as PID 1 of a new PID namespace (as in a box)
 // and checks that it reaps orphans and that SIGTERM stops it and its
 // processes. The backends' suites run it in real boxes.
 func TestPID1(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a PID namespace")
-	}
-	unshare, err := exec.LookPath("unshare")
-	if err != nil {
-		t.Skip("unshare not installed")
-	}
+	testenv.RequireRoot(t, "for a PID namespace")
+	unshare := testenv.RequireCommand(t, "unshare")
 	bin := testenv.CellboxBinary(t)
 	dir, err := os.MkdirTemp("", "cbag")
 	require.NoError(t, err)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/internal/testenv"
 )
 
 var fmtSscanf = fmt.Sscanf
@@ -88,10 +90,7 @@ func diffCases(n int) [][2]string {
 
 // TestUnifiedDiffPatch checks that patch(1) turns a into b with the diff.
 func TestUnifiedDiffPatch(t *testing.T) {
-	patch, err := exec.LookPath("patch")
-	if err != nil {
-		t.Skip("patch(1) is not installed (apt-get install -y patch)")
-	}
+	patch := testenv.RequireCommand(t, "patch")
 	dir := t.TempDir()
 	for i, c := range diffCases(60) {
 		a, b := c[0], c[1]

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/backend"
 )
@@ -409,7 +410,7 @@ func (s *suite) enforcement() backend.Enforcement {
 func (s *suite) memory(t *testing.T) {
 	t.Parallel()
 	if !s.enforcement().Memory {
-		t.Skip("memory limit not enforced by this backend here")
+		testenv.Missing(t, "memory limit enforcement by the "+s.b.Name()+" backend")
 	}
 	spec := s.spec(t, "mem")
 	spec.Limits.MemoryBytes = 128 << 20
@@ -423,7 +424,7 @@ func (s *suite) memory(t *testing.T) {
 
 func (s *suite) pids(t *testing.T) {
 	if !s.enforcement().Pids {
-		t.Skip("pids limit not enforced by this backend here: a fork bomb would hit the host")
+		testenv.Missing(t, "pids limit enforcement by the "+s.b.Name()+" backend (without it a fork bomb would hit the host)")
 	}
 	spec := s.spec(t, "pids")
 	spec.Limits.Pids = 64
