@@ -218,8 +218,14 @@ func newRuntimeHost(ctx context.Context, dataDir string, store cells.Store, svc 
 	if err != nil {
 		return nil, err
 	}
+	env := builtins.Env{Client: svc.Client(session), Logger: log}
+	// No pattern is loaded yet, so no exec run is live: an exec box in the
+	// session is a killed process's leftover.
+	if _, err := builtins.RemoveLeftoverExecBoxes(ctx, env); err != nil {
+		log.Warn("remove leftover exec boxes", "error", err)
+	}
 	rt := runtime.New(store, runtime.Options{Logger: log})
-	api := runapi.New(runapi.Config{Runtime: rt, Store: store, Env: builtins.Env{Client: svc.Client(session), Logger: log}, Logger: log, Persist: persist})
+	api := runapi.New(runapi.Config{Runtime: rt, Store: store, Env: env, Logger: log, Persist: persist})
 	return &runtimeHost{dataDir: dataDir, rt: rt, api: api, svc: svc, session: session}, nil
 }
 
