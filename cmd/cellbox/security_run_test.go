@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/image"
 )
 
 // TestRunKilledMidStageLeavesNoBox kills `cellbox run` (kill -9) while an
@@ -130,5 +132,73 @@ func removeContainers(t *testing.T, pattern string) {
 		if id, box, ok := strings.Cut(line, " "); ok && strings.HasPrefix(box, "exec-"+pattern+".") {
 			exec.Command("docker", "rm", "-f", id).Run()
 		}
+	}
+}
+
+// TestRetryAfterTheCauseIsFixed runs an exec node whose image is not built
+// yet: it fails, and stays failed once the image exists, until `cellbox
+// retry` runs it again (the memo cache bypassed).
+func TestRetryAfterTheCauseIsFixed(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	pattern := writePattern(t, `name: later
+nodes:
+  job:
+    exec:
+      image: cellbox/tiny
+      command: echo built
+`)
+	startRun(t, pattern, "--data", data, "--backend", "local")
+	job := func() map[string]any {
+		out, errOut, err := cellbox(t, "cell", "get", "job", "--data", data)
+		require.NoError(t, err, errOut)
+		var v map[string]any
+		require.NoError(t, json.Unmarshal([]byte(out), &v), out)
+		return v
+	}
+	poll(t, "the run to fail on the missing image", func() bool { return job()["error"] != nil })
+	assert.Contains(t, job()["error"], "cellbox image build tiny")
+
+	makeRootfs(t, filepath.Join(data, "images", "tiny", "rootfs")) // the image is built
+	assert.NotNil(t, job()["error"], "a fixed cause alone does not rerun the node")
+
+	out, errOut, err := cellbox(t, "retry", "job", "--data", data)
+	require.NoError(t, err, errOut)
+	assert.Equal(t, "retrying default/later/job (watch it: cellbox cell watch default/later/job)\n", out)
+	poll(t, "the retried run to succeed", func() bool { return job()["error"] == nil && job()["pending"] == false })
+	assert.Equal(t, "built\n", job()["result"].(map[string]any)["stdout"])
+
+	for _, tc := range []struct{ node, msg string }{
+		{"job", "the last run of node job did not fail"},
+		{"nothing", `no cell "nothing"`},
+	} {
+		_, errOut, err = cellbox(t, "retry", tc.node, "--data", data)
+		require.Error(t, err, tc.node)
+		assert.Contains(t, errOut, tc.msg, tc.node)
+	}
+}
+
+// makeRootfs makes a tiny cellbox image rootfs at dir, as `cellbox image
+// build` would leave one: the skeleton of mount points, and a /usr with
+// only dash (as sh) and the libraries it needs.
+func makeRootfs(t *testing.T, dir string) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	var skel bytes.Buffer
+	require.NoError(t, image.SkeletonTar(&skel))
+	tar := exec.Command("tar", "-x", "-C", dir)
+	tar.Stdin = &skel
+	out, err := tar.CombinedOutput()
+	require.NoError(t, err, string(out))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ".cellbox", "cellbox"), nil, 0o755)) // the agent's mount point
+	for src, dst := range map[string]string{
+		"/usr/bin/dash":                   "usr/bin/sh",
+		"/lib/x86_64-linux-gnu/libc.so.6": "usr/lib/x86_64-linux-gnu/libc.so.6",
+		"/lib64/ld-linux-x86-64.so.2":     "usr/lib64/ld-linux-x86-64.so.2",
+	} {
+		b, err := os.ReadFile(src)
+		require.NoError(t, err)
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(dir, dst)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, dst), b, 0o755))
 	}
 }
