@@ -696,3 +696,66 @@ func TestRetry(t *testing.T) {
 		assert.ErrorContains(t, err, "the last run of node job did not fail")
 	})
 }
+
+// refusing is a store whose next fails Updates fail (a full disk).
+type refusing struct {
+	cells.Store
+	fails atomic.Int32
+}
+
+func (s *refusing) Update(fn func(cells.Tx) error) error {
+	if s.fails.Add(-1) >= 0 {
+		return errors.New("write /data/cellbox.db: no space left on device")
+	}
+	return s.Store.Update(fn)
+}
+
+// A run's result the store refuses is written again; when the store keeps
+// refusing, the node's cell says so instead of staying pending forever; when
+// even that cannot be written, the node's state says why.
+func TestStoreRefusesResult(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fails int32
+		cell  string // the job cell after the run
+		state runtime.NodeState
+		err   string
+	}{
+		{"once", 1, `{"pending":false,"result":{"out":10},"error":null}`, runtime.Idle, ""},
+		{"every attempt", 4, `{"pending":false,"result":null,"error":"store the run's result: write /data/cellbox.db: no space left on device (retry the node once the store takes writes again)"}`,
+			runtime.Error, "store the run's result: write /data/cellbox.db: no space left on device"},
+		{"and the error too", 5, `{"pending":true,"result":null,"error":null}`,
+			runtime.Error, "storing this error failed too (write /data/cellbox.db: no space left on device): the run stays pending and runs again on the next start"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &refusing{Store: cells.NewMemory(cells.Options{})}
+			defer s.Close()
+			w := newWork(true, true)
+			rt := runtime.New(s, runtime.Options{})
+			defer rt.Close(context.Background())
+			p := asyncPattern(w)
+			p.Space, p.Name = space, pat
+			require.NoError(t, rt.Load(context.Background(), p))
+			waitStarted(t, w)
+			s.fails.Store(tc.fails)
+			w.release <- struct{}{}
+			settle(t, rt)
+			assert.JSONEq(t, tc.cell, string(get(t, s, "job").Value))
+			var job runtime.NodeInfo
+			for _, n := range rt.Nodes() {
+				if n.Addr.Name == "job" {
+					job = n
+				}
+			}
+			assert.Equal(t, tc.state, job.State)
+			assert.Contains(t, job.Err, tc.err)
+			if tc.state == runtime.Error && tc.fails == 4 {
+				require.NoError(t, rt.Retry(context.Background(), at("job")), "the node can be retried once the store takes writes")
+				waitStarted(t, w)
+				w.release <- struct{}{}
+				settle(t, rt)
+				assert.JSONEq(t, `{"pending":false,"result":{"out":10},"error":null}`, string(get(t, s, "job").Value))
+			}
+		})
+	}
+}
