@@ -190,6 +190,9 @@ func (c *Client) Watch(ctx context.Context, prefix string, from *uint64, fn func
 				return fmt.Errorf("watch: bad event: %w", err)
 			}
 			data = data[:0]
+			if b.Error != "" {
+				return fmt.Errorf("the server ended the watch: %s", b.Error)
+			}
 			if err := fn(b); err != nil {
 				return err
 			}
