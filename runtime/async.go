@@ -46,7 +46,11 @@ func (b *batch) decideAsync(n *node, in Inputs, inErr string, waiting bool) {
 		return // finished for these inputs, or running for them
 	}
 	if memo {
-		if res, ok := b.tx.Meta(bucketMemo).Get(key); ok {
+		res, ok, err := b.r.memo(b.tx).get(key)
+		if err != nil {
+			b.r.log.Warn("read the memo cache; running instead", "node", n.addr.String(), "error", err)
+		}
+		if ok {
 			b.writeAsync(n, envelope{Result: res}, key, false)
 			b.status = append(b.status, Status{Node: n.addr, Kind: Cached})
 			b.then(func() {
@@ -176,7 +180,7 @@ func (r *Runtime) storeRun(n *node, id uint64, key string, memo bool, env envelo
 	err := r.batch(func(b *batch) error {
 		b.writeAsync(n, env, key, false)
 		if memo {
-			if err := b.tx.Meta(bucketMemo).Put(key, raw); err != nil {
+			if err := r.memo(b.tx).put(key, raw); err != nil {
 				return fmt.Errorf("memoize %s: %w", n.addr, err)
 			}
 		}

@@ -164,6 +164,9 @@ func New(store cells.Store, opts Options) *Runtime {
 	if opts.MinBackoff <= 0 {
 		opts.MinBackoff = time.Second
 	}
+	if opts.MemoLimit <= 0 {
+		opts.MemoLimit = DefaultMemoLimit
+	}
 	if opts.MaxBackoff < opts.MinBackoff {
 		opts.MaxBackoff = max(time.Minute, opts.MinBackoff)
 	}

@@ -759,3 +759,65 @@ func TestStoreRefusesResult(t *testing.T) {
 		})
 	}
 }
+
+// The memo cache is capped by size: past the cap the least recently used
+// result is evicted (a hit counts as a use), and a result larger than the
+// cap is not cached.
+func TestMemoLimit(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		w := newWork(true, false)
+		// Each entry is 11 bytes: key "1" and result {"out":10}; 3 fit.
+		rt := start(t, s, asyncPattern(w), runtime.Options{MemoLimit: 35})
+		cached := func() []string {
+			var keys []string
+			require.NoError(t, s.View(func(tx cells.Tx) error {
+				return tx.Meta("runtime.memo").ForEach("", func(k string, _ []byte) error { keys = append(keys, k); return nil })
+			}))
+			return keys
+		}
+		for _, x := range []string{"2", "3"} {
+			set(t, rt, "x", x)
+			settle(t, rt)
+		}
+		assert.Equal(t, []string{"1", "2", "3"}, cached())
+		set(t, rt, "x", "1") // a hit: 1 is now the most recently used
+		settle(t, rt)
+		require.EqualValues(t, 3, w.runs.Load())
+		set(t, rt, "x", "4") // over the cap: 2, the least recently used, goes
+		settle(t, rt)
+		assert.Equal(t, []string{"1", "3", "4"}, cached())
+		set(t, rt, "x", "1")
+		settle(t, rt)
+		assert.EqualValues(t, 4, w.runs.Load(), "1 was kept: served from the cache")
+		set(t, rt, "x", "2")
+		settle(t, rt)
+		assert.EqualValues(t, 5, w.runs.Load(), "2 was evicted: it runs again")
+		assert.Equal(t, []string{"1", "2", "4"}, cached(), "and evicts 3")
+
+		set(t, rt, "x", "123456789012345678901234567890") // {"out":1.2345678901234568e+30}: larger than the cap
+		settle(t, rt)
+		assert.Equal(t, []string{"1", "2", "4"}, cached(), "a result larger than the cap is not cached")
+	})
+}
+
+// A memo cache written before the cap existed is indexed on the first put,
+// and its entries are evicted first.
+func TestMemoLimitIndexesOldEntries(t *testing.T) {
+	s := cells.NewMemory(cells.Options{})
+	defer s.Close()
+	require.NoError(t, s.Update(func(tx cells.Tx) error {
+		for _, k := range []string{"old1", "old2"} {
+			if err := tx.Meta("runtime.memo").Put(k, []byte(`{"out":"0123456789"}`)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	w := newWork(true, false)
+	start(t, s, asyncPattern(w), runtime.Options{MemoLimit: 40}) // runs x=1: 11 bytes, over 40 with both old ones (24 each)
+	var keys []string
+	require.NoError(t, s.View(func(tx cells.Tx) error {
+		return tx.Meta("runtime.memo").ForEach("", func(k string, _ []byte) error { keys = append(keys, k); return nil })
+	}))
+	assert.Equal(t, []string{"1", "old2"}, keys)
+}
