@@ -29,11 +29,49 @@ import (
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// counting is a sandbox client that records the boxes it creates.
+// counting is a sandbox client that records the boxes it creates. A
+// command held (hold) waits for its gate and then runs to its end even if
+// its run was aborted meanwhile, the way a slow agent might answer after
+// the abort; its result is recorded in late.
 type counting struct {
 	sandboxclient.Client
 	mu      sync.Mutex
 	created []string
+	hold    map[string]chan struct{} // command -> gate
+	reached chan string
+	late    []api.ExecResult
+}
+
+func (c *counting) Exec(ctx context.Context, box string, req api.ExecRequest, onOutput func(string, []byte)) (api.ExecResult, error) {
+	c.mu.Lock()
+	gate, held := c.hold[req.Command]
+	c.mu.Unlock()
+	if !held {
+		return c.Client.Exec(ctx, box, req, onOutput)
+	}
+	c.reached <- req.Command
+	<-gate
+	res, err := c.Client.Exec(context.WithoutCancel(ctx), box, req, onOutput)
+	c.mu.Lock()
+	c.late = append(c.late, res)
+	c.mu.Unlock()
+	return res, err
+}
+
+// holdCommand makes the command wait until the function it returns is
+// called (by the test's cleanup at the latest).
+func (c *counting) holdCommand(t *testing.T, command string) (release func()) {
+	gate := make(chan struct{})
+	c.mu.Lock()
+	if c.hold == nil {
+		c.hold, c.reached = map[string]chan struct{}{}, make(chan string, 16)
+	}
+	c.hold[command] = gate
+	c.mu.Unlock()
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	return release
 }
 
 func (c *counting) CreateBox(ctx context.Context, in api.SandboxCreateInput) (api.SandboxCreateOutput, error) {

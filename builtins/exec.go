@@ -282,7 +282,7 @@ func (x *Exec) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 
 // createBox creates this run's fresh box.
 func (x *Exec) createBox(ctx context.Context, image string) (string, error) {
-	name := fmt.Sprintf("exec-%s-%d", x.base, x.runs.Add(1))
+	name := fmt.Sprintf("%s%s-%d", execBoxPrefix, x.base, x.runs.Add(1))
 	for attempt := 0; ; attempt++ {
 		out, err := x.env.Client.CreateBox(ctx, api.SandboxCreateInput{Sandbox: name, Image: image})
 		if err != nil {
@@ -305,6 +305,44 @@ func (x *Exec) createBox(ctx context.Context, image string) (string, error) {
 			return "", fmt.Errorf("destroy leftover box %q: %w", name, err)
 		}
 	}
+}
+
+// execBoxPrefix starts the name of every exec box, and of no other box.
+const execBoxPrefix = "exec-"
+
+// RemoveLeftoverExecBoxes destroys the exec boxes of env's session. Call
+// it at start, before any pattern loads: an exec box lives only as long as
+// its run, so one that exists then belongs to no live node — it is left
+// over from a process that died mid-run (kill -9), whose deferred destroy
+// never ran. Box names are numbered per process, so a restart does not
+// reuse (and replace) them; without this they would stay forever, put to
+// sleep with the session. It returns the names it removed.
+func RemoveLeftoverExecBoxes(ctx context.Context, env Env) ([]string, error) {
+	if err := env.check(); err != nil {
+		return nil, err
+	}
+	raw, err := env.Client.Tool(ctx, "sandbox_list", api.SandboxListInput{})
+	if err != nil {
+		return nil, fmt.Errorf("list boxes to remove leftover exec boxes: %w", err)
+	}
+	var list api.SandboxListOutput
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("list boxes to remove leftover exec boxes: %w", err)
+	}
+	var removed []string
+	var errs []error
+	for _, b := range list.Sandboxes {
+		if !strings.HasPrefix(b.Name, execBoxPrefix) {
+			continue
+		}
+		if err := env.Client.DestroyBox(ctx, b.Name); err != nil && !noSuchBox(err) {
+			errs = append(errs, fmt.Errorf("destroy leftover exec box %q: %w", b.Name, err))
+			continue
+		}
+		env.logger().Info("removed a leftover exec box", "box", b.Name)
+		removed = append(removed, b.Name)
+	}
+	return removed, errors.Join(errs...)
 }
 
 func imageName(image string) string {

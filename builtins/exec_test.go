@@ -3,6 +3,7 @@ package builtins_test
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"testing"
 	"time"
 
@@ -148,6 +149,11 @@ func TestExecExitError(t *testing.T) {
 	assert.Equal(t, ee.Result, ee.PartialResult())
 }
 
+// TestExecRerunAndAbort changes an exec node's input while it runs: the
+// aborted run's command is held until the newer run has finished and then
+// completes, so its result comes back late, as from a slow agent: it must
+// never be written. Then a run that sleeps is aborted: its command is
+// killed and its box destroyed.
 func TestExecRerunAndAbort(t *testing.T) {
 	b := newBox(t)
 	r := b.load(t, `
@@ -157,7 +163,7 @@ cells:
 nodes:
   job:
     exec:
-      command: 'sleep ${n == 2 ? 5 : 0}; echo n=${n}'
+      command: 'sleep ${n == 4 ? 300 : 0}; echo n=${n}'
   shout: {computed: '${upper(job.result.stdout ?? "")}'}
 `, nil)
 	r.settle()
@@ -167,13 +173,26 @@ nodes:
 	assert.Equal(t, "N=1\n", shout)
 
 	from := r.store.Version()
+	release := b.client.holdCommand(t, "sleep 0; echo n=2")
 	r.set("n", "2")
-	waitFor(t, 5*time.Second, "the slow run's box", func() bool { return len(b.client.boxesCreated()) == 2 })
+	select {
+	case <-b.client.reached:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the n=2 run never reached its command")
+	}
 	slowBox := b.client.boxesCreated()[1]
-	start := time.Now()
 	r.set("n", "3")
+	waitFor(t, 30*time.Second, "the n=3 run's result", func() bool {
+		o := r.exec("job")
+		return !o.Pending && o.Result != nil && o.Result.Stdout == "n=3\n"
+	})
+	release() // the aborted run's command runs now, and its run returns
 	r.settle()
-	assert.Less(t, time.Since(start), 4*time.Second, "the sleep 5 run was aborted, not waited for")
+	b.client.mu.Lock()
+	late := slices.Clone(b.client.late)
+	b.client.mu.Unlock()
+	require.Len(t, late, 1)
+	assert.Equal(t, "n=2\n", late[0].Stdout, "the aborted run did get its result back")
 	assert.Equal(t, "n=3\n", r.exec("job").Result.Stdout)
 	r.get("shout", &shout)
 	assert.Equal(t, "N=3\n", shout, "dependents rerun")
@@ -184,7 +203,7 @@ nodes:
 	ch, err := r.store.Watch(ctx, r.addr("job").Prefix(), from)
 	require.NoError(t, err)
 	var seen []string
-	for len(seen) == 0 || seen[len(seen)-1] != "n=3\n" {
+	for done := false; !done; {
 		select {
 		case batch := <-ch:
 			for _, c := range batch.Changes {
@@ -196,12 +215,23 @@ nodes:
 					}
 				}
 			}
+			done = batch.Version >= r.store.Version()
 		case <-time.After(5 * time.Second):
-			t.Fatalf("job's changes: %q, never n=3", seen)
+			t.Fatalf("job's changes: %q, the watch never reached the store's version", seen)
 		}
 	}
+	assert.Contains(t, seen, "n=3\n")
 	assert.NotContains(t, seen, "n=2\n", "the aborted run's result is never written")
 	assert.NotContains(t, b.list(t), slowBox, "the aborted run's box is destroyed")
+	assert.Empty(t, b.list(t))
+
+	// A run whose command sleeps for 300 s is aborted: its command is
+	// killed (the runtime settles) and its box destroyed.
+	r.set("n", "4")
+	waitFor(t, 30*time.Second, "the sleeping run's box", func() bool { return len(b.client.boxesCreated()) == 4 })
+	r.set("n", "5")
+	r.settle()
+	assert.Equal(t, "n=5\n", r.exec("job").Result.Stdout)
 	assert.Empty(t, b.list(t))
 }
 

@@ -219,10 +219,23 @@ func decodeRun(payload json.RawMessage) (runEvent, error) {
 	return ev, nil
 }
 
-// edit decodes an output value, lets fn change it and returns it.
+// edit decodes an output value, lets fn change it and returns it. A value
+// that is not a sandbox output (written by something else, or by another
+// version) is not silently replaced: it is kept whole as the first history
+// entry, {"error": "...", "unreadable_output": VALUE}.
 func (s *Sandbox) edit(cur json.RawMessage, fn func(o *sandboxOutput)) sandboxOutput {
 	var o sandboxOutput
-	_ = json.Unmarshal(cur, &o)
+	var bad error
+	if len(cur) > 0 && string(cur) != "null" {
+		if bad = json.Unmarshal(cur, &o); bad != nil {
+			lost, _ := json.Marshal(map[string]any{
+				"error":             fmt.Sprintf("the node's output held a value that is not a sandbox output (%v); it is kept here", bad),
+				"unreadable_output": cur,
+			})
+			o = sandboxOutput{History: []json.RawMessage{lost}}
+			s.log.Warn("the output cell held a value that is not a sandbox output; kept as history[0]", "error", bad)
+		}
+	}
 	if o.History == nil {
 		o.History = []json.RawMessage{}
 	}
@@ -237,11 +250,27 @@ func (s *Sandbox) edit(cur json.RawMessage, fn func(o *sandboxOutput)) sandboxOu
 	return o
 }
 
-// modify changes the output cell.
-func (s *Sandbox) modify(ctx context.Context, fn func(o *sandboxOutput)) {
-	err := s.h.Modify(ctx, func(cur json.RawMessage) (any, error) { return s.edit(cur, fn), nil })
-	if err != nil {
-		s.log.Warn("write sandbox output", "error", err)
+// writeRetries are the pauses between attempts to write the output cell
+// when the store refuses the write (a full disk): a command's history
+// entry is not dropped on a passing failure.
+var writeRetries = []time.Duration{10 * time.Millisecond, 100 * time.Millisecond, time.Second}
+
+// modify changes the output cell, trying again while the store refuses
+// the write; it returns (and logs) the last attempt's error.
+func (s *Sandbox) modify(ctx context.Context, fn func(o *sandboxOutput)) error {
+	for attempt := 0; ; attempt++ {
+		err := s.h.Modify(ctx, func(cur json.RawMessage) (any, error) { return s.edit(cur, fn), nil })
+		if err == nil {
+			return nil
+		}
+		if attempt == len(writeRetries) || ctx.Err() != nil {
+			s.log.Warn("write sandbox output", "error", err)
+			return err
+		}
+		select {
+		case <-time.After(writeRetries[attempt]):
+		case <-ctx.Done():
+		}
 	}
 }
 
@@ -684,11 +713,16 @@ func (s *Sandbox) run(ctx context.Context, ev cells.Event) error {
 	if merr != nil {
 		return errors.Join(err, merr)
 	}
-	wctx := context.WithoutCancel(ctx)
-	s.modify(wctx, func(o *sandboxOutput) {
+	// The event is acked already: a history entry the store refuses
+	// fails the event (a failed status naming the command) after the
+	// retries, rather than vanishing into the log.
+	werr := s.modify(context.WithoutCancel(ctx), func(o *sandboxOutput) {
 		o.History = compact(append(o.History, raw))
 		o.Pending = false
 	})
+	if werr != nil {
+		err = errors.Join(err, fmt.Errorf("record the result of %q in the history: %w", p.Command, werr))
+	}
 	return err
 }
 

@@ -3,6 +3,7 @@ package builtins_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -407,4 +409,119 @@ nodes:
 func get(t *testing.T, url, host string) (int, string) {
 	resp, body := testenv.HTTPGet(t, url, host)
 	return resp.StatusCode, body
+}
+
+// refusing is a store whose next fails Updates fail (a full disk).
+type refusing struct {
+	cells.Store
+	fails atomic.Int32
+}
+
+func (s *refusing) Update(fn func(cells.Tx) error) error {
+	if s.fails.Add(-1) >= 0 {
+		return errors.New("write cellbox.db: no space left on device")
+	}
+	return s.Store.Update(fn)
+}
+
+// A command's history entry the store refuses is written again; when the
+// store keeps refusing, the event fails with the reason (a failed status),
+// instead of the entry vanishing into the log after the event was acked.
+func TestSandboxHistoryWriteRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		fails   int32
+		entries int
+		failed  string
+	}{
+		{"once", 1, 1, ""},
+		{"every attempt", 4, 0, `record the result of "echo hi" in the history: write default/hist/repl: write cellbox.db: no space left on device`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBox(t)
+			bolt, err := cells.OpenBolt(filepath.Join(t.TempDir(), "cells.db"), cells.Options{NoSync: true})
+			require.NoError(t, err)
+			t.Cleanup(func() { bolt.Close() })
+			store := &refusing{Store: bolt}
+			r := b.loadOn(t, store, `
+name: hist
+nodes:
+  repl: {sandbox: {}}
+`, nil)
+			r.settle()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			statuses := r.rt.Subscribe(ctx, 64)
+			release := b.client.holdCommand(t, "echo hi")
+			r.send("repl.run", `{"command": "echo hi"}`)
+			select {
+			case <-b.client.reached:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the command never ran")
+			}
+			store.fails.Store(tc.fails) // the event is acked: the history write comes next
+			release()
+			r.settle()
+			assert.Len(t, r.sandbox("repl").History, tc.entries)
+			var failed []string
+			for done := false; !done; {
+				select {
+				case s := <-statuses:
+					if s.Kind == runtime.Failed {
+						failed = append(failed, s.Err)
+					}
+				default:
+					done = true
+				}
+			}
+			if tc.failed == "" {
+				assert.Empty(t, failed)
+			} else {
+				require.Len(t, failed, 1)
+				assert.Contains(t, failed[0], tc.failed)
+			}
+		})
+	}
+}
+
+// An output cell that does not hold a sandbox output (another writer, an
+// older format) is not reset silently: its value is kept in the history
+// and the node's error says so.
+func TestSandboxUnreadableOutputKept(t *testing.T) {
+	b := newBox(t)
+	store, err := cells.OpenBolt(filepath.Join(t.TempDir(), "cells.db"), cells.Options{NoSync: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	addr := cells.Address{Space: "default", Pattern: "odd", Name: "repl"}
+	require.NoError(t, store.Update(func(tx cells.Tx) error {
+		if err := tx.Declare(addr, cells.Spec{}); err != nil {
+			return err
+		}
+		_, err := tx.Set(addr, json.RawMessage(`{"history": "precious", "status": "running"}`))
+		return err
+	}))
+	r := b.loadOn(t, store, `
+name: odd
+nodes:
+  repl: {sandbox: {}}
+`, nil)
+	r.settle()
+	var o struct {
+		History []json.RawMessage `json:"history"`
+	}
+	r.get("repl", &o)
+	require.NotEmpty(t, o.History, "the old value is not dropped")
+	var kept struct {
+		Error string          `json:"error"`
+		Value json.RawMessage `json:"unreadable_output"`
+	}
+	require.NoError(t, json.Unmarshal(o.History[0], &kept))
+	assert.JSONEq(t, `{"history": "precious", "status": "running"}`, string(kept.Value))
+	assert.Contains(t, kept.Error, "the node's output held a value that is not a sandbox output (json: cannot unmarshal string")
+
+	r.send("repl.run", `{"command": "echo next"}`)
+	r.settle()
+	r.get("repl", &o)
+	require.Len(t, o.History, 2, "the history goes on after it")
+	assert.Contains(t, string(o.History[1]), `"stdout":"next\n"`)
 }

@@ -135,6 +135,10 @@ type Batch struct {
 	// Changes lists the cells the commit changed, in first-write order; a
 	// cell written twice appears once, with its final state.
 	Changes []Change
+	// Err, on the last batch of a watch (no changes), says why the watch
+	// ended early: the store's change log could not be read (a corrupt
+	// entry, the store closed). Version is the last version delivered.
+	Err error
 }
 
 // Store is a cell store. All methods are safe for concurrent use.

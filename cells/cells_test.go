@@ -497,3 +497,36 @@ func TestOpenBoltDBShared(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "1", string(c.Value))
 }
+
+// A watch that meets an unreadable change log entry ends with a last batch
+// that says why, instead of just closing.
+func TestWatchEndsWithReason(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "cellbox.db"), 0o600, nil)
+	require.NoError(t, err)
+	defer db.Close()
+	s, err := OpenBoltDB(db, Options{})
+	require.NoError(t, err)
+	defer s.Close()
+	a := Address{Space: "s", Pattern: "p", Name: "x"}
+	for _, v := range []string{`1`, `2`, `3`} {
+		require.NoError(t, s.Update(func(tx Tx) error { _, err := tx.Set(a, json.RawMessage(v)); return err }))
+	}
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte(bucketLog)).Put(u64(2), []byte{0xff, 0xff, 0xff})
+	}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ch, err := s.Watch(ctx, "", 0)
+	require.NoError(t, err)
+	var got []Batch
+	for b := range ch {
+		got = append(got, b)
+	}
+	require.Len(t, got, 2, "version 1, then the reason")
+	assert.Equal(t, uint64(1), got[0].Version)
+	assert.NoError(t, got[0].Err)
+	assert.Equal(t, uint64(1), got[1].Version, "the last version delivered")
+	assert.Empty(t, got[1].Changes)
+	require.Error(t, got[1].Err)
+	assert.Contains(t, got[1].Err.Error(), `watch "" after version 1: change log entry 2:`)
+}

@@ -50,8 +50,9 @@ func (s *db) follow(ctx context.Context, w *watcher) {
 			batches, err := s.catchUp(w)
 			if err != nil {
 				// The store closed under the watch, or its log is corrupt:
-				// end the watch (the client reconnects from w.last).
-				return
+				// deliver what was read, then end the watch saying why (the
+				// client may reconnect from w.last).
+				batches = append(batches, Batch{Version: w.last, Err: fmt.Errorf("watch %q after version %d: %w", w.prefix, w.last, err)})
 			}
 			for _, b := range batches {
 				select {
@@ -61,6 +62,9 @@ func (s *db) follow(ctx context.Context, w *watcher) {
 				case <-s.done:
 					return
 				}
+			}
+			if err != nil {
+				return
 			}
 		}
 		select {

@@ -53,7 +53,8 @@
 // # Durability
 //
 // Node state (the key of the current or last run, pending) and the memo
-// cache live in the store's meta buckets "runtime.nodes" and "runtime.memo";
+// cache live in the store's meta buckets "runtime.nodes" and "runtime.memo"
+// (capped by size, least recently used evicted: Options.MemoLimit);
 // services may keep state in "runtime.services". Loading a pattern over a
 // store that already holds it resumes it: cells keep their values (initial
 // values apply only to cells that do not exist yet), compute nodes are
@@ -226,6 +227,10 @@ type Options struct {
 	// MinBackoff and MaxBackoff bound the hold-back delay, which doubles
 	// while the node keeps changing (defaults 1s and 1m).
 	MinBackoff, MaxBackoff time.Duration
+	// MemoLimit caps the memo cache's total size in bytes (results and
+	// keys); past it the least recently used results are evicted, and a
+	// result larger than it is not cached. 0 is DefaultMemoLimit.
+	MemoLimit int64
 }
 
 // StatusKind is what happened to a node.

@@ -46,7 +46,11 @@ func (b *batch) decideAsync(n *node, in Inputs, inErr string, waiting bool) {
 		return // finished for these inputs, or running for them
 	}
 	if memo {
-		if res, ok := b.tx.Meta(bucketMemo).Get(key); ok {
+		res, ok, err := b.r.memo(b.tx).get(key)
+		if err != nil {
+			b.r.log.Warn("read the memo cache; running instead", "node", n.addr.String(), "error", err)
+		}
+		if ok {
 			b.writeAsync(n, envelope{Result: res}, key, false)
 			b.status = append(b.status, Status{Node: n.addr, Kind: Cached})
 			b.then(func() {
@@ -129,17 +133,15 @@ func (r *Runtime) startRun(n *node, key string, memo bool, in Inputs) {
 	}()
 }
 
+// storeRetries are the pauses between attempts to store a run's result
+// when the store refuses the write (a full disk, an I/O error): a run's
+// result is not dropped on a passing failure.
+var storeRetries = []time.Duration{10 * time.Millisecond, 100 * time.Millisecond, time.Second}
+
 // finishRun writes a run's result if the run is still the node's current
-// one.
+// one, retrying a write the store refuses; when every attempt fails, the
+// node's cell says so (an error, no longer pending).
 func (r *Runtime) finishRun(n *node, id uint64, key string, memo bool, res any, runErr error, d time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	defer r.end()
-	if n.cur != id || n.detached || r.closed {
-		r.emit(Status{Node: n.addr, Kind: Aborted, Duration: d})
-		return
-	}
-	n.cur, n.cancel = 0, nil
 	env := envelope{}
 	var raw json.RawMessage
 	if runErr == nil {
@@ -159,20 +161,49 @@ func (r *Runtime) finishRun(n *node, id uint64, key string, memo bool, res any, 
 	} else {
 		env.Result = raw
 	}
+	for attempt := 0; !r.storeRun(n, id, key, memo && runErr == nil, env, raw, runErr, d, attempt == len(storeRetries)); attempt++ {
+		time.Sleep(storeRetries[attempt])
+	}
+}
+
+// storeRun is one attempt of finishRun. It returns false when the store
+// refused the write and another attempt is due; on the last attempt a
+// refused write is replaced by an error in the node's cell.
+func (r *Runtime) storeRun(n *node, id uint64, key string, memo bool, env envelope, raw json.RawMessage, runErr error, d time.Duration, last bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n.cur != id || n.detached || r.closed {
+		r.emit(Status{Node: n.addr, Kind: Aborted, Duration: d})
+		r.end()
+		return true
+	}
 	err := r.batch(func(b *batch) error {
 		b.writeAsync(n, env, key, false)
-		if memo && runErr == nil {
-			if err := b.tx.Meta(bucketMemo).Put(key, raw); err != nil {
+		if memo {
+			if err := r.memo(b.tx).put(key, raw); err != nil {
 				return fmt.Errorf("memoize %s: %w", n.addr, err)
 			}
 		}
 		return nil
 	})
+	if err != nil && !last {
+		r.log.Warn("store a run's result; trying again", "node", n.addr.String(), "error", err)
+		return false
+	}
+	defer r.end()
+	n.cur, n.cancel = 0, nil
 	if err != nil {
-		// The run stays pending in the store: a restart runs it again.
-		n.err = fmt.Sprintf("store the result: %v", err)
+		msg := fmt.Sprintf("store the run's result: %v (retry the node once the store takes writes again)", err)
+		if werr := r.batch(func(b *batch) error { b.writeAsync(n, envelope{Error: &msg}, key, false); return nil }); werr != nil {
+			// Nothing can be written: the cell stays pending and the run
+			// runs again on the next start; the node's state says why.
+			msg += fmt.Sprintf("; storing this error failed too (%v): the run stays pending and runs again on the next start", werr)
+		} else {
+			n.pending = false
+		}
+		n.err = msg
 		r.emit(Status{Node: n.addr, Kind: Failed, Duration: d, Err: n.err})
-		return
+		return true
 	}
 	n.pending, n.last = false, d
 	n.runs++
@@ -184,6 +215,7 @@ func (r *Runtime) finishRun(n *node, id uint64, key string, memo bool, res any, 
 		n.err = ""
 	}
 	r.emit(s)
+	return true
 }
 
 func safeKey(a Async, in Inputs) (key string, memo bool, err error) {

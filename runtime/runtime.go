@@ -164,6 +164,9 @@ func New(store cells.Store, opts Options) *Runtime {
 	if opts.MinBackoff <= 0 {
 		opts.MinBackoff = time.Second
 	}
+	if opts.MemoLimit <= 0 {
+		opts.MemoLimit = DefaultMemoLimit
+	}
 	if opts.MaxBackoff < opts.MinBackoff {
 		opts.MaxBackoff = max(time.Minute, opts.MinBackoff)
 	}
@@ -413,4 +416,61 @@ func (r *Runtime) Close(ctx context.Context) error {
 		return errors.Join(err, fmt.Errorf("close runtime: runs still going: %w", ctx.Err()))
 	}
 	return err
+}
+
+// ErrNotRetryable is returned (wrapped) by Retry for a node it cannot
+// retry: not an async node, running, or its last run did not fail.
+var ErrNotRetryable = errors.New("nothing to retry")
+
+// ErrNoNode is returned (wrapped) by Retry for an address that is no
+// loaded node's output.
+var ErrNoNode = errors.New("no such node")
+
+// Retry runs a failed async node again on its current inputs, bypassing
+// the memo: a failure whose cause lies outside the inputs (an image built
+// later, a flaky network) is otherwise final, since the node reruns only
+// when its inputs change. It returns once the run is decided (the node's
+// cell says pending: true); the run's outcome arrives like any run's.
+func (r *Runtime) Retry(ctx context.Context, addr cells.Address) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	n, ok := r.nodes[addr]
+	if !ok {
+		return fmt.Errorf("retry %s: %w: it is not the output of a loaded node", addr, ErrNoNode)
+	}
+	if n.shape != shapeAsync {
+		return fmt.Errorf("retry %s: %w: node %s is a %s node, which reruns when its inputs change; retry applies to exec and other async nodes",
+			addr, ErrNotRetryable, n.decl.Name, n.kindName())
+	}
+	if n.cur != 0 {
+		return fmt.Errorf("retry %s: %w: node %s is running", addr, ErrNotRetryable, n.decl.Name)
+	}
+	err := r.batch(func(b *batch) error {
+		// The stored cell says whether the last run failed (n.err is not
+		// kept across restarts).
+		var env envelope
+		_ = json.Unmarshal(b.get(n.out).raw, &env)
+		if env.Error == nil {
+			return fmt.Errorf("retry %s: %w: the last run of node %s did not fail", addr, ErrNotRetryable, n.decl.Name)
+		}
+		if _, inErr, _, failedUp := b.inputs(n); inErr != "" || failedUp != "" {
+			return fmt.Errorf("retry %s: %w: node %s failed because an input did (%s); retry or fix that one",
+				addr, ErrNotRetryable, n.decl.Name, cmp.Or(inErr, failedUp))
+		}
+		// A failed run is never memoized, so forgetting its key makes the
+		// decision run it again.
+		n.key = ""
+		b.enqueue(n)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if n.cur == 0 && n.err != "" {
+		return fmt.Errorf("retry %s: it failed again before running: %s", addr, n.err)
+	}
+	return nil
 }

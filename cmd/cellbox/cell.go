@@ -215,6 +215,9 @@ func cellOffline(ctx context.Context, af apiFlags, sub, arg string, since *uint6
 		return err
 	}
 	for b := range ch {
+		if b.Err != nil {
+			return b.Err
+		}
 		b.Changes = slices.DeleteFunc(b.Changes, func(c cells.Change) bool { return !strings.HasPrefix(c.Cell.Addr.String(), prefix) })
 		if len(b.Changes) > 0 || b.Snapshot {
 			if err := printBatch(runapi.BatchOf(b), asJSON); err != nil {
@@ -222,10 +225,13 @@ func cellOffline(ctx context.Context, af apiFlags, sub, arg string, since *uint6
 			}
 		}
 		if b.Version >= end {
-			break
+			return nil
 		}
 	}
-	return nil
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("the watch ended before version %d", end)
 }
 
 // jsonArg reads a JSON value argument ("-": from stdin).

@@ -218,9 +218,57 @@ func newRuntimeHost(ctx context.Context, dataDir string, store cells.Store, svc 
 	if err != nil {
 		return nil, err
 	}
-	rt := runtime.New(store, runtime.Options{Logger: log})
-	api := runapi.New(runapi.Config{Runtime: rt, Store: store, Env: builtins.Env{Client: svc.Client(session), Logger: log}, Logger: log, Persist: persist})
+	env := builtins.Env{Client: svc.Client(session), Logger: log}
+	// No pattern is loaded yet, so no exec run is live: an exec box in the
+	// session is a killed process's leftover.
+	if _, err := builtins.RemoveLeftoverExecBoxes(ctx, env); err != nil {
+		log.Warn("remove leftover exec boxes", "error", err)
+	}
+	memoLimit, err := envSize(memoLimitEnv)
+	if err != nil {
+		return nil, err
+	}
+	rt := runtime.New(store, runtime.Options{Logger: log, MemoLimit: memoLimit})
+	api := runapi.New(runapi.Config{Runtime: rt, Store: store, Env: env, Logger: log, Persist: persist})
 	return &runtimeHost{dataDir: dataDir, rt: rt, api: api, svc: svc, session: session}, nil
+}
+
+// memoLimitEnv caps the exec memo cache of run and serve (bytes, or with a
+// unit: 512MiB, 2GiB); unset: runtime.DefaultMemoLimit.
+const memoLimitEnv = "CELLBOX_MEMO_LIMIT"
+
+// envSize reads a size from an environment variable (0 when unset).
+func envSize(name string) (int64, error) {
+	v := strings.TrimSpace(os.Getenv(name))
+	if v == "" {
+		return 0, nil
+	}
+	n, err := parseSize(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q: %w", name, v, err)
+	}
+	return n, nil
+}
+
+// parseSize reads "1048576", "512KiB", "256MiB", "2GiB" (also KB, MB, GB
+// as powers of 1000).
+func parseSize(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)/mult {
+		return 0, errors.New("want a positive size in bytes, or with a unit: 512MiB, 2GiB")
+	}
+	return n * mult, nil
 }
 
 // runtimeSession returns the sandbox session the runtime's boxes live in:

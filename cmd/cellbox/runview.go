@@ -110,6 +110,10 @@ func (v *view) start() (finish func()) {
 					batches = nil
 					break
 				}
+				if b.Err != nil {
+					fmt.Fprintf(os.Stderr, "cellbox run: stopped following cells (the pattern runs on): %v\n", b.Err)
+					continue
+				}
 				v.apply(b, false)
 				seen = b.Version
 				if quiet != nil {

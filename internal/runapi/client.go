@@ -136,6 +136,13 @@ func (c *Client) Send(ctx context.Context, addr string, payload json.RawMessage)
 	return out, c.do(ctx, http.MethodPost, "/v1/send/"+escape(addr), payload, &out)
 }
 
+// Retry runs a failed exec node again (see POST /v1/retry/{node}) and
+// returns its cell, pending.
+func (c *Client) Retry(ctx context.Context, node string) (Cell, error) {
+	var out Cell
+	return out, c.do(ctx, http.MethodPost, "/v1/retry/"+escape(node), nil, &out)
+}
+
 // Graph returns a loaded instance's graph in format ("dot" or "mermaid").
 func (c *Client) Graph(ctx context.Context, name, format string) (string, error) {
 	resp, err := c.send(ctx, http.MethodGet, "/v1/graph/"+escape(name)+"?format="+url.QueryEscape(format), nil, "text/plain")
@@ -183,6 +190,9 @@ func (c *Client) Watch(ctx context.Context, prefix string, from *uint64, fn func
 				return fmt.Errorf("watch: bad event: %w", err)
 			}
 			data = data[:0]
+			if b.Error != "" {
+				return fmt.Errorf("the server ended the watch: %s", b.Error)
+			}
 			if err := fn(b); err != nil {
 				return err
 			}

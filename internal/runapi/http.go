@@ -45,6 +45,7 @@ func (s *Server) routes() *http.ServeMux {
 	m.HandleFunc("PUT /v1/cells/{addr...}", s.handleSet)
 	m.HandleFunc("GET /v1/watch", s.handleWatch)
 	m.HandleFunc("POST /v1/send/{addr...}", s.handleSend)
+	m.HandleFunc("POST /v1/retry/{addr...}", s.handleRetry)
 	m.HandleFunc("GET /v1/graph/{name...}", s.handleGraph)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		const endpoints = "POST/GET /v1/patterns, GET/DELETE /v1/patterns/{name}, GET /v1/cells, GET/PUT /v1/cells/{addr}, GET /v1/watch, POST /v1/send/{node}.{stream}, GET /v1/graph/{name}"

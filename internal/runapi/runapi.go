@@ -18,13 +18,14 @@
 //	PUT    /v1/cells/{addr}          body: the new JSON value → Cell
 //	GET    /v1/watch?prefix=P&from=V server-sent events, one Batch each (see below)
 //	POST   /v1/send/{node}.{stream}  body: the event's JSON payload → 202 Sent
+//	POST   /v1/retry/{node}          run a failed exec node again → 202 Cell
 //	GET    /v1/graph/{name}?format=dot|mermaid  the instance's graph, as text
 //
 // Errors are JSON, always: {"error": "what went wrong and what to do"},
 // plus "suggestion" on a 404 for an unknown cell, and "path", "reason" and
 // "violations" on a 422 for a value its cell's JSON Schema refuses. A PUT to
-// a node's output is a 409; a PUT to a stream or a send to a plain cell a
-// 400.
+// a node's output is a 409, and so is a retry of a node that did not fail;
+// a PUT to a stream or a send to a plain cell a 400.
 //
 // # Cell addresses
 //
@@ -367,4 +368,36 @@ func (s *Server) describe(in *instance) (Instance, error) {
 		}
 	}
 	return d, nil
+}
+
+// handleRetry (POST /v1/retry/{node}) runs a failed async node (exec)
+// again on its current inputs, bypassing the memo cache: for a failure
+// whose cause is fixed outside the pattern (an image built, a file put in
+// place). 202 with the node's cell (pending: true); the outcome arrives as
+// any run's does (watch the cell). 409 for a node that did not fail, is
+// running, reruns by itself (computed) or failed because an input did.
+func (s *Server) handleRetry(w http.ResponseWriter, r *http.Request) {
+	c, err := Lookup(s.store, s.loaded(), r.PathValue("addr"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	err = s.rt.Retry(r.Context(), c.Addr)
+	switch {
+	case errors.Is(err, runtime.ErrNotRetryable):
+		writeErr(w, &Error{Status: http.StatusConflict, Message: err.Error()})
+		return
+	case errors.Is(err, runtime.ErrNoNode):
+		writeErr(w, errorf(http.StatusNotFound, "%v (retry takes a node: its output cell's address)", err))
+		return
+	case err != nil:
+		writeErr(w, err)
+		return
+	}
+	c, err = s.store.Get(c.Addr)
+	if err != nil {
+		writeErr(w, fmt.Errorf("read %s back: %w", c.Addr, err))
+		return
+	}
+	writeJSON(w, http.StatusAccepted, CellOf(c))
 }

@@ -3,7 +3,9 @@ package runapi_test
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/internal/runapi"
@@ -500,4 +503,41 @@ func TestCrossSiteRefused(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, 200, resp.StatusCode, "reads stay open (same-origin policy keeps their answers from the page)")
+}
+
+// A watch the server must end (its store's change log is unreadable) ends
+// with an event that says why, and the client returns it as an error.
+func TestWatchEndsWithReason(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "cellbox.db"), 0o600, nil)
+	require.NoError(t, err)
+	defer db.Close()
+	store, err := cells.OpenBoltDB(db, cells.Options{})
+	require.NoError(t, err)
+	defer store.Close()
+	rt := runtime.New(store, runtime.Options{})
+	defer rt.Close(context.Background())
+	api := runapi.New(runapi.Config{Runtime: rt, Store: store, Logger: slog.New(slog.DiscardHandler)})
+	ts := httptest.NewServer(api)
+	defer ts.Close()
+	defer api.Shutdown()
+	c := runapi.NewClient(ts.URL)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "pattern.yaml"), []byte(tinyYAML), 0o644))
+	_, err = c.Load(context.Background(), dir, "", "")
+	require.NoError(t, err)
+	_, err = c.Set(context.Background(), "a", json.RawMessage(`5`))
+	require.NoError(t, err)
+	last := store.Version()
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte("log")).Put(binary.BigEndian.AppendUint64(nil, last), []byte{0xff, 0xff})
+	}))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	from := uint64(0)
+	var seen []uint64
+	err = c.Watch(ctx, "", &from, func(b runapi.Batch) error { seen = append(seen, b.Version); return nil })
+	require.Error(t, err, "the watch does not end as if all was well")
+	assert.Contains(t, err.Error(), fmt.Sprintf("the server ended the watch: watch \"\" after version %d: change log entry %d:", last-1, last))
+	assert.Equal(t, last-1, seen[len(seen)-1], "every readable commit came first")
 }

@@ -42,6 +42,9 @@ type Batch struct {
 	Version  uint64   `json:"version"`
 	Snapshot bool     `json:"snapshot,omitempty"`
 	Changes  []Change `json:"changes"`
+	// Error, on the last event of a watch, says why the server ended it
+	// (the store's change log could not be read).
+	Error string `json:"error,omitempty"`
 }
 
 // CellList is the answer of GET /v1/cells.
@@ -127,6 +130,9 @@ func eventJSON(e cells.Event) Event {
 // BatchOf renders a store batch for the API.
 func BatchOf(b cells.Batch) Batch {
 	out := Batch{Version: b.Version, Snapshot: b.Snapshot, Changes: make([]Change, len(b.Changes))}
+	if b.Err != nil {
+		out.Error = b.Err.Error()
+	}
 	for i, c := range b.Changes {
 		out.Changes[i] = Change{Cell: CellOf(c.Cell), Deleted: c.Deleted}
 		if c.Event != nil {

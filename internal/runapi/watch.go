@@ -68,7 +68,11 @@ func (s *Server) handleWatch(w http.ResponseWriter, r *http.Request) {
 			if !ok {
 				return
 			}
-			if writeEvent(w, b) != nil {
+			if writeEvent(w, b) != nil || b.Err != nil {
+				if b.Err != nil {
+					flusher.Flush()
+					s.log.Error("watch ended", "prefix", prefix, "error", b.Err)
+				}
 				return
 			}
 		case <-ping.C:

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/image"
+)
+
+// TestRunKilledMidStageLeavesNoBox kills `cellbox run` (kill -9) while an
+// exec stage sleeps in its box, restarts it and checks that the restart
+// finishes the stage and that no box of the killed run is left on the
+// backend (a local box directory, a Docker container), on both backends.
+// The killed run's box is its node's second (a cell change aborted the
+// first), so a restart that only replaces a box of the name it picks
+// itself would not find it.
+func TestRunKilledMidStageLeavesNoBox(t *testing.T) {
+	for _, be := range []string{"local", "docker"} {
+		t.Run(be, func(t *testing.T) {
+			if be == "local" {
+				testenv.RequireBwrap(t)
+			} else {
+				testenv.RequireDocker(t)
+			}
+			data := t.TempDir()
+			name := "leftover" + randomHex(t)
+			pattern := writePattern(t, `name: `+name+`
+cells:
+  n: 1
+nodes:
+  slow:
+    exec:
+      command: 'sleep ${n == 1 ? 300 : 3}; echo done ${n}'
+      cache: false
+`)
+			boxes := func() []string { return execBoxes(t, be, data, name) }
+			if be == "docker" {
+				t.Cleanup(func() { removeContainers(t, name) }) // if the test fails, its containers go
+			}
+			run := startRun(t, pattern, "--data", data, "--backend", be)
+			poll(t, "the first run's box", func() bool { return len(boxes()) == 1 })
+			_, errOut, err := cellbox(t, "cell", "set", "n", "2", "--data", data)
+			require.NoError(t, err, errOut)
+			poll(t, "the second run's box, alone", func() bool {
+				b := boxes()
+				return len(b) == 1 && strings.HasSuffix(b[0], "-2")
+			})
+			require.NoError(t, run.cmd.Process.Signal(syscall.SIGKILL))
+			<-run.done
+			run.done <- nil
+			require.Equal(t, []string{"exec-" + name + ".slow-2"}, boxes(), "kill -9 left the running stage's box behind")
+
+			out, errOut, err := cellbox(t, "run", pattern, "--once", "--data", data, "--backend", be)
+			require.NoError(t, err, errOut)
+			assert.Contains(t, out, `"stdout":"done 2\n"`, "the restart finished the stage")
+			assert.Empty(t, boxes(), "no box of the killed run (or of the restart) is left")
+			entries, err := os.ReadDir(filepath.Join(data, "boxes"))
+			require.NoError(t, err)
+			assert.Empty(t, entries, "no box directory is left in the data dir")
+		})
+	}
+}
+
+// execBoxes lists the names of the exec boxes of pattern that exist on the
+// backend for data dir data (sleeping or not): the local backend's box
+// directories, Docker's containers with the cellbox labels.
+func execBoxes(t *testing.T, be, data, pattern string) []string {
+	t.Helper()
+	var names []string
+	switch be {
+	case "local":
+		specs, err := filepath.Glob(filepath.Join(data, "local", "*", "spec.json"))
+		require.NoError(t, err)
+		for _, f := range specs {
+			raw, err := os.ReadFile(f)
+			if err != nil {
+				continue // being removed
+			}
+			var s struct{ Spec backend.Spec }
+			require.NoError(t, json.Unmarshal(raw, &s))
+			names = append(names, s.Spec.Labels[backend.LabelBox])
+		}
+	case "docker":
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "docker", "ps", "-a", "--filter", "label="+backend.LabelManaged+"=1",
+			"--format", `{{.Label "`+backend.LabelBox+`"}}`).Output()
+		require.NoError(t, err)
+		names = strings.Fields(string(out))
+	}
+	var mine []string
+	for _, n := range names {
+		if strings.HasPrefix(n, "exec-"+pattern+".") {
+			mine = append(mine, n)
+		}
+	}
+	return mine
+}
+
+// randomHex makes names unique to one test (other tests share Docker).
+func randomHex(t *testing.T) string {
+	b := make([]byte, 4)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	return hex.EncodeToString(b)
+}
+
+// removeContainers removes the Docker containers of pattern's exec boxes
+// (this test's own: the pattern name is random).
+func removeContainers(t *testing.T, pattern string) {
+	out, err := exec.Command("docker", "ps", "-a", "--filter", "label="+backend.LabelManaged+"=1",
+		"--format", `{{.ID}} {{.Label "`+backend.LabelBox+`"}}`).Output()
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if id, box, ok := strings.Cut(line, " "); ok && strings.HasPrefix(box, "exec-"+pattern+".") {
+			exec.Command("docker", "rm", "-f", id).Run()
+		}
+	}
+}
+
+// TestRetryAfterTheCauseIsFixed runs an exec node whose image is not built
+// yet: it fails, and stays failed once the image exists, until `cellbox
+// retry` runs it again (the memo cache bypassed).
+func TestRetryAfterTheCauseIsFixed(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	pattern := writePattern(t, `name: later
+nodes:
+  job:
+    exec:
+      image: cellbox/tiny
+      command: echo built
+`)
+	startRun(t, pattern, "--data", data, "--backend", "local")
+	job := func() map[string]any {
+		out, errOut, err := cellbox(t, "cell", "get", "job", "--data", data)
+		require.NoError(t, err, errOut)
+		var v map[string]any
+		require.NoError(t, json.Unmarshal([]byte(out), &v), out)
+		return v
+	}
+	poll(t, "the run to fail on the missing image", func() bool { return job()["error"] != nil })
+	assert.Contains(t, job()["error"], "cellbox image build tiny")
+
+	makeRootfs(t, filepath.Join(data, "images", "tiny", "rootfs")) // the image is built
+	assert.NotNil(t, job()["error"], "a fixed cause alone does not rerun the node")
+
+	out, errOut, err := cellbox(t, "retry", "job", "--data", data)
+	require.NoError(t, err, errOut)
+	assert.Equal(t, "retrying default/later/job (watch it: cellbox cell watch default/later/job)\n", out)
+	poll(t, "the retried run to succeed", func() bool { return job()["error"] == nil && job()["pending"] == false })
+	assert.Equal(t, "built\n", job()["result"].(map[string]any)["stdout"])
+
+	for _, tc := range []struct{ node, msg string }{
+		{"job", "the last run of node job did not fail"},
+		{"nothing", `no cell "nothing"`},
+	} {
+		_, errOut, err = cellbox(t, "retry", tc.node, "--data", data)
+		require.Error(t, err, tc.node)
+		assert.Contains(t, errOut, tc.msg, tc.node)
+	}
+}
+
+// makeRootfs makes a tiny cellbox image rootfs at dir, as `cellbox image
+// build` would leave one: the skeleton of mount points, and a /usr with
+// only dash (as sh) and the libraries it needs.
+func makeRootfs(t *testing.T, dir string) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	var skel bytes.Buffer
+	require.NoError(t, image.SkeletonTar(&skel))
+	tar := exec.Command("tar", "-x", "-C", dir)
+	tar.Stdin = &skel
+	out, err := tar.CombinedOutput()
+	require.NoError(t, err, string(out))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ".cellbox", "cellbox"), nil, 0o755)) // the agent's mount point
+	for src, dst := range map[string]string{
+		"/usr/bin/dash":                   "usr/bin/sh",
+		"/lib/x86_64-linux-gnu/libc.so.6": "usr/lib/x86_64-linux-gnu/libc.so.6",
+		"/lib64/ld-linux-x86-64.so.2":     "usr/lib64/ld-linux-x86-64.so.2",
+	} {
+		b, err := os.ReadFile(src)
+		require.NoError(t, err)
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(dir, dst)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, dst), b, 0o755))
+	}
+}
