@@ -10,8 +10,6 @@ import (
 	"net/url"
 	"path/filepath"
 	"regexp"
-	"slices"
-	"sort"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -239,46 +237,33 @@ nodes:
 	assert.True(t, o.History[len(o.History)-1].TimedOut)
 }
 
-// TestFileBindingLatency measures a sandbox's file bindings both ways:
-// cell written -> file in the box, and file written in the box -> output
-// cell updated.
-func TestFileBindingLatency(t *testing.T) {
+// TestFileBindingsRoundTrips follows a sandbox's file bindings both ways,
+// several times over: cell written -> file in the box, and file written in
+// the box -> output cell updated. (`cellbox bench runtime` measures how
+// long each takes.)
+func TestFileBindingsRoundTrips(t *testing.T) {
 	b := newBox(t)
 	r := b.load(t, replPattern, nil)
 	r.settle()
 	box := r.sandbox("repl").Box
 	waitFor(t, time.Second, "output files read", func() bool { return len(r.sandbox("repl").Files) == 2 })
-	const n = 20
-	var in, out []time.Duration
+	const n = 5
 	for i := range n {
 		want := fmt.Sprintf(`{"port":%d}`, 10000+i)
-		start := time.Now()
 		r.set("cfg", want)
 		waitFor(t, 2*time.Second, "file in the box", func() bool {
 			s, _ := b.read(box, "/workspace/config.json")
 			return s == want
 		})
-		in = append(in, time.Since(start))
 
 		text := fmt.Sprintf("v%d", i)
-		start = time.Now()
 		_, err := b.client.Upload(context.Background(), box, "/workspace/out/result.txt", strings.NewReader(text))
 		require.NoError(t, err)
 		waitFor(t, 2*time.Second, "output cell", func() bool {
 			c, err := r.store.Get(r.addr("repl"))
 			return err == nil && strings.Contains(string(c.Value), `"/workspace/out/result.txt":"`+text+`"`)
 		})
-		out = append(out, time.Since(start))
 	}
-	p := func(ds []time.Duration, q float64) time.Duration {
-		s := slices.Clone(ds)
-		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-		return s[int(q*float64(len(s)-1))]
-	}
-	t.Logf("file bindings (local backend, n=%d): cell -> file p50 %s p95 %s; file -> cell p50 %s p95 %s",
-		n, p(in, .5), p(in, .95), p(out, .5), p(out, .95))
-	assert.Less(t, p(in, .5), 200*time.Millisecond)
-	assert.Less(t, p(out, .5), time.Second)
 }
 
 // TestOverHTTP runs exec and sandbox nodes through the HTTP client of the

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -314,57 +313,4 @@ func TestInProcessClient(t *testing.T) {
 	assert.Contains(t, te.Message, "no such file")
 	require.NoError(t, c.DestroyBox(ctx, "b"))
 	assert.Error(t, c.DestroyBox(ctx, "b"))
-}
-
-// TestLatency measures, on each backend, create -> first exec result from
-// the warm pool and a warm shell call, through the HTTP API.
-func TestLatency(t *testing.T) {
-	if testing.Short() {
-		t.Skip("measurement")
-	}
-	for _, b := range backends {
-		t.Run(b.name, func(t *testing.T) {
-			dir := t.TempDir()
-			be := b.open(t, dir)
-			s := startServer(t, be, dir, func(c *sandbox.Config) { c.Pool = map[string]int{backend.DefaultImage: 2} })
-			c := newSession(t, s)
-			ctx := context.Background()
-			const n = 8
-			var create, warm []time.Duration
-			for i := range n {
-				waitPool(t, s)
-				name := "lat" + string(rune('a'+i))
-				start := time.Now()
-				_, err := c.CreateBox(ctx, api.SandboxCreateInput{Sandbox: name})
-				require.NoError(t, err)
-				call(t, c, "shell", map[string]any{"sandbox": name, "command": "true"})
-				create = append(create, time.Since(start))
-			}
-			for range 20 {
-				start := time.Now()
-				call(t, c, "shell", map[string]any{"command": "true"})
-				warm = append(warm, time.Since(start))
-			}
-			t.Logf("%s: create -> first exec p50 %v (n=%d); warm shell true p50 %v", b.name, p50(create), n, p50(warm))
-		})
-	}
-}
-
-// waitPool waits until the warm pool is full again.
-func waitPool(t *testing.T, s *server) {
-	require.Eventually(t, func() bool {
-		resp, err := http.Get(s.url + "/metrics")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return strings.Contains(string(body), `cellbox_pool_ready{image="host"} 2`)
-	}, 30*time.Second, 5*time.Millisecond)
-}
-
-func p50(d []time.Duration) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
