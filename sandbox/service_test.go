@@ -159,7 +159,7 @@ func TestHTTPProtocolFaults(t *testing.T) {
 		defer resp.Body.Close()
 		assert.Equal(t, 404, resp.StatusCode)
 		assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
-		resp2, err := http.Get(url + "/v1/sessions")
+		resp2, err := http.Get(url + "/v1/sessions/s-x/tools/shell")
 		require.NoError(t, err)
 		defer resp2.Body.Close()
 		assert.Equal(t, 405, resp2.StatusCode)
