@@ -66,7 +66,9 @@ func (a *attacker) do(method, path, host, body string, headers map[string]string
 	return resp.StatusCode, string(b)
 }
 
-func bearer(token string) map[string]string { return map[string]string{"Authorization": "Bearer " + token} }
+func bearer(token string) map[string]string {
+	return map[string]string{"Authorization": "Bearer " + token}
+}
 
 // newSession creates a session with the server key.
 func (a *attacker) newSession() (id, token string) {
