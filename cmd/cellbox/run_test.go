@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -449,8 +448,7 @@ nodes:
 	})
 
 	get := func(url string) (int, string) {
-		lu, host := loopback(t, url)
-		resp, body := testenv.HTTPGet(t, lu, host)
+		resp, body := testenv.HTTPGet(t, url, "")
 		return resp.StatusCode, body
 	}
 	status, _ := get(u)
@@ -469,17 +467,6 @@ nodes:
 	cell, err := runapi.NewClient(base).WithKey(readServerKey(t, data)).Get(context.Background(), "web")
 	require.NoError(t, err)
 	assert.Contains(t, string(cell.Value), u)
-}
-
-// loopback returns the loopback URL and Host header of u: Go's resolver
-// does not resolve ID.localhost (browsers and curl do).
-func loopback(t *testing.T, u string) (string, string) {
-	t.Helper()
-	pu, err := neturl.Parse(u)
-	require.NoError(t, err)
-	host := pu.Host
-	pu.Host = "127.0.0.1:" + pu.Port()
-	return pu.String(), host
 }
 
 // readServerKey reads the server key a server made in data.
