@@ -70,6 +70,14 @@ func bearer(token string) map[string]string {
 	return map[string]string{"Authorization": "Bearer " + token}
 }
 
+// wrong returns a secret with its first character changed.
+func wrong(secret string) string {
+	if strings.HasPrefix(secret, "0") {
+		return "1" + secret[1:]
+	}
+	return "0" + secret[1:]
+}
+
 // newSession creates a session with the server key.
 func (a *attacker) newSession() (id, token string) {
 	a.t.Helper()
@@ -148,7 +156,7 @@ func TestHTTPServerKey(t *testing.T) {
 		status, body := a.do(r.method, r.path, "", r.body, nil)
 		assert.Equal(t, http.StatusUnauthorized, status, "%s %s without the key: %s", r.method, r.path, body)
 		assert.Contains(t, body, "server key", "%s %s: the error says what is missing", r.method, r.path)
-		status, body = a.do(r.method, r.path, "", r.body, bearer("0"+a.key[1:]))
+		status, body = a.do(r.method, r.path, "", r.body, bearer(wrong(a.key)))
 		assert.Equal(t, http.StatusForbidden, status, "%s %s with a wrong key: %s", r.method, r.path, body)
 		status, _ = a.do(r.method, r.path, "", r.body, map[string]string{"Cookie": "cellbox_key_" + a.port + "=nope"})
 		assert.Equal(t, http.StatusForbidden, status, "%s %s with a wrong cookie", r.method, r.path)
@@ -173,7 +181,7 @@ func TestHTTPServerKey(t *testing.T) {
 		want                     int
 	}{
 		{"no token", "POST", "/v1/sessions/" + idA + "/tools/shell", shell, nil, http.StatusUnauthorized},
-		{"wrong token", "POST", "/v1/sessions/" + idA + "/tools/shell", shell, bearer("0" + tokA[1:]), http.StatusForbidden},
+		{"wrong token", "POST", "/v1/sessions/" + idA + "/tools/shell", shell, bearer(wrong(tokA)), http.StatusForbidden},
 		{"another session's token", "POST", "/v1/sessions/" + idA + "/tools/shell", shell, bearer(tokB), http.StatusForbidden},
 		{"the server key is not a session token", "POST", "/v1/sessions/" + idA + "/tools/shell", shell, bearer(a.key), http.StatusForbidden},
 		{"MCP, another session's token", "POST", "/v1/sessions/" + idA + "/mcp", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, bearer(tokB), http.StatusForbidden},
