@@ -161,6 +161,11 @@ func TestHTTPServerKey(t *testing.T) {
 		status, _ = a.do(r.method, r.path, "", r.body, map[string]string{"Cookie": "cellbox_key_" + a.port + "=nope"})
 		assert.Equal(t, http.StatusForbidden, status, "%s %s with a wrong cookie", r.method, r.path)
 	}
+	// The open prefixes do not lead elsewhere by dot segments.
+	for _, p := range []string{"/v1/sessions/../metrics", "/v1/sessions/x%2F..%2F..%2Fmetrics", "/v1/sessions/..%2F..%2Fv1%2Fpatterns", "/preview/../v1/patterns", "/healthz/../v1/patterns"} {
+		status, body := a.do("GET", p, "", "", nil)
+		assert.Contains(t, []int{http.StatusUnauthorized, http.StatusNotFound, http.StatusMethodNotAllowed}, status, "%s: %s", p, body)
+	}
 	assert.Equal(t, before, a.sessions(), "no session was made without the key")
 	status, _ := a.do("GET", "/v1/patterns", "", "", bearer(a.key))
 	assert.Equal(t, http.StatusOK, status)
