@@ -7,7 +7,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -367,7 +366,7 @@ func TestDevServer(t *testing.T) {
 	require.Equal(t, "running", out.Status, "%+v", out)
 	assert.Empty(t, out.Error)
 	url := out.Previews["8000"].URL
-	require.True(t, strings.HasPrefix(url, srv.URL+"/preview/"), "previews: %+v", out.Previews)
+	require.Regexp(t, `^http://p[0-9a-f]{32}\.localhost:\d+/$`, url, "previews: %+v", out.Previews)
 
 	in.send("web", "run", map[string]string{"command": "sh start.sh"})
 	in.wait()
@@ -400,13 +399,9 @@ func TestDevServer(t *testing.T) {
 
 func fetch(t *testing.T, url string) string {
 	t.Helper()
-	resp, err := http.Get(url)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
+	resp, body := testenv.HTTPGet(t, url, "") // resolves ID.localhost as browsers do
 	require.Equal(t, http.StatusOK, resp.StatusCode, "GET %s: %s", url, body)
-	return string(body)
+	return body
 }
 
 // nodeImages returns an images directory holding the cellbox/node rootfs,

@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ const MaxToolBody = 8 << 20
 // Handler returns the HTTP API:
 //
 //	POST   /v1/sessions                                   -> 201 {"id","token"}
+//	GET    /v1/sessions                                   -> [{"id","created","boxes"}]
 //	DELETE /v1/sessions/{id}                              (Bearer)
 //	GET    /v1/tools                                      -> [{"name","description","input_schema"}]
 //	POST   /v1/sessions/{id}/tools/{name}                 (Bearer) body: input -> 200 result object
@@ -32,7 +34,13 @@ const MaxToolBody = 8 << 20
 //	GET    /v1/sessions/{id}/boxes/{box}/watch?path=&debounce_ms=  (Bearer) server-sent events
 //	POST   /v1/sessions/{id}/mcp                          (Bearer) one MCP JSON-RPC message (Streamable HTTP)
 //	GET    /healthz, /metrics
-//	ANY    /preview/{pid}/...                             preview proxy (also Host: {pid}.localhost)
+//	ANY    Host: {pid}.localhost                          preview proxy (a preview's own origin)
+//	ANY    /preview/{pid}/...                             308 to http://{pid}.localhost:PORT/...
+//
+// The routes without a session token (creating and listing sessions,
+// /metrics) are open here: the server in front of Handler guards them
+// (cmd/cellbox asks for the server key, and checks Host and Origin on
+// every request).
 //
 // File paths in URLs are relative to /workspace; an absolute path is
 // written with its leading slash escaped (files/%2Ftmp/x). Errors are JSON
@@ -40,6 +48,7 @@ const MaxToolBody = 8 << 20
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/sessions", s.handleNewSession)
+	mux.HandleFunc("GET /v1/sessions", s.handleListSessions)
 	mux.HandleFunc("DELETE /v1/sessions/{id}", s.authed(s.handleDeleteSession))
 	mux.HandleFunc("GET /v1/tools", s.handleTools)
 	mux.HandleFunc("POST /v1/sessions/{id}/tools/{name}", s.authed(s.handleTool))
@@ -53,8 +62,8 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("/preview/{pid}", s.handlePreview)
 	mux.HandleFunc("/preview/{pid}/{rest...}", s.handlePreview)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if id, ok := previewHost(r.Host); ok {
-			s.servePreview(w, r, id, r.URL.Path, "")
+		if id, ok := PreviewID(r.Host); ok {
+			s.servePreview(w, r, id)
 			return
 		}
 		if _, pattern := mux.Handler(r); pattern == "" {
@@ -125,6 +134,26 @@ func (s *Service) handleNewSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, api.NewSessionResult{ID: id, Token: token})
+}
+
+// SessionInfo is one entry of GET /v1/sessions.
+type SessionInfo struct {
+	ID      string    `json:"id"`
+	Created time.Time `json:"created"`
+	Boxes   int       `json:"boxes"`
+}
+
+func (s *Service) handleListSessions(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	out := make([]SessionInfo, 0, len(s.sessions))
+	for _, sess := range s.sessions {
+		if !sess.deleted {
+			out = append(out, SessionInfo{ID: sess.ID, Created: sess.Created, Boxes: len(sess.boxes)})
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b SessionInfo) int { return a.Created.Compare(b.Created) })
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Service) handleDeleteSession(w http.ResponseWriter, r *http.Request, sess *Session) {

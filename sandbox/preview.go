@@ -19,11 +19,11 @@ import (
 // and a port; the proxy tunnels each connection through the box's agent
 // (agent.Client.DialPort), so it works although the box has no network.
 //
-// Two forms reach the same target:
-//   - path prefix: BASE/preview/ID/... — the app sees the path without the
-//     prefix (and X-Forwarded-Prefix); apps must use relative URLs.
-//   - host: http://ID.localhost:PORT/... — the whole path goes to the app;
-//     browsers (and curl) resolve *.localhost to the loopback address.
+// A preview is served on an origin of its own, http://ID.localhost:PORT/
+// (browsers and curl resolve *.localhost to the loopback address), never on
+// the API's: a page a box serves must not be able to call the APIs with the
+// browser's blessing (same origin). The old path form BASE/preview/ID/...
+// only redirects there. The whole path goes to the app.
 
 // previewTarget is where a preview id leads.
 type previewTarget struct {
@@ -74,10 +74,11 @@ func browseTool(ctx context.Context, c *call, in api.BrowseInput) (api.BrowseOut
 			return out, err
 		}
 	}
-	out.URL = base + "/preview/" + id + "/"
-	if u, err := url.Parse(base); err == nil && u.Port() != "" && isLoopback(u.Hostname()) {
-		out.HostURL = fmt.Sprintf("%s://%s.localhost:%s/", u.Scheme, id, u.Port())
+	out.URL, err = previewURL(base, id, "/")
+	if err != nil {
+		return out, err
 	}
+	out.HostURL = out.URL
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	conn, err := l.client.DialPort(pctx, in.Port)
 	cancel()
@@ -90,29 +91,36 @@ func browseTool(ctx context.Context, c *call, in api.BrowseInput) (api.BrowseOut
 	return out, nil
 }
 
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
+// previewURL is the address of path in preview id of the server at base:
+// http://ID.localhost:PORT/PATH, whatever host base names (a remote user
+// reaches it through a tunnel of PORT, as *.localhost resolves locally).
+func previewURL(base, id, path string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil || u.Host == "" {
+		return "", fmt.Errorf("base URL %q of this server is not a URL: previews need one (see Service.SetBaseURL)", base)
 	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	port := u.Port()
+	if port == "" {
+		port = "80"
+	}
+	return fmt.Sprintf("http://%s.localhost:%s%s", id, port, path), nil
 }
 
-// previewHost returns the preview id of a Host header ID.localhost[:port].
-func previewHost(host string) (string, bool) {
+// PreviewID returns the preview id of a Host header ID.localhost[:port]:
+// the origin of a preview, which must never reach the APIs.
+func PreviewID(host string) (string, bool) {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	id, rest, ok := strings.Cut(host, ".")
+	id, rest, ok := strings.Cut(strings.ToLower(host), ".")
 	if !ok || rest != "localhost" || !previewIDRE.MatchString(id) {
 		return "", false
 	}
 	return id, true
 }
 
-// servePreview proxies r to the preview id's box and port; path is what the
-// app sees, prefix what was cut off it.
-func (s *Service) servePreview(w http.ResponseWriter, r *http.Request, id, path, prefix string) {
+// servePreview proxies r to the preview id's box and port.
+func (s *Service) servePreview(w http.ResponseWriter, r *http.Request, id string) {
 	s.mu.Lock()
 	t, ok := s.previews[id]
 	b := s.boxes[t.box]
@@ -132,12 +140,8 @@ func (s *Service) servePreview(w http.ResponseWriter, r *http.Request, id, path,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = fmt.Sprintf("localhost:%d", t.port)
-			pr.Out.URL.Path, pr.Out.URL.RawPath = path, ""
 			pr.Out.Host = pr.Out.URL.Host
 			pr.SetXForwarded()
-			if prefix != "" {
-				pr.Out.Header.Set("X-Forwarded-Prefix", prefix)
-			}
 		},
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -152,18 +156,21 @@ func (s *Service) servePreview(w http.ResponseWriter, r *http.Request, id, path,
 	proxy.ServeHTTP(w, r)
 }
 
-// handlePreview serves /preview/{pid}/{rest...}.
+// handlePreview answers the old path form /preview/{pid}/{rest...} with a
+// redirect to the preview's own origin: it is never served on the API's.
 func (s *Service) handlePreview(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("pid")
-	prefix := "/preview/" + id
-	rest, ok := strings.CutPrefix(r.URL.Path, prefix)
-	if !ok || rest == "" {
-		target := prefix + "/"
-		if r.URL.RawQuery != "" {
-			target += "?" + r.URL.RawQuery
-		}
-		http.Redirect(w, r, target, http.StatusMovedPermanently)
+	if !previewIDRE.MatchString(id) {
+		writeError(w, http.StatusNotFound, "no such preview (call browse for a preview URL)")
 		return
 	}
-	s.servePreview(w, r, id, rest, prefix)
+	_, port, err := net.SplitHostPort(r.Host)
+	if err != nil {
+		port = "80"
+	}
+	target, _ := previewURL("http://localhost:"+port, id, "/"+r.PathValue("rest"))
+	if r.URL.RawQuery != "" {
+		target += "?" + r.URL.RawQuery
+	}
+	http.Redirect(w, r, target, http.StatusPermanentRedirect)
 }

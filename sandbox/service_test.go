@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
 )
@@ -159,7 +161,7 @@ func TestHTTPProtocolFaults(t *testing.T) {
 		defer resp.Body.Close()
 		assert.Equal(t, 404, resp.StatusCode)
 		assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
-		resp2, err := http.Get(url + "/v1/sessions")
+		resp2, err := http.Get(url + "/v1/sessions/s-x/tools/shell")
 		require.NoError(t, err)
 		defer resp2.Body.Close()
 		assert.Equal(t, 405, resp2.StatusCode)
@@ -521,41 +523,38 @@ func TestBrowsePreview(t *testing.T) {
 	b := h.tool("browse", map[string]any{"port": port})
 	assert.Equal(t, true, b["listening"])
 	u := b["url"].(string)
-	assert.True(t, strings.HasPrefix(u, h.url+"/preview/p"), u)
+	apiPort := strings.Split(h.url, ":")[2]
+	m := regexp.MustCompile(`^http://(p[0-9a-f]{32})\.localhost:` + apiPort + `/$`).FindStringSubmatch(u)
+	require.NotNil(t, m, "a preview has an origin of its own, never the API's: %s", u)
+	id := m[1]
+	assert.Equal(t, u, b["host_url"], "host_url is the same URL")
 	assert.Equal(t, u, h.tool("browse", map[string]any{"port": port})["url"], "stable per port")
 
-	resp, err := http.Get(u + "a/b?q=1")
-	require.NoError(t, err)
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	id := strings.TrimSuffix(strings.TrimPrefix(u, h.url+"/preview/"), "/")
-	assert.Equal(t, fmt.Sprintf("path=/a/b host=localhost:%d prefix=/preview/%s", port, id), string(body))
+	// The whole path goes to the app.
+	resp, body := testenv.HTTPGet(t, u+"a/b?q=1", "")
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, fmt.Sprintf("path=/a/b host=localhost:%d prefix=", port), body)
 
-	// Host-based routing sends the whole path.
-	hu := b["host_url"].(string)
-	assert.Equal(t, "http://"+id+".localhost:"+strings.Split(h.url, ":")[2]+"/", hu)
-	req, _ := http.NewRequest(http.MethodGet, h.url+"/x/y", nil)
-	req.Host = strings.TrimSuffix(strings.TrimPrefix(hu, "http://"), "/")
-	resp, err = http.DefaultClient.Do(req)
+	// The old path form on the API's origin serves nothing: it redirects.
+	resp, err := noRedirect.Get(h.url + "/preview/" + id + "/x/y?q=1")
 	require.NoError(t, err)
-	body, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
-	assert.Equal(t, fmt.Sprintf("path=/x/y host=localhost:%d prefix=", port), string(body))
+	assert.Equal(t, http.StatusPermanentRedirect, resp.StatusCode)
+	assert.Equal(t, u+"x/y?q=1", resp.Header.Get("Location"))
 
-	resp, err = http.Get(h.url + "/preview/p00000000000000000000000000000000/")
-	require.NoError(t, err)
-	resp.Body.Close()
+	resp, _ = testenv.HTTPGet(t, "http://p00000000000000000000000000000000.localhost:"+apiPort+"/", "")
 	assert.Equal(t, 404, resp.StatusCode)
 
 	app.Close()
 	b = h.tool("browse", map[string]any{"port": port})
 	assert.Equal(t, false, b["listening"])
 	assert.Contains(t, b["notice"], "nothing listens")
-	resp, err = http.Get(u)
-	require.NoError(t, err)
-	resp.Body.Close()
+	resp, _ = testenv.HTTPGet(t, u, "")
 	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
 }
+
+// noRedirect is a client that shows redirects instead of following them.
+var noRedirect = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 
 func TestMetricsAndHealth(t *testing.T) {
 	s := newTestService(t, newFakeBackend(t), "", nil)

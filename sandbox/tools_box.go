@@ -36,7 +36,7 @@ func allTools() []*Tool {
 		defineTool("glob", "List files matching a glob pattern (** matches across directories), sorted.", globTool),
 		defineTool("ls", "List a directory two levels deep as a tree.", lsTool),
 		defineTool("transfer", "Copy a file, or with recursive a directory tree, from one sandbox of this session to another (or within one). Binary-safe and streamed.", transferTool),
-		defineTool("browse", "Return a URL on this server that proxies to a TCP port inside a sandbox (works although sandboxes have no network). Start the server first (shell with background: true). Apps should use relative URLs.", browseTool),
+		defineTool("browse", "Return a URL (http://ID.localhost:PORT/, an origin of its own on this server) that proxies to a TCP port inside a sandbox (works although sandboxes have no network). Start the server first (shell with background: true).", browseTool),
 		defineTool("sandbox_create", "Create a named sandbox with an image, environment, limits and network access; a no-op if it exists. Tools create sandboxes on first use anyway; use this to choose their settings.", sandboxCreateTool),
 		defineTool("sandbox_list", "List the sandboxes of this session with image, status (running or sleeping), creation and last-use times.", sandboxListTool),
 		defineTool("sandbox_destroy", "Destroy a sandbox of this session and delete its files.", sandboxDestroyTool),

@@ -73,14 +73,21 @@ func New(baseURL, sessionID, token string) *HTTP {
 }
 
 // NewSession creates a session on the server at baseURL and returns its
-// client.
+// client; for a server that asks for a key, see NewSessionWithKey.
 func NewSession(ctx context.Context, baseURL string) (*HTTP, error) {
-	c := New(baseURL, "", "")
+	return NewSessionWithKey(ctx, baseURL, "")
+}
+
+// NewSessionWithKey creates a session on the server at baseURL with the
+// server key (cellbox serve asks for it: its DATA/server.key, or
+// CELLBOX_KEY) and returns its client, which uses the session's token.
+func NewSessionWithKey(ctx context.Context, baseURL, key string) (*HTTP, error) {
+	c := New(baseURL, "", key)
 	var res api.NewSessionResult
 	if err := c.do(ctx, http.MethodPost, "/v1/sessions", nil, &res); err != nil {
 		return nil, fmt.Errorf("create session: %w", err)
 	}
-	c.session, c.token = res.ID, res.Token
+	c.session, c.token = res.ID, res.Token // from now on the session's token
 	return c, nil
 }
 

@@ -146,14 +146,11 @@ func TestEndToEnd(t *testing.T) {
 					url, _ = br["url"].(string)
 					return br["listening"] == true
 				}, 10*time.Second, 50*time.Millisecond)
-				require.True(t, strings.HasPrefix(url, s.url+"/preview/"), url)
+				require.Regexp(t, `^http://p[0-9a-f]{32}\.localhost:\d+/$`, url, "a preview has its own origin")
 				for path, want := range map[string]string{"": "<h1>built</h1>", "assets/app.js": "console.log(1)"} {
-					resp, err := http.Get(url + path)
-					require.NoError(t, err)
-					body, _ := io.ReadAll(resp.Body)
-					resp.Body.Close()
+					resp, body := testenv.HTTPGet(t, url+path, "")
 					assert.Equal(t, 200, resp.StatusCode, path)
-					assert.Contains(t, string(body), want, path)
+					assert.Contains(t, body, want, path)
 				}
 				k := call(t, c, "process", map[string]any{"sandbox": "backend", "action": "kill", "id": bg["process_id"]})
 				assert.Equal(t, false, k["running"])

@@ -4,6 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# Chromium opens a box's preview page in the HTTP attack suite
+# (cmd/cellbox/security_http_test.go); only the tests need it.
+if ! dpkg -s chromium >/dev/null 2>&1; then
+	echo "test: installing chromium"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 export CI="${CI:-1}"
 
 unformatted=$(gofmt -l $(git ls-files '*.go'))

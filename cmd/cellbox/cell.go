@@ -39,8 +39,8 @@ type apiFlags struct {
 
 func addAPIFlags(fs *flag.FlagSet) apiFlags {
 	return apiFlags{
-		data:   fs.String("data", defaultDataDir(), "data directory of the cellbox run (or serve) to talk to, over DATA/run.sock"),
-		server: fs.String("server", "", "URL of the runtime API instead (cellbox serve, or cellbox run --addr)"),
+		data:   fs.String("data", defaultDataDir(), "data directory of the cellbox run (or serve) to talk to, over DATA/run.sock (with --server: where its server.key is)"),
+		server: fs.String("server", "", "URL of the runtime API instead (cellbox serve, or cellbox run --addr); sends the server key (env "+keyEnv+", or DATA/server.key)"),
 	}
 }
 
@@ -54,8 +54,8 @@ func (e errNoRun) Error() string {
 // client returns the API client, or an errNoRun when no process serves
 // DATA/run.sock.
 func (f apiFlags) client() (*runapi.Client, error) {
-	if *f.server != "" {
-		return runapi.NewClient(*f.server), nil
+	if *f.server != "" { // the server key: CELLBOX_KEY, or DATA/server.key
+		return runapi.NewClient(*f.server).WithKey(clientKey(*f.data)), nil
 	}
 	sock := filepath.Join(*f.data, runSocketFile)
 	conn, err := net.DialTimeout("unix", sock, 2*time.Second)

@@ -1,9 +1,14 @@
 package main
 
 import (
+	"crypto/subtle"
+	"encoding/json"
+	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -12,38 +17,78 @@ import (
 	"github.com/cellbox/cellbox/sandbox"
 )
 
-// serveHTTP serves the sandbox service's handler (the tool API, preview
-// URLs), the runtime API and the web page together over HTTP on addr (`cellbox serve`,
-// `cellbox run`), and sets the service's base URL to the address it
-// listens on, so that browse hands out URLs that reach this server. It
-// returns that URL and a channel that reports the server stopping on its
-// own; h.close stops it.
-func (h *runtimeHost) serveHTTP(addr string, svc *sandbox.Service) (base string, stopped <-chan error, err error) {
+// httpOptions are the flags of the HTTP server of `cellbox serve` and
+// `cellbox run`.
+type httpOptions struct {
+	keyFile      string        // default DATA/server.key
+	allowedHosts []string      // names besides loopback the server answers to
+	bodyTimeout  time.Duration // how long a client may take to send a request body
+	idleTimeout  time.Duration // how long a kept-alive connection may sit idle
+}
+
+// Defaults of the HTTP limits. A body may be a large upload, so its time is
+// generous; what it cuts is a client dribbling a body for ever.
+const (
+	defaultBodyTimeout = 5 * time.Minute
+	defaultIdleTimeout = 2 * time.Minute
+	headerTimeout      = 10 * time.Second
+	maxHeaderBytes     = 64 << 10
+)
+
+// hostList is a repeatable flag.
+type hostList []string
+
+func (l *hostList) String() string { return strings.Join(*l, ",") }
+func (l *hostList) Set(v string) error {
+	for _, h := range strings.Split(v, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			*l = append(*l, h)
+		}
+	}
+	return nil
+}
+
+// addHTTPFlags adds the HTTP server's flags to fs.
+func addHTTPFlags(fs *flag.FlagSet) *httpOptions {
+	o := &httpOptions{}
+	fs.StringVar(&o.keyFile, "key-file", "", "file of the server key (default DATA/server.key, made on first start; env "+keyEnv+" overrides)")
+	fs.Var((*hostList)(&o.allowedHosts), "allowed-host", "a host name (besides localhost and loopback addresses) the server answers to, e.g. a name that reaches it through a proxy; repeatable")
+	fs.DurationVar(&o.bodyTimeout, "body-timeout", defaultBodyTimeout, "time a client may take to send a request body")
+	fs.DurationVar(&o.idleTimeout, "idle-timeout", defaultIdleTimeout, "time an idle kept-alive connection stays open")
+	return o
+}
+
+// serveHTTP serves the sandbox service's handler (the tool API, previews),
+// the runtime API and the web page together over HTTP on addr (`cellbox
+// serve`, `cellbox run`), all behind one guard (see guard), and sets the
+// service's base URL to the address it listens on, so that browse hands
+// out URLs that reach this server. It returns that URL, the server key,
+// whether the key was just made, and a channel that reports the server
+// stopping on its own; h.close stops it.
+func (h *runtimeHost) serveHTTP(addr string, svc *sandbox.Service) (base, key string, created bool, stopped <-chan error, err error) {
+	if key, created, err = serverKey(keyPathOf(h)); err != nil {
+		return "", "", false, nil, err
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return "", nil, fmt.Errorf("listen on %s: %w", addr, err)
+		return "", "", false, nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
 	host, port, _ := net.SplitHostPort(ln.Addr().String())
+	hosts := append([]string{host}, h.opts.allowedHosts...)
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		host = "127.0.0.1" // listening on all addresses: this machine's browser uses loopback
 	}
 	base = "http://" + net.JoinHostPort(host, port)
 	svc.SetBaseURL(base)
-	return base, h.start(ln, withRuntimeAPI(svc.Handler(), h.api, webui.Handler())), nil
+	g := newGuard(key, hosts, svc.Handler(), withRuntimeAPI(svc.Handler(), h.api, webui.Handler()))
+	return base, key, created, h.start(ln, withBodyDeadline(h.opts.bodyTimeout, g)), nil
 }
 
 // withRuntimeAPI routes the runtime API's paths to api, the web page's
-// (GET / and /ui) to page, and everything else (the tool API, previews:
-// preview hosts are *.localhost) to h.
+// (GET / and /ui) to page, and everything else (the tool API) to h.
 func withRuntimeAPI(h, api, page http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		host, _, err := net.SplitHostPort(r.Host)
-		if err != nil {
-			host = r.Host
-		}
 		switch {
-		case strings.HasSuffix(host, ".localhost"):
-			h.ServeHTTP(w, r)
 		case runapi.Owns(r.URL.Path):
 			api.ServeHTTP(w, r)
 		case webui.Owns(r.URL.Path) && (r.Method == http.MethodGet || r.Method == http.MethodHead):
@@ -54,10 +99,195 @@ func withRuntimeAPI(h, api, page http.Handler) http.Handler {
 	})
 }
 
+// guard is the one gate of everything served over TCP. In order:
+//
+//  1. Host must be localhost, a loopback address, the address listened on,
+//     a name given with --allowed-host, or a preview host (ID.localhost):
+//     a page of a rebinding DNS name (evil.example.com resolving to
+//     127.0.0.1) is answered 421.
+//  2. A browser's Origin (and Sec-Fetch-Site) must be this very origin: a
+//     page of another site, or of a preview, cannot call the APIs (403).
+//  3. Preview hosts go to the preview proxy and nothing else, so a page a
+//     box serves never shares an origin with the APIs or the web page.
+//  4. Everything else needs the server key (Authorization: Bearer KEY, or
+//     the page's cookie), except /healthz, GET /v1/tools, and the session
+//     routes /v1/sessions/{id}/..., which check their session's token.
+//     Missing: 401; wrong: 403. GET /?token=KEY trades the key for an
+//     HttpOnly SameSite=Strict cookie, as a notebook server does.
+type guard struct {
+	key     string
+	hosts   map[string]bool // allowed host names besides loopback, lowercase
+	preview http.Handler
+	api     http.Handler
+}
+
+func newGuard(key string, hosts []string, preview, api http.Handler) *guard {
+	g := &guard{key: key, hosts: map[string]bool{}, preview: preview, api: api}
+	for _, h := range hosts {
+		g.hosts[strings.ToLower(strings.Trim(h, "[]"))] = true
+	}
+	return g
+}
+
+func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	name, port := splitHost(r.Host)
+	_, isPreview := sandbox.PreviewID(r.Host)
+	if !isPreview && !g.allowedHost(name) {
+		writeGuardError(w, http.StatusMisdirectedRequest, fmt.Sprintf(
+			"host %q is not one this server answers to (localhost, loopback addresses, preview hosts ID.localhost); if you reach it by that name on purpose, start it with --allowed-host %s", r.Host, name))
+		return
+	}
+	if origin := r.Header.Get("Origin"); origin != "" && !sameOrigin(origin, r.Host) {
+		msg := fmt.Sprintf("origin %s may not call http://%s: browser pages of other origins are refused (open the page of this server, or call it from a client that sends no Origin)", origin, r.Host)
+		if _, fromPreview := sandbox.PreviewID(hostOf(origin)); fromPreview {
+			msg = fmt.Sprintf("origin %s is a preview of a box: pages served from boxes may not call cellbox's APIs", origin)
+		}
+		writeGuardError(w, http.StatusForbidden, msg)
+		return
+	}
+	if isPreview {
+		g.preview.ServeHTTP(w, r)
+		return
+	}
+	if site := r.Header.Get("Sec-Fetch-Site"); site == "cross-site" || site == "same-site" {
+		writeGuardError(w, http.StatusForbidden, fmt.Sprintf("a %s request from a browser is refused: only this server's own page may call it", site))
+		return
+	}
+	if open(r) {
+		g.api.ServeHTTP(w, r)
+		return
+	}
+	cookie := "cellbox_key_" + port // cookies are per host, not per port: one name per port
+	if t := r.URL.Query().Get("token"); t != "" && webui.Owns(r.URL.Path) && r.Method == http.MethodGet {
+		if !g.match(t) {
+			writeGuardError(w, http.StatusForbidden, "wrong token in the page address: open the address `cellbox serve` (or run) printed, page: ...?token=KEY")
+			return
+		}
+		http.SetCookie(w, &http.Cookie{Name: cookie, Value: t, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+		http.Redirect(w, r, r.URL.Path, http.StatusSeeOther) // the key leaves the address bar
+		return
+	}
+	key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		if c, err := r.Cookie(cookie); err == nil {
+			key, ok = c.Value, true
+		}
+	}
+	switch {
+	case !ok || key == "":
+		w.Header().Set("WWW-Authenticate", `Bearer realm="cellbox"`)
+		writeGuardError(w, http.StatusUnauthorized, fmt.Sprintf(
+			"%s %s needs the server key: send Authorization: Bearer KEY (KEY is in DATA/%s of the server, or %s); the web page: open the address the server printed (page: ...?token=KEY)", r.Method, r.URL.Path, keyFile, keyEnv))
+	case !g.match(key):
+		writeGuardError(w, http.StatusForbidden, fmt.Sprintf("%s %s: wrong server key (it is in DATA/%s of the server, or %s)", r.Method, r.URL.Path, keyFile, keyEnv))
+	default:
+		g.api.ServeHTTP(w, r)
+	}
+}
+
+func (g *guard) match(key string) bool {
+	return subtle.ConstantTimeCompare([]byte(key), []byte(g.key)) == 1
+}
+
+func (g *guard) allowedHost(name string) bool {
+	if name == "localhost" || g.hosts[name] {
+		return true
+	}
+	ip := net.ParseIP(name)
+	return ip != nil && ip.IsLoopback()
+}
+
+// open reports whether r needs no server key: the health check, the tool
+// list (the same for everyone), the session routes (their session token
+// is checked by the sandbox service), and the old preview path form (it
+// only redirects to the preview's own origin).
+func open(r *http.Request) bool {
+	p := r.URL.Path
+	switch {
+	case p == "/healthz" && (r.Method == http.MethodGet || r.Method == http.MethodHead),
+		p == "/v1/tools" && r.Method == http.MethodGet,
+		strings.HasPrefix(p, "/v1/sessions/"),
+		strings.HasPrefix(p, "/preview/"):
+		return true
+	}
+	return false
+}
+
+// splitHost splits a Host header into its lowercase name (no brackets) and
+// port ("80" when none).
+func splitHost(hostport string) (name, port string) {
+	name, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		name, port = hostport, "80"
+	}
+	return strings.ToLower(strings.Trim(name, "[]")), port
+}
+
+// hostOf returns the host[:port] of an origin URL.
+func hostOf(origin string) string {
+	u, err := url.Parse(origin)
+	if err != nil {
+		return ""
+	}
+	return u.Host
+}
+
+// sameOrigin reports whether origin is http://host itself.
+func sameOrigin(origin, host string) bool {
+	u, err := url.Parse(origin)
+	if err != nil || u.Scheme != "http" {
+		return false
+	}
+	on, op := splitHost(u.Host)
+	hn, hp := splitHost(host)
+	return on == hn && op == hp
+}
+
+func writeGuardError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]string{"error": msg})
+}
+
+// withBodyDeadline gives a request's body d to arrive, then lifts the
+// deadline once it has (http.Server.ReadTimeout would also cut the
+// connection under a long-lived response, such as a watch, and cancel its
+// context).
+func withBodyDeadline(d time.Duration, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if d > 0 && r.Body != nil && r.Body != http.NoBody {
+			rc := http.NewResponseController(w)
+			if rc.SetReadDeadline(time.Now().Add(d)) == nil {
+				r.Body = &deadlineBody{ReadCloser: r.Body, lift: func() { rc.SetReadDeadline(time.Time{}) }}
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// deadlineBody lifts the read deadline when the body has been read whole.
+type deadlineBody struct {
+	io.ReadCloser
+	lift func()
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && b.lift != nil {
+		b.lift()
+		b.lift = nil
+	}
+	return n, err
+}
+
 // start serves handler on ln until h.close; the channel reports the
 // server stopping on its own.
 func (h *runtimeHost) start(ln net.Listener, handler http.Handler) <-chan error {
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	idle := h.opts.idleTimeout
+	if idle <= 0 {
+		idle = defaultIdleTimeout
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: headerTimeout, IdleTimeout: idle, MaxHeaderBytes: maxHeaderBytes}
 	srv.RegisterOnShutdown(h.api.Shutdown) // end watches
 	h.servers = append(h.servers, srv)
 	stopped := make(chan error, 1)

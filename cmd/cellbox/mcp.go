@@ -30,7 +30,7 @@ func init() {
 func runMCP(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("mcp", flag.ContinueOnError)
 	cf := addClientFlags(fs, true)
-	data := fs.String("data", defaultDataDir(), "data directory of the in-process boxes (without --server)")
+	data := fs.String("data", defaultDataDir(), "data directory of the in-process boxes (with --server: of the server, where its key DATA/"+keyFile+" is, unless "+keyEnv+" is set)")
 	backendName := fs.String("backend", "auto", "box backend without --server: docker, local (bubblewrap), or auto")
 	agentBinary := fs.String("agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
 	pool := fs.Int("pool", 1, "pre-started boxes kept for the default image (0: none)")
@@ -43,12 +43,12 @@ func runMCP(ctx context.Context, args []string) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if set["server"] || os.Getenv("CELLBOX_SERVER") != "" {
-		for _, local := range []string{"data", "backend", "agent-binary", "pool"} {
+		for _, local := range []string{"backend", "agent-binary", "pool"} {
 			if set[local] {
 				return fmt.Errorf("--%s is for in-process boxes; with --server (or CELLBOX_SERVER) the server's own are used", local)
 			}
 		}
-		return mcpRemote(ctx, *cf.server, *cf.session, *cf.token)
+		return mcpRemote(ctx, *cf.server, *cf.session, *cf.token, clientKey(*data))
 	}
 	if set["session"] || set["token"] {
 		return errors.New("--session and --token need --server URL (or CELLBOX_SERVER)")
@@ -98,7 +98,7 @@ func mcpLocal(ctx context.Context, data, backendName, agentBinary string, pool i
 
 // mcpRemote serves the tools of a running cellbox serve: in session id, or
 // in a new one deleted on exit.
-func mcpRemote(ctx context.Context, server, id, token string) error {
+func mcpRemote(ctx context.Context, server, id, token, key string) error {
 	var c *sandboxclient.HTTP
 	switch {
 	case id != "" && token == "":
@@ -107,7 +107,7 @@ func mcpRemote(ctx context.Context, server, id, token string) error {
 		c = sandboxclient.New(server, id, token)
 	default:
 		var err error
-		if c, err = sandboxclient.NewSession(ctx, server); err != nil {
+		if c, err = sandboxclient.NewSessionWithKey(ctx, server, key); err != nil {
 			return fmt.Errorf("%s: %w (is cellbox serve running there?)", server, err)
 		}
 		id, _ = c.Session()

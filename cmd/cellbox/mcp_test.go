@@ -179,9 +179,10 @@ func mustJSON(t *testing.T, v any) string {
 // which creates a session for the life of the process.
 func TestMCPProxy(t *testing.T) {
 	testenv.RequireBwrap(t)
-	url := startServe(t, t.TempDir(), "--pool", "0").url
+	data := t.TempDir()
+	url := startServe(t, data, "--pool", "0").url
 
-	p := startMCP(t, "--server", url)
+	p := startMCP(t, "--server", url, "--data", data) // the server key is DATA/server.key
 	p.handshake()
 	assert.Equal(t, "hi\n", p.shell("echo hi")["stdout"])
 	res := p.result("tools/call", map[string]any{"name": "read_file", "arguments": map[string]any{"path": "missing.txt"}})

@@ -50,6 +50,7 @@ func runRun(ctx context.Context, args []string) error {
 	once := fs.Bool("once", false, "run until nothing is left to do, print the final cells and exit (non-zero if a node failed)")
 	backendName := fs.String("backend", "auto", "box backend: docker, local (bubblewrap), or auto (docker if an engine answers, else local)")
 	addr := fs.String("addr", "127.0.0.1:0", "serve preview URLs, the tool API and the runtime API over HTTP on this address (default: a free port on 127.0.0.1)")
+	httpOpts := addHTTPFlags(fs)
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -98,6 +99,7 @@ func runRun(ctx context.Context, args []string) error {
 		return err
 	}
 	defer host.close()
+	host.opts = *httpOpts
 
 	tty := isTerminal(os.Stdout)
 	progress := io.Writer(os.Stdout)
@@ -109,7 +111,7 @@ func runRun(ctx context.Context, args []string) error {
 
 	// The base URL of previews is set before the pattern's sandbox nodes
 	// open and ask for theirs.
-	base, stopped, err := host.serveHTTP(*addr, svc)
+	base, key, created, stopped, err := host.serveHTTP(*addr, svc)
 	if err != nil {
 		finishView()
 		return err
@@ -124,8 +126,11 @@ func runRun(ctx context.Context, args []string) error {
 		finishView()
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "cellbox run: %s/%s from %s (backend %s, data %s)\n  page: %s/ · previews and API: %s · runtime API: unix:%s · log: %s\n",
-		inst.Space, inst.Name, source, be.Name(), dataDir, base, base, sock, filepath.Join(dataDir, runLogFile))
+	fmt.Fprintf(os.Stderr, "cellbox run: %s/%s from %s (backend %s, data %s)\n  page: %s/?token=%s · API: %s (server key needed) · runtime API: unix:%s · log: %s\n",
+		inst.Space, inst.Name, source, be.Name(), dataDir, base, key, base, sock, filepath.Join(dataDir, runLogFile))
+	if created {
+		fmt.Fprintf(os.Stderr, "  made a server key (kept 0600 in %s; clients of this data dir read it there)\n", keyPathOf(host))
+	}
 	if !*once {
 		fmt.Fprintf(os.Stderr, "  change a cell: cellbox cell set%s NAME JSON · stop: Ctrl-C\n", dataFlag(*data))
 	}
@@ -207,6 +212,7 @@ type runtimeHost struct {
 	session  string // the sandbox session of the runtime's boxes
 	servers  []*http.Server
 	sockPath string
+	opts     httpOptions // of the HTTP server and its limits
 }
 
 // newRuntimeHost starts a runtime over store whose exec and sandbox nodes
@@ -317,7 +323,7 @@ func (h *runtimeHost) serve() (string, error) {
 		ln.Close()
 		return "", err
 	}
-	h.start(ln, h.api)
+	h.start(ln, withBodyDeadline(h.opts.bodyTimeout, h.api)) // the socket's file mode is its guard
 	return h.sockPath, nil
 }
 

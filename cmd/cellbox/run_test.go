@@ -301,10 +301,11 @@ func TestGraphCommand(t *testing.T) {
 func TestServeRuntimeAPI(t *testing.T) {
 	testenv.RequireBwrap(t)
 	data := t.TempDir()
-	url := startServe(t, data, "--pool", "0").url
+	srv := startServe(t, data, "--pool", "0")
+	url := srv.url
 
 	ctx := context.Background()
-	c := runapi.NewClient(url)
+	c := runapi.NewClient(url).WithKey(srv.key)
 	in, err := c.Load(ctx, writePattern(t, sumPattern), "", "")
 	require.NoError(t, err)
 	assert.Equal(t, "calc", in.Name)
@@ -317,7 +318,7 @@ func TestServeRuntimeAPI(t *testing.T) {
 	out, errOut, err := cellbox(t, "cell", "get", "total", "--data", data)
 	require.NoError(t, err, errOut)
 	assert.Equal(t, "12\n", out, "the CLI reaches serve over DATA/run.sock")
-	out, errOut, err = cellbox(t, "cell", "set", "b", "0", "--server", url)
+	out, errOut, err = cellbox(t, "cell", "set", "b", "0", "--server", url, "--data", data) // the key: DATA/server.key
 	require.NoError(t, err, errOut)
 	assert.Contains(t, out, "default/calc/b = 0")
 
@@ -426,9 +427,9 @@ nodes:
         /workspace/site/index.html: hello through the preview
 `)
 	run := startRun(t, pattern, "--data", data, "--backend", "local")
-	m := regexp.MustCompile(`previews and API: (http://127\.0\.0\.1:\d+) `).FindStringSubmatch(run.out.String())
+	m := regexp.MustCompile(`API: (http://127\.0\.0\.1:(\d+)) `).FindStringSubmatch(run.out.String())
 	require.NotNil(t, m, "the banner names the HTTP address:\n%s", run.out.String())
-	base := m[1]
+	base, port := m[1], m[2]
 
 	var out struct {
 		Status   string
@@ -441,7 +442,7 @@ nodes:
 		return out.Previews["8000"].URL != ""
 	})
 	u := out.Previews["8000"].URL
-	assert.Regexp(t, `^`+regexp.QuoteMeta(base)+`/preview/p[0-9a-f]{32}/$`, u)
+	assert.Regexp(t, `^http://p[0-9a-f]{32}\.localhost:`+port+`/$`, u, "a preview has an origin of its own")
 	poll(t, "the live view to show the URL", func() bool {
 		return strings.Contains(run.out.String(), "node web preview of port 8000: "+u)
 	})
@@ -463,9 +464,17 @@ nodes:
 	status, body := get(base + "/v1/tools")
 	assert.Equal(t, http.StatusOK, status)
 	assert.Contains(t, body, `"browse"`)
-	cell, err := runapi.NewClient(base).Get(context.Background(), "web")
+	cell, err := runapi.NewClient(base).WithKey(readServerKey(t, data)).Get(context.Background(), "web")
 	require.NoError(t, err)
 	assert.Contains(t, string(cell.Value), u)
+}
+
+// readServerKey reads the server key a server made in data.
+func readServerKey(t *testing.T, data string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(data, "server.key"))
+	require.NoError(t, err)
+	return strings.TrimSpace(string(b))
 }
 
 // poll calls cond (in the test's goroutine, so it may use require) until it

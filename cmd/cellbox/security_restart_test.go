@@ -26,7 +26,7 @@ func TestServerKilledMidCall(t *testing.T) {
 	defer cancel()
 
 	srv := startServe(t, data, "--pool", "0")
-	c, err := sandboxclient.NewSession(ctx, srv.url)
+	c, err := sandboxclient.NewSessionWithKey(ctx, srv.url, srv.key)
 	require.NoError(t, err)
 	id, token := c.Session()
 	_, err = c.Tool(ctx, "write_file", map[string]any{"sandbox": "work", "path": "kept.txt", "content": "written before the kill"})

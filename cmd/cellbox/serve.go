@@ -18,7 +18,7 @@ import (
 func init() {
 	register(command{
 		name:  "serve",
-		usage: "[--addr 127.0.0.1:7077] [--data DIR] [--backend auto|docker|local] [--pool N] [--agent-binary PATH]  serve the sandbox tool API and the runtime API (patterns, cells) over HTTP",
+		usage: "[--addr 127.0.0.1:7077] [--data DIR] [--backend auto|docker|local] [--pool N] [--agent-binary PATH] [--key-file F] [--allowed-host H]...  serve the sandbox tool API and the runtime API (patterns, cells) over HTTP",
 		run:   runServe,
 	})
 }
@@ -33,6 +33,7 @@ func runServe(ctx context.Context, args []string) error {
 	backendName := fs.String("backend", "auto", "box backend: docker, local (bubblewrap), or auto (docker if an engine answers, else local)")
 	agentBinary := fs.String("agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
 	pool := fs.Int("pool", sandbox.DefaultPoolSize, "pre-started boxes kept for the default image (0: none)")
+	httpOpts := addHTTPFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -69,10 +70,11 @@ func runServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer host.close()
+	host.opts = *httpOpts
 	if _, err := host.serve(); err != nil { // DATA/run.sock, for `cellbox cell` and `cellbox send`
 		return err
 	}
-	base, errc, err := host.serveHTTP(*addr, svc) // stopped by host.close
+	base, key, created, errc, err := host.serveHTTP(*addr, svc) // stopped by host.close
 	if err != nil {
 		return err
 	}
@@ -86,7 +88,10 @@ func runServe(ctx context.Context, args []string) error {
 		fmt.Fprintf(os.Stderr, "cellbox: resumed pattern %s/%s\n", in.Space, in.Name)
 	}
 	slog.Info("cellbox serving", "url", base, "backend", be.Name(), "data", dataDir)
-	fmt.Fprintf(os.Stderr, "cellbox: serving on %s (backend %s, data %s)\n  page: %s/ · try: eval \"$(cellbox session new --server %s)\"; cellbox tool shell '{\"command\":\"uname -a\"}'\n", base, be.Name(), dataDir, base, base)
+	fmt.Fprintf(os.Stderr, "cellbox: serving on %s (backend %s, data %s)\n  page: %s/?token=%s · try: eval \"$(cellbox session new --server %s%s)\"; cellbox tool shell '{\"command\":\"uname -a\"}'\n", base, be.Name(), dataDir, base, key, base, dataFlag(*data))
+	if created {
+		fmt.Fprintf(os.Stderr, "  made a server key (the token above; kept 0600 in %s: `cellbox session new` reads it there, or set %s)\n", keyPathOf(host), keyEnv)
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)

@@ -39,7 +39,7 @@ func TestServeSessionTool(t *testing.T) {
 		return out.String() + errb.String(), err
 	}
 
-	out, err := run(nil, "session", "new", "--server", url)
+	out, err := run(nil, "session", "new", "--server", url, "--data", data)
 	require.NoError(t, err, out)
 	var env []string
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
@@ -84,6 +84,7 @@ func TestServeSessionTool(t *testing.T) {
 type serveProc struct {
 	cmd  *exec.Cmd
 	url  string
+	key  string     // the server key, from the page address of the banner
 	done chan error // Wait's result, once
 }
 
@@ -98,20 +99,21 @@ func startServe(t *testing.T, data string, args ...string) *serveProc {
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
 	p := &serveProc{cmd: cmd, done: make(chan error, 1)}
-	urls := make(chan string, 1)
+	urls := make(chan [2]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
-		re := regexp.MustCompile(`serving on (http://127\.0\.0\.1:\d+)`)
+		re := regexp.MustCompile(`page: (http://127\.0\.0\.1:\d+)/\?token=([0-9a-f]+) `)
 		for sc.Scan() {
 			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				urls <- m[1]
+				urls <- [2]string{m[1], m[2]}
 			}
 		}
 		p.done <- cmd.Wait()
 	}()
 	t.Cleanup(func() { p.stop(t) })
 	select {
-	case p.url = <-urls:
+	case u := <-urls:
+		p.url, p.key = u[0], u[1]
 	case err := <-p.done:
 		p.done <- err
 		t.Fatalf("serve exited before serving: %v", err)
@@ -142,7 +144,7 @@ func TestServeResumesPatterns(t *testing.T) {
 	data := t.TempDir()
 	ctx := context.Background()
 	srv := startServe(t, data, "--pool", "0")
-	c := runapi.NewClient(srv.url)
+	c := runapi.NewClient(srv.url).WithKey(srv.key)
 	_, err := c.Load(ctx, writePattern(t, sumPattern), "", "")
 	require.NoError(t, err)
 	_, err = c.Set(ctx, "a", json.RawMessage(`10`))
@@ -150,7 +152,7 @@ func TestServeResumesPatterns(t *testing.T) {
 	require.NoError(t, srv.stop(t))
 
 	srv = startServe(t, data, "--pool", "0")
-	c = runapi.NewClient(srv.url)
+	c = runapi.NewClient(srv.url).WithKey(srv.key)
 	ins, err := c.Patterns(ctx)
 	require.NoError(t, err)
 	require.Len(t, ins, 1, "the loaded pattern is back")

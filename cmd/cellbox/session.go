@@ -13,7 +13,7 @@ import (
 func init() {
 	register(command{
 		name:  "session",
-		usage: "new [--server URL] | rm [--server URL] [--token T] ID  create a session (prints export lines) or delete one",
+		usage: "new [--server URL] [--data DIR] | rm [--server URL] [--token T] ID  create a session (prints export lines) or delete one",
 		run:   runSession,
 	})
 }
@@ -45,10 +45,15 @@ func runSession(ctx context.Context, args []string) error {
 	switch args[0] {
 	case "new":
 		cf := addClientFlags(fs, false)
+		data := fs.String("data", defaultDataDir(), "data directory of the server, where its key is (DATA/"+keyFile+"); env "+keyEnv+" overrides")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
-		c, err := sandboxclient.NewSession(ctx, *cf.server)
+		key := clientKey(*data)
+		if key == "" {
+			return fmt.Errorf("no server key: creating a session needs the key of cellbox serve; give its --data DIR (the key is DATA/%s) or set %s", keyFile, keyEnv)
+		}
+		c, err := sandboxclient.NewSessionWithKey(ctx, *cf.server, key)
 		if err != nil {
 			return err
 		}

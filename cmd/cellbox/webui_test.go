@@ -1,7 +1,9 @@
 package main
 
 import (
+	"io"
 	"net/http"
+	"net/http/cookiejar"
 	"regexp"
 	"testing"
 
@@ -12,26 +14,50 @@ import (
 )
 
 // TestRunServesPage runs a pattern and opens the page at the address the
-// banner gives, as a user would; the API it uses answers on the same
-// address, and preview hosts still go to the preview proxy.
+// banner gives, with its token, as a user would: the page trades the token
+// for a cookie, and the API it uses answers on the same address with that
+// cookie; without the token nothing answers; preview hosts still go to the
+// preview proxy.
 func TestRunServesPage(t *testing.T) {
 	run := startRun(t, writePattern(t, sumPattern), "--data", t.TempDir())
-	m := regexp.MustCompile(`page: (http://127\.0\.0\.1:\d+)/ `).FindStringSubmatch(run.out.String())
-	require.NotNil(t, m, "the banner gives the page's address:\n%s", run.out.String())
-	base := m[1]
+	m := regexp.MustCompile(`page: (http://127\.0\.0\.1:\d+)/\?token=([0-9a-f]{64}) `).FindStringSubmatch(run.out.String())
+	require.NotNil(t, m, "the banner gives the page's address with its token:\n%s", run.out.String())
+	base, token := m[1], m[2]
 
+	resp, _ := testenv.HTTPGet(t, base+"/", "")
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "no page without the token, loopback or not")
+	resp, _ = testenv.HTTPGet(t, base+"/v1/patterns", "")
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "nor the runtime API")
+
+	jar, err := cookiejar.New(nil)
+	require.NoError(t, err)
+	browser := &http.Client{Jar: jar}
+	get := func(url string) (*http.Response, string) {
+		resp, err := browser.Get(url)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp, string(b)
+	}
+	resp, body := get(base + "/?token=" + token)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, base+"/", resp.Request.URL.String(), "the token leaves the address bar")
 	for _, path := range []string{"/", "/ui"} {
-		resp, body := testenv.HTTPGet(t, base+path, "")
+		resp, body = get(base + path)
 		assert.Equal(t, http.StatusOK, resp.StatusCode, path)
 		assert.Equal(t, "text/html; charset=utf-8", resp.Header.Get("Content-Type"), path)
 		assert.Equal(t, "no-cache", resp.Header.Get("Cache-Control"), path)
 		assert.Contains(t, body, "new EventSource('/v1/watch')", path)
 	}
-	resp, body := testenv.HTTPGet(t, base+"/v1/patterns", "")
+	resp, body = get(base + "/v1/patterns")
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Contains(t, body, `"name":"calc"`, "the API the page reads answers on the same address")
+	assert.Contains(t, body, `"name":"calc"`, "the API the page reads answers on the same address, with the page's cookie")
+	resp, _ = get(base + "/?token=" + wrong(token))
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode, "a wrong token")
+
 	resp, _ = testenv.HTTPGet(t, base+"/v1/tools", "")
-	assert.Equal(t, http.StatusOK, resp.StatusCode, "the tool API still answers")
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "the tool list needs no key")
 	resp, body = testenv.HTTPGet(t, base+"/", "pnothing.localhost")
 	assert.NotContains(t, body, "<!doctype html>", "a preview host's / is the preview proxy's, not the page")
 	assert.NotEqual(t, http.StatusOK, resp.StatusCode, "no preview of that id")

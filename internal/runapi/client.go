@@ -18,12 +18,21 @@ import (
 // Client is a client of the runtime API.
 type Client struct {
 	base string
+	key  string // the server key, sent as a bearer token (TCP only)
 	hc   *http.Client
 }
 
 // NewClient returns a client of the API at baseURL (http://127.0.0.1:PORT).
 func NewClient(baseURL string) *Client {
 	return &Client{base: strings.TrimRight(baseURL, "/"), hc: &http.Client{}}
+}
+
+// WithKey returns c sending the server key (cellbox serve's DATA/server.key,
+// or CELLBOX_KEY): the API on TCP asks for it; the unix socket does not.
+func (c *Client) WithKey(key string) *Client {
+	cc := *c
+	cc.key = key
+	return &cc
 }
 
 // NewUnixClient returns a client of the API served on the unix socket at
@@ -74,6 +83,9 @@ func (c *Client) send(ctx context.Context, method, path string, body []byte, acc
 		return nil, err
 	}
 	req.Header.Set("Accept", accept)
+	if c.key != "" {
+		req.Header.Set("Authorization", "Bearer "+c.key)
+	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}

@@ -472,39 +472,6 @@ func TestPersistResume(t *testing.T) {
 	assert.Equal(t, "fromdir", resumed[0].Name)
 }
 
-// A browser page of another origin cannot change anything: the API has no
-// authentication. Its own page and clients without Origin can.
-func TestCrossSiteRefused(t *testing.T) {
-	f := newFixture(t)
-	f.loadTiny(t)
-	host := strings.TrimPrefix(f.url, "http://")
-	for _, tc := range []struct {
-		headers map[string]string
-		want    int
-	}{
-		{map[string]string{"Origin": "http://evil.example"}, 403},
-		{map[string]string{"Sec-Fetch-Site": "cross-site"}, 403},
-		{map[string]string{"Origin": "http://" + host, "Sec-Fetch-Site": "same-origin"}, 200},
-		{nil, 200},
-	} {
-		req, err := http.NewRequest("PUT", f.url+"/v1/cells/tiny/a", strings.NewReader("5"))
-		require.NoError(t, err)
-		for k, v := range tc.headers {
-			req.Header.Set(k, v)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		resp.Body.Close()
-		assert.Equal(t, tc.want, resp.StatusCode, "%v", tc.headers)
-	}
-	req, _ := http.NewRequest("GET", f.url+"/v1/cells/tiny/a", nil)
-	req.Header.Set("Origin", "http://evil.example")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, 200, resp.StatusCode, "reads stay open (same-origin policy keeps their answers from the page)")
-}
-
 // A watch the server must end (its store's change log is unreadable) ends
 // with an event that says why, and the client returns it as an error.
 func TestWatchEndsWithReason(t *testing.T) {

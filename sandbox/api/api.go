@@ -260,11 +260,11 @@ type BrowseInput struct {
 
 // BrowseOutput is the result of the browse tool.
 type BrowseOutput struct {
-	// URL is BASE/preview/ID/: the app sees paths without the prefix, so it
-	// must use relative URLs.
+	// URL is http://ID.localhost:PORT/ (browsers and curl resolve
+	// *.localhost to the loopback address): the preview's own origin, never
+	// the API's; the app sees whole paths.
 	URL string `json:"url"`
-	// HostURL is http://ID.localhost:PORT/ (browsers and curl resolve
-	// *.localhost to the loopback address): the app sees whole paths.
+	// HostURL is the same URL (kept for clients that read it).
 	HostURL   string `json:"host_url,omitempty"`
 	Port      int    `json:"port"`
 	Listening bool   `json:"listening"`
