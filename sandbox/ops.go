@@ -33,7 +33,7 @@ func (s *Service) exec(ctx context.Context, sess *Session, box string, req api.E
 		MaxOutput: req.MaxOutput,
 	}, onOutput)
 	if err != nil {
-		return api.ExecResult{}, err
+		return api.ExecResult{}, s.explain(ctx, l, err)
 	}
 	return api.ExecResult(res), nil
 }
@@ -58,7 +58,8 @@ func (s *Service) download(ctx context.Context, sess *Session, box, path string,
 			return 0, err
 		}
 	}
-	return l.client.Download(ctx, path, w)
+	n, err := l.client.Download(ctx, path, w)
+	return n, s.explain(ctx, l, err)
 }
 
 // upload streams r into a file (mode 0: keep the existing mode or 0644).
@@ -68,7 +69,8 @@ func (s *Service) upload(ctx context.Context, sess *Session, box, path string, r
 		return 0, err
 	}
 	defer l.release()
-	return l.client.Upload(ctx, path, r, mode)
+	n, err := l.client.Upload(ctx, path, r, mode)
+	return n, s.explain(ctx, l, err)
 }
 
 // watch streams batches of file changes under path until ctx ends. The box

@@ -28,10 +28,11 @@ const (
 	stateSleeping                 // stopped (idle, or not reattached yet); woken on use
 	stateGone                     // the backend lost it; recreated empty on use
 	stateRemoved                  // destroyed
+	stateDead                     // died behind the pool's back and could not be restarted; retried on use
 )
 
 func (st boxState) String() string {
-	return [...]string{"new", "running", "sleeping", "gone", "removed"}[st]
+	return [...]string{"new", "running", "sleeping", "lost", "removed", "dead"}[st]
 }
 
 // box is one box of the pool. Lifecycle transitions (create, wake, sleep,
@@ -48,6 +49,7 @@ type box struct {
 	lastUsed atomic.Int64   // unix nanoseconds
 	saved    int64          // lastUsed as last written to the store (guarded by Service.mu)
 	previews map[int]string // port -> preview id (guarded by Service.mu)
+	note     string         // what the reaper did to the box, for the next call's notice (guarded by Service.mu)
 }
 
 // record returns b's record for the store; the caller holds Service.mu.
@@ -63,6 +65,7 @@ func (b *box) touch() { b.lastUsed.Store(time.Now().UnixNano()) }
 // lease is a box in use by one call.
 type lease struct {
 	b      *box
+	name   string // the box's name in the caller's session
 	client *agent.Client
 	once   sync.Once
 }
@@ -164,6 +167,9 @@ func (s *Service) use(ctx context.Context, sess *Session, name string, b *box, n
 	defer b.life.Unlock()
 	switch b.state {
 	case stateRunning:
+		if err := s.check(ctx, sess, name, b, notice); err != nil {
+			return nil, err
+		}
 	case stateRemoved:
 		if b.failed != nil {
 			return nil, b.failed
@@ -174,9 +180,15 @@ func (s *Service) use(ctx context.Context, sess *Session, name string, b *box, n
 			return nil, err
 		}
 	}
+	s.mu.Lock()
+	if b.note != "" {
+		notice(b.note)
+		b.note = ""
+	}
+	s.mu.Unlock()
 	b.inflight.Add(1)
 	b.touch()
-	return &lease{b: b, client: b.client}, nil
+	return &lease{b: b, name: name, client: b.client}, nil
 }
 
 // bringUp makes, wakes or recreates b; the caller holds b.life.
@@ -199,7 +211,7 @@ func (s *Service) bringUp(ctx context.Context, sess *Session, name string, b *bo
 			return err
 		}
 		return nil
-	case stateSleeping:
+	case stateSleeping, stateDead:
 		release, err := s.acquireSlot(ctx, sess)
 		if err != nil {
 			return err
@@ -355,26 +367,174 @@ func (s *Service) wake(ctx context.Context, id string) (*agent.Client, error) {
 }
 
 // connect waits up to timeout for box id's agent and checks its protocol.
+// It waits in short rounds and between them asks the backend whether the
+// box still runs, so that a box that cannot start (its agent died: no
+// memory, pids: 1, a broken image) fails at once, saying why.
 func (s *Service) connect(ctx context.Context, id string, timeout time.Duration) (*agent.Client, error) {
 	cl := agent.Dial(socketPath(s.cfg.DataDir, id))
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	err := cl.WaitReady(wctx)
 	var pe *agent.ProtocolError
-	switch {
-	case errors.As(err, &pe):
-		cl.Close()
-		return nil, fmt.Errorf("agent of box %s: %w", id, err)
-	case err != nil:
-		cl.Close()
-		return nil, fmt.Errorf("agent of box %s did not answer within %s: %w", id, timeout, err)
+	for {
+		rctx, rcancel := context.WithTimeout(wctx, connectRound)
+		err := cl.WaitReady(rctx)
+		rcancel()
+		switch {
+		case err == nil:
+			return cl, nil
+		case errors.As(err, &pe):
+			cl.Close()
+			return nil, fmt.Errorf("agent of box %s: %w", id, err)
+		case wctx.Err() != nil:
+			cl.Close()
+			return nil, fmt.Errorf("agent of box %s did not answer within %s: %w", id, timeout, err)
+		}
+		info, ierr := s.be.Inspect(wctx, id)
+		switch {
+		case errors.Is(ierr, backend.ErrNotFound):
+			cl.Close()
+			return nil, fmt.Errorf("box %s vanished from the %s backend while starting: %w", id, s.be.Name(), ierr)
+		case ierr == nil && info.State != backend.StateRunning:
+			cl.Close()
+			return nil, fmt.Errorf("box %s stopped while starting: %s", id, exitReason(info))
+		}
 	}
-	return cl, nil
+}
+
+// connectRound is how long connect waits for the agent between two looks
+// at the backend.
+const connectRound = 250 * time.Millisecond
+
+// exitReason says why a box stopped, as far as the backend knows.
+func exitReason(info backend.Info) string {
+	if info.Exit != "" {
+		return info.Exit
+	}
+	return "it is " + string(info.State)
+}
+
+// pingTimeout bounds a health check of a running box's agent.
+const pingTimeout = 2 * time.Second
+
+// check makes sure the running box b answers; the caller holds b.life. A
+// box whose agent died behind the pool's back (killed, OOM-killed, its
+// container killed) is restarted with its workspace, and notice says so;
+// one the backend no longer has is recreated empty. A box that runs but is
+// slow to answer is left alone: the call will tell.
+func (s *Service) check(ctx context.Context, sess *Session, name string, b *box, notice func(string)) error {
+	if b.client != nil {
+		pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+		_, err := b.client.Version(pctx)
+		cancel()
+		var pe *agent.ProtocolError
+		if err == nil || errors.As(err, &pe) || ctx.Err() != nil {
+			return nil
+		}
+	}
+	info, err := s.stopped(ctx, b.rec.ID)
+	if err == nil && info.State == backend.StateRunning {
+		return nil
+	}
+	return s.revive(ctx, sess, name, b, info, err, notice)
+}
+
+// stopped inspects box id whose agent does not answer, asking again for a
+// moment while the backend still says running: a box whose agent was just
+// killed takes a little while to show as stopped.
+func (s *Service) stopped(ctx context.Context, id string) (backend.Info, error) {
+	deadline := time.Now().Add(pingTimeout)
+	for {
+		info, err := s.be.Inspect(ctx, id)
+		if err != nil || info.State != backend.StateRunning || time.Now().After(deadline) {
+			return info, err
+		}
+		select {
+		case <-ctx.Done():
+			return info, nil
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// revive restarts the dead box b (info and ierr: what Inspect said); the
+// caller holds b.life. On failure b is marked dead and the next use tries
+// again.
+func (s *Service) revive(ctx context.Context, sess *Session, name string, b *box, info backend.Info, ierr error, notice func(string)) error {
+	id := b.rec.ID
+	what := boxName(name, id)
+	if ierr != nil && !errors.Is(ierr, backend.ErrNotFound) {
+		return fmt.Errorf("sandbox %s does not answer and the %s backend cannot say why: %w", what, s.be.Name(), ierr)
+	}
+	release, err := s.acquireSlot(ctx, sess)
+	if err != nil {
+		return err
+	}
+	defer release()
+	s.closeClient(b)
+	if ierr != nil {
+		s.log.Warn("box removed behind the server's back; recreating it", "box", id, "err", ierr)
+		notice(fmt.Sprintf("sandbox %s had been removed from the %s backend behind this server's back; it was recreated with an empty workspace", what, s.be.Name()))
+		if err := s.recreate(ctx, name, b); err != nil {
+			s.setState(b, stateDead)
+			return err
+		}
+		return nil
+	}
+	why := exitReason(info)
+	s.log.Warn("box died; restarting it", "box", id, "why", why)
+	cl, err := s.wake(ctx, id)
+	if err != nil {
+		s.setState(b, stateDead)
+		return fmt.Errorf("sandbox %s had died (%s) and could not be restarted: %w", what, why, err)
+	}
+	s.setRunning(b, cl)
+	notice(fmt.Sprintf("sandbox %s had died (%s); it was restarted with its workspace (processes it ran are gone)", what, why))
+	return nil
+}
+
+// boxName names a box in messages: by name and id, or id alone where the
+// name (which is per session) is not known.
+func boxName(name, id string) string {
+	if name == "" {
+		return id
+	}
+	return fmt.Sprintf("%q (%s)", name, id)
+}
+
+// explain turns err, the failure of a call on l's box, into one that says
+// the box died during the call, when it did. The next call restarts it.
+func (s *Service) explain(ctx context.Context, l *lease, err error) error {
+	var ae *agent.Error
+	if err == nil || errors.As(err, &ae) || ctx.Err() != nil {
+		return err
+	}
+	ctx = context.WithoutCancel(ctx)
+	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	_, perr := l.client.Version(pctx)
+	cancel()
+	if perr == nil {
+		return err
+	}
+	info, ierr := s.stopped(ctx, l.b.rec.ID)
+	if ierr == nil && info.State == backend.StateRunning {
+		return err
+	}
+	why := "it is gone from the backend"
+	if ierr == nil {
+		why = exitReason(info)
+	}
+	return fmt.Errorf("sandbox %s died during this call (%s); the next call restarts it: %w", boxName(l.name, l.b.rec.ID), why, err)
 }
 
 func (s *Service) setID(b *box, id string) {
 	s.mu.Lock()
 	b.rec.ID = id
+	s.mu.Unlock()
+}
+
+func (s *Service) setState(b *box, st boxState) {
+	s.mu.Lock()
+	b.state = st
 	s.mu.Unlock()
 }
 
@@ -483,10 +643,27 @@ func (s *Service) reap(ctx context.Context) {
 			continue // busy with a transition
 		}
 		idle := now.Sub(time.Unix(0, b.lastUsed.Load()))
-		if b.state == stateRunning && b.inflight.Load() == 0 && idle > sleepAfter(b.rec.SleepAfterMs) {
-			s.sleep(ctx, b, idle)
+		if b.state == stateRunning && b.inflight.Load() == 0 {
+			if idle > sleepAfter(b.rec.SleepAfterMs) {
+				s.sleep(ctx, b, idle)
+			} else {
+				s.checkIdle(ctx, b)
+			}
 		}
 		b.life.Unlock()
+	}
+}
+
+// checkIdle is the reaper's health check of the running box b: a dead box
+// is restarted now, and the next call on it gets the notice.
+func (s *Service) checkIdle(ctx context.Context, b *box) {
+	err := s.check(ctx, nil, "", b, func(n string) {
+		s.mu.Lock()
+		b.note = n
+		s.mu.Unlock()
+	})
+	if err != nil {
+		s.log.Warn("health check", "box", b.rec.ID, "err", err)
 	}
 }
 

@@ -219,13 +219,15 @@ type call struct {
 // box leases the session's box name (lazily created, woken if asleep)
 // until the call ends.
 func (c *call) box(ctx context.Context, name string) (*lease, error) {
-	l, err := c.s.acquire(ctx, c.sess, name, func(n string) { c.notices = append(c.notices, n) })
+	l, err := c.s.acquire(ctx, c.sess, name, c.notice)
 	if err != nil {
 		return nil, err
 	}
 	c.leases = append(c.leases, l)
 	return l, nil
 }
+
+func (c *call) notice(n string) { c.notices = append(c.notices, n) }
 
 func (c *call) done() {
 	for _, l := range c.leases {
@@ -254,6 +256,11 @@ func (s *Service) callTool(ctx context.Context, sess *Session, name string, raw 
 	start := time.Now()
 	c := &call{s: s, sess: sess}
 	out, err := t.run(ctx, c, raw)
+	if err != nil {
+		for _, l := range c.leases {
+			err = s.explain(ctx, l, err)
+		}
+	}
 	c.done()
 	s.metrics.observeTool(name, err == nil, time.Since(start))
 	if err != nil {

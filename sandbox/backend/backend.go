@@ -105,6 +105,10 @@ type Info struct {
 	State   State
 	Created time.Time
 	HostDir string
+	// Exit says why a box that ran is no longer running (exit code, OOM
+	// kill, the end of its log), for errors and sandbox_list; "" while it
+	// runs or when the backend cannot tell.
+	Exit string
 }
 
 // Backend makes boxes. All methods are safe for concurrent use.

@@ -284,7 +284,23 @@ func (b *Backend) Inspect(ctx context.Context, id string) (backend.Info, error) 
 	if c.State != nil {
 		status = c.State.Status
 	}
-	return info(c.Config.Labels, status, created, c.Mounts), nil
+	in := info(c.Config.Labels, status, created, c.Mounts)
+	if c.State != nil && in.State == backend.StateStopped {
+		in.Exit = exitReason(c.State)
+	}
+	return in, nil
+}
+
+// exitReason says why a container stopped, from its state.
+func exitReason(st *container.State) string {
+	why := fmt.Sprintf("container exited with code %d", st.ExitCode)
+	if st.OOMKilled {
+		why += " (killed by the kernel's OOM killer: out of memory)"
+	}
+	if st.Error != "" {
+		why += ": " + st.Error
+	}
+	return why
 }
 
 // List returns the boxes whose labels include every given label.

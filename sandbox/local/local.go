@@ -302,8 +302,12 @@ func (b *Backend) info(bf boxFile, r *running) backend.Info {
 			st = backend.StateRunning
 		}
 	}
-	return backend.Info{ID: bf.Spec.ID, Labels: bf.Spec.BoxLabels(), Image: bf.Spec.ImageOrDefault(), State: st,
+	in := backend.Info{ID: bf.Spec.ID, Labels: bf.Spec.BoxLabels(), Image: bf.Spec.ImageOrDefault(), State: st,
 		Created: bf.Created, HostDir: bf.Spec.HostDir}
+	if st == backend.StateStopped {
+		in.Exit = "agent exited" + logTail(filepath.Join(b.dir(bf.Spec.ID), "box.log"))
+	}
+	return in
 }
 
 // Inspect reports a box.
