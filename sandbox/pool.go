@@ -110,7 +110,10 @@ func (s *Service) acquire(ctx context.Context, sess *Session, name string, notic
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
-	for {
+	for try := 0; ; try++ {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("sandbox %q: %w", name, err)
+		}
 		s.mu.Lock()
 		if sess.deleted {
 			s.mu.Unlock()
@@ -118,17 +121,27 @@ func (s *Service) acquire(ctx context.Context, sess *Session, name string, notic
 		}
 		b := sess.boxes[name]
 		if b == nil {
+			if err := s.checkCapsLocked(sess); err != nil {
+				s.mu.Unlock()
+				return nil, fmt.Errorf("create sandbox %q: %w", name, err)
+			}
 			b = s.newBoxLocked(sess, boxSpec{})
 			sess.boxes[name] = b
 		}
 		s.mu.Unlock()
 		l, err := s.use(ctx, sess, name, b, notice)
-		if errors.Is(err, errRetry) {
+		if errors.Is(err, errRetry) && try < maxRetries {
 			continue // lost a race with a destroy or a failed creation
+		}
+		if errors.Is(err, errRetry) {
+			return nil, fmt.Errorf("sandbox %q was destroyed and remade %d times during this call; try again", name, try+1)
 		}
 		return l, err
 	}
 }
+
+// maxRetries bounds acquire's retries after losing races with destroys.
+const maxRetries = 8
 
 // errRetry says the box changed under the caller; look it up again.
 var errRetry = errors.New("retry")
@@ -174,6 +187,9 @@ func (s *Service) use(ctx context.Context, sess *Session, name string, b *box, n
 		if b.failed != nil {
 			return nil, b.failed
 		}
+		if err := s.unbindRemoved(sess, name, b); err != nil {
+			return nil, err
+		}
 		return nil, errRetry
 	default:
 		if err := s.bringUp(ctx, sess, name, b, notice); err != nil {
@@ -189,6 +205,30 @@ func (s *Service) use(ctx context.Context, sess *Session, name string, b *box, n
 	b.inflight.Add(1)
 	b.touch()
 	return &lease{b: b, name: name, client: b.client}, nil
+}
+
+// unbindRemoved handles a name of sess still bound to the removed box b:
+// a shared box another session destroyed while this one attached to it.
+// The name is unbound and the caller told; a retry would find b forever.
+func (s *Service) unbindRemoved(sess *Session, name string, b *box) error {
+	if sess == nil {
+		return nil
+	}
+	s.mu.Lock()
+	if sess.boxes[name] != b {
+		s.mu.Unlock()
+		return nil // rebound meanwhile: retry
+	}
+	delete(sess.boxes, name)
+	srec := s.sessionRecordLocked(sess)
+	deleted := sess.deleted
+	s.mu.Unlock()
+	if !deleted {
+		if err := s.st.apply(change{session: &srec}); err != nil {
+			s.log.Warn("save session", "session", sess.ID, "err", err)
+		}
+	}
+	return fmt.Errorf("sandbox %q (%s) was destroyed by another session while this one attached to it; create it again with sandbox_create", name, b.rec.ID)
 }
 
 // bringUp makes, wakes or recreates b; the caller holds b.life.
@@ -622,6 +662,7 @@ func (s *Service) reaper() {
 		case <-s.ctx.Done():
 			return
 		case <-t.C:
+			s.expireSessions(s.ctx)
 			s.reap(s.ctx)
 			s.flushLastUsed()
 			s.fillPools()
@@ -766,6 +807,13 @@ func (s *Service) reconcile(ctx context.Context) error {
 				s.log.Warn("session names a box the store does not have", "session", rec.ID, "name", name, "box", id)
 			}
 		}
+		last := rec.Created
+		for _, b := range sess.boxes {
+			if lu := b.rec.LastUsed; lu.After(last) {
+				last = lu
+			}
+		}
+		sess.lastUsed.Store(last.UnixNano())
 		s.sessions[rec.ID] = sess
 	}
 	// Boxes no session names (a crash between writes) are orphans too.

@@ -260,6 +260,10 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 			s.mu.Unlock()
 			return out, fmt.Errorf("box_id %q is in use by a private box; pick another id", spec.ID)
 		}
+		if err := s.checkCapsLocked(sess); err != nil {
+			s.mu.Unlock()
+			return out, fmt.Errorf("create sandbox %q: %w", name, err)
+		}
 		if b == nil {
 			b = s.newBoxLocked(sess, spec)
 			s.boxes[spec.ID] = b
@@ -268,6 +272,10 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 		sess.boxes[name] = b
 		s.log.Warn("session attaches a box shared across sessions", "session", sess.ID, "name", name, "box", spec.ID)
 	default:
+		if err := s.checkCapsLocked(sess); err != nil {
+			s.mu.Unlock()
+			return out, fmt.Errorf("create sandbox %q: %w", name, err)
+		}
 		b = s.newBoxLocked(sess, spec)
 		sess.boxes[name] = b
 		created = true
