@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cellbox/cellbox/internal/jsonschema"
 	"github.com/cellbox/cellbox/sandbox/api"
@@ -77,6 +79,9 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 		return fmt.Errorf("the input of %s must be a JSON object with the fields %s", t.Name, strings.Join(t.fields, ", "))
 	}
 	for _, k := range sortedNames(fields) {
+		if !validText(fields[k]) {
+			return fmt.Errorf("field %q of %s is not valid UTF-8 (or holds a lone surrogate escape such as \\udc80); send text as UTF-8%s", k, t.Name, t.base64Hint())
+		}
 		if !contains(t.fields, k) {
 			valid := "it takes no fields"
 			if len(t.fields) > 0 {
@@ -109,6 +114,62 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 		return fmt.Errorf("input of %s: %w", t.Name, err)
 	}
 	return nil
+}
+
+// base64Hint tells how to send bytes, for the tools that take them.
+func (t *Tool) base64Hint() string {
+	if contains(t.fields, "encoding") {
+		return `, or bytes base64-encoded with "encoding": "base64"`
+	}
+	return ""
+}
+
+// validText reports whether the raw JSON value v holds only valid UTF-8
+// and no lone UTF-16 surrogate escape. encoding/json would silently turn
+// either into U+FFFD, so a command, path or content would not be what the
+// caller sent.
+func validText(v []byte) bool {
+	if !utf8.Valid(v) {
+		return false
+	}
+	pending := false // the last escape was a high surrogate
+	for i := 0; i < len(v); i++ {
+		if v[i] != '\\' || i+1 >= len(v) {
+			if pending {
+				return false
+			}
+			continue
+		}
+		if v[i+1] != 'u' || i+6 > len(v) {
+			if pending {
+				return false
+			}
+			i++ // an escaped character: skip it (it may be a backslash)
+			continue
+		}
+		r, err := strconv.ParseUint(string(v[i+2:i+6]), 16, 16)
+		if err != nil {
+			return false
+		}
+		i += 5
+		switch {
+		case r >= 0xd800 && r < 0xdc00:
+			if pending {
+				return false
+			}
+			pending = true
+		case r >= 0xdc00 && r < 0xe000:
+			if !pending {
+				return false
+			}
+			pending = false
+		default:
+			if pending {
+				return false
+			}
+		}
+	}
+	return !pending
 }
 
 // skeleton is the input to check against the schema: raw, with long
