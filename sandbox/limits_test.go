@@ -94,10 +94,7 @@ func TestSessionTTL(t *testing.T) {
 		require.Equal(t, false, m["is_error"], "%v", m)
 		time.Sleep(200 * time.Millisecond)
 	}
-	require.Eventually(t, func() bool {
-		_, err := s.session(idle)
-		return err != nil
-	}, 10*time.Second, 50*time.Millisecond, "the idle session was not expired")
+	require.Eventually(t, func() bool { return !s.hasSession(idle) }, 10*time.Second, 50*time.Millisecond, "the idle session was not expired")
 	_, err = s.CallTool(ctx, idle, "shell", json.RawMessage(`{"command":"true"}`))
 	require.ErrorIs(t, err, ErrNoSession)
 	_, err = s.session(busy)
@@ -173,4 +170,13 @@ func (sess *Session) destroyDirect(s *Service, name string) error {
 	s.mu.Unlock()
 	s.removeBox(context.Background(), b.rec.ID)
 	return s.st.apply(change{delBox: b.rec.ID})
+}
+
+// hasSession tells whether the service has session id, without using it
+// (which would keep it alive).
+func (s *Service) hasSession(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess := s.sessions[id]
+	return sess != nil && !sess.deleted
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/cellbox/cellbox/internal/safe"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 )
@@ -89,6 +90,7 @@ func (s *Service) watch(ctx context.Context, sess *Session, box, path string, de
 	go func() {
 		defer close(out)
 		defer l.release()
+		defer safe.Recover(s.log, "watch "+path, nil)
 		for evs := range in {
 			batch := make([]api.WatchEvent, len(evs))
 			for i, e := range evs {

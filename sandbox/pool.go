@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cellbox/cellbox/internal/safe"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
@@ -662,12 +663,19 @@ func (s *Service) reaper() {
 		case <-s.ctx.Done():
 			return
 		case <-t.C:
-			s.expireSessions(s.ctx)
-			s.reap(s.ctx)
-			s.flushLastUsed()
-			s.fillPools()
+			s.tick()
 		}
 	}
+}
+
+// tick is one round of the reaper; a panic in it is logged and the next
+// round runs.
+func (s *Service) tick() {
+	defer safe.Recover(s.log, "reaper", nil)
+	s.expireSessions(s.ctx)
+	s.reap(s.ctx)
+	s.flushLastUsed()
+	s.fillPools()
 }
 
 // reap stops every running box idle for longer than its sleep_after_ms.
@@ -680,18 +688,23 @@ func (s *Service) reap(ctx context.Context) {
 	s.mu.Unlock()
 	now := time.Now()
 	for _, b := range boxes {
-		if !b.life.TryLock() {
-			continue // busy with a transition
+		s.reapOne(ctx, b, now)
+	}
+}
+
+// reapOne puts b to sleep if it is idle, else checks its health.
+func (s *Service) reapOne(ctx context.Context, b *box, now time.Time) {
+	if !b.life.TryLock() {
+		return // busy with a transition
+	}
+	defer b.life.Unlock()
+	idle := now.Sub(time.Unix(0, b.lastUsed.Load()))
+	if b.state == stateRunning && b.inflight.Load() == 0 {
+		if idle > sleepAfter(b.rec.SleepAfterMs) {
+			s.sleep(ctx, b, idle)
+		} else {
+			s.checkIdle(ctx, b)
 		}
-		idle := now.Sub(time.Unix(0, b.lastUsed.Load()))
-		if b.state == stateRunning && b.inflight.Load() == 0 {
-			if idle > sleepAfter(b.rec.SleepAfterMs) {
-				s.sleep(ctx, b, idle)
-			} else {
-				s.checkIdle(ctx, b)
-			}
-		}
-		b.life.Unlock()
 	}
 }
 
@@ -891,6 +904,7 @@ func (s *Service) fillPools() {
 
 func (s *Service) fillOne(p *warmPool) {
 	defer s.wg.Done()
+	defer safe.Recover(s.log, "warm pool", nil)
 	ok := false
 	defer func() {
 		if !ok {
@@ -941,6 +955,7 @@ func (s *Service) drainPools(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer safe.Recover(s.log, "drain warm pool", nil)
 			w.client.Close()
 			s.removeBox(ctx, w.id)
 		}()

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/cellbox/cellbox/internal/jsonschema"
+	"github.com/cellbox/cellbox/internal/safe"
 	"github.com/cellbox/cellbox/sandbox/api"
 )
 
@@ -316,7 +317,7 @@ func (s *Service) callTool(ctx context.Context, sess *Session, name string, raw 
 	}
 	start := time.Now()
 	c := &call{s: s, sess: sess}
-	out, err := t.run(ctx, c, raw)
+	out, err := s.runTool(ctx, t, c, raw)
 	if err != nil {
 		for _, l := range c.leases {
 			err = s.explain(ctx, l, err)
@@ -328,6 +329,12 @@ func (s *Service) callTool(ctx context.Context, sess *Session, name string, raw 
 		s.log.Debug("tool failed", "tool", name, "session", sess.ID, "err", err)
 	}
 	return toolResult(out, err, c.notices), nil
+}
+
+// runTool runs t's handler; a panic in it is an error result.
+func (s *Service) runTool(ctx context.Context, t *Tool, c *call, raw json.RawMessage) (out any, err error) {
+	defer safe.Recover(s.log, "tool "+t.Name, &err)
+	return t.run(ctx, c, raw)
 }
 
 // toolResult renders a result object: {"is_error":..., ["error"], ["notice"], output fields...}.
