@@ -38,7 +38,7 @@ func allTools() []*Tool {
 		defineTool("transfer", "Copy a file, or with recursive a directory tree, from one sandbox of this session to another (or within one). Binary-safe and streamed.", transferTool),
 		defineTool("browse", "Return a URL on this server that proxies to a TCP port inside a sandbox (works although sandboxes have no network). Start the server first (shell with background: true). Apps should use relative URLs.", browseTool),
 		defineTool("sandbox_create", "Create a named sandbox with an image, environment, limits and network access; a no-op if it exists. Tools create sandboxes on first use anyway; use this to choose their settings.", sandboxCreateTool),
-		defineTool("sandbox_list", "List the sandboxes of this session with image, status (running, sleeping, dead: died and could not be restarted, or lost: gone from the backend, recreated empty on use), creation and last-use times.", sandboxListTool),
+		defineTool("sandbox_list", "List the sandboxes of this session with image, status (running; sleeping; dead: died and could not be restarted, retried on next use; lost: gone from the backend, recreated empty on next use), creation and last-use times.", sandboxListTool),
 		defineTool("sandbox_destroy", "Destroy a sandbox of this session and delete its files.", sandboxDestroyTool),
 	}
 }
