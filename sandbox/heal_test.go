@@ -118,26 +118,32 @@ func (rb *realBox) id(name string) string {
 // agentPID is the host pid of box id's agent (its PID 1).
 func (rb *realBox) agentPID(id string) int {
 	rb.t.Helper()
-	switch rb.kind {
-	case "local":
+	pid, err := rb.findAgentPID(id)
+	require.NoError(rb.t, err)
+	require.NotZero(rb.t, pid)
+	return pid
+}
+
+// findAgentPID is agentPID, 0 for a box that does not run.
+func (rb *realBox) findAgentPID(id string) (int, error) {
+	if rb.kind == "local" {
 		data, err := os.ReadFile(filepath.Join(rb.local, id, "state.json"))
-		require.NoError(rb.t, err)
+		if err != nil {
+			return 0, err
+		}
 		var st struct {
 			Agent struct {
 				PID int `json:"pid"`
 			} `json:"agent"`
 		}
-		require.NoError(rb.t, json.Unmarshal(data, &st))
-		require.NotZero(rb.t, st.Agent.PID)
-		return st.Agent.PID
-	default:
-		out, err := exec.Command("docker", "inspect", "-f", "{{.State.Pid}}", id).Output()
-		require.NoError(rb.t, err)
-		pid, err := strconv.Atoi(strings.TrimSpace(string(out)))
-		require.NoError(rb.t, err)
-		require.NotZero(rb.t, pid)
-		return pid
+		err = json.Unmarshal(data, &st)
+		return st.Agent.PID, err
 	}
+	out, err := exec.Command("docker", "inspect", "-f", "{{.State.Pid}}", id).Output()
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(out)))
 }
 
 // waitStopped waits until the backend no longer runs box id.
@@ -279,7 +285,8 @@ func TestReaperHealsDeadBox(t *testing.T) {
 				if err != nil || in.State != backend.StateRunning {
 					return false
 				}
-				return rb.agentPID(id) != pid
+				now, err := rb.findAgentPID(id)
+				return err == nil && now != 0 && now != pid
 			}, 2*time.Minute, 100*time.Millisecond, "the reaper did not restart the dead box")
 			l := rb.ok("sandbox_list", nil)
 			assert.Equal(t, "running", l["sandboxes"].([]any)[0].(map[string]any)["status"])

@@ -463,27 +463,41 @@ const pingTimeout = 2 * time.Second
 // one the backend no longer has is recreated empty. A box that runs but is
 // slow to answer is left alone: the call will tell.
 func (s *Service) check(ctx context.Context, sess *Session, name string, b *box, notice func(string)) error {
+	perr := errors.New("no connection to its agent")
 	if b.client != nil {
 		pctx, cancel := context.WithTimeout(ctx, pingTimeout)
-		_, err := b.client.Version(pctx)
+		_, perr = b.client.Version(pctx)
 		cancel()
 		var pe *agent.ProtocolError
-		if err == nil || errors.As(err, &pe) || ctx.Err() != nil {
+		if perr == nil || errors.As(perr, &pe) || ctx.Err() != nil {
 			return nil
 		}
 	}
-	info, err := s.stopped(ctx, b.rec.ID)
+	slow := errors.Is(perr, context.DeadlineExceeded)
+	grace := pingTimeout
+	if slow {
+		grace = 0
+	}
+	info, err := s.stopped(ctx, b.rec.ID, grace)
 	if err == nil && info.State == backend.StateRunning {
-		return nil
+		if slow {
+			return nil // busy, or hung: the call will tell
+		}
+		// It runs, but its agent refuses connections (its socket was
+		// removed or replaced): restart it.
+		if err := s.be.Stop(ctx, b.rec.ID); err != nil {
+			return fmt.Errorf("sandbox %s: its agent does not answer (%v) and stopping it failed: %w", boxName(name, b.rec.ID), perr, err)
+		}
+		info.Exit = fmt.Sprintf("its agent did not answer: %v", perr)
 	}
 	return s.revive(ctx, sess, name, b, info, err, notice)
 }
 
-// stopped inspects box id whose agent does not answer, asking again for a
-// moment while the backend still says running: a box whose agent was just
-// killed takes a little while to show as stopped.
-func (s *Service) stopped(ctx context.Context, id string) (backend.Info, error) {
-	deadline := time.Now().Add(pingTimeout)
+// stopped inspects box id whose agent does not answer, asking again for up
+// to grace while the backend still says running: a box whose agent was
+// just killed takes a little while to show as stopped.
+func (s *Service) stopped(ctx context.Context, id string, grace time.Duration) (backend.Info, error) {
+	deadline := time.Now().Add(grace)
 	for {
 		info, err := s.be.Inspect(ctx, id)
 		if err != nil || info.State != backend.StateRunning || time.Now().After(deadline) {
@@ -556,7 +570,7 @@ func (s *Service) explain(ctx context.Context, l *lease, err error) error {
 	if perr == nil {
 		return err
 	}
-	info, ierr := s.stopped(ctx, l.b.rec.ID)
+	info, ierr := s.stopped(ctx, l.b.rec.ID, pingTimeout)
 	if ierr == nil && info.State == backend.StateRunning {
 		return err
 	}
