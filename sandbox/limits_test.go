@@ -71,7 +71,8 @@ func TestBoxCaps(t *testing.T) {
 }
 
 // TestSessionTTL: the reaper deletes a session idle for longer than
-// SessionTTL with its boxes; a used one stays.
+// SessionTTL with its boxes; a used one stays, and so does an idle one
+// served in-process (the runtime's).
 func TestSessionTTL(t *testing.T) {
 	be := newFakeBackend(t)
 	s := newTestService(t, be, "", func(c *Config) {
@@ -83,6 +84,9 @@ func TestSessionTTL(t *testing.T) {
 	require.NoError(t, err)
 	busy, _, err := s.NewSession(ctx)
 	require.NoError(t, err)
+	owned, _, err := s.NewSession(ctx)
+	require.NoError(t, err)
+	_ = s.Client(owned)
 	for _, id := range []string{idle, busy} {
 		m := callJSON(t, ctx, s, id, "shell", map[string]any{"command": "true"})
 		require.Equal(t, false, m["is_error"], "%v", m)
@@ -97,8 +101,8 @@ func TestSessionTTL(t *testing.T) {
 	require.Eventually(t, func() bool { return !s.hasSession(idle) }, 10*time.Second, 50*time.Millisecond, "the idle session was not expired")
 	_, err = s.CallTool(ctx, idle, "shell", json.RawMessage(`{"command":"true"}`))
 	require.ErrorIs(t, err, ErrNoSession)
-	_, err = s.session(busy)
-	require.NoError(t, err)
+	assert.True(t, s.hasSession(busy))
+	assert.True(t, s.hasSession(owned))
 	assert.Equal(t, 1, be.count(), "the expired session's box is removed")
 }
 

@@ -115,8 +115,9 @@ type LocalClient struct {
 }
 
 // Client returns the in-process client of session id. The session is
-// looked up on each call.
+// looked up on each call; it no longer expires (see pin).
 func (s *Service) Client(sessionID string) *LocalClient {
+	s.pin(sessionID)
 	return &LocalClient{s: s, session: sessionID}
 }
 

@@ -126,6 +126,7 @@ type Session struct {
 	boxes     map[string]*box // by name; guarded by Service.mu
 	deleted   bool            // guarded by Service.mu
 	lastUsed  atomic.Int64    // unix nanoseconds of the last call; the reaper expires idle sessions
+	pinned    bool            // served in-process (see pin): never expires; guarded by Service.mu
 }
 
 // Errors of session lookups, for the HTTP layer to map to status codes.
@@ -376,7 +377,7 @@ func (s *Service) expireSessions(ctx context.Context) {
 		for _, b := range sess.boxes {
 			busy = busy || b.inflight.Load() > 0
 		}
-		if !busy && time.Since(time.Unix(0, sess.lastUsed.Load())) > s.cfg.SessionTTL {
+		if !busy && !sess.pinned && time.Since(time.Unix(0, sess.lastUsed.Load())) > s.cfg.SessionTTL {
 			idle = append(idle, id)
 		}
 	}
@@ -386,6 +387,19 @@ func (s *Service) expireSessions(ctx context.Context) {
 		if err := s.DeleteSession(ctx, id); err != nil && !errors.Is(err, ErrNoSession) {
 			s.log.Warn("delete expired session", "session", id, "err", err)
 		}
+	}
+}
+
+// pin exempts session id from expiry: a session served in-process (the
+// runtime of cellbox run and serve, cellbox mcp) belongs to this process,
+// which keeps it as long as it needs it or deletes it. Only clients over
+// HTTP leave sessions behind. Pins are not stored: the owner pins again
+// when it starts.
+func (s *Service) pin(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sess := s.sessions[id]; sess != nil {
+		sess.pinned = true
 	}
 }
 
