@@ -306,6 +306,7 @@ func TestBoxThatCannotStartSaysWhy(t *testing.T) {
 	m := rb.call("sandbox_create", map[string]any{"sandbox": "tiny", "limits": map[string]any{"pids": 1}})
 	require.Equal(t, true, m["is_error"], "%v", m)
 	msg := m["error"].(string)
-	assert.Contains(t, msg, "stopped while starting: container exited with code")
+	assert.Contains(t, msg, "stopped while starting: container exited with code 2")
+	assert.Contains(t, msg, "failed to create new OS thread", "the agent's own last words")
 	assert.NotContains(t, msg, "did not answer within")
 }
