@@ -310,3 +310,26 @@ func TestBoxThatCannotStartSaysWhy(t *testing.T) {
 	assert.Contains(t, msg, "failed to create new OS thread", "the agent's own last words")
 	assert.NotContains(t, msg, "did not answer within")
 }
+
+// TestListTellsTheTruth: sandbox_list checks the running boxes, so a box
+// that died behind the server's back is not listed as running while dead:
+// it is restarted and the notice says so.
+func TestListTellsTheTruth(t *testing.T) {
+	for _, kind := range []string{"local", "docker"} {
+		t.Run(kind, func(t *testing.T) {
+			rb := newRealService(t, kind, nil)
+			rb.ok("shell", map[string]any{"command": "true"})
+			id := rb.id("default")
+			pid := rb.agentPID(id)
+			require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+			rb.waitStopped(id)
+			l := rb.ok("sandbox_list", nil)
+			assert.Contains(t, l["notice"], "had died")
+			assert.Equal(t, "running", l["sandboxes"].([]any)[0].(map[string]any)["status"])
+			in, err := rb.be.Inspect(context.Background(), id)
+			require.NoError(t, err)
+			assert.Equal(t, backend.StateRunning, in.State, "listed running, and running")
+			assert.NotEqual(t, pid, rb.agentPID(id))
+		})
+	}
+}
