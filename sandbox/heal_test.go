@@ -330,6 +330,9 @@ func TestListTellsTheTruth(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, backend.StateRunning, in.State, "listed running, and running")
 			assert.NotEqual(t, pid, rb.agentPID(id))
+			rb.s.metrics.mu.Lock()
+			assert.EqualValues(t, 1, rb.s.metrics.revived)
+			rb.s.metrics.mu.Unlock()
 		})
 	}
 }

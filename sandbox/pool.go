@@ -543,6 +543,7 @@ func (s *Service) revive(ctx context.Context, sess *Session, name string, b *box
 		return fmt.Errorf("sandbox %s had died (%s) and could not be restarted: %w", what, why, err)
 	}
 	s.setRunning(b, cl)
+	s.metrics.observeRevive()
 	notice(fmt.Sprintf("sandbox %s had died (%s); it was restarted with its workspace (processes it ran are gone)", what, why))
 	return nil
 }
