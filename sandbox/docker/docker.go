@@ -312,12 +312,9 @@ func (b *Backend) exitReason(ctx context.Context, id string, st *container.State
 		return why
 	}
 	defer logs.Close()
-	// The first lines: a box that fails at start says why there (a Go
-	// runtime crash is followed by pages of stack).
 	var out bytes.Buffer
-	_, _ = stdcopy.StdCopy(&out, &out, io.LimitReader(logs, 8<<10))
-	lines := strings.SplitN(strings.TrimSpace(out.String()), "\n", 3)
-	if head := strings.TrimSpace(strings.Join(lines[:min(len(lines), 2)], "; ")); head != "" {
+	_, _ = stdcopy.StdCopy(&out, &out, io.LimitReader(logs, 16<<10))
+	if head := backend.ExitSummary(out.String()); head != "" {
 		why += ": " + head
 	}
 	return why
