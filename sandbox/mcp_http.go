@@ -32,6 +32,7 @@ func (s *Service) MCPServer(id string) (*mcp.Server, error) {
 	if _, err := s.session(id); err != nil {
 		return nil, err
 	}
+	s.pin(id)
 	return mcp.NewServer(sessionTools{s: s, id: id}, MCPInfo()), nil
 }
 

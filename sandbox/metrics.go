@@ -15,6 +15,8 @@ type metrics struct {
 	calls map[[2]string]uint64 // tool, outcome (ok|error)
 	sum   map[string]float64   // tool -> seconds
 	count map[string]uint64
+	// revived counts the boxes restarted after dying behind the pool's back.
+	revived uint64
 }
 
 func newMetrics() *metrics {
@@ -30,6 +32,12 @@ func (m *metrics) observeTool(tool string, ok bool, d time.Duration) {
 	m.calls[[2]string{tool, outcome}]++
 	m.sum[tool] += d.Seconds()
 	m.count[tool]++
+	m.mu.Unlock()
+}
+
+func (m *metrics) observeRevive() {
+	m.mu.Lock()
+	m.revived++
 	m.mu.Unlock()
 }
 
@@ -51,6 +59,8 @@ func (s *Service) handleMetrics(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(&b, "cellbox_tool_duration_seconds_sum{tool=%q} %g\n", t, m.sum[t])
 		fmt.Fprintf(&b, "cellbox_tool_duration_seconds_count{tool=%q} %d\n", t, m.count[t])
 	}
+	b.WriteString("# HELP cellbox_boxes_revived_total Boxes restarted after they died behind the server's back (agent killed, OOM, container killed).\n# TYPE cellbox_boxes_revived_total counter\n")
+	fmt.Fprintf(&b, "cellbox_boxes_revived_total %d\n", m.revived)
 	m.mu.Unlock()
 
 	states := map[string]int{}
@@ -65,7 +75,7 @@ func (s *Service) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	sessions := len(s.sessions)
 	s.mu.Unlock()
 	b.WriteString("# HELP cellbox_boxes Boxes of sessions by state.\n# TYPE cellbox_boxes gauge\n")
-	for _, st := range []boxState{stateRunning, stateSleeping, stateGone} {
+	for _, st := range []boxState{stateRunning, stateSleeping, stateGone, stateDead} {
 		fmt.Fprintf(&b, "cellbox_boxes{state=%q} %d\n", st, states[st.String()])
 	}
 	b.WriteString("# HELP cellbox_pool_ready Pre-started boxes ready in the warm pool, by image.\n# TYPE cellbox_pool_ready gauge\n")

@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/cellbox/cellbox/internal/safe"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 )
@@ -33,7 +34,7 @@ func (s *Service) exec(ctx context.Context, sess *Session, box string, req api.E
 		MaxOutput: req.MaxOutput,
 	}, onOutput)
 	if err != nil {
-		return api.ExecResult{}, err
+		return api.ExecResult{}, s.explain(ctx, l, err)
 	}
 	return api.ExecResult(res), nil
 }
@@ -58,7 +59,8 @@ func (s *Service) download(ctx context.Context, sess *Session, box, path string,
 			return 0, err
 		}
 	}
-	return l.client.Download(ctx, path, w)
+	n, err := l.client.Download(ctx, path, w)
+	return n, s.explain(ctx, l, err)
 }
 
 // upload streams r into a file (mode 0: keep the existing mode or 0644).
@@ -68,7 +70,8 @@ func (s *Service) upload(ctx context.Context, sess *Session, box, path string, r
 		return 0, err
 	}
 	defer l.release()
-	return l.client.Upload(ctx, path, r, mode)
+	n, err := l.client.Upload(ctx, path, r, mode)
+	return n, s.explain(ctx, l, err)
 }
 
 // watch streams batches of file changes under path until ctx ends. The box
@@ -87,6 +90,7 @@ func (s *Service) watch(ctx context.Context, sess *Session, box, path string, de
 	go func() {
 		defer close(out)
 		defer l.release()
+		defer safe.Recover(s.log, "watch "+path, nil)
 		for evs := range in {
 			batch := make([]api.WatchEvent, len(evs))
 			for i, e := range evs {
@@ -111,8 +115,9 @@ type LocalClient struct {
 }
 
 // Client returns the in-process client of session id. The session is
-// looked up on each call.
+// looked up on each call; it no longer expires (see pin).
 func (s *Service) Client(sessionID string) *LocalClient {
+	s.pin(sessionID)
 	return &LocalClient{s: s, session: sessionID}
 }
 

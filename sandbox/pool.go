@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cellbox/cellbox/internal/safe"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
@@ -28,10 +29,11 @@ const (
 	stateSleeping                 // stopped (idle, or not reattached yet); woken on use
 	stateGone                     // the backend lost it; recreated empty on use
 	stateRemoved                  // destroyed
+	stateDead                     // died behind the pool's back and could not be restarted; retried on use
 )
 
 func (st boxState) String() string {
-	return [...]string{"new", "running", "sleeping", "gone", "removed"}[st]
+	return [...]string{"new", "running", "sleeping", "lost", "removed", "dead"}[st]
 }
 
 // box is one box of the pool. Lifecycle transitions (create, wake, sleep,
@@ -48,6 +50,7 @@ type box struct {
 	lastUsed atomic.Int64   // unix nanoseconds
 	saved    int64          // lastUsed as last written to the store (guarded by Service.mu)
 	previews map[int]string // port -> preview id (guarded by Service.mu)
+	note     string         // what the reaper did to the box, for the next call's notice (guarded by Service.mu)
 }
 
 // record returns b's record for the store; the caller holds Service.mu.
@@ -63,6 +66,7 @@ func (b *box) touch() { b.lastUsed.Store(time.Now().UnixNano()) }
 // lease is a box in use by one call.
 type lease struct {
 	b      *box
+	name   string // the box's name in the caller's session
 	client *agent.Client
 	once   sync.Once
 }
@@ -107,7 +111,10 @@ func (s *Service) acquire(ctx context.Context, sess *Session, name string, notic
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
-	for {
+	for try := 0; ; try++ {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("sandbox %q: %w", name, err)
+		}
 		s.mu.Lock()
 		if sess.deleted {
 			s.mu.Unlock()
@@ -115,17 +122,27 @@ func (s *Service) acquire(ctx context.Context, sess *Session, name string, notic
 		}
 		b := sess.boxes[name]
 		if b == nil {
+			if err := s.checkCapsLocked(sess); err != nil {
+				s.mu.Unlock()
+				return nil, fmt.Errorf("create sandbox %q: %w", name, err)
+			}
 			b = s.newBoxLocked(sess, boxSpec{})
 			sess.boxes[name] = b
 		}
 		s.mu.Unlock()
 		l, err := s.use(ctx, sess, name, b, notice)
-		if errors.Is(err, errRetry) {
+		if errors.Is(err, errRetry) && try < maxRetries {
 			continue // lost a race with a destroy or a failed creation
+		}
+		if errors.Is(err, errRetry) {
+			return nil, fmt.Errorf("sandbox %q was destroyed and remade %d times during this call; try again", name, try+1)
 		}
 		return l, err
 	}
 }
+
+// maxRetries bounds acquire's retries after losing races with destroys.
+const maxRetries = 8
 
 // errRetry says the box changed under the caller; look it up again.
 var errRetry = errors.New("retry")
@@ -164,9 +181,15 @@ func (s *Service) use(ctx context.Context, sess *Session, name string, b *box, n
 	defer b.life.Unlock()
 	switch b.state {
 	case stateRunning:
+		if err := s.check(ctx, sess, name, b, notice); err != nil {
+			return nil, err
+		}
 	case stateRemoved:
 		if b.failed != nil {
 			return nil, b.failed
+		}
+		if err := s.unbindRemoved(sess, name, b); err != nil {
+			return nil, err
 		}
 		return nil, errRetry
 	default:
@@ -174,9 +197,39 @@ func (s *Service) use(ctx context.Context, sess *Session, name string, b *box, n
 			return nil, err
 		}
 	}
+	s.mu.Lock()
+	if b.note != "" {
+		notice(b.note)
+		b.note = ""
+	}
+	s.mu.Unlock()
 	b.inflight.Add(1)
 	b.touch()
-	return &lease{b: b, client: b.client}, nil
+	return &lease{b: b, name: name, client: b.client}, nil
+}
+
+// unbindRemoved handles a name of sess still bound to the removed box b:
+// a shared box another session destroyed while this one attached to it.
+// The name is unbound and the caller told; a retry would find b forever.
+func (s *Service) unbindRemoved(sess *Session, name string, b *box) error {
+	if sess == nil {
+		return nil
+	}
+	s.mu.Lock()
+	if sess.boxes[name] != b {
+		s.mu.Unlock()
+		return nil // rebound meanwhile: retry
+	}
+	delete(sess.boxes, name)
+	srec := s.sessionRecordLocked(sess)
+	deleted := sess.deleted
+	s.mu.Unlock()
+	if !deleted {
+		if err := s.st.apply(change{session: &srec}); err != nil {
+			s.log.Warn("save session", "session", sess.ID, "err", err)
+		}
+	}
+	return fmt.Errorf("sandbox %q (%s) was destroyed by another session while this one attached to it; create it again with sandbox_create", name, b.rec.ID)
 }
 
 // bringUp makes, wakes or recreates b; the caller holds b.life.
@@ -199,7 +252,7 @@ func (s *Service) bringUp(ctx context.Context, sess *Session, name string, b *bo
 			return err
 		}
 		return nil
-	case stateSleeping:
+	case stateSleeping, stateDead:
 		release, err := s.acquireSlot(ctx, sess)
 		if err != nil {
 			return err
@@ -355,26 +408,189 @@ func (s *Service) wake(ctx context.Context, id string) (*agent.Client, error) {
 }
 
 // connect waits up to timeout for box id's agent and checks its protocol.
+// It waits in short rounds and between them asks the backend whether the
+// box still runs, so that a box that cannot start (its agent died: no
+// memory, pids: 1, a broken image) fails at once, saying why.
 func (s *Service) connect(ctx context.Context, id string, timeout time.Duration) (*agent.Client, error) {
 	cl := agent.Dial(socketPath(s.cfg.DataDir, id))
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	err := cl.WaitReady(wctx)
 	var pe *agent.ProtocolError
-	switch {
-	case errors.As(err, &pe):
-		cl.Close()
-		return nil, fmt.Errorf("agent of box %s: %w", id, err)
-	case err != nil:
-		cl.Close()
-		return nil, fmt.Errorf("agent of box %s did not answer within %s: %w", id, timeout, err)
+	for {
+		rctx, rcancel := context.WithTimeout(wctx, connectRound)
+		err := cl.WaitReady(rctx)
+		rcancel()
+		switch {
+		case err == nil:
+			return cl, nil
+		case errors.As(err, &pe):
+			cl.Close()
+			return nil, fmt.Errorf("agent of box %s: %w", id, err)
+		case wctx.Err() != nil:
+			cl.Close()
+			return nil, fmt.Errorf("agent of box %s did not answer within %s: %w", id, timeout, err)
+		}
+		info, ierr := s.be.Inspect(wctx, id)
+		switch {
+		case errors.Is(ierr, backend.ErrNotFound):
+			cl.Close()
+			return nil, fmt.Errorf("box %s vanished from the %s backend while starting: %w", id, s.be.Name(), ierr)
+		case ierr == nil && info.State != backend.StateRunning:
+			cl.Close()
+			return nil, fmt.Errorf("box %s stopped while starting: %s", id, exitReason(info))
+		}
 	}
-	return cl, nil
+}
+
+// connectRound is how long connect waits for the agent between two looks
+// at the backend.
+const connectRound = 250 * time.Millisecond
+
+// exitReason says why a box stopped, as far as the backend knows.
+func exitReason(info backend.Info) string {
+	if info.Exit != "" {
+		return info.Exit
+	}
+	return "it is " + string(info.State)
+}
+
+// pingTimeout bounds a health check of a running box's agent.
+const pingTimeout = 2 * time.Second
+
+// check makes sure the running box b answers; the caller holds b.life. A
+// box whose agent died behind the pool's back (killed, OOM-killed, its
+// container killed) is restarted with its workspace, and notice says so;
+// one the backend no longer has is recreated empty. A box that runs but is
+// slow to answer is left alone: the call will tell.
+func (s *Service) check(ctx context.Context, sess *Session, name string, b *box, notice func(string)) error {
+	perr := errors.New("no connection to its agent")
+	if b.client != nil {
+		pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+		_, perr = b.client.Version(pctx)
+		cancel()
+		var pe *agent.ProtocolError
+		if perr == nil || errors.As(perr, &pe) || ctx.Err() != nil {
+			return nil
+		}
+	}
+	slow := errors.Is(perr, context.DeadlineExceeded)
+	grace := pingTimeout
+	if slow {
+		grace = 0
+	}
+	info, err := s.stopped(ctx, b.rec.ID, grace)
+	if err == nil && info.State == backend.StateRunning {
+		if slow {
+			return nil // busy, or hung: the call will tell
+		}
+		// It runs, but its agent refuses connections (its socket was
+		// removed or replaced): restart it.
+		if err := s.be.Stop(ctx, b.rec.ID); err != nil {
+			return fmt.Errorf("sandbox %s: its agent does not answer (%v) and stopping it failed: %w", boxName(name, b.rec.ID), perr, err)
+		}
+		info.Exit = fmt.Sprintf("its agent did not answer: %v", perr)
+	}
+	return s.revive(ctx, sess, name, b, info, err, notice)
+}
+
+// stopped inspects box id whose agent does not answer, asking again for up
+// to grace while the backend still says running: a box whose agent was
+// just killed takes a little while to show as stopped.
+func (s *Service) stopped(ctx context.Context, id string, grace time.Duration) (backend.Info, error) {
+	deadline := time.Now().Add(grace)
+	for {
+		info, err := s.be.Inspect(ctx, id)
+		if err != nil || info.State != backend.StateRunning || time.Now().After(deadline) {
+			return info, err
+		}
+		select {
+		case <-ctx.Done():
+			return info, nil
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// revive restarts the dead box b (info and ierr: what Inspect said); the
+// caller holds b.life. On failure b is marked dead and the next use tries
+// again.
+func (s *Service) revive(ctx context.Context, sess *Session, name string, b *box, info backend.Info, ierr error, notice func(string)) error {
+	id := b.rec.ID
+	what := boxName(name, id)
+	if ierr != nil && !errors.Is(ierr, backend.ErrNotFound) {
+		return fmt.Errorf("sandbox %s does not answer and the %s backend cannot say why: %w", what, s.be.Name(), ierr)
+	}
+	release, err := s.acquireSlot(ctx, sess)
+	if err != nil {
+		return err
+	}
+	defer release()
+	s.closeClient(b)
+	if ierr != nil {
+		s.log.Warn("box removed behind the server's back; recreating it", "box", id, "err", ierr)
+		notice(fmt.Sprintf("sandbox %s had been removed from the %s backend behind this server's back; it was recreated with an empty workspace", what, s.be.Name()))
+		if err := s.recreate(ctx, name, b); err != nil {
+			s.setState(b, stateDead)
+			return err
+		}
+		return nil
+	}
+	why := exitReason(info)
+	s.log.Warn("box died; restarting it", "box", id, "why", why)
+	cl, err := s.wake(ctx, id)
+	if err != nil {
+		s.setState(b, stateDead)
+		return fmt.Errorf("sandbox %s had died (%s) and could not be restarted: %w", what, why, err)
+	}
+	s.setRunning(b, cl)
+	s.metrics.observeRevive()
+	notice(fmt.Sprintf("sandbox %s had died (%s); it was restarted with its workspace (processes it ran are gone)", what, why))
+	return nil
+}
+
+// boxName names a box in messages: by name and id, or id alone where the
+// name (which is per session) is not known.
+func boxName(name, id string) string {
+	if name == "" {
+		return id
+	}
+	return fmt.Sprintf("%q (%s)", name, id)
+}
+
+// explain turns err, the failure of a call on l's box, into one that says
+// the box died during the call, when it did. The next call restarts it.
+func (s *Service) explain(ctx context.Context, l *lease, err error) error {
+	var ae *agent.Error
+	if err == nil || errors.As(err, &ae) || ctx.Err() != nil {
+		return err
+	}
+	ctx = context.WithoutCancel(ctx)
+	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	_, perr := l.client.Version(pctx)
+	cancel()
+	if perr == nil {
+		return err
+	}
+	info, ierr := s.stopped(ctx, l.b.rec.ID, pingTimeout)
+	if ierr == nil && info.State == backend.StateRunning {
+		return err
+	}
+	why := "it is gone from the backend"
+	if ierr == nil {
+		why = exitReason(info)
+	}
+	return fmt.Errorf("sandbox %s died during this call (%s); the next call restarts it: %w", boxName(l.name, l.b.rec.ID), why, err)
 }
 
 func (s *Service) setID(b *box, id string) {
 	s.mu.Lock()
 	b.rec.ID = id
+	s.mu.Unlock()
+}
+
+func (s *Service) setState(b *box, st boxState) {
+	s.mu.Lock()
+	b.state = st
 	s.mu.Unlock()
 }
 
@@ -462,11 +678,19 @@ func (s *Service) reaper() {
 		case <-s.ctx.Done():
 			return
 		case <-t.C:
-			s.reap(s.ctx)
-			s.flushLastUsed()
-			s.fillPools()
+			s.tick()
 		}
 	}
+}
+
+// tick is one round of the reaper; a panic in it is logged and the next
+// round runs.
+func (s *Service) tick() {
+	defer safe.Recover(s.log, "reaper", nil)
+	s.expireSessions(s.ctx)
+	s.reap(s.ctx)
+	s.flushLastUsed()
+	s.fillPools()
 }
 
 // reap stops every running box idle for longer than its sleep_after_ms.
@@ -479,14 +703,36 @@ func (s *Service) reap(ctx context.Context) {
 	s.mu.Unlock()
 	now := time.Now()
 	for _, b := range boxes {
-		if !b.life.TryLock() {
-			continue // busy with a transition
-		}
-		idle := now.Sub(time.Unix(0, b.lastUsed.Load()))
-		if b.state == stateRunning && b.inflight.Load() == 0 && idle > sleepAfter(b.rec.SleepAfterMs) {
+		s.reapOne(ctx, b, now)
+	}
+}
+
+// reapOne puts b to sleep if it is idle, else checks its health.
+func (s *Service) reapOne(ctx context.Context, b *box, now time.Time) {
+	if !b.life.TryLock() {
+		return // busy with a transition
+	}
+	defer b.life.Unlock()
+	idle := now.Sub(time.Unix(0, b.lastUsed.Load()))
+	if b.state == stateRunning && b.inflight.Load() == 0 {
+		if idle > sleepAfter(b.rec.SleepAfterMs) {
 			s.sleep(ctx, b, idle)
+		} else {
+			s.checkIdle(ctx, b)
 		}
-		b.life.Unlock()
+	}
+}
+
+// checkIdle is the reaper's health check of the running box b: a dead box
+// is restarted now, and the next call on it gets the notice.
+func (s *Service) checkIdle(ctx context.Context, b *box) {
+	err := s.check(ctx, nil, "", b, func(n string) {
+		s.mu.Lock()
+		b.note = n
+		s.mu.Unlock()
+	})
+	if err != nil {
+		s.log.Warn("health check", "box", b.rec.ID, "err", err)
 	}
 }
 
@@ -589,6 +835,13 @@ func (s *Service) reconcile(ctx context.Context) error {
 				s.log.Warn("session names a box the store does not have", "session", rec.ID, "name", name, "box", id)
 			}
 		}
+		last := rec.Created
+		for _, b := range sess.boxes {
+			if lu := b.rec.LastUsed; lu.After(last) {
+				last = lu
+			}
+		}
+		sess.lastUsed.Store(last.UnixNano())
 		s.sessions[rec.ID] = sess
 	}
 	// Boxes no session names (a crash between writes) are orphans too.
@@ -666,6 +919,7 @@ func (s *Service) fillPools() {
 
 func (s *Service) fillOne(p *warmPool) {
 	defer s.wg.Done()
+	defer safe.Recover(s.log, "warm pool", nil)
 	ok := false
 	defer func() {
 		if !ok {
@@ -716,6 +970,7 @@ func (s *Service) drainPools(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer safe.Recover(s.log, "drain warm pool", nil)
 			w.client.Close()
 			s.removeBox(ctx, w.id)
 		}()

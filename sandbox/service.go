@@ -37,6 +37,9 @@ const (
 	DefaultSleepAfter         = 10 * time.Minute
 	DefaultReapInterval       = 5 * time.Second
 	DefaultReadyTimeout       = 30 * time.Second
+	DefaultMaxBoxesPerSession = 32
+	DefaultMaxBoxes           = 256
+	DefaultSessionTTL         = 24 * time.Hour
 )
 
 // labelInstance marks the backend boxes of one data directory, so that two
@@ -74,6 +77,16 @@ type Config struct {
 	ReapInterval time.Duration
 	// ReadyTimeout bounds the wait for a started box's agent. Default 30s.
 	ReadyTimeout time.Duration
+	// MaxBoxesPerSession and MaxBoxes cap the sandboxes of one session and
+	// of all sessions (warm pool boxes aside); a creation beyond either is
+	// refused. Defaults DefaultMaxBoxesPerSession, DefaultMaxBoxes; cellbox
+	// serve sets them with --max-boxes-per-session and --max-boxes.
+	MaxBoxesPerSession int
+	MaxBoxes           int
+	// SessionTTL is how long a session may stay idle (no call) before the
+	// reaper deletes it with its boxes. 0 means DefaultSessionTTL, a
+	// negative value never; cellbox serve sets it with --session-ttl.
+	SessionTTL time.Duration
 	// BaseURL is this server's URL as a browser on this machine reaches it
 	// (http://127.0.0.1:PORT); preview URLs start with it. See SetBaseURL.
 	BaseURL string
@@ -112,6 +125,8 @@ type Session struct {
 	sem       chan struct{}   // the session's create/wake slots
 	boxes     map[string]*box // by name; guarded by Service.mu
 	deleted   bool            // guarded by Service.mu
+	lastUsed  atomic.Int64    // unix nanoseconds of the last call; the reaper expires idle sessions
+	pinned    bool            // served in-process (see pin): never expires; guarded by Service.mu
 }
 
 // Errors of session lookups, for the HTTP layer to map to status codes.
@@ -157,6 +172,15 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxBoxesPerSession <= 0 {
+		cfg.MaxBoxesPerSession = DefaultMaxBoxesPerSession
+	}
+	if cfg.MaxBoxes <= 0 {
+		cfg.MaxBoxes = DefaultMaxBoxes
+	}
+	if cfg.SessionTTL == 0 {
+		cfg.SessionTTL = DefaultSessionTTL
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "boxes"), 0o700); err != nil {
 		return nil, fmt.Errorf("sandbox: create data dir: %w", err)
@@ -251,6 +275,7 @@ func (s *Service) NewSession(ctx context.Context) (id, token string, err error) 
 		sem:       make(chan struct{}, s.cfg.SessionConcurrency),
 		boxes:     map[string]*box{},
 	}
+	sess.lastUsed.Store(sess.Created.UnixNano())
 	s.mu.Lock()
 	s.sessions[id] = sess
 	rec := s.sessionRecordLocked(sess)
@@ -286,6 +311,7 @@ func (s *Service) session(id string) (*Session, error) {
 	if sess == nil || sess.deleted {
 		return nil, fmt.Errorf("session %q: %w", id, ErrNoSession)
 	}
+	sess.lastUsed.Store(time.Now().UnixNano())
 	return sess, nil
 }
 
@@ -318,6 +344,63 @@ func (s *Service) DeleteSession(ctx context.Context, id string) error {
 	}
 	s.log.Info("session deleted", "session", id, "boxes", len(names))
 	return errors.Join(errs...)
+}
+
+// checkCapsLocked refuses a new box of sess beyond MaxBoxesPerSession or
+// MaxBoxes; the caller holds s.mu.
+func (s *Service) checkCapsLocked(sess *Session) error {
+	if n := len(sess.boxes); n >= s.cfg.MaxBoxesPerSession {
+		return fmt.Errorf("session %s already has %d sandboxes, the most a session may have: destroy one with sandbox_destroy, or raise the limit (cellbox serve --max-boxes-per-session)", sess.ID, n)
+	}
+	all := map[*box]bool{}
+	for _, other := range s.sessions {
+		for _, b := range other.boxes {
+			all[b] = true
+		}
+	}
+	if n := len(all); n >= s.cfg.MaxBoxes {
+		return fmt.Errorf("this server already has %d sandboxes in all sessions, the most it may have: destroy some with sandbox_destroy, or raise the limit (cellbox serve --max-boxes)", n)
+	}
+	return nil
+}
+
+// expireSessions deletes the sessions idle for longer than SessionTTL,
+// with their boxes; sessions with a call in flight are kept.
+func (s *Service) expireSessions(ctx context.Context) {
+	if s.cfg.SessionTTL < 0 {
+		return
+	}
+	s.mu.Lock()
+	var idle []string
+	for id, sess := range s.sessions {
+		busy := false
+		for _, b := range sess.boxes {
+			busy = busy || b.inflight.Load() > 0
+		}
+		if !busy && !sess.pinned && time.Since(time.Unix(0, sess.lastUsed.Load())) > s.cfg.SessionTTL {
+			idle = append(idle, id)
+		}
+	}
+	s.mu.Unlock()
+	for _, id := range idle {
+		s.log.Info("session expired", "session", id, "ttl", s.cfg.SessionTTL)
+		if err := s.DeleteSession(ctx, id); err != nil && !errors.Is(err, ErrNoSession) {
+			s.log.Warn("delete expired session", "session", id, "err", err)
+		}
+	}
+}
+
+// pin exempts session id from expiry: a session served in-process (the
+// runtime of cellbox run and serve, cellbox mcp) belongs to this process,
+// which keeps it as long as it needs it or deletes it. Only clients over
+// HTTP leave sessions behind. Pins are not stored: the owner pins again
+// when it starts.
+func (s *Service) pin(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sess := s.sessions[id]; sess != nil {
+		sess.pinned = true
+	}
 }
 
 func (s *Service) sessionRecordLocked(sess *Session) sessionRecord {

@@ -411,7 +411,7 @@ func TestRestartReattaches(t *testing.T) {
 	for _, b := range l {
 		status[b.(map[string]any)["name"].(string)] = b.(map[string]any)["status"].(string)
 	}
-	assert.Equal(t, map[string]string{"default": "running", "asleep": "sleeping", "lost": "sleeping"}, status)
+	assert.Equal(t, map[string]string{"default": "running", "asleep": "sleeping", "lost": "lost"}, status)
 
 	sh := h.tool("shell", map[string]any{"sandbox": "lost", "command": "ls"})
 	assert.Contains(t, sh["notice"], "recreated with an empty workspace")

@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cellbox/cellbox/internal/jsonschema"
+	"github.com/cellbox/cellbox/internal/safe"
 	"github.com/cellbox/cellbox/sandbox/api"
 )
 
@@ -77,6 +80,9 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 		return fmt.Errorf("the input of %s must be a JSON object with the fields %s", t.Name, strings.Join(t.fields, ", "))
 	}
 	for _, k := range sortedNames(fields) {
+		if !validText(fields[k]) {
+			return fmt.Errorf("field %q of %s is not valid UTF-8 (or holds a lone surrogate escape such as \\udc80); send text as UTF-8%s", k, t.Name, t.base64Hint())
+		}
 		if !contains(t.fields, k) {
 			valid := "it takes no fields"
 			if len(t.fields) > 0 {
@@ -109,6 +115,62 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 		return fmt.Errorf("input of %s: %w", t.Name, err)
 	}
 	return nil
+}
+
+// base64Hint tells how to send bytes, for the tools that take them.
+func (t *Tool) base64Hint() string {
+	if contains(t.fields, "encoding") {
+		return `, or bytes base64-encoded with "encoding": "base64"`
+	}
+	return ""
+}
+
+// validText reports whether the raw JSON value v holds only valid UTF-8
+// and no lone UTF-16 surrogate escape. encoding/json would silently turn
+// either into U+FFFD, so a command, path or content would not be what the
+// caller sent.
+func validText(v []byte) bool {
+	if !utf8.Valid(v) {
+		return false
+	}
+	pending := false // the last escape was a high surrogate
+	for i := 0; i < len(v); i++ {
+		if v[i] != '\\' || i+1 >= len(v) {
+			if pending {
+				return false
+			}
+			continue
+		}
+		if v[i+1] != 'u' || i+6 > len(v) {
+			if pending {
+				return false
+			}
+			i++ // an escaped character: skip it (it may be a backslash)
+			continue
+		}
+		r, err := strconv.ParseUint(string(v[i+2:i+6]), 16, 16)
+		if err != nil {
+			return false
+		}
+		i += 5
+		switch {
+		case r >= 0xd800 && r < 0xdc00:
+			if pending {
+				return false
+			}
+			pending = true
+		case r >= 0xdc00 && r < 0xe000:
+			if !pending {
+				return false
+			}
+			pending = false
+		default:
+			if pending {
+				return false
+			}
+		}
+	}
+	return !pending
 }
 
 // skeleton is the input to check against the schema: raw, with long
@@ -219,13 +281,15 @@ type call struct {
 // box leases the session's box name (lazily created, woken if asleep)
 // until the call ends.
 func (c *call) box(ctx context.Context, name string) (*lease, error) {
-	l, err := c.s.acquire(ctx, c.sess, name, func(n string) { c.notices = append(c.notices, n) })
+	l, err := c.s.acquire(ctx, c.sess, name, c.notice)
 	if err != nil {
 		return nil, err
 	}
 	c.leases = append(c.leases, l)
 	return l, nil
 }
+
+func (c *call) notice(n string) { c.notices = append(c.notices, n) }
 
 func (c *call) done() {
 	for _, l := range c.leases {
@@ -253,13 +317,24 @@ func (s *Service) callTool(ctx context.Context, sess *Session, name string, raw 
 	}
 	start := time.Now()
 	c := &call{s: s, sess: sess}
-	out, err := t.run(ctx, c, raw)
+	out, err := s.runTool(ctx, t, c, raw)
+	if err != nil {
+		for _, l := range c.leases {
+			err = s.explain(ctx, l, err)
+		}
+	}
 	c.done()
 	s.metrics.observeTool(name, err == nil, time.Since(start))
 	if err != nil {
 		s.log.Debug("tool failed", "tool", name, "session", sess.ID, "err", err)
 	}
 	return toolResult(out, err, c.notices), nil
+}
+
+// runTool runs t's handler; a panic in it is an error result.
+func (s *Service) runTool(ctx context.Context, t *Tool, c *call, raw json.RawMessage) (out any, err error) {
+	defer safe.Recover(s.log, "tool "+t.Name, &err)
+	return t.run(ctx, c, raw)
 }
 
 // toolResult renders a result object: {"is_error":..., ["error"], ["notice"], output fields...}.

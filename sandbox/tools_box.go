@@ -38,7 +38,7 @@ func allTools() []*Tool {
 		defineTool("transfer", "Copy a file, or with recursive a directory tree, from one sandbox of this session to another (or within one). Binary-safe and streamed.", transferTool),
 		defineTool("browse", "Return a URL (http://ID.localhost:PORT/, an origin of its own on this server) that proxies to a TCP port inside a sandbox (works although sandboxes have no network). Start the server first (shell with background: true).", browseTool),
 		defineTool("sandbox_create", "Create a named sandbox with an image, environment, limits and network access; a no-op if it exists. Tools create sandboxes on first use anyway; use this to choose their settings.", sandboxCreateTool),
-		defineTool("sandbox_list", "List the sandboxes of this session with image, status (running or sleeping), creation and last-use times.", sandboxListTool),
+		defineTool("sandbox_list", "List the sandboxes of this session with image, status (running; sleeping; dead: died and could not be restarted, retried on next use; lost: gone from the backend, recreated empty on next use), creation and last-use times.", sandboxListTool),
 		defineTool("sandbox_destroy", "Destroy a sandbox of this session and delete its files.", sandboxDestroyTool),
 	}
 }
@@ -260,6 +260,10 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 			s.mu.Unlock()
 			return out, fmt.Errorf("box_id %q is in use by a private box; pick another id", spec.ID)
 		}
+		if err := s.checkCapsLocked(sess); err != nil {
+			s.mu.Unlock()
+			return out, fmt.Errorf("create sandbox %q: %w", name, err)
+		}
 		if b == nil {
 			b = s.newBoxLocked(sess, spec)
 			s.boxes[spec.ID] = b
@@ -268,6 +272,10 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 		sess.boxes[name] = b
 		s.log.Warn("session attaches a box shared across sessions", "session", sess.ID, "name", name, "box", spec.ID)
 	default:
+		if err := s.checkCapsLocked(sess); err != nil {
+			s.mu.Unlock()
+			return out, fmt.Errorf("create sandbox %q: %w", name, err)
+		}
 		b = s.newBoxLocked(sess, spec)
 		sess.boxes[name] = b
 		created = true
@@ -297,6 +305,23 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 func sandboxListTool(ctx context.Context, c *call, in api.SandboxListInput) (api.SandboxListOutput, error) {
 	s, sess := c.s, c.sess
 	out := api.SandboxListOutput{Sandboxes: []api.SandboxInfo{}}
+	// Check the running boxes first, so that the list tells the truth
+	// about boxes that died behind the server's back (they are restarted,
+	// and the notice says so). Boxes busy with a transition are skipped.
+	s.mu.Lock()
+	boxes := maps.Clone(sess.boxes)
+	s.mu.Unlock()
+	for _, name := range sortedNames(boxes) {
+		b := boxes[name]
+		if b.life.TryLock() {
+			if b.state == stateRunning {
+				if err := s.check(ctx, sess, name, b, c.notice); err != nil {
+					c.notice(err.Error())
+				}
+			}
+			b.life.Unlock()
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, name := range sortedNames(sess.boxes) {
@@ -304,10 +329,7 @@ func sandboxListTool(ctx context.Context, c *call, in api.SandboxListInput) (api
 		if b.state == stateNew || b.state == stateRemoved {
 			continue
 		}
-		status := "sleeping"
-		if b.state == stateRunning {
-			status = "running"
-		}
+		status := b.state.String()
 		out.Sandboxes = append(out.Sandboxes, api.SandboxInfo{
 			Name: name, ID: b.rec.ID, Image: b.rec.Image, Status: status, Shared: b.rec.Shared,
 			Created: b.rec.Created, LastUsed: time.Unix(0, b.lastUsed.Load()).UTC(),

@@ -12,6 +12,7 @@ import (
 	"path"
 	"strings"
 
+	"github.com/cellbox/cellbox/internal/safe"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/textedit"
@@ -260,9 +261,10 @@ func copyFile(ctx context.Context, src, dst *agent.Client, fi agent.FileInfo, to
 	pr, pw := io.Pipe()
 	srcErr := make(chan error, 1)
 	go func() {
-		_, err := src.Download(ctx, fi.Path, pw)
-		pw.CloseWithError(err)
-		srcErr <- err
+		var err error
+		defer func() { pw.CloseWithError(err); srcErr <- err }()
+		defer safe.Recover(nil, "transfer", &err)
+		_, err = src.Download(ctx, fi.Path, pw)
 	}()
 	n, err := dst.Upload(ctx, to, pr, fi.Mode)
 	pr.CloseWithError(err)
@@ -289,16 +291,18 @@ func copyTree(ctx context.Context, src, dst *agent.Client, from, to string) (int
 	inR, inW := io.Pipe()
 	srcErr := make(chan error, 1)
 	go func() {
-		_, err := src.TarOut(ctx, from, outW)
-		outW.CloseWithError(err)
-		srcErr <- err
+		var err error
+		defer func() { outW.CloseWithError(err); srcErr <- err }()
+		defer safe.Recover(nil, "transfer", &err)
+		_, err = src.TarOut(ctx, from, outW)
 	}()
 	done := make(chan int64, 1)
 	go func() {
-		n, err := renameTar(outR, inW, path.Base(from), path.Base(to))
-		outR.CloseWithError(err)
-		inW.CloseWithError(err)
-		done <- n
+		var n int64
+		var err error
+		defer func() { outR.CloseWithError(err); inW.CloseWithError(err); done <- n }()
+		defer safe.Recover(nil, "transfer", &err)
+		n, err = renameTar(outR, inW, path.Base(from), path.Base(to))
 	}()
 	_, err := dst.TarIn(ctx, path.Dir(to), inR)
 	inR.CloseWithError(err)

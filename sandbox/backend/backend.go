@@ -10,6 +10,7 @@ package backend
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 )
 
@@ -105,6 +106,31 @@ type Info struct {
 	State   State
 	Created time.Time
 	HostDir string
+	// Exit says why a box that ran is no longer running (exit code, OOM
+	// kill, the end of its log), for errors and sandbox_list; "" while it
+	// runs or when the backend cannot tell.
+	Exit string
+}
+
+// ExitSummary picks from the start of a box's log what says why its agent
+// ended, for Info.Exit: the first two lines that are not the agent's own
+// info logs (a Go runtime crash starts with its reason, then pages of
+// stack), each cut to 200 bytes.
+func ExitSummary(log string) string {
+	var out []string
+	for _, line := range strings.Split(log, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.Contains(line, "level=INFO") || strings.Contains(line, "level=DEBUG") {
+			continue
+		}
+		if len(line) > 200 {
+			line = line[:200] + "..."
+		}
+		if out = append(out, line); len(out) == 2 {
+			break
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // Backend makes boxes. All methods are safe for concurrent use.

@@ -46,6 +46,7 @@ import (
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/pkg/stdcopy"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/client"
@@ -284,7 +285,39 @@ func (b *Backend) Inspect(ctx context.Context, id string) (backend.Info, error) 
 	if c.State != nil {
 		status = c.State.Status
 	}
-	return info(c.Config.Labels, status, created, c.Mounts), nil
+	in := info(c.Config.Labels, status, created, c.Mounts)
+	if c.State != nil && in.State == backend.StateStopped {
+		in.Exit = b.exitReason(ctx, id, c.State)
+	}
+	return in, nil
+}
+
+// exitReason says why a container stopped: its state and, when its agent
+// failed by itself (not killed, not stopped), the end of its log.
+func (b *Backend) exitReason(ctx context.Context, id string, st *container.State) string {
+	why := fmt.Sprintf("container exited with code %d", st.ExitCode)
+	if st.OOMKilled {
+		why += " (killed by the kernel's OOM killer: out of memory)"
+	}
+	if st.Error != "" {
+		why += ": " + st.Error
+	}
+	if st.ExitCode == 0 || st.ExitCode == 137 || st.ExitCode == 143 || st.OOMKilled {
+		return why
+	}
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	logs, err := b.cli.ContainerLogs(lctx, id, client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true})
+	if err != nil {
+		return why
+	}
+	defer logs.Close()
+	var out bytes.Buffer
+	_, _ = stdcopy.StdCopy(&out, &out, io.LimitReader(logs, 16<<10))
+	if head := backend.ExitSummary(out.String()); head != "" {
+		why += ": " + head
+	}
+	return why
 }
 
 // List returns the boxes whose labels include every given label.

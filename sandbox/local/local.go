@@ -302,8 +302,19 @@ func (b *Backend) info(bf boxFile, r *running) backend.Info {
 			st = backend.StateRunning
 		}
 	}
-	return backend.Info{ID: bf.Spec.ID, Labels: bf.Spec.BoxLabels(), Image: bf.Spec.ImageOrDefault(), State: st,
+	in := backend.Info{ID: bf.Spec.ID, Labels: bf.Spec.BoxLabels(), Image: bf.Spec.ImageOrDefault(), State: st,
 		Created: bf.Created, HostDir: bf.Spec.HostDir}
+	if st == backend.StateStopped {
+		in.Exit = "agent exited"
+		if f, err := os.Open(filepath.Join(b.dir(bf.Spec.ID), "box.log")); err == nil {
+			head, _ := io.ReadAll(io.LimitReader(f, 16<<10))
+			f.Close()
+			if sum := backend.ExitSummary(string(head)); sum != "" {
+				in.Exit += ": " + sum
+			}
+		}
+	}
+	return in
 }
 
 // Inspect reports a box.

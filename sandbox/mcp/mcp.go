@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/cellbox/cellbox/internal/safe"
 	"github.com/cellbox/cellbox/sandbox/api"
 )
 
@@ -121,7 +122,25 @@ func (s *Server) Handle(ctx context.Context, msg []byte) []byte {
 
 // handle answers msg; rejected is true when the message was not a valid
 // request at all (parse error, invalid request), which HTTP answers with 400.
+// A panic while answering is an internal error answer, not a dead server.
 func (s *Server) handle(ctx context.Context, msg []byte) (answer []byte, rejected bool) {
+	var err error
+	defer func() {
+		if err != nil {
+			var m struct {
+				ID json.RawMessage `json:"id"`
+			}
+			if json.Unmarshal(msg, &m) != nil || len(m.ID) == 0 || !validID(m.ID) {
+				m.ID = nil
+			}
+			answer, rejected = encodeError(m.ID, errorf(CodeInternalError, "%v", err)), false
+		}
+	}()
+	defer safe.Recover(nil, "MCP request", &err)
+	return s.answer(ctx, msg)
+}
+
+func (s *Server) answer(ctx context.Context, msg []byte) (answer []byte, rejected bool) {
 	msg = bytes.TrimSpace(msg)
 	if len(msg) == 0 {
 		return encodeError(nil, errorf(CodeParseError, "parse error: empty message; send one JSON-RPC 2.0 request object")), true

@@ -50,6 +50,8 @@ func (f *fakeCaller) Call(ctx context.Context, name string, args json.RawMessage
 		return nil, errors.New("session \"s-1\": no such session")
 	case "glob":
 		return json.RawMessage(`["not", "an object"]`), nil
+	case "edit":
+		panic("a bug in a tool")
 	case "grep": // blocks until cancelled
 		f.started <- struct{}{}
 		<-ctx.Done()
@@ -388,4 +390,25 @@ func TestServeHTTP(t *testing.T) {
 	status, _, body := post(string(big))
 	assert.Equal(t, http.StatusRequestEntityTooLarge, status)
 	assert.Contains(t, body, "larger than")
+}
+
+// TestPanicIsAnError: a panic while answering a request (here in the
+// caller) is an internal error answer; the server keeps serving.
+func TestPanicIsAnError(t *testing.T) {
+	var stdout bytes.Buffer
+	in := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"edit","arguments":{}}}` + "\n" +
+		`{"jsonrpc":"2.0","id":2,"method":"ping"}` + "\n"
+	require.NoError(t, newServer(newFake()).Serve(context.Background(), strings.NewReader(in), &stdout))
+	answers := map[float64]map[string]any{}
+	sc := bufio.NewScanner(&stdout)
+	for sc.Scan() {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &m))
+		answers[m["id"].(float64)] = m
+	}
+	require.Len(t, answers, 2)
+	e := answers[1]["error"].(map[string]any)
+	assert.EqualValues(t, mcp.CodeInternalError, e["code"])
+	assert.Contains(t, e["message"], "a bug in a tool")
+	assert.NotNil(t, answers[2]["result"])
 }

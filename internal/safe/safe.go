@@ -1,0 +1,38 @@
+// Package safe keeps a panic in one goroutine or request of a long-running
+// server from taking the whole server down. A goroutine that panics kills
+// the process, whatever recovers elsewhere; so every goroutine the box
+// service starts, and every request it serves, defers Recover: the panic is
+// logged with its stack and, where a caller waits for an answer, becomes
+// that caller's error.
+package safe
+
+import (
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+)
+
+// Recover must be deferred directly (defer safe.Recover(log, "reaper",
+// &err)). On a panic it logs what panicked with the stack and, when errp is
+// not nil, sets *errp to an error saying so. log nil means slog.Default().
+func Recover(log *slog.Logger, what string, errp *error) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	log.Error("panic recovered", "in", what, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+	if errp != nil {
+		*errp = fmt.Errorf("internal error in %s: %v (the server logged it and keeps running; please report it)", what, r)
+	}
+}
+
+// Go runs fn in a new goroutine that recovers from a panic (see Recover).
+func Go(log *slog.Logger, what string, fn func()) {
+	go func() {
+		defer Recover(log, what, nil)
+		fn()
+	}()
+}
