@@ -18,7 +18,7 @@ import (
 func init() {
 	register(command{
 		name:  "serve",
-		usage: "[--addr 127.0.0.1:7077] [--data DIR] [--backend auto|docker|local] [--pool N] [--agent-binary PATH] [--key-file F] [--allowed-host H]...  serve the sandbox tool API and the runtime API (patterns, cells) over HTTP",
+		usage: "[--addr 127.0.0.1:7077] [--data DIR] [--backend auto|docker|local] [--pool N] [--max-boxes-per-session N] [--max-boxes N] [--session-ttl 24h] [--agent-binary PATH] [--key-file F] [--allowed-host H]...  serve the sandbox tool API and the runtime API (patterns, cells) over HTTP",
 		run:   runServe,
 	})
 }
@@ -33,6 +33,9 @@ func runServe(ctx context.Context, args []string) error {
 	backendName := fs.String("backend", "auto", "box backend: docker, local (bubblewrap), or auto (docker if an engine answers, else local)")
 	agentBinary := fs.String("agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
 	pool := fs.Int("pool", sandbox.DefaultPoolSize, "pre-started boxes kept for the default image (0: none)")
+	maxPerSession := fs.Int("max-boxes-per-session", sandbox.DefaultMaxBoxesPerSession, "sandboxes one session may have at once")
+	maxBoxes := fs.Int("max-boxes", sandbox.DefaultMaxBoxes, "sandboxes all sessions together may have at once")
+	sessionTTL := fs.Duration("session-ttl", sandbox.DefaultSessionTTL, "delete a session and its boxes after it was idle this long (0: never)")
 	httpOpts := addHTTPFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -60,6 +63,10 @@ func runServe(ctx context.Context, args []string) error {
 		DB:          state.db,
 		AgentBinary: *agentBinary,
 		Pool:        map[string]int{backend.DefaultImage: max(*pool, 0)},
+
+		MaxBoxesPerSession: *maxPerSession,
+		MaxBoxes:           *maxBoxes,
+		SessionTTL:         ttlConfig(*sessionTTL),
 	})
 	if err != nil {
 		return err
@@ -98,6 +105,15 @@ func runServe(ctx context.Context, args []string) error {
 	case <-ctx.Done():
 	}
 	return nil
+}
+
+// ttlConfig turns --session-ttl (0: never) into Config.SessionTTL (0:
+// the default, negative: never).
+func ttlConfig(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
 
 // openBackend opens the named box backend: docker, local, or auto (docker
