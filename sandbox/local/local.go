@@ -89,7 +89,15 @@ type Backend struct {
 	log                      *slog.Logger
 
 	mu    sync.Mutex
-	locks map[string]*sync.Mutex // per box: Start, Stop, Remove
+	locks map[string]*boxLock // per box: Create, Start, Stop, Remove
+}
+
+// boxLock serializes the operations on one box. It stays in Backend.locks
+// only while some operation holds or waits for it (refs > 0), so the map
+// does not grow with every box ever made.
+type boxLock struct {
+	sync.Mutex
+	refs int
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -109,7 +117,7 @@ func New(opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("local backend: bubblewrap: %w (install the bubblewrap package)", err)
 	}
 	b := &Backend{root: opts.Root, images: opts.ImagesDir, bwrap: bwPath, etc: filepath.Join(opts.Root, ".etc"),
-		log: opts.Logger, locks: map[string]*sync.Mutex{}}
+		log: opts.Logger, locks: map[string]*boxLock{}}
 	if b.log == nil {
 		b.log = slog.Default()
 	}
@@ -192,16 +200,26 @@ func (r *running) alive() bool { return r.Agent.alive() || r.Bwrap.alive() }
 
 func (b *Backend) dir(id string) string { return filepath.Join(b.root, id) }
 
+// lock takes the box's lock and returns its release, which drops the
+// entry when no one else holds or waits for it.
 func (b *Backend) lock(id string) func() {
 	b.mu.Lock()
 	l, ok := b.locks[id]
 	if !ok {
-		l = &sync.Mutex{}
+		l = &boxLock{}
 		b.locks[id] = l
 	}
+	l.refs++
 	b.mu.Unlock()
 	l.Lock()
-	return l.Unlock
+	return func() {
+		l.Unlock()
+		b.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(b.locks, id)
+		}
+		b.mu.Unlock()
+	}
 }
 
 var imageName = regexp.MustCompile(`^cellbox/([a-z0-9][a-z0-9_.-]*?)(:latest)?$`)
