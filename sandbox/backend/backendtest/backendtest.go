@@ -222,14 +222,20 @@ func (s *suite) errors(t *testing.T) {
 	bad := []struct {
 		name   string
 		mutate func(*backend.Spec)
+		want   string // in the error, where every backend says the same
 	}{
-		{"id with a slash", func(sp *backend.Spec) { sp.ID = "a/b" }},
-		{"id ..", func(sp *backend.Spec) { sp.ID = ".." }},
-		{"empty id", func(sp *backend.Spec) { sp.ID = "" }},
-		{"missing agent binary", func(sp *backend.Spec) { sp.AgentBinary = "/nonexistent/cellbox" }},
-		{"relative host dir", func(sp *backend.Spec) { sp.HostDir = "boxes/x" }},
-		{"negative memory", func(sp *backend.Spec) { sp.Limits.MemoryBytes = -1 }},
-		{"unknown image", func(sp *backend.Spec) { sp.Image = "cellbox/nosuchimage-" + randHex(3) }},
+		{"id with a slash", func(sp *backend.Spec) { sp.ID = "a/b" }, ""},
+		{"id ..", func(sp *backend.Spec) { sp.ID = ".." }, ""},
+		{"empty id", func(sp *backend.Spec) { sp.ID = "" }, ""},
+		{"missing agent binary", func(sp *backend.Spec) { sp.AgentBinary = "/nonexistent/cellbox" }, ""},
+		{"relative host dir", func(sp *backend.Spec) { sp.HostDir = "boxes/x" }, ""},
+		{"negative memory", func(sp *backend.Spec) { sp.Limits.MemoryBytes = -1 }, ""},
+		{"unknown image", func(sp *backend.Spec) { sp.Image = "cellbox/nosuchimage-" + randHex(3) }, ""},
+		// Limits are checked alike on every backend: bubblewrap used to
+		// take cpus 1000 and enforce nothing, Docker refused it.
+		{"cpus beyond the host", func(sp *backend.Spec) { sp.Limits.CPUs = 1000 }, "cpus 1000: want between 0.01 and"},
+		{"negative pids", func(sp *backend.Spec) { sp.Limits.Pids = -5 }, "pids -5: want at least 1"},
+		{"tiny disk", func(sp *backend.Spec) { sp.Limits.DiskBytes = 1 << 20 }, "disk_bytes 1048576: want between 64 MiB"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {
@@ -238,6 +244,9 @@ func (s *suite) errors(t *testing.T) {
 			tc.mutate(&sp)
 			_, err := s.b.Create(ctx, sp)
 			require.Error(t, err)
+			if tc.want != "" {
+				assert.ErrorContains(t, err, tc.want)
+			}
 			if backend.ValidID(sp.ID) == nil {
 				_, err = s.b.Inspect(ctx, sp.ID)
 				assert.ErrorIs(t, err, backend.ErrNotFound, "a failed create leaves no box")
