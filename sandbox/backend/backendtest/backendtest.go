@@ -8,11 +8,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,6 +54,7 @@ func RunWith(t *testing.T, newBackend func(t *testing.T) backend.Backend, o Opti
 	t.Run("Network", s.network)
 	t.Run("MemoryLimit", s.memory)
 	t.Run("PidsLimit", s.pids)
+	t.Run("AgentSocketSwap", s.socketSwap)
 }
 
 type suite struct {
@@ -480,6 +483,68 @@ print(len(pids))'`)
 	// The limit counts every task of the box (agent threads included).
 	assert.Less(t, forked, 64, "processes forked under a pids limit of 64")
 	assert.Greater(t, forked, 20, "processes forked under a pids limit of 64")
+}
+
+// socketSwap: the box owns the directory of its agent socket, so it can
+// swap agent.sock for a symlink to a host socket (the Docker Engine's, say)
+// between the host's check and its connect. A box does exactly that in a
+// tight loop while the host dials again and again; the host must never
+// reach the test's socket, and still reaches the agent when the name is
+// the real socket.
+func (s *suite) socketSwap(t *testing.T) {
+	t.Parallel()
+	spec := s.spec(t, "swap")
+	c := s.up(t, spec)
+
+	evilDir, err := os.MkdirTemp("", "cbe")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(evilDir) })
+	evil := filepath.Join(evilDir, "evil.sock")
+	l, err := net.Listen("unix", evil)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	var reached atomic.Int64
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			reached.Add(1)
+			conn.Close()
+		}
+	}()
+
+	ctx := ctxFor(t, time.Minute)
+	d := backend.SocketDir
+	_, err = c.Start(ctx, agent.ExecRequest{Argv: []string{"python3", "-c", `
+import os, sys, time
+d, evil = sys.argv[1], sys.argv[2]
+os.link(d + "/agent.sock", d + "/real")
+end = time.time() + 8
+while time.time() < end:
+    os.symlink(evil, d + "/s.tmp"); os.rename(d + "/s.tmp", d + "/agent.sock")
+    os.link(d + "/real", d + "/r.tmp"); os.rename(d + "/r.tmp", d + "/agent.sock")
+`, d, evil}})
+	require.NoError(t, err)
+	sock := filepath.Join(spec.HostDir, backend.SocketName)
+	deadline := time.Now().Add(5 * time.Second)
+	var answered, refused int
+	for time.Now().Before(deadline) {
+		fresh := agent.Dial(sock) // a new connection every time
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := fresh.Version(short)
+		cancel()
+		fresh.Close()
+		if err == nil {
+			answered++
+		} else {
+			refused++
+		}
+	}
+	t.Logf("dials during the swap loop: %d answered by the agent, %d refused", answered, refused)
+	assert.Zero(t, reached.Load(), "the host connected to a socket the box's symlink pointed at")
+	assert.Positive(t, answered, "the real socket is still reached")
 }
 
 // MeasureStartup creates, starts and removes n boxes one after the other
