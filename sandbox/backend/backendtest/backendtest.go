@@ -55,6 +55,7 @@ func RunWith(t *testing.T, newBackend func(t *testing.T) backend.Backend, o Opti
 	t.Run("MemoryLimit", s.memory)
 	t.Run("PidsLimit", s.pids)
 	t.Run("AgentSocketSwap", s.socketSwap)
+	t.Run("DiskCap", s.diskCap)
 }
 
 type suite struct {
@@ -365,6 +366,7 @@ func (s *suite) confinement(t *testing.T) {
 		{"workspace and tmp are writable", "echo w > /workspace/w && echo t > /tmp/t && cat /workspace/w /tmp/t", "w\nt"},
 		{"usr, etc and root are not writable",
 			`for p in /usr/cbt /usr/bin/cbt /etc/cbt /cbt /.cellbox/cellbox; do (echo x > $p) 2>/dev/null && echo "wrote $p"; done; echo done`, "done"},
+		{"the root filesystem is read-only", `awk '$2 == "/" { split($4, o, ","); print o[1] }' /proc/mounts | tail -1`, "ro"},
 		{"mount fails", `python3 -c 'import ctypes; l=ctypes.CDLL(None, use_errno=True); print(l.mount(b"none", b"/tmp", b"tmpfs", 0, None), ctypes.get_errno())'`, "-1 1"},
 		{"mknod fails", `python3 -c '
 import os, stat
@@ -545,6 +547,36 @@ while time.time() < end:
 	t.Logf("dials during the swap loop: %d answered by the agent, %d refused", answered, refused)
 	assert.Zero(t, reached.Load(), "the host connected to a socket the box's symlink pointed at")
 	assert.Positive(t, answered, "the real socket is still reached")
+}
+
+// diskCap: a box that fills its disk gets ENOSPC inside, /workspace and
+// /tmp together, and its disk goes with Remove. (A box used to write into
+// the host's disk without bound.)
+func (s *suite) diskCap(t *testing.T) {
+	t.Parallel()
+	spec := s.spec(t, "disk")
+	spec.Limits.DiskBytes = 256 << 20
+	c := s.up(t, spec)
+
+	assert.Equal(t, "same", ok(t, c, `[ "$(stat -c %d /workspace)" = "$(stat -c %d /tmp)" ] && echo same`), "/tmp is on the box's disk")
+	size, err := strconv.ParseInt(ok(t, c, "df -B1 --output=size /workspace | tail -1"), 10, 64)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, size, int64(256<<20), "the workspace's filesystem is the box's capped disk")
+
+	res := sh(t, c, "head -c 300M /dev/zero > /workspace/big")
+	assert.NotEqual(t, 0, res.ExitCode, "writing 300 MiB on a 256 MiB disk fails")
+	assert.Contains(t, res.Stderr, "No space left on device")
+	ok(t, c, "rm /workspace/big && head -c 100M /dev/zero > /workspace/a")
+	res = sh(t, c, "head -c 200M /dev/zero > /tmp/b")
+	assert.NotEqual(t, 0, res.ExitCode, "/tmp shares the cap with /workspace")
+	assert.Contains(t, res.Stderr, "No space left on device")
+	assert.Equal(t, "ok", ok(t, c, "rm /tmp/b && echo small > /workspace/s && echo ok"), "freeing space makes the disk usable again")
+
+	ctx := ctxFor(t, time.Minute)
+	require.NoError(t, s.b.Remove(ctx, spec.ID))
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	require.NoError(t, err)
+	assert.NotContains(t, string(mounts), spec.ID, "the box's disk is unmounted on Remove")
 }
 
 // MeasureStartup creates, starts and removes n boxes one after the other
