@@ -128,10 +128,6 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if disks == "" {
 		disks = DefaultDiskDir
 	}
-	if err := os.MkdirAll(disks, 0o700); err != nil {
-		cli.Close()
-		return nil, fmt.Errorf("docker: disk dir: %w", err)
-	}
 	return &Backend{cli: cli, log: log, disks: disks}, nil
 }
 

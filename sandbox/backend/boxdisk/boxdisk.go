@@ -49,6 +49,9 @@ func (d Disk) Make(ctx context.Context, size int64, uid, gid int) (err error) {
 	if lerr != nil {
 		return fmt.Errorf("box disk: mkfs.ext4 not found (install e2fsprogs; every box gets a disk of its own, formatted ext4): %w", lerr)
 	}
+	if err := os.MkdirAll(filepath.Dir(d.File), 0o700); err != nil {
+		return fmt.Errorf("box disk: %w", err)
+	}
 	f, err := os.OpenFile(d.File, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("box disk %s: %w", d.File, err)
