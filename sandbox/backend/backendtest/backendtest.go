@@ -56,6 +56,7 @@ func RunWith(t *testing.T, newBackend func(t *testing.T) backend.Backend, o Opti
 	t.Run("PidsLimit", s.pids)
 	t.Run("AgentSocketSwap", s.socketSwap)
 	t.Run("DiskCap", s.diskCap)
+	t.Run("OOMSparesAgent", s.oomSparesAgent)
 }
 
 type suite struct {
@@ -577,6 +578,40 @@ func (s *suite) diskCap(t *testing.T) {
 	mounts, err := os.ReadFile("/proc/self/mountinfo")
 	require.NoError(t, err)
 	assert.NotContains(t, string(mounts), spec.ID, "the box's disk is unmounted on Remove")
+}
+
+// oomSparesAgent: when a box runs out of memory the kernel kills one of its
+// processes, by size. Many commands each smaller than the agent used to
+// make the agent the biggest process, and the box died with it. The agent
+// now raises each command's oom_score_adj to 1000 (its own stays lower),
+// and /tmp is on the box's disk, not in its memory.
+func (s *suite) oomSparesAgent(t *testing.T) {
+	t.Parallel()
+	e := s.enforcement()
+	if !e.Memory || slices.ContainsFunc(e.Warnings, func(w string) bool { return strings.HasPrefix(w, "memory:") }) {
+		t.Skip("no memory cgroup here: nothing OOM-kills inside a box")
+	}
+	spec := s.spec(t, "oom")
+	spec.Limits.MemoryBytes = 128 << 20
+	c := s.up(t, spec)
+
+	adj := strings.Fields(ok(t, c, `cat /proc/1/oom_score_adj /proc/self/oom_score_adj`))
+	require.Len(t, adj, 2)
+	assert.Equal(t, "1000", adj[1], "commands are the OOM killer's first choice")
+	agentAdj, err := strconv.Atoi(adj[0])
+	require.NoError(t, err)
+	assert.Less(t, agentAdj, 1000, "the agent (PID 1) comes after its commands")
+	ok(t, c, "head -c 200M /dev/zero > /tmp/big && rm /tmp/big") // disk, not memory
+
+	// 40 processes of ~5 MiB each: 200 MiB in a 128 MiB box, every one
+	// smaller than the agent.
+	res := sh(t, c, `for i in $(seq 40); do python3 -c 'import time; x = bytearray(5 << 20); time.sleep(5)' & done; wait; echo done`)
+	assert.Contains(t, res.Stdout, "done")
+	assert.Contains(t, res.Stderr, "Killed", "the box ran out of memory and lost commands")
+	assert.Equal(t, "alive", ok(t, c, "echo alive"), "the agent survived the box's OOM")
+	v, err := c.Version(ctxFor(t, 10*time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, 1, v.PID)
 }
 
 // MeasureStartup creates, starts and removes n boxes one after the other
