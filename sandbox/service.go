@@ -469,5 +469,5 @@ func sleepAfter(ms int64) time.Duration {
 
 // toBackendLimits converts wire limits.
 func toBackendLimits(l api.Limits) backend.Limits {
-	return backend.Limits{MemoryBytes: l.MemoryBytes, CPUs: l.CPUs, Pids: l.Pids}
+	return backend.Limits{MemoryBytes: l.MemoryBytes, CPUs: l.CPUs, Pids: l.Pids, DiskBytes: l.DiskBytes}
 }

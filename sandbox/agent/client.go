@@ -8,14 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strconv"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -50,19 +50,36 @@ func Dial(socketPath string) *Client {
 	return c
 }
 
-// dial connects to the socket after checking that it is a unix socket: the
-// directory it lives in is writable by the box, so it may hold a symlink or
-// anything else planted there.
+// dial connects to the agent's socket without following a link.
+//
+// The directory the socket lives in is writable by the box (the agent must
+// be able to bind there), so the box can swap agent.sock for a symlink to a
+// host socket (the Docker Engine's, the server's own) at any moment. A
+// check-then-connect by name (lstat, then connect) loses that race. Instead
+// the socket's inode is pinned first: open(O_PATH|O_NOFOLLOW) gives an fd
+// for the file itself (a symlink stays a symlink, never followed), fstat of
+// that fd must say "socket", and connect goes to /proc/self/fd/N, a magic
+// link that resolves to exactly that inode whatever the name points to
+// now. A socket inode in the box's directory can only have been bound by a
+// process that sees that directory, i.e. the box itself: host sockets live
+// on other mounts and cannot be hard-linked in (EXDEV). (Connecting through
+// /proc/self/fd/DIRFD/agent.sock would not do: that walk follows a final
+// symlink.)
 func (c *Client) dial(ctx context.Context) (net.Conn, error) {
-	fi, err := os.Lstat(c.socket)
+	fd, err := unix.Open(c.socket, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("agent socket %s: %w", c.socket, err)
 	}
-	if fi.Mode().Type() != fs.ModeSocket {
-		return nil, fmt.Errorf("agent socket %s is not a unix socket (mode %s); refusing to connect", c.socket, fi.Mode())
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("agent socket %s: %w", c.socket, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, fmt.Errorf("agent socket %s is not a unix socket (mode %#o); refusing to connect", c.socket, st.Mode)
 	}
 	var d net.Dialer
-	return d.DialContext(ctx, "unix", c.socket)
+	return d.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
 }
 
 // Close drops the pooled connections.

@@ -175,15 +175,11 @@ func (s *server) read(req ReadRequest) (ReadResult, error) {
 	if err != nil {
 		return ReadResult{}, err
 	}
-	f, err := os.Open(real)
+	f, fi, err := openFile("read", display, real, os.O_RDONLY, 0)
 	if err != nil {
 		return ReadResult{}, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return ReadResult{}, err
-	}
 	if fi.IsDir() {
 		return ReadResult{}, &Error{Op: "read", Path: display, Code: CodeIsDir, Message: fmt.Sprintf("read %s: is a directory (list it instead)", display)}
 	}
@@ -416,7 +412,7 @@ func (s *server) write(req WriteRequest) (WriteResult, error) {
 		return WriteResult{}, err
 	}
 	_, statErr := os.Stat(real)
-	f, err := os.OpenFile(real, os.O_WRONLY|os.O_APPEND|os.O_CREATE, mode)
+	f, _, err := openFile("write", display, real, os.O_WRONLY|os.O_APPEND|os.O_CREATE, mode)
 	if err != nil {
 		return WriteResult{}, err
 	}
@@ -432,6 +428,51 @@ func (s *server) write(req WriteRequest) (WriteResult, error) {
 		return WriteResult{}, err
 	}
 	return WriteResult{Path: display, Size: fi.Size(), Created: statErr != nil}, nil
+}
+
+// openFile opens a regular file or a directory for op and returns it with
+// its fstat. Anything else (a FIFO, a socket, a device) is refused with
+// CodeInvalid: opening a FIFO waits for its other end and reading a device
+// may never end, which would hang the request. O_NONBLOCK makes the open
+// itself return at once (it changes nothing for regular files); the stat
+// before the open gives the clear error, the fstat after it closes the race
+// with a file swapped in between.
+func openFile(op, display, real string, flag int, perm fs.FileMode) (*os.File, fs.FileInfo, error) {
+	if fi, err := os.Stat(real); err == nil {
+		if err := regularOrDir(op, display, fi); err != nil {
+			return nil, nil, err
+		}
+	}
+	f, err := os.OpenFile(real, flag|syscall.O_NONBLOCK, perm)
+	if err != nil {
+		return nil, nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil {
+		err = regularOrDir(op, display, fi)
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, fi, nil
+}
+
+func regularOrDir(op, display string, fi fs.FileInfo) error {
+	if fi.Mode().IsRegular() || fi.IsDir() {
+		return nil
+	}
+	kind := "special file"
+	switch m := fi.Mode(); {
+	case m&fs.ModeNamedPipe != 0:
+		kind = "named pipe (FIFO)"
+	case m&fs.ModeSocket != 0:
+		kind = "unix socket"
+	case m&fs.ModeDevice != 0:
+		kind = "device"
+	}
+	return &Error{Op: op, Path: display, Code: CodeInvalid, Message: fmt.Sprintf(
+		"%s %s: is a %s, not a regular file; %s works on regular files only", op, display, kind, op)}
 }
 
 // writeAtomic writes r to a temp file beside path and renames it over path.
@@ -513,14 +554,14 @@ func (s *server) handleDownload(w http.ResponseWriter, r *http.Request) {
 		writeError(w, asError("download", display, err))
 		return
 	}
-	f, err := os.Open(real)
+	f, fi, err := openFile("download", display, real, os.O_RDONLY, 0)
 	if err != nil {
 		writeError(w, asError("download", display, err))
 		return
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		writeError(w, &Error{Op: "download", Path: display, Code: CodeIsDir, Message: fmt.Sprintf("download %s: not a regular file (use a tar for directories)", display)})
+	if fi.IsDir() {
+		writeError(w, &Error{Op: "download", Path: display, Code: CodeIsDir, Message: fmt.Sprintf("download %s: is a directory (use a tar for directories)", display)})
 		return
 	}
 	w.Header().Set("Trailer", errorTrailer)

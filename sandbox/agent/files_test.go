@@ -2,12 +2,16 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -432,4 +436,38 @@ func TestGrep(t *testing.T) {
 	assert.Contains(t, e.Message, "bad regular expression")
 	_, err = a.c.Grep(ctx, GrepRequest{Pattern: ""})
 	requireCode(t, err, CodeInvalid)
+}
+
+// TestSpecialFilesRefused: opening a FIFO waits for a writer (or reader), so
+// read_file, write (append), download and grep of one used to hang the
+// request forever. They are refused at once with a clear error.
+func TestSpecialFilesRefused(t *testing.T) {
+	a := startAgent(t)
+	require.NoError(t, syscall.Mkfifo(a.path("fifo"), 0o644))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tests := []struct {
+		name string
+		op   func() error
+	}{
+		{"read", func() error { _, err := a.c.ReadFile(ctx, ReadRequest{Path: "fifo"}); return err }},
+		{"read bytes", func() error { _, err := a.c.ReadFile(ctx, ReadRequest{Path: "fifo", ByteLimit: 10}); return err }},
+		{"append", func() error {
+			_, err := a.c.WriteFile(ctx, WriteRequest{Path: "fifo", Data: []byte("x"), Append: true})
+			return err
+		}},
+		{"download", func() error { _, err := a.c.Download(ctx, "fifo", io.Discard); return err }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.op()
+			var ae *Error
+			require.ErrorAs(t, err, &ae)
+			assert.Equal(t, CodeInvalid, ae.Code)
+			assert.Contains(t, ae.Message, "named pipe (FIFO), not a regular file")
+		})
+	}
+	res, err := a.c.Grep(ctx, GrepRequest{Pattern: "x", Path: "fifo"})
+	require.NoError(t, err, "grep skips the FIFO")
+	assert.Zero(t, res.FilesSearched)
 }

@@ -158,6 +158,7 @@ func (t *procTable) start(argv []string, dir string, env []string, files []*os.F
 		t.mu.Unlock()
 		return nil, asError("exec", argv[0], err)
 	}
+	raiseOOMScore(op.Pid)
 	t.next++
 	p := &proc{
 		id: "p" + strconv.Itoa(t.next), command: command, pid: op.Pid, started: time.Now(),
@@ -182,6 +183,27 @@ func (t *procTable) start(argv []string, dir string, env []string, files []*os.F
 		}()
 	}
 	return p, nil
+}
+
+// CommandOOMScoreAdj is the oom_score_adj of every command the agent
+// starts: the most, so that when a box runs out of memory the kernel kills
+// one of its commands (the biggest first), however small, and never the
+// agent while a command is left (the kernel's score is the process's size
+// plus adj/1000 of the memory limit; the agent keeps what it inherited,
+// 0 by default). Raising needs no privilege; lowering the agent instead
+// would (CAP_SYS_RESOURCE, which neither the server nor dockerd may have).
+// On a host-wide OOM, box commands go first too.
+const CommandOOMScoreAdj = 1000
+
+// raiseOOMScore gives a started command CommandOOMScoreAdj; it inherited
+// the agent's. Best effort: it happens just after exec, so a child the
+// command forks in those microseconds keeps the agent's value. That
+// weakens nothing that held: a box process may lower itself back to the
+// agent's value anyway (unprivileged, down to the least value a privileged
+// process set), so this orders accidents and is no barrier against a box
+// that wants to be killed last.
+func raiseOOMScore(pid int) {
+	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(strconv.Itoa(CommandOOMScoreAdj)), 0)
 }
 
 func (t *procTable) get(id string) (*proc, error) {

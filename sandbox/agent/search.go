@@ -320,11 +320,14 @@ type grepper struct {
 
 // file searches one file unless it is binary (a NUL byte in its first 8 KiB).
 func (g *grepper) file(real, display string) {
-	f, err := os.Open(real)
+	f, fi, err := openFile("grep", display, real, os.O_RDONLY, 0)
 	if err != nil {
 		return
 	}
 	defer f.Close()
+	if fi.IsDir() {
+		return
+	}
 	br := bufio.NewReaderSize(f, 64<<10)
 	if head, _ := br.Peek(binarySniff); bytes.IndexByte(head, 0) >= 0 {
 		return

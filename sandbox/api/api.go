@@ -57,6 +57,7 @@ type Limits struct {
 	MemoryBytes int64   `json:"memory_bytes,omitempty" desc:"Memory limit in bytes (default 1 GiB)." minimum:"0"`
 	CPUs        float64 `json:"cpus,omitempty" desc:"CPU limit in cores (default 1)." minimum:"0"`
 	Pids        int64   `json:"pids,omitempty" desc:"Maximum number of processes (default 256)." minimum:"0"`
+	DiskBytes   int64   `json:"disk_bytes,omitempty" desc:"Disk cap in bytes for /workspace and /tmp together (default 4 GiB, at least 64 MiB); past it writes fail with 'No space left on device'." minimum:"0"`
 }
 
 // ShellInput is the input of the shell tool.

@@ -10,6 +10,9 @@ package backend
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
+	"runtime"
 	"strings"
 	"time"
 )
@@ -51,7 +54,20 @@ type Limits struct {
 	MemoryBytes int64   `json:"memory_bytes,omitempty"` // default 1 GiB
 	CPUs        float64 `json:"cpus,omitempty"`         // default 1
 	Pids        int64   `json:"pids,omitempty"`         // default 256
+	// DiskBytes caps what the box may write to /workspace and /tmp
+	// together; past it writes fail with ENOSPC inside the box.
+	DiskBytes int64 `json:"disk_bytes,omitempty"` // default 4 GiB
 }
+
+// Bounds of Limits, the same on every backend (Limits.Validate).
+const (
+	MinMemoryBytes = 16 << 20
+	MinCPUs        = 0.01
+	MinDiskBytes   = 64 << 20
+	// MaxDiskBytes is far above any real cap; it only keeps the size of
+	// the sparse disk file sane.
+	MaxDiskBytes = 1 << 44
+)
 
 // Defaults fills zero fields with the defaults.
 func (l Limits) Defaults() Limits {
@@ -64,7 +80,35 @@ func (l Limits) Defaults() Limits {
 	if l.Pids == 0 {
 		l.Pids = 256
 	}
+	if l.DiskBytes == 0 {
+		l.DiskBytes = 4 << 30
+	}
 	return l
+}
+
+// Validate checks limits against the bounds every backend enforces, so a
+// value one backend would take and the other refuse (or silently ignore)
+// is refused on both with the same message. Zero fields mean the default
+// and are fine. CPUs may not exceed the host's CPU count: a quota above it
+// enforces nothing.
+func (l Limits) Validate() error {
+	var errs []string
+	if l.MemoryBytes != 0 && l.MemoryBytes < MinMemoryBytes {
+		errs = append(errs, fmt.Sprintf("memory_bytes %d: want at least 16 MiB (%d)", l.MemoryBytes, int64(MinMemoryBytes)))
+	}
+	if ncpu := runtime.NumCPU(); l.CPUs != 0 && (l.CPUs < MinCPUs || l.CPUs > float64(ncpu) || math.IsNaN(l.CPUs)) {
+		errs = append(errs, fmt.Sprintf("cpus %g: want between %g and %d (this host's CPU count)", l.CPUs, MinCPUs, ncpu))
+	}
+	if l.Pids < 0 {
+		errs = append(errs, fmt.Sprintf("pids %d: want at least 1", l.Pids))
+	}
+	if l.DiskBytes != 0 && (l.DiskBytes < MinDiskBytes || l.DiskBytes > MaxDiskBytes) {
+		errs = append(errs, fmt.Sprintf("disk_bytes %d: want between 64 MiB (%d) and 16 TiB (%d)", l.DiskBytes, int64(MinDiskBytes), int64(MaxDiskBytes)))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("limits: %s (0 means the default)", strings.Join(errs, "; "))
+	}
+	return nil
 }
 
 // Spec describes a box to create.

@@ -86,11 +86,8 @@ func (s Spec) Validate() error {
 			return fmt.Errorf("box %s: env %q: names must be non-empty without '=' or NUL, values without NUL", s.ID, k)
 		}
 	}
-	if s.Limits.MemoryBytes < 0 || s.Limits.CPUs < 0 || s.Limits.Pids < 0 {
-		return fmt.Errorf("box %s: limits %+v: values must not be negative", s.ID, s.Limits)
-	}
-	if s.Limits.MemoryBytes != 0 && s.Limits.MemoryBytes < 16<<20 {
-		return fmt.Errorf("box %s: memory limit %d bytes: want at least 16 MiB", s.ID, s.Limits.MemoryBytes)
+	if err := s.Limits.Validate(); err != nil {
+		return fmt.Errorf("box %s: %w", s.ID, err)
 	}
 	return nil
 }

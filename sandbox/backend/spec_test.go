@@ -34,8 +34,12 @@ func TestSpecValidate(t *testing.T) {
 		{"host dir is a file", func(s *backend.Spec) { s.HostDir = bin }, "not a directory"},
 		{"env name with =", func(s *backend.Spec) { s.Env = map[string]string{"A=B": "c"} }, "env"},
 		{"env value with NUL", func(s *backend.Spec) { s.Env = map[string]string{"A": "a\x00"} }, "env"},
-		{"negative pids", func(s *backend.Spec) { s.Limits.Pids = -1 }, "negative"},
-		{"tiny memory", func(s *backend.Spec) { s.Limits.MemoryBytes = 1 << 20 }, "at least 16 MiB"},
+		{"negative pids", func(s *backend.Spec) { s.Limits.Pids = -1 }, "pids -1: want at least 1"},
+		{"tiny memory", func(s *backend.Spec) { s.Limits.MemoryBytes = 1 << 20 }, "memory_bytes 1048576: want at least 16 MiB"},
+		{"negative memory", func(s *backend.Spec) { s.Limits.MemoryBytes = -1 }, "want at least 16 MiB"},
+		{"more cpus than the host", func(s *backend.Spec) { s.Limits.CPUs = 1000 }, "cpus 1000: want between 0.01 and"},
+		{"tiny cpus", func(s *backend.Spec) { s.Limits.CPUs = 0.001 }, "cpus 0.001: want between 0.01 and"},
+		{"tiny disk", func(s *backend.Spec) { s.Limits.DiskBytes = 1 << 20 }, "disk_bytes 1048576: want between 64 MiB"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -5,8 +5,9 @@
 // A box is one container named after the box ID. Its PID 1 is the cellbox
 // agent, bind-mounted read-only at backend.AgentPath; the box's host
 // directory is bind-mounted at backend.SocketDir, where the agent puts its
-// socket. The workspace lives in the container's own filesystem, so it
-// survives Stop (ContainerStop) and goes with Remove.
+// socket. The root filesystem is read-only; /workspace and /tmp are bind
+// mounts from the box's own disk (boxdisk, capped at Limits.DiskBytes,
+// under Options.DiskDir), which survives Stop and goes with Remove.
 //
 // Confinement of every box:
 //   - runs as backend.BoxUID:BoxGID, not root, with every capability dropped
@@ -30,7 +31,6 @@
 package docker
 
 import (
-	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
@@ -39,8 +39,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -52,6 +54,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/backend/boxdisk"
 	"github.com/cellbox/cellbox/sandbox/image"
 )
 
@@ -79,14 +82,22 @@ const stopTimeout = 2
 type Options struct {
 	// Host is the engine address (unix:///var/run/docker.sock, tcp://...).
 	// Empty: DOCKER_HOST, else the default socket.
-	Host   string
-	Logger *slog.Logger
+	Host string
+	// DiskDir holds the boxes' disks (see boxdisk): DiskDir/<id>.img
+	// mounted at DiskDir/<id>. Default DefaultDiskDir.
+	DiskDir string
+	Logger  *slog.Logger
 }
+
+// DefaultDiskDir is Options.DiskDir's default. The disks are host files
+// the engine bind-mounts, so they live on the engine's host.
+const DefaultDiskDir = "/var/lib/cellbox/disks"
 
 // Backend makes boxes as Docker containers. Safe for concurrent use.
 type Backend struct {
-	cli *client.Client
-	log *slog.Logger
+	cli   *client.Client
+	log   *slog.Logger
+	disks string
 
 	hostImageMu sync.Mutex // serializes the on-demand import of HostImage
 }
@@ -114,7 +125,11 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		log = slog.Default()
 	}
 	log.Debug("docker backend", "host", cli.DaemonHost(), "api", cli.ClientVersion(), "engine_api", ping.APIVersion)
-	return &Backend{cli: cli, log: log}, nil
+	disks := opts.DiskDir
+	if disks == "" {
+		disks = DefaultDiskDir
+	}
+	return &Backend{cli: cli, log: log, disks: disks}, nil
 }
 
 // Close releases the client's connections.
@@ -151,8 +166,18 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 	if err := os.Lchown(spec.HostDir, backend.BoxUID, backend.BoxGID); err != nil {
 		return backend.Info{}, fmt.Errorf("create box %s: give host dir to the box user: %w", spec.ID, err)
 	}
-
 	lim := spec.Limits.Defaults()
+	disk := b.disk(spec.ID)
+	if err := disk.Make(ctx, lim.DiskBytes, backend.BoxUID, backend.BoxGID); errors.Is(err, fs.ErrExist) {
+		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, backend.ErrExists)
+	} else if err != nil {
+		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
+	}
+	// The root filesystem is read-only; the box writes to its own disk.
+	mounts = append(mounts,
+		mount.Mount{Type: mount.TypeBind, Source: disk.Workspace(), Target: backend.Workspace},
+		mount.Mount{Type: mount.TypeBind, Source: disk.Tmp(), Target: "/tmp"})
+
 	pids := lim.Pids
 	labels := spec.BoxLabels()
 	labels[labelImage] = spec.ImageOrDefault()
@@ -184,11 +209,12 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 			StopTimeout: &timeout,
 		},
 		HostConfig: &container.HostConfig{
-			Mounts:      mounts,
-			NetworkMode: network,
-			CapDrop:     []string{"ALL"},
-			SecurityOpt: []string{"no-new-privileges"},
-			Init:        &noInit,
+			Mounts:         mounts,
+			ReadonlyRootfs: true,
+			NetworkMode:    network,
+			CapDrop:        []string{"ALL"},
+			SecurityOpt:    []string{"no-new-privileges"},
+			Init:           &noInit,
 			Resources: container.Resources{
 				Memory:     lim.MemoryBytes,
 				MemorySwap: lim.MemoryBytes,
@@ -197,6 +223,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 			},
 		},
 	})
+	if err != nil {
+		_ = disk.Remove(context.WithoutCancel(ctx))
+	}
 	switch {
 	case cerrdefs.IsConflict(err):
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, backend.ErrExists)
@@ -205,29 +234,12 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 	case err != nil:
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}
-	if ref != HostImage {
-		// Any image: make sure the workspace exists and belongs to the box user.
-		if err := b.ownWorkspace(ctx, spec.ID); err != nil {
-			_ = b.Remove(context.WithoutCancel(ctx), spec.ID)
-			return backend.Info{}, err
-		}
-	}
 	return b.Inspect(ctx, spec.ID)
 }
 
-// ownWorkspace copies an empty /workspace owned by the box user into the
-// container.
-func (b *Backend) ownWorkspace(ctx context.Context, id string) error {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	_ = tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: strings.TrimPrefix(backend.Workspace, "/") + "/",
-		Mode: 0o755, Uid: backend.BoxUID, Gid: backend.BoxGID, ModTime: time.Now()})
-	_ = tw.Close()
-	_, err := b.cli.CopyToContainer(ctx, id, client.CopyToContainerOptions{DestinationPath: "/", Content: &buf})
-	if err != nil {
-		return fmt.Errorf("create box %s: make %s: %w", id, backend.Workspace, err)
-	}
-	return nil
+// disk is the box's disk (see boxdisk).
+func (b *Backend) disk(id string) boxdisk.Disk {
+	return boxdisk.Disk{File: filepath.Join(b.disks, id+".img"), Dir: filepath.Join(b.disks, id)}
 }
 
 // Start starts the container; the agent is PID 1.
@@ -235,10 +247,22 @@ func (b *Backend) Start(ctx context.Context, id string) (backend.Info, error) {
 	if _, err := b.Inspect(ctx, id); err != nil {
 		return backend.Info{}, err
 	}
+	// Mounted since Create unless the host rebooted. A box made before
+	// boxes had disks has none and needs none.
+	if disk := b.disk(id); fileExists(disk.File) {
+		if err := disk.Mount(ctx); err != nil {
+			return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
+		}
+	}
 	if _, err := b.cli.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil && !cerrdefs.IsNotModified(err) {
 		return backend.Info{}, fmt.Errorf("start box %s: %w", id, notFound(err))
 	}
 	return b.Inspect(ctx, id)
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 // Stop stops the container (SIGTERM, SIGKILL after 2 s); its filesystem,
@@ -254,16 +278,23 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 	return nil
 }
 
-// Remove kills and deletes the container and its filesystem. A missing box
-// is not an error.
+// Remove kills and deletes the container and its disk. A missing box is
+// not an error.
 func (b *Backend) Remove(ctx context.Context, id string) error {
-	if _, err := b.Inspect(ctx, id); errors.Is(err, backend.ErrNotFound) {
+	if backend.ValidID(id) != nil {
 		return nil
-	} else if err != nil {
+	}
+	if _, err := b.Inspect(ctx, id); err == nil {
+		_, err := b.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+		if err != nil && !cerrdefs.IsNotFound(err) {
+			return fmt.Errorf("remove box %s: %w", id, err)
+		}
+	} else if !errors.Is(err, backend.ErrNotFound) {
 		return err
 	}
-	_, err := b.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
-	if err != nil && !cerrdefs.IsNotFound(err) {
+	// Also when the container is gone: a Create killed half-way leaves a
+	// disk.
+	if err := b.disk(id).Remove(ctx); err != nil {
 		return fmt.Errorf("remove box %s: %w", id, err)
 	}
 	return nil

@@ -95,6 +95,7 @@ func TestContainerConfig(t *testing.T) {
 	assert.Equal(t, []string{"no-new-privileges"}, hc.SecurityOpt)
 	assert.Equal(t, "none", string(hc.NetworkMode))
 	assert.False(t, hc.Privileged)
+	assert.True(t, hc.ReadonlyRootfs, "the root filesystem is read-only")
 	assert.Equal(t, []string{backend.AgentPath, "agent"}, cfg.Cmd)
 	assert.Equal(t, "1000:1000", cfg.User)
 	assert.Equal(t, backend.Workspace, cfg.WorkingDir)

@@ -2,7 +2,8 @@
 // no daemon.
 //
 // A box is a directory Root/<id> holding spec.json (the Spec and creation
-// time), workspace/ (bound at backend.Workspace), state.json (the running
+// time), its disk (disk.img mounted at disk/, see boxdisk: disk/workspace
+// bound at backend.Workspace, disk/tmp at /tmp), state.json (the running
 // bwrap process) and box.log (the agent's stdout and stderr). Start launches
 // bwrap detached (own session, no --die-with-parent), so a box outlives the
 // server that started it; a new server finds it with List and Inspect, which
@@ -14,8 +15,9 @@
 // namespace (mapped to the server's uid outside), every capability dropped,
 // no further user namespaces (--disable-userns), a read-only root: the
 // host's /usr plus a generated /etc (backend.DefaultImage) or an image rootfs
-// made by `cellbox image build` (cellbox/NAME), tmpfs /tmp, and /workspace
-// and /run/cellbox the only writable host paths.
+// made by `cellbox image build` (cellbox/NAME), and /workspace, /tmp (both
+// on the box's own disk, capped at Limits.DiskBytes) and /run/cellbox the
+// only writable paths.
 //
 // Limits: cgroup memory (swap included when accounted), pids and cpu (CFS
 // quota) in cgroups cellbox/<id> (v1: /sys/fs/cgroup/<ctrl>/cellbox/<id>;
@@ -26,8 +28,7 @@
 // and CPU are not enforced: RLIMIT_NPROC counts every process of the host
 // uid, not the box's. Enforcement reports what holds on this host.
 //
-// No seccomp filter and no disk quota (a box may fill the disk holding
-// Root).
+// No seccomp filter.
 package local
 
 import (
@@ -50,6 +51,7 @@ import (
 	"time"
 
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/backend/boxdisk"
 	"github.com/cellbox/cellbox/sandbox/image"
 )
 
@@ -89,7 +91,15 @@ type Backend struct {
 	log                      *slog.Logger
 
 	mu    sync.Mutex
-	locks map[string]*sync.Mutex // per box: Start, Stop, Remove
+	locks map[string]*boxLock // per box: Create, Start, Stop, Remove
+}
+
+// boxLock serializes the operations on one box. It stays in Backend.locks
+// only while some operation holds or waits for it (refs > 0), so the map
+// does not grow with every box ever made.
+type boxLock struct {
+	sync.Mutex
+	refs int
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -109,7 +119,7 @@ func New(opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("local backend: bubblewrap: %w (install the bubblewrap package)", err)
 	}
 	b := &Backend{root: opts.Root, images: opts.ImagesDir, bwrap: bwPath, etc: filepath.Join(opts.Root, ".etc"),
-		log: opts.Logger, locks: map[string]*sync.Mutex{}}
+		log: opts.Logger, locks: map[string]*boxLock{}}
 	if b.log == nil {
 		b.log = slog.Default()
 	}
@@ -192,16 +202,26 @@ func (r *running) alive() bool { return r.Agent.alive() || r.Bwrap.alive() }
 
 func (b *Backend) dir(id string) string { return filepath.Join(b.root, id) }
 
+// lock takes the box's lock and returns its release, which drops the
+// entry when no one else holds or waits for it.
 func (b *Backend) lock(id string) func() {
 	b.mu.Lock()
 	l, ok := b.locks[id]
 	if !ok {
-		l = &sync.Mutex{}
+		l = &boxLock{}
 		b.locks[id] = l
 	}
+	l.refs++
 	b.mu.Unlock()
 	l.Lock()
-	return l.Unlock
+	return func() {
+		l.Unlock()
+		b.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(b.locks, id)
+		}
+		b.mu.Unlock()
+	}
 }
 
 var imageName = regexp.MustCompile(`^cellbox/([a-z0-9][a-z0-9_.-]*?)(:latest)?$`)
@@ -245,15 +265,29 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 	}
 	bf := boxFile{Spec: spec, Created: time.Now().UTC()}
 	data, _ := json.MarshalIndent(bf, "", "  ")
-	err := os.Mkdir(filepath.Join(dir, "workspace"), 0o755)
+	// spec.json last: it marks a whole box (sweepHalfMade).
+	err := diskOf(dir).Make(ctx, spec.Limits.Defaults().DiskBytes, 0, 0)
 	if err == nil {
 		err = writeFileAtomic(filepath.Join(dir, "spec.json"), data)
 	}
 	if err != nil {
-		_ = os.RemoveAll(dir)
+		_ = b.removeDir(context.WithoutCancel(ctx), dir)
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}
 	return b.info(bf, nil), nil
+}
+
+// diskOf is the disk of the box in dir: disk.img mounted at disk/.
+func diskOf(dir string) boxdisk.Disk {
+	return boxdisk.Disk{File: filepath.Join(dir, "disk.img"), Dir: filepath.Join(dir, "disk")}
+}
+
+// removeDir unmounts and deletes a box's disk, then its directory.
+func (b *Backend) removeDir(ctx context.Context, dir string) error {
+	if err := diskOf(dir).Remove(ctx); err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
 }
 
 func writeFileAtomic(path string, data []byte) error {
@@ -375,6 +409,10 @@ func (b *Backend) Start(ctx context.Context, id string) (backend.Info, error) {
 		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
 	}
 	dir := b.dir(id)
+	// Mounted since Create unless the host rebooted.
+	if err := diskOf(dir).Mount(ctx); err != nil {
+		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
+	}
 	logf, err := os.OpenFile(filepath.Join(dir, "box.log"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
 	if err != nil {
 		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
@@ -525,9 +563,11 @@ func (b *Backend) bwrapArgs(spec backend.Spec, rootfs, dir string) []string {
 			a = append(a, "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf")
 		}
 	}
+	disk := diskOf(dir)
 	a = append(a,
-		"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-		"--bind", filepath.Join(dir, "workspace"), backend.Workspace,
+		"--proc", "/proc", "--dev", "/dev",
+		"--bind", disk.Tmp(), "/tmp",
+		"--bind", disk.Workspace(), backend.Workspace,
 		"--bind", spec.HostDir, backend.SocketDir,
 		"--ro-bind", spec.AgentBinary, backend.AgentPath,
 	)
@@ -607,7 +647,7 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 	if err := b.stop(id, r, false); err != nil { // its files go too: no grace
 		return fmt.Errorf("remove box %s: %w", id, err)
 	}
-	if err := os.RemoveAll(b.dir(id)); err != nil {
+	if err := b.removeDir(ctx, b.dir(id)); err != nil {
 		return fmt.Errorf("remove box %s: %w", id, err)
 	}
 	return nil
@@ -633,6 +673,8 @@ func (b *Backend) sweepHalfMade(age time.Duration) {
 			continue
 		}
 		b.log.Warn("local backend: removing a half-made box directory", "dir", dir)
-		_ = os.RemoveAll(dir)
+		if err := b.removeDir(context.Background(), dir); err != nil {
+			b.log.Warn("local backend: removing a half-made box directory", "dir", dir, "err", err)
+		}
 	}
 }

@@ -8,11 +8,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,6 +55,9 @@ func RunWith(t *testing.T, newBackend func(t *testing.T) backend.Backend, o Opti
 	t.Run("Network", s.network)
 	t.Run("MemoryLimit", s.memory)
 	t.Run("PidsLimit", s.pids)
+	t.Run("AgentSocketSwap", s.socketSwap)
+	t.Run("DiskCap", s.diskCap)
+	t.Run("OOMSparesAgent", s.oomSparesAgent)
 }
 
 type suite struct {
@@ -223,14 +228,20 @@ func (s *suite) errors(t *testing.T) {
 	bad := []struct {
 		name   string
 		mutate func(*backend.Spec)
+		want   string // in the error, where every backend says the same
 	}{
-		{"id with a slash", func(sp *backend.Spec) { sp.ID = "a/b" }},
-		{"id ..", func(sp *backend.Spec) { sp.ID = ".." }},
-		{"empty id", func(sp *backend.Spec) { sp.ID = "" }},
-		{"missing agent binary", func(sp *backend.Spec) { sp.AgentBinary = "/nonexistent/cellbox" }},
-		{"relative host dir", func(sp *backend.Spec) { sp.HostDir = "boxes/x" }},
-		{"negative memory", func(sp *backend.Spec) { sp.Limits.MemoryBytes = -1 }},
-		{"unknown image", func(sp *backend.Spec) { sp.Image = "cellbox/nosuchimage-" + randHex(3) }},
+		{"id with a slash", func(sp *backend.Spec) { sp.ID = "a/b" }, ""},
+		{"id ..", func(sp *backend.Spec) { sp.ID = ".." }, ""},
+		{"empty id", func(sp *backend.Spec) { sp.ID = "" }, ""},
+		{"missing agent binary", func(sp *backend.Spec) { sp.AgentBinary = "/nonexistent/cellbox" }, ""},
+		{"relative host dir", func(sp *backend.Spec) { sp.HostDir = "boxes/x" }, ""},
+		{"negative memory", func(sp *backend.Spec) { sp.Limits.MemoryBytes = -1 }, ""},
+		{"unknown image", func(sp *backend.Spec) { sp.Image = "cellbox/nosuchimage-" + randHex(3) }, ""},
+		// Limits are checked alike on every backend: bubblewrap used to
+		// take cpus 1000 and enforce nothing, Docker refused it.
+		{"cpus beyond the host", func(sp *backend.Spec) { sp.Limits.CPUs = 1000 }, "cpus 1000: want between 0.01 and"},
+		{"negative pids", func(sp *backend.Spec) { sp.Limits.Pids = -5 }, "pids -5: want at least 1"},
+		{"tiny disk", func(sp *backend.Spec) { sp.Limits.DiskBytes = 1 << 20 }, "disk_bytes 1048576: want between 64 MiB"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {
@@ -239,6 +250,9 @@ func (s *suite) errors(t *testing.T) {
 			tc.mutate(&sp)
 			_, err := s.b.Create(ctx, sp)
 			require.Error(t, err)
+			if tc.want != "" {
+				assert.ErrorContains(t, err, tc.want)
+			}
 			if backend.ValidID(sp.ID) == nil {
 				_, err = s.b.Inspect(ctx, sp.ID)
 				assert.ErrorIs(t, err, backend.ErrNotFound, "a failed create leaves no box")
@@ -354,6 +368,7 @@ func (s *suite) confinement(t *testing.T) {
 		{"workspace and tmp are writable", "echo w > /workspace/w && echo t > /tmp/t && cat /workspace/w /tmp/t", "w\nt"},
 		{"usr, etc and root are not writable",
 			`for p in /usr/cbt /usr/bin/cbt /etc/cbt /cbt /.cellbox/cellbox; do (echo x > $p) 2>/dev/null && echo "wrote $p"; done; echo done`, "done"},
+		{"the root filesystem is read-only", `awk '$2 == "/" { split($4, o, ","); print o[1] }' /proc/mounts | tail -1`, "ro"},
 		{"mount fails", `python3 -c 'import ctypes; l=ctypes.CDLL(None, use_errno=True); print(l.mount(b"none", b"/tmp", b"tmpfs", 0, None), ctypes.get_errno())'`, "-1 1"},
 		{"mknod fails", `python3 -c '
 import os, stat
@@ -472,6 +487,132 @@ print(len(pids))'`)
 	// The limit counts every task of the box (agent threads included).
 	assert.Less(t, forked, 64, "processes forked under a pids limit of 64")
 	assert.Greater(t, forked, 20, "processes forked under a pids limit of 64")
+}
+
+// socketSwap: the box owns the directory of its agent socket, so it can
+// swap agent.sock for a symlink to a host socket (the Docker Engine's, say)
+// between the host's check and its connect. A box does exactly that in a
+// tight loop while the host dials again and again; the host must never
+// reach the test's socket, and still reaches the agent when the name is
+// the real socket.
+func (s *suite) socketSwap(t *testing.T) {
+	t.Parallel()
+	spec := s.spec(t, "swap")
+	c := s.up(t, spec)
+
+	evilDir, err := os.MkdirTemp("", "cbe")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(evilDir) })
+	evil := filepath.Join(evilDir, "evil.sock")
+	l, err := net.Listen("unix", evil)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	var reached atomic.Int64
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			reached.Add(1)
+			conn.Close()
+		}
+	}()
+
+	ctx := ctxFor(t, time.Minute)
+	d := backend.SocketDir
+	_, err = c.Start(ctx, agent.ExecRequest{Argv: []string{"python3", "-c", `
+import os, sys, time
+d, evil = sys.argv[1], sys.argv[2]
+os.link(d + "/agent.sock", d + "/real")
+end = time.time() + 8
+while time.time() < end:
+    os.symlink(evil, d + "/s.tmp"); os.rename(d + "/s.tmp", d + "/agent.sock")
+    os.link(d + "/real", d + "/r.tmp"); os.rename(d + "/r.tmp", d + "/agent.sock")
+`, d, evil}})
+	require.NoError(t, err)
+	sock := filepath.Join(spec.HostDir, backend.SocketName)
+	deadline := time.Now().Add(5 * time.Second)
+	var answered, refused int
+	for time.Now().Before(deadline) {
+		fresh := agent.Dial(sock) // a new connection every time
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := fresh.Version(short)
+		cancel()
+		fresh.Close()
+		if err == nil {
+			answered++
+		} else {
+			refused++
+		}
+	}
+	t.Logf("dials during the swap loop: %d answered by the agent, %d refused", answered, refused)
+	assert.Zero(t, reached.Load(), "the host connected to a socket the box's symlink pointed at")
+	assert.Positive(t, answered, "the real socket is still reached")
+}
+
+// diskCap: a box that fills its disk gets ENOSPC inside, /workspace and
+// /tmp together, and its disk goes with Remove. (A box used to write into
+// the host's disk without bound.)
+func (s *suite) diskCap(t *testing.T) {
+	t.Parallel()
+	spec := s.spec(t, "disk")
+	spec.Limits.DiskBytes = 256 << 20
+	c := s.up(t, spec)
+
+	assert.Equal(t, "same", ok(t, c, `[ "$(stat -c %d /workspace)" = "$(stat -c %d /tmp)" ] && echo same`), "/tmp is on the box's disk")
+	size, err := strconv.ParseInt(ok(t, c, "df -B1 --output=size /workspace | tail -1"), 10, 64)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, size, int64(256<<20), "the workspace's filesystem is the box's capped disk")
+
+	res := sh(t, c, "head -c 300M /dev/zero > /workspace/big")
+	assert.NotEqual(t, 0, res.ExitCode, "writing 300 MiB on a 256 MiB disk fails")
+	assert.Contains(t, res.Stderr, "No space left on device")
+	ok(t, c, "rm /workspace/big && head -c 100M /dev/zero > /workspace/a")
+	res = sh(t, c, "head -c 200M /dev/zero > /tmp/b")
+	assert.NotEqual(t, 0, res.ExitCode, "/tmp shares the cap with /workspace")
+	assert.Contains(t, res.Stderr, "No space left on device")
+	assert.Equal(t, "ok", ok(t, c, "rm /tmp/b && echo small > /workspace/s && echo ok"), "freeing space makes the disk usable again")
+
+	ctx := ctxFor(t, time.Minute)
+	require.NoError(t, s.b.Remove(ctx, spec.ID))
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	require.NoError(t, err)
+	assert.NotContains(t, string(mounts), spec.ID, "the box's disk is unmounted on Remove")
+}
+
+// oomSparesAgent: when a box runs out of memory the kernel kills one of its
+// processes, by size. Many commands each smaller than the agent used to
+// make the agent the biggest process, and the box died with it. The agent
+// now raises each command's oom_score_adj to 1000 (its own stays lower),
+// and /tmp is on the box's disk, not in its memory.
+func (s *suite) oomSparesAgent(t *testing.T) {
+	t.Parallel()
+	e := s.enforcement()
+	if !e.Memory || slices.ContainsFunc(e.Warnings, func(w string) bool { return strings.HasPrefix(w, "memory:") }) {
+		t.Skip("no memory cgroup here: nothing OOM-kills inside a box")
+	}
+	spec := s.spec(t, "oom")
+	spec.Limits.MemoryBytes = 128 << 20
+	c := s.up(t, spec)
+
+	adj := strings.Fields(ok(t, c, `cat /proc/1/oom_score_adj /proc/self/oom_score_adj`))
+	require.Len(t, adj, 2)
+	assert.Equal(t, "1000", adj[1], "commands are the OOM killer's first choice")
+	agentAdj, err := strconv.Atoi(adj[0])
+	require.NoError(t, err)
+	assert.Less(t, agentAdj, 1000, "the agent (PID 1) comes after its commands")
+	ok(t, c, "head -c 200M /dev/zero > /tmp/big && rm /tmp/big") // disk, not memory
+
+	// 40 processes of ~5 MiB each: 200 MiB in a 128 MiB box, every one
+	// smaller than the agent.
+	res := sh(t, c, `for i in $(seq 40); do python3 -c 'import time; x = bytearray(5 << 20); time.sleep(5)' & done; wait; echo done`)
+	assert.Contains(t, res.Stdout, "done")
+	assert.Contains(t, res.Stderr, "Killed", "the box ran out of memory and lost commands")
+	assert.Equal(t, "alive", ok(t, c, "echo alive"), "the agent survived the box's OOM")
+	v, err := c.Version(ctxFor(t, 10*time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, 1, v.PID)
 }
 
 // MeasureStartup creates, starts and removes n boxes one after the other

@@ -1,0 +1,163 @@
+// Package boxdisk gives each box a disk of its own, so that a box filling
+// its disk gets ENOSPC inside and the host's disk is untouched.
+//
+// A disk is a sparse file formatted ext4 and loop-mounted on the host
+// (mount -o loop, which detaches the loop device on unmount). It holds
+// workspace/ and tmp/, which the backends bind into the box at
+// backend.Workspace and /tmp: both count against the one cap. The file takes
+// host space only for what the box wrote (sparse; mounted with discard, so
+// deleted files give their blocks back).
+//
+// This needs root (mount), mkfs.ext4 (e2fsprogs) and loop devices; without
+// them Make fails with an error that says so. A per-box filesystem was
+// chosen over project quotas (need a host filesystem mounted with prjquota)
+// and over Docker's --storage-opt size (overlay2 on xfs only): it works on
+// any host filesystem, on both backends, and also caps /tmp.
+package boxdisk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Disk is one box's disk: the image File mounted at Dir.
+type Disk struct {
+	File string
+	Dir  string
+}
+
+// Workspace is the directory bound at backend.Workspace.
+func (d Disk) Workspace() string { return filepath.Join(d.Dir, "workspace") }
+
+// Tmp is the directory bound at /tmp.
+func (d Disk) Tmp() string { return filepath.Join(d.Dir, "tmp") }
+
+// Make creates the image of size bytes (an error wrapping fs.ErrExist if
+// the file exists), formats it, mounts it and makes workspace/ (owned by
+// uid:gid, the host ids the box user writes as) and tmp/ (mode 1777). On
+// error nothing is left.
+func (d Disk) Make(ctx context.Context, size int64, uid, gid int) (err error) {
+	mkfs, lerr := exec.LookPath("mkfs.ext4")
+	if lerr != nil {
+		return fmt.Errorf("box disk: mkfs.ext4 not found (install e2fsprogs; every box gets a disk of its own, formatted ext4): %w", lerr)
+	}
+	if err := os.MkdirAll(filepath.Dir(d.File), 0o700); err != nil {
+		return fmt.Errorf("box disk: %w", err)
+	}
+	f, err := os.OpenFile(d.File, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("box disk %s: %w", d.File, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = d.Remove(context.WithoutCancel(ctx))
+		}
+	}()
+	err = f.Truncate(size) // sparse
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("box disk %s: size %d: %w", d.File, size, err)
+	}
+	// -m 0: no blocks reserved for root; lazy init and nodiscard: format
+	// in milliseconds without writing the whole file.
+	if err := run(ctx, mkfs, "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", d.File); err != nil {
+		return fmt.Errorf("box disk %s: format: %w", d.File, err)
+	}
+	if err := d.Mount(ctx); err != nil {
+		return err
+	}
+	for _, dir := range []struct {
+		path     string
+		mode     fs.FileMode
+		uid, gid int
+	}{{d.Workspace(), 0o755, uid, gid}, {d.Tmp(), 0o777 | fs.ModeSticky, 0, 0}} {
+		if err := os.Mkdir(dir.path, 0o700); err != nil {
+			return fmt.Errorf("box disk: %w", err)
+		}
+		if err := os.Chown(dir.path, dir.uid, dir.gid); err != nil {
+			return fmt.Errorf("box disk: %w", err)
+		}
+		if err := os.Chmod(dir.path, dir.mode); err != nil {
+			return fmt.Errorf("box disk: %w", err)
+		}
+	}
+	// lost+found is root's (mode 0700) and stays: fsck wants it.
+	return nil
+}
+
+// Mounted reports whether Dir is a mount point (its device differs from
+// its parent's).
+func (d Disk) Mounted() bool {
+	var st, parent syscall.Stat_t
+	if syscall.Lstat(d.Dir, &st) != nil || syscall.Lstat(filepath.Dir(d.Dir), &parent) != nil {
+		return false
+	}
+	return st.Dev != parent.Dev
+}
+
+// Mount mounts the image at Dir unless it is mounted: after Make, and
+// again on Start after a host reboot.
+func (d Disk) Mount(ctx context.Context) error {
+	if d.Mounted() {
+		return nil
+	}
+	if _, err := os.Stat(d.File); err != nil {
+		return fmt.Errorf("box disk: %w", err)
+	}
+	if err := os.Mkdir(d.Dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("box disk: %w", err)
+	}
+	if err := run(ctx, "mount", "-t", "ext4", "-o", "loop,nodev,nosuid,discard", d.File, d.Dir); err != nil {
+		return fmt.Errorf("box disk %s: mount at %s (needs root and loop devices): %w", d.File, d.Dir, err)
+	}
+	return nil
+}
+
+// Remove unmounts the disk and deletes it. A missing disk is not an error.
+func (d Disk) Remove(ctx context.Context) error {
+	for i := 0; d.Mounted(); i++ {
+		switch {
+		case i < 20:
+			if run(ctx, "umount", d.Dir) != nil {
+				time.Sleep(100 * time.Millisecond)
+			}
+		case i == 20: // still busy after 2 s: detach now, freed when unused
+			if err := run(ctx, "umount", "-l", d.Dir); err != nil {
+				return fmt.Errorf("box disk: %w", err)
+			}
+		default:
+			return fmt.Errorf("box disk: %s still mounted", d.Dir)
+		}
+	}
+	// os.Remove, not RemoveAll: Dir is an empty mount point now, and a
+	// mistake must not descend into a disk still mounted.
+	if err := os.Remove(d.Dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("box disk: %w", err)
+	}
+	if err := os.Remove(d.File); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("box disk: %w", err)
+	}
+	return nil
+}
+
+func run(ctx context.Context, name string, args ...string) error {
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		msg := strings.TrimSpace(string(out))
+		if msg == "" {
+			msg = "no output"
+		}
+		return fmt.Errorf("%s %s: %w (%s)", name, strings.Join(args, " "), err, msg)
+	}
+	return nil
+}

@@ -1,0 +1,61 @@
+package boxdisk_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/sandbox/backend/boxdisk"
+)
+
+func requireRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if testenv.InCI() {
+			t.Fatal("box disks need root (mount)")
+		}
+		t.Skip("box disks need root (mount)")
+	}
+}
+
+// A disk survives being unmounted (a host reboot) and is mounted again
+// with its files; Remove leaves nothing, and twice is fine.
+func TestDiskLifecycle(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	d := boxdisk.Disk{File: filepath.Join(dir, "disk.img"), Dir: filepath.Join(dir, "disk")}
+	t.Cleanup(func() { _ = d.Remove(ctx) })
+	require.NoError(t, d.Make(ctx, 64<<20, 1234, 1234))
+	assert.True(t, d.Mounted())
+	fi, err := os.Stat(d.Workspace())
+	require.NoError(t, err)
+	assert.Equal(t, os.ModeDir|0o755, fi.Mode())
+	fi, err = os.Stat(d.Tmp())
+	require.NoError(t, err)
+	assert.Equal(t, os.ModeDir|os.ModeSticky|0o777, fi.Mode())
+	require.NoError(t, os.WriteFile(filepath.Join(d.Workspace(), "f"), []byte("kept"), 0o644))
+
+	err = d.Make(ctx, 64<<20, 0, 0)
+	assert.ErrorIs(t, err, os.ErrExist, "making a disk twice")
+	assert.FileExists(t, filepath.Join(d.Workspace(), "f"), "a failed Make leaves the existing disk alone")
+
+	out, err := exec.Command("umount", d.Dir).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.False(t, d.Mounted())
+	require.NoError(t, d.Mount(ctx))
+	require.NoError(t, d.Mount(ctx), "mounting a mounted disk is a no-op")
+	got, err := os.ReadFile(filepath.Join(d.Workspace(), "f"))
+	require.NoError(t, err)
+	assert.Equal(t, "kept", string(got))
+
+	require.NoError(t, d.Remove(ctx))
+	assert.NoFileExists(t, d.File)
+	assert.NoDirExists(t, d.Dir)
+	require.NoError(t, d.Remove(ctx), "removing a removed disk")
+}
