@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/runapi"
 	"github.com/cellbox/cellbox/internal/testenv"
 )
@@ -110,7 +111,10 @@ func startServe(t *testing.T, data string, args ...string) *serveProc {
 		}
 		p.done <- cmd.Wait()
 	}()
-	t.Cleanup(func() { p.stop(t) })
+	t.Cleanup(func() {
+		p.stop(t)
+		boxtest.RemoveBoxes(t, data) // boxes outlive their server (to be reattached)
+	})
 	select {
 	case u := <-urls:
 		p.url, p.key = u[0], u[1]

@@ -62,14 +62,37 @@ func Service(t *testing.T, opts Options) (*sandbox.Service, string) {
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		svc.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if infos, err := lb.List(ctx, map[string]string{backend.LabelManaged: "1"}); err == nil {
-			for _, in := range infos {
-				_ = lb.Remove(ctx, in.ID)
-			}
-		}
+		RemoveBoxes(t, dir)
 		os.RemoveAll(dir)
 	})
 	return svc, dir
+}
+
+// RemoveBoxes removes every local-backend box of a data directory (its
+// local/ folder), running or not: the boxes of a server a test stopped
+// (they outlive it, to be reattached) or killed. A box holds a mounted
+// disk and processes, so a test that made boxes in a data dir calls this
+// before the directory goes.
+func RemoveBoxes(t testing.TB, dataDir string) {
+	t.Helper()
+	root := filepath.Join(dataDir, "local")
+	if _, err := os.Stat(root); err != nil {
+		return
+	}
+	lb, err := local.New(local.Options{Root: root, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Errorf("remove the boxes of %s: %v", dataDir, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	infos, err := lb.List(ctx, map[string]string{backend.LabelManaged: "1"})
+	if err != nil {
+		t.Errorf("remove the boxes of %s: %v", dataDir, err)
+	}
+	for _, in := range infos {
+		if err := lb.Remove(ctx, in.ID); err != nil {
+			t.Errorf("remove box %s of %s: %v", in.ID, dataDir, err)
+		}
+	}
 }

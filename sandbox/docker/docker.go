@@ -275,6 +275,9 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 	if _, err := b.cli.ContainerStop(ctx, id, client.ContainerStopOptions{Timeout: &timeout}); err != nil && !cerrdefs.IsNotModified(err) {
 		return fmt.Errorf("stop box %s: %w", id, notFound(err))
 	}
+	if err := b.disk(id).Unmount(ctx); err != nil { // Start mounts it again
+		return fmt.Errorf("stop box %s: %w", id, err)
+	}
 	return nil
 }
 

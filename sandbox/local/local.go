@@ -601,7 +601,13 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("stop %w", err)
 	}
-	return b.stop(id, r, true)
+	if err := b.stop(id, r, true); err != nil {
+		return err
+	}
+	if err := diskOf(b.dir(id)).Unmount(ctx); err != nil {
+		return fmt.Errorf("stop box %s: %w", id, err)
+	}
+	return nil
 }
 
 // stop asks the agent to exit (SIGTERM; PID 1 of a pid namespace only gets

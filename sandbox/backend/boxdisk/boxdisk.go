@@ -123,8 +123,10 @@ func (d Disk) Mount(ctx context.Context) error {
 	return nil
 }
 
-// Remove unmounts the disk and deletes it. A missing disk is not an error.
-func (d Disk) Remove(ctx context.Context) error {
+// Unmount unmounts the disk and keeps it: a stopped box holds no mount, so
+// nothing is left mounted when a server stops its boxes and exits, and its
+// data dir can be moved or deleted. Start mounts it again.
+func (d Disk) Unmount(ctx context.Context) error {
 	for i := 0; d.Mounted(); i++ {
 		switch {
 		case i < 20:
@@ -138,6 +140,14 @@ func (d Disk) Remove(ctx context.Context) error {
 		default:
 			return fmt.Errorf("box disk: %s still mounted", d.Dir)
 		}
+	}
+	return nil
+}
+
+// Remove unmounts the disk and deletes it. A missing disk is not an error.
+func (d Disk) Remove(ctx context.Context) error {
+	if err := d.Unmount(ctx); err != nil {
+		return err
 	}
 	// os.Remove, not RemoveAll: Dir is an empty mount point now, and a
 	// mistake must not descend into a disk still mounted.

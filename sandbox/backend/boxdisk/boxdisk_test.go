@@ -3,7 +3,6 @@ package boxdisk_test
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -45,9 +44,10 @@ func TestDiskLifecycle(t *testing.T) {
 	assert.ErrorIs(t, err, os.ErrExist, "making a disk twice")
 	assert.FileExists(t, filepath.Join(d.Workspace(), "f"), "a failed Make leaves the existing disk alone")
 
-	out, err := exec.Command("umount", d.Dir).CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	require.NoError(t, d.Unmount(ctx), "a stopped box holds no mount")
 	assert.False(t, d.Mounted())
+	assert.FileExists(t, d.File, "and keeps its disk")
+	require.NoError(t, d.Unmount(ctx), "unmounting an unmounted disk is a no-op")
 	require.NoError(t, d.Mount(ctx))
 	require.NoError(t, d.Mount(ctx), "mounting a mounted disk is a no-op")
 	got, err := os.ReadFile(filepath.Join(d.Workspace(), "f"))
