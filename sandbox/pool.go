@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -867,10 +868,32 @@ func (s *Service) reconcile(ctx context.Context) error {
 		s.log.Info("removing orphan box", "box", id, "backend", s.be.Name())
 		s.removeBox(ctx, id)
 	}
+	s.sweepHostDirs()
 	if len(changes) > 0 {
 		return s.st.apply(changes...)
 	}
 	return nil
+}
+
+// sweepHostDirs removes the host directories (DATA/boxes/ID) of boxes that
+// neither the store nor the backend has: a process killed between removing
+// a box and its directory, or between making the directory and the box,
+// left them, and nothing else would ever remove them. It runs in reconcile,
+// before anything makes boxes (one process owns a data dir).
+func (s *Service) sweepHostDirs() {
+	entries, err := os.ReadDir(filepath.Join(s.cfg.DataDir, "boxes"))
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if _, known := s.boxes[e.Name()]; known || backend.ValidID(e.Name()) != nil {
+			continue
+		}
+		s.log.Info("removing the host directory of a box that is gone", "box", e.Name())
+		if err := os.RemoveAll(s.hostDir(e.Name())); err != nil {
+			s.log.Warn("remove box host dir", "box", e.Name(), "err", err)
+		}
+	}
 }
 
 // warmPool keeps pre-started boxes of one image.

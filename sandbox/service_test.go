@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -395,10 +397,17 @@ func TestRestartReattaches(t *testing.T) {
 		Labels: map[string]string{backend.LabelManaged: "1", labelInstance: s1.st.instance}})
 	require.NoError(t, err)
 	creates := be.creates
+	// And the host directory of a box a killed server had half removed
+	// (the backend's box gone, its directory not yet).
+	stray := filepath.Join(dir, "boxes", "cb-halfremoved")
+	require.NoError(t, os.MkdirAll(stray, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(stray, "agent.sock"), nil, 0o600))
 
 	s2 := newTestService(t, be, dir, nil)
 	h.url = startHTTP(t, s2)
 	assert.Empty(t, be.state(orphan), "orphan removed")
+	assert.NoDirExists(t, stray, "a box directory neither the store nor the backend has is removed")
+	assert.DirExists(t, s2.hostDir(ids["default"]), "the directories of known boxes stay")
 	assert.Equal(t, backend.StateRunning, be.state(ids["default"]))
 
 	r := h.tool("read_file", map[string]any{"path": "keep.txt"})

@@ -71,7 +71,10 @@ nodes:
 			assert.Empty(t, boxes(), "no box of the killed run (or of the restart) is left")
 			entries, err := os.ReadDir(filepath.Join(data, "boxes"))
 			require.NoError(t, err)
-			assert.Empty(t, entries, "no box directory is left in the data dir")
+			if !assert.Empty(t, entries, "no box directory is left in the data dir") {
+				out, _ := exec.Command("ls", "-laR", filepath.Join(data, "boxes")).CombinedOutput()
+				t.Logf("%s", out)
+			}
 		})
 	}
 }
