@@ -153,12 +153,16 @@ func (t *procTable) start(argv []string, dir string, env []string, files []*os.F
 	}
 	attr := &os.ProcAttr{Dir: dir, Env: env, Files: files, Sys: &syscall.SysProcAttr{Setpgid: true}}
 	t.mu.Lock()
+	inherited := raiseOwnOOMScore()
 	op, err := os.StartProcess(path, argv, attr)
+	restoreOwnOOMScore()
 	if err != nil {
 		t.mu.Unlock()
 		return nil, asError("exec", argv[0], err)
 	}
-	raiseOOMScore(op.Pid)
+	if !inherited {
+		raiseOOMScore(op.Pid)
+	}
 	t.next++
 	p := &proc{
 		id: "p" + strconv.Itoa(t.next), command: command, pid: op.Pid, started: time.Now(),
@@ -195,13 +199,39 @@ func (t *procTable) start(argv []string, dir string, env []string, files []*os.F
 // On a host-wide OOM, box commands go first too.
 const CommandOOMScoreAdj = 1000
 
-// raiseOOMScore gives a started command CommandOOMScoreAdj; it inherited
-// the agent's. Best effort: it happens just after exec, so a child the
-// command forks in those microseconds keeps the agent's value. That
-// weakens nothing that held: a box process may lower itself back to the
-// agent's value anyway (unprivileged, down to the least value a privileged
-// process set), so this orders accidents and is no barrier against a box
-// that wants to be killed last.
+// agentOOMScore is the agent's own oom_score_adj, read at the first start.
+var agentOOMScore = sync.OnceValue(func() string {
+	b, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+})
+
+// raiseOwnOOMScore sets the agent's own oom_score_adj to
+// CommandOOMScoreAdj for the instant of a fork, so the command inherits it
+// from its first instruction on (raised after the start, a command could
+// fork or be read before the raise). start holds procTable.mu, so no other
+// command starts meanwhile; restoreOwnOOMScore lowers it back, which needs
+// no privilege: an unprivileged process may go back down to the lowest
+// value a privileged writer gave it (oom_score_adj_min). It reports
+// whether the raise took.
+func raiseOwnOOMScore() bool {
+	if agentOOMScore() == "" {
+		return false
+	}
+	return os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(CommandOOMScoreAdj)), 0) == nil
+}
+
+func restoreOwnOOMScore() {
+	if v := agentOOMScore(); v != "" {
+		_ = os.WriteFile("/proc/self/oom_score_adj", []byte(v), 0)
+	}
+}
+
+// raiseOOMScore gives a started command CommandOOMScoreAdj when the agent
+// could not hand it down at the fork (best effort: a child the command
+// forks before this keeps the agent's value).
 func raiseOOMScore(pid int) {
 	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(strconv.Itoa(CommandOOMScoreAdj)), 0)
 }
