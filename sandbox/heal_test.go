@@ -243,16 +243,7 @@ func TestDeadBoxInFlightCall(t *testing.T) {
 			id := rb.id("default")
 			done := make(chan map[string]any, 1)
 			go func() {
-				raw, _ := json.Marshal(map[string]any{"command": "touch started; sleep 60"})
-				out, err := rb.s.CallTool(context.Background(), rb.sess, "shell", raw)
-				var m map[string]any
-				if err == nil {
-					err = json.Unmarshal(out, &m)
-				}
-				if err != nil {
-					m = map[string]any{"go error": err.Error()}
-				}
-				done <- m
+				done <- callResult(context.Background(), rb.s, rb.sess, "shell", map[string]any{"command": "touch started; sleep 60"})
 			}()
 			require.Eventually(t, func() bool {
 				m := rb.call("shell", map[string]any{"command": "test -e started"})

@@ -133,16 +133,7 @@ func TestSharedBoxDestroyedWhileAttaching(t *testing.T) {
 	go func() {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		raw, _ := json.Marshal(map[string]any{"sandbox": "x", "command": "true"})
-		out, err := s.CallTool(cctx, b, "shell", raw)
-		var m map[string]any
-		if err == nil {
-			err = json.Unmarshal(out, &m)
-		}
-		if err != nil {
-			m = map[string]any{"go error": err.Error()}
-		}
-		done <- m
+		done <- callResult(cctx, s, b, "shell", map[string]any{"sandbox": "x", "command": "true"})
 	}()
 	select {
 	case m = <-done:
@@ -183,4 +174,20 @@ func (s *Service) hasSession(id string) bool {
 	defer s.mu.Unlock()
 	sess := s.sessions[id]
 	return sess != nil && !sess.deleted
+}
+
+// callResult runs a tool and returns its decoded result, or {"go error":
+// …} when the call itself fails: for calls in goroutines, which must not
+// stop the test.
+func callResult(ctx context.Context, s *Service, session, name string, input any) map[string]any {
+	raw, _ := json.Marshal(input)
+	out, err := s.CallTool(ctx, session, name, raw)
+	var m map[string]any
+	if err == nil {
+		err = json.Unmarshal(out, &m)
+	}
+	if err != nil {
+		m = map[string]any{"go error": err.Error()}
+	}
+	return m
 }

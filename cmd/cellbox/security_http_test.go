@@ -39,6 +39,19 @@ type attacker struct {
 	hc   *http.Client
 }
 
+// targetServer starts a serve with a session and a loaded pattern for an
+// attack, and returns what a user would see of its state before it.
+func targetServer(t *testing.T) (a *attacker, id, token, before string) {
+	t.Helper()
+	data := t.TempDir()
+	srv := startServe(t, data, "--pool", "0")
+	a = newAttacker(t, srv.url, data)
+	id, token = a.newSession()
+	status, body := a.do("POST", "/v1/patterns", "", `{"path": "`+writePattern(t, sumPattern)+`"}`, bearer(a.key))
+	require.Equal(t, http.StatusCreated, status, body)
+	return a, id, token, a.state(id, token)
+}
+
 func newAttacker(t *testing.T, base, data string) *attacker {
 	u, err := neturl.Parse(base)
 	require.NoError(t, err)
@@ -229,13 +242,7 @@ func TestHTTPServerKey(t *testing.T) {
 // with the right key or token, and nothing changes.
 func TestHTTPRebinding(t *testing.T) {
 	testenv.RequireBwrap(t)
-	data := t.TempDir()
-	srv := startServe(t, data, "--pool", "0")
-	a := newAttacker(t, srv.url, data)
-	id, token := a.newSession()
-	status, body := a.do("POST", "/v1/patterns", "", `{"path": "`+writePattern(t, sumPattern)+`"}`, bearer(a.key))
-	require.Equal(t, http.StatusCreated, status, body)
-	before := a.state(id, token)
+	a, id, token, before := targetServer(t)
 	require.Contains(t, before, "box: clean")
 
 	port := a.port
@@ -306,7 +313,7 @@ func TestHTTPRebinding(t *testing.T) {
 		status, body := a.do("GET", "/v1/patterns", host, "", map[string]string{"Authorization": "Bearer " + a.key, "Origin": "http://" + host})
 		assert.Equal(t, http.StatusOK, status, "%s: %s", host, body)
 	}
-	status, body = a.do("POST", "/v1/sessions/"+id+"/mcp", "localhost:"+port, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`,
+	status, body := a.do("POST", "/v1/sessions/"+id+"/mcp", "localhost:"+port, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`,
 		map[string]string{"Authorization": "Bearer " + token, "Origin": "http://localhost:" + port, "Content-Type": "application/json", "Accept": "application/json, text/event-stream"})
 	assert.Equal(t, http.StatusOK, status, body)
 
@@ -436,24 +443,12 @@ func TestHTTPSlowClients(t *testing.T) {
 // fails and nothing changes on the server.
 func TestPreviewPageInChromium(t *testing.T) {
 	testenv.RequireBwrap(t)
-	chromium, err := exec.LookPath("chromium")
-	if err != nil {
-		if testenv.InCI() {
-			t.Fatal("chromium is not installed (apt-get install chromium; scripts/test.sh does)")
-		}
-		t.Skip("chromium is not installed")
-	}
-	data := t.TempDir()
-	srv := startServe(t, data, "--pool", "0")
-	a := newAttacker(t, srv.url, data)
-	id, token := a.newSession()
-	status, body := a.do("POST", "/v1/patterns", "", `{"path": "`+writePattern(t, sumPattern)+`"}`, bearer(a.key))
-	require.Equal(t, http.StatusCreated, status, body)
-	before := a.state(id, token)
+	chromium := testenv.RequireCommand(t, "chromium") // scripts/test.sh installs it
+	a, id, token, before := targetServer(t)
 
 	page := strings.NewReplacer("PORT", a.port, "SESSION", id, "TOKEN", token).Replace(attackPage)
 	input, _ := json.Marshal(map[string]string{"path": "site/index.html", "content": page})
-	status, body = a.do("POST", "/v1/sessions/"+id+"/tools/write_file", "", string(input), bearer(token))
+	status, body := a.do("POST", "/v1/sessions/"+id+"/tools/write_file", "", string(input), bearer(token))
 	require.Equal(t, http.StatusOK, status, body)
 	status, body = a.do("POST", "/v1/sessions/"+id+"/tools/shell", "", `{"command":"cd /workspace/site && python3 -m http.server 8000 --bind 127.0.0.1", "background": true}`, bearer(token))
 	require.Equal(t, http.StatusOK, status, body)

@@ -292,12 +292,17 @@ func (s *Server) handleSet(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	c, err = s.store.Get(c.Addr)
+	s.writeCellBack(w, http.StatusOK, c.Addr)
+}
+
+// writeCellBack answers with cell a as it stands after a change.
+func (s *Server) writeCellBack(w http.ResponseWriter, status int, a cells.Address) {
+	c, err := s.store.Get(a)
 	if err != nil {
-		writeErr(w, fmt.Errorf("read %s back: %w", c.Addr, err))
+		writeErr(w, fmt.Errorf("read %s back: %w", a, err))
 		return
 	}
-	writeJSON(w, http.StatusOK, CellOf(c))
+	writeJSON(w, status, CellOf(c))
 }
 
 // nodeOf returns the node whose output a is, in a loaded instance, or "".

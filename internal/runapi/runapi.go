@@ -394,10 +394,5 @@ func (s *Server) handleRetry(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	c, err = s.store.Get(c.Addr)
-	if err != nil {
-		writeErr(w, fmt.Errorf("read %s back: %w", c.Addr, err))
-		return
-	}
-	writeJSON(w, http.StatusAccepted, CellOf(c))
+	s.writeCellBack(w, http.StatusAccepted, c.Addr)
 }
