@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/cellbox/cellbox/internal/safe"
@@ -18,6 +19,13 @@ import (
 func (s *Service) exec(ctx context.Context, sess *Session, box string, req api.ExecRequest, onOutput func(stream string, data []byte), notice func(string)) (api.ExecResult, error) {
 	if req.Command == "" && len(req.Argv) == 0 {
 		return api.ExecResult{}, fmt.Errorf("exec: give a command or an argv")
+	}
+	command := req.Command
+	if command == "" {
+		command = strings.Join(req.Argv, " ")
+	}
+	if err := sess.allowed.check(command, req.Env); err != nil {
+		return api.ExecResult{}, fmt.Errorf("exec: %w", err)
 	}
 	l, err := s.acquire(ctx, sess, box, notice)
 	if err != nil {
