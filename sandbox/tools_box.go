@@ -397,7 +397,7 @@ func newAllowList(prefixes []string) (allowList, error) {
 			return nil, errors.New("allowed_commands: an empty prefix would allow every command; leave allowed_commands out for that")
 		}
 		if i := strings.IndexAny(p, shellControl); i >= 0 {
-			return nil, fmt.Errorf("allowed_commands: prefix %q holds %q; give plain command prefixes such as \"git status\" or \"ls\"", p, p[i])
+			return nil, fmt.Errorf("allowed_commands: prefix %q holds %q; give plain command prefixes such as \"git status\" or \"ls\"", p, p[i:i+1])
 		}
 		out = append(out, p)
 	}
@@ -413,7 +413,7 @@ func (a allowList) check(command string, env map[string]string) error {
 	cmd := strings.TrimSpace(command)
 	allowed := fmt.Sprintf("%q", []string(a))
 	if i := strings.IndexAny(cmd, shellControl); i >= 0 {
-		return fmt.Errorf("command %q refused: this session runs only commands starting with one of %s (allowed_commands), and %q could run another command; run one allowed command per call, without ; & | ` $ < > ( ) or line breaks", cmd, allowed, cmd[i])
+		return fmt.Errorf("command %q refused: this session runs only commands starting with one of %s (allowed_commands), and %q could run another command; run one allowed command per call, without ; & | ` $ < > ( ) or line breaks", cmd, allowed, cmd[i:i+1])
 	}
 	if len(env) > 0 {
 		return fmt.Errorf("env refused: this session runs only allowed_commands %s, and variables such as BASH_ENV or LD_PRELOAD could run other code; leave env out", allowed)

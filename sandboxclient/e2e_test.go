@@ -158,7 +158,7 @@ func TestEndToEnd(t *testing.T) {
 
 			t.Run("file tools", func(t *testing.T) {
 				call(t, c, "write_file", map[string]any{"path": "src/app.py", "content": "def main():\n    print('hi')\n"})
-				e := call(t, c, "edit", map[string]any{"path": "src/app.py", "edits": []map[string]string{{"old_text": "print('hi')", "new_text": "print('hello')"}}})
+				e := call(t, c, "edit", map[string]any{"path": "src/app.py", "edits": []map[string]string{{"oldText": "print('hi')", "newText": "print('hello')"}}})
 				assert.Contains(t, e["diff"], "+    print('hello')")
 				call(t, c, "str_replace", map[string]any{"path": "/workspace/src/app.py", "old_str": "main", "new_str": "run"})
 				r := call(t, c, "read_file", map[string]any{"path": "src/app.py"})
