@@ -135,11 +135,16 @@ func (c *LocalClient) logNotice(n string) {
 
 // Tool runs a tool; an is_error result is returned as *api.ToolError.
 func (c *LocalClient) Tool(ctx context.Context, name string, input any) (json.RawMessage, error) {
+	return c.ToolAs(ctx, DefaultProfile, name, input)
+}
+
+// ToolAs runs the tool called name in profile (see profiles.go).
+func (c *LocalClient) ToolAs(ctx context.Context, profile, name string, input any) (json.RawMessage, error) {
 	raw, err := api.MarshalInput(input)
 	if err != nil {
 		return nil, err
 	}
-	res, err := c.s.CallTool(ctx, c.session, name, raw)
+	res, err := c.s.CallToolAs(ctx, c.session, profile, name, raw)
 	if err != nil {
 		return nil, err
 	}
