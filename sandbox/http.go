@@ -243,7 +243,7 @@ func (s *Service) handleTool(w http.ResponseWriter, r *http.Request, sess *Sessi
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	t, err := lookupToolIn(profile, r.PathValue("name"))
+	t, err := LookupToolIn(profile, r.PathValue("name"))
 	if err != nil {
 		writeError(w, http.StatusNotFound, err.Error())
 		return

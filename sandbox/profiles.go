@@ -103,8 +103,9 @@ func ToolInfosFor(profile string) ([]api.ToolInfo, error) {
 	return toolInfos(p.tools), nil
 }
 
-// lookupToolIn returns the tool called name in profile.
-func lookupToolIn(profile, name string) (*Tool, error) {
+// LookupToolIn returns the tool called name in profile ("" is the
+// default), for a face that needs the tool itself (its Base, ResultText).
+func LookupToolIn(profile, name string) (*Tool, error) {
 	p, err := LookupProfile(profile)
 	if err != nil {
 		return nil, err

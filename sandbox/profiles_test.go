@@ -257,7 +257,7 @@ func TestProfileCallsInRealBox(t *testing.T) {
 		assert.Equal(t, "20\n\nStd Error:\nwarn\n", b["output"])
 		e := h.profileCall("deerflow", "str_replace", map[string]any{"description": "x", "path": "/workspace/df/a.py", "old_str": "nope", "new_str": "x"})
 		assert.Equal(t, true, e["is_error"])
-		tool, err := lookupToolIn("deerflow", "str_replace")
+		tool, err := LookupToolIn("deerflow", "str_replace")
 		require.NoError(t, err)
 		raw, err := json.Marshal(e)
 		require.NoError(t, err)

@@ -320,7 +320,7 @@ func (s *Service) CallTool(ctx context.Context, sessionID, name string, raw json
 // CallToolAs is CallTool with the tool named as in profile ("" is the
 // default profile); an unknown profile is an ErrUnknownProfile.
 func (s *Service) CallToolAs(ctx context.Context, sessionID, profile, name string, raw json.RawMessage) (json.RawMessage, error) {
-	t, err := lookupToolIn(profile, name)
+	t, err := LookupToolIn(profile, name)
 	if err != nil {
 		return nil, err
 	}
