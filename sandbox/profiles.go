@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -168,6 +169,21 @@ func readNotices(c *call, res agent.ReadResult, more string) {
 	}
 }
 
+// profileShell runs a command for a profile's command tool. shell's hint
+// names fields these tools lack (background, timeout_ms), so a timeout or a
+// cut is told in a notice of its own.
+func profileShell(ctx context.Context, c *call, in api.ShellInput, maxOutput int) (api.ShellOutput, error) {
+	out, err := runShell(ctx, c, in, maxOutput)
+	switch {
+	case err != nil:
+	case out.TimedOut:
+		c.notice(fmt.Sprintf("the command was still running after %d ms and was killed with its process group; the output so far is above. Run long jobs in the background (nohup CMD > log 2>&1 &) and read their log.", in.TimeoutMs))
+	case out.Truncated:
+		c.notice(fmt.Sprintf("output was cut at %d KiB per stream; redirect it to a file and read that", maxOutput>>10))
+	}
+	return out, err
+}
+
 // --- seed 000: the Cloudflare agent tool API ("## Tool Definitions") ---
 
 type cfShellInput struct {
@@ -264,10 +280,7 @@ type cfTransferOutput struct {
 func cloudflareTools() []*Tool {
 	return []*Tool{
 		mapped("shell", "shell", "Execute a shell command in the sandbox.", func(ctx context.Context, c *call, in cfShellInput) (cfShellOutput, error) {
-			out, err := runShell(ctx, c, api.ShellInput{Sandbox: in.Sandbox, Command: in.Command, TimeoutMs: in.TimeoutMs, WorkingDir: in.WorkingDir}, shellOutputCap)
-			if out.Hint != "" {
-				c.notice(out.Hint)
-			}
+			out, err := profileShell(ctx, c, api.ShellInput{Sandbox: in.Sandbox, Command: in.Command, TimeoutMs: cmp.Or(in.TimeoutMs, shellTimeoutMs), WorkingDir: in.WorkingDir}, shellOutputCap)
 			return cfShellOutput{Stdout: out.Stdout, Stderr: out.Stderr, ExitCode: out.ExitCode}, err
 		}),
 		mapped("read_file", "read_file", "Read a file from the sandbox filesystem.", func(ctx context.Context, c *call, in cfReadFileInput) (cfReadFileOutput, error) {
@@ -409,10 +422,7 @@ func fsTools() []*Tool {
 			return grepTool(ctx, c, api.GrepInput{Pattern: in.Pattern, Path: in.Path, Regex: in.Regex, IgnoreCase: in.IgnoreCase, Glob: in.Glob})
 		}),
 		mapped("shell", "exec", "Run a shell command in the sandbox and return { exitCode, stdout, stderr, truncated }. stdout and stderr are each capped at 32 KiB; the command is killed after 60 s.", func(ctx context.Context, c *call, in fsExecInput) (fsExecOutput, error) {
-			out, err := runShell(ctx, c, api.ShellInput{Command: in.Command, WorkingDir: in.Cwd, TimeoutMs: fsExecTimeoutMs}, fsExecOutputCap)
-			if out.Hint != "" {
-				c.notice(out.Hint)
-			}
+			out, err := profileShell(ctx, c, api.ShellInput{Command: in.Command, WorkingDir: in.Cwd, TimeoutMs: fsExecTimeoutMs}, fsExecOutputCap)
 			return fsExecOutput{ExitCode: out.ExitCode, Stdout: out.Stdout, Stderr: out.Stderr, Truncated: out.Truncated}, err
 		}),
 	}
@@ -463,12 +473,9 @@ type dfStrReplaceInput struct {
 func deerflowTools() []*Tool {
 	return []*Tool{
 		mapped("shell", "bash", "Execute a bash command in a Linux environment.", func(ctx context.Context, c *call, in dfBashInput) (textOutput, error) {
-			out, err := runShell(ctx, c, api.ShellInput{Command: in.Command, TimeoutMs: dfBashTimeoutMs}, shellOutputCap)
+			out, err := profileShell(ctx, c, api.ShellInput{Command: in.Command, TimeoutMs: dfBashTimeoutMs}, shellOutputCap)
 			if err != nil {
 				return textOutput{}, err
-			}
-			if out.Hint != "" {
-				c.notice(out.Hint)
 			}
 			text := out.Stdout
 			if out.Stderr != "" {

@@ -217,6 +217,10 @@ func TestProfileCallsInRealBox(t *testing.T) {
 		sh := shaped(t, h.profileCall("cloudflare", "shell", map[string]any{"command": "cat cf.txt; exit 2", "working_dir": "/workspace"}), "stdout", "stderr", "exit_code")
 		assert.Equal(t, "hello world\n", sh["stdout"])
 		assert.EqualValues(t, 2, sh["exit_code"])
+		to := h.profileCall("cloudflare", "shell", map[string]any{"command": "echo started; sleep 30", "timeout_ms": 300})
+		assert.Equal(t, "started\n", to["stdout"])
+		assert.Contains(t, to["notice"], "still running after 300 ms and was killed")
+		assert.NotContains(t, to["notice"], "background: true", "the notice names no field the profile lacks")
 		l := shaped(t, h.profileCall("cloudflare", "sandbox_list", map[string]any{}), "sandboxes")
 		assert.Equal(t, []any{map[string]any{"name": "default", "image": "host", "status": "running"}}, l["sandboxes"])
 		shaped(t, h.profileCall("cloudflare", "transfer", map[string]any{"from_sandbox": "default", "from_path": "/workspace/cf.txt", "to_sandbox": "default", "to_path": "/workspace/cf2.txt"}), "ok", "bytes")
@@ -239,6 +243,11 @@ func TestProfileCallsInRealBox(t *testing.T) {
 		x := shaped(t, h.profileCall("fs-tools", "exec", map[string]any{"command": "wc -l < fs.txt", "cwd": "/workspace"}), "exitCode", "stdout", "stderr", "truncated")
 		assert.Equal(t, "3\n", x["stdout"])
 		assert.EqualValues(t, 0, x["exitCode"])
+		// seed 003, exec: stdout and stderr are each capped at 32 KiB.
+		big := h.profileCall("fs-tools", "exec", map[string]any{"command": "head -c 40000 /dev/zero | tr '\\0' a"})
+		assert.Len(t, big["stdout"], 32<<10)
+		assert.Equal(t, true, big["truncated"])
+		assert.Contains(t, big["notice"], "cut at 32 KiB")
 	})
 
 	t.Run("deerflow", func(t *testing.T) {
