@@ -44,40 +44,68 @@ Paths are absolute or relative to ` + "`/workspace`" + `; file tools work under
 
 `)
 	for _, tool := range Tools() {
-		fmt.Fprintf(&b, "## `%s`\n\n%s\n\n", tool.Name, tool.Description)
-		in := jsonschema.For(tool.Input)
-		if len(in.Properties) == 0 {
-			b.WriteString("Input: none.\n\n")
-		} else {
-			b.WriteString("| input | type | required | default | description |\n|---|---|---|---|---|\n")
-			for _, p := range in.Properties {
-				def := ""
-				if p.Schema.Default != nil {
-					d, _ := json.Marshal(p.Schema.Default)
-					def = "`" + string(d) + "`"
-				}
-				req := ""
-				for _, r := range in.Required {
-					if r == p.Name {
-						req = "yes"
-					}
-				}
-				fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s |\n", p.Name, typeName(p.Schema), req, def, cell(p.Schema))
-			}
-			b.WriteString("\n")
-		}
-		if tool.Output != nil {
-			out := jsonschema.For(tool.Output)
-			var names []string
-			for _, p := range out.Properties {
-				names = append(names, "`"+p.Name+"` ("+typeName(p.Schema)+")")
-			}
-			if len(names) > 0 {
-				fmt.Fprintf(&b, "Result: %s.\n\n", strings.Join(names, ", "))
-			}
+		writeToolDoc(&b, "##", tool)
+	}
+	b.WriteString(`## Profiles
+
+Agents written against another tool set use it unchanged through a profile:
+` + "`GET /v1/tools?profile=NAME`" + ` lists its tools, and
+` + "`POST /v1/sessions/{id}/tools/{name}?profile=NAME`" + ` calls one. Each profile
+tool is served by the registry tool named beside it (same confinement, caps,
+` + "`allowed_commands`" + ` and notices); only names, fields and result shapes
+differ. Tools without a ` + "`sandbox`" + ` field work in the session's ` + "`default`" + ` box.
+A result keeps ` + "`is_error`" + ` (and ` + "`error`" + `, ` + "`notice`" + `); a tool whose seed
+returns a plain string puts it in ` + "`output`" + `.
+
+`)
+	for _, p := range Profiles()[1:] {
+		fmt.Fprintf(&b, "### Profile `%s`\n\nFrom %s.\n\n", p.Name, p.Seed)
+		for _, tool := range p.Tools() {
+			writeToolDoc(&b, "####", tool)
 		}
 	}
 	return b.String()
+}
+
+// writeToolDoc writes one tool's section: description, input table and
+// result fields.
+func writeToolDoc(b *strings.Builder, heading string, tool *Tool) {
+	fmt.Fprintf(b, "%s `%s`\n\n", heading, tool.Name)
+	if tool.Base != "" {
+		fmt.Fprintf(b, "Served by `%s`. ", tool.Base)
+	}
+	fmt.Fprintf(b, "%s\n\n", tool.Description)
+	in := jsonschema.For(tool.Input)
+	if len(in.Properties) == 0 {
+		b.WriteString("Input: none.\n\n")
+	} else {
+		b.WriteString("| input | type | required | default | description |\n|---|---|---|---|---|\n")
+		for _, p := range in.Properties {
+			def := ""
+			if p.Schema.Default != nil {
+				d, _ := json.Marshal(p.Schema.Default)
+				def = "`" + string(d) + "`"
+			}
+			req := ""
+			for _, r := range in.Required {
+				if r == p.Name {
+					req = "yes"
+				}
+			}
+			fmt.Fprintf(b, "| `%s` | %s | %s | %s | %s |\n", p.Name, typeName(p.Schema), req, def, cell(p.Schema))
+		}
+		b.WriteString("\n")
+	}
+	if tool.Output != nil {
+		out := jsonschema.For(tool.Output)
+		var names []string
+		for _, p := range out.Properties {
+			names = append(names, "`"+p.Name+"` ("+typeName(p.Schema)+")")
+		}
+		if len(names) > 0 {
+			fmt.Fprintf(b, "Result: %s.\n\n", strings.Join(names, ", "))
+		}
+	}
 }
 
 func typeName(s *jsonschema.Schema) string {

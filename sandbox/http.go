@@ -23,11 +23,11 @@ const MaxToolBody = 8 << 20
 
 // Handler returns the HTTP API:
 //
-//	POST   /v1/sessions                                   -> 201 {"id","token"}
+//	POST   /v1/sessions  body: {"allowed_commands"} or none -> 201 {"id","token"}
 //	GET    /v1/sessions                                   -> [{"id","created","boxes"}]
 //	DELETE /v1/sessions/{id}                              (Bearer)
-//	GET    /v1/tools                                      -> [{"name","description","input_schema"}]
-//	POST   /v1/sessions/{id}/tools/{name}                 (Bearer) body: input -> 200 result object
+//	GET    /v1/tools?profile=                             -> [{"name","description","input_schema"}]
+//	POST   /v1/sessions/{id}/tools/{name}?profile=        (Bearer) body: input -> 200 result object
 //	POST   /v1/sessions/{id}/boxes/{box}/exec             (Bearer) body: api.ExecRequest -> NDJSON api.ExecFrame
 //	GET    /v1/sessions/{id}/boxes/{box}/files/{path...}  (Bearer) raw bytes
 //	PUT    /v1/sessions/{id}/boxes/{box}/files/{path...}  (Bearer) raw bytes -> {"path","bytes"}
@@ -128,7 +128,22 @@ func (s *Service) authed(h func(http.ResponseWriter, *http.Request, *Session)) h
 }
 
 func (s *Service) handleNewSession(w http.ResponseWriter, r *http.Request) {
-	id, token, err := s.NewSession(r.Context())
+	body, ok := readJSONBody(w, r)
+	if !ok {
+		return
+	}
+	var opts api.NewSessionRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&opts); err != nil {
+		writeError(w, http.StatusBadRequest, "POST /v1/sessions takes {\"allowed_commands\": [\"prefix\", ...]} or no body: "+err.Error())
+		return
+	}
+	if _, err := newAllowList(opts.AllowedCommands); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	id, token, err := s.NewSessionWith(r.Context(), opts)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
@@ -164,8 +179,15 @@ func (s *Service) handleDeleteSession(w http.ResponseWriter, r *http.Request, se
 	writeJSON(w, http.StatusOK, api.OKOutput{OK: true})
 }
 
+// handleTools serves GET /v1/tools[?profile=NAME]: the tools of a profile
+// (profiles.go), cellbox's own by default.
 func (s *Service) handleTools(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, ToolInfos())
+	infos, err := ToolInfosFor(r.URL.Query().Get("profile"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, infos)
 }
 
 func (s *Service) handleHealth(w http.ResponseWriter, r *http.Request) {
@@ -216,16 +238,21 @@ func describeJSONError(body []byte, err error) string {
 }
 
 func (s *Service) handleTool(w http.ResponseWriter, r *http.Request, sess *Session) {
-	name := r.PathValue("name")
-	if _, ok := LookupTool(name); !ok {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("unknown tool %q; tools: %s", name, strings.Join(toolNames(), ", ")))
+	profile := r.URL.Query().Get("profile")
+	if _, err := LookupProfile(profile); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	t, err := LookupToolIn(profile, r.PathValue("name"))
+	if err != nil {
+		writeError(w, http.StatusNotFound, err.Error())
 		return
 	}
 	body, ok := readJSONBody(w, r)
 	if !ok {
 		return
 	}
-	res, err := s.callTool(r.Context(), sess, name, body)
+	res, err := s.callTool(r.Context(), sess, t, body)
 	if err != nil {
 		writeError(w, http.StatusNotFound, err.Error())
 		return

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/cellbox/cellbox/internal/safe"
@@ -18,6 +19,13 @@ import (
 func (s *Service) exec(ctx context.Context, sess *Session, box string, req api.ExecRequest, onOutput func(stream string, data []byte), notice func(string)) (api.ExecResult, error) {
 	if req.Command == "" && len(req.Argv) == 0 {
 		return api.ExecResult{}, fmt.Errorf("exec: give a command or an argv")
+	}
+	command := req.Command
+	if command == "" {
+		command = strings.Join(req.Argv, " ")
+	}
+	if err := sess.allowed.check(command, req.Env); err != nil {
+		return api.ExecResult{}, fmt.Errorf("exec: %w", err)
 	}
 	l, err := s.acquire(ctx, sess, box, notice)
 	if err != nil {
@@ -127,11 +135,16 @@ func (c *LocalClient) logNotice(n string) {
 
 // Tool runs a tool; an is_error result is returned as *api.ToolError.
 func (c *LocalClient) Tool(ctx context.Context, name string, input any) (json.RawMessage, error) {
+	return c.ToolAs(ctx, DefaultProfile, name, input)
+}
+
+// ToolAs runs the tool called name in profile (see profiles.go).
+func (c *LocalClient) ToolAs(ctx context.Context, profile, name string, input any) (json.RawMessage, error) {
 	raw, err := api.MarshalInput(input)
 	if err != nil {
 		return nil, err
 	}
-	res, err := c.s.CallTool(ctx, c.session, name, raw)
+	res, err := c.s.CallToolAs(ctx, c.session, profile, name, raw)
 	if err != nil {
 		return nil, err
 	}

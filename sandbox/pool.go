@@ -822,6 +822,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 			Created: rec.Created,
 			sem:     make(chan struct{}, s.cfg.SessionConcurrency),
 			boxes:   map[string]*box{},
+			allowed: rec.AllowedCommands,
 		}
 		if h, err := hex.DecodeString(rec.TokenHash); err != nil || len(h) != len(sess.tokenHash) {
 			s.log.Error("session with a bad token hash skipped", "session", rec.ID)

@@ -127,6 +127,7 @@ type Session struct {
 	deleted   bool            // guarded by Service.mu
 	lastUsed  atomic.Int64    // unix nanoseconds of the last call; the reaper expires idle sessions
 	pinned    bool            // served in-process (see pin): never expires; guarded by Service.mu
+	allowed   allowList       // allowed_commands; fixed when the session is made
 }
 
 // Errors of session lookups, for the HTTP layer to map to status codes.
@@ -266,6 +267,15 @@ func (s *Service) Close() error {
 // NewSession creates a session and returns its id and bearer token. Only a
 // SHA-256 of the token is kept.
 func (s *Service) NewSession(ctx context.Context) (id, token string, err error) {
+	return s.NewSessionWith(ctx, api.NewSessionRequest{})
+}
+
+// NewSessionWith is NewSession with options (allowed_commands).
+func (s *Service) NewSessionWith(ctx context.Context, opts api.NewSessionRequest) (id, token string, err error) {
+	allowed, err := newAllowList(opts.AllowedCommands)
+	if err != nil {
+		return "", "", err
+	}
 	id = "s-" + randomID(8)
 	token = randomID(32)
 	sess := &Session{
@@ -274,6 +284,7 @@ func (s *Service) NewSession(ctx context.Context) (id, token string, err error) 
 		tokenHash: sha256.Sum256([]byte(token)),
 		sem:       make(chan struct{}, s.cfg.SessionConcurrency),
 		boxes:     map[string]*box{},
+		allowed:   allowed,
 	}
 	sess.lastUsed.Store(sess.Created.UnixNano())
 	s.mu.Lock()
@@ -409,6 +420,8 @@ func (s *Service) sessionRecordLocked(sess *Session) sessionRecord {
 		TokenHash: hex.EncodeToString(sess.tokenHash[:]),
 		Created:   sess.Created,
 		Boxes:     map[string]string{},
+
+		AllowedCommands: sess.allowed,
 	}
 	for name, b := range sess.boxes {
 		if b.rec.ID != "" && b.state != stateNew {

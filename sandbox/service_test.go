@@ -187,6 +187,8 @@ func TestToolInputErrors(t *testing.T) {
 		{"process", `{"action":"stop"}`, []string{`action: must be one of "list", "logs", "kill"`}},
 		{"process", `{"action":"logs"}`, []string{"needs the id of a process"}},
 		{"edit", `{"path":"x","edits":[{"old_text":"a","new":"b"}]}`, []string{"edits/0"}},
+		// seed 003's names are the edit tool's; the old snake_case ones are named as unknown.
+		{"edit", `{"path":"x","edits":[{"old_text":"a","new_text":"b"}]}`, []string{"edits/0/old_text: unknown property", "oldText"}},
 		{"shell", `{"command":""}`, []string{"command is empty"}},
 		{"shell", `[1,2]`, []string{"must be a JSON object"}},
 		{"sandbox_list", `{"x":1}`, []string{`unknown field "x"`, "it takes no fields"}},
@@ -238,15 +240,15 @@ func TestFileTools(t *testing.T) {
 	h.tool("write_file", map[string]any{"path": "README.md", "content": "# demo\nTODO: docs\n"})
 
 	e := h.tool("edit", map[string]any{"path": "src/main.go", "edits": []map[string]string{
-		{"old_text": "package main", "new_text": "package main // edited"},
-		{"old_text": "println(\"hi\")", "new_text": "println(\"hello\")"},
+		{"oldText": "package main", "newText": "package main // edited"},
+		{"oldText": "println(\"hi\")", "newText": "println(\"hello\")"},
 	}})
 	assert.EqualValues(t, 2, e["replacements"])
 	assert.Contains(t, e["diff"], "+\tprintln(\"hello\")")
 	r := h.tool("read_file", map[string]any{"path": "src/main.go"})
 	assert.Equal(t, "package main // edited\r\n\r\nfunc main() {\r\n\tprintln(\"hello\")\r\n}\r\n", r["content"], "CRLF line endings are kept")
 
-	msg := h.toolErr("edit", map[string]any{"path": "src/main.go", "edits": []map[string]string{{"old_text": "not there", "new_text": "x"}}})
+	msg := h.toolErr("edit", map[string]any{"path": "src/main.go", "edits": []map[string]string{{"oldText": "not there", "newText": "x"}}})
 	assert.Contains(t, msg, "src/main.go")
 
 	sr := h.tool("str_replace", map[string]any{"path": "README.md", "old_str": "TODO", "new_str": "DONE"})

@@ -31,6 +31,8 @@ type sessionRecord struct {
 	TokenHash string            `json:"token_hash"` // hex SHA-256 of the bearer token
 	Created   time.Time         `json:"created"`
 	Boxes     map[string]string `json:"boxes"` // box name -> box id
+
+	AllowedCommands []string `json:"allowed_commands,omitempty"`
 }
 
 // boxRecord is a box as stored. The store, not the backend labels, says who

@@ -32,6 +32,15 @@ type Tool struct {
 	// Output is the result struct's type (the fields of a successful
 	// result, beside is_error); docs/tools.md is generated from both.
 	Output reflect.Type
+	// Profile is the tool profile the tool belongs to (DefaultProfile for
+	// the registry itself; see profiles.go).
+	Profile string
+	// Base is, for a profile's tool, the registry tool whose handler serves
+	// it (its annotations apply); "" for the registry's own tools.
+	Base string
+	// TextResult says the tool's seed returns a plain string: the result's
+	// "output" field is what a model should see (see ResultText).
+	TextResult bool
 
 	fields   []string // property names, sorted
 	required []string
@@ -52,7 +61,7 @@ func defineTool[In any, Out any](name, description string, h func(ctx context.Co
 		panic(fmt.Sprintf("sandbox: schema of tool %s: %v", name, err))
 	}
 	var out Out
-	t := &Tool{Name: name, Description: description, InputSchema: raw, Input: reflect.TypeOf(zero), Output: reflect.TypeOf(out)}
+	t := &Tool{Name: name, Description: description, InputSchema: raw, Input: reflect.TypeOf(zero), Output: reflect.TypeOf(out), Profile: DefaultProfile}
 	for _, p := range schema.Properties {
 		t.fields = append(t.fields, p.Name)
 	}
@@ -251,18 +260,20 @@ func LookupTool(name string) (*Tool, bool) {
 	return t, ok
 }
 
-// ToolInfos describes every tool (GET /v1/tools).
-func ToolInfos() []api.ToolInfo {
+// ToolInfos describes every tool of the default profile (GET /v1/tools).
+func ToolInfos() []api.ToolInfo { return toolInfos(Tools()) }
+
+func toolInfos(tools []*Tool) []api.ToolInfo {
 	var out []api.ToolInfo
-	for _, t := range Tools() {
+	for _, t := range tools {
 		out = append(out, api.ToolInfo{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema})
 	}
 	return out
 }
 
-func toolNames() []string {
+func toolNames(tools []*Tool) []string {
 	var names []string
-	for _, t := range Tools() {
+	for _, t := range tools {
 		names = append(names, t.Name)
 	}
 	sort.Strings(names)
@@ -303,17 +314,27 @@ func (c *call) done() {
 // something happened worth knowing, e.g. a lost box was recreated). The
 // error is non-nil only for an unknown session or tool.
 func (s *Service) CallTool(ctx context.Context, sessionID, name string, raw json.RawMessage) (json.RawMessage, error) {
+	return s.CallToolAs(ctx, sessionID, DefaultProfile, name, raw)
+}
+
+// CallToolAs is CallTool with the tool named as in profile ("" is the
+// default profile); an unknown profile is an ErrUnknownProfile.
+func (s *Service) CallToolAs(ctx context.Context, sessionID, profile, name string, raw json.RawMessage) (json.RawMessage, error) {
+	t, err := LookupToolIn(profile, name)
+	if err != nil {
+		return nil, err
+	}
 	sess, err := s.session(sessionID)
 	if err != nil {
 		return nil, err
 	}
-	return s.callTool(ctx, sess, name, raw)
+	return s.callTool(ctx, sess, t, raw)
 }
 
-func (s *Service) callTool(ctx context.Context, sess *Session, name string, raw json.RawMessage) (json.RawMessage, error) {
-	t, ok := LookupTool(name)
-	if !ok {
-		return nil, fmt.Errorf("%w %q; tools: %s", ErrUnknownTool, name, strings.Join(toolNames(), ", "))
+func (s *Service) callTool(ctx context.Context, sess *Session, t *Tool, raw json.RawMessage) (json.RawMessage, error) {
+	name := t.Name
+	if t.Profile != DefaultProfile {
+		name = t.Profile + "/" + t.Name // the metric's label
 	}
 	start := time.Now()
 	c := &call{s: s, sess: sess}

@@ -30,7 +30,7 @@ func allTools() []*Tool {
 		defineTool("process", "Manage background processes of a sandbox: list them, read a process's output from an offset (logs), or kill it (and its process group).", processTool),
 		defineTool("read_file", "Read a text file, a window of lines at a time (at most 2000 lines / 256 KiB per call; next_offset continues). Binary files come back base64-encoded.", readFileTool),
 		defineTool("write_file", "Write (or append to) a file (at most 2 MiB). Parent directories are created; an existing file keeps its mode.", writeFileTool),
-		defineTool("edit", "Apply several replacements to a file at once. Each old_text must occur exactly once in the ORIGINAL file; edits must not overlap. Line endings and BOM are kept; small whitespace differences are tolerated. Returns a unified diff.", editTool),
+		defineTool("edit", "Apply several replacements to a file at once. Each oldText must occur exactly once in the ORIGINAL file; edits must not overlap. Line endings and BOM are kept; small whitespace differences are tolerated. Returns a unified diff.", editTool),
 		defineTool("str_replace", "Replace old_str by new_str in a file. old_str must occur exactly once unless replace_all is set. Returns a unified diff.", strReplaceTool),
 		defineTool("grep", "Search file contents under a path (literal text, or a regular expression with regex: true). Returns matching lines with path and line number; truncated says the hit cap was reached — refine the query.", grepTool),
 		defineTool("glob", "List files matching a glob pattern (** matches across directories), sorted.", globTool),
@@ -52,35 +52,57 @@ type shellBackground struct {
 }
 
 func shellTool(ctx context.Context, c *call, in api.ShellInput) (any, error) {
-	if strings.TrimSpace(in.Command) == "" {
-		return nil, errors.New("command is empty")
+	if !in.Background {
+		return runShell(ctx, c, in, shellOutputCap)
 	}
-	l, err := c.box(ctx, in.Sandbox)
+	l, req, err := shellRequest(ctx, c, in, 0)
 	if err != nil {
 		return nil, err
 	}
-	req := agent.ExecRequest{
+	p, err := l.client.Start(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return shellBackground{ProcessID: p.ID, PID: p.PID, Running: p.Running,
+		Hint: fmt.Sprintf(`started in the background; read its output with process {"action":"logs","id":%q}, stop it with process {"action":"kill","id":%q}`, p.ID, p.ID)}, nil
+}
+
+// shellRequest checks a command against the session's allowed_commands
+// and leases its box.
+func shellRequest(ctx context.Context, c *call, in api.ShellInput, maxOutput int) (*lease, agent.ExecRequest, error) {
+	if strings.TrimSpace(in.Command) == "" {
+		return nil, agent.ExecRequest{}, errors.New("command is empty")
+	}
+	if err := c.sess.allowed.check(in.Command, in.Env); err != nil {
+		return nil, agent.ExecRequest{}, err
+	}
+	l, err := c.box(ctx, in.Sandbox)
+	if err != nil {
+		return nil, agent.ExecRequest{}, err
+	}
+	return l, agent.ExecRequest{
 		Command:   in.Command,
 		Cwd:       in.WorkingDir,
 		Env:       mergeEnv(l.b.rec.Env, in.Env),
 		TimeoutMs: in.TimeoutMs,
-		MaxOutput: shellOutputCap,
-	}
-	if in.Background {
-		req.TimeoutMs = 0
-		p, err := l.client.Start(ctx, req)
-		if err != nil {
-			return nil, err
-		}
-		return shellBackground{ProcessID: p.ID, PID: p.PID, Running: p.Running,
-			Hint: fmt.Sprintf(`started in the background; read its output with process {"action":"logs","id":%q}, stop it with process {"action":"kill","id":%q}`, p.ID, p.ID)}, nil
+		MaxOutput: maxOutput,
+	}, nil
+}
+
+// runShell runs a command in the foreground, keeping at most maxOutput
+// bytes of each stream: the shell tool's handler, which the profiles'
+// command tools (exec, bash) call with their own caps.
+func runShell(ctx context.Context, c *call, in api.ShellInput, maxOutput int) (api.ShellOutput, error) {
+	l, req, err := shellRequest(ctx, c, in, maxOutput)
+	if err != nil {
+		return api.ShellOutput{}, err
 	}
 	if req.TimeoutMs <= 0 {
 		req.TimeoutMs = shellTimeoutMs
 	}
 	res, err := l.client.Exec(ctx, req, nil)
 	if err != nil {
-		return nil, err
+		return api.ShellOutput{}, err
 	}
 	out := api.ShellOutput{
 		Stdout:     res.Stdout,
@@ -94,7 +116,7 @@ func shellTool(ctx context.Context, c *call, in api.ShellInput) (any, error) {
 		out.ProcessID = res.ProcessID
 		out.Hint = fmt.Sprintf("the command was still running after %d ms and was killed with its process group; the output so far is above. Run servers and long jobs with background: true (then use the process tool), or raise timeout_ms.", req.TimeoutMs)
 	} else if res.Truncated {
-		out.Hint = fmt.Sprintf("output was cut at %d KiB per stream; redirect it to a file and read that with read_file or grep", shellOutputCap>>10)
+		out.Hint = fmt.Sprintf("output was cut at %d KiB per stream; redirect it to a file and read that with read_file or grep", maxOutput>>10)
 	}
 	return out, nil
 }
@@ -220,6 +242,14 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 	if err := checkName(name); err != nil {
 		return out, err
 	}
+	if len(c.sess.allowed) > 0 {
+		if len(in.Env) > 0 {
+			return out, c.sess.allowed.check("", in.Env)
+		}
+		if in.BoxID != "" {
+			return out, fmt.Errorf("box_id refused: this session runs only allowed_commands %q, and a box shared with other sessions may be set up to run other code; use a box of this session", []string(c.sess.allowed))
+		}
+	}
 	spec := boxSpec{Image: in.Image, Env: in.Env, Network: in.Network, SleepAfterMs: in.SleepAfterMs}
 	if in.Limits != nil {
 		spec.Limits = *in.Limits
@@ -343,4 +373,55 @@ func sandboxDestroyTool(ctx context.Context, c *call, in api.SandboxDestroyInput
 		return api.OKOutput{}, err
 	}
 	return api.OKOutput{OK: true}, nil
+}
+
+// allowList is a session's allowed_commands (seed 003's allowedCommands):
+// the prefixes every command line of the session must start with. Empty
+// allows everything. It is checked on the host, before a command reaches
+// a box, and it is set only when the session is made (by whoever holds the
+// server key), so the agent using the session cannot widen it.
+type allowList []string
+
+// shellControl are the characters that would let a command line that
+// starts with an allowed prefix run something else: chaining (; & |), a
+// substitution ($ `), a redirection or process substitution (< > ( )), a
+// second line. A session with an allow-list refuses them outright, even
+// quoted, rather than parse shell.
+const shellControl = ";&|`$<>()\n\r"
+
+func newAllowList(prefixes []string) (allowList, error) {
+	var out allowList
+	for _, p := range prefixes {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			return nil, errors.New("allowed_commands: an empty prefix would allow every command; leave allowed_commands out for that")
+		}
+		if i := strings.IndexAny(p, shellControl); i >= 0 {
+			return nil, fmt.Errorf("allowed_commands: prefix %q holds %q; give plain command prefixes such as \"git status\" or \"ls\"", p, p[i:i+1])
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// check refuses a command line (and extra environment) the list does not
+// allow, saying what is allowed.
+func (a allowList) check(command string, env map[string]string) error {
+	if len(a) == 0 {
+		return nil
+	}
+	cmd := strings.TrimSpace(command)
+	allowed := fmt.Sprintf("%q", []string(a))
+	if i := strings.IndexAny(cmd, shellControl); i >= 0 {
+		return fmt.Errorf("command %q refused: this session runs only commands starting with one of %s (allowed_commands), and %q could run another command; run one allowed command per call, without ; & | ` $ < > ( ) or line breaks", cmd, allowed, cmd[i:i+1])
+	}
+	if len(env) > 0 {
+		return fmt.Errorf("env refused: this session runs only allowed_commands %s, and variables such as BASH_ENV or LD_PRELOAD could run other code; leave env out", allowed)
+	}
+	for _, p := range a {
+		if rest, ok := strings.CutPrefix(cmd, p); ok && (rest == "" || rest[0] == ' ' || rest[0] == '\t') {
+			return nil
+		}
+	}
+	return fmt.Errorf("command %q is not allowed in this session: a command must start with one of %s (allowed_commands, set when the session was made)", cmd, allowed)
 }

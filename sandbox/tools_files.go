@@ -24,11 +24,7 @@ const (
 )
 
 func readFileTool(ctx context.Context, c *call, in api.ReadFileInput) (api.ReadFileOutput, error) {
-	l, err := c.box(ctx, in.Sandbox)
-	if err != nil {
-		return api.ReadFileOutput{}, err
-	}
-	res, err := l.client.ReadFile(ctx, agent.ReadRequest{Path: in.Path, Offset: in.Offset, Limit: in.Limit})
+	res, err := readFile(ctx, c, in.Sandbox, agent.ReadRequest{Path: in.Path, Offset: in.Offset, Limit: in.Limit})
 	if err != nil {
 		return api.ReadFileOutput{}, err
 	}
@@ -36,6 +32,16 @@ func readFileTool(ctx context.Context, c *call, in api.ReadFileInput) (api.ReadF
 		Content: res.Content, Encoding: res.Encoding, TotalLines: res.TotalLines, StartLine: res.StartLine,
 		EndLine: res.EndLine, NextOffset: res.NextOffset, Truncated: res.Truncated, Size: res.Size,
 	}, nil
+}
+
+// readFile is read_file's handler for any window: lines (read_file, and
+// the profiles' line readers) or bytes (seed 000's read_file).
+func readFile(ctx context.Context, c *call, box string, req agent.ReadRequest) (agent.ReadResult, error) {
+	l, err := c.box(ctx, box)
+	if err != nil {
+		return agent.ReadResult{}, err
+	}
+	return l.client.ReadFile(ctx, req)
 }
 
 func writeFileTool(ctx context.Context, c *call, in api.WriteFileInput) (api.WriteFileOutput, error) {
@@ -62,7 +68,7 @@ func writeFileTool(ctx context.Context, c *call, in api.WriteFileInput) (api.Wri
 
 func editTool(ctx context.Context, c *call, in api.EditInput) (api.EditOutput, error) {
 	if len(in.Edits) == 0 {
-		return api.EditOutput{}, errors.New("edits is empty; give at least one {old_text, new_text}")
+		return api.EditOutput{}, errors.New("edits is empty; give at least one {oldText, newText}")
 	}
 	edits := make([]textedit.Replacement, len(in.Edits))
 	for i, e := range in.Edits {

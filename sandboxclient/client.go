@@ -82,9 +82,16 @@ func NewSession(ctx context.Context, baseURL string) (*HTTP, error) {
 // server key (cellbox serve asks for it: its DATA/server.key, or
 // CELLBOX_KEY) and returns its client, which uses the session's token.
 func NewSessionWithKey(ctx context.Context, baseURL, key string) (*HTTP, error) {
+	return NewSessionWithOptions(ctx, baseURL, key, api.NewSessionRequest{})
+}
+
+// NewSessionWithOptions is NewSessionWithKey with session options, such as
+// allowed_commands (the prefixes every command of the session must start
+// with).
+func NewSessionWithOptions(ctx context.Context, baseURL, key string, opts api.NewSessionRequest) (*HTTP, error) {
 	c := New(baseURL, "", key)
 	var res api.NewSessionResult
-	if err := c.do(ctx, http.MethodPost, "/v1/sessions", nil, &res); err != nil {
+	if err := c.do(ctx, http.MethodPost, "/v1/sessions", opts, &res); err != nil {
 		return nil, fmt.Errorf("create session: %w", err)
 	}
 	c.session, c.token = res.ID, res.Token // from now on the session's token
@@ -101,8 +108,22 @@ func (c *HTTP) DeleteSession(ctx context.Context) error {
 
 // Tools lists the tools of the server.
 func (c *HTTP) Tools(ctx context.Context) ([]api.ToolInfo, error) {
+	return c.ToolsFor(ctx, "")
+}
+
+// ToolsFor lists the tools of a profile: cellbox's own (""), or a tool set
+// agents already use under its own names and fields ("cloudflare",
+// "fs-tools", "deerflow"; see docs/tools.md).
+func (c *HTTP) ToolsFor(ctx context.Context, profile string) ([]api.ToolInfo, error) {
 	var out []api.ToolInfo
-	return out, c.do(ctx, http.MethodGet, "/v1/tools", nil, &out)
+	return out, c.do(ctx, http.MethodGet, "/v1/tools"+profileQuery(profile), nil, &out)
+}
+
+func profileQuery(profile string) string {
+	if profile == "" {
+		return ""
+	}
+	return "?profile=" + url.QueryEscape(profile)
 }
 
 func (c *HTTP) sessionPath(parts ...string) string {
@@ -204,11 +225,16 @@ func (c *HTTP) do(ctx context.Context, method, path string, in any, out any) err
 
 // Tool calls a tool.
 func (c *HTTP) Tool(ctx context.Context, name string, input any) (json.RawMessage, error) {
+	return c.ToolAs(ctx, "", name, input)
+}
+
+// ToolAs calls the tool called name in profile (see ToolsFor).
+func (c *HTTP) ToolAs(ctx context.Context, profile, name string, input any) (json.RawMessage, error) {
 	if input == nil {
 		input = struct{}{}
 	}
 	var res json.RawMessage
-	if err := c.do(ctx, http.MethodPost, c.sessionPath("tools", url.PathEscape(name)), input, &res); err != nil {
+	if err := c.do(ctx, http.MethodPost, c.sessionPath("tools", url.PathEscape(name))+profileQuery(profile), input, &res); err != nil {
 		return nil, err
 	}
 	res = bytes.TrimSpace(res)

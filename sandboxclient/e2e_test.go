@@ -158,7 +158,7 @@ func TestEndToEnd(t *testing.T) {
 
 			t.Run("file tools", func(t *testing.T) {
 				call(t, c, "write_file", map[string]any{"path": "src/app.py", "content": "def main():\n    print('hi')\n"})
-				e := call(t, c, "edit", map[string]any{"path": "src/app.py", "edits": []map[string]string{{"old_text": "print('hi')", "new_text": "print('hello')"}}})
+				e := call(t, c, "edit", map[string]any{"path": "src/app.py", "edits": []map[string]string{{"oldText": "print('hi')", "newText": "print('hello')"}}})
 				assert.Contains(t, e["diff"], "+    print('hello')")
 				call(t, c, "str_replace", map[string]any{"path": "/workspace/src/app.py", "old_str": "main", "new_str": "run"})
 				r := call(t, c, "read_file", map[string]any{"path": "src/app.py"})
@@ -310,4 +310,49 @@ func TestInProcessClient(t *testing.T) {
 	assert.Contains(t, te.Message, "no such file")
 	require.NoError(t, c.DestroyBox(ctx, "b"))
 	assert.Error(t, c.DestroyBox(ctx, "b"))
+}
+
+// Both clients serve the tool profiles, and an HTTP client can make a
+// session with allowed_commands.
+func TestProfilesAndAllowedCommands(t *testing.T) {
+	dir := t.TempDir()
+	be := backends[0].open(t, dir)
+	s := startServer(t, be, dir, nil)
+	ctx := context.Background()
+
+	hc := newSession(t, s)
+	tools, err := hc.ToolsFor(ctx, "fs-tools")
+	require.NoError(t, err)
+	var names []string
+	for _, tl := range tools {
+		names = append(names, tl.Name)
+	}
+	assert.Equal(t, []string{"read", "write", "edit", "grep", "exec"}, names)
+	_, err = hc.ToolsFor(ctx, "nope")
+	var ae *sandboxclient.APIError
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, http.StatusBadRequest, ae.Status)
+
+	id, _, err := s.svc.NewSession(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.svc.DeleteSession(context.Background(), id) })
+	for name, c := range map[string]interface {
+		ToolAs(ctx context.Context, profile, name string, input any) (json.RawMessage, error)
+	}{"http": hc, "in-process": s.svc.Client(id)} {
+		t.Run(name, func(t *testing.T) {
+			_, err := c.ToolAs(ctx, "fs-tools", "write", map[string]any{"path": "/workspace/p.txt", "content": "a\nb\n"})
+			require.NoError(t, err)
+			_, err = c.ToolAs(ctx, "fs-tools", "edit", map[string]any{"path": "/workspace/p.txt", "edits": []map[string]string{{"oldText": "b", "newText": "B"}}})
+			require.NoError(t, err)
+			res, err := c.ToolAs(ctx, "deerflow", "read_file", map[string]any{"description": "check", "path": "/workspace/p.txt", "start_line": 2})
+			require.NoError(t, err)
+			assert.JSONEq(t, `{"is_error":false,"output":"B\n"}`, string(res))
+		})
+	}
+
+	limited, err := sandboxclient.NewSessionWithOptions(ctx, s.url, "", api.NewSessionRequest{AllowedCommands: []string{"echo"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { limited.DeleteSession(context.Background()) })
+	assert.Contains(t, toolErr(t, limited, "shell", map[string]any{"command": "id"}), "is not allowed in this session")
+	assert.Equal(t, "ok\n", call(t, limited, "shell", map[string]any{"command": "echo ok"})["stdout"])
 }

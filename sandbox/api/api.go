@@ -46,6 +46,15 @@ type ErrorBody struct {
 	Error string `json:"error"`
 }
 
+// NewSessionRequest is the (optional) body of POST /v1/sessions.
+type NewSessionRequest struct {
+	// AllowedCommands, if not empty, limits every command of the session
+	// (shell and its profile forms, the exec endpoint) to command lines
+	// starting with one of these prefixes (seed 003's allowedCommands).
+	// A command outside the list is refused before it reaches a box.
+	AllowedCommands []string `json:"allowed_commands,omitempty"`
+}
+
 // NewSessionResult is the answer of POST /v1/sessions.
 type NewSessionResult struct {
 	ID    string `json:"id"`
@@ -149,10 +158,12 @@ type WriteFileOutput struct {
 	Path string `json:"path"`
 }
 
-// Edit is one replacement of the edit tool.
+// Edit is one replacement of the edit tool. The field names are those of
+// seed 003's edit tool (fs-tools), so an agent written against it works
+// unchanged.
 type Edit struct {
-	OldText string `json:"old_text" desc:"Text to replace; must occur exactly once in the original file."`
-	NewText string `json:"new_text" desc:"Replacement text."`
+	OldText string `json:"oldText" desc:"Text to replace; must occur exactly once in the original file."`
+	NewText string `json:"newText" desc:"Replacement text."`
 }
 
 // EditInput is the input of the edit tool.
