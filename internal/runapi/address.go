@@ -81,9 +81,22 @@ func Lookup(store cells.Store, loaded []Loaded, addr string) (cells.Cell, error)
 
 // ResolvePrefix turns a watch or list prefix into an address prefix: a
 // prefix naming a pattern instance ("csv" or "default/csv", loaded or in
-// the store) means its cells ("default/csv/"); anything else is matched
-// against full addresses as it is.
+// the store) means its cells ("default/csv/"); one naming a cell as Resolve
+// takes it ("report", "repl/report") means that cell (and its streams,
+// "default/repl/report.out"); anything else is matched against full
+// addresses as it is.
 func ResolvePrefix(store cells.Store, loaded []Loaded, prefix string) (string, error) {
+	p, err := resolveInstancePrefix(store, loaded, prefix)
+	if err != nil || p != prefix || prefix == "" || strings.HasSuffix(prefix, "/") || strings.Count(prefix, "/") > 1 {
+		return p, err
+	}
+	if c, err := Lookup(store, loaded, prefix); err == nil {
+		return c.Addr.String(), nil
+	}
+	return prefix, nil
+}
+
+func resolveInstancePrefix(store cells.Store, loaded []Loaded, prefix string) (string, error) {
 	name := strings.TrimSuffix(prefix, "/")
 	if name == "" {
 		return prefix, nil
