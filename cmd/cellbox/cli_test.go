@@ -1,0 +1,75 @@
+package main
+
+import (
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/runtime"
+)
+
+// exitCode is the exit status of a finished cellbox (0 for nil).
+func exitCode(t *testing.T, err error) int {
+	t.Helper()
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	return ee.ExitCode()
+}
+
+// TestCLIFirstSteps runs the commands a newcomer types first.
+func TestCLIFirstSteps(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		args           []string
+		code           int
+		stdout, stderr []string // each contained
+	}{
+		{"--help", []string{"--help"}, 0, []string{"usage: cellbox COMMAND", "  run ", "  version "}, nil},
+		{"help", []string{"help"}, 0, []string{"usage: cellbox COMMAND"}, nil},
+		{"bare", nil, 0, []string{"usage: cellbox COMMAND"}, nil},
+		{"version", []string{"version"}, 0, []string{"cellbox ", "go1."}, nil},
+		{"--version", []string{"--version"}, 0, []string{"cellbox ", "go1."}, nil},
+		{"typo", []string{"runn"}, 2, nil, []string{`unknown command "runn" (did you mean "run"?)`}},
+		{"run a folder of patterns", []string{"run", "../../examples"}, 1, nil,
+			[]string{"../../examples is not a pattern (it holds no pattern.yaml); the patterns in it:", "\n  cellbox run ../../examples/repl\n"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errOut, err := cellbox(t, tc.args...)
+			assert.Equal(t, tc.code, exitCode(t, err), "stdout:\n%s\nstderr:\n%s", out, errOut)
+			for _, s := range tc.stdout {
+				assert.Contains(t, out, s)
+			}
+			for _, s := range tc.stderr {
+				assert.Contains(t, errOut, s)
+			}
+		})
+	}
+}
+
+// TestRowTimeCached: a node whose result came from the memo cache did not
+// run now; its row says so instead of the time of the run that made it.
+func TestRowTimeCached(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		name  string
+		state string
+		nv    nodeView
+		last  time.Duration // NodeInfo.Last: the run that made the result
+		want  string
+	}{
+		{"cached", "done", nodeView{note: "cached"}, 3 * time.Second, "cached"},
+		{"ran", "done", nodeView{last: 2 * time.Second}, 2 * time.Second, "2s"},
+		{"running", "running", nodeView{started: now.Add(-5 * time.Second)}, 0, "5s…"},
+		{"resumed, not run yet", "done", nodeView{}, 4 * time.Second, "4s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, rowTime(tc.state, &tc.nv, runtime.NodeInfo{Last: tc.last}, now))
+		})
+	}
+}
