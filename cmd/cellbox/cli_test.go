@@ -1,13 +1,17 @@
 package main
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/runtime"
 )
 
@@ -72,4 +76,39 @@ func TestRowTimeCached(t *testing.T) {
 			assert.Equal(t, tc.want, rowTime(tc.state, &tc.nv, runtime.NodeInfo{Last: tc.last}, now))
 		})
 	}
+}
+
+// TestStop stops a pattern of a running `cellbox run` from the CLI: its
+// box is destroyed (no directory, no process left) and the command names it.
+func TestStop(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	pattern := writePattern(t, `name: repl
+nodes:
+  box:
+    sandbox: {}
+`)
+	startRun(t, pattern, "--data", data, "--backend", "local")
+	poll(t, "the box to run", func() bool {
+		out, _, err := cellbox(t, "cell", "get", "box", "--data", data)
+		return err == nil && strings.Contains(out, `"status": "running"`)
+	})
+	boxes, err := os.ReadDir(filepath.Join(data, "boxes"))
+	require.NoError(t, err)
+	require.NotEmpty(t, boxes)
+
+	_, errOut, err := cellbox(t, "stop", "nope", "--data", data)
+	require.Error(t, err)
+	assert.Contains(t, errOut, "repl", "an unknown name: the error names the loaded patterns")
+
+	out, errOut, err := cellbox(t, "stop", "repl", "--data", data)
+	require.NoError(t, err, errOut)
+	assert.Regexp(t, `(?m)^stopped pattern default/repl\ndestroyed its boxes: sandbox-\S+ \(node box\)$`, out)
+	boxes, err = os.ReadDir(filepath.Join(data, "boxes"))
+	require.NoError(t, err)
+	assert.Empty(t, boxes, "the box's directory is gone")
+	assert.Empty(t, boxProcesses(t, data), "and no process of it runs on")
+	_, errOut, err = cellbox(t, "stop", "repl", "--data", data)
+	require.Error(t, err, "stopped once: not loaded any more")
+	assert.Contains(t, errOut, "repl")
 }

@@ -135,7 +135,7 @@ func runRun(ctx context.Context, args []string) error {
 		fmt.Fprintf(os.Stderr, "  made a server key (kept 0600 in %s; clients of this data dir read it there)\n", keyPathOf(host))
 	}
 	if !*once {
-		fmt.Fprintf(os.Stderr, "  change a cell: cellbox cell set%s NAME JSON · stop: Ctrl-C\n", dataFlag(*data))
+		fmt.Fprintf(os.Stderr, "  change a cell: cellbox cell set%s NAME JSON · stop: Ctrl-C (boxes sleep, a new run resumes them) · throw the boxes away: cellbox stop %s%s\n", dataFlag(*data), inst.Name, dataFlag(*data))
 	}
 	v.loaded() // the live view starts drawing below these lines
 
@@ -360,7 +360,7 @@ const shutdownGrace = 10 * time.Second
 // flight are cancelled and resume on the next start; patterns are not
 // stopped, so sandbox boxes are kept, put to sleep (files kept, processes
 // ended) and found again by the next start. Stopping a pattern (DELETE
-// /v1/patterns/NAME) is what destroys its boxes.
+// /v1/patterns/NAME, `cellbox stop NAME`) is what destroys its boxes.
 func (h *runtimeHost) close() error {
 	sctx, scancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer scancel()
