@@ -112,3 +112,23 @@ nodes:
 	require.Error(t, err, "stopped once: not loaded any more")
 	assert.Contains(t, errOut, "repl")
 }
+
+// TestImagesShared: an image built once (into the default data dir's
+// images) serves a run over any other data dir, as Docker's images serve
+// every container.
+func TestImagesShared(t *testing.T) {
+	testenv.RequireBwrap(t)
+	home := t.TempDir()
+	t.Setenv("CELLBOX_DATA", home) // the default data dir of the processes below
+	t.Setenv(imagesEnv, "")
+	makeRootfs(t, filepath.Join(home, "images", "tiny", "rootfs"))
+	out, errOut, err := cellbox(t, "run", writePattern(t, `name: shared
+nodes:
+  job:
+    exec:
+      image: cellbox/tiny
+      command: echo from the shared image
+`), "--once", "--backend", "local", "--data", t.TempDir())
+	require.NoError(t, err, errOut)
+	assert.Contains(t, out, `"stdout":"from the shared image\n"`)
+}
