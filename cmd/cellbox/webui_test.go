@@ -87,6 +87,7 @@ nodes:
 		Boxes         []string // transform of each box
 		Edges         []string // d of each edge
 		Rows          []string // the node table's row ids
+		InputsShown   bool     // the input cells' table is visible
 	}
 	var g graph
 	poll(t, "the page to draw the graph", func() bool {
@@ -98,6 +99,7 @@ nodes:
 				boxes: [...svg.querySelectorAll('g.box')].map(b => b.getAttribute('transform')),
 				edges: [...svg.querySelectorAll('path.edge')].map(p => p.getAttribute('d')),
 				rows: [...document.querySelectorAll('tr[id^="row-"]')].map(r => r.id),
+				inputsShown: [...document.querySelectorAll('.inst table')].some(t => t.offsetParent && t.querySelector('th').textContent === 'cell'),
 			};
 		})()`, &g)
 		return len(g.Boxes) == 4
@@ -111,4 +113,5 @@ nodes:
 	assert.Len(t, slices.Compact(slices.Sorted(slices.Values(g.Boxes))), 4, "each node in a place of its own: %v", g.Boxes)
 	assert.Equal(t, []string{"row-default/noinputs/zero", "row-default/noinputs/after", "row-default/noinputs/also", "row-default/noinputs/total"}, g.Rows,
 		"the nodes are listed in the graph's order")
+	assert.False(t, g.InputsShown, "no empty table of input cells")
 }
