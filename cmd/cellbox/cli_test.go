@@ -132,3 +132,20 @@ nodes:
 	require.NoError(t, err, errOut)
 	assert.Contains(t, out, `"stdout":"from the shared image\n"`)
 }
+
+// TestMissingImageHintDocker: a box whose cellbox image the engine lacks
+// fails with the command that builds it, filled in.
+func TestMissingImageHintDocker(t *testing.T) {
+	testenv.RequireDocker(t)
+	name := "missing" + randomHex(t)
+	t.Cleanup(func() { removeContainers(t, name) })
+	out, errOut, err := cellbox(t, "run", writePattern(t, `name: `+name+`
+nodes:
+  job:
+    exec:
+      image: cellbox/`+name+`
+      command: echo never
+`), "--once", "--backend", "docker", "--data", t.TempDir())
+	require.Error(t, err)
+	assert.Contains(t, out+errOut, "build it: `cellbox image build "+name+"`")
+}
