@@ -404,24 +404,28 @@ func fetch(t *testing.T, url string) string {
 	return body
 }
 
-// nodeImages returns an images directory holding the cellbox/node rootfs,
-// building it when it is missing and CI or CELLBOX_TEST_IMAGES=1 is set
-// (it takes a minute or two: debootstrap from the configured Debian mirror),
-// and skipping otherwise.
+// nodeImages returns the images directory `cellbox image build` uses
+// ($CELLBOX_IMAGES, else the default data dir's images) holding the
+// cellbox/node rootfs, building it when it is missing and CI or
+// CELLBOX_TEST_IMAGES=1 is set (it takes a minute or two: debootstrap from
+// the configured Debian mirror), and skipping otherwise.
 func nodeImages(t *testing.T) string {
 	t.Helper()
-	data := os.Getenv("CELLBOX_DATA")
-	if data == "" {
-		home, err := os.UserHomeDir()
-		require.NoError(t, err)
-		data = filepath.Join(home, ".local", "share", "cellbox")
+	dir := os.Getenv("CELLBOX_IMAGES")
+	if dir == "" {
+		data := os.Getenv("CELLBOX_DATA")
+		if data == "" {
+			home, err := os.UserHomeDir()
+			require.NoError(t, err)
+			data = filepath.Join(home, ".local", "share", "cellbox")
+		}
+		dir = filepath.Join(data, "images")
 	}
-	dir := filepath.Join(data, "images")
 	if _, err := os.Stat(filepath.Join(image.RootfsDir(dir, "node"), ".cellbox-image.json")); err == nil {
 		return dir
 	}
 	if !testenv.InCI() && os.Getenv("CELLBOX_TEST_IMAGES") != "1" {
-		t.Skipf("the cellbox/node image is not built in %s: run `cellbox image build node` (or set CELLBOX_TEST_IMAGES=1 to build it here)", dir)
+		t.Skipf("the cellbox/node image is not built in %s: run `cellbox image build node --images %s` (or set CELLBOX_TEST_IMAGES=1 to build it here)", dir, dir)
 	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/internal/jsonschema"
+	"github.com/cellbox/cellbox/sandbox/api"
 )
 
 // TestToolDocs keeps docs/tools.md in step with the registry: the reference
@@ -18,6 +20,7 @@ import (
 // UPDATE_DOCS=1 go test ./sandbox -run TestToolDocs.
 func TestToolDocs(t *testing.T) {
 	got := toolDocs()
+	require.Equal(t, strings.Count(got, "\n## `")+strings.Count(got, "\n#### `"), strings.Count(got, "\nResult: "), "every tool's section (profiles' too) says what its result holds")
 	path := filepath.Join("..", "docs", "tools.md")
 	if os.Getenv("UPDATE_DOCS") != "" {
 		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
@@ -96,16 +99,29 @@ func writeToolDoc(b *strings.Builder, heading string, tool *Tool) {
 		}
 		b.WriteString("\n")
 	}
+	outs := resultsOf[tool.Name]
 	if tool.Output != nil {
-		out := jsonschema.For(tool.Output)
+		outs = []reflect.Type{tool.Output}
+	}
+	var results []string
+	for _, t := range outs {
 		var names []string
-		for _, p := range out.Properties {
+		for _, p := range jsonschema.For(t).Properties {
 			names = append(names, "`"+p.Name+"` ("+typeName(p.Schema)+")")
 		}
 		if len(names) > 0 {
-			fmt.Fprintf(b, "Result: %s.\n\n", strings.Join(names, ", "))
+			results = append(results, strings.Join(names, ", "))
 		}
 	}
+	if len(results) > 0 {
+		fmt.Fprintf(b, "Result: %s.\n\n", strings.Join(results, "; or "))
+	}
+}
+
+// resultsOf names the result types of the tools whose handlers return any
+// (one of several types).
+var resultsOf = map[string][]reflect.Type{
+	"shell": {reflect.TypeOf(api.ShellOutput{}), reflect.TypeOf(shellBackground{})}, // run, or background: true
 }
 
 func typeName(s *jsonschema.Schema) string {

@@ -129,6 +129,16 @@ func runCell(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if (sub == "ls" || sub == "watch") && arg(0) != "" {
+		list, err := c.Cells(ctx, arg(0))
+		if err != nil {
+			return err
+		}
+		if len(list.Cells) == 0 {
+			_, err := c.Get(ctx, arg(0)) // its 404 says what there is
+			return matchesNothing(arg(0), err)
+		}
+	}
 	switch sub {
 	case "get":
 		cell, err := c.Get(ctx, arg(0))
@@ -176,6 +186,16 @@ func cellOffline(ctx context.Context, af apiFlags, sub, arg string, since *uint6
 	prefix, err := runapi.ResolvePrefix(store, nil, arg)
 	if err != nil {
 		return err
+	}
+	if arg != "" && sub != "get" {
+		snap, err := runapi.Snapshot(store, prefix)
+		if err != nil {
+			return err
+		}
+		if len(snap.Changes) == 0 {
+			_, err := runapi.Lookup(store, nil, arg)
+			return matchesNothing(arg, err)
+		}
 	}
 	switch sub {
 	case "get":
@@ -232,6 +252,17 @@ func cellOffline(ctx context.Context, af apiFlags, sub, arg string, since *uint6
 		return ctx.Err()
 	}
 	return fmt.Errorf("the watch ended before version %d", end)
+}
+
+// matchesNothing is the error of a watch or ls whose PREFIX matches no
+// cell; lookupErr, the error of looking it up as a cell address, says
+// which patterns and cells there are.
+func matchesNothing(prefix string, lookupErr error) error {
+	msg := fmt.Sprintf("no cell or pattern matches %q (write a pattern name, a cell name, pattern/name, or a prefix of full addresses space/pattern/name; `cellbox cell ls` lists them all)", prefix)
+	if lookupErr != nil {
+		return fmt.Errorf("%s: %w", msg, lookupErr)
+	}
+	return errors.New(msg)
 }
 
 // jsonArg reads a JSON value argument ("-": from stdin).

@@ -18,7 +18,7 @@ import (
 func init() {
 	register(command{
 		name:  "image",
-		usage: "build base|python|node [--data DIR] [--backend docker|local|both] [--force] | ls [--data DIR]  box images",
+		usage: "build base|python|node [--images DIR] [--backend docker|local|both] [--force] | ls [--images DIR]  box images (shared by every data dir: $" + imagesEnv + ", else DATA/images of the default data dir)",
 		run:   runImage,
 	})
 }
@@ -34,12 +34,27 @@ func defaultDataDir() string {
 	return "cellbox-data"
 }
 
+// imagesEnv names the images directory of the local backend's images
+// (cellbox/NAME is DIR/NAME/rootfs).
+const imagesEnv = "CELLBOX_IMAGES"
+
+// defaultImagesDir is $CELLBOX_IMAGES, else the images folder of the
+// default data dir. Images are built once and shared by every data dir,
+// as Docker's are by every container: a run with --data DIR finds the
+// images `cellbox image build` built, whatever DIR is.
+func defaultImagesDir() string {
+	if d := os.Getenv(imagesEnv); d != "" {
+		return d
+	}
+	return filepath.Join(defaultDataDir(), "images")
+}
+
 func runImage(ctx context.Context, args []string) error {
 	if len(args) == 0 {
 		return errors.New("want a subcommand: build NAME or ls")
 	}
 	fs := flag.NewFlagSet("image "+args[0], flag.ContinueOnError)
-	data := fs.String("data", defaultDataDir(), "data directory (images are in DATA/images)")
+	images := fs.String("images", defaultImagesDir(), "images directory, shared by every data dir (env "+imagesEnv+")")
 	switch args[0] {
 	case "build":
 		backendFlag := fs.String("backend", "both", "where the image is used: docker (rootfs + docker import), local (rootfs only), both")
@@ -64,12 +79,12 @@ func runImage(ctx context.Context, args []string) error {
 		if *quiet {
 			out = nil
 		}
-		return imageBuild(ctx, filepath.Join(*data, "images"), name, *backendFlag, *force, out)
+		return imageBuild(ctx, *images, name, *backendFlag, *force, out)
 	case "ls":
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
-		return imageList(ctx, filepath.Join(*data, "images"))
+		return imageList(ctx, *images)
 	default:
 		return fmt.Errorf("unknown subcommand %q: want build or ls", args[0])
 	}

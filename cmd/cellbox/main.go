@@ -7,10 +7,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"sort"
+	"strings"
 	"syscall"
+
+	"github.com/cellbox/cellbox/internal/runapi"
 )
 
 // command is one subcommand. Each lives in a file of its own and registers
@@ -30,27 +34,39 @@ func register(c command) {
 	commands[c.name] = c
 }
 
-func usage() {
-	fmt.Fprintln(os.Stderr, "usage: cellbox COMMAND [ARGS]\n\ncommands:")
+// usage prints the commands to w.
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: cellbox COMMAND [ARGS]   (cellbox COMMAND --help: its flags)\n\ncommands:")
+	for _, n := range commandNames() {
+		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].usage)
+	}
+}
+
+func commandNames() []string {
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(os.Stderr, "  %-8s %s\n", n, commands[n].usage)
-	}
+	return names
 }
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
-		usage()
-		os.Exit(2)
+	// Asked for help (or given no command): the commands, on stdout.
+	if len(os.Args) < 2 || wantsHelp(os.Args[1:]) {
+		usage(os.Stdout)
+		return
+	}
+	if os.Args[1] == "--version" {
+		os.Args[1] = "version"
 	}
 	c, ok := commands[os.Args[1]]
 	if !ok {
-		fmt.Fprintf(os.Stderr, "cellbox: unknown command %q\n\n", os.Args[1])
-		usage()
+		msg := fmt.Sprintf("cellbox: unknown command %q", os.Args[1])
+		if s := runapi.Nearest(os.Args[1], commandNames()); s != "" {
+			msg += fmt.Sprintf(" (did you mean %q?)", s)
+		}
+		fmt.Fprintf(os.Stderr, "%s\nthe commands: %s; `cellbox --help` says what each does\n", msg, strings.Join(commandNames(), ", "))
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

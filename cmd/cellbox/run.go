@@ -62,6 +62,9 @@ func runRun(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := patternsUnder(pos[0], source); err != nil {
+		return err
+	}
 	p, err := patterns.Load(source)
 	if err != nil {
 		return err
@@ -132,7 +135,7 @@ func runRun(ctx context.Context, args []string) error {
 		fmt.Fprintf(os.Stderr, "  made a server key (kept 0600 in %s; clients of this data dir read it there)\n", keyPathOf(host))
 	}
 	if !*once {
-		fmt.Fprintf(os.Stderr, "  change a cell: cellbox cell set%s NAME JSON · stop: Ctrl-C\n", dataFlag(*data))
+		fmt.Fprintf(os.Stderr, "  change a cell: cellbox cell set%s NAME JSON · stop: Ctrl-C (boxes sleep, a new run resumes them) · throw the boxes away: cellbox stop %s%s\n", dataFlag(*data), inst.Name, dataFlag(*data))
 	}
 	v.loaded() // the live view starts drawing below these lines
 
@@ -157,6 +160,28 @@ func runRun(ctx context.Context, args []string) error {
 	finishView()
 	fmt.Fprintln(os.Stderr, "cellbox run: stopping (Ctrl-C again to quit at once)")
 	return nil
+}
+
+// patternsUnder checks a folder given as PATTERN: one without a
+// pattern.yaml (as `cellbox run examples`) is an error listing the
+// patterns in its subfolders, each as the command that runs it.
+func patternsUnder(arg, dir string) error {
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return nil // patterns.Load says what is wrong with it
+	}
+	if _, err := os.Stat(filepath.Join(dir, patterns.FileName)); err == nil {
+		return nil
+	}
+	subs, _ := filepath.Glob(filepath.Join(dir, "*", patterns.FileName))
+	if len(subs) == 0 {
+		return fmt.Errorf("%s holds no %s, nor do its subfolders: give a pattern folder or a .yaml file", arg, patterns.FileName)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s is not a pattern (it holds no %s); the patterns in it:", arg, patterns.FileName)
+	for _, f := range subs {
+		fmt.Fprintf(&b, "\n  cellbox run %s", filepath.Join(arg, filepath.Base(filepath.Dir(f))))
+	}
+	return errors.New(b.String())
 }
 
 // dataFlag is the --data flag to repeat in a hint, "" for the default.
@@ -335,7 +360,7 @@ const shutdownGrace = 10 * time.Second
 // flight are cancelled and resume on the next start; patterns are not
 // stopped, so sandbox boxes are kept, put to sleep (files kept, processes
 // ended) and found again by the next start. Stopping a pattern (DELETE
-// /v1/patterns/NAME) is what destroys its boxes.
+// /v1/patterns/NAME, `cellbox stop NAME`) is what destroys its boxes.
 func (h *runtimeHost) close() error {
 	sctx, scancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer scancel()

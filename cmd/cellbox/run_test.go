@@ -188,6 +188,8 @@ func TestRunCellSetGet(t *testing.T) {
 		{"unknown cell", []string{"cell", "get", "totl"}, `did you mean "total"?`},
 		{"node output", []string{"cell", "set", "total", "3"}, "is the output of node total"},
 		{"send to a cell", []string{"send", "a", "1"}, "is not a stream"},
+		{"watch nothing", []string{"cell", "watch", "totl"}, `no cell or pattern matches "totl"`},
+		{"ls nothing", []string{"cell", "ls", "totl"}, `did you mean "total"?`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, errOut, err := cellbox(t, append(tc.args, "--data", data)...)
@@ -195,6 +197,23 @@ func TestRunCellSetGet(t *testing.T) {
 			assert.Contains(t, errOut, tc.msg)
 		})
 	}
+
+	t.Run("short names", func(t *testing.T) {
+		// As the example READMEs write them: a cell's name alone.
+		out, errOut, err := cellbox(t, "cell", "ls", "total", "--data", data)
+		require.NoError(t, err, errOut)
+		assert.Equal(t, "default/calc/total  43\n", out)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, testenv.CellboxBinary(t), "cell", "watch", "double", "--data", data)
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		defer func() { cmd.Process.Kill(); cmd.Wait() }()
+		lines := bufio.NewScanner(stdout)
+		require.True(t, lines.Scan(), "the watch of a cell by its name prints its snapshot")
+		assert.Regexp(t, `^\d+ default/calc/double = 86$`, lines.Text())
+	})
 
 	t.Run("watch", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

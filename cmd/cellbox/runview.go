@@ -201,7 +201,7 @@ func (v *view) status(s runtime.Status) {
 		n.started, n.note = time.Time{}, "aborted"
 		what = fmt.Sprintf("aborted after %s (newer inputs, or stopping)", round(s.Duration))
 	case runtime.Cached:
-		n.note = "cached"
+		n.note, n.last = "cached", 0
 		what = "done (cached result, nothing run)"
 	case runtime.BackedOff:
 		what = "backing off: " + oneLine(s.Err)
@@ -357,6 +357,29 @@ func (v *view) state(info runtime.NodeInfo, ok bool, name string) string {
 	return "done"
 }
 
+// rowTime is a node's TIME in the table: how long the running one has
+// run, how long the last run took, or "cached" for a result that came from
+// the memo cache — nothing ran, so the time of the run that made it (which
+// info.Last still holds) would mislead.
+func rowTime(state string, nv *nodeView, info runtime.NodeInfo, now time.Time) string {
+	switch {
+	case nv == nil:
+		if info.Last > 0 {
+			return round(info.Last)
+		}
+		return ""
+	case state == "running" && !nv.started.IsZero():
+		return round(now.Sub(nv.started)) + "…"
+	case state == "done" && nv.note == "cached":
+		return "cached"
+	case nv.last > 0:
+		return round(nv.last)
+	case info.Last > 0:
+		return round(info.Last)
+	}
+	return ""
+}
+
 // draw redraws the table in place (tty only), if anything changed.
 func (v *view) draw() {
 	if !v.tty || !v.dirty || !v.ready {
@@ -378,19 +401,7 @@ func (v *view) draw() {
 		info, ok := infos[n.Name]
 		st := v.state(info, ok, n.Name)
 		counts[st]++
-		nv := v.nodes[n.Name]
-		t := ""
-		switch {
-		case st == "running" && !nv.started.IsZero():
-			t = round(now.Sub(nv.started)) + "…"
-		case nv.last > 0:
-			t = round(nv.last)
-		case info.Last > 0:
-			t = round(info.Last)
-		}
-		if nv.note == "cached" && st == "done" {
-			st = "done (cached)"
-		}
+		t := rowTime(st, v.nodes[n.Name], info, now)
 		val := ""
 		if c, ok := v.cells[n.Name]; ok {
 			val = short(c.Value, 60)

@@ -143,7 +143,8 @@ func removeContainers(t *testing.T, pattern string) {
 // retry` runs it again (the memo cache bypassed).
 func TestRetryAfterTheCauseIsFixed(t *testing.T) {
 	testenv.RequireBwrap(t)
-	data := t.TempDir()
+	data, images := t.TempDir(), t.TempDir()
+	t.Setenv(imagesEnv, images) // for the cellbox processes below
 	pattern := writePattern(t, `name: later
 nodes:
   job:
@@ -160,9 +161,9 @@ nodes:
 		return v
 	}
 	poll(t, "the run to fail on the missing image", func() bool { return job()["error"] != nil })
-	assert.Contains(t, job()["error"], "cellbox image build tiny")
+	assert.Contains(t, job()["error"], "build it: `cellbox image build tiny --images "+images+"`", "the hint is the exact command")
 
-	makeRootfs(t, filepath.Join(data, "images", "tiny", "rootfs")) // the image is built
+	makeRootfs(t, filepath.Join(images, "tiny", "rootfs")) // the image is built
 	assert.NotNil(t, job()["error"], "a fixed cause alone does not rerun the node")
 
 	out, errOut, err := cellbox(t, "retry", "job", "--data", data)

@@ -29,7 +29,7 @@ const defaultAddr = "127.0.0.1:7077"
 func runServe(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	addr := fs.String("addr", defaultAddr, "address to listen on")
-	data := fs.String("data", defaultDataDir(), "data directory: state file, box directories, images")
+	data := fs.String("data", defaultDataDir(), "data directory: state file, box directories (images are shared: env "+imagesEnv+")")
 	backendName := fs.String("backend", "auto", "box backend: docker, local (bubblewrap), or auto (docker if an engine answers, else local)")
 	agentBinary := fs.String("agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
 	pool := fs.Int("pool", sandbox.DefaultPoolSize, "pre-started boxes kept for the default image (0: none)")
@@ -118,10 +118,11 @@ func ttlConfig(d time.Duration) time.Duration {
 
 // openBackend opens the named box backend: docker, local, or auto (docker
 // when an engine answers, else local). Box files of the local backend live
-// in DATA/local, images in DATA/images.
+// in DATA/local; its images are shared by every data dir
+// (defaultImagesDir).
 func openBackend(ctx context.Context, name, dataDir string) (backend.Backend, error) {
 	openLocal := func() (backend.Backend, error) {
-		return local.New(local.Options{Root: filepath.Join(dataDir, "local"), ImagesDir: filepath.Join(dataDir, "images")})
+		return local.New(local.Options{Root: filepath.Join(dataDir, "local"), ImagesDir: defaultImagesDir()})
 	}
 	switch name {
 	case "local":

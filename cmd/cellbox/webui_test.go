@@ -4,7 +4,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/cookiejar"
+	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -61,4 +65,53 @@ func TestRunServesPage(t *testing.T) {
 	resp, body = testenv.HTTPGet(t, base+"/", "pnothing.localhost")
 	assert.NotContains(t, body, "<!doctype html>", "a preview host's / is the preview proxy's, not the page")
 	assert.NotEqual(t, http.StatusOK, resp.StatusCode, "no preview of that id")
+}
+
+// TestPageGraphInChromium opens the page of a pattern without input cells
+// (as examples/repl) in headless Chromium and reads the graph it drew:
+// sized, every node in a place of its own, every edge drawn; the node
+// table lists the nodes in the graph's order.
+func TestPageGraphInChromium(t *testing.T) {
+	run := startRun(t, writePattern(t, `name: noinputs
+nodes:
+  zero: {computed: '${1}'}
+  after: {computed: '${zero + 1}'}
+  also: {computed: '${zero * 2}'}
+  total: {computed: '${after + also}'}
+`), "--data", t.TempDir())
+	m := regexp.MustCompile(`page: (\S+) `).FindStringSubmatch(run.out.String())
+	require.NotNil(t, m, run.out.String())
+	page := openPage(t, m[1])
+	type graph struct {
+		Width, Height string
+		Boxes         []string // transform of each box
+		Edges         []string // d of each edge
+		Rows          []string // the node table's row ids
+		InputsShown   bool     // the input cells' table is visible
+	}
+	var g graph
+	poll(t, "the page to draw the graph", func() bool {
+		page.eval(`(() => {
+			const svg = document.querySelector('.graph svg');
+			if (!svg) return {};
+			return {
+				width: svg.getAttribute('width'), height: svg.getAttribute('height'),
+				boxes: [...svg.querySelectorAll('g.box')].map(b => b.getAttribute('transform')),
+				edges: [...svg.querySelectorAll('path.edge')].map(p => p.getAttribute('d')),
+				rows: [...document.querySelectorAll('tr[id^="row-"]')].map(r => r.id),
+				inputsShown: [...document.querySelectorAll('.inst table')].some(t => t.offsetParent && t.querySelector('th').textContent === 'cell'),
+			};
+		})()`, &g)
+		return len(g.Boxes) == 4
+	})
+	if dir := os.Getenv("CELLBOX_SCREENSHOTS"); dir != "" {
+		page.screenshot(filepath.Join(dir, "graph-noinputs.png"))
+	}
+	all := strings.Join(append(append([]string{g.Width, g.Height}, g.Boxes...), g.Edges...), " ")
+	assert.NotContains(t, all, "NaN", "%+v", g)
+	assert.Len(t, g.Edges, 4, "zero->after, zero->also, after->total, also->total")
+	assert.Len(t, slices.Compact(slices.Sorted(slices.Values(g.Boxes))), 4, "each node in a place of its own: %v", g.Boxes)
+	assert.Equal(t, []string{"row-default/noinputs/zero", "row-default/noinputs/after", "row-default/noinputs/also", "row-default/noinputs/total"}, g.Rows,
+		"the nodes are listed in the graph's order")
+	assert.False(t, g.InputsShown, "no empty table of input cells")
 }

@@ -81,9 +81,22 @@ func Lookup(store cells.Store, loaded []Loaded, addr string) (cells.Cell, error)
 
 // ResolvePrefix turns a watch or list prefix into an address prefix: a
 // prefix naming a pattern instance ("csv" or "default/csv", loaded or in
-// the store) means its cells ("default/csv/"); anything else is matched
-// against full addresses as it is.
+// the store) means its cells ("default/csv/"); one naming a cell as Resolve
+// takes it ("report", "repl/report") means that cell (and its streams,
+// "default/repl/report.out"); anything else is matched against full
+// addresses as it is.
 func ResolvePrefix(store cells.Store, loaded []Loaded, prefix string) (string, error) {
+	p, err := resolveInstancePrefix(store, loaded, prefix)
+	if err != nil || p != prefix || prefix == "" || strings.HasSuffix(prefix, "/") || strings.Count(prefix, "/") > 1 {
+		return p, err
+	}
+	if c, err := Lookup(store, loaded, prefix); err == nil {
+		return c.Addr.String(), nil
+	}
+	return prefix, nil
+}
+
+func resolveInstancePrefix(store cells.Store, loaded []Loaded, prefix string) (string, error) {
 	name := strings.TrimSuffix(prefix, "/")
 	if name == "" {
 		return prefix, nil
@@ -166,7 +179,7 @@ func notFound(store cells.Store, a cells.Address) *Error {
 		if len(stored) == 0 {
 			e.Message += ": the store is empty; run a pattern first (`cellbox run PATTERN`)"
 		}
-		if s := nearest(a.Name, names); s != "" {
+		if s := Nearest(a.Name, names); s != "" {
 			e.Suggestion = s
 			e.Message += fmt.Sprintf(" (did you mean %q?)", s)
 		}
@@ -181,13 +194,13 @@ func notFound(store cells.Store, a cells.Address) *Error {
 		if len(keys) > 0 {
 			e.Message += " (instances: " + strings.Join(keys, ", ") + ")"
 		}
-		if s := nearest(a.Space+"/"+a.Pattern, keys); s != "" {
+		if s := Nearest(a.Space+"/"+a.Pattern, keys); s != "" {
 			e.Suggestion = s + "/" + a.Name
 		}
 		return e
 	}
 	e := errorf(404, "no cell %q in pattern %s/%s", a.Name, a.Space, a.Pattern)
-	if s := nearest(a.Name, names); s != "" {
+	if s := Nearest(a.Name, names); s != "" {
 		e.Suggestion = s
 		e.Message += fmt.Sprintf(" (did you mean %q?)", s)
 	} else {
@@ -196,9 +209,9 @@ func notFound(store cells.Store, a cells.Address) *Error {
 	return e
 }
 
-// nearest returns the candidate closest to name by edit distance, if it is
+// Nearest returns the candidate closest to name by edit distance, if it is
 // close enough to be a plausible typo.
-func nearest(name string, candidates []string) string {
+func Nearest(name string, candidates []string) string {
 	best, bestD := "", max(2, len(name)/3)+1
 	for _, c := range slices.Compact(slices.Sorted(slices.Values(candidates))) {
 		if d := distance(strings.ToLower(name), strings.ToLower(c)); d < bestD {

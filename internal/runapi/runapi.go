@@ -41,7 +41,8 @@
 //
 // A watch or list prefix is matched against full addresses; a prefix that
 // names a loaded instance ("csv-pipeline" or "default/csv-pipeline") means
-// its cells.
+// its cells, one that names a cell as above ("report", "repl/report") that
+// cell and its streams.
 //
 // # Watching
 //

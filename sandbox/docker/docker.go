@@ -230,7 +230,11 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 	case cerrdefs.IsConflict(err):
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, backend.ErrExists)
 	case cerrdefs.IsNotFound(err):
-		return backend.Info{}, fmt.Errorf("create box %s: image %s not found (build it with `cellbox image build NAME` or load it into the engine): %w", spec.ID, ref, err)
+		hint := "load it into the engine"
+		if name, ok := strings.CutPrefix(strings.TrimSuffix(ref, ":latest"), image.Ref("")); ok && !strings.Contains(name, ":") {
+			hint = "build it: `cellbox image build " + name + "`" // Docker's images are the engine's: no --images
+		}
+		return backend.Info{}, fmt.Errorf("create box %s: image %s not found (%s): %w", spec.ID, ref, hint, err)
 	case err != nil:
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}

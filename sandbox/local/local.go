@@ -241,7 +241,7 @@ func (b *Backend) rootfs(img string) (string, error) {
 	dir := image.RootfsDir(b.images, m[1])
 	for _, p := range []string{"usr", strings.TrimPrefix(backend.Workspace, "/"), strings.TrimPrefix(backend.SocketDir, "/"), strings.TrimPrefix(backend.AgentPath, "/")} {
 		if _, err := os.Lstat(filepath.Join(dir, p)); err != nil {
-			return "", fmt.Errorf("image %q: %s is not a cellbox image rootfs (%v); run `cellbox image build %s`", img, dir, err, m[1])
+			return "", fmt.Errorf("image %q: %s is not a cellbox image rootfs (%v); build it: `cellbox image build %s --images %s`", img, dir, err, m[1], b.images)
 		}
 	}
 	return dir, nil

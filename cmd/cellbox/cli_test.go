@@ -1,0 +1,151 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/runtime"
+)
+
+// exitCode is the exit status of a finished cellbox (0 for nil).
+func exitCode(t *testing.T, err error) int {
+	t.Helper()
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	return ee.ExitCode()
+}
+
+// TestCLIFirstSteps runs the commands a newcomer types first.
+func TestCLIFirstSteps(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		args           []string
+		code           int
+		stdout, stderr []string // each contained
+	}{
+		{"--help", []string{"--help"}, 0, []string{"usage: cellbox COMMAND", "  run ", "  version "}, nil},
+		{"help", []string{"help"}, 0, []string{"usage: cellbox COMMAND"}, nil},
+		{"bare", nil, 0, []string{"usage: cellbox COMMAND"}, nil},
+		{"version", []string{"version"}, 0, []string{"cellbox ", "go1."}, nil},
+		{"--version", []string{"--version"}, 0, []string{"cellbox ", "go1."}, nil},
+		{"typo", []string{"runn"}, 2, nil, []string{`unknown command "runn" (did you mean "run"?)`}},
+		{"run a folder of patterns", []string{"run", "../../examples"}, 1, nil,
+			[]string{"../../examples is not a pattern (it holds no pattern.yaml); the patterns in it:", "\n  cellbox run ../../examples/repl\n"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errOut, err := cellbox(t, tc.args...)
+			assert.Equal(t, tc.code, exitCode(t, err), "stdout:\n%s\nstderr:\n%s", out, errOut)
+			for _, s := range tc.stdout {
+				assert.Contains(t, out, s)
+			}
+			for _, s := range tc.stderr {
+				assert.Contains(t, errOut, s)
+			}
+		})
+	}
+}
+
+// TestRowTimeCached: a node whose result came from the memo cache did not
+// run now; its row says so instead of the time of the run that made it.
+func TestRowTimeCached(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		name  string
+		state string
+		nv    nodeView
+		last  time.Duration // NodeInfo.Last: the run that made the result
+		want  string
+	}{
+		{"cached", "done", nodeView{note: "cached"}, 3 * time.Second, "cached"},
+		{"ran", "done", nodeView{last: 2 * time.Second}, 2 * time.Second, "2s"},
+		{"running", "running", nodeView{started: now.Add(-5 * time.Second)}, 0, "5s…"},
+		{"resumed, not run yet", "done", nodeView{}, 4 * time.Second, "4s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, rowTime(tc.state, &tc.nv, runtime.NodeInfo{Last: tc.last}, now))
+		})
+	}
+}
+
+// TestStop stops a pattern of a running `cellbox run` from the CLI: its
+// box is destroyed (no directory, no process left) and the command names it.
+func TestStop(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	pattern := writePattern(t, `name: repl
+nodes:
+  box:
+    sandbox: {}
+`)
+	startRun(t, pattern, "--data", data, "--backend", "local")
+	poll(t, "the box to run", func() bool {
+		out, _, err := cellbox(t, "cell", "get", "box", "--data", data)
+		return err == nil && strings.Contains(out, `"status": "running"`)
+	})
+	boxes, err := os.ReadDir(filepath.Join(data, "boxes"))
+	require.NoError(t, err)
+	require.NotEmpty(t, boxes)
+
+	_, errOut, err := cellbox(t, "stop", "nope", "--data", data)
+	require.Error(t, err)
+	assert.Contains(t, errOut, "repl", "an unknown name: the error names the loaded patterns")
+
+	out, errOut, err := cellbox(t, "stop", "repl", "--data", data)
+	require.NoError(t, err, errOut)
+	assert.Regexp(t, `(?m)^stopped pattern default/repl\ndestroyed its boxes: sandbox-\S+ \(node box\)$`, out)
+	boxes, err = os.ReadDir(filepath.Join(data, "boxes"))
+	require.NoError(t, err)
+	assert.Empty(t, boxes, "the box's directory is gone")
+	assert.Empty(t, boxProcesses(t, data), "and no process of it runs on")
+	_, errOut, err = cellbox(t, "stop", "repl", "--data", data)
+	require.Error(t, err, "stopped once: not loaded any more")
+	assert.Contains(t, errOut, "repl")
+}
+
+// TestImagesShared: an image built once (into the default data dir's
+// images) serves a run over any other data dir, as Docker's images serve
+// every container.
+func TestImagesShared(t *testing.T) {
+	testenv.RequireBwrap(t)
+	home := t.TempDir()
+	t.Setenv("CELLBOX_DATA", home) // the default data dir of the processes below
+	t.Setenv(imagesEnv, "")
+	makeRootfs(t, filepath.Join(home, "images", "tiny", "rootfs"))
+	out, errOut, err := cellbox(t, "run", writePattern(t, `name: shared
+nodes:
+  job:
+    exec:
+      image: cellbox/tiny
+      command: echo from the shared image
+`), "--once", "--backend", "local", "--data", t.TempDir())
+	require.NoError(t, err, errOut)
+	assert.Contains(t, out, `"stdout":"from the shared image\n"`)
+}
+
+// TestMissingImageHintDocker: a box whose cellbox image the engine lacks
+// fails with the command that builds it, filled in.
+func TestMissingImageHintDocker(t *testing.T) {
+	testenv.RequireDocker(t)
+	name := "missing" + randomHex(t)
+	t.Cleanup(func() { removeContainers(t, name) })
+	out, errOut, err := cellbox(t, "run", writePattern(t, `name: `+name+`
+nodes:
+  job:
+    exec:
+      image: cellbox/`+name+`
+      command: echo never
+`), "--once", "--backend", "docker", "--data", t.TempDir())
+	require.Error(t, err)
+	assert.Contains(t, out+errOut, "build it: `cellbox image build "+name+"`")
+}
