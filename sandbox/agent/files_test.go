@@ -242,9 +242,19 @@ func TestScope(t *testing.T) {
 	assert.Empty(t, gr.Hits)
 	_, err = a.c.Grep(ctx, GrepRequest{Pattern: "secret", Path: "link-dir"})
 	requireCode(t, err, CodeOutsideWorkspace)
-	paths, _, err := a.c.Glob(ctx, "**/secret", "", 0)
+	// A link is listed as itself, never walked into, whichever way the
+	// pattern reaches it (a wildcard, an alternative, a literal after one).
+	for _, p := range []string{"**/secret", "*/secret", "{link-dir,x}/*", "l*/secret", "*/../link-dir/secret", "**"} {
+		paths, _, err := a.c.Glob(ctx, p, "", 0)
+		require.NoError(t, err, p)
+		assert.NotContains(t, paths, a.path("link-dir/secret"), p)
+		for _, q := range paths {
+			assert.NotContains(t, q, "secret", p)
+		}
+	}
+	paths, _, err := a.c.Glob(ctx, "{link-*,dangling}", "", 0)
 	require.NoError(t, err)
-	assert.Empty(t, paths)
+	assert.Equal(t, []string{a.path("dangling"), a.path("link-dir")}, paths)
 	_, _, err = a.c.Glob(ctx, "link-dir/*", "", 0)
 	requireCode(t, err, CodeOutsideWorkspace)
 	_, _, err = a.c.Glob(ctx, "../outside/*", "", 0)
