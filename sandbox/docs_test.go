@@ -1,10 +1,10 @@
 package sandbox
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -50,27 +50,25 @@ Paths are absolute or relative to ` + "`/workspace`" + `; file tools work under
 			b.WriteString("Input: none.\n\n")
 		} else {
 			b.WriteString("| input | type | required | default | description |\n|---|---|---|---|---|\n")
-			for _, p := range in.Properties {
+			for _, name := range in.PropertyOrder {
+				p := in.Properties[name]
 				def := ""
-				if p.Schema.Default != nil {
-					d, _ := json.Marshal(p.Schema.Default)
-					def = "`" + string(d) + "`"
+				if p.Default != nil {
+					def = "`" + string(p.Default) + "`"
 				}
 				req := ""
-				for _, r := range in.Required {
-					if r == p.Name {
-						req = "yes"
-					}
+				if slices.Contains(in.Required, name) {
+					req = "yes"
 				}
-				fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s |\n", p.Name, typeName(p.Schema), req, def, cell(p.Schema))
+				fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s |\n", name, typeName(p), req, def, cell(p))
 			}
 			b.WriteString("\n")
 		}
 		if tool.Output != nil {
 			out := jsonschema.For(tool.Output)
 			var names []string
-			for _, p := range out.Properties {
-				names = append(names, "`"+p.Name+"` ("+typeName(p.Schema)+")")
+			for _, name := range out.PropertyOrder {
+				names = append(names, "`"+name+"` ("+typeName(out.Properties[name])+")")
 			}
 			if len(names) > 0 {
 				fmt.Fprintf(&b, "Result: %s.\n\n", strings.Join(names, ", "))
@@ -84,6 +82,8 @@ func typeName(s *jsonschema.Schema) string {
 	switch {
 	case s.Type == "array" && s.Items != nil:
 		return typeName(s.Items) + "[]"
+	case s.Ref != "":
+		return "object" // For makes $refs to recursive structs only
 	case s.Type == "":
 		return "any"
 	}
