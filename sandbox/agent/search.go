@@ -21,16 +21,63 @@ import (
 
 const (
 	defaultGlobMax = 1000
+	maxGlobAlts    = 256
 	maxGrepLine    = 16 << 20 // bytes of one line grep looks at (the rest of a longer line is not searched)
 )
 
 // --- glob: patterns are doublestar's (*, ?, [...] within a segment, ** across segments, {a,b}) ---
 
-// badGlob is the error for a pattern doublestar rejects.
-func badGlob(op, pattern string) error {
-	return &Error{Op: op, Code: CodeInvalid, Message: fmt.Sprintf(
-		"%s: bad glob pattern %q: a [ or { is not closed, or it ends in a lone \\", op, pattern)}
+// checkGlob refuses a pattern doublestar rejects, and one with more than
+// maxGlobAlts {a,b} alternatives: doublestar walks each combination of the
+// alternatives in its directory part, so 30 groups of {a,b} would take
+// hours (the count is the one check kept by hand).
+func checkGlob(op, pattern string) error {
+	if !doublestar.ValidatePattern(pattern) {
+		return &Error{Op: op, Code: CodeInvalid, Message: fmt.Sprintf(
+			"%s: bad glob pattern %q: a [ or { is not closed, or it ends in a lone \\", op, pattern)}
+	}
+	if n, _ := alternatives(pattern); n > maxGlobAlts {
+		return &Error{Op: op, Code: CodeInvalid, Message: fmt.Sprintf(
+			"%s: glob pattern %q expands to more than %d patterns: use fewer {a,b} groups", op, pattern, maxGlobAlts)}
+	}
+	return nil
 }
+
+// alternatives counts the patterns the {a,b} groups of p expand to (capped
+// just above maxGlobAlts), and returns the rest of p after a closing } or a
+// comma that ends the sequence it counted.
+func alternatives(p string) (n int, rest string) {
+	n = 1
+	for len(p) > 0 {
+		switch c := p[0]; c {
+		case '\\':
+			p = p[min(2, len(p)):]
+			continue
+		case '}', ',':
+			return n, p
+		case '{':
+			sum := 0
+			p = p[1:]
+			for {
+				var k int
+				k, p = alternatives(p)
+				sum = min(sum+k, maxGlobAlts+1)
+				if p == "" || p[0] == '}' {
+					break
+				}
+				p = p[1:] // the comma
+			}
+			n = min(n*sum, maxGlobAlts+1)
+			if p == "" {
+				return n, ""
+			}
+		}
+		p = p[1:]
+	}
+	return n, ""
+}
+
+var globEscaper = strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`, `{`, `\{`, `}`, `\}`)
 
 // errGlobFull stops a glob walk once it has found Max paths.
 var errGlobFull = errors.New("glob: enough paths")
@@ -84,16 +131,16 @@ func (s *server) glob(ctx context.Context, req globRequest) (globResult, error) 
 	if req.Max <= 0 {
 		req.Max = defaultGlobMax
 	}
+	if err := checkGlob("glob", req.Pattern); err != nil {
+		return globResult{}, err
+	}
 	pat := req.Pattern
 	if !filepath.IsAbs(pat) {
 		cwd := s.workspace
 		if req.Cwd != "" {
 			cwd = s.abs(req.Cwd)
 		}
-		pat = cwd + "/" + pat
-	}
-	if !doublestar.ValidatePattern(pat) {
-		return globResult{}, badGlob("glob", req.Pattern)
+		pat = globEscaper.Replace(cwd) + "/" + pat // a directory named a[1] is not a pattern
 	}
 	// Walk from the longest literal directory prefix, checked like any path.
 	base, rest := doublestar.SplitPattern(pat)
@@ -158,8 +205,8 @@ func (s *server) grep(ctx context.Context, req GrepRequest) (GrepResult, error) 
 		return GrepResult{}, &Error{Op: "grep", Code: CodeInvalid, Message: fmt.Sprintf("grep: bad regular expression: %v", err)}
 	}
 	filter := strings.Trim(req.Glob, "/")
-	if !doublestar.ValidatePattern(filter) {
-		return GrepResult{}, badGlob("grep", req.Glob)
+	if err := checkGlob("grep", filter); err != nil {
+		return GrepResult{}, err
 	}
 	if req.MaxHits <= 0 {
 		req.MaxHits = DefaultGrepHits
