@@ -10,13 +10,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v4"
 )
 
 // FileName is the pattern file Load looks for in a folder.
@@ -72,26 +70,6 @@ type loader struct {
 	tooBig bool // the budget ran out (reported once)
 }
 
-var yamlErrRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
-
-// yamlParserErrors are the problems yaml.v3's parser (not its scanner)
-// reports. Its error text gives their line counted from 0 (it adds 1 only
-// for scanner errors), so `b: {computed: ${a + 1}}` on line 5 would say
-// line 4; parse corrects it.
-var yamlParserErrors = map[string]bool{
-	"did not find expected <stream-start>":   true,
-	"did not find expected <document start>": true,
-	"did not find expected node content":     true,
-	"did not find expected '-' indicator":    true,
-	"did not find expected key":              true,
-	"did not find expected ',' or ']'":       true,
-	"did not find expected ',' or '}'":       true,
-	"found undefined tag handle":             true,
-	"found duplicate %YAML directive":        true,
-	"found incompatible YAML document":       true,
-	"found duplicate %TAG directive":         true,
-}
-
 func parse(file, dir string, src []byte, fsys fs.FS) (*Pattern, error) {
 	p := &Pattern{Dir: dir, Source: map[string]Pos{"": {File: file}}}
 	l := &loader{file: file, p: p, e: &errs{where: p.Where}, budget: maxYAMLNodes}
@@ -104,12 +82,16 @@ func parse(file, dir string, src []byte, fsys fs.FS) (*Pattern, error) {
 	case err != nil:
 		pos := Pos{File: file}
 		msg := strings.TrimPrefix(err.Error(), "yaml: ")
-		if m := yamlErrRE.FindStringSubmatch(err.Error()); m != nil {
-			pos.Line, _ = strconv.Atoi(m[1])
-			msg = m[2]
-			if yamlParserErrors[msg] {
-				pos.Line++ // yaml.v3 counts a parser error's line from 0
+		var le *yaml.LoadError
+		if errors.As(err, &le) {
+			// yaml/v4 reports where it gave up (Mark, 1-based) and the
+			// construct it was in (ContextMark). An unclosed {, [ or quote
+			// is only noticed lines later, so name the line it opens on.
+			mark := le.Mark
+			if (strings.HasPrefix(le.ContextMsg, "while parsing a flow") || le.ContextMsg == "while scanning a quoted scalar") && le.ContextMark.Line > 0 {
+				mark = le.ContextMark
 			}
+			pos.Line, pos.Col, msg = mark.Line, mark.Column, le.Message
 			if lines := strings.Split(string(src), "\n"); pos.Line >= 1 && pos.Line <= len(lines) && strings.Contains(strings.Join(lines[pos.Line-1:min(pos.Line+1, len(lines))], "\n"), "${") {
 				msg += ` (inside {…} or […] YAML needs ${…} quoted: '${x}')`
 			}

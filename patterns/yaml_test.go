@@ -160,6 +160,12 @@ func TestParseErrors(t *testing.T) {
 			`p.yaml:5: malformed YAML: did not find expected ',' or '}' (inside {…} or […] YAML needs ${…} quoted: '${x}')`}},
 		{"unclosed flow mapping names the line it opens on", "name: x\ncells:\n  a: {b: 1, c: {d: 2}\n  e: 3\n", []string{
 			`p.yaml:3: malformed YAML: did not find expected ',' or '}'`}},
+		{"unclosed flow sequence names the line it opens on", "name: x\ncells:\n  a: [1,\n    2\n  b: 3\n", []string{
+			`p.yaml:3: malformed YAML: did not find expected ',' or ']'`}},
+		{"unknown alias has its line", "name: x\ncells:\n  a: *nope\n", []string{
+			`p.yaml:3: malformed YAML: unknown anchor 'nope' referenced`}},
+		{"unclosed quote names the line it opens on", "name: x\ndescription: \"abc\ncells: {}\n", []string{
+			`p.yaml:2: malformed YAML: found unexpected end of stream`}},
 		{"key indented too little", "name: x\ncells:\n  a: 1\n b: 2\n", []string{
 			`p.yaml:4: malformed YAML: did not find expected key`}},
 		{"empty", "", []string{`p.yaml: empty pattern: it needs at least a name (see docs/patterns.md)`}},

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"bytes"
+	"container/heap"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -410,43 +411,21 @@ func recoverTo(err *error) {
 	}
 }
 
-// nodeHeap orders nodes by height.
+// nodeHeap orders nodes by height (container/heap.Interface); push and pop
+// keep the call sites free of heap.Push(&b.queue, n) and type assertions.
 type nodeHeap []*node
 
-func (h *nodeHeap) push(n *node) {
-	*h = append(*h, n)
+func (h nodeHeap) Len() int           { return len(h) }
+func (h nodeHeap) Less(i, j int) bool { return h[i].height < h[j].height }
+func (h nodeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *nodeHeap) Push(x any)        { *h = append(*h, x.(*node)) }
+func (h *nodeHeap) Pop() any {
 	s := *h
-	for i := len(s) - 1; i > 0; {
-		p := (i - 1) / 2
-		if s[p].height <= s[i].height {
-			break
-		}
-		s[p], s[i] = s[i], s[p]
-		i = p
-	}
+	n := s[len(s)-1]
+	s[len(s)-1] = nil // let the node be collected
+	*h = s[:len(s)-1]
+	return n
 }
 
-func (h *nodeHeap) pop() *node {
-	s := *h
-	top := s[0]
-	last := len(s) - 1
-	s[0] = s[last]
-	s[last] = nil
-	s = s[:last]
-	for i := 0; ; {
-		l, m := 2*i+1, i
-		if l < len(s) && s[l].height < s[m].height {
-			m = l
-		}
-		if l+1 < len(s) && s[l+1].height < s[m].height {
-			m = l + 1
-		}
-		if m == i {
-			break
-		}
-		s[i], s[m] = s[m], s[i]
-		i = m
-	}
-	*h = s
-	return top
-}
+func (h *nodeHeap) push(n *node) { heap.Push(h, n) }
+func (h *nodeHeap) pop() *node   { return heap.Pop(h).(*node) }

@@ -1,11 +1,11 @@
 package sandbox
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -83,19 +83,17 @@ func writeToolDoc(b *strings.Builder, heading string, tool *Tool) {
 		b.WriteString("Input: none.\n\n")
 	} else {
 		b.WriteString("| input | type | required | default | description |\n|---|---|---|---|---|\n")
-		for _, p := range in.Properties {
+		for _, name := range in.PropertyOrder {
+			p := in.Properties[name]
 			def := ""
-			if p.Schema.Default != nil {
-				d, _ := json.Marshal(p.Schema.Default)
-				def = "`" + string(d) + "`"
+			if p.Default != nil {
+				def = "`" + string(p.Default) + "`"
 			}
 			req := ""
-			for _, r := range in.Required {
-				if r == p.Name {
-					req = "yes"
-				}
+			if slices.Contains(in.Required, name) {
+				req = "yes"
 			}
-			fmt.Fprintf(b, "| `%s` | %s | %s | %s | %s |\n", p.Name, typeName(p.Schema), req, def, cell(p.Schema))
+			fmt.Fprintf(b, "| `%s` | %s | %s | %s | %s |\n", name, typeName(p), req, def, cell(p))
 		}
 		b.WriteString("\n")
 	}
@@ -106,8 +104,9 @@ func writeToolDoc(b *strings.Builder, heading string, tool *Tool) {
 	var results []string
 	for _, t := range outs {
 		var names []string
-		for _, p := range jsonschema.For(t).Properties {
-			names = append(names, "`"+p.Name+"` ("+typeName(p.Schema)+")")
+		out := jsonschema.For(t)
+		for _, name := range out.PropertyOrder {
+			names = append(names, "`"+name+"` ("+typeName(out.Properties[name])+")")
 		}
 		if len(names) > 0 {
 			results = append(results, strings.Join(names, ", "))
@@ -128,6 +127,8 @@ func typeName(s *jsonschema.Schema) string {
 	switch {
 	case s.Type == "array" && s.Items != nil:
 		return typeName(s.Items) + "[]"
+	case s.Ref != "":
+		return "object" // For makes $refs to recursive structs only
 	case s.Type == "":
 		return "any"
 	}

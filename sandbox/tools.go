@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -62,10 +64,7 @@ func defineTool[In any, Out any](name, description string, h func(ctx context.Co
 	}
 	var out Out
 	t := &Tool{Name: name, Description: description, InputSchema: raw, Input: reflect.TypeOf(zero), Output: reflect.TypeOf(out), Profile: DefaultProfile}
-	for _, p := range schema.Properties {
-		t.fields = append(t.fields, p.Name)
-	}
-	sort.Strings(t.fields)
+	t.fields = slices.Sorted(maps.Keys(schema.Properties))
 	t.required = schema.Required
 	t.run = func(ctx context.Context, c *call, raw json.RawMessage) (any, error) {
 		var in In

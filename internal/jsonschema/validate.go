@@ -1,3 +1,17 @@
+// Package jsonschema generates JSON Schemas (draft 2020-12) from Go types
+// and validates JSON values against schemas, with errors that name the JSON
+// path of every violation.
+//
+// Generation is github.com/google/jsonschema-go's (the MCP Go SDK's schema
+// package), with the conventions For lists. Validation is
+// santhosh-tekuri/jsonschema's, and stays so: it passes the JSON Schema test
+// suite, asserts formats, and reports every violation as a structured error
+// (kind, instance path, schema path), which Validate turns into a list a
+// model can act on ("/edits/0/old_text: required property is missing").
+// google/jsonschema-go's validator stops at the first violation and reports
+// it as text only, and does not check formats; cell schemas are written by
+// users, so they get the complete validator. One library generates, one
+// validates: nothing is validated twice.
 package jsonschema
 
 import (

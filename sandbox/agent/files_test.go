@@ -242,9 +242,19 @@ func TestScope(t *testing.T) {
 	assert.Empty(t, gr.Hits)
 	_, err = a.c.Grep(ctx, GrepRequest{Pattern: "secret", Path: "link-dir"})
 	requireCode(t, err, CodeOutsideWorkspace)
-	paths, _, err := a.c.Glob(ctx, "**/secret", "", 0)
+	// A link is listed as itself, never walked into, whichever way the
+	// pattern reaches it (a wildcard, an alternative, a literal after one).
+	for _, p := range []string{"**/secret", "*/secret", "{link-dir,x}/*", "l*/secret", "*/../link-dir/secret", "**"} {
+		paths, _, err := a.c.Glob(ctx, p, "", 0)
+		require.NoError(t, err, p)
+		assert.NotContains(t, paths, a.path("link-dir/secret"), p)
+		for _, q := range paths {
+			assert.NotContains(t, q, "secret", p)
+		}
+	}
+	paths, _, err := a.c.Glob(ctx, "{link-*,dangling}", "", 0)
 	require.NoError(t, err)
-	assert.Empty(t, paths)
+	assert.Equal(t, []string{a.path("dangling"), a.path("link-dir")}, paths)
 	_, _, err = a.c.Glob(ctx, "link-dir/*", "", 0)
 	requireCode(t, err, CodeOutsideWorkspace)
 	_, _, err = a.c.Glob(ctx, "../outside/*", "", 0)
@@ -379,6 +389,23 @@ func TestGlob(t *testing.T) {
 	requireCode(t, err, CodeInvalid)
 	_, _, err = a.c.Glob(ctx, "{a,b", "", 0)
 	requireCode(t, err, CodeInvalid)
+	// doublestar walks every combination of {a,b} groups: 2^30 would take
+	// hours, so more than 256 patterns are refused up front.
+	many := strings.Repeat("{a,b}", 30) + "/x"
+	_, _, err = a.c.Glob(ctx, many, "", 0)
+	e := requireCode(t, err, CodeInvalid)
+	assert.Contains(t, e.Message, "expands to more than 256 patterns")
+	_, err = a.c.Grep(ctx, GrepRequest{Pattern: "x", Glob: many})
+	requireCode(t, err, CodeInvalid)
+
+	// A working directory whose name holds glob syntax is taken literally.
+	_, err = a.c.WriteFile(ctx, WriteRequest{Path: "lit[1]{x,y}/f.go", Data: []byte("x")})
+	require.NoError(t, err)
+	_, err = a.c.WriteFile(ctx, WriteRequest{Path: "lit1x/g.go", Data: []byte("x")})
+	require.NoError(t, err)
+	got, _, err = a.c.Glob(ctx, "*.go", "lit[1]{x,y}", 0)
+	require.NoError(t, err)
+	assert.Equal(t, abs("lit[1]{x,y}/f.go"), got)
 }
 
 func TestGrep(t *testing.T) {

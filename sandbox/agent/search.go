@@ -4,134 +4,112 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
 	"os"
-	"path"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/bmatcuk/doublestar/v4"
 )
 
 const (
 	defaultGlobMax = 1000
-	maxBraceExpand = 256
+	maxGlobAlts    = 256
 	maxGrepLine    = 16 << 20 // bytes of one line grep looks at (the rest of a longer line is not searched)
 )
 
-// --- glob patterns: *, ?, [...] within a segment, ** across segments, {a,b} ---
+// --- glob: patterns are doublestar's (*, ?, [...] within a segment, ** across segments, {a,b}) ---
 
-// expandBraces expands {a,b} alternatives (nested allowed).
-func expandBraces(p string) ([]string, error) {
-	open := strings.IndexByte(p, '{')
-	if open < 0 {
-		return []string{p}, nil
+// checkGlob refuses a pattern doublestar rejects, and one with more than
+// maxGlobAlts {a,b} alternatives: doublestar walks each combination of the
+// alternatives in its directory part, so 30 groups of {a,b} would take
+// hours (the count is the one check kept by hand).
+func checkGlob(op, pattern string) error {
+	if !doublestar.ValidatePattern(pattern) {
+		return &Error{Op: op, Code: CodeInvalid, Message: fmt.Sprintf(
+			"%s: bad glob pattern %q: a [ or { is not closed, or it ends in a lone \\", op, pattern)}
 	}
-	depth, closing := 0, -1
-	var commas []int
-	for i := open; i < len(p) && closing < 0; i++ {
-		switch p[i] {
-		case '{':
-			depth++
-		case '}':
-			if depth--; depth == 0 {
-				closing = i
-			}
-		case ',':
-			if depth == 1 {
-				commas = append(commas, i)
-			}
-		}
+	if n, _ := alternatives(pattern); n > maxGlobAlts {
+		return &Error{Op: op, Code: CodeInvalid, Message: fmt.Sprintf(
+			"%s: glob pattern %q expands to more than %d patterns: use fewer {a,b} groups", op, pattern, maxGlobAlts)}
 	}
-	if closing < 0 {
-		return nil, fmt.Errorf("unclosed { in %q", p)
-	}
-	var out []string
-	last := open
-	for _, c := range append(commas, closing) {
-		alts, err := expandBraces(p[:open] + p[last+1:c] + p[closing+1:])
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, alts...)
-		if len(out) > maxBraceExpand {
-			return nil, fmt.Errorf("%q expands to more than %d patterns", p, maxBraceExpand)
-		}
-		last = c
-	}
-	return out, nil
+	return nil
 }
 
-// globPattern is one brace-free pattern split into segments.
-type globPattern []string
+// alternatives counts the patterns the {a,b} groups of p expand to (capped
+// just above maxGlobAlts), and returns the rest of p after a closing } or a
+// comma that ends the sequence it counted.
+func alternatives(p string) (n int, rest string) {
+	n = 1
+	for len(p) > 0 {
+		switch c := p[0]; c {
+		case '\\':
+			p = p[min(2, len(p)):]
+			continue
+		case '}', ',':
+			return n, p
+		case '{':
+			sum := 0
+			p = p[1:]
+			for {
+				var k int
+				k, p = alternatives(p)
+				sum = min(sum+k, maxGlobAlts+1)
+				if p == "" || p[0] == '}' {
+					break
+				}
+				p = p[1:] // the comma
+			}
+			n = min(n*sum, maxGlobAlts+1)
+			if p == "" {
+				return n, ""
+			}
+		}
+		p = p[1:]
+	}
+	return n, ""
+}
 
-func compileGlob(p string) ([]globPattern, error) {
-	alts, err := expandBraces(p)
-	if err != nil {
+var globEscaper = strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`, `{`, `\{`, `}`, `\}`)
+
+// errGlobFull stops a glob walk once it has found Max paths.
+var errGlobFull = errors.New("glob: enough paths")
+
+// globFS is the tree a glob walks: an os.Root at the walk's base, so no
+// path (.. or a symlink) leads out of it, with .git hidden unless the
+// pattern names it, and the request's context checked at each directory.
+// Stat does not follow a final symlink: with doublestar.WithNoFollow no
+// symlink to a directory is walked into, so a link is listed (when it
+// matches) as itself, as the file tools describe it.
+type globFS struct {
+	ctx     context.Context
+	root    fs.FS
+	hideGit bool
+}
+
+func (g globFS) Open(name string) (fs.File, error) { return g.root.Open(name) }
+
+func (g globFS) Stat(name string) (fs.FileInfo, error) {
+	return fs.Lstat(g.root, name)
+}
+
+func (g globFS) ReadDir(name string) ([]fs.DirEntry, error) {
+	if err := g.ctx.Err(); err != nil {
 		return nil, err
 	}
-	out := make([]globPattern, len(alts))
-	for i, a := range alts {
-		segs := strings.Split(strings.Trim(a, "/"), "/")
-		for _, s := range segs {
-			if _, err := path.Match(s, ""); err != nil {
-				return nil, fmt.Errorf("bad pattern %q", a)
-			}
-		}
-		out[i] = segs
+	ents, err := fs.ReadDir(g.root, name)
+	if g.hideGit {
+		ents = slices.DeleteFunc(ents, func(e fs.DirEntry) bool { return e.IsDir() && e.Name() == ".git" })
 	}
-	return out, nil
+	return ents, err
 }
-
-// match reports whether the path segments name match the pattern.
-func (g globPattern) match(name []string) bool {
-	if len(g) == 0 {
-		return len(name) == 0
-	}
-	if g[0] == "**" {
-		for i := 0; i <= len(name); i++ {
-			if g[1:].match(name[i:]) {
-				return true
-			}
-		}
-		return false
-	}
-	if len(name) == 0 {
-		return false
-	}
-	ok, _ := path.Match(g[0], name[0])
-	return ok && g[1:].match(name[1:])
-}
-
-// mayContain reports whether something under the directory dir could match.
-func (g globPattern) mayContain(dir []string) bool {
-	if len(dir) == 0 {
-		return len(g) > 0
-	}
-	if len(g) == 0 {
-		return false
-	}
-	if g[0] == "**" {
-		return true
-	}
-	ok, _ := path.Match(g[0], dir[0])
-	return ok && g[1:].mayContain(dir[1:])
-}
-
-func anyMatch(gs []globPattern, name []string) bool {
-	for _, g := range gs {
-		if g.match(name) {
-			return true
-		}
-	}
-	return false
-}
-
-func hasMeta(s string) bool { return strings.ContainsAny(s, "*?[{\\") }
 
 func (s *server) handleGlob(w http.ResponseWriter, r *http.Request) {
 	var req globRequest
@@ -153,72 +131,46 @@ func (s *server) glob(ctx context.Context, req globRequest) (globResult, error) 
 	if req.Max <= 0 {
 		req.Max = defaultGlobMax
 	}
+	if err := checkGlob("glob", req.Pattern); err != nil {
+		return globResult{}, err
+	}
 	pat := req.Pattern
 	if !filepath.IsAbs(pat) {
 		cwd := s.workspace
 		if req.Cwd != "" {
 			cwd = s.abs(req.Cwd)
 		}
-		pat = cwd + "/" + pat
+		pat = globEscaper.Replace(cwd) + "/" + pat // a directory named a[1] is not a pattern
 	}
-	// Walk from the longest literal directory prefix.
-	segs := strings.Split(pat, "/")
-	i := 0
-	for i < len(segs)-1 && !hasMeta(segs[i]) {
-		i++
-	}
-	base := filepath.Clean("/" + strings.Join(segs[:i], "/"))
-	rest := strings.Join(segs[i:], "/")
-	gs, err := compileGlob(rest)
-	if err != nil {
-		return globResult{}, &Error{Op: "glob", Code: CodeInvalid, Message: "glob: " + err.Error()}
-	}
-	display, real, err := s.resolve("glob", base, false)
+	// Walk from the longest literal directory prefix, checked like any path.
+	base, rest := doublestar.SplitPattern(pat)
+	display, real, err := s.resolve("glob", filepath.Clean(base), false)
 	if err != nil {
 		return globResult{}, err
 	}
-	found := map[string]bool{}
-	truncated := false
-	walkErr := filepath.WalkDir(real, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil // unreadable: skip
+	res := globResult{Paths: []string{}}
+	root, err := os.OpenRoot(real)
+	if err != nil {
+		return res, nil // no such directory: nothing matches
+	}
+	defer root.Close()
+	fsys := globFS{ctx: ctx, root: root.FS(), hideGit: !strings.Contains(rest, ".git")}
+	err = doublestar.GlobWalk(fsys, rest, func(p string, _ fs.DirEntry) error {
+		if len(res.Paths) == req.Max {
+			res.Truncated = true
+			return errGlobFull
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		rel, _ := filepath.Rel(real, p)
-		if rel == "." {
-			return nil
-		}
-		name := strings.Split(rel, "/")
-		if d.IsDir() {
-			if d.Name() == ".git" && !strings.Contains(rest, ".git") {
-				return filepath.SkipDir
-			}
-			for _, g := range gs {
-				if g.mayContain(name) {
-					return nil
-				}
-			}
-			return filepath.SkipDir
-		}
-		if anyMatch(gs, name) {
-			if len(found) == req.Max {
-				truncated = true
-				return filepath.SkipAll
-			}
-			found[filepath.Join(display, rel)] = true
-		}
+		res.Paths = append(res.Paths, filepath.Join(display, p))
 		return nil
-	})
-	if walkErr != nil {
-		return globResult{}, walkErr
+	}, doublestar.WithFilesOnly(), doublestar.WithNoFollow())
+	if err := ctx.Err(); err != nil {
+		return globResult{}, err // unreadable directories are skipped, so look here
 	}
-	res := globResult{Paths: make([]string, 0, len(found)), Truncated: truncated}
-	for p := range found {
-		res.Paths = append(res.Paths, p)
+	if err != nil && !errors.Is(err, errGlobFull) {
+		return globResult{}, err
 	}
-	sort.Strings(res.Paths)
+	slices.Sort(res.Paths)
+	res.Paths = slices.Compact(res.Paths) // {a,a} names a path twice
 	return res, nil
 }
 
@@ -252,11 +204,9 @@ func (s *server) grep(ctx context.Context, req GrepRequest) (GrepResult, error) 
 	if err != nil {
 		return GrepResult{}, &Error{Op: "grep", Code: CodeInvalid, Message: fmt.Sprintf("grep: bad regular expression: %v", err)}
 	}
-	var filter []globPattern
-	if req.Glob != "" {
-		if filter, err = compileGlob(req.Glob); err != nil {
-			return GrepResult{}, &Error{Op: "grep", Code: CodeInvalid, Message: "grep: glob: " + err.Error()}
-		}
+	filter := strings.Trim(req.Glob, "/")
+	if err := checkGlob("grep", filter); err != nil {
+		return GrepResult{}, err
 	}
 	if req.MaxHits <= 0 {
 		req.MaxHits = DefaultGrepHits
@@ -295,12 +245,12 @@ func (s *server) grep(ctx context.Context, req GrepRequest) (GrepResult, error) 
 			return nil
 		}
 		rel, _ := filepath.Rel(real, p)
-		if filter != nil {
-			name := []string{d.Name()}
+		if filter != "" {
+			name := d.Name()
 			if slashGlob {
-				name = strings.Split(rel, "/")
+				name = rel
 			}
-			if !anyMatch(filter, name) {
+			if !doublestar.MatchUnvalidated(filter, name) {
 				return nil
 			}
 		}

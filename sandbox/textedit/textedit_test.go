@@ -336,7 +336,11 @@ func splitLinesOrEmpty(s string) []string {
 	if s == "" {
 		return nil
 	}
-	return splitLines(s)
+	lines := strings.SplitAfter(s, "\n")
+	if lines[len(lines)-1] == "" {
+		lines = lines[:len(lines)-1]
+	}
+	return lines
 }
 
 func parseHunkHeader(h string, a0, al, b0, bl *int) error {
