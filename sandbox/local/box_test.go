@@ -6,7 +6,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -206,4 +208,34 @@ func TestHalfMadeBoxDirsAreSwept(t *testing.T) {
 	newLocal(t, root)
 	assert.NoDirExists(t, old)
 	assert.DirExists(t, fresh)
+}
+
+// The box user is a host uid of the box's own, not root: what it writes
+// is owned on the host by that uid, and two boxes do not share one.
+func TestBoxUserIsUnprivilegedHostUID(t *testing.T) {
+	testenv.RequireBwrap(t)
+	root := t.TempDir()
+	b := newLocal(t, root)
+	hostUID := func(c *agent.Client) int {
+		res, err := c.Exec(context.Background(), agent.ExecRequest{Command: `u=$(id -u); awk -v u=$u '$1 <= u && u < $1 + $3 { print $2 + u - $1 }' /proc/self/uid_map; echo x > /workspace/f`}, nil)
+		require.NoError(t, err)
+		require.Equal(t, 0, res.ExitCode, res.Stderr)
+		uid, err := strconv.Atoi(strings.TrimSpace(res.Stdout))
+		require.NoError(t, err, "uid_map: %q", res.Stdout)
+		return uid
+	}
+	var uids []int
+	for _, name := range []string{"uida", "uidb"} {
+		id := name + "-" + fmt.Sprint(time.Now().UnixNano())
+		_, c := box(t, b, id, backend.Limits{})
+		uid := hostUID(c)
+		assert.NotZero(t, uid, "the box user is host root")
+		fi, err := os.Stat(filepath.Join(root, id, "disk", "workspace", "f"))
+		require.NoError(t, err)
+		st := fi.Sys().(*syscall.Stat_t)
+		assert.Equal(t, uid, int(st.Uid), "owner on the host of a file the box wrote")
+		assert.Equal(t, uid, int(st.Gid), "group on the host of a file the box wrote")
+		uids = append(uids, uid)
+	}
+	assert.NotEqual(t, uids[0], uids[1], "two boxes share a host uid")
 }
