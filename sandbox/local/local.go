@@ -719,7 +719,10 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 }
 
 // sweepHalfMade removes box directories that have no spec.json and are
-// older than age: a process killed inside Create left them, List never
+// older than age, then the host uid reservations of boxes that have no
+// directory.
+//
+// The directories: a process killed inside Create left them, List never
 // sees them, so nothing else would. The age spares a Create in flight.
 func (b *Backend) sweepHalfMade(age time.Duration) {
 	entries, err := os.ReadDir(b.root)
@@ -742,4 +745,5 @@ func (b *Backend) sweepHalfMade(age time.Duration) {
 			b.log.Warn("local backend: removing a half-made box directory", "dir", dir, "err", err)
 		}
 	}
+	b.sweepUIDs()
 }

@@ -93,6 +93,26 @@ func (b *Backend) freeUID(id string, uid int) {
 	}
 }
 
+// sweepUIDs frees the reservations of boxes without a directory (a
+// process killed in Create or Remove). Create makes the directory before
+// it reserves, so no Create in flight loses its reservation.
+func (b *Backend) sweepUIDs() {
+	ents, err := os.ReadDir(b.uidsDir())
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		p := filepath.Join(b.uidsDir(), e.Name())
+		id, err := os.ReadFile(p)
+		if err != nil || !validID(string(id)) {
+			continue
+		}
+		if _, err := os.Lstat(b.dir(string(id))); errors.Is(err, fs.ErrNotExist) {
+			_ = os.Remove(p)
+		}
+	}
+}
+
 // chownOwnedBy gives the files under dir (dir included) owned by uid 0
 // to uid:uid, without following symlinks: the workspace of a box made
 // before boxes had host uids of their own was written as host root.
