@@ -10,15 +10,18 @@
 // tell a live box from a dead one by pid and process start time.
 //
 // Confinement of every box: every namespace unshared (user, pid, mount, ipc,
-// uts, cgroup, and net unless Spec.Network), the agent as PID 1 of the new pid
-// namespace (--as-pid-1), uid/gid backend.BoxUID/BoxGID inside a user
-// namespace that maps it to an unprivileged host uid of the box's own (see
-// userns.go), every capability dropped, no further user namespaces, a
-// read-only root: the
-// host's /usr plus a generated /etc (backend.DefaultImage) or an image rootfs
-// made by `cellbox image build` (cellbox/NAME), and /workspace, /tmp (both
-// on the box's own disk, capped at Limits.DiskBytes) and /run/cellbox the
-// only writable paths.
+// uts, cgroup, and net unless Spec.Network), the agent as PID 1 of the new
+// pid namespace (--as-pid-1), uid/gid backend.BoxUID/BoxGID inside a user
+// namespace that maps them to an unprivileged host uid and gid of the box's
+// own (Root/<id>/spec.json "uid"; see userns.go: the backend makes that
+// namespace and bwrap joins it), every capability dropped, no
+// supplementary groups, no further user namespaces, a read-only root: the
+// host's /usr plus a generated /etc (backend.DefaultImage) or an image
+// rootfs made by `cellbox image build` (cellbox/NAME), and /workspace, /tmp
+// (both on the box's own disk, capped at Limits.DiskBytes) and /run/cellbox
+// the only writable paths. Host files are the box user's only as "other"
+// permissions allow: a host root file mode 0600 stays unreadable even
+// where it is bound in.
 //
 // Limits: cgroup memory (swap included when accounted), pids and cpu (CFS
 // quota) in cgroups cellbox/<id> (v1: /sys/fs/cgroup/<ctrl>/cellbox/<id>;

@@ -33,9 +33,11 @@ import (
 // signed ints) and systemd's foreign range (from 2147352576). A box's pair
 // is reserved by the file Root/.uids/<slot> (created O_EXCL, so two
 // backends over one Root never share a pair) and recorded in spec.json.
+// Boxes under two different Roots may get the same pair, though hardly
+// ever: the search starts at a hash of the box id.
 const (
 	uidBase  = 1_900_000_000
-	uidSlots = 1 << 20 // pairs: hosts uids uidBase .. uidBase+2*uidSlots-1
+	uidSlots = 1 << 20 // pairs: host uids uidBase .. uidBase+2*uidSlots-1
 	// uidProbes bounds the search for a free slot from the box's hash.
 	uidProbes = 4096
 )
