@@ -389,6 +389,7 @@ func (s *suite) confinement(t *testing.T) {
 			`for p in /usr/cbt /usr/bin/cbt /etc/cbt /cbt /.cellbox/cellbox; do (echo x > $p) 2>/dev/null && echo "wrote $p"; done; echo done`, "done"},
 		{"the root filesystem is read-only", `awk '$2 == "/" { split($4, o, ","); print o[1] }' /proc/mounts | tail -1`, "ro"},
 		{"mount fails", `python3 -c 'import ctypes; l=ctypes.CDLL(None, use_errno=True); print(l.mount(b"none", b"/tmp", b"tmpfs", 0, None), ctypes.get_errno())'`, "-1 1"},
+		{"no new user namespace", `python3 -c 'import ctypes; l=ctypes.CDLL(None, use_errno=True); print(l.unshare(0x10000000) == 0)'`, "False"},
 		{"mknod fails", `python3 -c '
 import os, stat
 try:
