@@ -239,3 +239,43 @@ func startStaged(cmd *exec.Cmd, binds []stageBind) error {
 	}()
 	return <-errc
 }
+
+// uidRangeClashes names the entries of the host's account files whose ids
+// fall in the box uid range: accounts and groups (/etc/passwd,
+// /etc/group: name:x:id:...) and subordinate id ranges (/etc/subuid,
+// /etc/subgid: name:start:count). A box escaping as such an id would be
+// that account.
+func uidRangeClashes(etc string) []string {
+	lo, hi := uint64(uidBase), uint64(uidBase+2*uidSlots) // [lo, hi)
+	var out []string
+	for _, f := range []struct {
+		name  string
+		field int  // the id's field
+		count bool // the next field is a count (subordinate ranges)
+	}{{"passwd", 2, false}, {"group", 2, false}, {"subuid", 1, true}, {"subgid", 1, true}} {
+		data, err := os.ReadFile(filepath.Join(etc, f.name))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			fields := strings.Split(line, ":")
+			if len(fields) <= f.field+1 {
+				continue
+			}
+			start, err := strconv.ParseUint(fields[f.field], 10, 32)
+			if err != nil {
+				continue
+			}
+			n := uint64(1)
+			if f.count {
+				if n, err = strconv.ParseUint(fields[f.field+1], 10, 32); err != nil {
+					continue
+				}
+			}
+			if start < hi && start+n > lo {
+				out = append(out, filepath.Join(etc, f.name)+": "+fields[0])
+			}
+		}
+	}
+	return out
+}
