@@ -236,6 +236,25 @@ func TestBoxUserIsUnprivilegedHostUID(t *testing.T) {
 		st := fi.Sys().(*syscall.Stat_t)
 		assert.Equal(t, uid, int(st.Uid), "owner on the host of a file the box wrote")
 		assert.Equal(t, uid, int(st.Gid), "group on the host of a file the box wrote")
+		// The agent (PID 1 of the box) as the host sees it.
+		var state struct {
+			Agent struct {
+				PID int `json:"pid"`
+			} `json:"agent"`
+		}
+		data, err := os.ReadFile(filepath.Join(root, id, "state.json"))
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(data, &state))
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", state.Agent.PID))
+		require.NoError(t, err)
+		for _, line := range strings.Split(string(status), "\n") {
+			if f := strings.Fields(line); len(f) == 5 && (f[0] == "Uid:" || f[0] == "Gid:") {
+				assert.Equal(t, []string{f[0], fmt.Sprint(uid), fmt.Sprint(uid), fmt.Sprint(uid), fmt.Sprint(uid)}, f, "the agent's host ids (real, effective, saved, fs)")
+			}
+			if strings.HasPrefix(line, "Groups:") {
+				assert.Equal(t, []string{"Groups:"}, strings.Fields(line), "the agent's supplementary groups")
+			}
+		}
 		uids = append(uids, uid)
 	}
 	assert.NotEqual(t, uids[0], uids[1], "two boxes share a host uid")
