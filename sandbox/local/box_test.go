@@ -2,11 +2,14 @@ package local_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -206,4 +209,125 @@ func TestHalfMadeBoxDirsAreSwept(t *testing.T) {
 	newLocal(t, root)
 	assert.NoDirExists(t, old)
 	assert.DirExists(t, fresh)
+}
+
+// The box user is a host uid of the box's own, not root: what it writes
+// is owned on the host by that uid, and two boxes do not share one.
+func TestBoxUserIsUnprivilegedHostUID(t *testing.T) {
+	testenv.RequireBwrap(t)
+	root := t.TempDir()
+	b := newLocal(t, root)
+	hostUID := func(c *agent.Client) int {
+		res, err := c.Exec(context.Background(), agent.ExecRequest{Command: `u=$(id -u); awk -v u=$u '$1 <= u && u < $1 + $3 { print $2 + u - $1 }' /proc/self/uid_map; echo x > /workspace/f`}, nil)
+		require.NoError(t, err)
+		require.Equal(t, 0, res.ExitCode, res.Stderr)
+		uid, err := strconv.Atoi(strings.TrimSpace(res.Stdout))
+		require.NoError(t, err, "uid_map: %q", res.Stdout)
+		return uid
+	}
+	var uids []int
+	for _, name := range []string{"uida", "uidb"} {
+		id := name + "-" + fmt.Sprint(time.Now().UnixNano())
+		_, c := box(t, b, id, backend.Limits{})
+		uid := hostUID(c)
+		assert.NotZero(t, uid, "the box user is host root")
+		fi, err := os.Stat(filepath.Join(root, id, "disk", "workspace", "f"))
+		require.NoError(t, err)
+		st := fi.Sys().(*syscall.Stat_t)
+		assert.Equal(t, uid, int(st.Uid), "owner on the host of a file the box wrote")
+		assert.Equal(t, uid, int(st.Gid), "group on the host of a file the box wrote")
+		// The agent (PID 1 of the box) as the host sees it.
+		var state struct {
+			Agent struct {
+				PID int `json:"pid"`
+			} `json:"agent"`
+		}
+		data, err := os.ReadFile(filepath.Join(root, id, "state.json"))
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(data, &state))
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", state.Agent.PID))
+		require.NoError(t, err)
+		for _, line := range strings.Split(string(status), "\n") {
+			if f := strings.Fields(line); len(f) == 5 && (f[0] == "Uid:" || f[0] == "Gid:") {
+				assert.Equal(t, []string{f[0], fmt.Sprint(uid), fmt.Sprint(uid), fmt.Sprint(uid), fmt.Sprint(uid)}, f, "the agent's host ids (real, effective, saved, fs)")
+			}
+			if strings.HasPrefix(line, "Groups:") {
+				assert.Equal(t, []string{"Groups:"}, strings.Fields(line), "the agent's supplementary groups")
+			}
+		}
+		uids = append(uids, uid)
+	}
+	assert.NotEqual(t, uids[0], uids[1], "two boxes share a host uid")
+}
+
+// A box's uid is reserved in Root/.uids while the box exists; Remove, or
+// the next backend for a box that has no directory, frees it.
+func TestHostUIDReservations(t *testing.T) {
+	testenv.RequireBwrap(t)
+	root := t.TempDir()
+	b := newLocal(t, root)
+	ctx := context.Background()
+	id := "res-" + fmt.Sprint(time.Now().UnixNano())
+	_, err := b.Create(ctx, backend.Spec{ID: id, AgentBinary: testenv.CellboxBinary(t), HostDir: t.TempDir()})
+	require.NoError(t, err)
+	reserved := func() []string {
+		ents, err := os.ReadDir(filepath.Join(root, ".uids"))
+		require.NoError(t, err)
+		var ids []string
+		for _, e := range ents {
+			data, err := os.ReadFile(filepath.Join(root, ".uids", e.Name()))
+			require.NoError(t, err)
+			ids = append(ids, string(data))
+		}
+		return ids
+	}
+	assert.Equal(t, []string{id}, reserved())
+	require.NoError(t, b.Remove(ctx, id))
+	assert.Empty(t, reserved())
+
+	// A reservation left by a process killed between the two.
+	require.NoError(t, os.WriteFile(filepath.Join(root, ".uids", "7"), []byte("gone-box"), 0o600))
+	newLocal(t, root)
+	assert.Empty(t, reserved())
+}
+
+// A box made before boxes had host uids of their own (no uid in
+// spec.json, its workspace written as host root) gets one on Start, with
+// its workspace.
+func TestOldBoxGetsAHostUID(t *testing.T) {
+	testenv.RequireBwrap(t)
+	root := t.TempDir()
+	b := newLocal(t, root)
+	ctx := context.Background()
+	id := "old-" + fmt.Sprint(time.Now().UnixNano())
+	hostDir := t.TempDir()
+	_, err := b.Create(ctx, backend.Spec{ID: id, AgentBinary: testenv.CellboxBinary(t), HostDir: hostDir})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Remove(context.Background(), id) })
+
+	specFile := filepath.Join(root, id, "spec.json")
+	var bf map[string]any
+	data, err := os.ReadFile(specFile)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(data, &bf))
+	delete(bf, "uid")
+	data, err = json.Marshal(bf)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(specFile, data, 0o600))
+	ws := filepath.Join(root, id, "disk", "workspace")
+	require.NoError(t, os.Lchown(ws, 0, 0))
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "old.txt"), []byte("old\n"), 0o644))
+
+	_, err = b.Start(ctx, id)
+	require.NoError(t, err)
+	c := agent.Dial(filepath.Join(hostDir, backend.SocketName))
+	t.Cleanup(func() { c.Close() })
+	require.NoError(t, c.WaitReady(ctx))
+	res, err := c.Exec(ctx, agent.ExecRequest{Command: "echo new >> old.txt && echo x > new.txt && cat old.txt"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, 0, res.ExitCode, res.Stderr)
+	assert.Equal(t, "old\nnew\n", res.Stdout)
+	fi, err := os.Stat(filepath.Join(ws, "new.txt"))
+	require.NoError(t, err)
+	assert.NotZero(t, fi.Sys().(*syscall.Stat_t).Uid)
 }

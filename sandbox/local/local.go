@@ -10,14 +10,18 @@
 // tell a live box from a dead one by pid and process start time.
 //
 // Confinement of every box: every namespace unshared (user, pid, mount, ipc,
-// uts, cgroup, and net unless Spec.Network), the agent as PID 1 of the new pid
-// namespace (--as-pid-1), uid/gid backend.BoxUID/BoxGID inside a user
-// namespace (mapped to the server's uid outside), every capability dropped,
-// no further user namespaces (--disable-userns), a read-only root: the
-// host's /usr plus a generated /etc (backend.DefaultImage) or an image rootfs
-// made by `cellbox image build` (cellbox/NAME), and /workspace, /tmp (both
-// on the box's own disk, capped at Limits.DiskBytes) and /run/cellbox the
-// only writable paths.
+// uts, cgroup, and net unless Spec.Network), the agent as PID 1 of the new
+// pid namespace (--as-pid-1), uid/gid backend.BoxUID/BoxGID inside a user
+// namespace that maps them to an unprivileged host uid and gid of the box's
+// own (Root/<id>/spec.json "uid"; see userns.go: the backend makes that
+// namespace and bwrap joins it), every capability dropped, no
+// supplementary groups, no further user namespaces, a read-only root: the
+// host's /usr plus a generated /etc (backend.DefaultImage) or an image
+// rootfs made by `cellbox image build` (cellbox/NAME), and /workspace, /tmp
+// (both on the box's own disk, capped at Limits.DiskBytes) and /run/cellbox
+// the only writable paths. Host files are the box user's only as "other"
+// permissions allow: a host root file mode 0600 stays unreadable even
+// where it is bound in.
 //
 // Limits: cgroup memory (swap included when accounted), pids and cpu (CFS
 // quota) in cgroups cellbox/<id> (v1: /sys/fs/cgroup/<ctrl>/cellbox/<id>;
@@ -129,6 +133,12 @@ func New(opts Options) (*Backend, error) {
 	if err := writeEtc(b.etc); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
+	if err := os.MkdirAll(stageDir, 0o755); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	for _, c := range uidRangeClashes("/etc") {
+		b.log.Warn("local backend: an account uses the host uids of boxes; a box escaping its namespaces would be that account", "entry", c, "range", fmt.Sprintf("%d-%d", uidBase, uidBase+2*uidSlots-1))
+	}
 	b.sweepHalfMade(time.Minute)
 	cgRoot := opts.CgroupRoot
 	if cgRoot == "" {
@@ -189,6 +199,9 @@ func (b *Backend) Warnings() []string { return b.enf.Warnings }
 type boxFile struct {
 	Spec    backend.Spec `json:"spec"`
 	Created time.Time    `json:"created"`
+	// UID is the host uid (and gid) of the box user; 0 in a box made
+	// before boxes had one (Start gives it one).
+	UID int `json:"uid,omitempty"`
 }
 
 // running is state.json: the bwrap process and the agent (PID 1 inside).
@@ -264,17 +277,48 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}
 	bf := boxFile{Spec: spec, Created: time.Now().UTC()}
-	data, _ := json.MarshalIndent(bf, "", "  ")
 	// spec.json last: it marks a whole box (sweepHalfMade).
-	err := diskOf(dir).Make(ctx, spec.Limits.Defaults().DiskBytes, 0, 0)
+	uid, err := b.allocUID(spec.ID)
 	if err == nil {
-		err = writeFileAtomic(filepath.Join(dir, "spec.json"), data)
+		bf.UID = uid
+		err = diskOf(dir).Make(ctx, spec.Limits.Defaults().DiskBytes, uid, uid)
+	}
+	if err == nil {
+		err = b.writeBoxFile(bf)
 	}
 	if err != nil {
 		_ = b.removeDir(context.WithoutCancel(ctx), dir)
+		b.freeUID(spec.ID, uid)
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}
 	return b.info(bf, nil), nil
+}
+
+func (b *Backend) writeBoxFile(bf boxFile) error {
+	data, _ := json.MarshalIndent(bf, "", "  ")
+	return writeFileAtomic(filepath.Join(b.dir(bf.Spec.ID), "spec.json"), data)
+}
+
+// ensureUID gives a box made before boxes had host uids of their own a
+// uid, and its workspace to that uid.
+func (b *Backend) ensureUID(bf *boxFile) error {
+	if bf.UID != 0 {
+		return nil
+	}
+	uid, err := b.allocUID(bf.Spec.ID)
+	if err != nil {
+		return err
+	}
+	bf.UID = uid
+	if err = chownOwnedBy(diskOf(b.dir(bf.Spec.ID)).Workspace(), uid); err == nil {
+		err = b.writeBoxFile(*bf)
+	}
+	if err != nil {
+		bf.UID = 0
+		b.freeUID(bf.Spec.ID, uid)
+		return fmt.Errorf("give the box a host uid: %w", err)
+	}
+	return nil
 }
 
 // diskOf is the disk of the box in dir: disk.img mounted at disk/.
@@ -413,6 +457,18 @@ func (b *Backend) Start(ctx context.Context, id string) (backend.Info, error) {
 	if err := diskOf(dir).Mount(ctx); err != nil {
 		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
 	}
+	if err := b.ensureUID(&bf); err != nil {
+		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
+	}
+	// The agent, as the box user, makes its socket in the host dir.
+	if err := os.Lchown(spec.HostDir, bf.UID, bf.UID); err != nil {
+		return backend.Info{}, fmt.Errorf("start box %s: host dir: %w", id, err)
+	}
+	userns, err := newUserns(ctx, bf.UID)
+	if err != nil {
+		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
+	}
+	defer userns.Close()
 	logf, err := os.OpenFile(filepath.Join(dir, "box.log"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
 	if err != nil {
 		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
@@ -437,14 +493,17 @@ func (b *Backend) Start(ctx context.Context, id string) (backend.Info, error) {
 		env = append(env, "CELLBOX_DATA_KB="+strconv.FormatInt(max(lim.MemoryBytes, minDataLimit)>>10, 10))
 	}
 
-	args := append([]string{"-c", wrapper, "sh", b.bwrap}, b.bwrapArgs(spec, rootfs, dir)...)
+	bargs, binds := b.bwrapArgs(spec, rootfs, dir)
+	args := append([]string{"-c", wrapper, "sh", b.bwrap}, bargs...)
 	cmd := exec.Command("/bin/sh", args...)
 	cmd.Env = env
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{infoW} // fd 3: --info-fd
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
+	cmd.ExtraFiles = []*os.File{infoW, userns} // fd 3: --info-fd, fd 4: --userns
+	// No supplementary groups (the server's would stay with every box
+	// process).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: &syscall.Credential{Groups: []uint32{}}}
+	err = startStaged(cmd, binds)
 	infoW.Close() // the child has it; EOF on infoR once bwrap is gone
 	if err != nil {
 		_ = b.cg.remove(id)
@@ -537,25 +596,37 @@ func logTail(path string) string {
 	return ": " + strings.Join(lines, "; ")
 }
 
-// bwrapArgs is the bubblewrap command line of a box (after "bwrap").
-func (b *Backend) bwrapArgs(spec backend.Spec, rootfs, dir string) []string {
+// bwrapArgs is the bubblewrap command line of a box (after "bwrap"), to
+// run with the box's info pipe at fd 3, its user namespace at fd 4 and
+// binds staged (startStaged).
+func (b *Backend) bwrapArgs(spec backend.Spec, rootfs, dir string) ([]string, []stageBind) {
 	a := []string{
-		"--unshare-all", "--unshare-user", "--disable-userns",
+		"--userns", "4", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+		"--assert-userns-disabled",
 		"--uid", strconv.Itoa(backend.BoxUID), "--gid", strconv.Itoa(backend.BoxGID),
 		"--cap-drop", "ALL", "--as-pid-1", "--hostname", "box",
 		"--info-fd", "3",
 	}
-	if spec.Network {
-		a = append(a, "--share-net")
+	if !spec.Network {
+		a = append(a, "--unshare-net")
+	}
+	disk := diskOf(dir)
+	binds := []stageBind{
+		{name: "tmp", src: disk.Tmp()},
+		{name: "workspace", src: disk.Workspace()},
+		{name: "host", src: spec.HostDir},
+		{name: "agent", src: spec.AgentBinary, file: true},
 	}
 	if rootfs != "" {
-		a = append(a, "--ro-bind", rootfs, "/")
+		binds = append(binds, stageBind{name: "rootfs", src: rootfs})
+		a = append(a, "--ro-bind", staged("rootfs"), "/")
 	} else {
 		a = append(a, "--ro-bind", "/usr", "/usr")
 		for _, l := range [][2]string{{"usr/bin", "/bin"}, {"usr/lib", "/lib"}, {"usr/lib64", "/lib64"}, {"usr/sbin", "/sbin"}} {
 			a = append(a, "--symlink", l[0], l[1])
 		}
-		a = append(a, "--ro-bind", b.etc, "/etc")
+		binds = append(binds, stageBind{name: "etc", src: b.etc})
+		a = append(a, "--ro-bind", staged("etc"), "/etc")
 		for _, p := range etcBinds {
 			a = append(a, "--ro-bind-try", p, p)
 		}
@@ -563,13 +634,12 @@ func (b *Backend) bwrapArgs(spec backend.Spec, rootfs, dir string) []string {
 			a = append(a, "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf")
 		}
 	}
-	disk := diskOf(dir)
 	a = append(a,
 		"--proc", "/proc", "--dev", "/dev",
-		"--bind", disk.Tmp(), "/tmp",
-		"--bind", disk.Workspace(), backend.Workspace,
-		"--bind", spec.HostDir, backend.SocketDir,
-		"--ro-bind", spec.AgentBinary, backend.AgentPath,
+		"--bind", staged("tmp"), "/tmp",
+		"--bind", staged("workspace"), backend.Workspace,
+		"--bind", staged("host"), backend.SocketDir,
+		"--ro-bind", staged("agent"), backend.AgentPath,
 	)
 	if rootfs == "" {
 		a = append(a, "--remount-ro", "/")
@@ -590,7 +660,7 @@ func (b *Backend) bwrapArgs(spec backend.Spec, rootfs, dir string) []string {
 	for _, k := range keys {
 		a = append(a, "--setenv", k, env[k])
 	}
-	return append(a, "--", backend.AgentPath, "agent")
+	return append(a, "--", backend.AgentPath, "agent"), binds
 }
 
 // Stop ends the box's processes and removes its cgroups; the workspace
@@ -646,7 +716,7 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 		return nil
 	}
 	defer b.lock(id)()
-	_, r, err := b.load(id)
+	bf, r, err := b.load(id)
 	if err != nil && !errors.Is(err, backend.ErrNotFound) {
 		b.log.Warn("local backend: removing unreadable box", "id", id, "err", err)
 	}
@@ -656,11 +726,15 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 	if err := b.removeDir(ctx, b.dir(id)); err != nil {
 		return fmt.Errorf("remove box %s: %w", id, err)
 	}
+	b.freeUID(id, bf.UID)
 	return nil
 }
 
 // sweepHalfMade removes box directories that have no spec.json and are
-// older than age: a process killed inside Create left them, List never
+// older than age, then the host uid reservations of boxes that have no
+// directory.
+//
+// The directories: a process killed inside Create left them, List never
 // sees them, so nothing else would. The age spares a Create in flight.
 func (b *Backend) sweepHalfMade(age time.Duration) {
 	entries, err := os.ReadDir(b.root)
@@ -683,4 +757,5 @@ func (b *Backend) sweepHalfMade(age time.Duration) {
 			b.log.Warn("local backend: removing a half-made box directory", "dir", dir, "err", err)
 		}
 	}
+	b.sweepUIDs()
 }

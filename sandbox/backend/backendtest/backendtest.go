@@ -357,7 +357,20 @@ func (s *suite) confinement(t *testing.T) {
 	t.Parallel()
 	spec := s.spec(t, "conf")
 	spec.Env = map[string]string{"CELLBOX_TEST_VAR": "a b=c"}
+	// A host root file the box can see (its socket dir is bound in).
+	require.NoError(t, os.WriteFile(filepath.Join(spec.HostDir, "root-only"), []byte("secret"), 0o600))
 	c := s.up(t, spec)
+
+	// Not host root: an escape from the box's user namespace must not
+	// land on uid 0 (the local backend once mapped the box user to the
+	// server's uid).
+	t.Run("the box user is not host root", func(t *testing.T) {
+		host := ok(t, c, `u=$(id -u); awk -v u=$u '$1 <= u && u < $1 + $3 { print $2 + u - $1 }' /proc/self/uid_map`)
+		require.NotEmpty(t, host, "uid_map does not map the box user")
+		assert.NotEqual(t, "0", host, "in-box uid %d is host uid 0", backend.BoxUID)
+		res := sh(t, c, "cat "+backend.SocketDir+"/root-only")
+		assert.NotEqual(t, 0, res.ExitCode, "the box read a host root 0600 file: %q", res.Stdout)
+	})
 
 	tests := []struct {
 		name, cmd, want string
@@ -376,6 +389,7 @@ func (s *suite) confinement(t *testing.T) {
 			`for p in /usr/cbt /usr/bin/cbt /etc/cbt /cbt /.cellbox/cellbox; do (echo x > $p) 2>/dev/null && echo "wrote $p"; done; echo done`, "done"},
 		{"the root filesystem is read-only", `awk '$2 == "/" { split($4, o, ","); print o[1] }' /proc/mounts | tail -1`, "ro"},
 		{"mount fails", `python3 -c 'import ctypes; l=ctypes.CDLL(None, use_errno=True); print(l.mount(b"none", b"/tmp", b"tmpfs", 0, None), ctypes.get_errno())'`, "-1 1"},
+		{"no new user namespace", `python3 -c 'import ctypes; l=ctypes.CDLL(None, use_errno=True); print(l.unshare(0x10000000) == 0)'`, "False"},
 		{"mknod fails", `python3 -c '
 import os, stat
 try:
