@@ -177,34 +177,54 @@ func ExitSummary(log string) string {
 	return strings.Join(out, "; ")
 }
 
-// Backend makes boxes. All methods are safe for concurrent use.
+// Backend makes boxes. All methods are safe for concurrent use, also on
+// the same ID (a backend serializes what must be). Every backend passes
+// the one conformance suite, sandbox/backend/backendtest, which checks each
+// point below from inside real boxes.
 //
-// Contract (checked by backendtest):
-//   - Create makes a box from a Spec without starting it. Creating an ID that
-//     exists is an error (ErrExists, wrapped). Spec.Validate's rules apply.
-//   - Start starts a created or stopped box and returns once its PID 1 (the
-//     agent) has been launched; the caller waits for the agent socket (a
-//     box whose PID 1 dies at once shows as stopped in Inspect). Starting a
-//     running box is a no-op.
-//   - Stop stops a box and keeps its workspace: a later Start sees the same
-//     files. Stopping a stopped or never started box is a no-op.
-//   - Remove stops and deletes a box and its workspace. Removing a missing
-//     box is not an error.
-//   - Inspect returns ErrNotFound (wrapped) for an unknown ID.
-//   - List returns the managed boxes whose labels include every given
-//     label; it sees boxes made by an earlier process (reattach, orphans).
-//     A pool reconciles at start with List(ctx, {LabelManaged: "1"}):
-//     boxes it knows are reattached (running ones keep running), the others
-//     are orphans to Remove.
-//   - Boxes have no network but loopback unless Spec.Network, run with
-//     Spec.Limits enforced (see Enforcer), with no capabilities a shell does
-//     not need, as the unprivileged box user (BoxUID/BoxGID, HOME=Workspace).
+// Every box, on every backend: no network but loopback unless
+// Spec.Network; Spec.Limits enforced (or reported unenforced, see
+// Enforcer); no capabilities and no-new-privileges; the unprivileged box
+// user (BoxUID/BoxGID inside, HOME=Workspace), which is never host root;
+// a read-only root with Workspace and /tmp on a disk of the box's own
+// (Limits.DiskBytes; full is ENOSPC inside); the agent (Spec.AgentBinary)
+// as PID 1, listening in Spec.HostDir, which the host treats as hostile.
 type Backend interface {
-	Name() string // "docker" or "local"
+	// Name is "docker" or "local".
+	Name() string
+
+	// Create makes a box from spec without starting it and returns its
+	// Info (State created). Spec.Validate's rules apply; an ID that exists
+	// is an error wrapping ErrExists and leaves that box alone. A Create
+	// that fails leaves nothing behind (or nothing a later Remove of the
+	// ID would not delete).
 	Create(ctx context.Context, spec Spec) (Info, error)
+
+	// Start starts a created or stopped box and returns once its PID 1
+	// (the agent) has been launched; the caller waits for the agent's
+	// socket. A box whose PID 1 dies at once shows as not running in
+	// Inspect, with Info.Exit saying why. Starting a running box is a
+	// no-op. An unknown ID is an error wrapping ErrNotFound.
 	Start(ctx context.Context, id string) (Info, error)
+
+	// Stop ends every process of a box and keeps its workspace: a later
+	// Start sees the same files. A stopped box holds no process and no
+	// mount on the host. Stopping a stopped or never started box is a
+	// no-op; an unknown ID is an error wrapping ErrNotFound.
 	Stop(ctx context.Context, id string) error
+
+	// Remove stops a box and deletes it with its workspace and disk.
+	// Removing a missing box is not an error, so a cleanup may repeat it.
 	Remove(ctx context.Context, id string) error
+
+	// Inspect says what the backend knows of a box; an unknown ID is an
+	// error wrapping ErrNotFound.
 	Inspect(ctx context.Context, id string) (Info, error)
+
+	// List returns the managed boxes whose labels include every given
+	// label, also those made by an earlier process. A pool reconciles at
+	// start with List(ctx, {LabelManaged: "1", …}): boxes it knows are
+	// reattached (running ones keep running), the others are orphans to
+	// Remove.
 	List(ctx context.Context, labels map[string]string) ([]Info, error)
 }
