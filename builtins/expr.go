@@ -3,10 +3,10 @@
 package builtins
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +14,7 @@ import (
 	"github.com/expr-lang/expr"
 	"github.com/expr-lang/expr/ast"
 	"github.com/expr-lang/expr/builtin"
+	"github.com/expr-lang/expr/file"
 	"github.com/expr-lang/expr/parser"
 	"github.com/expr-lang/expr/vm"
 )
@@ -42,12 +43,10 @@ func Parse(src string) (*Expr, error) {
 	if strings.TrimSpace(src) == "" {
 		return nil, fmt.Errorf("expression is empty")
 	}
-	tree, err := parser.Parse(src)
+	a, err := analyze(src)
 	if err != nil {
 		return nil, fmt.Errorf("expression %q: %w", src, err)
 	}
-	a := &analysis{src: src, refs: map[string]bool{}}
-	a.walk(tree.Node, nil)
 	if a.err != nil {
 		return nil, fmt.Errorf("expression %q: %w", src, a.err)
 	}
@@ -55,12 +54,52 @@ func Parse(src string) (*Expr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("expression %q: %w", src, err)
 	}
-	refs := make([]string, 0, len(a.refs))
-	for r := range a.refs {
-		refs = append(refs, r)
+	refs := []string{}
+	for _, r := range a.reads {
+		if !r.Call {
+			refs = append(refs, r.Name)
+		}
 	}
-	sort.Strings(refs)
-	return &Expr{src: src, refs: refs, program: program}, nil
+	slices.Sort(refs)
+	return &Expr{src: src, refs: slices.Compact(refs), program: program}, nil
+}
+
+// A Read is something an expression reads by name: a cell or a node with
+// the constant member path it reads of it (clean.result.files["/out"] →
+// clean, [result files /out]; the path stops at the first computed
+// member), or a function it calls by name (Call).
+type Read struct {
+	Name string
+	Path []string
+	Call bool
+}
+
+// Analyze parses src and returns what it reads, without compiling or
+// judging it (Parse does both): patterns check the names and paths against
+// what each node outputs. Names bound by let are not reads, within the let
+// only. It fails only on a syntax error, saying where.
+func Analyze(src string) ([]Read, error) {
+	a, err := analyze(src)
+	if err != nil {
+		return nil, err
+	}
+	return a.reads, nil
+}
+
+// analyze parses src and walks it: the one analysis of an expression, for
+// Parse and Analyze alike.
+func analyze(src string) (*analysis, error) {
+	tree, err := parser.Parse(src)
+	if err != nil {
+		var fe *file.Error
+		if errors.As(err, &fe) {
+			return nil, fmt.Errorf("%s at column %d", fe.Message, fe.Column+1)
+		}
+		return nil, err
+	}
+	a := &analysis{src: src}
+	a.walk(tree.Node, nil)
+	return a, nil
 }
 
 // MustParse is Parse for expressions known to be valid (tests, Go patterns
@@ -146,11 +185,21 @@ var overridden = map[string]bool{"date": true, "keys": true, "values": true, "to
 // builtinDate is expr's own date(), which takes a leading *time.Location.
 var builtinDate = builtin.Builtins[builtin.Index["date"]].Func
 
-// analysis walks a parse tree for refs and refused constructs.
+// analysis walks a parse tree for what it reads and what Parse refuses
+// (the first refusal is err; the walk goes on, so reads are complete).
 type analysis struct {
-	src  string
-	refs map[string]bool
-	err  error
+	src   string
+	reads []Read
+	err   error
+}
+
+// read records a read of name, once per name and path.
+func (a *analysis) read(r Read) {
+	if !slices.ContainsFunc(a.reads, func(x Read) bool {
+		return x.Name == r.Name && x.Call == r.Call && slices.Equal(x.Path, r.Path)
+	}) {
+		a.reads = append(a.reads, r)
+	}
 }
 
 func (a *analysis) fail(n ast.Node, format string, args ...any) {
@@ -164,7 +213,7 @@ func (a *analysis) fail(n ast.Node, format string, args ...any) {
 
 // walk visits n; scope holds the let-bound names in effect.
 func (a *analysis) walk(n ast.Node, scope []string) {
-	if n == nil || a.err != nil {
+	if n == nil {
 		return
 	}
 	switch n := n.(type) {
@@ -173,11 +222,18 @@ func (a *analysis) walk(n ast.Node, scope []string) {
 		case n.Value == "$env":
 			a.fail(n, "$env is not allowed: name the cells you read")
 		case !slices.Contains(scope, n.Value):
-			a.refs[n.Value] = true
+			a.read(Read{Name: n.Value})
 		}
 	case *ast.MemberNode:
-		a.walk(n.Node, scope)
-		a.walk(n.Property, scope)
+		root, path, computed := chain(n)
+		if id, ok := root.(*ast.IdentifierNode); ok && id.Value != "$env" && !slices.Contains(scope, id.Value) {
+			a.read(Read{Name: id.Value, Path: path})
+		} else {
+			a.walk(root, scope)
+		}
+		for _, p := range computed {
+			a.walk(p, scope)
+		}
 	case *ast.ChainNode:
 		a.walk(n.Node, scope)
 	case *ast.UnaryNode:
@@ -192,7 +248,6 @@ func (a *analysis) walk(n ast.Node, scope []string) {
 	case *ast.BuiltinNode:
 		if why, ok := refused[n.Name]; ok {
 			a.fail(n, "%s is not allowed: expressions must be deterministic (no clock, no randomness); pass such a value in through a cell", why)
-			return
 		}
 		for _, arg := range n.Arguments {
 			a.walk(arg, scope)
@@ -201,8 +256,8 @@ func (a *analysis) walk(n ast.Node, scope []string) {
 		switch c := n.Callee.(type) {
 		case *ast.IdentifierNode:
 			if !overridden[c.Value] {
+				a.read(Read{Name: c.Value, Call: true})
 				a.fail(n, "%s is not a function: expressions can call only the expr-lang builtins", c.Value)
-				return
 			}
 		default: // a method, as in date(s).Hour()
 			a.walk(c, scope)
@@ -235,4 +290,29 @@ func (a *analysis) walk(n ast.Node, scope []string) {
 		a.walk(n.Key, scope)
 		a.walk(n.Value, scope)
 	}
+}
+
+// chain returns the root of a member chain, the constant names from the
+// root outward up to the first computed member, and the property nodes
+// from there on (which may read names themselves: a.b[k].c reads k).
+func chain(m *ast.MemberNode) (root ast.Node, path []string, computed []ast.Node) {
+	var props []ast.Node
+	var x ast.Node = m
+	for {
+		mm, ok := x.(*ast.MemberNode)
+		if !ok {
+			break
+		}
+		props = append(props, mm.Property)
+		x = mm.Node
+	}
+	slices.Reverse(props)
+	for i, p := range props {
+		s, ok := p.(*ast.StringNode)
+		if !ok {
+			return x, path, props[i:]
+		}
+		path = append(path, s.Value)
+	}
+	return x, path, nil
 }

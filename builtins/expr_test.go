@@ -97,3 +97,40 @@ func BenchmarkExprEval(b *testing.B) {
 		}
 	}
 }
+
+// TestAnalyze: what an expression reads, with the constant member paths
+// patterns check against node outputs. The one analysis of Parse: a let
+// binds its name within the let only.
+func TestAnalyze(t *testing.T) {
+	tests := []struct {
+		src  string
+		want []Read
+	}{
+		{"x", []Read{{Name: "x"}}},
+		{"x + y * 2", []Read{{Name: "x"}, {Name: "y"}}},
+		{`clean.result.files["/w/out.csv"]`, []Read{{Name: "clean", Path: []string{"result", "files", "/w/out.csv"}}}},
+		{`a.b[k].c`, []Read{{Name: "a", Path: []string{"b"}}, {Name: "k"}}},
+		{`a?.b`, []Read{{Name: "a", Path: []string{"b"}}}},
+		{`repl.history[0].stdout`, []Read{{Name: "repl", Path: []string{"history"}}}},
+		{`len(xs) > 0 ? upper(s) : ""`, []Read{{Name: "xs"}, {Name: "s"}}},
+		{`filter(xs, .price > min)`, []Read{{Name: "xs"}, {Name: "min"}}},
+		{`map(xs, # * n)`, []Read{{Name: "xs"}, {Name: "n"}}},
+		{`let y = x; y + 1`, []Read{{Name: "x"}}},
+		{`(let y = 1; y) + y`, []Read{{Name: "y"}}},
+		{`let y = x; y.a + z.b`, []Read{{Name: "x"}, {Name: "z", Path: []string{"b"}}}},
+		{`foo(1, a)`, []Read{{Name: "foo", Call: true}, {Name: "a"}}},
+		{`keys(m)`, []Read{{Name: "m"}}},
+		{`"literal" + 'x'`, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.src, func(t *testing.T) {
+			got, err := Analyze(tt.src)
+			require.NoError(t, err)
+			assert.ElementsMatch(t, tt.want, got)
+		})
+	}
+	for _, bad := range []string{"a +", "(", "a.b.", "1 ? 2"} {
+		_, err := Analyze(bad)
+		assert.Error(t, err, bad)
+	}
+}

@@ -1,15 +1,11 @@
 package patterns
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
-	"github.com/expr-lang/expr/ast"
 	"github.com/expr-lang/expr/builtin"
-	"github.com/expr-lang/expr/file"
-	"github.com/expr-lang/expr/parser"
 )
 
 // parseString reads a string by the one rule of the language: `${expr}`
@@ -84,108 +80,6 @@ func exprEnd(s string, start int) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf(`"${" at column %d has no closing "}"`, start-1)
-}
-
-// ref is a name an expression reads: a cell or a node, and the constant
-// member names that follow it (clean.result.files["/out"] → clean, [result
-// files /out]).
-type ref struct {
-	name string
-	path []string
-	call bool // name(...) — the expression calls it as a function
-}
-
-// analyze parses an expression and returns the names it reads and the
-// member paths it reads of them, so that a pattern can check them against
-// what each node outputs. (builtins.Parse is the authority on what the
-// runtime accepts; the checker calls it too.)
-func analyze(src string) ([]ref, error) {
-	tree, err := parser.Parse(src)
-	if err != nil {
-		var fe *file.Error
-		if errors.As(err, &fe) {
-			return nil, fmt.Errorf("%s at column %d", fe.Message, fe.Column+1)
-		}
-		return nil, err
-	}
-	v := &refVisitor{inner: map[ast.Node]bool{}, lets: map[string]bool{}, callees: map[ast.Node]bool{}}
-	ast.Walk(&tree.Node, v)
-	var refs []ref
-	// Members first (outermost chains), then bare identifiers.
-	for _, m := range v.members {
-		if v.inner[m] {
-			continue
-		}
-		root, path := chain(m)
-		id, ok := root.(*ast.IdentifierNode)
-		if !ok || v.lets[id.Value] {
-			continue
-		}
-		refs = append(refs, ref{name: id.Value, path: path})
-	}
-	for _, id := range v.idents {
-		if v.inner[id] || v.lets[id.Value] {
-			continue
-		}
-		refs = append(refs, ref{name: id.Value, call: v.callees[id]})
-	}
-	return refs, nil
-}
-
-type refVisitor struct {
-	idents  []*ast.IdentifierNode
-	members []*ast.MemberNode
-	inner   map[ast.Node]bool // nodes inside a member chain (not its root expression)
-	callees map[ast.Node]bool
-	lets    map[string]bool
-}
-
-func (v *refVisitor) Visit(n *ast.Node) {
-	switch n := (*n).(type) {
-	case *ast.IdentifierNode:
-		v.idents = append(v.idents, n)
-	case *ast.MemberNode:
-		v.members = append(v.members, n)
-		// The chain's inner members and its root identifier are covered
-		// by this member.
-		for x := n.Node; ; {
-			v.inner[x] = true
-			m, ok := x.(*ast.MemberNode)
-			if !ok {
-				break
-			}
-			x = m.Node
-		}
-	case *ast.CallNode:
-		v.callees[n.Callee] = true
-	case *ast.VariableDeclaratorNode:
-		v.lets[n.Name] = true
-	}
-}
-
-// chain returns the root of a member chain and the constant names from the
-// root outward, up to the first computed member.
-func chain(m *ast.MemberNode) (ast.Node, []string) {
-	var props []ast.Node
-	var x ast.Node = m
-	for {
-		mm, ok := x.(*ast.MemberNode)
-		if !ok {
-			break
-		}
-		props = append(props, mm.Property)
-		x = mm.Node
-	}
-	slices.Reverse(props)
-	var path []string
-	for _, p := range props {
-		s, ok := p.(*ast.StringNode)
-		if !ok {
-			break
-		}
-		path = append(path, s.Value)
-	}
-	return x, path
 }
 
 // isBuiltin reports whether name is an expression built-in function or

@@ -46,37 +46,6 @@ func TestParseString(t *testing.T) {
 	}
 }
 
-func TestAnalyze(t *testing.T) {
-	tests := []struct {
-		src  string
-		want []ref
-	}{
-		{"x", []ref{{name: "x"}}},
-		{"x + y * 2", []ref{{name: "x"}, {name: "y"}}},
-		{`clean.result.files["/w/out.csv"]`, []ref{{name: "clean", path: []string{"result", "files", "/w/out.csv"}}}},
-		{`a.b[k].c`, []ref{{name: "a", path: []string{"b"}}, {name: "k"}}},
-		{`a?.b`, []ref{{name: "a", path: []string{"b"}}}},
-		{`repl.history[0].stdout`, []ref{{name: "repl", path: []string{"history"}}}},
-		{`len(xs) > 0 ? upper(s) : ""`, []ref{{name: "xs"}, {name: "s"}}},
-		{`filter(xs, .price > min)`, []ref{{name: "xs"}, {name: "min"}}},
-		{`map(xs, # * n)`, []ref{{name: "xs"}, {name: "n"}}},
-		{`let y = x; y + 1`, []ref{{name: "x"}}},
-		{`foo(1)`, []ref{{name: "foo", call: true}}},
-		{`"literal" + 'x'`, nil},
-	}
-	for _, tt := range tests {
-		t.Run(tt.src, func(t *testing.T) {
-			got, err := analyze(tt.src)
-			require.NoError(t, err)
-			assert.ElementsMatch(t, tt.want, got)
-		})
-	}
-	for _, bad := range []string{"a +", "(", "a.b.", "1 ? 2"} {
-		_, err := analyze(bad)
-		assert.Error(t, err, bad)
-	}
-}
-
 func TestSuggest(t *testing.T) {
 	names := []string{"threshold", "command", "clean", "exec", "files"}
 	for in, want := range map[string]string{

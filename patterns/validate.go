@@ -215,12 +215,12 @@ func (c *checker) value(n *Node, reads map[string]bool, at string, v Value, allo
 		c.e.add(at, "unknown output format %q (want text or json)", v.Format)
 	}
 	for _, src := range v.Exprs() {
-		refs, err := analyze(src)
+		refs, err := builtins.Analyze(src)
 		if err != nil {
 			c.e.add(at, "bad expression %q: %v", src, err)
 			continue
 		}
-		if !slices.ContainsFunc(refs, func(r ref) bool { return r.call && !isBuiltin(r.name) }) {
+		if !slices.ContainsFunc(refs, func(r builtins.Read) bool { return r.Call && !isBuiltin(r.Name) }) {
 			// What the runtime refuses (the clock, $env, ...), it says why.
 			if _, err := builtins.Parse(src); err != nil {
 				c.e.add(at, "%v", err)
@@ -232,13 +232,13 @@ func (c *checker) value(n *Node, reads map[string]bool, at string, v Value, allo
 				c.e.add(at, "%s", msg)
 				continue
 			}
-			reads[r.name] = true
-			if c.names[r.name] == "node" {
+			reads[r.Name] = true
+			if c.names[r.Name] == "node" {
 				if c.edges[n.Name] == nil {
 					c.edges[n.Name] = map[string]string{}
 				}
-				if _, ok := c.edges[n.Name][r.name]; !ok {
-					c.edges[n.Name][r.name] = at
+				if _, ok := c.edges[n.Name][r.Name]; !ok {
+					c.edges[n.Name][r.Name] = at
 				}
 			}
 		}
@@ -246,19 +246,19 @@ func (c *checker) value(n *Node, reads map[string]bool, at string, v Value, allo
 }
 
 // ref checks one name an expression reads; it returns what is wrong, or "".
-func (c *checker) ref(r ref) string {
-	if r.call {
-		if isBuiltin(r.name) {
+func (c *checker) ref(r builtins.Read) string {
+	if r.Call {
+		if isBuiltin(r.Name) {
 			return ""
 		}
-		return fmt.Sprintf("unknown function %q%s", r.name, suggest(r.name, builtin.Names))
+		return fmt.Sprintf("unknown function %q%s", r.Name, suggest(r.Name, builtin.Names))
 	}
-	switch c.names[r.name] {
+	switch c.names[r.Name] {
 	case "cell":
 		return ""
 	case "node":
-		n, _ := c.p.Node(r.name)
-		return checkOutput(n, r.path)
+		n, _ := c.p.Node(r.Name)
+		return checkOutput(n, r.Path)
 	}
 	var cells, nodes []string
 	for name, what := range c.names {
@@ -270,10 +270,10 @@ func (c *checker) ref(r ref) string {
 	}
 	sort.Strings(cells)
 	sort.Strings(nodes)
-	if s := nearest(r.name, append(slices.Clone(cells), nodes...)); s != "" {
-		return fmt.Sprintf("unknown %s %q (did you mean %q?)", c.names[s], r.name, s)
+	if s := nearest(r.Name, append(slices.Clone(cells), nodes...)); s != "" {
+		return fmt.Sprintf("unknown %s %q (did you mean %q?)", c.names[s], r.Name, s)
 	}
-	return fmt.Sprintf("unknown cell or node %q (cells: %s; nodes: %s)", r.name, orNone(cells), orNone(nodes))
+	return fmt.Sprintf("unknown cell or node %q (cells: %s; nodes: %s)", r.Name, orNone(cells), orNone(nodes))
 }
 
 // checkOutput checks a path read from a node's output.

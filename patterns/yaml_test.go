@@ -181,6 +181,8 @@ func TestParseErrors(t *testing.T) {
 			`p.yaml:4: nodes.big.computed: unknown node "clen" (did you mean "clean"?)`}},
 		{"unknown name without suggestion", "name: x\ncells: {a: 1}\nnodes:\n  b: {computed: '${zzz}'}\n", []string{
 			`p.yaml:4: nodes.b.computed: unknown cell or node "zzz" (cells: a; nodes: b)`}},
+		{"a let binds its name within the let only", "name: x\ncells: {a: 1}\nnodes:\n  b: {computed: '${(let zzz = 1; zzz) + zzz}'}\n", []string{
+			`p.yaml:4: nodes.b.computed: unknown cell or node "zzz" (cells: a; nodes: b)`}},
 		{"unknown field with suggestion", "name: x\nnodes:\n  clean:\n    exec:\n      comand: echo\n", []string{
 			`p.yaml:5: nodes.clean.exec.comand: unknown field "comand" (did you mean "command"?) (fields: command, image, env, files, cache, timeout)`}},
 		{"missing command", "name: x\nnodes:\n  e:\n    exec: {image: x}\n", []string{
