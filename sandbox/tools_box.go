@@ -78,7 +78,7 @@ func shellTool(ctx context.Context, c *call, in api.ShellInput) (any, error) {
 	if req.TimeoutMs <= 0 {
 		req.TimeoutMs = shellTimeoutMs
 	}
-	res, err := l.client.Exec(ctx, req, nil)
+	res, err := l.client.Exec(ctx, req, toolOutput(ctx)) // output as it comes to MCP progress (mcp.go)
 	if err != nil {
 		return nil, err
 	}
