@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -166,23 +167,27 @@ func TestMCPInExistingSession(t *testing.T) {
 	res, _ := c.call(t, "write_file", map[string]any{"path": "note.txt", "content": "from mcp"})
 	require.False(t, res.IsError)
 	assert.Equal(t, "from mcp", a.tool("read_file", map[string]any{"path": "note.txt"})["content"])
-	require.NoError(t, c.Close())
-	assert.Equal(t, "from mcp", a.tool("read_file", map[string]any{"path": "note.txt"})["content"], "ending the MCP session keeps the session")
 
 	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`
+	list := `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`
 	tests := []struct {
 		name, id, token string
-		status          int
-		msg             string
+		mcpSession, body string
+		status           int
+		msg              string
 	}{
-		{"another session's token", a.id, b.token, http.StatusForbidden, "token does not grant access"},
-		{"no token", a.id, "", http.StatusUnauthorized, "missing bearer token"},
-		{"unknown session", "s-0000000000000000", a.token, http.StatusNotFound, "no such session"},
+		{name: "a's MCP session with b's token", id: b.id, token: b.token, mcpSession: c.ID(), body: list, status: http.StatusForbidden, msg: "session user mismatch"},
+		{name: "another session's token", id: a.id, token: b.token, body: init, status: http.StatusForbidden, msg: "token does not grant access"},
+		{name: "no token", id: a.id, body: init, status: http.StatusUnauthorized, msg: "missing bearer token"},
+		{name: "unknown session", id: "s-0000000000000000", token: a.token, body: init, status: http.StatusNotFound, msg: "no such session"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req, err := http.NewRequest(http.MethodPost, url+"/v1/sessions/"+tt.id+"/mcp", strings.NewReader(init))
+			req, err := http.NewRequest(http.MethodPost, url+"/v1/sessions/"+tt.id+"/mcp", strings.NewReader(tt.body))
 			require.NoError(t, err)
+			if tt.mcpSession != "" {
+				req.Header.Set("Mcp-Session-Id", tt.mcpSession)
+			}
 			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set("Accept", "application/json, text/event-stream")
 			if tt.token != "" {
@@ -196,6 +201,8 @@ func TestMCPInExistingSession(t *testing.T) {
 			assert.Contains(t, string(body), tt.msg)
 		})
 	}
+	require.NoError(t, c.Close())
+	assert.Equal(t, "from mcp", a.tool("read_file", map[string]any{"path": "note.txt"})["content"], "ending the MCP session keeps the session")
 }
 
 // TestMCPCancelKillsCommand: cancelling a running shell call (the client
@@ -355,6 +362,15 @@ func TestMCPBoxResources(t *testing.T) {
 	res, err = c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/default/bin"})
 	require.NoError(t, err)
 	assert.Equal(t, []byte{0, 1, 2, 255}, res.Contents[0].Blob)
+
+	abs := "/tmp/mcp-resource-" + randomID(4)
+	t.Cleanup(func() { os.Remove(abs) })
+	c.call(t, "write_file", map[string]any{"path": abs, "content": "absolute"})
+	res, err = c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/default/" + abs})
+	require.NoError(t, err, "an absolute path after a double slash")
+	assert.Equal(t, "absolute", res.Contents[0].Text)
+	_, err = c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/default//etc/passwd"})
+	assert.ErrorContains(t, err, "outside the workspace", "the file tools' rules hold")
 
 	_, err = c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/default/missing.txt"})
 	require.Error(t, err)

@@ -101,6 +101,8 @@ func (c *mcpClient) checkTools(t *testing.T) {
 	}
 	require.Contains(t, tools, "read_file")
 	require.Contains(t, tools, "sandbox_destroy")
+	require.NotNil(t, tools["read_file"].Annotations)
+	require.NotNil(t, tools["sandbox_destroy"].Annotations)
 	assert.True(t, tools["read_file"].Annotations.ReadOnlyHint)
 	assert.True(t, *tools["sandbox_destroy"].Annotations.DestructiveHint)
 	assert.NotNil(t, tools["shell"].OutputSchema)
