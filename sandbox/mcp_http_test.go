@@ -171,7 +171,7 @@ func TestMCPInExistingSession(t *testing.T) {
 	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`
 	list := `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`
 	tests := []struct {
-		name, id, token string
+		name, id, token  string
 		mcpSession, body string
 		status           int
 		msg              string
