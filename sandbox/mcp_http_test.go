@@ -376,3 +376,17 @@ func TestMCPBoxResources(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no such file")
 }
+
+// TestMCPSessionExpires: an MCP session of /v1/mcp idle for SessionTTL is
+// closed by the SDK, and its cellbox session deleted with its boxes.
+func TestMCPSessionExpires(t *testing.T) {
+	f := newFakeBackend(t)
+	s := newTestService(t, f, "", func(c *Config) { c.SessionTTL = 300 * time.Millisecond })
+	url := startHTTP(t, s)
+	c := connectHTTP(t, url+"/v1/mcp", "")
+	res, _ := c.call(t, "write_file", map[string]any{"path": "a.txt", "content": "x"})
+	require.False(t, res.IsError)
+	require.Len(t, listSessions(t, url), 1)
+	require.Eventually(t, func() bool { return len(listSessions(t, url)) == 0 && f.count() == 0 }, 10*time.Second, 20*time.Millisecond,
+		"the idle MCP session ends, and its session and box with it")
+}
