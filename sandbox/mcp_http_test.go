@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,71 +14,12 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/internal/mcptest"
 )
 
-// bearer adds an Authorization header to every request.
-type bearer struct{ token string }
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return http.DefaultTransport.RoundTrip(r)
-}
-
-// mcpClient is an SDK client session that records the notifications it gets.
-type mcpClient struct {
-	*mcp.ClientSession
-	mu       sync.Mutex
-	progress []string
-	logs     []string
-	// onProgress, if set, sees each progress message as it comes.
-	onProgress func(msg string)
-}
-
-// got returns a copy of one of the recorded lists.
-func (c *mcpClient) got(list *[]string) []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]string(nil), *list...)
-}
-
-func (c *mcpClient) options() *mcp.ClientOptions {
-	return &mcp.ClientOptions{
-		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
-			c.mu.Lock()
-			c.progress = append(c.progress, req.Params.Message)
-			f := c.onProgress
-			c.mu.Unlock()
-			if f != nil {
-				f(req.Params.Message)
-			}
-		},
-		LoggingMessageHandler: func(_ context.Context, req *mcp.LoggingMessageRequest) {
-			c.mu.Lock()
-			c.logs = append(c.logs, req.Params.Logger+": "+req.Params.Data.(string))
-			c.mu.Unlock()
-		},
-	}
-}
-
-// connectMCP connects an SDK client to t over the transport.
-func connectMCP(t *testing.T, transport mcp.Transport) *mcpClient {
-	t.Helper()
-	c := &mcpClient{}
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, c.options()).Connect(context.Background(), transport, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { cs.Close() })
-	c.ClientSession = cs
-	return c
-}
-
-// connectHTTP connects to the Streamable HTTP endpoint url with token.
-func connectHTTP(t *testing.T, url, token string) *mcpClient {
-	return connectMCP(t, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: bearer{token}}})
-}
-
 // connectInMemory connects to s.MCPServer of a new session.
-func connectInMemory(t *testing.T, s *Service) (*mcpClient, string) {
+func connectInMemory(t *testing.T, s *Service) *mcptest.Client {
 	t.Helper()
 	id, _, err := s.NewSession(context.Background())
 	require.NoError(t, err)
@@ -89,25 +29,7 @@ func connectInMemory(t *testing.T, s *Service) (*mcpClient, string) {
 	ss, err := srv.Connect(context.Background(), st, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { ss.Close() })
-	return connectMCP(t, ct), id
-}
-
-// call runs a tool and returns its result; a failed call must have no
-// structuredContent, a successful one its text as structuredContent.
-func (c *mcpClient) call(t *testing.T, name string, args map[string]any) (*mcp.CallToolResult, map[string]any) {
-	t.Helper()
-	res, err := c.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: args})
-	require.NoError(t, err)
-	require.Len(t, res.Content, 1)
-	text := res.Content[0].(*mcp.TextContent).Text
-	var m map[string]any
-	require.NoError(t, json.Unmarshal([]byte(text), &m))
-	if res.IsError {
-		assert.Nil(t, res.StructuredContent)
-	} else {
-		assert.JSONEq(t, text, mustMarshal(t, res.StructuredContent))
-	}
-	return res, m
+	return mcptest.MustConnect(t, ct)
 }
 
 func mustMarshal(t *testing.T, v any) string {
@@ -116,44 +38,31 @@ func mustMarshal(t *testing.T, v any) string {
 	return string(raw)
 }
 
-func listSessions(t *testing.T, url string) map[string]int {
-	resp, err := http.Get(url + "/v1/sessions")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	var list []SessionInfo
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&list))
-	out := map[string]int{}
-	for _, s := range list {
-		out[s.ID] = s.Boxes
-	}
-	return out
-}
-
 // TestMCPSessionPerClient: /v1/mcp gives every MCP session a cellbox
 // session of its own, deleted with its boxes when the client ends it.
 func TestMCPSessionPerClient(t *testing.T) {
 	s := newTestService(t, newFakeBackend(t), "", nil)
 	url := startHTTP(t, s)
-	a, b := connectHTTP(t, url+"/v1/mcp", ""), connectHTTP(t, url+"/v1/mcp", "")
+	a, b := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", "")), mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
 	assert.Equal(t, "2025-11-25", a.InitializeResult().ProtocolVersion, "the newest version of sessions")
 	assert.Equal(t, "cellbox", a.InitializeResult().ServerInfo.Name)
 	assert.Equal(t, MCPInstructions, a.InitializeResult().Instructions)
 	assert.NotEmpty(t, a.ID(), "Mcp-Session-Id")
 	assert.NotEqual(t, a.ID(), b.ID())
 
-	res, _ := a.call(t, "write_file", map[string]any{"path": "note.txt", "content": "from a"})
+	res, _ := a.Call(t, "write_file", map[string]any{"path": "note.txt", "content": "from a"})
 	require.False(t, res.IsError)
-	res, m := b.call(t, "read_file", map[string]any{"path": "note.txt"})
+	res, m := b.Call(t, "read_file", map[string]any{"path": "note.txt"})
 	assert.True(t, res.IsError, "b's box is not a's")
 	assert.Contains(t, m["error"], "no such file")
-	_, m = a.call(t, "read_file", map[string]any{"path": "note.txt"})
+	_, m = a.Call(t, "read_file", map[string]any{"path": "note.txt"})
 	assert.Equal(t, "from a", m["content"])
-	sessions := listSessions(t, url)
+	sessions := mcptest.Sessions(t, url, "")
 	require.Len(t, sessions, 2)
 
 	require.NoError(t, a.Close()) // DELETE with Mcp-Session-Id
-	require.Eventually(t, func() bool { return len(listSessions(t, url)) == 1 }, 10*time.Second, 20*time.Millisecond)
-	_, m = b.call(t, "sandbox_list", nil)
+	require.Eventually(t, func() bool { return len(mcptest.Sessions(t, url, "")) == 1 }, 10*time.Second, 20*time.Millisecond)
+	_, m = b.Call(t, "sandbox_list", nil)
 	assert.Len(t, m["sandboxes"], 1, "b keeps its box")
 }
 
@@ -163,8 +72,8 @@ func TestMCPInExistingSession(t *testing.T) {
 	s := newTestService(t, newFakeBackend(t), "", nil)
 	url := startHTTP(t, s)
 	a, b := newHTTPSession(t, url), newHTTPSession(t, url)
-	c := connectHTTP(t, url+"/v1/sessions/"+a.id+"/mcp", a.token)
-	res, _ := c.call(t, "write_file", map[string]any{"path": "note.txt", "content": "from mcp"})
+	c := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/sessions/"+a.id+"/mcp", a.token))
+	res, _ := c.Call(t, "write_file", map[string]any{"path": "note.txt", "content": "from mcp"})
 	require.False(t, res.IsError)
 	assert.Equal(t, "from mcp", a.tool("read_file", map[string]any{"path": "note.txt"})["content"])
 
@@ -214,46 +123,14 @@ func TestMCPCancelKillsCommand(t *testing.T) {
 	h := newHTTPSession(t, url)
 	for _, tr := range []struct {
 		name    string
-		connect func() *mcpClient
+		connect func() *mcptest.Client
 	}{
-		{"http", func() *mcpClient { return connectHTTP(t, url+"/v1/sessions/"+h.id+"/mcp", h.token) }},
-		{"in memory", func() *mcpClient { c, _ := connectInMemory(t, s); return c }},
+		{"http", func() *mcptest.Client {
+			return mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/sessions/"+h.id+"/mcp", h.token))
+		}},
+		{"in memory", func() *mcptest.Client { return connectInMemory(t, s) }},
 	} {
-		t.Run(tr.name, func(t *testing.T) {
-			c := tr.connect()
-			started := make(chan string, 1)
-			c.onProgress = func(msg string) {
-				select {
-				case started <- msg:
-				default:
-				}
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			params := &mcp.CallToolParams{Name: "shell", Arguments: map[string]any{"command": "echo $$; exec sleep 30", "timeout_ms": 120000}}
-			params.SetProgressToken("cancel-me")
-			done := make(chan error, 1)
-			go func() {
-				_, err := c.CallTool(ctx, params)
-				done <- err
-			}()
-			var pid string
-			select {
-			case pid = <-started:
-			case err := <-done:
-				t.Fatalf("the call ended before it printed: %v", err)
-			case <-time.After(30 * time.Second):
-				t.Fatal("no progress with the command's first line")
-			}
-			require.Regexp(t, `^\d+$`, pid)
-			cancel()
-			require.ErrorIs(t, <-done, context.Canceled)
-			// The sleep is gone: kill -0 fails once the process group is killed.
-			require.Eventually(t, func() bool {
-				_, m := c.call(t, "shell", map[string]any{"command": "kill -0 " + pid + " 2>/dev/null && echo alive || echo gone"})
-				return m["stdout"] == "gone\n"
-			}, 10*time.Second, 50*time.Millisecond)
-		})
+		t.Run(tr.name, func(t *testing.T) { tr.connect().CancelSleep(t) })
 	}
 }
 
@@ -262,21 +139,21 @@ func TestMCPCancelKillsCommand(t *testing.T) {
 // (logging/setLevel: protocol 2025-11-25; 2026-07-28 asks per request).
 func TestMCPProgressAndLogs(t *testing.T) {
 	s := newTestService(t, newFakeBackend(t), "", nil)
-	c := connectHTTP(t, startHTTP(t, s)+"/v1/mcp", "")
+	c := mcptest.MustConnect(t, mcptest.HTTP(startHTTP(t, s)+"/v1/mcp", ""))
 	params := &mcp.CallToolParams{Name: "shell", Arguments: map[string]any{"command": "echo one; echo two >&2; printf three"}}
 	params.SetProgressToken(7)
 	res, err := c.CallTool(context.Background(), params)
 	require.NoError(t, err)
 	require.False(t, res.IsError)
 	// The client handles notifications apart from the answer: wait for them.
-	require.Eventually(t, func() bool { return len(c.got(&c.progress)) == 3 }, 10*time.Second, 10*time.Millisecond)
-	assert.ElementsMatch(t, []string{"one", "stderr: two", "three"}, c.got(&c.progress))
+	require.Eventually(t, func() bool { return len(c.Progress()) == 3 }, 10*time.Second, 10*time.Millisecond)
+	assert.ElementsMatch(t, []string{"one", "stderr: two", "three"}, c.Progress())
 
 	require.NoError(t, c.SetLoggingLevel(context.Background(), &mcp.SetLoggingLevelParams{Level: "debug"}))
-	c.call(t, "shell", map[string]any{"command": "echo logged"})
-	require.Eventually(t, func() bool { return len(c.got(&c.logs)) > 0 }, 10*time.Second, 10*time.Millisecond)
-	assert.Equal(t, []string{"stdout: logged"}, c.got(&c.logs), "only the call after logging/setLevel logs")
-	assert.Len(t, c.got(&c.progress), 3, "no progress without a progressToken")
+	c.Call(t, "shell", map[string]any{"command": "echo logged"})
+	require.Eventually(t, func() bool { return len(c.Logs()) > 0 }, 10*time.Second, 10*time.Millisecond)
+	assert.Equal(t, []string{"stdout: logged"}, c.Logs(), "only the call after logging/setLevel logs")
+	assert.Len(t, c.Progress(), 3, "no progress without a progressToken")
 }
 
 // TestMCPToolMetadata: every tool has a title, annotations and an output
@@ -286,7 +163,7 @@ func TestMCPToolMetadata(t *testing.T) {
 		assert.Contains(t, toolMetas, tool.Name, "add the MCP title and hints of a new tool to toolMetas")
 	}
 	s := newTestService(t, newFakeBackend(t), "", nil)
-	c, _ := connectInMemory(t, s)
+	c := connectInMemory(t, s)
 	list, err := c.ListTools(context.Background(), nil)
 	require.NoError(t, err)
 	require.Len(t, list.Tools, len(Tools()))
@@ -335,7 +212,7 @@ func TestMCPToolMetadata(t *testing.T) {
 		{"sandbox_destroy", map[string]any{"sandbox": "other"}},
 	}
 	for _, tc := range calls {
-		res, _ := c.call(t, tc.tool, tc.args)
+		res, _ := c.Call(t, tc.tool, tc.args)
 		require.False(t, res.IsError, "%s: %v", tc.tool, res.Content[0])
 		var instance any
 		require.NoError(t, json.Unmarshal([]byte(mustMarshal(t, res.StructuredContent)), &instance))
@@ -347,14 +224,14 @@ func TestMCPToolMetadata(t *testing.T) {
 // read_file's rules.
 func TestMCPBoxResources(t *testing.T) {
 	s := newTestService(t, newFakeBackend(t), "", nil)
-	c, _ := connectInMemory(t, s)
+	c := connectInMemory(t, s)
 	tmpl, err := c.ListResourceTemplates(context.Background(), nil)
 	require.NoError(t, err)
 	require.Len(t, tmpl.ResourceTemplates, 1)
 	assert.Equal(t, BoxResourceTemplate, tmpl.ResourceTemplates[0].URITemplate)
 
-	c.call(t, "write_file", map[string]any{"path": "dir/a.txt", "content": "hello\nworld\n"})
-	c.call(t, "write_file", map[string]any{"path": "bin", "content": "AAEC/w==", "encoding": "base64"})
+	c.Call(t, "write_file", map[string]any{"path": "dir/a.txt", "content": "hello\nworld\n"})
+	c.Call(t, "write_file", map[string]any{"path": "bin", "content": "AAEC/w==", "encoding": "base64"})
 	res, err := c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/default/dir/a.txt"})
 	require.NoError(t, err)
 	require.Len(t, res.Contents, 1)
@@ -365,7 +242,7 @@ func TestMCPBoxResources(t *testing.T) {
 
 	abs := "/tmp/mcp-resource-" + randomID(4)
 	t.Cleanup(func() { os.Remove(abs) })
-	c.call(t, "write_file", map[string]any{"path": abs, "content": "absolute"})
+	c.Call(t, "write_file", map[string]any{"path": abs, "content": "absolute"})
 	res, err = c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/default/" + abs})
 	require.NoError(t, err, "an absolute path after a double slash")
 	assert.Equal(t, "absolute", res.Contents[0].Text)
@@ -383,10 +260,10 @@ func TestMCPSessionExpires(t *testing.T) {
 	f := newFakeBackend(t)
 	s := newTestService(t, f, "", func(c *Config) { c.SessionTTL = 300 * time.Millisecond })
 	url := startHTTP(t, s)
-	c := connectHTTP(t, url+"/v1/mcp", "")
-	res, _ := c.call(t, "write_file", map[string]any{"path": "a.txt", "content": "x"})
+	c := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
+	res, _ := c.Call(t, "write_file", map[string]any{"path": "a.txt", "content": "x"})
 	require.False(t, res.IsError)
-	require.Len(t, listSessions(t, url), 1)
-	require.Eventually(t, func() bool { return len(listSessions(t, url)) == 0 && f.count() == 0 }, 10*time.Second, 20*time.Millisecond,
+	require.Len(t, mcptest.Sessions(t, url, ""), 1)
+	require.Eventually(t, func() bool { return len(mcptest.Sessions(t, url, "")) == 0 && f.count() == 0 }, 10*time.Second, 20*time.Millisecond,
 		"the idle MCP session ends, and its session and box with it")
 }
