@@ -32,13 +32,14 @@ const MaxToolBody = 8 << 20
 //	GET    /v1/sessions/{id}/boxes/{box}/files/{path...}  (Bearer) raw bytes
 //	PUT    /v1/sessions/{id}/boxes/{box}/files/{path...}  (Bearer) raw bytes -> {"path","bytes"}
 //	GET    /v1/sessions/{id}/boxes/{box}/watch?path=&debounce_ms=  (Bearer) server-sent events
-//	POST   /v1/sessions/{id}/mcp                          (Bearer) one MCP JSON-RPC message (Streamable HTTP)
+//	POST|GET|DELETE /v1/sessions/{id}/mcp                 (Bearer) MCP, Streamable HTTP, in this session (mcp_http.go)
+//	POST|GET|DELETE /v1/mcp                               MCP, Streamable HTTP, a new session per MCP session (mcp_http.go)
 //	GET    /healthz, /metrics
 //	ANY    Host: {pid}.localhost                          preview proxy (a preview's own origin)
 //	ANY    /preview/{pid}/...                             308 to http://{pid}.localhost:PORT/...
 //
 // The routes without a session token (creating and listing sessions,
-// /metrics) are open here: the server in front of Handler guards them
+// /v1/mcp, /metrics) are open here: the server in front of Handler guards them
 // (cmd/cellbox asks for the server key, and checks Host and Origin on
 // every request).
 //
@@ -52,7 +53,9 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("DELETE /v1/sessions/{id}", s.authed(s.handleDeleteSession))
 	mux.HandleFunc("GET /v1/tools", s.handleTools)
 	mux.HandleFunc("POST /v1/sessions/{id}/tools/{name}", s.authed(s.handleTool))
-	mux.HandleFunc("POST /v1/sessions/{id}/mcp", s.authed(s.handleMCP)) // mcp_http.go
+	m := s.newMCPHTTP() // mcp_http.go
+	mux.Handle("/v1/mcp", m.keyed)
+	mux.HandleFunc("/v1/sessions/{id}/mcp", s.authed(m.serveSession))
 	mux.HandleFunc("POST /v1/sessions/{id}/boxes/{box}/exec", s.authed(s.handleExec))
 	mux.HandleFunc("GET /v1/sessions/{id}/boxes/{box}/files/{path...}", s.authed(s.handleDownload))
 	mux.HandleFunc("PUT /v1/sessions/{id}/boxes/{box}/files/{path...}", s.authed(s.handleUpload))

@@ -3,53 +3,119 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
-	"runtime/debug"
+	"sync"
+	"time"
 
-	"github.com/cellbox/cellbox/sandbox/api"
-	"github.com/cellbox/cellbox/sandbox/mcp"
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// MCPInstructions tell an MCP client's model how the tools fit together.
-const MCPInstructions = `These tools run commands and edit files in sandboxed Linux boxes of your session. ` +
-	`A box is named by the "sandbox" field (default "default"), is created on first use and keeps its files between calls; ` +
-	`relative paths are relative to /workspace. Boxes have no network unless created with sandbox_create network: true. ` +
-	`Use shell for commands (background: true for servers, then process), read_file/write_file/edit/str_replace/grep/glob/ls for files, ` +
-	`transfer to copy between boxes, and browse to get a URL for a server listening in a box.`
-
-// MCPInfo describes cellbox to MCP clients.
-func MCPInfo() mcp.Info {
-	version := "dev"
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		version = bi.Main.Version
-	}
-	return mcp.Info{Name: "cellbox", Version: version, Instructions: MCPInstructions}
-}
-
 // MCPServer returns an MCP server of the tool registry that runs every call
-// in session id's boxes.
+// in session id's boxes, for a client that is the only one of the session
+// (cellbox mcp on stdio). The session no longer expires when idle.
 func (s *Service) MCPServer(id string) (*mcp.Server, error) {
 	if _, err := s.session(id); err != nil {
 		return nil, err
 	}
 	s.pin(id)
-	return mcp.NewServer(sessionTools{s: s, id: id}, MCPInfo()), nil
+	caller := s.sessionCaller(id)
+	return NewMCPServer(ToolInfos(), func(context.Context, mcp.Request) (ToolCaller, error) { return caller, nil }), nil
 }
 
-// sessionTools is the registry bound to one session.
-type sessionTools struct {
-	s  *Service
-	id string
+// sessionCaller runs tools in session id's boxes.
+func (s *Service) sessionCaller(id string) ToolCaller {
+	return ToolCallerFunc(func(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error) {
+		return s.CallTool(ctx, id, name, args)
+	})
 }
 
-func (t sessionTools) Tools() []api.ToolInfo { return ToolInfos() }
+// mcpHTTP serves MCP's Streamable HTTP transport with the SDK's handler
+// (sessions by Mcp-Session-Id, POST answered as JSON or an event stream,
+// GET for the server's own stream, DELETE to end a session) on two routes:
+//
+//   - /v1/mcp, behind the server key (checked by the server in front of
+//     Handler): every MCP session gets a cellbox session of its own,
+//     made on its first tool call or resource read and deleted with its
+//     boxes when the MCP session ends (DELETE, or idle for SessionTTL).
+//   - /v1/sessions/{id}/mcp, with session id's token: the tools run in that
+//     existing session, which outlives the MCP sessions.
+//
+// Both share one SDK server; bind tells the routes apart by the token info
+// the second route puts on its requests (the SDK also refuses an MCP
+// session of one cellbox session on another's requests by it).
+type mcpHTTP struct {
+	s       *Service
+	keyed   http.Handler // /v1/mcp
+	session http.Handler // /v1/sessions/{id}/mcp, after s.authed
 
-func (t sessionTools) Call(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error) {
-	return t.s.CallTool(ctx, t.id, name, args)
+	mu  sync.Mutex
+	ids map[*mcp.ServerSession]string // /v1/mcp: the cellbox session of each MCP session
 }
 
-// handleMCP serves POST /v1/sessions/{id}/mcp: MCP's Streamable HTTP
-// transport, one JSON-RPC message per request, answered as application/json.
-func (s *Service) handleMCP(w http.ResponseWriter, r *http.Request, sess *Session) {
-	mcp.NewServer(sessionTools{s: s, id: sess.ID}, MCPInfo()).ServeHTTP(w, r)
+func (s *Service) newMCPHTTP() *mcpHTTP {
+	m := &mcpHTTP{s: s, ids: map[*mcp.ServerSession]string{}}
+	server := NewMCPServer(ToolInfos(), m.bind)
+	opts := &mcp.StreamableHTTPOptions{
+		SessionTimeout: max(s.cfg.SessionTTL, 0),
+		// The server in front of Handler checks Host and Origin (see
+		// cmd/cellbox's guard, which also knows --allowed-host names).
+		DisableLocalhostProtection: true,
+		MaxRequestBodyBytes:        MaxToolBody,
+		Logger:                     s.log,
+	}
+	get := func(*http.Request) *mcp.Server { return server }
+	m.keyed = mcp.NewStreamableHTTPHandler(get, opts)
+	m.session = mcp.NewStreamableHTTPHandler(get, opts)
+	return m
+}
+
+// serveSession serves /v1/sessions/{id}/mcp once s.authed has checked the
+// token: the session id travels as the SDK's token info, so the tools run
+// in that session and an MCP session is used by its cellbox session only.
+func (m *mcpHTTP) serveSession(w http.ResponseWriter, r *http.Request, sess *Session) {
+	info := &auth.TokenInfo{UserID: sess.ID}
+	verified := func(context.Context, string, *http.Request) (*auth.TokenInfo, error) { return info, nil }
+	auth.RequireBearerToken(verified, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(m.session).ServeHTTP(w, r)
+}
+
+// bind picks the cellbox session of an MCP request.
+func (m *mcpHTTP) bind(ctx context.Context, req mcp.Request) (ToolCaller, error) {
+	if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
+		return m.s.sessionCaller(extra.TokenInfo.UserID), nil
+	}
+	ss, ok := req.GetSession().(*mcp.ServerSession)
+	if !ok {
+		return nil, errors.New("MCP request without a server session")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	id, ok := m.ids[ss]
+	if !ok {
+		var err error
+		if id, _, err = m.s.NewSession(ctx); err != nil {
+			return nil, err
+		}
+		m.s.pin(id) // lives as long as the MCP session, which has its own idle timeout
+		m.ids[ss] = id
+		m.s.log.Info("MCP session started", "mcp_session", ss.ID(), "session", id)
+		go m.end(ss, id)
+	}
+	return m.s.sessionCaller(id), nil
+}
+
+// end deletes the cellbox session of MCP session ss once ss ends.
+func (m *mcpHTTP) end(ss *mcp.ServerSession, id string) {
+	ss.Wait()
+	m.mu.Lock()
+	delete(m.ids, ss)
+	m.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := m.s.DeleteSession(ctx, id); err != nil {
+		m.s.log.Warn("delete the session of an ended MCP session", "mcp_session", ss.ID(), "session", id, "err", err)
+		return
+	}
+	m.s.log.Info("MCP session ended: session deleted", "mcp_session", ss.ID(), "session", id)
 }

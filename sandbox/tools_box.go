@@ -100,7 +100,7 @@ func runShell(ctx context.Context, c *call, in api.ShellInput, maxOutput int) (a
 	if req.TimeoutMs <= 0 {
 		req.TimeoutMs = shellTimeoutMs
 	}
-	res, err := l.client.Exec(ctx, req, nil)
+	res, err := l.client.Exec(ctx, req, toolOutput(ctx)) // output as it comes to MCP progress (mcp.go)
 	if err != nil {
 		return api.ShellOutput{}, err
 	}

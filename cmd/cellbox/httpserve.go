@@ -110,8 +110,10 @@ func withRuntimeAPI(h, api, page http.Handler) http.Handler {
 //  3. Preview hosts go to the preview proxy and nothing else, so a page a
 //     box serves never shares an origin with the APIs or the web page.
 //  4. Everything else needs the server key (Authorization: Bearer KEY, or
-//     the page's cookie), except /healthz, GET /v1/tools, and the session
-//     routes /v1/sessions/{id}/..., which check their session's token.
+//     the page's cookie), MCP's /v1/mcp included (a session of boxes per
+//     MCP session), except /healthz, GET /v1/tools, and the session
+//     routes /v1/sessions/{id}/... (MCP's too), which check their
+//     session's token.
 //     Missing: 401; wrong: 403. GET /?token=KEY trades the key for an
 //     HttpOnly SameSite=Strict cookie, as a notebook server does.
 type guard struct {

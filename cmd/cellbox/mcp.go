@@ -6,16 +6,16 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/cellbox/cellbox/sandbox"
-	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
-	"github.com/cellbox/cellbox/sandbox/mcp"
 	"github.com/cellbox/cellbox/sandboxclient"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 func init() {
@@ -124,27 +124,26 @@ func mcpRemote(ctx context.Context, server, id, token, key string) error {
 		return fmt.Errorf("list the tools of %s: %w", server, err)
 	}
 	slog.Info("cellbox mcp: serving on stdio", "server", server, "session", id)
-	return serveStdio(ctx, mcp.NewServer(remoteTools{c: c, tools: tools}, sandbox.MCPInfo()))
+	caller := remoteTools{c}
+	return serveStdio(ctx, sandbox.NewMCPServer(tools, func(context.Context, mcp.Request) (sandbox.ToolCaller, error) { return caller, nil }))
 }
 
 // serveStdio serves MCP on stdin/stdout until stdin ends or ctx does.
 func serveStdio(ctx context.Context, srv *mcp.Server) error {
-	err := srv.Serve(ctx, os.Stdin, os.Stdout)
+	err := srv.Run(ctx, &mcp.StdioTransport{})
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return nil // interrupted: a normal stop
+	}
+	if errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, io.EOF) {
+		return nil // the client closed stdin
 	}
 	return err
 }
 
-// remoteTools is the registry of a server, bound to one of its sessions.
-type remoteTools struct {
-	c     *sandboxclient.HTTP
-	tools []api.ToolInfo
-}
+// remoteTools runs the tools of a server in one of its sessions.
+type remoteTools struct{ c *sandboxclient.HTTP }
 
-func (r remoteTools) Tools() []api.ToolInfo { return r.tools }
-
-func (r remoteTools) Call(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error) {
+func (r remoteTools) CallTool(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error) {
 	res, err := r.c.Tool(ctx, name, args)
 	var te *sandboxclient.ToolError
 	if errors.As(err, &te) {

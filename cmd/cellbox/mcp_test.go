@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bufio"
-	"encoding/json"
-	"io"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,21 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cellbox/cellbox/internal/mcptest"
 	"github.com/cellbox/cellbox/internal/testenv"
 )
-
-// mcpProc is a `cellbox mcp` process driven over stdio like an MCP client.
-type mcpProc struct {
-	t      *testing.T
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	lines  chan string
-	stderr strings.Builder
-	nextID int
-}
 
 // cleanEnv is the environment without the CELLBOX_ client settings.
 func cleanEnv() []string {
@@ -38,141 +28,69 @@ func cleanEnv() []string {
 	return env
 }
 
-func startMCP(t *testing.T, args ...string) *mcpProc {
-	p := &mcpProc{t: t, lines: make(chan string, 16)}
-	p.cmd = exec.Command(testenv.CellboxBinary(t), append([]string{"mcp"}, args...)...)
-	p.cmd.Env = cleanEnv()
-	p.cmd.Stderr = &p.stderr
-	var err error
-	p.stdin, err = p.cmd.StdinPipe()
+// startMCP runs `cellbox mcp args...` as an IDE would, and connects to it.
+func startMCP(t *testing.T, args ...string) (*mcptest.Client, *syncBuffer) {
+	t.Helper()
+	cmd := exec.Command(testenv.CellboxBinary(t), append([]string{"mcp"}, args...)...)
+	cmd.Env = cleanEnv()
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	c, err := mcptest.Connect(t, &mcp.CommandTransport{Command: cmd})
+	require.NoError(t, err, "stderr:\n%s", stderr)
+	return c, stderr
+}
+
+// checkTools checks the tool list has the registry with its metadata.
+func checkTools(t *testing.T, c *mcptest.Client) {
+	t.Helper()
+	list, err := c.ListTools(context.Background(), nil)
 	require.NoError(t, err)
-	stdout, err := p.cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, p.cmd.Start())
-	t.Cleanup(func() {
-		if p.cmd.ProcessState == nil {
-			p.cmd.Process.Kill()
-			p.cmd.Wait()
-		}
-	})
-	go func() {
-		defer close(p.lines)
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 64<<10), 16<<20)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-	}()
-	return p
-}
-
-func (p *mcpProc) send(msg string) {
-	_, err := io.WriteString(p.stdin, msg+"\n")
-	require.NoError(p.t, err)
-}
-
-// request sends a request and returns its answer; every line on stdout
-// must be a JSON-RPC message.
-func (p *mcpProc) request(method string, params any) map[string]any {
-	p.t.Helper()
-	p.nextID++
-	raw, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": p.nextID, "method": method, "params": params})
-	require.NoError(p.t, err)
-	p.send(string(raw))
-	select {
-	case line, ok := <-p.lines:
-		require.True(p.t, ok, "cellbox mcp ended; stderr:\n%s", &p.stderr)
-		var m map[string]any
-		require.NoError(p.t, json.Unmarshal([]byte(line), &m), "stdout carries only JSON-RPC: %q", line)
-		require.EqualValues(p.t, p.nextID, m["id"], line)
-		return m
-	case <-time.After(60 * time.Second):
-		p.t.Fatalf("no answer to %s; stderr:\n%s", method, &p.stderr)
+	tools := map[string]*mcp.Tool{}
+	for _, tool := range list.Tools {
+		tools[tool.Name] = tool
 	}
-	return nil
-}
-
-// result returns the result of a request that must succeed.
-func (p *mcpProc) result(method string, params any) map[string]any {
-	p.t.Helper()
-	m := p.request(method, params)
-	res, ok := m["result"].(map[string]any)
-	require.True(p.t, ok, "%s failed: %v", method, m)
-	return res
-}
-
-// handshake initializes the connection and lists the tools.
-func (p *mcpProc) handshake() {
-	init := p.result("initialize", map[string]any{"protocolVersion": "2025-06-18", "capabilities": map[string]any{}, "clientInfo": map[string]any{"name": "test", "version": "1"}})
-	assert.Equal(p.t, "2025-06-18", init["protocolVersion"])
-	assert.Equal(p.t, "cellbox", init["serverInfo"].(map[string]any)["name"])
-	p.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
-	var names []string
-	for _, tool := range p.result("tools/list", nil)["tools"].([]any) {
-		names = append(names, tool.(map[string]any)["name"].(string))
-	}
-	assert.Subset(p.t, names, []string{"shell", "read_file", "write_file", "edit", "grep", "sandbox_create"})
-}
-
-// shell runs command with the shell tool and returns the result object.
-func (p *mcpProc) shell(command string) map[string]any {
-	p.t.Helper()
-	res := p.result("tools/call", map[string]any{"name": "shell", "arguments": map[string]any{"command": command}})
-	require.Equal(p.t, false, res["isError"], res)
-	return res["structuredContent"].(map[string]any)
-}
-
-// stop closes stdin, which ends the server, and waits for it.
-func (p *mcpProc) stop() {
-	require.NoError(p.t, p.stdin.Close())
-	done := make(chan error, 1)
-	go func() { done <- p.cmd.Wait() }()
-	select {
-	case err := <-done:
-		assert.NoError(p.t, err, "exit 0 at end of input; stderr:\n%s", &p.stderr)
-	case <-time.After(60 * time.Second):
-		p.t.Fatalf("cellbox mcp did not stop at end of input; stderr:\n%s", &p.stderr)
-	}
+	require.Contains(t, tools, "read_file")
+	require.Contains(t, tools, "sandbox_destroy")
+	require.NotNil(t, tools["read_file"].Annotations)
+	require.NotNil(t, tools["sandbox_destroy"].Annotations)
+	assert.True(t, tools["read_file"].Annotations.ReadOnlyHint)
+	assert.True(t, *tools["sandbox_destroy"].Annotations.DestructiveHint)
+	assert.NotNil(t, tools["shell"].OutputSchema)
 }
 
 // TestMCPStdio runs `cellbox mcp` with in-process boxes, as an IDE would.
 func TestMCPStdio(t *testing.T) {
 	testenv.RequireBwrap(t)
 	data := t.TempDir()
-	p := startMCP(t, "--data", data, "--backend", "local")
-	p.handshake()
+	c, stderr := startMCP(t, "--data", data, "--backend", "local")
+	assert.Equal(t, "cellbox", c.InitializeResult().ServerInfo.Name)
+	assert.Equal(t, "2026-07-28", c.InitializeResult().ProtocolVersion, "the SDK's newest, by server/discover")
+	checkTools(t, c)
 
-	out := p.shell("echo hi")
+	out := c.Shell(t, "echo hi")
 	assert.Equal(t, "hi\n", out["stdout"])
 	assert.EqualValues(t, 0, out["exit_code"])
-	res := p.result("tools/call", map[string]any{"name": "shell", "arguments": map[string]any{"command": "echo hi"}})
-	content := res["content"].([]any)
-	require.Len(t, content, 1)
-	assert.Equal(t, "text", content[0].(map[string]any)["type"])
-	assert.JSONEq(t, mustJSON(t, res["structuredContent"]), content[0].(map[string]any)["text"].(string), "the text is the result object")
 
 	// Files persist between calls in the session's box.
-	p.result("tools/call", map[string]any{"name": "write_file", "arguments": map[string]any{"path": "a.txt", "content": "one\n"}})
-	assert.Equal(t, "one\n", p.shell("cat /workspace/a.txt")["stdout"])
+	c.Call(t, "write_file", map[string]any{"path": "a.txt", "content": "one\n"})
+	assert.Equal(t, "one\n", c.Shell(t, "cat /workspace/a.txt")["stdout"])
+	read, err := c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/default/a.txt"})
+	require.NoError(t, err)
+	assert.Equal(t, "one\n", read.Contents[0].Text)
 
-	res = p.result("tools/call", map[string]any{"name": "read_file", "arguments": map[string]any{"path": "missing.txt"}})
-	assert.Equal(t, true, res["isError"])
-	assert.Contains(t, res["structuredContent"].(map[string]any)["error"], "no such file")
+	res, out := c.Call(t, "read_file", map[string]any{"path": "missing.txt"})
+	assert.True(t, res.IsError)
+	assert.Contains(t, out["error"], "no such file")
+	_, err = c.CallTool(context.Background(), &mcp.CallToolParams{Name: "nosuchtool"})
+	assert.ErrorContains(t, err, `unknown tool "nosuchtool"`)
 
-	e := p.request("tools/call", map[string]any{"name": "nosuchtool", "arguments": map[string]any{}})
-	assert.EqualValues(t, -32602, e["error"].(map[string]any)["code"])
+	c.CancelSleep(t)
 
-	p.stop()
-	assert.Contains(t, p.stderr.String(), "session deleted")
+	require.NoError(t, c.Close()) // closes stdin: the server ends
+	assert.Contains(t, stderr.String(), "session deleted")
 	boxes, err := os.ReadDir(filepath.Join(data, "boxes"))
 	require.NoError(t, err)
 	assert.Empty(t, boxes, "the session's boxes are destroyed on exit")
-}
-
-func mustJSON(t *testing.T, v any) string {
-	raw, err := json.Marshal(v)
-	require.NoError(t, err)
-	return string(raw)
 }
 
 // TestMCPProxy runs `cellbox mcp --server` against a running cellbox serve,
@@ -182,14 +100,14 @@ func TestMCPProxy(t *testing.T) {
 	data := t.TempDir()
 	url := startServe(t, data, "--pool", "0").url
 
-	p := startMCP(t, "--server", url, "--data", data) // the server key is DATA/server.key
-	p.handshake()
-	assert.Equal(t, "hi\n", p.shell("echo hi")["stdout"])
-	res := p.result("tools/call", map[string]any{"name": "read_file", "arguments": map[string]any{"path": "missing.txt"}})
-	assert.Equal(t, true, res["isError"], "a tool error stays a result through the proxy")
-	p.stop()
-	assert.Regexp(t, `serving on stdio.*session=s-`, p.stderr.String())
-	assert.NotContains(t, p.stderr.String(), "delete the MCP session", "the session it created is deleted on exit")
+	c, stderr := startMCP(t, "--server", url, "--data", data) // the server key is DATA/server.key
+	checkTools(t, c)
+	assert.Equal(t, "hi\n", c.Shell(t, "echo hi")["stdout"])
+	res, _ := c.Call(t, "read_file", map[string]any{"path": "missing.txt"})
+	assert.True(t, res.IsError, "a tool error stays a result through the proxy")
+	require.NoError(t, c.Close())
+	assert.Regexp(t, `serving on stdio.*session=s-`, stderr.String())
+	assert.NotContains(t, stderr.String(), "delete the MCP session", "the session it created is deleted on exit")
 
 	out, err := exec.Command(testenv.CellboxBinary(t), "mcp", "--server", url, "--session", "s-1").CombinedOutput()
 	require.Error(t, err)
@@ -199,4 +117,45 @@ func TestMCPProxy(t *testing.T) {
 	assert.Contains(t, string(out), "--backend is for in-process boxes")
 }
 
-// startServe starts `cellbox serve` on the local backend and returns its URL.
+// TestMCPServeHTTP: an MCP client with the URL /v1/mcp and the server key
+// gets a session of boxes of its own, gone when it ends the MCP session.
+func TestMCPServeHTTP(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	srv := startServe(t, data, "--pool", "0")
+	endpoint := srv.url + "/v1/mcp"
+	dial := func(key string) (*mcptest.Client, error) { return mcptest.Connect(t, mcptest.HTTP(endpoint, key)) }
+
+	for key, status := range map[string]string{"": "Unauthorized", "wrong": "Forbidden"} {
+		_, err := dial(key)
+		require.Error(t, err, "key %q", key)
+		assert.Contains(t, err.Error(), status)
+	}
+	before := len(mcptest.Sessions(t, srv.url, srv.key)) // the server's own
+
+	a, err := dial(srv.key)
+	require.NoError(t, err)
+	b, err := dial(srv.key)
+	require.NoError(t, err)
+	assert.Equal(t, "2025-11-25", a.InitializeResult().ProtocolVersion)
+	checkTools(t, a)
+	a.Call(t, "write_file", map[string]any{"path": "note.txt", "content": "a's"})
+	res, out := b.Call(t, "read_file", map[string]any{"path": "note.txt"})
+	assert.True(t, res.IsError, "b has boxes of its own")
+	assert.Contains(t, out["error"], "no such file")
+	require.Len(t, mcptest.Sessions(t, srv.url, srv.key), before+2)
+
+	a.CancelSleep(t)
+
+	require.NoError(t, a.Close()) // DELETE
+	require.Eventually(t, func() bool { return len(mcptest.Sessions(t, srv.url, srv.key)) == before+1 }, 30*time.Second, 50*time.Millisecond,
+		"ending the MCP session deletes its session and boxes")
+	assert.Equal(t, "hi\n", b.Shell(t, "echo hi")["stdout"], "the other MCP session goes on")
+	require.NoError(t, b.Close())
+	// A deleted session leaves the list before its boxes are gone: wait
+	// for the boxes, so the server stops with none half-destroyed.
+	require.Eventually(t, func() bool {
+		boxes, err := filepath.Glob(filepath.Join(data, "local", "cb-*"))
+		return err == nil && len(boxes) == 0 && len(mcptest.Sessions(t, srv.url, srv.key)) == before
+	}, 30*time.Second, 50*time.Millisecond, "both MCP sessions ended: no boxes left")
+}

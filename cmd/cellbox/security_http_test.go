@@ -258,6 +258,7 @@ func TestHTTPRebinding(t *testing.T) {
 		{"exec", "POST", "/v1/sessions/" + id + "/boxes/default/exec", token, `{"command":"touch /workspace/pwned"}`},
 		{"file upload", "PUT", "/v1/sessions/" + id + "/boxes/default/files/pwned", token, "x"},
 		{"MCP", "POST", "/v1/sessions/" + id + "/mcp", token, mcpCall},
+		{"MCP with the server key", "POST", "/v1/mcp", a.key, mcpCall},
 		{"runtime API: write a cell", "PUT", "/v1/cells/default/calc/a", a.key, "666"},
 		{"runtime API: load a pattern", "POST", "/v1/patterns", a.key, `{"yaml": "name: evil\ncells:\n  x: 1\n"}`},
 		{"runtime API: read", "GET", "/v1/cells", a.key, ""},

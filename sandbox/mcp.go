@@ -1,0 +1,381 @@
+package sandbox
+
+// MCP: the tool registry served over the Model Context Protocol with the
+// official SDK (github.com/modelcontextprotocol/go-sdk), which owns the
+// protocol: JSON-RPC, version negotiation, the stdio and Streamable HTTP
+// transports, sessions, cancellation, progress and logging. This file is
+// only the adapter from the registry to the SDK: a tool of the registry
+// becomes an SDK tool with a title, annotations and an output schema made
+// from its Go result type; a call goes through ToolCaller (this service's
+// CallTool, or a remote server's) with the request's context, so
+// notifications/cancelled kills the command; shell output comes back as
+// progress and log notifications; box files are resources.
+//
+// It lives in package sandbox, not a package of its own, because it needs
+// the registry's Go types (LookupTool's Output) and the service's sessions;
+// a separate package would take them through an interface that says the
+// same thing twice.
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"reflect"
+	"runtime/debug"
+	"strings"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/cellbox/cellbox/internal/jsonschema"
+	"github.com/cellbox/cellbox/sandbox/api"
+)
+
+// MCPInstructions tell an MCP client's model how the tools fit together.
+const MCPInstructions = `These tools run commands and edit files in sandboxed Linux boxes of your session. ` +
+	`A box is named by the "sandbox" field (default "default"), is created on first use and keeps its files between calls; ` +
+	`relative paths are relative to /workspace. Boxes have no network unless created with sandbox_create network: true. ` +
+	`Use shell for commands (background: true for servers, then process), read_file/write_file/edit/str_replace/grep/glob/ls for files, ` +
+	`transfer to copy between boxes, and browse to get a URL for a server listening in a box. ` +
+	`Box files are also resources: ` + BoxResourceTemplate + ` (path relative to /workspace; //abs for an absolute path).`
+
+// BoxResourceTemplate is the URI template of box files as MCP resources.
+const BoxResourceTemplate = "cellbox://box/{sandbox}/{+path}"
+
+// ToolCaller runs a tool of the registry for one session and returns its
+// result object (with is_error). The error is for faults that are not the
+// tool's: the session is gone, the server does not answer.
+type ToolCaller interface {
+	CallTool(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error)
+}
+
+// ToolCallerFunc adapts a function to ToolCaller.
+type ToolCallerFunc func(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error)
+
+// CallTool calls f.
+func (f ToolCallerFunc) CallTool(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error) {
+	return f(ctx, name, args)
+}
+
+// MCPBinder picks the caller an MCP request runs with (which session's
+// boxes). It sees the request's SDK session and, over HTTP, its headers
+// and token info.
+type MCPBinder func(ctx context.Context, req mcp.Request) (ToolCaller, error)
+
+// MCPImplementation describes cellbox to MCP clients.
+func MCPImplementation() *mcp.Implementation {
+	version := "dev"
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		version = bi.Main.Version
+	}
+	return &mcp.Implementation{Name: "cellbox", Title: "cellbox sandboxes", Version: version}
+}
+
+// NewMCPServer returns an MCP server of tools (ToolInfos(), or a remote
+// server's list) whose calls and resource reads run through bind's caller.
+func NewMCPServer(tools []api.ToolInfo, bind MCPBinder) *mcp.Server {
+	srv := mcp.NewServer(MCPImplementation(), &mcp.ServerOptions{
+		Instructions: MCPInstructions,
+		// Capabilities nil: the SDK's default, {"logging":{}}, plus tools
+		// and resources from what is added below.
+	})
+	for _, info := range tools {
+		srv.AddTool(mcpTool(info), func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return callMCPTool(ctx, req, bind)
+		})
+	}
+	srv.AddResourceTemplate(&mcp.ResourceTemplate{
+		Name:        "box-file",
+		Title:       "File in a box",
+		URITemplate: BoxResourceTemplate,
+		Description: "A file in a sandbox (box) of this session, read with the read_file tool's rules: text as text, binary as a blob; at most " + fmt.Sprint(fileToolMaxBytes>>20) + " MiB.",
+	}, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		caller, err := bind(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		return readBoxResource(ctx, caller, req.Params.URI)
+	})
+	return srv
+}
+
+// toolMeta is what MCP says about a tool beyond the registry: a title and
+// the behaviour hints. Every tool of the registry has an entry (a test
+// checks), so a new tool cannot go out unannotated.
+type toolMeta struct {
+	title       string
+	readOnly    bool
+	destructive bool // meaningful when !readOnly
+	idempotent  bool
+	closed      bool // works on the boxes only (openWorldHint false)
+}
+
+var toolMetas = map[string]toolMeta{
+	"shell":           {title: "Run a shell command", destructive: true},
+	"process":         {title: "Manage background processes", destructive: true, closed: true},
+	"read_file":       {title: "Read a file", readOnly: true, idempotent: true, closed: true},
+	"write_file":      {title: "Write a file", destructive: true, closed: true},
+	"edit":            {title: "Edit a file", destructive: true, closed: true},
+	"str_replace":     {title: "Replace text in a file", destructive: true, closed: true},
+	"grep":            {title: "Search file contents", readOnly: true, idempotent: true, closed: true},
+	"glob":            {title: "Find files by pattern", readOnly: true, idempotent: true, closed: true},
+	"ls":              {title: "List a directory", readOnly: true, idempotent: true, closed: true},
+	"transfer":        {title: "Copy between sandboxes", destructive: true, idempotent: true, closed: true},
+	"browse":          {title: "Open a box's server in a browser", closed: true},
+	"sandbox_create":  {title: "Create a sandbox", idempotent: true, closed: true},
+	"sandbox_list":    {title: "List sandboxes", readOnly: true, idempotent: true, closed: true},
+	"sandbox_destroy": {title: "Destroy a sandbox", destructive: true, idempotent: true, closed: true},
+}
+
+// mcpTool describes a registry tool to the SDK.
+func mcpTool(info api.ToolInfo) *mcp.Tool {
+	t := &mcp.Tool{Name: info.Name, Description: info.Description, InputSchema: info.InputSchema}
+	if m, ok := toolMetas[info.Name]; ok {
+		t.Title = m.title
+		t.Annotations = &mcp.ToolAnnotations{
+			Title:           m.title,
+			ReadOnlyHint:    m.readOnly,
+			IdempotentHint:  m.idempotent,
+			DestructiveHint: &m.destructive,
+		}
+		if m.closed {
+			t.Annotations.OpenWorldHint = new(bool)
+		}
+	}
+	if rt, ok := LookupTool(info.Name); ok {
+		t.OutputSchema = outputSchema(rt.Output)
+	}
+	return t
+}
+
+// resultFields are the fields toolResult adds to every successful result.
+var resultFields = map[string]any{
+	"is_error": map[string]any{"type": "boolean", "description": "false: the tool ran (failures are results with isError and no structuredContent)"},
+	"notice":   map[string]any{"type": "string", "description": "something worth knowing happened, e.g. a lost box was recreated"},
+}
+
+// outputSchema is the JSON Schema of a successful result of a tool whose
+// output is of type out: its fields plus is_error and notice. An output
+// that is an interface (shell answers one of two shapes) is any object.
+func outputSchema(out reflect.Type) json.RawMessage {
+	schema := map[string]any{"type": "object"}
+	if out != nil && out.Kind() != reflect.Interface {
+		raw, err := json.Marshal(jsonschema.For(out))
+		if err != nil {
+			panic(fmt.Sprintf("sandbox: output schema of %v: %v", out, err))
+		}
+		schema = map[string]any{}
+		if err := json.Unmarshal(raw, &schema); err != nil {
+			panic(fmt.Sprintf("sandbox: output schema of %v: %v", out, err))
+		}
+	}
+	props, _ := schema["properties"].(map[string]any)
+	if props == nil {
+		props = map[string]any{}
+	}
+	for k, v := range resultFields {
+		props[k] = v
+	}
+	schema["properties"] = props
+	required, _ := schema["required"].([]any)
+	schema["required"] = append([]any{"is_error"}, required...)
+	raw, err := json.Marshal(schema)
+	if err != nil {
+		panic(fmt.Sprintf("sandbox: output schema of %v: %v", out, err))
+	}
+	return raw
+}
+
+// callMCPTool runs one tools/call. ctx is the request's: the SDK cancels
+// it on notifications/cancelled (or when the session ends), which kills a
+// running command.
+func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, bind MCPBinder) (*mcp.CallToolResult, error) {
+	caller, err := bind(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	name := req.Params.Name
+	out := newOutputNotifier(ctx, req)
+	res, err := caller.CallTool(withToolOutput(ctx, out.write), name, req.Params.Arguments)
+	out.flush()
+	if err != nil {
+		return nil, fmt.Errorf("tool %s: %w", name, err)
+	}
+	var head struct {
+		IsError bool   `json:"is_error"`
+		Notice  string `json:"notice"`
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, res); err != nil || json.Unmarshal(res, &head) != nil {
+		return nil, fmt.Errorf("tool %s returned a result that is not a JSON object", name)
+	}
+	if head.Notice != "" {
+		req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "notice", Logger: "cellbox", Data: head.Notice})
+	}
+	// The text is the whole result object, as the HTTP API answers it, for
+	// clients that show only content. A failed call has no
+	// structuredContent: it would not match the output schema, which
+	// clients validate.
+	result := &mcp.CallToolResult{
+		Content: []mcp.Content{&mcp.TextContent{Text: compact.String()}},
+		IsError: head.IsError,
+	}
+	if !head.IsError {
+		result.StructuredContent = json.RawMessage(compact.Bytes())
+	}
+	return result, nil
+}
+
+// toolOutputKey carries the output callback of a tool call (withToolOutput).
+type toolOutputKey struct{}
+
+// withToolOutput returns ctx under which a tool that runs a command
+// (shell) hands its output to fn as it comes.
+func withToolOutput(ctx context.Context, fn func(stream string, data []byte)) context.Context {
+	return context.WithValue(ctx, toolOutputKey{}, fn)
+}
+
+// toolOutput is the output callback of ctx, nil if none.
+func toolOutput(ctx context.Context) func(stream string, data []byte) {
+	fn, _ := ctx.Value(toolOutputKey{}).(func(stream string, data []byte))
+	return fn
+}
+
+// maxNotifiedLine caps the text of one progress or log notification.
+const maxNotifiedLine = 4 << 10
+
+// outputNotifier turns a command's output into notifications, a line
+// each: progress when the call has a progressToken, and log messages at
+// level debug (sent only if the client asked for them with
+// logging/setLevel). Streams are split into lines separately.
+type outputNotifier struct {
+	ctx     context.Context
+	session *mcp.ServerSession
+	token   any
+
+	mu      sync.Mutex
+	partial map[string][]byte // by stream: the unfinished last line
+	n       float64           // progress so far: lines sent
+}
+
+func newOutputNotifier(ctx context.Context, req *mcp.CallToolRequest) *outputNotifier {
+	return &outputNotifier{ctx: ctx, session: req.Session, token: req.Params.GetProgressToken(), partial: map[string][]byte{}}
+}
+
+func (o *outputNotifier) write(stream string, data []byte) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	buf := append(o.partial[stream], data...)
+	for {
+		i := bytes.IndexByte(buf, '\n')
+		if i < 0 {
+			break
+		}
+		o.send(stream, buf[:i])
+		buf = buf[i+1:]
+	}
+	if len(buf) > maxNotifiedLine {
+		o.send(stream, buf)
+		buf = nil
+	}
+	o.partial[stream] = append([]byte(nil), buf...)
+}
+
+// flush sends the unfinished lines.
+func (o *outputNotifier) flush() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, stream := range []string{"stdout", "stderr"} {
+		if len(o.partial[stream]) > 0 {
+			o.send(stream, o.partial[stream])
+		}
+	}
+	o.partial = map[string][]byte{}
+}
+
+func (o *outputNotifier) send(stream string, line []byte) {
+	text := strings.ToValidUTF8(string(line[:min(len(line), maxNotifiedLine)]), "\uFFFD")
+	if stream != "stdout" {
+		text = stream + ": " + text
+	}
+	o.n++
+	// A notification that cannot be sent (the client went away) changes
+	// nothing for the command: the errors are dropped.
+	if o.token != nil {
+		o.session.NotifyProgress(o.ctx, &mcp.ProgressNotificationParams{ProgressToken: o.token, Progress: o.n, Message: text})
+	}
+	o.session.Log(o.ctx, &mcp.LoggingMessageParams{Level: "debug", Logger: stream, Data: text})
+}
+
+// readBoxResource reads the file a cellbox://box/{sandbox}/{+path} URI
+// names with the read_file tool, window by window, so it follows that
+// tool's rules (paths, sandboxes, binary as base64).
+func readBoxResource(ctx context.Context, caller ToolCaller, uri string) (*mcp.ReadResourceResult, error) {
+	box, path, err := parseBoxURI(uri)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		text     strings.Builder
+		encoding string
+	)
+	for offset := 0; ; {
+		args, err := json.Marshal(api.ReadFileInput{Sandbox: box, Path: path, Offset: offset})
+		if err != nil {
+			return nil, err
+		}
+		raw, err := caller.CallTool(ctx, "read_file", args)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", uri, err)
+		}
+		var out struct {
+			api.ReadFileOutput
+			IsError bool   `json:"is_error"`
+			Error   string `json:"error"`
+		}
+		if err := json.Unmarshal(raw, &out); err != nil {
+			return nil, fmt.Errorf("read %s: %w", uri, err)
+		}
+		if out.IsError {
+			return nil, fmt.Errorf("read %s: %s", uri, out.Error)
+		}
+		if out.Size > fileToolMaxBytes {
+			return nil, fmt.Errorf("read %s: the file has %d bytes, more than a resource may (%d); read it in windows with the read_file tool", uri, out.Size, fileToolMaxBytes)
+		}
+		encoding = out.Encoding
+		if encoding == "base64" && out.Truncated {
+			return nil, fmt.Errorf("read %s: a binary file of %d bytes is more than read_file returns at once; copy it out with the files endpoint (cellbox tool, or GET /v1/sessions/ID/boxes/BOX/files/PATH)", uri, out.Size)
+		}
+		text.WriteString(out.Content)
+		if out.NextOffset == 0 || encoding == "base64" {
+			break
+		}
+		offset = out.NextOffset
+	}
+	if encoding == "base64" {
+		blob, err := base64.StdEncoding.DecodeString(text.String())
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", uri, err)
+		}
+		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: uri, MIMEType: "application/octet-stream", Blob: blob}}}, nil
+	}
+	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: uri, MIMEType: "text/plain; charset=utf-8", Text: text.String()}}}, nil
+}
+
+// parseBoxURI splits cellbox://box/SANDBOX/PATH; PATH is relative to
+// /workspace, or absolute when it starts with a slash (cellbox://box/b//etc/hosts).
+func parseBoxURI(uri string) (box, path string, err error) {
+	u, err := url.Parse(uri)
+	if err != nil || u.Scheme != "cellbox" || u.Host != "box" {
+		return "", "", mcp.ResourceNotFoundError(uri)
+	}
+	box, path, ok := strings.Cut(strings.TrimPrefix(u.Path, "/"), "/")
+	if !ok || box == "" || path == "" {
+		return "", "", errors.New("resource URI " + uri + " names no file: use " + BoxResourceTemplate)
+	}
+	return box, path, nil
+}
