@@ -200,7 +200,7 @@ func TestMCPToolMetadata(t *testing.T) {
 		{"shell", map[string]any{"command": "sleep 1", "background": true}},
 		{"write_file", map[string]any{"path": "a.txt", "content": "one\ntwo\n"}},
 		{"read_file", map[string]any{"path": "a.txt"}},
-		{"edit", map[string]any{"path": "a.txt", "edits": []any{map[string]any{"old_text": "one", "new_text": "uno"}}}},
+		{"edit", map[string]any{"path": "a.txt", "edits": []any{map[string]any{"oldText": "one", "newText": "uno"}}}},
 		{"str_replace", map[string]any{"path": "a.txt", "old_str": "two", "new_str": "dos"}},
 		{"grep", map[string]any{"pattern": "uno", "path": "."}},
 		{"glob", map[string]any{"pattern": "*.txt"}},

@@ -7,7 +7,7 @@
 // santhosh-tekuri/jsonschema's, and stays so: it passes the JSON Schema test
 // suite, asserts formats, and reports every violation as a structured error
 // (kind, instance path, schema path), which Validate turns into a list a
-// model can act on ("/edits/0/old_text: required property is missing").
+// model can act on ("/edits/0/oldText: required property is missing").
 // google/jsonschema-go's validator stops at the first violation and reports
 // it as text only, and does not check formats; cell schemas are written by
 // users, so they get the complete validator. One library generates, one

@@ -18,8 +18,8 @@ import (
 // Replacement is one edit: replace OldText, which must occur exactly once in
 // the original content, with NewText.
 type Replacement struct {
-	OldText string `json:"old_text"`
-	NewText string `json:"new_text"`
+	OldText string `json:"oldText"`
+	NewText string `json:"newText"`
 }
 
 // Result is the outcome of a successful Edit or StrReplace.
@@ -70,14 +70,14 @@ func (e *Error) Unwrap() error { return e.Kind }
 func Edit(original []byte, edits []Replacement, opts ...DiffOptions) (Result, error) {
 	if len(edits) == 0 {
 		return Result{}, &Error{Kind: ErrNoChange, Edit: -1,
-			Msg: "edits is empty: give at least one {old_text, new_text} pair"}
+			Msg: "edits is empty: give at least one {oldText, newText} pair"}
 	}
 	d := newDoc(original)
 	var errs []error
 	var spans []span
 	var fuzzy []int
 	for i, e := range edits {
-		s, err := d.find(fmt.Sprintf("edits[%d].old_text", i), fmt.Sprintf("edits[%d].new_text", i), i,
+		s, err := d.find(fmt.Sprintf("edits[%d].oldText", i), fmt.Sprintf("edits[%d].newText", i), i,
 			normalize(e.OldText), normalize(e.NewText), "")
 		if err != nil {
 			errs = append(errs, err)
@@ -98,7 +98,7 @@ func Edit(original []byte, edits []Replacement, opts ...DiffOptions) (Result, er
 			x, y := min(a.edit, b.edit), max(a.edit, b.edit)
 			return Result{}, &Error{Kind: ErrOverlap, Edit: y, Msg: fmt.Sprintf(
 				"edits[%d] and edits[%d] overlap (both touch line %d): every edit is matched against the original file, "+
-					"not against the result of earlier edits. Merge them into one edit, or make their old_text cover disjoint text",
+					"not against the result of earlier edits. Merge them into one edit, or make their oldText cover disjoint text",
 				x, y, d.line(b.start))}
 		}
 	}

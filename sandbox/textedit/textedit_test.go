@@ -37,7 +37,7 @@ func TestEdit(t *testing.T) {
 		{
 			name: "edits are matched against the original, not incrementally",
 			file: "a\nb\nc\n",
-			// the second edit's old_text is what the first one produces: it must not see it
+			// the second edit's oldText is what the first one produces: it must not see it
 			edits: []Replacement{{"a\n", "b2\n"}, {"b\n", "B\n"}},
 			want:  "b2\nB\nc\n",
 		},
@@ -66,14 +66,14 @@ func TestEdit(t *testing.T) {
 			file:    "v = 1\nv = 1\nw = 2\nv = 1\n",
 			edits:   []Replacement{{"v = 1", "v = 3"}},
 			wantErr: ErrAmbiguous,
-			errHas:  []string{"edits[0].old_text matches 3 times (at lines 1, 2, 4)", "add surrounding lines"},
+			errHas:  []string{"edits[0].oldText matches 3 times (at lines 1, 2, 4)", "add surrounding lines"},
 		},
 		{
 			name:    "not found points at the first line",
 			file:    goFile,
 			edits:   []Replacement{{"x := 1\n\tz := 3", "x := 2"}},
 			wantErr: ErrNotFound,
-			errHas:  []string{"edits[0].old_text was not found", `first line "x := 1" occurs at line 4`},
+			errHas:  []string{"edits[0].oldText was not found", `first line "x := 1" occurs at line 4`},
 		},
 		{
 			name:    "not found at all",
@@ -83,18 +83,18 @@ func TestEdit(t *testing.T) {
 			errHas:  []string{`even its first line "nothing like this" does not occur`},
 		},
 		{
-			name:    "empty old_text",
+			name:    "empty oldText",
 			file:    goFile,
 			edits:   []Replacement{{"", "x"}},
 			wantErr: ErrEmptyOld,
-			errHas:  []string{"edits[0].old_text is empty", "write_file"},
+			errHas:  []string{"edits[0].oldText is empty", "write_file"},
 		},
 		{
 			name:    "identical old and new",
 			file:    goFile,
 			edits:   []Replacement{{"x := 1", "x := 1"}},
 			wantErr: ErrNoChange,
-			errHas:  []string{"edits[0].old_text and edits[0].new_text are identical"},
+			errHas:  []string{"edits[0].oldText and edits[0].newText are identical"},
 		},
 		{
 			name:    "no edits",
@@ -107,7 +107,7 @@ func TestEdit(t *testing.T) {
 			file:    goFile,
 			edits:   []Replacement{{"x := 1", "x := 2"}, {"missing", "m"}, {"", "e"}},
 			wantErr: ErrNotFound,
-			errHas:  []string{"edits[1].old_text was not found", "edits[2].old_text is empty"},
+			errHas:  []string{"edits[1].oldText was not found", "edits[2].oldText is empty"},
 		},
 		{
 			name:  "CRLF file stays CRLF",
@@ -116,7 +116,7 @@ func TestEdit(t *testing.T) {
 			want:  "a\r\nB\r\nB2\r\nc\r\n",
 		},
 		{
-			name:  "CRLF old_text matches an LF file and writes LF",
+			name:  "CRLF oldText matches an LF file and writes LF",
 			file:  "a\nb\nc\n",
 			edits: []Replacement{{"a\r\nb", "x\r\ny"}},
 			want:  "x\ny\nc\n",
@@ -128,7 +128,7 @@ func TestEdit(t *testing.T) {
 			want:  "a\r\nb\nC\r\nD\r\n",
 		},
 		{
-			name:  "BOM is kept and not needed in old_text",
+			name:  "BOM is kept and not needed in oldText",
 			file:  "\uFEFFfirst\nsecond\n",
 			edits: []Replacement{{"first\n", "1st\n"}},
 			want:  "\uFEFF1st\nsecond\n",
@@ -169,7 +169,7 @@ func TestEdit(t *testing.T) {
 			errHas:  []string{"does not occur verbatim", "matches 2 times (at lines 1, 3)"},
 		},
 		{
-			name:    "fuzzy needs a blank where old_text has one",
+			name:    "fuzzy needs a blank where oldText has one",
 			file:    "ab\n",
 			edits:   []Replacement{{"a b", "x"}},
 			wantErr: ErrNotFound,
