@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/cellbox/cellbox/cells"
-	"github.com/cellbox/cellbox/internal/runapi"
+	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 	"github.com/cellbox/cellbox/sandbox"
 )
 

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/cellbox/cellbox/internal/runapi"
+	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 	"github.com/cellbox/cellbox/patterns"
 )
 

@@ -12,8 +12,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cellbox/cellbox/internal/runapi"
-	"github.com/cellbox/cellbox/internal/webui"
+	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
+	"github.com/cellbox/cellbox/cmd/cellbox/webui"
 	"github.com/cellbox/cellbox/sandbox"
 )
 

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/cellbox/cellbox/internal/runapi"
+	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 )
 
 // command is one subcommand. Each lives in a file of its own and registers
