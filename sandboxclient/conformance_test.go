@@ -5,9 +5,11 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/internal/boxtest"
+	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandboxclient"
 	"github.com/cellbox/cellbox/sandboxclient/clienttest"
 )
@@ -38,4 +40,33 @@ func TestConformance(t *testing.T) {
 			return c
 		})
 	})
+}
+
+// TestRefusedCode: a command outside the session's allowed_commands is a
+// tool error with the code refused on both clients.
+func TestRefusedCode(t *testing.T) {
+	svc, _ := boxtest.Service(t, boxtest.Options{})
+	ctx := context.Background()
+	opts := api.NewSessionRequest{AllowedCommands: []string{"echo"}}
+	id, _, err := svc.NewSessionWith(ctx, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { svc.DeleteSession(ctx, id) })
+	hs := httptest.NewServer(svc.Handler())
+	t.Cleanup(hs.Close)
+	hc, err := sandboxclient.NewSessionWithOptions(ctx, hs.URL, "", opts)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		id, _ := hc.Session()
+		svc.DeleteSession(ctx, id)
+	})
+	for name, c := range map[string]sandboxclient.Client{"local": svc.Client(id), "http": hc} {
+		t.Run(name, func(t *testing.T) {
+			_, err := c.Tool(ctx, "shell", map[string]any{"command": "rm -rf /workspace"})
+			var te *sandboxclient.ToolError
+			require.ErrorAs(t, err, &te)
+			assert.Equal(t, api.CodeRefused, te.Code)
+			assert.ErrorIs(t, err, sandboxclient.ErrRefused)
+			assert.Contains(t, te.Message, "allowed_commands")
+		})
+	}
 }
