@@ -141,6 +141,19 @@ func testFiles(t *testing.T, c sandboxclient.Client) {
 	requireCode(t, err, api.CodeOutsideWorkspace)
 	_, err = c.Download(ctx, "", "../../etc/passwd", &buf)
 	requireCode(t, err, api.CodeOutsideWorkspace)
+
+	// A path names a file of its box, whatever it holds: over HTTP, ".."
+	// must not climb the URL into another box's files endpoint.
+	_, err = c.Upload(ctx, "other", "secret.txt", strings.NewReader("SECRET"))
+	require.NoError(t, err)
+	buf.Reset()
+	_, err = c.Download(ctx, "", "../../other/files/secret.txt", &buf)
+	requireCode(t, err, api.CodeOutsideWorkspace)
+	assert.Empty(t, buf.String())
+	_, err = c.Upload(ctx, "", "../../other/files/planted.txt", strings.NewReader("X"))
+	requireCode(t, err, api.CodeOutsideWorkspace)
+	_, err = c.Download(ctx, "other", "planted.txt", &buf)
+	requireCode(t, err, api.CodeNotFound)
 }
 
 func testWatch(t *testing.T, c sandboxclient.Client) {
