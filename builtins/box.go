@@ -8,8 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
-	"net/http"
 	"path"
 	"strings"
 
@@ -119,11 +117,10 @@ func readOutput(ctx context.Context, c sandboxclient.Client, box, p, format stri
 	return v, true, nil
 }
 
-// notFound reports whether err says a file does not exist, from the
-// in-process client (fs.ErrNotExist) or over HTTP (404).
+// notFound reports whether err says a file does not exist (both clients
+// return sandboxclient.ErrNotFound).
 func notFound(err error) bool {
-	var ae *sandboxclient.APIError
-	return errors.Is(err, fs.ErrNotExist) || errors.As(err, &ae) && ae.Status == http.StatusNotFound
+	return errors.Is(err, sandboxclient.ErrNotFound)
 }
 
 // capped is a buffer that refuses to grow past max bytes.
@@ -165,7 +162,7 @@ func destroyQuietly(ctx context.Context, env Env, box string) {
 }
 
 // noSuchBox reports whether err says the session has no box of that name
-// (the sandbox service's message, in process and over HTTP).
+// (both clients return sandboxclient.ErrNoBox).
 func noSuchBox(err error) bool {
-	return strings.Contains(err.Error(), "no sandbox named")
+	return errors.Is(err, sandboxclient.ErrNoBox)
 }

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -18,7 +19,7 @@ import (
 
 func (s *Service) exec(ctx context.Context, sess *Session, box string, req api.ExecRequest, onOutput func(stream string, data []byte), notice func(string)) (api.ExecResult, error) {
 	if req.Command == "" && len(req.Argv) == 0 {
-		return api.ExecResult{}, fmt.Errorf("exec: give a command or an argv")
+		return api.ExecResult{}, api.WithCode(api.CodeInvalidInput, errors.New("exec: give a command or an argv"))
 	}
 	command := req.Command
 	if command == "" {
@@ -114,6 +115,56 @@ func (s *Service) watch(ctx context.Context, sess *Session, box, path string, de
 	return out, nil
 }
 
+// agentCodes maps the agent's error codes to the API's.
+var agentCodes = map[string]string{
+	agent.CodeNotFound:         api.CodeNotFound,
+	agent.CodeOutsideWorkspace: api.CodeOutsideWorkspace,
+	agent.CodeIsDir:            api.CodeInvalidInput,
+	agent.CodeNotDir:           api.CodeInvalidInput,
+	agent.CodeInvalid:          api.CodeInvalidInput,
+	agent.CodeTooLarge:         api.CodeTooLarge,
+	agent.CodeExists:           api.CodeExists,
+	agent.CodeTimeout:          api.CodeTimeout,
+}
+
+// ErrorCode is the API code (api.Code*) of an error of a tool or a box
+// operation: the code it was given (api.WithCode, or a sentinel such as
+// ErrNoSession), else the agent's code, else timeout for a deadline, else
+// internal. Tool results carry it beside the message; the HTTP layer can
+// send it in api.ErrorBody and api.ExecFrame.
+func ErrorCode(err error) string {
+	if err == nil {
+		return ""
+	}
+	var c api.Coder
+	if errors.As(err, &c) && c.ErrorCode() != "" {
+		return c.ErrorCode()
+	}
+	var ae *agent.Error
+	if errors.As(err, &ae) {
+		if code, ok := agentCodes[ae.Code]; ok {
+			return code
+		}
+		return api.CodeInvalidInput // the agent refused the request
+	}
+	if code := api.CodeOf(err); code != "" {
+		return code
+	}
+	if errors.Is(err, ErrUnknownTool) || errors.Is(err, ErrUnknownProfile) {
+		return api.CodeInvalidInput
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return api.CodeTimeout
+	}
+	return api.CodeInternal
+}
+
+// coded gives err its ErrorCode, so that errors.Is(err, api.ErrX) holds
+// for the in-process client as it does for the HTTP one.
+func coded(err error) error {
+	return api.WithCode(ErrorCode(err), err)
+}
+
 // LocalClient is the in-process client of one session: the same operations
 // as sandboxclient's HTTP client, without HTTP (it satisfies
 // sandboxclient.Client).
@@ -146,7 +197,7 @@ func (c *LocalClient) ToolAs(ctx context.Context, profile, name string, input an
 	}
 	res, err := c.s.CallToolAs(ctx, c.session, profile, name, raw)
 	if err != nil {
-		return nil, err
+		return nil, coded(err)
 	}
 	return res, api.ResultError(name, res)
 }
@@ -161,13 +212,10 @@ func (c *LocalClient) CreateBox(ctx context.Context, in api.SandboxCreateInput) 
 	return out, api.DecodeResult(res, &out)
 }
 
-// DestroyBox destroys the box named box.
+// DestroyBox runs sandbox_destroy, as the HTTP client does.
 func (c *LocalClient) DestroyBox(ctx context.Context, box string) error {
-	sess, err := c.s.session(c.session)
-	if err != nil {
-		return err
-	}
-	return c.s.destroyBox(ctx, sess, box)
+	_, err := c.Tool(ctx, "sandbox_destroy", api.SandboxDestroyInput{Sandbox: box})
+	return err
 }
 
 // Exec runs a command in box, calling onOutput (if not nil) with output
@@ -175,34 +223,38 @@ func (c *LocalClient) DestroyBox(ctx context.Context, box string) error {
 func (c *LocalClient) Exec(ctx context.Context, box string, req api.ExecRequest, onOutput func(stream string, data []byte)) (api.ExecResult, error) {
 	sess, err := c.s.session(c.session)
 	if err != nil {
-		return api.ExecResult{}, err
+		return api.ExecResult{}, coded(err)
 	}
-	return c.s.exec(ctx, sess, box, req, onOutput, c.logNotice)
+	res, err := c.s.exec(ctx, sess, box, req, onOutput, c.logNotice)
+	return res, coded(err)
 }
 
 // Upload writes r into the file path of box (created with its parents).
 func (c *LocalClient) Upload(ctx context.Context, box, path string, r io.Reader) (int64, error) {
 	sess, err := c.s.session(c.session)
 	if err != nil {
-		return 0, err
+		return 0, coded(err)
 	}
-	return c.s.upload(ctx, sess, box, path, r, 0, c.logNotice)
+	n, err := c.s.upload(ctx, sess, box, path, r, 0, c.logNotice)
+	return n, coded(err)
 }
 
 // Download writes the file path of box to w.
 func (c *LocalClient) Download(ctx context.Context, box, path string, w io.Writer) (int64, error) {
 	sess, err := c.s.session(c.session)
 	if err != nil {
-		return 0, err
+		return 0, coded(err)
 	}
-	return c.s.download(ctx, sess, box, path, w, nil, c.logNotice)
+	n, err := c.s.download(ctx, sess, box, path, w, nil, c.logNotice)
+	return n, coded(err)
 }
 
 // Watch delivers batches of changes under path in box until ctx ends.
 func (c *LocalClient) Watch(ctx context.Context, box, path string) (<-chan []api.WatchEvent, error) {
 	sess, err := c.s.session(c.session)
 	if err != nil {
-		return nil, err
+		return nil, coded(err)
 	}
-	return c.s.watch(ctx, sess, box, path, 0, c.logNotice)
+	ch, err := c.s.watch(ctx, sess, box, path, 0, c.logNotice)
+	return ch, coded(err)
 }

@@ -86,7 +86,7 @@ var (
 
 func checkName(name string) error {
 	if !nameRE.MatchString(name) {
-		return fmt.Errorf("invalid sandbox name %q: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", name)
+		return api.WithCode(api.CodeInvalidInput, fmt.Errorf("invalid sandbox name %q: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", name))
 	}
 	return nil
 }
@@ -629,7 +629,7 @@ func (s *Service) destroyBox(ctx context.Context, sess *Session, name string) er
 	if b == nil {
 		names := sortedNames(sess.boxes)
 		s.mu.Unlock()
-		return fmt.Errorf("no sandbox named %q in this session (sandboxes: %s)", name, listOrNone(names))
+		return api.WithCode(api.CodeNoBox, fmt.Errorf("no sandbox named %q in this session (sandboxes: %s)", name, listOrNone(names)))
 	}
 	delete(sess.boxes, name)
 	used := false

@@ -132,7 +132,7 @@ type Session struct {
 
 // Errors of session lookups, for the HTTP layer to map to status codes.
 var (
-	ErrNoSession = errors.New("no such session")
+	ErrNoSession = api.ErrNoSession // "no such session"
 	ErrBadToken  = errors.New("token does not grant access to this session")
 )
 
@@ -358,8 +358,12 @@ func (s *Service) DeleteSession(ctx context.Context, id string) error {
 }
 
 // checkCapsLocked refuses a new box of sess beyond MaxBoxesPerSession or
-// MaxBoxes; the caller holds s.mu.
+// MaxBoxes (the error has the code limit); the caller holds s.mu.
 func (s *Service) checkCapsLocked(sess *Session) error {
+	return api.WithCode(api.CodeLimit, s.capsExceededLocked(sess))
+}
+
+func (s *Service) capsExceededLocked(sess *Session) error {
 	if n := len(sess.boxes); n >= s.cfg.MaxBoxesPerSession {
 		return fmt.Errorf("session %s already has %d sandboxes, the most a session may have: destroy one with sandbox_destroy, or raise the limit (cellbox serve --max-boxes-per-session)", sess.ID, n)
 	}

@@ -69,7 +69,7 @@ func defineTool[In any, Out any](name, description string, h func(ctx context.Co
 	t.run = func(ctx context.Context, c *call, raw json.RawMessage) (any, error) {
 		var in In
 		if err := t.decode(raw, &in); err != nil {
-			return nil, err
+			return nil, api.WithCode(api.CodeInvalidInput, err)
 		}
 		return h(ctx, c, in)
 	}
@@ -357,7 +357,7 @@ func (s *Service) runTool(ctx context.Context, t *Tool, c *call, raw json.RawMes
 	return t.run(ctx, c, raw)
 }
 
-// toolResult renders a result object: {"is_error":..., ["error"], ["notice"], output fields...}.
+// toolResult renders a result object: {"is_error":..., ["error", "code"], ["notice"], output fields...}.
 func toolResult(out any, err error, notices []string) json.RawMessage {
 	var body []byte
 	if err == nil {
@@ -375,6 +375,8 @@ func toolResult(out any, err error, notices []string) json.RawMessage {
 	if err != nil {
 		buf.WriteString(`true,"error":`)
 		buf.Write(jsonString(err.Error()))
+		buf.WriteString(`,"code":`)
+		buf.Write(jsonString(ErrorCode(err)))
 	} else {
 		buf.WriteString("false")
 	}

@@ -405,8 +405,12 @@ func newAllowList(prefixes []string) (allowList, error) {
 }
 
 // check refuses a command line (and extra environment) the list does not
-// allow, saying what is allowed.
+// allow, saying what is allowed; the error has the code refused.
 func (a allowList) check(command string, env map[string]string) error {
+	return api.WithCode(api.CodeRefused, a.refusal(command, env))
+}
+
+func (a allowList) refusal(command string, env map[string]string) error {
 	if len(a) == 0 {
 		return nil
 	}

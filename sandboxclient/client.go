@@ -1,7 +1,14 @@
 // Package sandboxclient is the client of the sandbox service: the Client
 // interface the pattern runtime's built-ins use, and its HTTP
 // implementation. The service hands out an in-process implementation of the
-// same interface (sandbox.Service.Client).
+// same interface (sandbox.Service.Client); both pass the conformance suite
+// in sandboxclient/clienttest.
+//
+// Errors: a failure of the service has a code (api.Code*), and both
+// implementations return errors for which errors.Is(err, ErrX) holds with
+// the sentinel of that code (ErrNoBox, ErrNotFound, ...). A tool that
+// fails returns its result along with a *ToolError carrying the code and
+// the message. Test with errors.Is, never by matching messages.
 package sandboxclient
 
 import (
@@ -42,18 +49,76 @@ type Client interface {
 	DestroyBox(ctx context.Context, box string) error
 }
 
-// ToolError is a tool result with is_error: true.
+// ToolError is a tool result with is_error: true: its Code and Message
+// (errors.Is(err, ErrX) holds for the code's sentinel).
 type ToolError = api.ToolError
 
-// APIError is a protocol fault of the HTTP API (bad JSON, unknown tool,
-// authentication, ...).
+// The sentinel errors of the codes (see package api for the codes).
+var (
+	// ErrInvalidInput: the input is malformed or asks for the impossible.
+	ErrInvalidInput = api.ErrInvalidInput
+	// ErrNotFound: no such file or directory; it is fs.ErrNotExist.
+	ErrNotFound = api.ErrNotFound
+	// ErrNoBox: the session has no sandbox of that name (sandbox_destroy,
+	// DestroyBox). Other operations create a missing box.
+	ErrNoBox = api.ErrNoBox
+	// ErrNoSession: the session does not exist (any more).
+	ErrNoSession = api.ErrNoSession
+	// ErrOutsideWorkspace: a path leaves the box's workspace.
+	ErrOutsideWorkspace = api.ErrOutsideWorkspace
+	// ErrExists: the thing to create is already there; it is fs.ErrExist.
+	ErrExists = api.ErrExists
+	// ErrTooLarge: a file, an input or an output is over a limit.
+	ErrTooLarge = api.ErrTooLarge
+	// ErrTimeout: the operation ran out of time.
+	ErrTimeout = api.ErrTimeout
+	// ErrRefused: the command is outside the session's allowed_commands.
+	ErrRefused = api.ErrRefused
+	// ErrLimit: the cap on sandboxes per session or per server is reached.
+	ErrLimit = api.ErrLimit
+	// ErrInternal: a fault of the service or its backend.
+	ErrInternal = api.ErrInternal
+)
+
+// APIError is a non-2xx answer of the HTTP API (bad JSON, unknown tool,
+// authentication, a file that is not there, ...). errors.Is(err, ErrX)
+// holds for the sentinel of its Code.
 type APIError struct {
 	Status  int
+	Code    string // api.Code*; "" if the server sent none
 	Message string
 }
 
 func (e *APIError) Error() string {
 	return fmt.Sprintf("sandbox API: %s (HTTP %d)", e.Message, e.Status)
+}
+
+// ErrorCode returns the code of the answer.
+func (e *APIError) ErrorCode() string { return e.Code }
+
+// Is makes errors.Is(err, ErrNotFound) (and the other sentinels) hold for
+// the answer's code.
+func (e *APIError) Is(target error) bool { return target != nil && target == api.Sentinel(e.Code) }
+
+// fileStatusCodes are the codes of the statuses the files and watch
+// endpoints answer for a box operation, for an answer without a code
+// (the service sends the code in the body when it has one).
+var fileStatusCodes = map[int]string{
+	http.StatusNotFound:              api.CodeNotFound,
+	http.StatusForbidden:             api.CodeOutsideWorkspace,
+	http.StatusRequestEntityTooLarge: api.CodeTooLarge,
+	http.StatusConflict:              api.CodeExists,
+	http.StatusBadRequest:            api.CodeInvalidInput,
+}
+
+// fileError fills in the code of an *APIError of a files or watch
+// endpoint from its status when the server sent none.
+func fileError(err error) error {
+	var ae *APIError
+	if errors.As(err, &ae) && ae.Code == "" {
+		ae.Code = fileStatusCodes[ae.Status]
+	}
+	return err
 }
 
 // HTTP is the Client over the HTTP API.
@@ -143,7 +208,9 @@ func (c *HTTP) boxPath(box string, parts ...string) string {
 
 // filesPath escapes a box file path for the files endpoint: relative paths
 // stay relative to /workspace, an absolute path keeps its leading slash
-// escaped.
+// escaped, and "." and ".." segments are escaped (%2E) so that the URL is
+// not cleaned on the way: the service sees the path as given and answers
+// for it (outside_workspace for ../x), as the in-process client does.
 func filesPath(p string) string {
 	var b strings.Builder
 	if strings.HasPrefix(p, "/") {
@@ -153,6 +220,10 @@ func filesPath(p string) string {
 	for i, seg := range strings.Split(p, "/") {
 		if i > 0 {
 			b.WriteByte('/')
+		}
+		if seg == "." || seg == ".." {
+			b.WriteString(strings.Repeat("%2E", len(seg)))
+			continue
 		}
 		b.WriteString(url.PathEscape(seg))
 	}
@@ -185,7 +256,7 @@ func (c *HTTP) send(req *http.Request) (*http.Response, error) {
 	if json.Unmarshal(data, &eb) != nil || eb.Error == "" {
 		eb.Error = strings.TrimSpace(string(data))
 	}
-	return nil, &APIError{Status: resp.StatusCode, Message: eb.Error}
+	return nil, &APIError{Status: resp.StatusCode, Code: eb.Code, Message: eb.Error}
 }
 
 // do sends in as JSON (if not nil) and decodes the answer into out (if not nil).
@@ -286,7 +357,7 @@ func (c *HTTP) Exec(ctx context.Context, box string, req api.ExecRequest, onOutp
 		case f.Result != nil:
 			return *f.Result, nil
 		case f.Error != "":
-			return api.ExecResult{}, errors.New(f.Error)
+			return api.ExecResult{}, api.WithCode(f.Code, errors.New(f.Error))
 		case f.Stream != "" && onOutput != nil:
 			onOutput(f.Stream, f.Data)
 		}
@@ -302,7 +373,7 @@ func (c *HTTP) Upload(ctx context.Context, box, path string, r io.Reader) (int64
 	req.Header.Set("Content-Type", "application/octet-stream")
 	resp, err := c.send(req)
 	if err != nil {
-		return 0, err
+		return 0, fileError(err)
 	}
 	defer resp.Body.Close()
 	var res api.UploadResult
@@ -320,7 +391,7 @@ func (c *HTTP) Download(ctx context.Context, box, path string, w io.Writer) (int
 	}
 	resp, err := c.send(req)
 	if err != nil {
-		return 0, err
+		return 0, fileError(err)
 	}
 	defer resp.Body.Close()
 	n, err := io.Copy(w, resp.Body)
@@ -342,7 +413,7 @@ func (c *HTTP) Watch(ctx context.Context, box, path string) (<-chan []api.WatchE
 	req.Header.Set("Accept", "text/event-stream")
 	resp, err := c.send(req)
 	if err != nil {
-		return nil, err
+		return nil, fileError(err)
 	}
 	ch := make(chan []api.WatchEvent)
 	go func() {

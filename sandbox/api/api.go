@@ -20,6 +20,7 @@ const DefaultBox = "default"
 const (
 	FieldIsError = "is_error"
 	FieldError   = "error"
+	FieldCode    = "code" // with error: one of the Code constants
 	FieldNotice  = "notice"
 )
 
@@ -34,6 +35,7 @@ type ToolInfo struct {
 // the clients. Message is written for a model (or a person) to act on.
 type ToolError struct {
 	Tool    string
+	Code    string // one of the Code constants ("" from a server without codes)
 	Message string
 	// Result is the whole result object.
 	Result json.RawMessage
@@ -41,9 +43,17 @@ type ToolError struct {
 
 func (e *ToolError) Error() string { return e.Tool + ": " + e.Message }
 
+// ErrorCode returns the code of the result.
+func (e *ToolError) ErrorCode() string { return e.Code }
+
+// Is makes errors.Is(err, ErrNoBox) (and the other sentinels) hold for the
+// result's code.
+func (e *ToolError) Is(target error) bool { return target != nil && target == Sentinel(e.Code) }
+
 // ErrorBody is the body of every 4xx/5xx answer of the HTTP API.
 type ErrorBody struct {
 	Error string `json:"error"`
+	Code  string `json:"code,omitempty"` // one of the Code constants
 }
 
 // NewSessionRequest is the (optional) body of POST /v1/sessions.
@@ -360,6 +370,7 @@ type ExecFrame struct {
 	Data   []byte      `json:"data,omitempty"`
 	Result *ExecResult `json:"result,omitempty"`
 	Error  string      `json:"error,omitempty"`
+	Code   string      `json:"code,omitempty"` // with Error: one of the Code constants
 	Notice string      `json:"notice,omitempty"`
 }
 

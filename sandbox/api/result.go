@@ -29,6 +29,7 @@ func ResultError(tool string, result json.RawMessage) error {
 	var head struct {
 		IsError bool   `json:"is_error"`
 		Error   string `json:"error"`
+		Code    string `json:"code"`
 	}
 	if err := json.Unmarshal(result, &head); err != nil {
 		return fmt.Errorf("%s: result is not a JSON object: %w", tool, err)
@@ -36,7 +37,7 @@ func ResultError(tool string, result json.RawMessage) error {
 	if !head.IsError {
 		return nil
 	}
-	return &ToolError{Tool: tool, Message: head.Error, Result: result}
+	return &ToolError{Tool: tool, Code: head.Code, Message: head.Error, Result: result}
 }
 
 // DecodeResult decodes a result object into out.
