@@ -134,9 +134,11 @@ func TestSandbox(t *testing.T) {
 		})
 		assert.Equal(t, `{"a":[1,2]}`, r.file("repl", "/workspace/data.json"), "a file that does not parse keeps its last value")
 		r.send("repl.run", `{"command": "echo 7 > /workspace/data.json"}`)
-		waitFor(t, 2*time.Second, "data.json fixed", func() bool {
+		waitFor(t, 2*time.Second, "data.json fixed, and its command in the history", func() bool {
 			o := r.sandbox("repl")
-			return string(o.Files["/workspace/data.json"]) == "7" && o.Error == ""
+			h := o.History
+			return string(o.Files["/workspace/data.json"]) == "7" && o.Error == "" &&
+				len(h) > 0 && h[len(h)-1].Command == "echo 7 > /workspace/data.json"
 		})
 	})
 
