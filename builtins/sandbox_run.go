@@ -1,0 +1,220 @@
+package builtins
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/sandbox/api"
+)
+
+// A sandbox node's streams: run (a command in the box, recorded in the
+// history) and destroy.
+
+// HistoryEntry is one command of a sandbox's history.
+type HistoryEntry struct {
+	Command    string    `json:"command"`
+	Stdout     string    `json:"stdout"`
+	Stderr     string    `json:"stderr"`
+	ExitCode   int       `json:"exit_code"`
+	Started    time.Time `json:"started"`
+	DurationMs int64     `json:"duration_ms"`
+	TimedOut   bool      `json:"timed_out,omitempty"`
+	Truncated  bool      `json:"truncated,omitempty"`
+	// Error says why the command could not run (no box, ...); ExitCode is
+	// -1 then.
+	Error string `json:"error,omitempty"`
+}
+
+// runEvent is the payload of the run stream.
+type runEvent struct {
+	Command   string         `json:"command"`
+	Files     map[string]any `json:"files,omitempty"`
+	TimeoutMs int            `json:"timeout_ms,omitempty"`
+}
+
+func decodeRun(payload json.RawMessage) (runEvent, error) {
+	var ev runEvent
+	d := json.NewDecoder(bytes.NewReader(payload))
+	d.DisallowUnknownFields()
+	d.UseNumber()
+	if err := d.Decode(&ev); err != nil {
+		return ev, fmt.Errorf(`run event %s: %w (want {"command": "...", "files": {"/workspace/x": "..."}, "timeout_ms": 1000})`, payload, err)
+	}
+	if strings.TrimSpace(ev.Command) == "" {
+		return ev, fmt.Errorf(`run event %s: no command (want {"command": "ls -la"})`, payload)
+	}
+	if ev.TimeoutMs < 0 {
+		return ev, fmt.Errorf("run event: negative timeout_ms %d", ev.TimeoutMs)
+	}
+	for p := range ev.Files {
+		if !path.IsAbs(p) || path.Clean(p) != p {
+			return ev, fmt.Errorf("run event: file %q is not a clean absolute path in the box (e.g. %q)", p, path.Join("/workspace", p))
+		}
+	}
+	return ev, nil
+}
+
+// Accept marks the node pending in the transaction that takes a run or
+// destroy event, refusing a malformed run event.
+func (s *Sandbox) Accept(stream string, ev cells.Event, cur json.RawMessage) (any, error) {
+	switch stream {
+	case "run":
+		if _, err := decodeRun(ev.Payload); err != nil {
+			return nil, err
+		}
+	case "destroy":
+	default:
+		return nil, fmt.Errorf("sandbox node has no stream %q (streams: run, destroy)", stream)
+	}
+	return s.edit(cur, func(o *sandboxOutput) { o.Pending = true }), nil
+}
+
+// CheckEvent refuses a malformed event when it is sent, so the sender
+// hears of it (runtime.EventChecker).
+func (s *Sandbox) CheckEvent(stream string, payload json.RawMessage) error {
+	switch stream {
+	case "run":
+		_, err := decodeRun(payload)
+		return err
+	case "destroy":
+		return nil
+	}
+	return fmt.Errorf("sandbox node has no stream %q (streams: run, destroy)", stream)
+}
+
+// Event handles a run or destroy event.
+func (s *Sandbox) Event(ctx context.Context, stream string, ev cells.Event) error {
+	switch stream {
+	case "run":
+		return s.run(ctx, ev)
+	case "destroy":
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		err := s.down(ctx)
+		if serr := s.h.SaveState(sandboxState{Destroyed: true}); serr != nil {
+			err = errors.Join(err, fmt.Errorf("save sandbox state: %w", serr))
+		}
+		s.modify(ctx, func(o *sandboxOutput) {
+			o.Status, o.Pending, o.Error, o.Previews = StatusDestroyed, false, "", nil
+			if err != nil {
+				o.Error = err.Error()
+			}
+		})
+		return err
+	}
+	return fmt.Errorf("sandbox node has no stream %q (streams: run, destroy)", stream)
+}
+
+func (s *Sandbox) run(ctx context.Context, ev cells.Event) error {
+	p, err := decodeRun(ev.Payload)
+	started := time.Now()
+	var env map[string]string
+	if err == nil {
+		env, err = s.prepare(ctx, p)
+	}
+	entry := HistoryEntry{Command: p.Command, Started: started.UTC(), ExitCode: -1}
+	if err == nil {
+		timeout := DefaultRunTimeout
+		if p.TimeoutMs > 0 {
+			timeout = time.Duration(p.TimeoutMs) * time.Millisecond
+		}
+		var r api.ExecResult
+		r, err = s.env.Client.Exec(ctx, s.box, api.ExecRequest{
+			Command: p.Command, Env: env,
+			TimeoutMs: int(timeout / time.Millisecond), MaxOutput: HistoryOutputLimit,
+		}, nil)
+		if err == nil {
+			entry.Stdout, entry.Stderr, entry.ExitCode = r.Stdout, r.Stderr, r.ExitCode
+			entry.TimedOut, entry.Truncated = r.TimedOut, r.Truncated
+		}
+	}
+	entry.DurationMs = time.Since(started).Milliseconds()
+	if err != nil {
+		err = fmt.Errorf("run %q in box %q: %w", p.Command, s.box, err)
+		entry.Error = err.Error()
+	}
+	entry.Stdout, entry.Truncated = capText(entry.Stdout, entry.Truncated)
+	entry.Stderr, entry.Truncated = capText(entry.Stderr, entry.Truncated)
+	raw, merr := json.Marshal(entry)
+	if merr != nil {
+		return errors.Join(err, merr)
+	}
+	// The event is acked already: a history entry the store refuses
+	// fails the event (a failed status naming the command) after the
+	// retries, rather than vanishing into the log.
+	werr := s.modify(context.WithoutCancel(ctx), func(o *sandboxOutput) {
+		o.History = compact(append(o.History, raw))
+		o.Pending = false
+	})
+	if werr != nil {
+		err = errors.Join(err, fmt.Errorf("record the result of %q in the history: %w", p.Command, werr))
+	}
+	return err
+}
+
+// prepare makes sure the box lives (a run after destroy makes a fresh one)
+// and writes the event's files; it returns the env of the command.
+func (s *Sandbox) prepare(ctx context.Context, p runEvent) (map[string]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.alive {
+		if err := s.up(ctx); err != nil {
+			return nil, err
+		}
+	}
+	for _, fp := range slices.Sorted(maps.Keys(p.Files)) {
+		content, err := Text(p.Files[fp])
+		if err != nil {
+			return nil, fmt.Errorf("file %s: %w", fp, err)
+		}
+		if err := upload(ctx, s.env.Client, s.box, fp, content); err != nil {
+			return nil, err
+		}
+		delete(s.written, fp) // a bound input file overwritten: rewrite it on its next change
+	}
+	return evalEnv(s.spec.Env, s.in)
+}
+
+// capText cuts s to HistoryOutputLimit bytes, keeping the end.
+func capText(s string, truncated bool) (string, bool) {
+	if len(s) <= HistoryOutputLimit {
+		return s, truncated
+	}
+	s = s[len(s)-HistoryOutputLimit:]
+	for i := 0; i < 4 && i < len(s) && s[i]&0xC0 == 0x80; i++ {
+		s = s[1:] // do not start inside a UTF-8 sequence
+	}
+	return s, true
+}
+
+// compact keeps the last HistoryLimit entries, counting older ones in a
+// leading {"dropped": N}.
+func compact(h []json.RawMessage) []json.RawMessage {
+	dropped := 0
+	if len(h) > 0 {
+		var m struct {
+			Dropped *int `json:"dropped"`
+		}
+		if json.Unmarshal(h[0], &m) == nil && m.Dropped != nil {
+			dropped, h = *m.Dropped, h[1:]
+		}
+	}
+	if over := len(h) - HistoryLimit; over > 0 {
+		dropped += over
+		h = h[over:]
+	}
+	if dropped == 0 {
+		return h
+	}
+	marker, _ := json.Marshal(map[string]int{"dropped": dropped})
+	return append([]json.RawMessage{marker}, h...)
+}
