@@ -103,52 +103,25 @@ func NewMCPServer(tools []api.ToolInfo, bind MCPBinder) *mcp.Server {
 	return srv
 }
 
-// toolMeta is what MCP says about a tool beyond the registry: a title and
-// the behaviour hints. Every tool of the registry has an entry (a test
-// checks), so a new tool cannot go out unannotated.
-type toolMeta struct {
-	title       string
-	readOnly    bool
-	destructive bool // meaningful when !readOnly
-	idempotent  bool
-	closed      bool // works on the boxes only (openWorldHint false)
-}
-
-var toolMetas = map[string]toolMeta{
-	"shell":           {title: "Run a shell command", destructive: true},
-	"process":         {title: "Manage background processes", destructive: true, closed: true},
-	"read_file":       {title: "Read a file", readOnly: true, idempotent: true, closed: true},
-	"write_file":      {title: "Write a file", destructive: true, closed: true},
-	"edit":            {title: "Edit a file", destructive: true, closed: true},
-	"str_replace":     {title: "Replace text in a file", destructive: true, closed: true},
-	"grep":            {title: "Search file contents", readOnly: true, idempotent: true, closed: true},
-	"glob":            {title: "Find files by pattern", readOnly: true, idempotent: true, closed: true},
-	"ls":              {title: "List a directory", readOnly: true, idempotent: true, closed: true},
-	"transfer":        {title: "Copy between sandboxes", destructive: true, idempotent: true, closed: true},
-	"browse":          {title: "Open a box's server in a browser", closed: true},
-	"sandbox_create":  {title: "Create a sandbox", idempotent: true, closed: true},
-	"sandbox_list":    {title: "List sandboxes", readOnly: true, idempotent: true, closed: true},
-	"sandbox_destroy": {title: "Destroy a sandbox", destructive: true, idempotent: true, closed: true},
-}
-
 // mcpTool describes a registry tool to the SDK.
 func mcpTool(info api.ToolInfo) *mcp.Tool {
 	t := &mcp.Tool{Name: info.Name, Description: info.Description, InputSchema: info.InputSchema}
-	if m, ok := toolMetas[info.Name]; ok {
-		t.Title = m.title
-		t.Annotations = &mcp.ToolAnnotations{
-			Title:           m.title,
-			ReadOnlyHint:    m.readOnly,
-			IdempotentHint:  m.idempotent,
-			DestructiveHint: &m.destructive,
-		}
-		if m.closed {
-			t.Annotations.OpenWorldHint = new(bool)
-		}
+	rt, ok := LookupTool(info.Name)
+	if !ok {
+		return t // a tool of a newer server: described by its info only
 	}
-	if rt, ok := LookupTool(info.Name); ok {
-		t.OutputSchema = outputSchema(rt.Output)
+	m := rt.Meta
+	t.Title = m.Title
+	t.Annotations = &mcp.ToolAnnotations{
+		Title:           m.Title,
+		ReadOnlyHint:    m.ReadOnly,
+		IdempotentHint:  m.Idempotent,
+		DestructiveHint: &m.Destructive,
 	}
+	if !m.OpenWorld {
+		t.Annotations.OpenWorldHint = new(bool)
+	}
+	t.OutputSchema = outputSchema(rt.Output)
 	return t
 }
 

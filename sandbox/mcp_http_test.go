@@ -160,7 +160,7 @@ func TestMCPProgressAndLogs(t *testing.T) {
 // schema that is valid JSON Schema, and structuredContent matches it.
 func TestMCPToolMetadata(t *testing.T) {
 	for _, tool := range Tools() {
-		assert.Contains(t, toolMetas, tool.Name, "add the MCP title and hints of a new tool to toolMetas")
+		assert.NotEmpty(t, tool.Meta.Title, "give a new tool its ToolMeta in defineTool")
 	}
 	s := newTestService(t, newFakeBackend(t), "", nil)
 	c := connectInMemory(t, s)

@@ -143,9 +143,14 @@ func (t *Tool) ResultText(result json.RawMessage) string {
 }
 
 // mapped defines a profile's tool: name and input type In are the seed's,
-// base is the registry tool whose handler h calls.
+// base is the registry tool whose handler h calls (its title and hints
+// apply).
 func mapped[In any, Out any](base, name, description string, h func(ctx context.Context, c *call, in In) (Out, error)) *Tool {
-	t := defineTool(name, description, h)
+	b, ok := LookupTool(base)
+	if !ok {
+		panic("sandbox: profile tool " + name + " maps onto no registry tool " + base)
+	}
+	t := defineTool(name, b.Meta, description, h)
 	t.Base = base
 	_, t.TextResult = any(*new(Out)).(textOutput)
 	return t

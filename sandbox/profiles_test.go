@@ -391,3 +391,15 @@ func TestAllowedCommandsSurviveRestart(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(res), "is not allowed in this session")
 }
+
+// TestProfileToolsTakeBaseMeta: a profile's tool has the title and hints
+// of the registry tool it maps onto, so MCP annotates it the same.
+func TestProfileToolsTakeBaseMeta(t *testing.T) {
+	for _, p := range Profiles()[1:] {
+		for _, tool := range p.Tools() {
+			base, ok := LookupTool(tool.Base)
+			require.True(t, ok, "%s/%s", p.Name, tool.Name)
+			assert.Equal(t, base.Meta, tool.Meta, "%s/%s", p.Name, tool.Name)
+		}
+	}
+}
