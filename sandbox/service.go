@@ -1,12 +1,35 @@
 // Package sandbox is the box service: sessions, a pool of named boxes per
 // session (lazy create, idle sleep, transparent wake, destroy, reattach after
-// a restart, pre-started warm boxes), the one tool registry, the HTTP API and
-// the preview proxy.
+// a restart, pre-started warm boxes) and the one tool registry.
 //
 // Boxes are made by a backend.Backend (sandbox/docker, sandbox/local); every
 // operation inside a box is a request to the box's agent (sandbox/agent).
 // Sessions and boxes are kept in one bbolt file in the data directory, so a
 // restarted service serves the same sessions and reattaches to their boxes.
+//
+// Where things are:
+//
+//   - service.go: Config, New, Close; session.go: sessions, tokens, caps,
+//     expiry and the create/wake slots.
+//   - box.go: a box's life (create, wake, recreate, destroy) and leases;
+//     heal.go: dead boxes noticed and restarted; reaper.go: idle sleep and
+//     the periodic round; reconcile.go: matching the store with the
+//     backend at start; warmpool.go: pre-started boxes; store.go: bbolt.
+//   - tools.go: the registry (defineTool: name, ToolMeta, description,
+//     input and output types, handler) and CallTool; tools_box.go,
+//     tools_files.go: the handlers; profiles.go and profile_*.go: the seed
+//     tool sets mapped onto them; preview.go: the ids browse makes.
+//   - ops.go: the streaming operations and LocalClient, the in-process
+//     sandboxclient.Client; faces.go: what the faces need from the service.
+//
+// Locks: Service.mu guards the maps of sessions, boxes, previews and pools
+// and each box's state; a box's own life mutex serializes its transitions
+// (box.go says which fields each guards). Never take a life mutex while
+// holding Service.mu.
+//
+// The faces are packages of their own over the exported API: sandbox/httpapi
+// (HTTP API, MCP over HTTP, preview proxy, /metrics) and sandbox/mcpserver
+// (the registry as an MCP server, served on stdio by cellbox mcp).
 package sandbox
 
 import (

@@ -33,8 +33,11 @@ type httpSession struct {
 	token string
 }
 
+// startHTTP serves s's HTTP API (sandbox/httpapi, see export_test.go) on a
+// test server and returns its URL.
 func startHTTP(t *testing.T, s *Service) string {
-	srv := httptest.NewServer(s.Handler())
+	require.NotNil(t, httpHandler, "faces_test.go sets the HTTP handler")
+	srv := httptest.NewServer(httpHandler(s))
 	t.Cleanup(srv.Close)
 	s.SetBaseURL(srv.URL)
 	return srv.URL
