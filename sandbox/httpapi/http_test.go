@@ -55,13 +55,29 @@ func (h *httpSession) raw(name, body, token string) (int, map[string]any) {
 	return resp.StatusCode, m
 }
 
-// tool calls a tool that must succeed.
-func (h *httpSession) tool(name string, input any) map[string]any {
+// call calls a tool and returns its result (which may be an error result).
+func (h *httpSession) call(name string, input any) map[string]any {
 	h.t.Helper()
 	body, err := json.Marshal(input)
 	require.NoError(h.t, err)
 	status, m := h.raw(name, string(body), h.token)
 	require.Equal(h.t, http.StatusOK, status, "%s: %v", name, m)
+	return m
+}
+
+// tool calls a tool that must succeed.
+func (h *httpSession) tool(name string, input any) map[string]any {
+	h.t.Helper()
+	m := h.call(name, input)
 	require.Equal(h.t, false, m["is_error"], "%s: %v", name, m["error"])
 	return m
+}
+
+// boxes counts the boxes of s's sessions that exist in the backend.
+func boxes(s *sandbox.Service) int {
+	n := 0
+	for _, c := range s.Metrics().Boxes {
+		n += c.N
+	}
+	return n
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/mcptest"
-	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/mcpserver"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/assert"
@@ -145,13 +144,4 @@ func TestMCPSessionExpires(t *testing.T) {
 	require.Len(t, mcptest.Sessions(t, url, ""), 1)
 	require.Eventually(t, func() bool { return len(mcptest.Sessions(t, url, "")) == 0 && boxes(s) == 0 }, 10*time.Second, 20*time.Millisecond,
 		"the idle MCP session ends, and its session and box with it")
-}
-
-// boxes counts the boxes of s's sessions that exist in the backend.
-func boxes(s *sandbox.Service) int {
-	n := 0
-	for _, c := range s.Metrics().Boxes {
-		n += c.N
-	}
-	return n
 }
