@@ -81,7 +81,8 @@ func (h *runtimeHost) serveHTTP(addr string, svc *sandbox.Service) (base, key st
 	}
 	base = "http://" + net.JoinHostPort(host, port)
 	svc.SetBaseURL(base)
-	g := newGuard(key, hosts, httpapi.Handler(svc), withRuntimeAPI(httpapi.Handler(svc), h.api, webui.Handler()))
+	boxes := httpapi.Handler(svc) // one handler: its MCP sessions live in it
+	g := newGuard(key, hosts, boxes, withRuntimeAPI(boxes, h.api, webui.Handler()))
 	return base, key, created, h.start(ln, withBodyDeadline(h.opts.bodyTimeout, g)), nil
 }
 
