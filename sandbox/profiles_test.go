@@ -350,3 +350,11 @@ func TestProfileToolsTakeBaseMeta(t *testing.T) {
 		}
 	}
 }
+
+// TestToolNeedsMeta: a tool defined without its title and hints is refused
+// where it is defined, so none reaches MCP unannotated.
+func TestToolNeedsMeta(t *testing.T) {
+	h := func(context.Context, *call, struct{}) (api.OKOutput, error) { return api.OKOutput{OK: true}, nil }
+	assert.PanicsWithValue(t, "sandbox: tool x has no title: give its ToolMeta where it is defined", func() { defineTool("x", ToolMeta{}, "d", h) })
+	assert.NotPanics(t, func() { defineTool("x", ToolMeta{Title: "X", ReadOnly: true}, "d", h) })
+}
