@@ -24,6 +24,7 @@ import (
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/httpapi"
 	"github.com/cellbox/cellbox/sandboxclient"
 )
 
@@ -107,7 +108,7 @@ func startBox(t *testing.T, overHTTP bool) *box {
 	t.Helper()
 	svc, _ := boxtest.Service(t, boxtest.Options{Pool: 2, Logger: quiet()})
 	if overHTTP {
-		hs := httptest.NewServer(svc.Handler())
+		hs := httptest.NewServer(httpapi.Handler(svc))
 		t.Cleanup(hs.Close)
 		c, err := sandboxclient.NewSession(context.Background(), hs.URL)
 		require.NoError(t, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/sandbox/httpapi"
 
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/cells"
@@ -332,7 +333,7 @@ nodes:
 		r.close(runtime.Stopped)
 	})
 
-	hs := httptest.NewServer(b.svc.Handler())
+	hs := httptest.NewServer(httpapi.Handler(b.svc))
 	t.Cleanup(hs.Close)
 	b.svc.SetBaseURL(hs.URL)
 	r := b.load(t, pattern, nil)

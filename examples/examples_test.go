@@ -25,6 +25,7 @@ import (
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
+	"github.com/cellbox/cellbox/sandbox/httpapi"
 	"github.com/cellbox/cellbox/sandbox/image"
 	"github.com/cellbox/cellbox/sandboxclient"
 )
@@ -354,7 +355,7 @@ func TestDevServer(t *testing.T) {
 	w := newWorld(t, "")
 	// The preview proxy is part of the sandbox service's HTTP API, served
 	// here as `cellbox run` serves it.
-	srv := httptest.NewServer(w.svc.Handler())
+	srv := httptest.NewServer(httpapi.Handler(w.svc))
 	t.Cleanup(srv.Close)
 	w.svc.SetBaseURL(srv.URL)
 

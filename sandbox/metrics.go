@@ -1,15 +1,12 @@
 package sandbox
 
 import (
-	"fmt"
-	"net/http"
-	"sort"
-	"strings"
 	"sync"
 	"time"
 )
 
-// metrics are the service's counters, served in the Prometheus text format.
+// metrics are the service's counters (Service.Metrics; sandbox/httpapi
+// serves them on /metrics).
 type metrics struct {
 	mu    sync.Mutex
 	calls map[[2]string]uint64 // tool, outcome (ok|error)
@@ -41,49 +38,65 @@ func (m *metrics) observeRevive() {
 	m.mu.Unlock()
 }
 
-func (s *Service) handleMetrics(w http.ResponseWriter, r *http.Request) {
-	var b strings.Builder
+// Metrics is a snapshot of the service's counters and gauges (sandbox/httpapi
+// serves it on /metrics).
+type Metrics struct {
+	// Tools are the tool calls so far, by tool (sorted by name).
+	Tools []ToolMetrics
+	// Revived counts the boxes restarted after they died behind the pool's
+	// back (agent killed, OOM, container killed).
+	Revived uint64
+	// Boxes counts the boxes of sessions by state (running, sleeping,
+	// lost, dead; in that order).
+	Boxes []Count
+	// PoolReady counts the pre-started boxes ready in the warm pool, by
+	// image (sorted).
+	PoolReady []Count
+	// Sessions is the number of sessions.
+	Sessions int
+}
+
+// ToolMetrics are the calls of one tool (a profile's tool as
+// "profile/name").
+type ToolMetrics struct {
+	Tool      string
+	OK, Error uint64  // calls by outcome
+	Seconds   float64 // time spent in all of them
+}
+
+// Count is a number of things that share a label.
+type Count struct {
+	Label string
+	N     int
+}
+
+// Metrics returns a snapshot of the service's metrics.
+func (s *Service) Metrics() Metrics {
+	var out Metrics
 	m := s.metrics
 	m.mu.Lock()
-	b.WriteString("# HELP cellbox_tool_calls_total Tool calls by tool and outcome.\n# TYPE cellbox_tool_calls_total counter\n")
-	keys := make([][2]string, 0, len(m.calls))
-	for k := range m.calls {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i][0]+keys[i][1] < keys[j][0]+keys[j][1] })
-	for _, k := range keys {
-		fmt.Fprintf(&b, "cellbox_tool_calls_total{tool=%q,outcome=%q} %d\n", k[0], k[1], m.calls[k])
-	}
-	b.WriteString("# HELP cellbox_tool_duration_seconds Tool call latency.\n# TYPE cellbox_tool_duration_seconds summary\n")
 	for _, t := range sortedNames(m.count) {
-		fmt.Fprintf(&b, "cellbox_tool_duration_seconds_sum{tool=%q} %g\n", t, m.sum[t])
-		fmt.Fprintf(&b, "cellbox_tool_duration_seconds_count{tool=%q} %d\n", t, m.count[t])
+		out.Tools = append(out.Tools, ToolMetrics{Tool: t, OK: m.calls[[2]string{t, "ok"}], Error: m.calls[[2]string{t, "error"}], Seconds: m.sum[t]})
 	}
-	b.WriteString("# HELP cellbox_boxes_revived_total Boxes restarted after they died behind the server's back (agent killed, OOM, container killed).\n# TYPE cellbox_boxes_revived_total counter\n")
-	fmt.Fprintf(&b, "cellbox_boxes_revived_total %d\n", m.revived)
+	out.Revived = m.revived
 	m.mu.Unlock()
 
-	states := map[string]int{}
+	states := map[boxState]int{}
+	pools := map[string]int{}
 	s.mu.Lock()
 	for _, bx := range s.boxes {
-		states[bx.state.String()]++
+		states[bx.state]++
 	}
-	pools := map[string]int{}
 	for image, p := range s.pools {
 		pools[image] = len(p.ready)
 	}
-	sessions := len(s.sessions)
+	out.Sessions = len(s.sessions)
 	s.mu.Unlock()
-	b.WriteString("# HELP cellbox_boxes Boxes of sessions by state.\n# TYPE cellbox_boxes gauge\n")
 	for _, st := range []boxState{stateRunning, stateSleeping, stateGone, stateDead} {
-		fmt.Fprintf(&b, "cellbox_boxes{state=%q} %d\n", st, states[st.String()])
+		out.Boxes = append(out.Boxes, Count{Label: st.String(), N: states[st]})
 	}
-	b.WriteString("# HELP cellbox_pool_ready Pre-started boxes ready in the warm pool, by image.\n# TYPE cellbox_pool_ready gauge\n")
 	for _, image := range sortedNames(pools) {
-		fmt.Fprintf(&b, "cellbox_pool_ready{image=%q} %d\n", image, pools[image])
+		out.PoolReady = append(out.PoolReady, Count{Label: image, N: pools[image]})
 	}
-	b.WriteString("# HELP cellbox_sessions Sessions.\n# TYPE cellbox_sessions gauge\n")
-	fmt.Fprintf(&b, "cellbox_sessions %d\n", sessions)
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	w.Write([]byte(b.String()))
+	return out
 }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"regexp"
 	"strings"
@@ -16,8 +14,10 @@ import (
 )
 
 // Preview URLs. A preview id is an unguessable random id that maps to a box
-// and a port; the proxy tunnels each connection through the box's agent
-// (agent.Client.DialPort), so it works although the box has no network.
+// and a port; the proxy (sandbox/httpapi) tunnels each connection through
+// the box's agent (OpenPreview, Preview.Dial), so it works although the box
+// has no network. This file keeps the ids (made by the browse tool, stored
+// with their box, dropped when the box goes).
 //
 // A preview is served on an origin of its own, http://ID.localhost:PORT/
 // (browsers and curl resolve *.localhost to the loopback address), never on
@@ -74,7 +74,7 @@ func browseTool(ctx context.Context, c *call, in api.BrowseInput) (api.BrowseOut
 			return out, err
 		}
 	}
-	out.URL, err = previewURL(base, id, "/")
+	out.URL, err = PreviewURL(base, id, "/")
 	if err != nil {
 		return out, err
 	}
@@ -91,10 +91,10 @@ func browseTool(ctx context.Context, c *call, in api.BrowseInput) (api.BrowseOut
 	return out, nil
 }
 
-// previewURL is the address of path in preview id of the server at base:
+// PreviewURL is the address of path in preview id of the server at base:
 // http://ID.localhost:PORT/PATH, whatever host base names (a remote user
 // reaches it through a tunnel of PORT, as *.localhost resolves locally).
-func previewURL(base, id, path string) (string, error) {
+func PreviewURL(base, id, path string) (string, error) {
 	u, err := url.Parse(base)
 	if err != nil || u.Host == "" {
 		return "", fmt.Errorf("base URL %q of this server is not a URL: previews need one (see Service.SetBaseURL)", base)
@@ -119,58 +119,44 @@ func PreviewID(host string) (string, bool) {
 	return id, true
 }
 
-// servePreview proxies r to the preview id's box and port.
-func (s *Service) servePreview(w http.ResponseWriter, r *http.Request, id string) {
+// ErrNoPreview is returned (wrapped) by OpenPreview for an id no preview
+// has: never made, or its box was destroyed or recreated since.
+var ErrNoPreview = errors.New("no such preview")
+
+// Preview is the box and port behind a preview id, leased for one proxied
+// request: the box stays awake until Release.
+type Preview struct {
+	Box  string // the box's id
+	Port int
+	l    *lease
+}
+
+// Dial opens a connection to the preview's port inside its box, through
+// the box's agent (the box needs no network).
+func (p *Preview) Dial(ctx context.Context) (net.Conn, error) {
+	return p.l.client.DialPort(ctx, p.Port)
+}
+
+// Release ends the lease.
+func (p *Preview) Release() { p.l.release() }
+
+// OpenPreview leases the box of preview id, waking it (or restarting it)
+// if needed. Notices about the box are logged: the browser on the other
+// end is no agent to tell.
+func (s *Service) OpenPreview(ctx context.Context, id string) (*Preview, error) {
 	s.mu.Lock()
 	t, ok := s.previews[id]
 	b := s.boxes[t.box]
 	s.mu.Unlock()
 	if !ok || b == nil {
-		writeError(w, http.StatusNotFound, "no such preview (the sandbox may have been destroyed or recreated; call browse again)")
-		return
+		return nil, fmt.Errorf("preview %s: %w", id, ErrNoPreview)
 	}
-	l, err := s.use(r.Context(), nil, t.box, b, func(n string) { s.log.Info("preview: "+n, "box", t.box) })
+	l, err := s.use(ctx, nil, t.box, b, func(n string) { s.log.Info("preview: "+n, "box", t.box) })
 	if err != nil {
-		writeError(w, http.StatusBadGateway, fmt.Sprintf("preview of sandbox %s: %v", t.box, err))
-		return
+		return nil, fmt.Errorf("preview of sandbox %s: %w", t.box, err)
 	}
-	defer l.release()
-	cl := l.client
-	proxy := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = fmt.Sprintf("localhost:%d", t.port)
-			pr.Out.Host = pr.Out.URL.Host
-			pr.SetXForwarded()
-		},
-		Transport: &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				return cl.DialPort(ctx, t.port)
-			},
-			DisableKeepAlives: true,
-		},
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			writeError(w, http.StatusBadGateway, fmt.Sprintf("nothing answered on port %d in sandbox %s: %v (is the server running? see process list)", t.port, t.box, err))
-		},
-	}
-	proxy.ServeHTTP(w, r)
+	return &Preview{Box: t.box, Port: t.port, l: l}, nil
 }
 
-// handlePreview answers the old path form /preview/{pid}/{rest...} with a
-// redirect to the preview's own origin: it is never served on the API's.
-func (s *Service) handlePreview(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("pid")
-	if !previewIDRE.MatchString(id) {
-		writeError(w, http.StatusNotFound, "no such preview (call browse for a preview URL)")
-		return
-	}
-	_, port, err := net.SplitHostPort(r.Host)
-	if err != nil {
-		port = "80"
-	}
-	target, _ := previewURL("http://localhost:"+port, id, "/"+r.PathValue("rest"))
-	if r.URL.RawQuery != "" {
-		target += "?" + r.URL.RawQuery
-	}
-	http.Redirect(w, r, target, http.StatusPermanentRedirect)
-}
+// IsPreviewID reports whether id has the form of a preview id.
+func IsPreviewID(id string) bool { return previewIDRE.MatchString(id) }

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"net/http"
 	"sort"
 	"strings"
 	"testing"
@@ -84,24 +82,19 @@ func propertyOrder(t *testing.T, schema json.RawMessage) []string {
 	return names
 }
 
-func getTools(t *testing.T, url, profile string) (int, []byte) {
+// getTools returns the tool list of profile as GET /v1/tools?profile=
+// serves it (sandbox/httpapi tests the route itself).
+func getTools(t *testing.T, profile string) []api.ToolInfo {
 	t.Helper()
-	resp, err := http.Get(url + "/v1/tools?profile=" + profile)
+	tools, err := ToolInfosFor(profile)
 	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return resp.StatusCode, body
+	return tools
 }
 
 func TestProfileToolListsMatchSeeds(t *testing.T) {
-	url := startHTTP(t, newTestService(t, newFakeBackend(t), "", nil))
 	for profile, want := range seedProfiles {
 		t.Run(profile, func(t *testing.T) {
-			status, body := getTools(t, url, profile)
-			require.Equal(t, http.StatusOK, status, string(body))
-			var tools []api.ToolInfo
-			require.NoError(t, json.Unmarshal(body, &tools))
+			tools := getTools(t, profile)
 			var names, wantNames []string
 			for _, tl := range tools {
 				names = append(names, tl.Name)
@@ -131,9 +124,7 @@ func TestProfileToolListsMatchSeeds(t *testing.T) {
 	t.Run("fs-tools edit items", func(t *testing.T) {
 		// seed 003, edit: edits: Array<{ oldText: string; newText: string }>
 		for _, profile := range []string{"fs-tools", ""} {
-			_, body := getTools(t, url, profile)
-			var tools []api.ToolInfo
-			require.NoError(t, json.Unmarshal(body, &tools))
+			tools := getTools(t, profile)
 			var edit json.RawMessage
 			for _, tl := range tools {
 				if tl.Name == "edit" {
@@ -154,33 +145,13 @@ func TestProfileToolListsMatchSeeds(t *testing.T) {
 	})
 
 	t.Run("default and unknown", func(t *testing.T) {
-		status, body := getTools(t, url, "")
-		require.Equal(t, http.StatusOK, status)
-		var tools []api.ToolInfo
-		require.NoError(t, json.Unmarshal(body, &tools))
+		tools := getTools(t, "")
 		assert.Equal(t, "shell", tools[0].Name)
 		assert.Len(t, tools, len(Tools()), "the default profile is the registry")
-		status, body = getTools(t, url, "openai")
-		assert.Equal(t, http.StatusBadRequest, status)
-		assert.Contains(t, string(body), `unknown tool profile \"openai\"; profiles: cellbox, cloudflare, fs-tools, deerflow`)
+		_, err := ToolInfosFor("openai")
+		assert.ErrorIs(t, err, ErrUnknownProfile)
+		assert.ErrorContains(t, err, `unknown tool profile "openai"; profiles: cellbox, cloudflare, fs-tools, deerflow`)
 	})
-}
-
-// profileCall posts a tool call in profile over HTTP and returns the result.
-func (h *httpSession) profileCall(profile, name string, input any) map[string]any {
-	h.t.Helper()
-	body, err := json.Marshal(input)
-	require.NoError(h.t, err)
-	req, err := http.NewRequest(http.MethodPost, h.url+"/v1/sessions/"+h.id+"/tools/"+name+"?profile="+profile, bytes.NewReader(body))
-	require.NoError(h.t, err)
-	req.Header.Set("Authorization", "Bearer "+h.token)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(h.t, err)
-	defer resp.Body.Close()
-	var m map[string]any
-	require.NoError(h.t, json.NewDecoder(resp.Body).Decode(&m))
-	require.Equal(h.t, http.StatusOK, resp.StatusCode, "%s/%s: %v", profile, name, m)
-	return m
 }
 
 // shaped checks a result succeeded and has exactly the fields of its seed's
@@ -202,7 +173,7 @@ func shaped(t *testing.T, m map[string]any, fields ...string) map[string]any {
 // with the seeds' field names, and checks the seeds' result shapes.
 func TestProfileCallsInRealBox(t *testing.T) {
 	rb := newRealService(t, "local", nil)
-	h := newHTTPSession(t, startHTTP(t, rb.s))
+	h := newSession(t, rb.s)
 
 	t.Run("cloudflare", func(t *testing.T) {
 		// seed 000: write_file returns { ok, size }, read_file { content, size }
@@ -274,29 +245,15 @@ func TestProfileCallsInRealBox(t *testing.T) {
 	})
 
 	t.Run("unknown tool in profile", func(t *testing.T) {
-		status, m := h.raw("read?profile=cloudflare", `{}`, h.token)
-		assert.Equal(t, http.StatusNotFound, status)
-		assert.Contains(t, m["error"], `unknown tool "read" in profile cloudflare; tools: browse, glob, read_file`)
+		_, err := h.rawIn("cloudflare", "read", `{}`)
+		assert.ErrorIs(t, err, ErrUnknownTool)
+		assert.ErrorContains(t, err, `unknown tool "read" in profile cloudflare; tools: browse, glob, read_file`)
 	})
-}
-
-// newAllowedSession makes a session with allowed_commands over HTTP.
-func newAllowedSession(t *testing.T, url string, allowed ...string) *httpSession {
-	body, err := json.Marshal(api.NewSessionRequest{AllowedCommands: allowed})
-	require.NoError(t, err)
-	resp, err := http.Post(url+"/v1/sessions", "application/json", bytes.NewReader(body))
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusCreated, resp.StatusCode)
-	var ns api.NewSessionResult
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&ns))
-	return &httpSession{t: t, url: url, id: ns.ID, token: ns.Token}
 }
 
 func TestAllowedCommands(t *testing.T) {
 	rb := newRealService(t, "local", nil)
-	url := startHTTP(t, rb.s)
-	h := newAllowedSession(t, url, "echo", "ls -la")
+	h := newSessionWith(t, rb.s, api.NewSessionRequest{AllowedCommands: []string{"echo", "ls -la"}})
 
 	// Refused before it reaches a box: the session has none afterwards.
 	msg := h.toolErr("shell", map[string]any{"command": "touch /workspace/ran"})
@@ -338,18 +295,12 @@ func TestAllowedCommands(t *testing.T) {
 		})
 	}
 
-	t.Run("exec endpoint", func(t *testing.T) {
-		body := `{"command":"touch /workspace/ran"}`
-		req, err := http.NewRequest(http.MethodPost, url+"/v1/sessions/"+h.id+"/boxes/default/exec", strings.NewReader(body))
+	t.Run("exec", func(t *testing.T) {
+		// The streaming exec behind the exec endpoint and sandboxclient.
+		sess, err := rb.s.Authenticate(h.id, h.token)
 		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+h.token)
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		var f api.ExecFrame
-		require.NoError(t, json.NewDecoder(resp.Body).Decode(&f))
-		assert.Contains(t, f.Error, "is not allowed")
-		assert.Nil(t, f.Result)
+		_, err = rb.s.Exec(context.Background(), sess, "default", api.ExecRequest{Command: "touch /workspace/ran"}, nil, func(string) {})
+		assert.ErrorContains(t, err, "is not allowed")
 	})
 
 	// Nothing of the refused commands ran.
@@ -357,20 +308,16 @@ func TestAllowedCommands(t *testing.T) {
 	assert.Empty(t, g["files"])
 
 	// Another session of the same server is not limited.
-	free := newHTTPSession(t, url)
+	free := newSession(t, rb.s)
 	free.tool("shell", map[string]any{"command": "touch /workspace/ran"})
 }
 
 func TestAllowedCommandsBadList(t *testing.T) {
-	url := startHTTP(t, newTestService(t, newFakeBackend(t), "", nil))
-	for _, body := range []string{`{"allowed_commands":[""]}`, `{"allowed_commands":["echo; rm"]}`, `{"allowed":["ls"]}`} {
-		resp, err := http.Post(url+"/v1/sessions", "application/json", strings.NewReader(body))
-		require.NoError(t, err)
-		var e api.ErrorBody
-		require.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
-		resp.Body.Close()
-		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, body)
-		assert.NotEmpty(t, e.Error, body)
+	s := newTestService(t, newFakeBackend(t), "", nil)
+	for _, list := range [][]string{{""}, {"echo; rm"}} {
+		_, _, err := s.NewSessionWith(context.Background(), api.NewSessionRequest{AllowedCommands: list})
+		assert.ErrorContains(t, err, "allowed_commands", "%q", list)
+		assert.Error(t, CheckAllowedCommands(list), "%q", list)
 	}
 }
 
@@ -390,4 +337,24 @@ func TestAllowedCommandsSurviveRestart(t *testing.T) {
 	res, err := s.CallTool(ctx, id, "shell", json.RawMessage(`{"command":"touch x"}`))
 	require.NoError(t, err)
 	assert.Contains(t, string(res), "is not allowed in this session")
+}
+
+// TestProfileToolsTakeBaseMeta: a profile's tool has the title and hints
+// of the registry tool it maps onto, so MCP annotates it the same.
+func TestProfileToolsTakeBaseMeta(t *testing.T) {
+	for _, p := range Profiles()[1:] {
+		for _, tool := range p.Tools() {
+			base, ok := LookupTool(tool.Base)
+			require.True(t, ok, "%s/%s", p.Name, tool.Name)
+			assert.Equal(t, base.Meta, tool.Meta, "%s/%s", p.Name, tool.Name)
+		}
+	}
+}
+
+// TestToolNeedsMeta: a tool defined without its title and hints is refused
+// where it is defined, so none reaches MCP unannotated.
+func TestToolNeedsMeta(t *testing.T) {
+	h := func(context.Context, *call, struct{}) (api.OKOutput, error) { return api.OKOutput{OK: true}, nil }
+	assert.PanicsWithValue(t, "sandbox: tool x has no title: give its ToolMeta where it is defined", func() { defineTool("x", ToolMeta{}, "d", h) })
+	assert.NotPanics(t, func() { defineTool("x", ToolMeta{Title: "X", ReadOnly: true}, "d", h) })
 }

@@ -1,24 +1,46 @@
 // Package sandbox is the box service: sessions, a pool of named boxes per
 // session (lazy create, idle sleep, transparent wake, destroy, reattach after
-// a restart, pre-started warm boxes), the one tool registry, the HTTP API and
-// the preview proxy.
+// a restart, pre-started warm boxes) and the one tool registry.
 //
 // Boxes are made by a backend.Backend (sandbox/docker, sandbox/local); every
 // operation inside a box is a request to the box's agent (sandbox/agent).
 // Sessions and boxes are kept in one bbolt file in the data directory, so a
 // restarted service serves the same sessions and reattaches to their boxes.
+//
+// Where things are:
+//
+//   - service.go: Config, New, Close; session.go: sessions, tokens, caps,
+//     expiry and the create/wake slots.
+//   - box.go: a box's life (create, wake, recreate, destroy) and leases;
+//     heal.go: dead boxes noticed and restarted; reaper.go: idle sleep and
+//     the periodic round; reconcile.go: matching the store with the
+//     backend at start; warmpool.go: pre-started boxes; store.go: bbolt.
+//   - tools.go: the registry (defineTool: name, ToolMeta, description,
+//     input and output types, handler) and CallTool; tools_box.go,
+//     tools_files.go: the handlers; profiles.go and profile_*.go: the seed
+//     tool sets mapped onto them; preview.go: the ids browse makes.
+//   - ops.go: the streaming operations and LocalClient, the in-process
+//     sandboxclient.Client; faces.go: what the faces need from the service.
+//
+// Locks: Service.mu guards the maps of sessions, boxes, previews and pools
+// and each box's state; a box's own life mutex serializes its transitions
+// (box.go says which fields each guards). Never take a life mutex while
+// holding Service.mu.
+//
+// The faces are packages of their own over the exported API: sandbox/httpapi
+// (HTTP API, MCP over HTTP, preview proxy, /metrics) and sandbox/mcpserver
+// (the registry as an MCP server, served on stdio by cellbox mcp).
 package sandbox
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -116,25 +138,6 @@ type Service struct {
 	pools    map[string]*warmPool     // by image
 	closed   bool
 }
-
-// Session is one tenant: a bearer token and its named boxes.
-type Session struct {
-	ID        string
-	Created   time.Time
-	tokenHash [sha256.Size]byte
-	sem       chan struct{}   // the session's create/wake slots
-	boxes     map[string]*box // by name; guarded by Service.mu
-	deleted   bool            // guarded by Service.mu
-	lastUsed  atomic.Int64    // unix nanoseconds of the last call; the reaper expires idle sessions
-	pinned    bool            // served in-process (see pin): never expires; guarded by Service.mu
-	allowed   allowList       // allowed_commands; fixed when the session is made
-}
-
-// Errors of session lookups, for the HTTP layer to map to status codes.
-var (
-	ErrNoSession = api.ErrNoSession // "no such session"
-	ErrBadToken  = errors.New("token does not grant access to this session")
-)
 
 // New opens (or creates) the state in cfg.DataDir, reconciles it with the
 // backend — reattaching boxes that still run, marking lost ones, removing
@@ -264,207 +267,6 @@ func (s *Service) Close() error {
 	return s.st.close()
 }
 
-// NewSession creates a session and returns its id and bearer token. Only a
-// SHA-256 of the token is kept.
-func (s *Service) NewSession(ctx context.Context) (id, token string, err error) {
-	return s.NewSessionWith(ctx, api.NewSessionRequest{})
-}
-
-// NewSessionWith is NewSession with options (allowed_commands).
-func (s *Service) NewSessionWith(ctx context.Context, opts api.NewSessionRequest) (id, token string, err error) {
-	allowed, err := newAllowList(opts.AllowedCommands)
-	if err != nil {
-		return "", "", err
-	}
-	id = "s-" + randomID(8)
-	token = randomID(32)
-	sess := &Session{
-		ID:        id,
-		Created:   time.Now().UTC(),
-		tokenHash: sha256.Sum256([]byte(token)),
-		sem:       make(chan struct{}, s.cfg.SessionConcurrency),
-		boxes:     map[string]*box{},
-		allowed:   allowed,
-	}
-	sess.lastUsed.Store(sess.Created.UnixNano())
-	s.mu.Lock()
-	s.sessions[id] = sess
-	rec := s.sessionRecordLocked(sess)
-	s.mu.Unlock()
-	if err := s.st.apply(change{session: &rec}); err != nil {
-		s.mu.Lock()
-		delete(s.sessions, id)
-		s.mu.Unlock()
-		return "", "", fmt.Errorf("create session: %w", err)
-	}
-	s.log.Info("session created", "session", id)
-	return id, token, nil
-}
-
-// Authenticate returns the session id names if token is its bearer token
-// (ErrNoSession, ErrBadToken otherwise). The comparison takes constant time.
-func (s *Service) Authenticate(id, token string) (*Session, error) {
-	sess, err := s.session(id)
-	if err != nil {
-		return nil, err
-	}
-	h := sha256.Sum256([]byte(token))
-	if subtle.ConstantTimeCompare(h[:], sess.tokenHash[:]) != 1 {
-		return nil, ErrBadToken
-	}
-	return sess, nil
-}
-
-func (s *Service) session(id string) (*Session, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sess := s.sessions[id]
-	if sess == nil || sess.deleted {
-		return nil, fmt.Errorf("session %q: %w", id, ErrNoSession)
-	}
-	sess.lastUsed.Store(time.Now().UnixNano())
-	return sess, nil
-}
-
-// DeleteSession destroys every box of the session (shared boxes only when
-// no other session uses them) and forgets the session.
-func (s *Service) DeleteSession(ctx context.Context, id string) error {
-	s.mu.Lock()
-	sess := s.sessions[id]
-	if sess == nil || sess.deleted {
-		s.mu.Unlock()
-		return fmt.Errorf("session %q: %w", id, ErrNoSession)
-	}
-	sess.deleted = true
-	names := make([]string, 0, len(sess.boxes))
-	for name := range sess.boxes {
-		names = append(names, name)
-	}
-	s.mu.Unlock()
-	var errs []error
-	for _, name := range names {
-		if err := s.destroyBox(ctx, sess, name); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	s.mu.Lock()
-	delete(s.sessions, id)
-	s.mu.Unlock()
-	if err := s.st.apply(change{delSession: id}); err != nil {
-		errs = append(errs, err)
-	}
-	s.log.Info("session deleted", "session", id, "boxes", len(names))
-	return errors.Join(errs...)
-}
-
-// checkCapsLocked refuses a new box of sess beyond MaxBoxesPerSession or
-// MaxBoxes (the error has the code limit); the caller holds s.mu.
-func (s *Service) checkCapsLocked(sess *Session) error {
-	return api.WithCode(api.CodeLimit, s.capsExceededLocked(sess))
-}
-
-func (s *Service) capsExceededLocked(sess *Session) error {
-	if n := len(sess.boxes); n >= s.cfg.MaxBoxesPerSession {
-		return fmt.Errorf("session %s already has %d sandboxes, the most a session may have: destroy one with sandbox_destroy, or raise the limit (cellbox serve --max-boxes-per-session)", sess.ID, n)
-	}
-	all := map[*box]bool{}
-	for _, other := range s.sessions {
-		for _, b := range other.boxes {
-			all[b] = true
-		}
-	}
-	if n := len(all); n >= s.cfg.MaxBoxes {
-		return fmt.Errorf("this server already has %d sandboxes in all sessions, the most it may have: destroy some with sandbox_destroy, or raise the limit (cellbox serve --max-boxes)", n)
-	}
-	return nil
-}
-
-// expireSessions deletes the sessions idle for longer than SessionTTL,
-// with their boxes; sessions with a call in flight are kept.
-func (s *Service) expireSessions(ctx context.Context) {
-	if s.cfg.SessionTTL < 0 {
-		return
-	}
-	s.mu.Lock()
-	var idle []string
-	for id, sess := range s.sessions {
-		busy := false
-		for _, b := range sess.boxes {
-			busy = busy || b.inflight.Load() > 0
-		}
-		if !busy && !sess.pinned && time.Since(time.Unix(0, sess.lastUsed.Load())) > s.cfg.SessionTTL {
-			idle = append(idle, id)
-		}
-	}
-	s.mu.Unlock()
-	for _, id := range idle {
-		s.log.Info("session expired", "session", id, "ttl", s.cfg.SessionTTL)
-		if err := s.DeleteSession(ctx, id); err != nil && !errors.Is(err, ErrNoSession) {
-			s.log.Warn("delete expired session", "session", id, "err", err)
-		}
-	}
-}
-
-// pin exempts session id from expiry: a session served in-process (the
-// runtime of cellbox run and serve, cellbox mcp) belongs to this process,
-// which keeps it as long as it needs it or deletes it. Only clients over
-// HTTP leave sessions behind. Pins are not stored: the owner pins again
-// when it starts.
-func (s *Service) pin(id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if sess := s.sessions[id]; sess != nil {
-		sess.pinned = true
-	}
-}
-
-func (s *Service) sessionRecordLocked(sess *Session) sessionRecord {
-	rec := sessionRecord{
-		ID:        sess.ID,
-		TokenHash: hex.EncodeToString(sess.tokenHash[:]),
-		Created:   sess.Created,
-		Boxes:     map[string]string{},
-
-		AllowedCommands: sess.allowed,
-	}
-	for name, b := range sess.boxes {
-		if b.rec.ID != "" && b.state != stateNew {
-			rec.Boxes[name] = b.rec.ID
-		}
-	}
-	return rec
-}
-
-// acquireSlot takes a session slot and a global slot for a box creation or
-// wake, waiting for them (or ctx). release gives them back.
-func (s *Service) acquireSlot(ctx context.Context, sess *Session) (release func(), err error) {
-	var sem chan struct{}
-	if sess != nil {
-		sem = sess.sem
-	}
-	if sem != nil {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("waiting for a free box slot of session %s: %w", sess.ID, ctx.Err())
-		}
-	}
-	select {
-	case s.global <- struct{}{}:
-	case <-ctx.Done():
-		if sem != nil {
-			<-sem
-		}
-		return nil, fmt.Errorf("waiting for a free box slot: %w", ctx.Err())
-	}
-	return func() {
-		<-s.global
-		if sem != nil {
-			<-sem
-		}
-	}, nil
-}
-
 // Boxes' host directories live under DataDir/boxes.
 func (s *Service) hostDir(id string) string { return filepath.Join(s.cfg.DataDir, "boxes", id) }
 
@@ -487,4 +289,20 @@ func sleepAfter(ms int64) time.Duration {
 // toBackendLimits converts wire limits.
 func toBackendLimits(l api.Limits) backend.Limits {
 	return backend.Limits{MemoryBytes: l.MemoryBytes, CPUs: l.CPUs, Pids: l.Pids, DiskBytes: l.DiskBytes}
+}
+
+func sortedNames[V any](m map[string]V) []string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func listOrNone(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
 }

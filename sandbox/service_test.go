@@ -1,17 +1,11 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -20,56 +14,64 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
 )
 
-// httpSession is a session of a test server, driven over HTTP.
-type httpSession struct {
+// testSession is a session of a test service, driven in process (the HTTP
+// face has its own tests, in sandbox/httpapi).
+type testSession struct {
 	t     *testing.T
-	url   string
+	s     *Service
 	id    string
 	token string
 }
 
-func startHTTP(t *testing.T, s *Service) string {
-	srv := httptest.NewServer(s.Handler())
-	t.Cleanup(srv.Close)
-	s.SetBaseURL(srv.URL)
-	return srv.URL
+func newSession(t *testing.T, s *Service) *testSession {
+	return newSessionWith(t, s, api.NewSessionRequest{})
 }
 
-func newHTTPSession(t *testing.T, url string) *httpSession {
-	resp, err := http.Post(url+"/v1/sessions", "application/json", nil)
+func newSessionWith(t *testing.T, s *Service, opts api.NewSessionRequest) *testSession {
+	id, token, err := s.NewSessionWith(context.Background(), opts)
 	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusCreated, resp.StatusCode)
-	var ns api.NewSessionResult
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&ns))
-	require.NotEmpty(t, ns.ID)
-	require.Len(t, ns.Token, 64)
-	return &httpSession{t: t, url: url, id: ns.ID, token: ns.Token}
+	return &testSession{t: t, s: s, id: id, token: token}
 }
 
-// raw posts body to tool name and returns the status and decoded body.
-func (h *httpSession) raw(name, body, token string) (int, map[string]any) {
-	req, err := http.NewRequest(http.MethodPost, h.url+"/v1/sessions/"+h.id+"/tools/"+name, strings.NewReader(body))
-	require.NoError(h.t, err)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+// rawIn calls tool name of profile ("" the default) with the JSON body
+// and returns the result object; the error is CallToolAs's (unknown
+// session, profile or tool).
+func (h *testSession) rawIn(profile, name, body string) (map[string]any, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := h.s.CallToolAs(ctx, h.id, profile, name, json.RawMessage(body))
+	if err != nil {
+		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(h.t, err)
-	defer resp.Body.Close()
-	require.Equal(h.t, "application/json", resp.Header.Get("Content-Type"))
 	var m map[string]any
-	require.NoError(h.t, json.NewDecoder(resp.Body).Decode(&m))
-	return resp.StatusCode, m
+	require.NoError(h.t, json.Unmarshal(res, &m))
+	return m, nil
+}
+
+// raw calls tool name with the JSON body and returns the result object.
+func (h *testSession) raw(name, body string) map[string]any {
+	h.t.Helper()
+	m, err := h.rawIn("", name, body)
+	require.NoError(h.t, err, name)
+	return m
+}
+
+// profileCall calls tool name of profile and returns its result object.
+func (h *testSession) profileCall(profile, name string, input any) map[string]any {
+	h.t.Helper()
+	body, err := json.Marshal(input)
+	require.NoError(h.t, err)
+	m, err := h.rawIn(profile, name, string(body))
+	require.NoError(h.t, err, "%s/%s", profile, name)
+	return m
 }
 
 // tool calls a tool that must succeed.
-func (h *httpSession) tool(name string, input any) map[string]any {
+func (h *testSession) tool(name string, input any) map[string]any {
 	h.t.Helper()
 	m := h.call(name, input)
 	require.Equal(h.t, false, m["is_error"], "%s: %v", name, m["error"])
@@ -77,17 +79,13 @@ func (h *httpSession) tool(name string, input any) map[string]any {
 }
 
 // call calls a tool and returns its result (which may be an error result).
-func (h *httpSession) call(name string, input any) map[string]any {
+func (h *testSession) call(name string, input any) map[string]any {
 	h.t.Helper()
-	body, err := json.Marshal(input)
-	require.NoError(h.t, err)
-	status, m := h.raw(name, string(body), h.token)
-	require.Equal(h.t, http.StatusOK, status, "%s: %v", name, m)
-	return m
+	return h.profileCall("", name, input)
 }
 
 // toolErr calls a tool that must fail and returns its message.
-func (h *httpSession) toolErr(name string, input any) string {
+func (h *testSession) toolErr(name string, input any) string {
 	h.t.Helper()
 	m := h.call(name, input)
 	require.Equal(h.t, true, m["is_error"], "%s should fail: %v", name, m)
@@ -97,7 +95,7 @@ func (h *httpSession) toolErr(name string, input any) string {
 func TestVerticalSlice(t *testing.T) {
 	be := newFakeBackend(t)
 	s := newTestService(t, be, "", nil)
-	h := newHTTPSession(t, startHTTP(t, s))
+	h := newSession(t, s)
 
 	w := h.tool("write_file", map[string]any{"path": "notes/hello.txt", "content": "hello\nworld\n"})
 	assert.Equal(t, true, w["ok"])
@@ -124,57 +122,9 @@ func TestVerticalSlice(t *testing.T) {
 	assert.Equal(t, 1, be.count())
 }
 
-func TestHTTPProtocolFaults(t *testing.T) {
-	be := newFakeBackend(t)
-	s := newTestService(t, be, "", nil)
-	url := startHTTP(t, s)
-	a, b := newHTTPSession(t, url), newHTTPSession(t, url)
-
-	tests := []struct {
-		name, tool, body, token string
-		status                  int
-		contains                []string
-	}{
-		{"no token", "shell", `{"command":"true"}`, "", 401, []string{"bearer token"}},
-		{"wrong token", "shell", `{"command":"true"}`, strings.Repeat("0", 64), 403, []string{"does not grant access"}},
-		{"other session's token", "shell", `{"command":"true"}`, b.token, 403, []string{"does not grant access"}},
-		{"malformed JSON", "shell", "{\n \"command\": \"true\",\n}", a.token, 400, []string{"malformed JSON", "line 3", "column 1"}},
-		{"unknown tool", "sh", `{}`, a.token, 404, []string{`unknown tool "sh"`, "shell", "read_file", "transfer"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			status, m := a.raw(tt.tool, tt.body, tt.token)
-			assert.Equal(t, tt.status, status)
-			for _, c := range tt.contains {
-				assert.Contains(t, m["error"], c)
-			}
-		})
-	}
-	t.Run("unknown session", func(t *testing.T) {
-		c := *a
-		c.id = "s-nope"
-		status, m := c.raw("shell", `{"command":"true"}`, a.token)
-		assert.Equal(t, 404, status)
-		assert.Contains(t, m["error"], "no such session")
-	})
-	t.Run("unknown endpoint is JSON", func(t *testing.T) {
-		resp, err := http.Get(url + "/v2/nothing")
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		assert.Equal(t, 404, resp.StatusCode)
-		assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
-		resp2, err := http.Get(url + "/v1/sessions/s-x/tools/shell")
-		require.NoError(t, err)
-		defer resp2.Body.Close()
-		assert.Equal(t, 405, resp2.StatusCode)
-		assert.Equal(t, "application/json", resp2.Header.Get("Content-Type"))
-	})
-	assert.Equal(t, 0, be.count(), "no box is made for a refused request")
-}
-
 func TestToolInputErrors(t *testing.T) {
 	s := newTestService(t, newFakeBackend(t), "", nil)
-	h := newHTTPSession(t, startHTTP(t, s))
+	h := newSession(t, s)
 	tests := []struct {
 		tool     string
 		input    string
@@ -198,8 +148,7 @@ func TestToolInputErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.tool+" "+tt.input, func(t *testing.T) {
-			status, m := h.raw(tt.tool, tt.input, h.token)
-			require.Equal(t, 200, status)
+			m := h.raw(tt.tool, tt.input)
 			require.Equal(t, true, m["is_error"], m)
 			for _, c := range tt.contains {
 				assert.Contains(t, m["error"], c)
@@ -208,33 +157,9 @@ func TestToolInputErrors(t *testing.T) {
 	}
 }
 
-func TestToolsEndpointSchemas(t *testing.T) {
-	s := newTestService(t, newFakeBackend(t), "", nil)
-	resp, err := http.Get(startHTTP(t, s) + "/v1/tools")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	var tools []api.ToolInfo
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&tools))
-	var names []string
-	for _, tl := range tools {
-		names = append(names, tl.Name)
-		assert.NotEmpty(t, tl.Description, tl.Name)
-		var schema map[string]any
-		require.NoError(t, json.Unmarshal(tl.InputSchema, &schema), tl.Name)
-		assert.Equal(t, "object", schema["type"], tl.Name)
-	}
-	assert.Equal(t, []string{"shell", "process", "read_file", "write_file", "edit", "str_replace", "grep", "glob", "ls",
-		"transfer", "browse", "sandbox_create", "sandbox_list", "sandbox_destroy"}, names)
-	var shell map[string]any
-	require.NoError(t, json.Unmarshal(tools[0].InputSchema, &shell))
-	props := shell["properties"].(map[string]any)
-	assert.EqualValues(t, 30000, props["timeout_ms"].(map[string]any)["default"])
-	assert.Equal(t, []any{"command"}, shell["required"])
-}
-
 func TestFileTools(t *testing.T) {
 	s := newTestService(t, newFakeBackend(t), "", nil)
-	h := newHTTPSession(t, startHTTP(t, s))
+	h := newSession(t, s)
 	h.tool("write_file", map[string]any{"path": "src/main.go", "content": "package main\r\n\r\nfunc main() {\r\n\tprintln(\"hi\")\r\n}\r\n"})
 	h.tool("write_file", map[string]any{"path": "src/util/util.go", "content": "package util\n// TODO: more\n"})
 	h.tool("write_file", map[string]any{"path": "README.md", "content": "# demo\nTODO: docs\n"})
@@ -286,7 +211,7 @@ func TestFileTools(t *testing.T) {
 
 func TestShellTimeoutAndBackground(t *testing.T) {
 	s := newTestService(t, newFakeBackend(t), "", nil)
-	h := newHTTPSession(t, startHTTP(t, s))
+	h := newSession(t, s)
 	sh := h.tool("shell", map[string]any{"command": "echo started; sleep 30", "timeout_ms": 300})
 	assert.Equal(t, true, sh["timed_out"])
 	assert.Equal(t, "started\n", sh["stdout"])
@@ -317,7 +242,7 @@ func TestShellTimeoutAndBackground(t *testing.T) {
 func TestBoxesLifecycle(t *testing.T) {
 	be := newFakeBackend(t)
 	s := newTestService(t, be, "", nil)
-	h := newHTTPSession(t, startHTTP(t, s))
+	h := newSession(t, s)
 
 	c := h.tool("sandbox_create", map[string]any{"sandbox": "db", "env": map[string]string{"ROLE": "db"}})
 	assert.Equal(t, true, c["created"])
@@ -341,21 +266,17 @@ func TestBoxesLifecycle(t *testing.T) {
 	assert.Contains(t, h.toolErr("sandbox_destroy", map[string]any{"sandbox": "db"}), `no sandbox named "db" in this session (sandboxes: default)`)
 
 	// Deleting the session destroys its boxes and revokes the token.
-	req, _ := http.NewRequest(http.MethodDelete, h.url+"/v1/sessions/"+h.id, nil)
-	req.Header.Set("Authorization", "Bearer "+h.token)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, 200, resp.StatusCode)
+	require.NoError(t, s.DeleteSession(context.Background(), h.id))
 	assert.Equal(t, 0, be.count())
-	status, _ := h.raw("shell", `{"command":"true"}`, h.token)
-	assert.Equal(t, 404, status)
+	_, err := h.rawIn("", "shell", `{"command":"true"}`)
+	assert.ErrorIs(t, err, ErrNoSession)
+	_, err = s.Authenticate(h.id, h.token)
+	assert.ErrorIs(t, err, ErrNoSession)
 }
 
 func TestSessionsAreIsolated(t *testing.T) {
 	s := newTestService(t, newFakeBackend(t), "", nil)
-	url := startHTTP(t, s)
-	a, b := newHTTPSession(t, url), newHTTPSession(t, url)
+	a, b := newSession(t, s), newSession(t, s)
 	a.tool("write_file", map[string]any{"path": "secret.txt", "content": "a's"})
 	assert.Contains(t, b.toolErr("read_file", map[string]any{"path": "secret.txt"}), "no such file")
 	ida := a.tool("sandbox_list", nil)["sandboxes"].([]any)[0].(map[string]any)["id"].(string)
@@ -380,7 +301,7 @@ func TestRestartReattaches(t *testing.T) {
 	be := newFakeBackend(t)
 	dir := t.TempDir()
 	s1 := newTestService(t, be, dir, nil)
-	h := newHTTPSession(t, startHTTP(t, s1))
+	h := newSession(t, s1)
 	h.tool("write_file", map[string]any{"path": "keep.txt", "content": "kept"})
 	h.tool("sandbox_create", map[string]any{"sandbox": "lost"})
 	h.tool("sandbox_create", map[string]any{"sandbox": "asleep"})
@@ -406,7 +327,7 @@ func TestRestartReattaches(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(stray, "agent.sock"), nil, 0o600))
 
 	s2 := newTestService(t, be, dir, nil)
-	h.url = startHTTP(t, s2)
+	h.s = s2
 	assert.Empty(t, be.state(orphan), "orphan removed")
 	assert.NoDirExists(t, stray, "a box directory neither the store nor the backend has is removed")
 	assert.DirExists(t, s2.hostDir(ids["default"]), "the directories of known boxes stay")
@@ -434,7 +355,7 @@ func TestRestartReattaches(t *testing.T) {
 func TestIdleSleepAndWake(t *testing.T) {
 	be := newFakeBackend(t)
 	s := newTestService(t, be, "", func(c *Config) { c.ReapInterval = 20 * time.Millisecond })
-	h := newHTTPSession(t, startHTTP(t, s))
+	h := newSession(t, s)
 	c := h.tool("sandbox_create", map[string]any{"sandbox": "nap", "sleep_after_ms": 100})
 	id := c["id"].(string)
 	h.tool("write_file", map[string]any{"sandbox": "nap", "path": "f", "content": "still here"})
@@ -455,7 +376,7 @@ func TestConcurrencyLimitsQueue(t *testing.T) {
 	be := newFakeBackend(t)
 	be.delay = 30 * time.Millisecond
 	s := newTestService(t, be, "", func(c *Config) { c.SessionConcurrency = 2; c.GlobalConcurrency = 3 })
-	h := newHTTPSession(t, startHTTP(t, s))
+	h := newSession(t, s)
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Add(1)
@@ -472,7 +393,7 @@ func TestConcurrencyLimitsQueue(t *testing.T) {
 func TestWarmPool(t *testing.T) {
 	be := newFakeBackend(t)
 	s := newTestService(t, be, "", func(c *Config) { c.Pool = map[string]int{backend.DefaultImage: 2} })
-	h := newHTTPSession(t, startHTTP(t, s))
+	h := newSession(t, s)
 	require.Eventually(t, func() bool { return be.count() == 2 }, 5*time.Second, 5*time.Millisecond)
 	require.Eventually(t, func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.pools[backend.DefaultImage].ready) == 2 }, 5*time.Second, 5*time.Millisecond)
 
@@ -501,7 +422,7 @@ func TestWarmPool(t *testing.T) {
 
 func TestTransferBetweenBoxes(t *testing.T) {
 	s := newTestService(t, newFakeBackend(t), "", nil)
-	h := newHTTPSession(t, startHTTP(t, s))
+	h := newSession(t, s)
 	h.tool("shell", map[string]any{"sandbox": "builder", "command": "mkdir -p app/dist/assets && echo '<h1>hi</h1>' > app/dist/index.html && head -c 3000 /dev/urandom > app/dist/assets/blob.bin && chmod 755 app/dist/index.html"})
 	sum := h.tool("shell", map[string]any{"sandbox": "builder", "command": "cd app/dist && sha256sum index.html assets/blob.bin"})["stdout"]
 
@@ -520,83 +441,11 @@ func TestTransferBetweenBoxes(t *testing.T) {
 	assert.Contains(t, h.toolErr("transfer", map[string]any{"from_sandbox": "builder", "from_path": "nope", "to_sandbox": "web", "to_path": "x"}), "no such file")
 }
 
-func TestBrowsePreview(t *testing.T) {
-	s := newTestService(t, newFakeBackend(t), "", nil)
-	h := newHTTPSession(t, startHTTP(t, s))
-	// The fake's agent runs on the host, so a host server stands in for a
-	// server in the box.
-	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "path=%s host=%s prefix=%s", r.URL.Path, r.Host, r.Header.Get("X-Forwarded-Prefix"))
-	}))
-	defer app.Close()
-	port := app.Listener.Addr().(*net.TCPAddr).Port
-
-	b := h.tool("browse", map[string]any{"port": port})
-	assert.Equal(t, true, b["listening"])
-	u := b["url"].(string)
-	apiPort := strings.Split(h.url, ":")[2]
-	m := regexp.MustCompile(`^http://(p[0-9a-f]{32})\.localhost:` + apiPort + `/$`).FindStringSubmatch(u)
-	require.NotNil(t, m, "a preview has an origin of its own, never the API's: %s", u)
-	id := m[1]
-	assert.Equal(t, u, b["host_url"], "host_url is the same URL")
-	assert.Equal(t, u, h.tool("browse", map[string]any{"port": port})["url"], "stable per port")
-
-	// The whole path goes to the app.
-	resp, body := testenv.HTTPGet(t, u+"a/b?q=1", "")
-	assert.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Equal(t, fmt.Sprintf("path=/a/b host=localhost:%d prefix=", port), body)
-
-	// The old path form on the API's origin serves nothing: it redirects.
-	resp, err := noRedirect.Get(h.url + "/preview/" + id + "/x/y?q=1")
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, http.StatusPermanentRedirect, resp.StatusCode)
-	assert.Equal(t, u+"x/y?q=1", resp.Header.Get("Location"))
-
-	resp, _ = testenv.HTTPGet(t, "http://p00000000000000000000000000000000.localhost:"+apiPort+"/", "")
-	assert.Equal(t, 404, resp.StatusCode)
-
-	app.Close()
-	b = h.tool("browse", map[string]any{"port": port})
-	assert.Equal(t, false, b["listening"])
-	assert.Contains(t, b["notice"], "nothing listens")
-	resp, _ = testenv.HTTPGet(t, u, "")
-	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
-}
-
-// noRedirect is a client that shows redirects instead of following them.
-var noRedirect = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-
-func TestMetricsAndHealth(t *testing.T) {
-	s := newTestService(t, newFakeBackend(t), "", nil)
-	h := newHTTPSession(t, startHTTP(t, s))
-	h.tool("shell", map[string]any{"command": "true"})
-	h.toolErr("read_file", map[string]any{"path": "nope"})
-	resp, err := http.Get(h.url + "/metrics")
-	require.NoError(t, err)
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, want := range []string{
-		`cellbox_tool_calls_total{tool="shell",outcome="ok"} 1`,
-		`cellbox_tool_calls_total{tool="read_file",outcome="error"} 1`,
-		`cellbox_tool_duration_seconds_count{tool="shell"} 1`,
-		`cellbox_boxes{state="running"} 1`,
-		`cellbox_sessions 1`,
-	} {
-		assert.Contains(t, string(body), want)
-	}
-	resp, err = http.Get(h.url + "/healthz")
-	require.NoError(t, err)
-	body, _ = io.ReadAll(resp.Body)
-	resp.Body.Close()
-	assert.JSONEq(t, `{"ok":true,"backend":"fake"}`, string(bytes.TrimSpace(body)))
-}
-
 func TestProtocolMismatchRecreates(t *testing.T) {
 	be := newFakeBackend(t)
 	dir := t.TempDir()
 	s1 := newTestService(t, be, dir, nil)
-	h := newHTTPSession(t, startHTTP(t, s1))
+	h := newSession(t, s1)
 	id := h.tool("sandbox_create", map[string]any{"sandbox": "x"})["id"].(string)
 	h.tool("write_file", map[string]any{"sandbox": "x", "path": "f", "content": "old"})
 	require.NoError(t, s1.Close())
@@ -610,7 +459,7 @@ func TestProtocolMismatchRecreates(t *testing.T) {
 	require.NoError(t, err)
 
 	s2 := newTestService(t, be, dir, nil)
-	h.url = startHTTP(t, s2)
+	h.s = s2
 	sh := h.tool("shell", map[string]any{"sandbox": "x", "command": "ls"})
 	assert.Contains(t, sh["notice"], "ran an agent of protocol 99")
 	assert.Contains(t, sh["notice"], "recreated")
@@ -623,8 +472,7 @@ func TestProtocolMismatchRecreates(t *testing.T) {
 func TestSleepSession(t *testing.T) {
 	be := newFakeBackend(t)
 	s := newTestService(t, be, "", nil)
-	url := startHTTP(t, s)
-	mine, other := newHTTPSession(t, url), newHTTPSession(t, url)
+	mine, other := newSession(t, s), newSession(t, s)
 	a := mine.tool("sandbox_create", map[string]any{"sandbox": "a"})["id"].(string)
 	mine.tool("write_file", map[string]any{"sandbox": "a", "path": "f", "content": "kept"})
 	b := other.tool("sandbox_create", map[string]any{"sandbox": "b"})["id"].(string)

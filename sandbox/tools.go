@@ -43,6 +43,8 @@ type Tool struct {
 	// TextResult says the tool's seed returns a plain string: the result's
 	// "output" field is what a model should see (see ResultText).
 	TextResult bool
+	// Meta is the tool's title and behaviour hints (MCP's annotations).
+	Meta ToolMeta
 
 	fields   []string // property names, sorted
 	required []string
@@ -53,9 +55,31 @@ type Tool struct {
 // does not have.
 var ErrUnknownTool = errors.New("unknown tool")
 
+// ToolMeta is what a tool says about itself beyond its input and output:
+// a title for people and the hints a client uses to decide whether to ask
+// before calling it (MCP's tool annotations). Every tool has one, given
+// where the tool is defined (defineTool refuses a tool without a title).
+type ToolMeta struct {
+	Title string
+	// ReadOnly: the tool changes nothing.
+	ReadOnly bool
+	// Destructive: the tool may delete or overwrite (meaningful when not
+	// ReadOnly).
+	Destructive bool
+	// Idempotent: calling it again with the same input changes nothing
+	// more.
+	Idempotent bool
+	// OpenWorld: the tool may reach beyond the session's boxes (a command
+	// with network access); false for tools that work on the boxes only.
+	OpenWorld bool
+}
+
 // defineTool makes a Tool whose input is In; the handler gets the decoded
 // input (unknown fields and missing required ones are refused before).
-func defineTool[In any, Out any](name, description string, h func(ctx context.Context, c *call, in In) (Out, error)) *Tool {
+func defineTool[In any, Out any](name string, meta ToolMeta, description string, h func(ctx context.Context, c *call, in In) (Out, error)) *Tool {
+	if meta.Title == "" {
+		panic("sandbox: tool " + name + " has no title: give its ToolMeta where it is defined")
+	}
 	var zero In
 	schema := jsonschema.For(reflect.TypeOf(zero))
 	raw, err := json.Marshal(schema)
@@ -63,7 +87,7 @@ func defineTool[In any, Out any](name, description string, h func(ctx context.Co
 		panic(fmt.Sprintf("sandbox: schema of tool %s: %v", name, err))
 	}
 	var out Out
-	t := &Tool{Name: name, Description: description, InputSchema: raw, Input: reflect.TypeOf(zero), Output: reflect.TypeOf(out), Profile: DefaultProfile}
+	t := &Tool{Name: name, Description: description, InputSchema: raw, Input: reflect.TypeOf(zero), Output: reflect.TypeOf(out), Profile: DefaultProfile, Meta: meta}
 	t.fields = slices.Sorted(maps.Keys(schema.Properties))
 	t.required = schema.Required
 	t.run = func(ctx context.Context, c *call, raw json.RawMessage) (any, error) {

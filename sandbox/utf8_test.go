@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"net/http"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -14,7 +13,7 @@ import (
 func TestInvalidUTF8Refused(t *testing.T) {
 	be := newFakeBackend(t)
 	s := newTestService(t, be, "", nil)
-	h := newHTTPSession(t, startHTTP(t, s))
+	h := newSession(t, s)
 	bad := []struct{ name, tool, body, field string }{
 		{"raw byte in a command", "shell", "{\"command\":\"echo \xff\"}", "command"},
 		{"lone low surrogate in a path", "write_file", `{"path":"a\udc80.txt","content":"x"}`, "path"},
@@ -24,20 +23,17 @@ func TestInvalidUTF8Refused(t *testing.T) {
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {
-			status, m := h.raw(tc.tool, tc.body, h.token)
-			require.Equal(t, http.StatusOK, status)
+			m := h.raw(tc.tool, tc.body)
 			require.Equal(t, true, m["is_error"], "%v", m)
 			assert.Contains(t, m["error"], `field "`+tc.field+`"`)
 			assert.Contains(t, m["error"], "not valid UTF-8")
 		})
 	}
-	status, m := h.raw("write_file", "{\"path\":\"d.txt\",\"content\":\"\xff\"}", h.token)
-	require.Equal(t, http.StatusOK, status)
+	m := h.raw("write_file", "{\"path\":\"d.txt\",\"content\":\"\xff\"}")
 	assert.Contains(t, m["error"], `"encoding": "base64"`)
 
 	// Valid text: a surrogate pair and an escaped backslash before "u".
-	status, m = h.raw("write_file", `{"path":"ok.txt","content":"\ud83d\ude00 \\udc80"}`, h.token)
-	require.Equal(t, http.StatusOK, status)
+	m = h.raw("write_file", `{"path":"ok.txt","content":"\ud83d\ude00 \\udc80"}`)
 	require.Equal(t, false, m["is_error"], "%v", m)
 	r := h.tool("read_file", map[string]any{"path": "ok.txt"})
 	assert.Equal(t, "😀 \\udc80", r["content"])

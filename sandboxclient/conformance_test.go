@@ -2,6 +2,7 @@ package sandboxclient_test
 
 import (
 	"context"
+	"io"
 	"net/http/httptest"
 	"testing"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/httpapi"
 	"github.com/cellbox/cellbox/sandboxclient"
 	"github.com/cellbox/cellbox/sandboxclient/clienttest"
 )
@@ -28,7 +30,7 @@ func TestConformance(t *testing.T) {
 		})
 	})
 	t.Run("http", func(t *testing.T) {
-		hs := httptest.NewServer(svc.Handler())
+		hs := httptest.NewServer(httpapi.Handler(svc))
 		t.Cleanup(hs.Close)
 		clienttest.Run(t, func(t *testing.T) sandboxclient.Client {
 			c, err := sandboxclient.NewSession(context.Background(), hs.URL)
@@ -51,7 +53,7 @@ func TestRefusedCode(t *testing.T) {
 	id, _, err := svc.NewSessionWith(ctx, opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { svc.DeleteSession(ctx, id) })
-	hs := httptest.NewServer(svc.Handler())
+	hs := httptest.NewServer(httpapi.Handler(svc))
 	t.Cleanup(hs.Close)
 	hc, err := sandboxclient.NewSessionWithOptions(ctx, hs.URL, "", opts)
 	require.NoError(t, err)
@@ -67,6 +69,30 @@ func TestRefusedCode(t *testing.T) {
 			assert.Equal(t, api.CodeRefused, te.Code)
 			assert.ErrorIs(t, err, sandboxclient.ErrRefused)
 			assert.Contains(t, te.Message, "allowed_commands")
+
+			_, err = c.Exec(ctx, "default", api.ExecRequest{Command: "rm -rf /workspace"}, nil)
+			assert.ErrorIs(t, err, sandboxclient.ErrRefused, "the exec endpoint refuses with the same code")
+		})
+	}
+}
+
+// TestNoSessionCode: a deleted session is no_session on both clients, for
+// the box endpoints too (not a missing file).
+func TestNoSessionCode(t *testing.T) {
+	svc, _ := boxtest.Service(t, boxtest.Options{})
+	ctx := context.Background()
+	hs := httptest.NewServer(httpapi.Handler(svc))
+	t.Cleanup(hs.Close)
+	hc, err := sandboxclient.NewSession(ctx, hs.URL)
+	require.NoError(t, err)
+	id, _ := hc.Session()
+	local := svc.Client(id)
+	require.NoError(t, svc.DeleteSession(ctx, id))
+	for name, c := range map[string]sandboxclient.Client{"local": local, "http": hc} {
+		t.Run(name, func(t *testing.T) {
+			_, err := c.Download(ctx, "default", "x.txt", io.Discard)
+			assert.ErrorIs(t, err, sandboxclient.ErrNoSession)
+			assert.NotErrorIs(t, err, sandboxclient.ErrNotFound, "not a missing file")
 		})
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/docker"
+	"github.com/cellbox/cellbox/sandbox/httpapi"
 	"github.com/cellbox/cellbox/sandbox/local"
 	"github.com/cellbox/cellbox/sandboxclient"
 )
@@ -73,7 +74,7 @@ func startServer(t *testing.T, be backend.Backend, dataDir string, mod func(*san
 	}
 	svc, err := sandbox.New(context.Background(), cfg)
 	require.NoError(t, err)
-	hs := httptest.NewServer(svc.Handler())
+	hs := httptest.NewServer(httpapi.Handler(svc))
 	svc.SetBaseURL(hs.URL)
 	s := &server{svc: svc, url: hs.URL, http: hs}
 	t.Cleanup(s.stop)

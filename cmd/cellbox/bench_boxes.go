@@ -24,6 +24,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/docker"
+	"github.com/cellbox/cellbox/sandbox/httpapi"
 	"github.com/cellbox/cellbox/sandboxclient"
 )
 
@@ -453,7 +454,7 @@ func (b *boxesBench) startServer(ctx context.Context, name string, pool int) (*b
 	}
 	s.url = "http://" + ln.Addr().String()
 	svc.SetBaseURL(s.url)
-	s.http = &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	s.http = &http.Server{Handler: httpapi.Handler(svc), ReadHeaderTimeout: 10 * time.Second}
 	go s.http.Serve(ln)
 	if s.c, err = sandboxclient.NewSession(ctx, s.url); err != nil {
 		return nil, err

@@ -15,6 +15,7 @@ import (
 	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 	"github.com/cellbox/cellbox/cmd/cellbox/webui"
 	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/sandbox/httpapi"
 )
 
 // httpOptions are the flags of the HTTP server of `cellbox serve` and
@@ -80,7 +81,8 @@ func (h *runtimeHost) serveHTTP(addr string, svc *sandbox.Service) (base, key st
 	}
 	base = "http://" + net.JoinHostPort(host, port)
 	svc.SetBaseURL(base)
-	g := newGuard(key, hosts, svc.Handler(), withRuntimeAPI(svc.Handler(), h.api, webui.Handler()))
+	boxes := httpapi.Handler(svc) // one handler: its MCP sessions live in it
+	g := newGuard(key, hosts, boxes, withRuntimeAPI(boxes, h.api, webui.Handler()))
 	return base, key, created, h.start(ln, withBodyDeadline(h.opts.bodyTimeout, g)), nil
 }
 

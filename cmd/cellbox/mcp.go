@@ -14,6 +14,7 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/mcpserver"
 	"github.com/cellbox/cellbox/sandboxclient"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -88,7 +89,7 @@ func mcpLocal(ctx context.Context, data, backendName, agentBinary string, pool i
 			slog.Error("delete the MCP session", "session", id, "err", err)
 		}
 	}()
-	srv, err := svc.MCPServer(id)
+	srv, err := mcpserver.ForSession(svc, id)
 	if err != nil {
 		return err
 	}
@@ -125,7 +126,7 @@ func mcpRemote(ctx context.Context, server, id, token, key string) error {
 	}
 	slog.Info("cellbox mcp: serving on stdio", "server", server, "session", id)
 	caller := remoteTools{c}
-	return serveStdio(ctx, sandbox.NewMCPServer(tools, func(context.Context, mcp.Request) (sandbox.ToolCaller, error) { return caller, nil }))
+	return serveStdio(ctx, mcpserver.New(tools, func(context.Context, mcp.Request) (mcpserver.ToolCaller, error) { return caller, nil }))
 }
 
 // serveStdio serves MCP on stdin/stdout until stdin ends or ctx does.

@@ -32,6 +32,8 @@ type Options struct {
 	// Logger defaults to errors only: tests make boxes and nodes fail on
 	// purpose.
 	Logger *slog.Logger
+	// SessionTTL is sandbox.Config.SessionTTL (0: the default).
+	SessionTTL time.Duration
 }
 
 // Service starts a sandbox service over a fresh, short data directory
@@ -58,6 +60,7 @@ func Service(t *testing.T, opts Options) (*sandbox.Service, string) {
 		AgentBinary: testenv.CellboxBinary(t),
 		Pool:        map[string]int{backend.DefaultImage: opts.Pool},
 		Logger:      opts.Logger,
+		SessionTTL:  opts.SessionTTL,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() {

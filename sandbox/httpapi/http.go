@@ -1,4 +1,38 @@
-package sandbox
+// Package httpapi is the HTTP face of a sandbox.Service: the tool API,
+// the box endpoints (exec, files, watch), MCP over Streamable HTTP, the
+// preview proxy, /healthz and /metrics. It holds no state of its own
+// beyond MCP's HTTP sessions: every route is a thin adapter onto the
+// Service's exported methods, which own sessions, boxes and tools.
+//
+// Routes and the credential each takes:
+//
+//	POST   /v1/sessions  body: {"allowed_commands"} or none -> 201 {"id","token"}   server key
+//	GET    /v1/sessions                                   -> [{"id","created","boxes"}]  server key
+//	DELETE /v1/sessions/{id}                              session token
+//	GET    /v1/tools?profile=                             -> [{"name","description","input_schema"}]  none
+//	POST   /v1/sessions/{id}/tools/{name}?profile=        session token; body: input -> 200 result object
+//	POST   /v1/sessions/{id}/boxes/{box}/exec             session token; body: api.ExecRequest -> NDJSON api.ExecFrame
+//	GET    /v1/sessions/{id}/boxes/{box}/files/{path...}  session token; raw bytes
+//	PUT    /v1/sessions/{id}/boxes/{box}/files/{path...}  session token; raw bytes -> {"path","bytes"}
+//	GET    /v1/sessions/{id}/boxes/{box}/watch?path=&debounce_ms=  session token; server-sent events
+//	POST|GET|DELETE /v1/sessions/{id}/mcp                 session token; MCP in this session (mcp.go)
+//	POST|GET|DELETE /v1/mcp                               server key; MCP, a new session per MCP session (mcp.go)
+//	GET    /healthz                                       none
+//	GET    /metrics                                       server key
+//	ANY    Host: {pid}.localhost                          none (the unguessable id); preview proxy, a preview's own origin (preview.go)
+//	ANY    /preview/{pid}/...                             none; 308 to http://{pid}.localhost:PORT/...
+//
+// A session token is checked here (Authorization: Bearer TOKEN against
+// the session in the path: none 401, wrong 403, unknown session 404). The
+// server key is NOT: the routes marked with it are open in Handler, and
+// the server in front of it guards them — cmd/cellbox asks for the key,
+// and checks Host and Origin on every request against DNS rebinding and
+// cross-site pages (docs/api.md "Who may call", docs/security.md).
+//
+// File paths in URLs are relative to /workspace; an absolute path is
+// written with its leading slash escaped (files/%2Ftmp/x). Errors are JSON
+// {"error": "..."}; tool failures are 200 results with is_error: true.
+package httpapi
 
 import (
 	"bytes"
@@ -8,12 +42,12 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 )
@@ -21,39 +55,16 @@ import (
 // MaxToolBody caps the body of a tool call and of a streaming exec request.
 const MaxToolBody = 8 << 20
 
-// Handler returns the HTTP API:
-//
-//	POST   /v1/sessions  body: {"allowed_commands"} or none -> 201 {"id","token"}
-//	GET    /v1/sessions                                   -> [{"id","created","boxes"}]
-//	DELETE /v1/sessions/{id}                              (Bearer)
-//	GET    /v1/tools?profile=                             -> [{"name","description","input_schema"}]
-//	POST   /v1/sessions/{id}/tools/{name}?profile=        (Bearer) body: input -> 200 result object
-//	POST   /v1/sessions/{id}/boxes/{box}/exec             (Bearer) body: api.ExecRequest -> NDJSON api.ExecFrame
-//	GET    /v1/sessions/{id}/boxes/{box}/files/{path...}  (Bearer) raw bytes
-//	PUT    /v1/sessions/{id}/boxes/{box}/files/{path...}  (Bearer) raw bytes -> {"path","bytes"}
-//	GET    /v1/sessions/{id}/boxes/{box}/watch?path=&debounce_ms=  (Bearer) server-sent events
-//	POST|GET|DELETE /v1/sessions/{id}/mcp                 (Bearer) MCP, Streamable HTTP, in this session (mcp_http.go)
-//	POST|GET|DELETE /v1/mcp                               MCP, Streamable HTTP, a new session per MCP session (mcp_http.go)
-//	GET    /healthz, /metrics
-//	ANY    Host: {pid}.localhost                          preview proxy (a preview's own origin)
-//	ANY    /preview/{pid}/...                             308 to http://{pid}.localhost:PORT/...
-//
-// The routes without a session token (creating and listing sessions,
-// /v1/mcp, /metrics) are open here: the server in front of Handler guards them
-// (cmd/cellbox asks for the server key, and checks Host and Origin on
-// every request).
-//
-// File paths in URLs are relative to /workspace; an absolute path is
-// written with its leading slash escaped (files/%2Ftmp/x). Errors are JSON
-// {"error": "..."}; tool failures are 200 results with is_error: true.
-func (s *Service) Handler() http.Handler {
+// Handler returns the HTTP API of svc (the routes above).
+func Handler(svc *sandbox.Service) http.Handler {
+	s := &server{svc: svc}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/sessions", s.handleNewSession)
 	mux.HandleFunc("GET /v1/sessions", s.handleListSessions)
 	mux.HandleFunc("DELETE /v1/sessions/{id}", s.authed(s.handleDeleteSession))
 	mux.HandleFunc("GET /v1/tools", s.handleTools)
 	mux.HandleFunc("POST /v1/sessions/{id}/tools/{name}", s.authed(s.handleTool))
-	m := s.newMCPHTTP() // mcp_http.go
+	m := newMCPHTTP(svc) // mcp.go
 	mux.Handle("/v1/mcp", m.keyed)
 	mux.HandleFunc("/v1/sessions/{id}/mcp", s.authed(m.serveSession))
 	mux.HandleFunc("POST /v1/sessions/{id}/boxes/{box}/exec", s.authed(s.handleExec))
@@ -65,7 +76,7 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("/preview/{pid}", s.handlePreview)
 	mux.HandleFunc("/preview/{pid}/{rest...}", s.handlePreview)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if id, ok := PreviewID(r.Host); ok {
+		if id, ok := sandbox.PreviewID(r.Host); ok {
 			s.servePreview(w, r, id)
 			return
 		}
@@ -97,6 +108,11 @@ func (r *statusRecorder) Header() http.Header         { return r.header }
 func (r *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
 func (r *statusRecorder) WriteHeader(status int)      { r.status = status }
 
+// server serves the routes of one Service.
+type server struct {
+	svc *sandbox.Service
+}
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -109,8 +125,14 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, api.ErrorBody{Error: msg})
 }
 
+// writeBoxError answers a failed box operation: its status, its message and
+// its code (the same code a tool result or the in-process client gives).
+func writeBoxError(w http.ResponseWriter, err error) {
+	writeJSON(w, errorStatus(err), api.ErrorBody{Error: err.Error(), Code: sandbox.ErrorCode(err)})
+}
+
 // authed checks the bearer token against the session in the path.
-func (s *Service) authed(h func(http.ResponseWriter, *http.Request, *Session)) http.HandlerFunc {
+func (s *server) authed(h func(http.ResponseWriter, *http.Request, *sandbox.Session)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || token == "" {
@@ -118,10 +140,10 @@ func (s *Service) authed(h func(http.ResponseWriter, *http.Request, *Session)) h
 			writeError(w, http.StatusUnauthorized, "missing bearer token: send Authorization: Bearer TOKEN (the token of POST /v1/sessions)")
 			return
 		}
-		sess, err := s.Authenticate(r.PathValue("id"), token)
+		sess, err := s.svc.Authenticate(r.PathValue("id"), token)
 		switch {
-		case errors.Is(err, ErrNoSession):
-			writeError(w, http.StatusNotFound, err.Error())
+		case errors.Is(err, sandbox.ErrNoSession):
+			writeJSON(w, http.StatusNotFound, api.ErrorBody{Error: err.Error(), Code: api.CodeNoSession})
 		case err != nil:
 			writeError(w, http.StatusForbidden, fmt.Sprintf("session %s: %v", r.PathValue("id"), err))
 		default:
@@ -130,7 +152,7 @@ func (s *Service) authed(h func(http.ResponseWriter, *http.Request, *Session)) h
 	}
 }
 
-func (s *Service) handleNewSession(w http.ResponseWriter, r *http.Request) {
+func (s *server) handleNewSession(w http.ResponseWriter, r *http.Request) {
 	body, ok := readJSONBody(w, r)
 	if !ok {
 		return
@@ -142,11 +164,11 @@ func (s *Service) handleNewSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "POST /v1/sessions takes {\"allowed_commands\": [\"prefix\", ...]} or no body: "+err.Error())
 		return
 	}
-	if _, err := newAllowList(opts.AllowedCommands); err != nil {
+	if err := sandbox.CheckAllowedCommands(opts.AllowedCommands); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	id, token, err := s.NewSessionWith(r.Context(), opts)
+	id, token, err := s.svc.NewSessionWith(r.Context(), opts)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
@@ -154,28 +176,12 @@ func (s *Service) handleNewSession(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, api.NewSessionResult{ID: id, Token: token})
 }
 
-// SessionInfo is one entry of GET /v1/sessions.
-type SessionInfo struct {
-	ID      string    `json:"id"`
-	Created time.Time `json:"created"`
-	Boxes   int       `json:"boxes"`
+func (s *server) handleListSessions(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.svc.Sessions())
 }
 
-func (s *Service) handleListSessions(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	out := make([]SessionInfo, 0, len(s.sessions))
-	for _, sess := range s.sessions {
-		if !sess.deleted {
-			out = append(out, SessionInfo{ID: sess.ID, Created: sess.Created, Boxes: len(sess.boxes)})
-		}
-	}
-	s.mu.Unlock()
-	slices.SortFunc(out, func(a, b SessionInfo) int { return a.Created.Compare(b.Created) })
-	writeJSON(w, http.StatusOK, out)
-}
-
-func (s *Service) handleDeleteSession(w http.ResponseWriter, r *http.Request, sess *Session) {
-	if err := s.DeleteSession(r.Context(), sess.ID); err != nil {
+func (s *server) handleDeleteSession(w http.ResponseWriter, r *http.Request, sess *sandbox.Session) {
+	if err := s.svc.DeleteSession(r.Context(), sess.ID); err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
@@ -184,8 +190,8 @@ func (s *Service) handleDeleteSession(w http.ResponseWriter, r *http.Request, se
 
 // handleTools serves GET /v1/tools[?profile=NAME]: the tools of a profile
 // (profiles.go), cellbox's own by default.
-func (s *Service) handleTools(w http.ResponseWriter, r *http.Request) {
-	infos, err := ToolInfosFor(r.URL.Query().Get("profile"))
+func (s *server) handleTools(w http.ResponseWriter, r *http.Request) {
+	infos, err := sandbox.ToolInfosFor(r.URL.Query().Get("profile"))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
@@ -193,8 +199,8 @@ func (s *Service) handleTools(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, infos)
 }
 
-func (s *Service) handleHealth(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "backend": s.be.Name()})
+func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "backend": s.svc.Backend().Name()})
 }
 
 // readJSONBody reads a capped body that must be JSON (empty means {}),
@@ -240,14 +246,14 @@ func describeJSONError(body []byte, err error) string {
 	return fmt.Sprintf("%s at offset %d (line %d, column %d)", se.Error(), off, line, col)
 }
 
-func (s *Service) handleTool(w http.ResponseWriter, r *http.Request, sess *Session) {
+func (s *server) handleTool(w http.ResponseWriter, r *http.Request, sess *sandbox.Session) {
 	profile := r.URL.Query().Get("profile")
-	if _, err := LookupProfile(profile); err != nil {
+	if _, err := sandbox.LookupProfile(profile); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	t, err := LookupToolIn(profile, r.PathValue("name"))
-	if err != nil {
+	name := r.PathValue("name")
+	if _, err := sandbox.LookupToolIn(profile, name); err != nil {
 		writeError(w, http.StatusNotFound, err.Error())
 		return
 	}
@@ -255,8 +261,8 @@ func (s *Service) handleTool(w http.ResponseWriter, r *http.Request, sess *Sessi
 	if !ok {
 		return
 	}
-	res, err := s.callTool(r.Context(), sess, t, body)
-	if err != nil {
+	res, err := s.svc.CallToolAs(r.Context(), sess.ID, profile, name, body)
+	if err != nil { // the session went meanwhile
 		writeError(w, http.StatusNotFound, err.Error())
 		return
 	}
@@ -287,7 +293,7 @@ func errorStatus(err error) int {
 	return http.StatusBadGateway
 }
 
-func (s *Service) handleExec(w http.ResponseWriter, r *http.Request, sess *Session) {
+func (s *server) handleExec(w http.ResponseWriter, r *http.Request, sess *sandbox.Session) {
 	body, ok := readJSONBody(w, r)
 	if !ok {
 		return
@@ -309,11 +315,11 @@ func (s *Service) handleExec(w http.ResponseWriter, r *http.Request, sess *Sessi
 		enc.Encode(f)
 		rc.Flush()
 	}
-	res, err := s.exec(r.Context(), sess, r.PathValue("box"), req,
+	res, err := s.svc.Exec(r.Context(), sess, r.PathValue("box"), req,
 		func(stream string, data []byte) { send(api.ExecFrame{Stream: stream, Data: data}) },
 		func(n string) { send(api.ExecFrame{Notice: n}) })
 	if err != nil {
-		send(api.ExecFrame{Error: err.Error()})
+		send(api.ExecFrame{Error: err.Error(), Code: sandbox.ErrorCode(err)})
 		return
 	}
 	send(api.ExecFrame{Result: &res})
@@ -329,10 +335,10 @@ func filePath(r *http.Request) string {
 	return p
 }
 
-func (s *Service) handleDownload(w http.ResponseWriter, r *http.Request, sess *Session) {
+func (s *server) handleDownload(w http.ResponseWriter, r *http.Request, sess *sandbox.Session) {
 	started := false
 	notice := func(n string) { w.Header().Add("X-Cellbox-Notice", n) }
-	_, err := s.download(r.Context(), sess, r.PathValue("box"), filePath(r), w, func(fi agent.FileInfo) error {
+	_, err := s.svc.Download(r.Context(), sess, r.PathValue("box"), filePath(r), w, func(fi agent.FileInfo) error {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
 		w.Header().Set("Last-Modified", fi.ModTime.UTC().Format(http.TimeFormat))
@@ -341,16 +347,16 @@ func (s *Service) handleDownload(w http.ResponseWriter, r *http.Request, sess *S
 		return nil
 	}, notice)
 	if err != nil && !started {
-		writeError(w, errorStatus(err), err.Error())
+		writeBoxError(w, err)
 		return
 	}
 	if err != nil {
-		s.log.Warn("download cut short", "session", sess.ID, "path", filePath(r), "err", err)
+		s.svc.Logger().Warn("download cut short", "session", sess.ID, "path", filePath(r), "err", err)
 		panic(http.ErrAbortHandler) // the client must not take a cut file for whole
 	}
 }
 
-func (s *Service) handleUpload(w http.ResponseWriter, r *http.Request, sess *Session) {
+func (s *server) handleUpload(w http.ResponseWriter, r *http.Request, sess *sandbox.Session) {
 	var mode uint32
 	if m := r.URL.Query().Get("mode"); m != "" {
 		v, err := strconv.ParseUint(m, 8, 32)
@@ -360,15 +366,15 @@ func (s *Service) handleUpload(w http.ResponseWriter, r *http.Request, sess *Ses
 		}
 		mode = uint32(v)
 	}
-	n, err := s.upload(r.Context(), sess, r.PathValue("box"), filePath(r), r.Body, mode, func(n string) { w.Header().Add("X-Cellbox-Notice", n) })
+	n, err := s.svc.Upload(r.Context(), sess, r.PathValue("box"), filePath(r), r.Body, mode, func(n string) { w.Header().Add("X-Cellbox-Notice", n) })
 	if err != nil {
-		writeError(w, errorStatus(err), err.Error())
+		writeBoxError(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, api.UploadResult{Path: filePath(r), Bytes: n})
 }
 
-func (s *Service) handleWatch(w http.ResponseWriter, r *http.Request, sess *Session) {
+func (s *server) handleWatch(w http.ResponseWriter, r *http.Request, sess *sandbox.Session) {
 	q := r.URL.Query()
 	var debounce time.Duration
 	if d := q.Get("debounce_ms"); d != "" {
@@ -380,9 +386,9 @@ func (s *Service) handleWatch(w http.ResponseWriter, r *http.Request, sess *Sess
 		debounce = time.Duration(ms) * time.Millisecond
 	}
 	ctx := r.Context()
-	ch, err := s.watch(ctx, sess, r.PathValue("box"), q.Get("path"), debounce, func(n string) { w.Header().Add("X-Cellbox-Notice", n) })
+	ch, err := s.svc.Watch(ctx, sess, r.PathValue("box"), q.Get("path"), debounce, func(n string) { w.Header().Add("X-Cellbox-Notice", n) })
 	if err != nil {
-		writeError(w, errorStatus(err), err.Error())
+		writeBoxError(w, err)
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream")

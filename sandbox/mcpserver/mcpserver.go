@@ -1,20 +1,23 @@
-package sandbox
-
-// MCP: the tool registry served over the Model Context Protocol with the
-// official SDK (github.com/modelcontextprotocol/go-sdk), which owns the
-// protocol: JSON-RPC, version negotiation, the stdio and Streamable HTTP
-// transports, sessions, cancellation, progress and logging. This file is
-// only the adapter from the registry to the SDK: a tool of the registry
-// becomes an SDK tool with a title, annotations and an output schema made
-// from its Go result type; a call goes through ToolCaller (this service's
-// CallTool, or a remote server's) with the request's context, so
-// notifications/cancelled kills the command; shell output comes back as
-// progress and log notifications; box files are resources.
+// Package mcpserver serves the tool registry (sandbox.Tools) over the Model
+// Context Protocol with the official SDK
+// (github.com/modelcontextprotocol/go-sdk), which owns the protocol:
+// JSON-RPC, version negotiation, the stdio and Streamable HTTP transports,
+// sessions, cancellation, progress and logging. This package is only the
+// adapter from the registry to the SDK:
 //
-// It lives in package sandbox, not a package of its own, because it needs
-// the registry's Go types (LookupTool's Output) and the service's sessions;
-// a separate package would take them through an interface that says the
-// same thing twice.
+//   - a tool of the registry becomes an SDK tool with its title and
+//     annotations (the tool's sandbox.ToolMeta) and an output schema made
+//     from its Go result type;
+//   - a call goes through a ToolCaller (a session of a sandbox.Service, or
+//     a remote server's) with the request's context, so
+//     notifications/cancelled kills the command;
+//   - shell output comes back as progress and log notifications;
+//   - box files are resources (BoxResourceTemplate), read with read_file's
+//     rules.
+//
+// It serves no transport itself: cellbox mcp runs a server of New or
+// ForSession on stdio; sandbox/httpapi serves one on Streamable HTTP.
+package mcpserver
 
 import (
 	"bytes"
@@ -32,11 +35,12 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/cellbox/cellbox/internal/jsonschema"
+	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/api"
 )
 
-// MCPInstructions tell an MCP client's model how the tools fit together.
-const MCPInstructions = `These tools run commands and edit files in sandboxed Linux boxes of your session. ` +
+// Instructions tell an MCP client's model how the tools fit together.
+const Instructions = `These tools run commands and edit files in sandboxed Linux boxes of your session. ` +
 	`A box is named by the "sandbox" field (default "default"), is created on first use and keeps its files between calls; ` +
 	`relative paths are relative to /workspace. Boxes have no network unless created with sandbox_create network: true. ` +
 	`Use shell for commands (background: true for servers, then process), read_file/write_file/edit/str_replace/grep/glob/ls for files, ` +
@@ -61,13 +65,13 @@ func (f ToolCallerFunc) CallTool(ctx context.Context, name string, args json.Raw
 	return f(ctx, name, args)
 }
 
-// MCPBinder picks the caller an MCP request runs with (which session's
+// Binder picks the caller an MCP request runs with (which session's
 // boxes). It sees the request's SDK session and, over HTTP, its headers
 // and token info.
-type MCPBinder func(ctx context.Context, req mcp.Request) (ToolCaller, error)
+type Binder func(ctx context.Context, req mcp.Request) (ToolCaller, error)
 
-// MCPImplementation describes cellbox to MCP clients.
-func MCPImplementation() *mcp.Implementation {
+// Implementation describes cellbox to MCP clients.
+func Implementation() *mcp.Implementation {
 	version := "dev"
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
 		version = bi.Main.Version
@@ -75,11 +79,11 @@ func MCPImplementation() *mcp.Implementation {
 	return &mcp.Implementation{Name: "cellbox", Title: "cellbox sandboxes", Version: version}
 }
 
-// NewMCPServer returns an MCP server of tools (ToolInfos(), or a remote
+// New returns an MCP server of tools (sandbox.ToolInfos(), or a remote
 // server's list) whose calls and resource reads run through bind's caller.
-func NewMCPServer(tools []api.ToolInfo, bind MCPBinder) *mcp.Server {
-	srv := mcp.NewServer(MCPImplementation(), &mcp.ServerOptions{
-		Instructions: MCPInstructions,
+func New(tools []api.ToolInfo, bind Binder) *mcp.Server {
+	srv := mcp.NewServer(Implementation(), &mcp.ServerOptions{
+		Instructions: Instructions,
 		// Capabilities nil: the SDK's default, {"logging":{}}, plus tools
 		// and resources from what is added below.
 	})
@@ -92,7 +96,7 @@ func NewMCPServer(tools []api.ToolInfo, bind MCPBinder) *mcp.Server {
 		Name:        "box-file",
 		Title:       "File in a box",
 		URITemplate: BoxResourceTemplate,
-		Description: "A file in a sandbox (box) of this session, read with the read_file tool's rules: text as text, binary as a blob; at most " + fmt.Sprint(fileToolMaxBytes>>20) + " MiB.",
+		Description: "A file in a sandbox (box) of this session, read with the read_file tool's rules: text as text, binary as a blob; at most " + fmt.Sprint(sandbox.MaxFileBytes>>20) + " MiB.",
 	}, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		caller, err := bind(ctx, req)
 		if err != nil {
@@ -103,52 +107,25 @@ func NewMCPServer(tools []api.ToolInfo, bind MCPBinder) *mcp.Server {
 	return srv
 }
 
-// toolMeta is what MCP says about a tool beyond the registry: a title and
-// the behaviour hints. Every tool of the registry has an entry (a test
-// checks), so a new tool cannot go out unannotated.
-type toolMeta struct {
-	title       string
-	readOnly    bool
-	destructive bool // meaningful when !readOnly
-	idempotent  bool
-	closed      bool // works on the boxes only (openWorldHint false)
-}
-
-var toolMetas = map[string]toolMeta{
-	"shell":           {title: "Run a shell command", destructive: true},
-	"process":         {title: "Manage background processes", destructive: true, closed: true},
-	"read_file":       {title: "Read a file", readOnly: true, idempotent: true, closed: true},
-	"write_file":      {title: "Write a file", destructive: true, closed: true},
-	"edit":            {title: "Edit a file", destructive: true, closed: true},
-	"str_replace":     {title: "Replace text in a file", destructive: true, closed: true},
-	"grep":            {title: "Search file contents", readOnly: true, idempotent: true, closed: true},
-	"glob":            {title: "Find files by pattern", readOnly: true, idempotent: true, closed: true},
-	"ls":              {title: "List a directory", readOnly: true, idempotent: true, closed: true},
-	"transfer":        {title: "Copy between sandboxes", destructive: true, idempotent: true, closed: true},
-	"browse":          {title: "Open a box's server in a browser", closed: true},
-	"sandbox_create":  {title: "Create a sandbox", idempotent: true, closed: true},
-	"sandbox_list":    {title: "List sandboxes", readOnly: true, idempotent: true, closed: true},
-	"sandbox_destroy": {title: "Destroy a sandbox", destructive: true, idempotent: true, closed: true},
-}
-
 // mcpTool describes a registry tool to the SDK.
 func mcpTool(info api.ToolInfo) *mcp.Tool {
 	t := &mcp.Tool{Name: info.Name, Description: info.Description, InputSchema: info.InputSchema}
-	if m, ok := toolMetas[info.Name]; ok {
-		t.Title = m.title
-		t.Annotations = &mcp.ToolAnnotations{
-			Title:           m.title,
-			ReadOnlyHint:    m.readOnly,
-			IdempotentHint:  m.idempotent,
-			DestructiveHint: &m.destructive,
-		}
-		if m.closed {
-			t.Annotations.OpenWorldHint = new(bool)
-		}
+	rt, ok := sandbox.LookupTool(info.Name)
+	if !ok {
+		return t // a tool of a newer server: described by its info only
 	}
-	if rt, ok := LookupTool(info.Name); ok {
-		t.OutputSchema = outputSchema(rt.Output)
+	m := rt.Meta
+	t.Title = m.Title
+	t.Annotations = &mcp.ToolAnnotations{
+		Title:           m.Title,
+		ReadOnlyHint:    m.ReadOnly,
+		IdempotentHint:  m.Idempotent,
+		DestructiveHint: &m.Destructive,
 	}
+	if !m.OpenWorld {
+		t.Annotations.OpenWorldHint = new(bool)
+	}
+	t.OutputSchema = outputSchema(rt.Output)
 	return t
 }
 
@@ -166,11 +143,11 @@ func outputSchema(out reflect.Type) json.RawMessage {
 	if out != nil && out.Kind() != reflect.Interface {
 		raw, err := json.Marshal(jsonschema.For(out))
 		if err != nil {
-			panic(fmt.Sprintf("sandbox: output schema of %v: %v", out, err))
+			panic(fmt.Sprintf("mcpserver: output schema of %v: %v", out, err))
 		}
 		schema = map[string]any{}
 		if err := json.Unmarshal(raw, &schema); err != nil {
-			panic(fmt.Sprintf("sandbox: output schema of %v: %v", out, err))
+			panic(fmt.Sprintf("mcpserver: output schema of %v: %v", out, err))
 		}
 	}
 	props, _ := schema["properties"].(map[string]any)
@@ -185,7 +162,7 @@ func outputSchema(out reflect.Type) json.RawMessage {
 	schema["required"] = append([]any{"is_error"}, required...)
 	raw, err := json.Marshal(schema)
 	if err != nil {
-		panic(fmt.Sprintf("sandbox: output schema of %v: %v", out, err))
+		panic(fmt.Sprintf("mcpserver: output schema of %v: %v", out, err))
 	}
 	return raw
 }
@@ -193,14 +170,14 @@ func outputSchema(out reflect.Type) json.RawMessage {
 // callMCPTool runs one tools/call. ctx is the request's: the SDK cancels
 // it on notifications/cancelled (or when the session ends), which kills a
 // running command.
-func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, bind MCPBinder) (*mcp.CallToolResult, error) {
+func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, bind Binder) (*mcp.CallToolResult, error) {
 	caller, err := bind(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	name := req.Params.Name
 	out := newOutputNotifier(ctx, req)
-	res, err := caller.CallTool(withToolOutput(ctx, out.write), name, req.Params.Arguments)
+	res, err := caller.CallTool(sandbox.WithToolOutput(ctx, out.write), name, req.Params.Arguments)
 	out.flush()
 	if err != nil {
 		return nil, fmt.Errorf("tool %s: %w", name, err)
@@ -228,21 +205,6 @@ func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, bind MCPBinder) 
 		result.StructuredContent = json.RawMessage(compact.Bytes())
 	}
 	return result, nil
-}
-
-// toolOutputKey carries the output callback of a tool call (withToolOutput).
-type toolOutputKey struct{}
-
-// withToolOutput returns ctx under which a tool that runs a command
-// (shell) hands its output to fn as it comes.
-func withToolOutput(ctx context.Context, fn func(stream string, data []byte)) context.Context {
-	return context.WithValue(ctx, toolOutputKey{}, fn)
-}
-
-// toolOutput is the output callback of ctx, nil if none.
-func toolOutput(ctx context.Context) func(stream string, data []byte) {
-	fn, _ := ctx.Value(toolOutputKey{}).(func(stream string, data []byte))
-	return fn
 }
 
 // maxNotifiedLine caps the text of one progress or log notification.
@@ -343,8 +305,8 @@ func readBoxResource(ctx context.Context, caller ToolCaller, uri string) (*mcp.R
 		if out.IsError {
 			return nil, fmt.Errorf("read %s: %s", uri, out.Error)
 		}
-		if out.Size > fileToolMaxBytes {
-			return nil, fmt.Errorf("read %s: the file has %d bytes, more than a resource may (%d); read it in windows with the read_file tool", uri, out.Size, fileToolMaxBytes)
+		if out.Size > sandbox.MaxFileBytes {
+			return nil, fmt.Errorf("read %s: the file has %d bytes, more than a resource may (%d); read it in windows with the read_file tool", uri, out.Size, sandbox.MaxFileBytes)
 		}
 		encoding = out.Encoding
 		if encoding == "base64" && out.Truncated {
@@ -378,4 +340,22 @@ func parseBoxURI(uri string) (box, path string, err error) {
 		return "", "", errors.New("resource URI " + uri + " names no file: use " + BoxResourceTemplate)
 	}
 	return box, path, nil
+}
+
+// ForSession returns an MCP server of the tool registry that runs every
+// call in session id of svc, for a client that is the only one of the
+// session (cellbox mcp on stdio). The session no longer expires when idle.
+func ForSession(svc *sandbox.Service, id string) (*mcp.Server, error) {
+	if err := svc.Pin(id); err != nil {
+		return nil, err
+	}
+	caller := SessionCaller(svc, id)
+	return New(sandbox.ToolInfos(), func(context.Context, mcp.Request) (ToolCaller, error) { return caller, nil }), nil
+}
+
+// SessionCaller runs tools in session id of svc.
+func SessionCaller(svc *sandbox.Service, id string) ToolCaller {
+	return ToolCallerFunc(func(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error) {
+		return svc.CallTool(ctx, id, name, args)
+	})
 }

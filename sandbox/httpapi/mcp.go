@@ -1,8 +1,7 @@
-package sandbox
+package httpapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"sync"
@@ -10,26 +9,10 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/sandbox/mcpserver"
 )
-
-// MCPServer returns an MCP server of the tool registry that runs every call
-// in session id's boxes, for a client that is the only one of the session
-// (cellbox mcp on stdio). The session no longer expires when idle.
-func (s *Service) MCPServer(id string) (*mcp.Server, error) {
-	if _, err := s.session(id); err != nil {
-		return nil, err
-	}
-	s.pin(id)
-	caller := s.sessionCaller(id)
-	return NewMCPServer(ToolInfos(), func(context.Context, mcp.Request) (ToolCaller, error) { return caller, nil }), nil
-}
-
-// sessionCaller runs tools in session id's boxes.
-func (s *Service) sessionCaller(id string) ToolCaller {
-	return ToolCallerFunc(func(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error) {
-		return s.CallTool(ctx, id, name, args)
-	})
-}
 
 // mcpHTTP serves MCP's Streamable HTTP transport with the SDK's handler
 // (sessions by Mcp-Session-Id, POST answered as JSON or an event stream,
@@ -46,24 +29,24 @@ func (s *Service) sessionCaller(id string) ToolCaller {
 // the second route puts on its requests (the SDK also refuses an MCP
 // session of one cellbox session on another's requests by it).
 type mcpHTTP struct {
-	s       *Service
+	s       *sandbox.Service
 	keyed   http.Handler // /v1/mcp
-	session http.Handler // /v1/sessions/{id}/mcp, after s.authed
+	session http.Handler // /v1/sessions/{id}/mcp, after authed
 
 	mu  sync.Mutex
 	ids map[*mcp.ServerSession]string // /v1/mcp: the cellbox session of each MCP session
 }
 
-func (s *Service) newMCPHTTP() *mcpHTTP {
+func newMCPHTTP(s *sandbox.Service) *mcpHTTP {
 	m := &mcpHTTP{s: s, ids: map[*mcp.ServerSession]string{}}
-	server := NewMCPServer(ToolInfos(), m.bind)
+	server := mcpserver.New(sandbox.ToolInfos(), m.bind)
 	opts := &mcp.StreamableHTTPOptions{
-		SessionTimeout: max(s.cfg.SessionTTL, 0),
+		SessionTimeout: max(s.Config().SessionTTL, 0),
 		// The server in front of Handler checks Host and Origin (see
 		// cmd/cellbox's guard, which also knows --allowed-host names).
 		DisableLocalhostProtection: true,
 		MaxRequestBodyBytes:        MaxToolBody,
-		Logger:                     s.log,
+		Logger:                     s.Logger(),
 	}
 	get := func(*http.Request) *mcp.Server { return server }
 	m.keyed = mcp.NewStreamableHTTPHandler(get, opts)
@@ -71,19 +54,19 @@ func (s *Service) newMCPHTTP() *mcpHTTP {
 	return m
 }
 
-// serveSession serves /v1/sessions/{id}/mcp once s.authed has checked the
+// serveSession serves /v1/sessions/{id}/mcp once authed has checked the
 // token: the session id travels as the SDK's token info, so the tools run
 // in that session and an MCP session is used by its cellbox session only.
-func (m *mcpHTTP) serveSession(w http.ResponseWriter, r *http.Request, sess *Session) {
+func (m *mcpHTTP) serveSession(w http.ResponseWriter, r *http.Request, sess *sandbox.Session) {
 	info := &auth.TokenInfo{UserID: sess.ID}
 	verified := func(context.Context, string, *http.Request) (*auth.TokenInfo, error) { return info, nil }
 	auth.RequireBearerToken(verified, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(m.session).ServeHTTP(w, r)
 }
 
 // bind picks the cellbox session of an MCP request.
-func (m *mcpHTTP) bind(ctx context.Context, req mcp.Request) (ToolCaller, error) {
+func (m *mcpHTTP) bind(ctx context.Context, req mcp.Request) (mcpserver.ToolCaller, error) {
 	if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
-		return m.s.sessionCaller(extra.TokenInfo.UserID), nil
+		return mcpserver.SessionCaller(m.s, extra.TokenInfo.UserID), nil
 	}
 	ss, ok := req.GetSession().(*mcp.ServerSession)
 	if !ok {
@@ -97,12 +80,14 @@ func (m *mcpHTTP) bind(ctx context.Context, req mcp.Request) (ToolCaller, error)
 		if id, _, err = m.s.NewSession(ctx); err != nil {
 			return nil, err
 		}
-		m.s.pin(id) // lives as long as the MCP session, which has its own idle timeout
+		if err := m.s.Pin(id); err != nil { // lives as long as the MCP session, which has its own idle timeout
+			return nil, err
+		}
 		m.ids[ss] = id
-		m.s.log.Info("MCP session started", "mcp_session", ss.ID(), "session", id)
+		m.s.Logger().Info("MCP session started", "mcp_session", ss.ID(), "session", id)
 		go m.end(ss, id)
 	}
-	return m.s.sessionCaller(id), nil
+	return mcpserver.SessionCaller(m.s, id), nil
 }
 
 // end deletes the cellbox session of MCP session ss once ss ends.
@@ -114,8 +99,8 @@ func (m *mcpHTTP) end(ss *mcp.ServerSession, id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := m.s.DeleteSession(ctx, id); err != nil {
-		m.s.log.Warn("delete the session of an ended MCP session", "mcp_session", ss.ID(), "session", id, "err", err)
+		m.s.Logger().Warn("delete the session of an ended MCP session", "mcp_session", ss.ID(), "session", id, "err", err)
 		return
 	}
-	m.s.log.Info("MCP session ended: session deleted", "mcp_session", ss.ID(), "session", id)
+	m.s.Logger().Info("MCP session ended: session deleted", "mcp_session", ss.ID(), "session", id)
 }

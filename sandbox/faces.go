@@ -1,0 +1,116 @@
+package sandbox
+
+// What the faces need from the service. The HTTP API, MCP over HTTP, the
+// preview proxy and /metrics live in sandbox/httpapi, the MCP adapter in
+// sandbox/mcpserver; besides the tool calls (CallTool, CallToolAs) and the
+// session calls (NewSessionWith, Authenticate, DeleteSession) they reach
+// sessions and boxes only through the methods below, so the pool's locks
+// and box states stay in this package.
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/cellbox/cellbox/sandbox/agent"
+	"github.com/cellbox/cellbox/sandbox/api"
+)
+
+// MaxFileBytes is the most a file tool reads or writes in one call (2 MiB).
+const MaxFileBytes = fileToolMaxBytes
+
+// Config returns the service's configuration, with the defaults New filled
+// in.
+func (s *Service) Config() Config { return s.cfg }
+
+// Logger returns the service's logger (Config.Logger or slog.Default()).
+func (s *Service) Logger() *slog.Logger { return s.log }
+
+// CheckAllowedCommands reports whether prefixes is a valid allowed_commands
+// list for NewSessionWith (an error says what is wrong with it).
+func CheckAllowedCommands(prefixes []string) error {
+	_, err := newAllowList(prefixes)
+	return err
+}
+
+// SessionInfo describes a session (GET /v1/sessions).
+type SessionInfo struct {
+	ID      string    `json:"id"`
+	Created time.Time `json:"created"`
+	Boxes   int       `json:"boxes"`
+}
+
+// Sessions lists the sessions, oldest first.
+func (s *Service) Sessions() []SessionInfo {
+	s.mu.Lock()
+	out := make([]SessionInfo, 0, len(s.sessions))
+	for _, sess := range s.sessions {
+		if !sess.deleted {
+			out = append(out, SessionInfo{ID: sess.ID, Created: sess.Created, Boxes: len(sess.boxes)})
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b SessionInfo) int { return a.Created.Compare(b.Created) })
+	return out
+}
+
+// Pin exempts session id from expiry (Config.SessionTTL): its owner, not
+// an idle timer, decides when it goes (an MCP session over HTTP that has
+// an idle timeout of its own, a client in this process). Pins are not
+// stored: the owner pins again after a restart. An unknown id is an
+// ErrNoSession.
+func (s *Service) Pin(id string) error {
+	if _, err := s.session(id); err != nil {
+		return err
+	}
+	s.pin(id)
+	return nil
+}
+
+// The streaming operations, for a session sess that Authenticate returned.
+// box is the box's name in the session (created on first use, woken if
+// asleep); notice receives what happened to the box on the way (it was
+// lost and recreated, it died and was restarted).
+
+// Exec runs a command in box, passing its output to onOutput (if not nil)
+// as it comes. allowed_commands applies.
+func (s *Service) Exec(ctx context.Context, sess *Session, box string, req api.ExecRequest, onOutput func(stream string, data []byte), notice func(string)) (api.ExecResult, error) {
+	return s.exec(ctx, sess, box, req, onOutput, notice)
+}
+
+// Download writes the file path of box to w; start (if not nil) sees the
+// file's info before the first byte, and a directory is refused before.
+func (s *Service) Download(ctx context.Context, sess *Session, box, path string, w io.Writer, start func(agent.FileInfo) error, notice func(string)) (int64, error) {
+	return s.download(ctx, sess, box, path, w, start, notice)
+}
+
+// Upload writes r into the file path of box, creating its parents; mode 0
+// keeps an existing file's mode (or makes it 0644).
+func (s *Service) Upload(ctx context.Context, sess *Session, box, path string, r io.Reader, mode uint32, notice func(string)) (int64, error) {
+	return s.upload(ctx, sess, box, path, r, mode, notice)
+}
+
+// Watch delivers batches of file changes under path in box until ctx
+// ends (debounce: how long changes are gathered into one batch; 0, the
+// agent's default); the box stays awake meanwhile.
+func (s *Service) Watch(ctx context.Context, sess *Session, box, path string, debounce time.Duration, notice func(string)) (<-chan []api.WatchEvent, error) {
+	return s.watch(ctx, sess, box, path, debounce, notice)
+}
+
+// toolOutputKey carries the output callback of a tool call (WithToolOutput).
+type toolOutputKey struct{}
+
+// WithToolOutput returns ctx under which a tool that runs a command
+// (shell) hands its output to fn as it comes: the MCP face turns it into
+// progress and log notifications.
+func WithToolOutput(ctx context.Context, fn func(stream string, data []byte)) context.Context {
+	return context.WithValue(ctx, toolOutputKey{}, fn)
+}
+
+// toolOutput is the output callback of ctx, nil if none.
+func toolOutput(ctx context.Context) func(stream string, data []byte) {
+	fn, _ := ctx.Value(toolOutputKey{}).(func(stream string, data []byte))
+	return fn
+}

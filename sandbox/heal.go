@@ -1,0 +1,145 @@
+package sandbox
+
+// Health: a box whose agent died behind the pool's back (killed,
+// OOM-killed, its container stopped or removed) is noticed — on the next
+// call, by the reaper's idle check, or when a call fails — and restarted
+// with its workspace (or recreated empty when the backend lost it); the
+// caller gets a notice saying so.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cellbox/cellbox/sandbox/agent"
+	"github.com/cellbox/cellbox/sandbox/backend"
+)
+
+// pingTimeout bounds a health check of a running box's agent.
+const pingTimeout = 2 * time.Second
+
+// check makes sure the running box b answers; the caller holds b.life. A
+// box whose agent died behind the pool's back (killed, OOM-killed, its
+// container killed) is restarted with its workspace, and notice says so;
+// one the backend no longer has is recreated empty. A box that runs but is
+// slow to answer is left alone: the call will tell.
+func (s *Service) check(ctx context.Context, sess *Session, name string, b *box, notice func(string)) error {
+	perr := errors.New("no connection to its agent")
+	if b.client != nil {
+		pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+		_, perr = b.client.Version(pctx)
+		cancel()
+		var pe *agent.ProtocolError
+		if perr == nil || errors.As(perr, &pe) || ctx.Err() != nil {
+			return nil
+		}
+	}
+	slow := errors.Is(perr, context.DeadlineExceeded)
+	grace := pingTimeout
+	if slow {
+		grace = 0
+	}
+	info, err := s.stopped(ctx, b.rec.ID, grace)
+	if err == nil && info.State == backend.StateRunning {
+		if slow {
+			return nil // busy, or hung: the call will tell
+		}
+		// It runs, but its agent refuses connections (its socket was
+		// removed or replaced): restart it.
+		if err := s.be.Stop(ctx, b.rec.ID); err != nil {
+			return fmt.Errorf("sandbox %s: its agent does not answer (%v) and stopping it failed: %w", boxName(name, b.rec.ID), perr, err)
+		}
+		info.Exit = fmt.Sprintf("its agent did not answer: %v", perr)
+	}
+	return s.revive(ctx, sess, name, b, info, err, notice)
+}
+
+// stopped inspects box id whose agent does not answer, asking again for up
+// to grace while the backend still says running: a box whose agent was
+// just killed takes a little while to show as stopped.
+func (s *Service) stopped(ctx context.Context, id string, grace time.Duration) (backend.Info, error) {
+	deadline := time.Now().Add(grace)
+	for {
+		info, err := s.be.Inspect(ctx, id)
+		if err != nil || info.State != backend.StateRunning || time.Now().After(deadline) {
+			return info, err
+		}
+		select {
+		case <-ctx.Done():
+			return info, nil
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// revive restarts the dead box b (info and ierr: what Inspect said); the
+// caller holds b.life. On failure b is marked dead and the next use tries
+// again.
+func (s *Service) revive(ctx context.Context, sess *Session, name string, b *box, info backend.Info, ierr error, notice func(string)) error {
+	id := b.rec.ID
+	what := boxName(name, id)
+	if ierr != nil && !errors.Is(ierr, backend.ErrNotFound) {
+		return fmt.Errorf("sandbox %s does not answer and the %s backend cannot say why: %w", what, s.be.Name(), ierr)
+	}
+	release, err := s.acquireSlot(ctx, sess)
+	if err != nil {
+		return err
+	}
+	defer release()
+	s.closeClient(b)
+	if ierr != nil {
+		s.log.Warn("box removed behind the server's back; recreating it", "box", id, "err", ierr)
+		notice(fmt.Sprintf("sandbox %s had been removed from the %s backend behind this server's back; it was recreated with an empty workspace", what, s.be.Name()))
+		if err := s.recreate(ctx, name, b); err != nil {
+			s.setState(b, stateDead)
+			return err
+		}
+		return nil
+	}
+	why := exitReason(info)
+	s.log.Warn("box died; restarting it", "box", id, "why", why)
+	cl, err := s.wake(ctx, id)
+	if err != nil {
+		s.setState(b, stateDead)
+		return fmt.Errorf("sandbox %s had died (%s) and could not be restarted: %w", what, why, err)
+	}
+	s.setRunning(b, cl)
+	s.metrics.observeRevive()
+	notice(fmt.Sprintf("sandbox %s had died (%s); it was restarted with its workspace (processes it ran are gone)", what, why))
+	return nil
+}
+
+// boxName names a box in messages: by name and id, or id alone where the
+// name (which is per session) is not known.
+func boxName(name, id string) string {
+	if name == "" {
+		return id
+	}
+	return fmt.Sprintf("%q (%s)", name, id)
+}
+
+// explain turns err, the failure of a call on l's box, into one that says
+// the box died during the call, when it did. The next call restarts it.
+func (s *Service) explain(ctx context.Context, l *lease, err error) error {
+	var ae *agent.Error
+	if err == nil || errors.As(err, &ae) || ctx.Err() != nil {
+		return err
+	}
+	ctx = context.WithoutCancel(ctx)
+	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	_, perr := l.client.Version(pctx)
+	cancel()
+	if perr == nil {
+		return err
+	}
+	info, ierr := s.stopped(ctx, l.b.rec.ID, pingTimeout)
+	if ierr == nil && info.State == backend.StateRunning {
+		return err
+	}
+	why := "it is gone from the backend"
+	if ierr == nil {
+		why = exitReason(info)
+	}
+	return fmt.Errorf("sandbox %s died during this call (%s); the next call restarts it: %w", boxName(l.name, l.b.rec.ID), why, err)
+}

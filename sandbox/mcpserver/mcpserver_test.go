@@ -1,0 +1,141 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/cellbox/cellbox/internal/boxtest"
+	"github.com/cellbox/cellbox/internal/mcptest"
+	"github.com/cellbox/cellbox/sandbox"
+	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// connectInMemory connects to a server of ForSession of a new session.
+func connectInMemory(t *testing.T, s *sandbox.Service) *mcptest.Client {
+	t.Helper()
+	id, _, err := s.NewSession(context.Background())
+	require.NoError(t, err)
+	srv, err := ForSession(s, id)
+	require.NoError(t, err)
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := srv.Connect(context.Background(), st, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { ss.Close() })
+	return mcptest.MustConnect(t, ct)
+}
+
+func mustMarshal(t *testing.T, v any) string {
+	raw, err := json.Marshal(v)
+	require.NoError(t, err)
+	return string(raw)
+}
+
+// TestMCPToolMetadata: every tool has a title, annotations and an output
+// schema that is valid JSON Schema, and structuredContent matches it.
+func TestMCPToolMetadata(t *testing.T) {
+	for _, tool := range sandbox.Tools() {
+		assert.NotEmpty(t, tool.Meta.Title, "give a new tool its ToolMeta in defineTool")
+	}
+	s, _ := boxtest.Service(t, boxtest.Options{})
+	c := connectInMemory(t, s)
+	list, err := c.ListTools(context.Background(), nil)
+	require.NoError(t, err)
+	require.Len(t, list.Tools, len(sandbox.Tools()))
+	schemas := map[string]*jsonschema.Resolved{}
+	for _, tool := range list.Tools {
+		require.NotNil(t, tool.Annotations, tool.Name)
+		assert.NotEmpty(t, tool.Title, tool.Name)
+		raw, err := json.Marshal(tool.OutputSchema)
+		require.NoError(t, err)
+		var schema jsonschema.Schema
+		require.NoError(t, json.Unmarshal(raw, &schema), tool.Name)
+		assert.Equal(t, "object", schema.Type, tool.Name)
+		schemas[tool.Name], err = schema.Resolve(nil)
+		require.NoError(t, err, tool.Name)
+		a := tool.Annotations
+		switch tool.Name {
+		case "read_file", "grep", "glob", "ls", "sandbox_list":
+			assert.True(t, a.ReadOnlyHint, tool.Name)
+			assert.True(t, a.IdempotentHint, tool.Name)
+		case "sandbox_destroy", "write_file", "edit", "str_replace", "shell":
+			assert.False(t, a.ReadOnlyHint, tool.Name)
+			require.NotNil(t, a.DestructiveHint, tool.Name)
+			assert.True(t, *a.DestructiveHint, tool.Name)
+		case "sandbox_create":
+			assert.False(t, *a.DestructiveHint)
+			assert.True(t, a.IdempotentHint)
+		}
+	}
+	calls := []struct {
+		tool string
+		args map[string]any
+	}{
+		{"shell", map[string]any{"command": "echo hi"}},
+		{"shell", map[string]any{"command": "sleep 1", "background": true}},
+		{"write_file", map[string]any{"path": "a.txt", "content": "one\ntwo\n"}},
+		{"read_file", map[string]any{"path": "a.txt"}},
+		{"edit", map[string]any{"path": "a.txt", "edits": []any{map[string]any{"oldText": "one", "newText": "uno"}}}},
+		{"str_replace", map[string]any{"path": "a.txt", "old_str": "two", "new_str": "dos"}},
+		{"grep", map[string]any{"pattern": "uno", "path": "."}},
+		{"glob", map[string]any{"pattern": "*.txt"}},
+		{"ls", map[string]any{"path": "."}},
+		{"process", map[string]any{"action": "list"}},
+		{"sandbox_create", map[string]any{"sandbox": "other"}},
+		{"transfer", map[string]any{"from_sandbox": "default", "from_path": "a.txt", "to_sandbox": "other", "to_path": "b.txt"}},
+		{"sandbox_list", nil},
+		{"sandbox_destroy", map[string]any{"sandbox": "other"}},
+	}
+	for _, tc := range calls {
+		res, _ := c.Call(t, tc.tool, tc.args)
+		require.False(t, res.IsError, "%s: %v", tc.tool, res.Content[0])
+		var instance any
+		require.NoError(t, json.Unmarshal([]byte(mustMarshal(t, res.StructuredContent)), &instance))
+		assert.NoError(t, schemas[tc.tool].Validate(instance), "%s: %s", tc.tool, mustMarshal(t, res.StructuredContent))
+	}
+}
+
+// TestMCPBoxResources: box files are resources of a template, read with
+// read_file's rules.
+func TestMCPBoxResources(t *testing.T) {
+	s, _ := boxtest.Service(t, boxtest.Options{})
+	c := connectInMemory(t, s)
+	tmpl, err := c.ListResourceTemplates(context.Background(), nil)
+	require.NoError(t, err)
+	require.Len(t, tmpl.ResourceTemplates, 1)
+	assert.Equal(t, BoxResourceTemplate, tmpl.ResourceTemplates[0].URITemplate)
+
+	c.Call(t, "write_file", map[string]any{"path": "dir/a.txt", "content": "hello\nworld\n"})
+	c.Call(t, "write_file", map[string]any{"path": "bin", "content": "AAEC/w==", "encoding": "base64"})
+	res, err := c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/default/dir/a.txt"})
+	require.NoError(t, err)
+	require.Len(t, res.Contents, 1)
+	assert.Equal(t, "hello\nworld\n", res.Contents[0].Text)
+	res, err = c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/default/bin"})
+	require.NoError(t, err)
+	assert.Equal(t, []byte{0, 1, 2, 255}, res.Contents[0].Blob)
+
+	abs := "/tmp/mcp-resource"
+	c.Call(t, "write_file", map[string]any{"path": abs, "content": "absolute"})
+	res, err = c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/default/" + abs})
+	require.NoError(t, err, "an absolute path after a double slash")
+	assert.Equal(t, "absolute", res.Contents[0].Text)
+	_, err = c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/default//etc/passwd"})
+	assert.ErrorContains(t, err, "outside the workspace", "the file tools' rules hold")
+
+	_, err = c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/default/missing.txt"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no such file")
+}
+
+// TestMCPCancelKillsCommand: cancelling a running shell call (the client
+// sends notifications/cancelled) kills the command, in a server of
+// ForSession (as cellbox mcp serves it on stdio); sandbox/httpapi tests
+// the same over HTTP.
+func TestMCPCancelKillsCommand(t *testing.T) {
+	s, _ := boxtest.Service(t, boxtest.Options{})
+	connectInMemory(t, s).CancelSleep(t)
+}

@@ -1,0 +1,239 @@
+package sandbox
+
+// Sessions: the tenancy boundary. A session is a bearer token (kept as a
+// SHA-256) and its named boxes; creating, authenticating, deleting and
+// expiring sessions, the caps on boxes, and the create/wake slots that
+// bound concurrency per session and in all.
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/cellbox/cellbox/sandbox/api"
+)
+
+// Session is one tenant: a bearer token and its named boxes.
+type Session struct {
+	ID        string
+	Created   time.Time
+	tokenHash [sha256.Size]byte
+	sem       chan struct{}   // the session's create/wake slots
+	boxes     map[string]*box // by name; guarded by Service.mu
+	deleted   bool            // guarded by Service.mu
+	lastUsed  atomic.Int64    // unix nanoseconds of the last call; the reaper expires idle sessions
+	pinned    bool            // served in-process (see pin): never expires; guarded by Service.mu
+	allowed   allowList       // allowed_commands; fixed when the session is made
+}
+
+// Errors of session lookups, for the HTTP layer to map to status codes.
+var (
+	ErrNoSession = api.ErrNoSession // "no such session"
+	ErrBadToken  = errors.New("token does not grant access to this session")
+)
+
+// NewSession creates a session and returns its id and bearer token. Only a
+// SHA-256 of the token is kept.
+func (s *Service) NewSession(ctx context.Context) (id, token string, err error) {
+	return s.NewSessionWith(ctx, api.NewSessionRequest{})
+}
+
+// NewSessionWith is NewSession with options (allowed_commands).
+func (s *Service) NewSessionWith(ctx context.Context, opts api.NewSessionRequest) (id, token string, err error) {
+	allowed, err := newAllowList(opts.AllowedCommands)
+	if err != nil {
+		return "", "", err
+	}
+	id = "s-" + randomID(8)
+	token = randomID(32)
+	sess := &Session{
+		ID:        id,
+		Created:   time.Now().UTC(),
+		tokenHash: sha256.Sum256([]byte(token)),
+		sem:       make(chan struct{}, s.cfg.SessionConcurrency),
+		boxes:     map[string]*box{},
+		allowed:   allowed,
+	}
+	sess.lastUsed.Store(sess.Created.UnixNano())
+	s.mu.Lock()
+	s.sessions[id] = sess
+	rec := s.sessionRecordLocked(sess)
+	s.mu.Unlock()
+	if err := s.st.apply(change{session: &rec}); err != nil {
+		s.mu.Lock()
+		delete(s.sessions, id)
+		s.mu.Unlock()
+		return "", "", fmt.Errorf("create session: %w", err)
+	}
+	s.log.Info("session created", "session", id)
+	return id, token, nil
+}
+
+// Authenticate returns the session id names if token is its bearer token
+// (ErrNoSession, ErrBadToken otherwise). The comparison takes constant time.
+func (s *Service) Authenticate(id, token string) (*Session, error) {
+	sess, err := s.session(id)
+	if err != nil {
+		return nil, err
+	}
+	h := sha256.Sum256([]byte(token))
+	if subtle.ConstantTimeCompare(h[:], sess.tokenHash[:]) != 1 {
+		return nil, ErrBadToken
+	}
+	return sess, nil
+}
+
+func (s *Service) session(id string) (*Session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess := s.sessions[id]
+	if sess == nil || sess.deleted {
+		return nil, fmt.Errorf("session %q: %w", id, ErrNoSession)
+	}
+	sess.lastUsed.Store(time.Now().UnixNano())
+	return sess, nil
+}
+
+// DeleteSession destroys every box of the session (shared boxes only when
+// no other session uses them) and forgets the session.
+func (s *Service) DeleteSession(ctx context.Context, id string) error {
+	s.mu.Lock()
+	sess := s.sessions[id]
+	if sess == nil || sess.deleted {
+		s.mu.Unlock()
+		return fmt.Errorf("session %q: %w", id, ErrNoSession)
+	}
+	sess.deleted = true
+	names := make([]string, 0, len(sess.boxes))
+	for name := range sess.boxes {
+		names = append(names, name)
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, name := range names {
+		if err := s.destroyBox(ctx, sess, name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.mu.Lock()
+	delete(s.sessions, id)
+	s.mu.Unlock()
+	if err := s.st.apply(change{delSession: id}); err != nil {
+		errs = append(errs, err)
+	}
+	s.log.Info("session deleted", "session", id, "boxes", len(names))
+	return errors.Join(errs...)
+}
+
+// checkCapsLocked refuses a new box of sess beyond MaxBoxesPerSession or
+// MaxBoxes (the error has the code limit); the caller holds s.mu.
+func (s *Service) checkCapsLocked(sess *Session) error {
+	return api.WithCode(api.CodeLimit, s.capsExceededLocked(sess))
+}
+
+func (s *Service) capsExceededLocked(sess *Session) error {
+	if n := len(sess.boxes); n >= s.cfg.MaxBoxesPerSession {
+		return fmt.Errorf("session %s already has %d sandboxes, the most a session may have: destroy one with sandbox_destroy, or raise the limit (cellbox serve --max-boxes-per-session)", sess.ID, n)
+	}
+	all := map[*box]bool{}
+	for _, other := range s.sessions {
+		for _, b := range other.boxes {
+			all[b] = true
+		}
+	}
+	if n := len(all); n >= s.cfg.MaxBoxes {
+		return fmt.Errorf("this server already has %d sandboxes in all sessions, the most it may have: destroy some with sandbox_destroy, or raise the limit (cellbox serve --max-boxes)", n)
+	}
+	return nil
+}
+
+// expireSessions deletes the sessions idle for longer than SessionTTL,
+// with their boxes; sessions with a call in flight are kept.
+func (s *Service) expireSessions(ctx context.Context) {
+	if s.cfg.SessionTTL < 0 {
+		return
+	}
+	s.mu.Lock()
+	var idle []string
+	for id, sess := range s.sessions {
+		busy := false
+		for _, b := range sess.boxes {
+			busy = busy || b.inflight.Load() > 0
+		}
+		if !busy && !sess.pinned && time.Since(time.Unix(0, sess.lastUsed.Load())) > s.cfg.SessionTTL {
+			idle = append(idle, id)
+		}
+	}
+	s.mu.Unlock()
+	for _, id := range idle {
+		s.log.Info("session expired", "session", id, "ttl", s.cfg.SessionTTL)
+		if err := s.DeleteSession(ctx, id); err != nil && !errors.Is(err, ErrNoSession) {
+			s.log.Warn("delete expired session", "session", id, "err", err)
+		}
+	}
+}
+
+// pin exempts session id from expiry: a session served in-process (the
+// runtime of cellbox run and serve, cellbox mcp) belongs to this process,
+// which keeps it as long as it needs it or deletes it. Only clients over
+// HTTP leave sessions behind. Pins are not stored: the owner pins again
+// when it starts.
+func (s *Service) pin(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sess := s.sessions[id]; sess != nil {
+		sess.pinned = true
+	}
+}
+
+func (s *Service) sessionRecordLocked(sess *Session) sessionRecord {
+	rec := sessionRecord{
+		ID:        sess.ID,
+		TokenHash: hex.EncodeToString(sess.tokenHash[:]),
+		Created:   sess.Created,
+		Boxes:     map[string]string{},
+
+		AllowedCommands: sess.allowed,
+	}
+	for name, b := range sess.boxes {
+		if b.rec.ID != "" && b.state != stateNew {
+			rec.Boxes[name] = b.rec.ID
+		}
+	}
+	return rec
+}
+
+// acquireSlot takes a session slot and a global slot for a box creation or
+// wake, waiting for them (or ctx). release gives them back.
+func (s *Service) acquireSlot(ctx context.Context, sess *Session) (release func(), err error) {
+	var sem chan struct{}
+	if sess != nil {
+		sem = sess.sem
+	}
+	if sem != nil {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for a free box slot of session %s: %w", sess.ID, ctx.Err())
+		}
+	}
+	select {
+	case s.global <- struct{}{}:
+	case <-ctx.Done():
+		if sem != nil {
+			<-sem
+		}
+		return nil, fmt.Errorf("waiting for a free box slot: %w", ctx.Err())
+	}
+	return func() {
+		<-s.global
+		if sem != nil {
+			<-sem
+		}
+	}, nil
+}
