@@ -12,17 +12,18 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/mcpserver"
 	"github.com/cellbox/cellbox/sandboxclient"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 func init() {
 	register(command{
 		name:  "mcp",
-		usage: "[--server URL [--session ID --token T] | --data DIR --backend auto|docker|local]  serve the sandbox tools to an MCP client over stdio (in-process boxes, or a running cellbox serve)",
+		usage: "[--server URL [--session ID --token T] | --data DIR --backend auto|docker|local] [--profile NAME]  serve the sandbox tools to an MCP client over stdio (in-process boxes, or a running cellbox serve)",
 		run:   runMCP,
 	})
 }
@@ -35,11 +36,15 @@ func runMCP(ctx context.Context, args []string) error {
 	backendName := fs.String("backend", "auto", "box backend without --server: docker, local (bubblewrap), or auto")
 	agentBinary := fs.String("agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
 	pool := fs.Int("pool", 1, "pre-started boxes kept for the default image (0: none)")
+	profile := fs.String("profile", "", "tool set to serve: cellbox (default), cloudflare, fs-tools or deerflow")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if _, err := sandbox.LookupProfile(*profile); err != nil {
+		return err
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -49,17 +54,17 @@ func runMCP(ctx context.Context, args []string) error {
 				return fmt.Errorf("--%s is for in-process boxes; with --server (or CELLBOX_SERVER) the server's own are used", local)
 			}
 		}
-		return mcpRemote(ctx, *cf.server, *cf.session, *cf.token, clientKey(*data))
+		return mcpRemote(ctx, *cf.server, *cf.session, *cf.token, clientKey(*data), *profile)
 	}
 	if set["session"] || set["token"] {
 		return errors.New("--session and --token need --server URL (or CELLBOX_SERVER)")
 	}
-	return mcpLocal(ctx, *data, *backendName, *agentBinary, *pool)
+	return mcpLocal(ctx, *data, *backendName, *agentBinary, *pool, *profile)
 }
 
 // mcpLocal serves the tools of an in-process sandbox service, in one session
 // that lives as long as the process.
-func mcpLocal(ctx context.Context, data, backendName, agentBinary string, pool int) error {
+func mcpLocal(ctx context.Context, data, backendName, agentBinary string, pool int, profile string) error {
 	dataDir, err := filepath.Abs(data)
 	if err != nil {
 		return err
@@ -89,7 +94,7 @@ func mcpLocal(ctx context.Context, data, backendName, agentBinary string, pool i
 			slog.Error("delete the MCP session", "session", id, "err", err)
 		}
 	}()
-	srv, err := mcpserver.ForSession(svc, id)
+	srv, err := mcpserver.ForSession(svc, id, profile)
 	if err != nil {
 		return err
 	}
@@ -99,7 +104,7 @@ func mcpLocal(ctx context.Context, data, backendName, agentBinary string, pool i
 
 // mcpRemote serves the tools of a running cellbox serve: in session id, or
 // in a new one deleted on exit.
-func mcpRemote(ctx context.Context, server, id, token, key string) error {
+func mcpRemote(ctx context.Context, server, id, token, key, profile string) error {
 	var c *sandboxclient.HTTP
 	switch {
 	case id != "" && token == "":
@@ -120,13 +125,13 @@ func mcpRemote(ctx context.Context, server, id, token, key string) error {
 			}
 		}()
 	}
-	tools, err := c.Tools(ctx)
+	tools, err := c.ToolsFor(ctx, profile)
 	if err != nil {
 		return fmt.Errorf("list the tools of %s: %w", server, err)
 	}
-	slog.Info("cellbox mcp: serving on stdio", "server", server, "session", id)
-	caller := remoteTools{c}
-	return serveStdio(ctx, mcpserver.New(tools, func(context.Context, mcp.Request) (mcpserver.ToolCaller, error) { return caller, nil }))
+	slog.Info("cellbox mcp: serving on stdio", "server", server, "session", id, "profile", profile)
+	caller := remoteTools{c, profile}
+	return serveStdio(ctx, mcpserver.New(profile, tools, func(context.Context, mcp.Request) (mcpserver.ToolCaller, error) { return caller, nil }))
 }
 
 // serveStdio serves MCP on stdin/stdout until stdin ends or ctx does.
@@ -142,10 +147,14 @@ func serveStdio(ctx context.Context, srv *mcp.Server) error {
 }
 
 // remoteTools runs the tools of a server in one of its sessions.
-type remoteTools struct{ c *sandboxclient.HTTP }
+// remoteTools calls the tools of profile on a server.
+type remoteTools struct {
+	c       *sandboxclient.HTTP
+	profile string
+}
 
 func (r remoteTools) CallTool(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error) {
-	res, err := r.c.Tool(ctx, name, args)
+	res, err := r.c.ToolAs(ctx, r.profile, name, args)
 	var te *sandboxclient.ToolError
 	if errors.As(err, &te) {
 		return res, nil // is_error: true is a result, for the model to read

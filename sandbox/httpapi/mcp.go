@@ -28,6 +28,9 @@ import (
 // Both share one SDK server; bind tells the routes apart by the token info
 // the second route puts on its requests (the SDK also refuses an MCP
 // session of one cellbox session on another's requests by it).
+//
+// ?profile=NAME on either route serves that tool set (cloudflare,
+// fs-tools, deerflow; cellbox's own without it): one SDK server a profile.
 type mcpHTTP struct {
 	s       *sandbox.Service
 	keyed   http.Handler // /v1/mcp
@@ -39,7 +42,13 @@ type mcpHTTP struct {
 
 func newMCPHTTP(s *sandbox.Service) *mcpHTTP {
 	m := &mcpHTTP{s: s, ids: map[*mcp.ServerSession]string{}}
-	server := mcpserver.New(sandbox.ToolInfos(), m.bind)
+	servers := map[string]*mcp.Server{}
+	for _, p := range sandbox.Profiles() {
+		tools, _ := sandbox.ToolInfosFor(p.Name)
+		servers[p.Name] = mcpserver.New(p.Name, tools, func(ctx context.Context, req mcp.Request) (mcpserver.ToolCaller, error) {
+			return m.bind(ctx, req, p.Name)
+		})
+	}
 	opts := &mcp.StreamableHTTPOptions{
 		SessionTimeout: max(s.Config().SessionTTL, 0),
 		// The server in front of Handler checks Host and Origin (see
@@ -48,7 +57,9 @@ func newMCPHTTP(s *sandbox.Service) *mcpHTTP {
 		MaxRequestBodyBytes:        MaxToolBody,
 		Logger:                     s.Logger(),
 	}
-	get := func(*http.Request) *mcp.Server { return server }
+	servers[""] = servers[sandbox.DefaultProfile]
+	// An unknown profile gets no server: the SDK answers 400.
+	get := func(r *http.Request) *mcp.Server { return servers[r.URL.Query().Get("profile")] }
 	m.keyed = mcp.NewStreamableHTTPHandler(get, opts)
 	m.session = mcp.NewStreamableHTTPHandler(get, opts)
 	return m
@@ -63,10 +74,10 @@ func (m *mcpHTTP) serveSession(w http.ResponseWriter, r *http.Request, sess *san
 	auth.RequireBearerToken(verified, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(m.session).ServeHTTP(w, r)
 }
 
-// bind picks the cellbox session of an MCP request.
-func (m *mcpHTTP) bind(ctx context.Context, req mcp.Request) (mcpserver.ToolCaller, error) {
+// bind picks the cellbox session of an MCP request, to run profile's tools.
+func (m *mcpHTTP) bind(ctx context.Context, req mcp.Request, profile string) (mcpserver.ToolCaller, error) {
 	if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
-		return mcpserver.SessionCaller(m.s, extra.TokenInfo.UserID), nil
+		return mcpserver.SessionCaller(m.s, extra.TokenInfo.UserID, profile), nil
 	}
 	ss, ok := req.GetSession().(*mcp.ServerSession)
 	if !ok {
@@ -87,7 +98,7 @@ func (m *mcpHTTP) bind(ctx context.Context, req mcp.Request) (mcpserver.ToolCall
 		m.s.Logger().Info("MCP session started", "mcp_session", ss.ID(), "session", id)
 		go m.end(ss, id)
 	}
-	return mcpserver.SessionCaller(m.s, id), nil
+	return mcpserver.SessionCaller(m.s, id, profile), nil
 }
 
 // end deletes the cellbox session of MCP session ss once ss ends.

@@ -79,17 +79,20 @@ func Implementation() *mcp.Implementation {
 	return &mcp.Implementation{Name: "cellbox", Title: "cellbox sandboxes", Version: version}
 }
 
-// New returns an MCP server of tools (sandbox.ToolInfos(), or a remote
-// server's list) whose calls and resource reads run through bind's caller.
-func New(tools []api.ToolInfo, bind Binder) *mcp.Server {
+// New returns an MCP server of tools (sandbox.ToolInfosFor(profile), or a
+// remote server's list) whose calls and resource reads run through bind's
+// caller. profile ("" for cellbox's own) names the tool set the tools are
+// of: it gives each tool's metadata, output schema and text.
+func New(profile string, tools []api.ToolInfo, bind Binder) *mcp.Server {
 	srv := mcp.NewServer(Implementation(), &mcp.ServerOptions{
 		Instructions: Instructions,
 		// Capabilities nil: the SDK's default, {"logging":{}}, plus tools
 		// and resources from what is added below.
 	})
 	for _, info := range tools {
-		srv.AddTool(mcpTool(info), func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-			return callMCPTool(ctx, req, bind)
+		rt, _ := sandbox.LookupToolIn(profile, info.Name) // nil: a tool of a newer server
+		srv.AddTool(mcpTool(info, rt), func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return callMCPTool(ctx, req, rt, bind)
 		})
 	}
 	srv.AddResourceTemplate(&mcp.ResourceTemplate{
@@ -108,10 +111,9 @@ func New(tools []api.ToolInfo, bind Binder) *mcp.Server {
 }
 
 // mcpTool describes a registry tool to the SDK.
-func mcpTool(info api.ToolInfo) *mcp.Tool {
+func mcpTool(info api.ToolInfo, rt *sandbox.Tool) *mcp.Tool {
 	t := &mcp.Tool{Name: info.Name, Description: info.Description, InputSchema: info.InputSchema}
-	rt, ok := sandbox.LookupTool(info.Name)
-	if !ok {
+	if rt == nil {
 		return t // a tool of a newer server: described by its info only
 	}
 	m := rt.Meta
@@ -170,7 +172,7 @@ func outputSchema(out reflect.Type) json.RawMessage {
 // callMCPTool runs one tools/call. ctx is the request's: the SDK cancels
 // it on notifications/cancelled (or when the session ends), which kills a
 // running command.
-func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, bind Binder) (*mcp.CallToolResult, error) {
+func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, rt *sandbox.Tool, bind Binder) (*mcp.CallToolResult, error) {
 	caller, err := bind(ctx, req)
 	if err != nil {
 		return nil, err
@@ -197,8 +199,12 @@ func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, bind Binder) (*m
 	// clients that show only content. A failed call has no
 	// structuredContent: it would not match the output schema, which
 	// clients validate.
+	text := compact.String()
+	if rt != nil && rt.TextResult {
+		text = rt.ResultText(compact.Bytes()) // a seed tool that answers a plain string
+	}
 	result := &mcp.CallToolResult{
-		Content: []mcp.Content{&mcp.TextContent{Text: compact.String()}},
+		Content: []mcp.Content{&mcp.TextContent{Text: text}},
 		IsError: head.IsError,
 	}
 	if !head.IsError {
@@ -342,20 +348,25 @@ func parseBoxURI(uri string) (box, path string, err error) {
 	return box, path, nil
 }
 
-// ForSession returns an MCP server of the tool registry that runs every
-// call in session id of svc, for a client that is the only one of the
-// session (cellbox mcp on stdio). The session no longer expires when idle.
-func ForSession(svc *sandbox.Service, id string) (*mcp.Server, error) {
+// ForSession returns an MCP server of profile's tools ("" for cellbox's
+// own) that runs every call in session id of svc, for a client that is the
+// only one of the session (cellbox mcp on stdio). The session no longer
+// expires when idle.
+func ForSession(svc *sandbox.Service, id, profile string) (*mcp.Server, error) {
+	tools, err := sandbox.ToolInfosFor(profile)
+	if err != nil {
+		return nil, err
+	}
 	if err := svc.Pin(id); err != nil {
 		return nil, err
 	}
-	caller := SessionCaller(svc, id)
-	return New(sandbox.ToolInfos(), func(context.Context, mcp.Request) (ToolCaller, error) { return caller, nil }), nil
+	caller := SessionCaller(svc, id, profile)
+	return New(profile, tools, func(context.Context, mcp.Request) (ToolCaller, error) { return caller, nil }), nil
 }
 
-// SessionCaller runs tools in session id of svc.
-func SessionCaller(svc *sandbox.Service, id string) ToolCaller {
+// SessionCaller runs profile's tools in session id of svc.
+func SessionCaller(svc *sandbox.Service, id, profile string) ToolCaller {
 	return ToolCallerFunc(func(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error) {
-		return svc.CallTool(ctx, id, name, args)
+		return svc.CallToolAs(ctx, id, profile, name, args)
 	})
 }

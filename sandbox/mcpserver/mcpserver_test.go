@@ -19,7 +19,7 @@ func connectInMemory(t *testing.T, s *sandbox.Service) *mcptest.Client {
 	t.Helper()
 	id, _, err := s.NewSession(context.Background())
 	require.NoError(t, err)
-	srv, err := ForSession(s, id)
+	srv, err := ForSession(s, id, "")
 	require.NoError(t, err)
 	st, ct := mcp.NewInMemoryTransports()
 	ss, err := srv.Connect(context.Background(), st, nil)
@@ -138,4 +138,55 @@ func TestMCPBoxResources(t *testing.T) {
 func TestMCPCancelKillsCommand(t *testing.T) {
 	s, _ := boxtest.Service(t, boxtest.Options{})
 	connectInMemory(t, s).CancelSleep(t)
+}
+
+// TestMCPProfiles: an MCP server of a seed profile lists exactly that
+// profile's tools, each with its base tool's metadata, and a tool whose
+// seed answers a plain string gives that string as its text.
+func TestMCPProfiles(t *testing.T) {
+	s, _ := boxtest.Service(t, boxtest.Options{})
+	ctx := context.Background()
+	for _, p := range sandbox.Profiles() {
+		t.Run(p.Name, func(t *testing.T) {
+			id, _, err := s.NewSession(ctx)
+			require.NoError(t, err)
+			srv, err := ForSession(s, id, p.Name)
+			require.NoError(t, err)
+			st, ct := mcp.NewInMemoryTransports()
+			ss, err := srv.Connect(ctx, st, nil)
+			require.NoError(t, err)
+			t.Cleanup(func() { ss.Close() })
+			c := mcptest.MustConnect(t, ct)
+			list, err := c.ListTools(ctx, nil)
+			require.NoError(t, err)
+			want, err := sandbox.ToolInfosFor(p.Name)
+			require.NoError(t, err)
+			var names, wantNames []string
+			for _, tool := range list.Tools {
+				names = append(names, tool.Name)
+				assert.NotEmpty(t, tool.Title, tool.Name)
+				assert.NotNil(t, tool.Annotations, tool.Name)
+			}
+			for _, info := range want {
+				wantNames = append(wantNames, info.Name)
+			}
+			assert.ElementsMatch(t, wantNames, names)
+		})
+	}
+	id, _, err := s.NewSession(ctx)
+	require.NoError(t, err)
+	srv, err := ForSession(s, id, "deerflow")
+	require.NoError(t, err)
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := srv.Connect(ctx, st, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { ss.Close() })
+	c := mcptest.MustConnect(t, ct)
+	res, err := c.CallTool(ctx, &mcp.CallToolParams{Name: "bash", Arguments: map[string]any{"description": "say hi", "command": "echo hi"}})
+	require.NoError(t, err)
+	require.False(t, res.IsError)
+	assert.Equal(t, "hi\n", res.Content[0].(*mcp.TextContent).Text, "deerflow's bash answers its output as plain text")
+
+	_, err = ForSession(s, id, "nosuch")
+	assert.ErrorContains(t, err, "nosuch")
 }
