@@ -60,7 +60,7 @@ func newMCPHTTP(s *sandbox.Service) *mcpHTTP {
 	servers[""] = servers[sandbox.DefaultProfile]
 	// An unknown profile gets no server: the SDK answers 400.
 	get := func(r *http.Request) *mcp.Server { return servers[r.URL.Query().Get("profile")] }
-	m.keyed = mcp.NewStreamableHTTPHandler(get, opts)
+	m.keyed = knownProfile(mcp.NewStreamableHTTPHandler(get, opts))
 	m.session = mcp.NewStreamableHTTPHandler(get, opts)
 	return m
 }
@@ -71,7 +71,20 @@ func newMCPHTTP(s *sandbox.Service) *mcpHTTP {
 func (m *mcpHTTP) serveSession(w http.ResponseWriter, r *http.Request, sess *sandbox.Session) {
 	info := &auth.TokenInfo{UserID: sess.ID}
 	verified := func(context.Context, string, *http.Request) (*auth.TokenInfo, error) { return info, nil }
-	auth.RequireBearerToken(verified, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(m.session).ServeHTTP(w, r)
+	knownProfile(auth.RequireBearerToken(verified, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(m.session)).ServeHTTP(w, r)
+}
+
+// knownProfile answers a request for an unknown ?profile= with 400 and the
+// list of profiles, before it reaches the SDK (which would only say it has
+// no server).
+func knownProfile(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := sandbox.LookupProfile(r.URL.Query().Get("profile")); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // bind picks the cellbox session of an MCP request, to run profile's tools.

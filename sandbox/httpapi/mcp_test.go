@@ -145,3 +145,25 @@ func TestMCPSessionExpires(t *testing.T) {
 	require.Eventually(t, func() bool { return len(mcptest.Sessions(t, url, "")) == 0 && boxes(s) == 0 }, 10*time.Second, 20*time.Millisecond,
 		"the idle MCP session ends, and its session and box with it")
 }
+
+// TestMCPProfileOverHTTP: ?profile= picks the tool set on /v1/mcp; an
+// unknown one is a 400 that lists the profiles.
+func TestMCPProfileOverHTTP(t *testing.T) {
+	s, _ := boxtest.Service(t, boxtest.Options{})
+	url := startHTTP(t, s)
+	c := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp?profile=deerflow", ""))
+	list, err := c.ListTools(context.Background(), nil)
+	require.NoError(t, err)
+	var names []string
+	for _, tool := range list.Tools {
+		names = append(names, tool.Name)
+	}
+	assert.ElementsMatch(t, []string{"bash", "ls", "read_file", "write_file", "str_replace"}, names)
+
+	resp, err := http.Post(url+"/v1/mcp?profile=nosuch", "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Contains(t, string(body), "deerflow", "the error lists the profiles")
+}
