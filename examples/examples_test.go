@@ -22,6 +22,7 @@ import (
 
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
@@ -482,7 +483,10 @@ func TestCSVPipelineKillRestart(t *testing.T) {
 	bin := testenv.CellboxBinary(t)
 	data, err := os.MkdirTemp("", "cbx-")
 	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(data) })
+	t.Cleanup(func() {
+		boxtest.RemoveBoxes(t, data) // a box left by a failed run holds a mounted disk
+		os.RemoveAll(data)
+	})
 	// A copy whose last stage takes a second, so that the kill lands while
 	// it runs.
 	dir := t.TempDir()
