@@ -159,6 +159,14 @@ func (b *Builder) Sandbox(name string, spec SandboxSpec) Value {
 	return Ref(name)
 }
 
+// Fetch adds a fetch node and returns a reference to it. The spec is
+// copied.
+func (b *Builder) Fetch(name string, spec FetchSpec) Value {
+	spec.Headers, spec.SecretHeaders = maps.Clone(spec.Headers), maps.Clone(spec.SecretHeaders)
+	b.addNode(Node{Name: name, Kind: KindFetch, Fetch: &spec})
+	return Ref(name)
+}
+
 func (b *Builder) addNode(n Node) {
 	if !b.claim(field("nodes", n.Name), n.Name) {
 		b.p.Nodes = append(b.p.Nodes, n)

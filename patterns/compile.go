@@ -2,6 +2,7 @@ package patterns
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/cellbox/cellbox/builtins"
@@ -21,7 +22,7 @@ func Compile(p *Pattern, env builtins.Env) (runtime.Pattern, error) {
 // CompileInstance turns a validated pattern into the runtime's graph for
 // the instance name in space (one pattern may run as several instances).
 // Cells keep their initial values and schemas; each node becomes its
-// built-in (computed, exec, sandbox), reading the cells and nodes its
+// built-in (computed, exec, sandbox, fetch), reading the cells and nodes its
 // expressions name (Node.Reads), with each field a builtins.Field of those
 // inputs. exec and sandbox nodes drive boxes through env.Client, which
 // they then require.
@@ -45,6 +46,8 @@ func CompileInstance(p *Pattern, env builtins.Env, space, name string) (runtime.
 			rn.Kind = c.computed(n.Computed)
 		case KindExec:
 			rn.Kind, err = builtins.NewExec(env, c.exec(addr, n.Exec))
+		case KindFetch:
+			rn.Kind, err = builtins.NewFetch(env, c.fetch(addr, n.Fetch))
 		case KindSandbox:
 			rn.Kind, err = builtins.NewSandbox(env, c.sandbox(addr, n.Sandbox))
 			rn.Streams = []string{"run", "destroy"}
@@ -165,4 +168,26 @@ func (c compiler) sandbox(addr cells.Address, s *SandboxSpec) builtins.SandboxSp
 		Files: c.files(at, s.Files),
 		Ports: slices.Clone(s.Ports),
 	}
+}
+
+func (c compiler) fetch(addr cells.Address, s *FetchSpec) builtins.FetchSpec {
+	at := field(c.at, "fetch")
+	spec := builtins.FetchSpec{
+		Node:          addr,
+		URL:           c.field(field(at, "url"), s.URL),
+		Method:        c.field(field(at, "method"), s.Method),
+		Body:          c.field(field(at, "body"), s.Body),
+		SecretHeaders: maps.Clone(s.SecretHeaders),
+		Format:        s.Format,
+		NoCache:       s.NoCache,
+		Timeout:       s.Timeout,
+		MaxBytes:      s.MaxBytes,
+	}
+	if len(s.Headers) > 0 {
+		spec.Headers = make(map[string]builtins.Field, len(s.Headers))
+		for k, v := range s.Headers {
+			spec.Headers[k] = c.field(field(field(at, "headers"), k), v)
+		}
+	}
+	return spec
 }

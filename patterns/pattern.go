@@ -51,17 +51,18 @@ const (
 	KindComputed Kind = "computed"
 	KindExec     Kind = "exec"
 	KindSandbox  Kind = "sandbox"
+	KindFetch    Kind = "fetch"
 )
 
 // kinds lists the node kinds a pattern may use; planned lists those that are
 // reserved for later.
 var (
-	kinds   = []string{string(KindComputed), string(KindExec), string(KindSandbox)}
-	planned = []string{"fetch", "llm"}
+	kinds   = []string{string(KindComputed), string(KindExec), string(KindSandbox), string(KindFetch)}
+	planned = []string{"llm"}
 )
 
-// Node is a node of the graph. Exactly one of Computed, Exec and Sandbox is
-// set, as Kind says.
+// Node is a node of the graph. Exactly one of Computed, Exec, Sandbox and
+// Fetch is set, as Kind says.
 type Node struct {
 	Name        string `json:"name"`
 	Description string `json:"description,omitempty"`
@@ -71,6 +72,7 @@ type Node struct {
 	Computed Value        `json:"computed,omitzero"` // an expression or a template
 	Exec     *ExecSpec    `json:"exec,omitempty"`
 	Sandbox  *SandboxSpec `json:"sandbox,omitempty"`
+	Fetch    *FetchSpec   `json:"fetch,omitempty"`
 }
 
 // ExecSpec describes an exec node: run Command in a fresh box whenever an
@@ -108,6 +110,31 @@ type SandboxSpec struct {
 	// node publishes a preview URL of each in previews["PORT"] while the
 	// box runs.
 	Ports []int `json:"ports,omitempty"`
+}
+
+// FetchSpec describes a fetch node: an HTTP request the runner sends (not
+// a box) whenever an input changes. Output: {pending, result: {status,
+// headers, body}, error}.
+type FetchSpec struct {
+	// URL is the http or https URL.
+	URL Value `json:"url"`
+	// Method is the HTTP method; unset means GET.
+	Method  Value            `json:"method,omitzero"`
+	Headers map[string]Value `json:"headers,omitempty"`
+	// SecretHeaders maps a header to the name of the runner's environment
+	// variable holding its value; the value is never stored.
+	SecretHeaders map[string]string `json:"secret_headers,omitempty"`
+	// Body is the request body; an object or list is sent as JSON.
+	Body Value `json:"body,omitzero"`
+	// Format is how the response body is read: "text" (the default) or
+	// "json".
+	Format string `json:"format,omitempty"`
+	// NoCache turns memoization off (YAML `cache: false`).
+	NoCache bool `json:"no_cache,omitempty"`
+	// Timeout bounds one request; 0 means the runner's default (30s).
+	Timeout time.Duration `json:"timeout,omitempty"`
+	// MaxBytes caps the response body; 0 means the default (10 MiB).
+	MaxBytes int64 `json:"max_bytes,omitempty"`
 }
 
 // ValueKind says how a Value is obtained.

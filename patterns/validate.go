@@ -32,7 +32,9 @@ var (
 	outputs = map[Kind][]string{
 		KindExec:    {"pending", "result", "error"},
 		KindSandbox: {"pending", "status", "box", "error", "history", "files", "previews"},
+		KindFetch:   {"pending", "result", "error"},
 	}
+	fetchResult   = []string{"status", "headers", "body"}
 	previewFields = []string{"url", "host_url"}
 	execResult    = []string{"stdout", "stderr", "exit_code", "truncated", "files"}
 	streams       = map[Kind][]string{KindSandbox: {"run", "destroy"}}
@@ -112,7 +114,7 @@ func (c *checker) node(n *Node) {
 		return // the loader reported what is wrong with it
 	}
 	set := 0
-	for _, x := range []bool{!n.Computed.IsZero(), n.Exec != nil, n.Sandbox != nil} {
+	for _, x := range []bool{!n.Computed.IsZero(), n.Exec != nil, n.Sandbox != nil, n.Fetch != nil} {
 		if x {
 			set++
 		}
@@ -147,6 +149,8 @@ func (c *checker) node(n *Node) {
 			c.e.add(field(at, "timeout"), "negative timeout %s", s.Timeout)
 		}
 		c.box(n, at, s.Image, s.Env, s.Files, val)
+	case KindFetch:
+		c.fetch(field(at, "fetch"), n.Fetch, val)
 	case KindSandbox:
 		at = field(at, "sandbox")
 		c.box(n, at, n.Sandbox.Image, n.Sandbox.Env, n.Sandbox.Files, val)
@@ -182,6 +186,52 @@ func (c *checker) box(n *Node, at string, image Value, env, files map[string]Val
 		}
 	}
 }
+
+// fetch checks a fetch node: a url, header and variable names, the format.
+func (c *checker) fetch(at string, s *FetchSpec, val func(string, Value, ...ValueKind)) {
+	inputs := []ValueKind{ValueLiteral, ValueExpr, ValueTemplate}
+	if s.URL.IsZero() {
+		c.e.add(field(at, "url"), "missing: a fetch node needs a url (http or https)")
+	} else {
+		val(field(at, "url"), s.URL, inputs...)
+	}
+	if !s.Method.IsZero() {
+		val(field(at, "method"), s.Method, inputs...)
+	}
+	if !s.Body.IsZero() {
+		val(field(at, "body"), s.Body, inputs...)
+	}
+	for _, k := range sortedKeys(s.Headers) {
+		if !headerRE.MatchString(k) {
+			c.e.add(field(field(at, "headers"), k), "%q is not a valid HTTP header name", k)
+		}
+		val(field(field(at, "headers"), k), s.Headers[k], inputs...)
+	}
+	for _, k := range sortedKeys(s.SecretHeaders) {
+		hat := field(field(at, "secret_headers"), k)
+		if !headerRE.MatchString(k) {
+			c.e.add(hat, "%q is not a valid HTTP header name", k)
+		}
+		if _, dup := s.Headers[k]; dup {
+			c.e.add(hat, "header %q is set in both headers and secret_headers", k)
+		}
+		if v := s.SecretHeaders[k]; !identRE.MatchString(v) {
+			c.e.add(hat, "%q is not an environment variable name: secret_headers maps a header to the name of a variable of the runner's environment (e.g. Authorization: API_TOKEN)", v)
+		}
+	}
+	if s.Format != "" && s.Format != builtins.FetchText && s.Format != builtins.FetchJSON {
+		c.e.add(field(at, "format"), "unknown format %q (want text or json)", s.Format)
+	}
+	if s.Timeout < 0 {
+		c.e.add(field(at, "timeout"), "negative timeout %s", s.Timeout)
+	}
+	if s.MaxBytes < 0 {
+		c.e.add(field(at, "max_bytes"), "negative max_bytes %d", s.MaxBytes)
+	}
+}
+
+// headerRE is what an HTTP header name may be (RFC 9110 token).
+var headerRE = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 // ports checks a sandbox node's ports: in range, each listed once.
 func (c *checker) ports(at string, ports []int) {
@@ -297,6 +347,10 @@ func checkOutput(n *Node, p []string) string {
 		}
 		if p[1] == "files" {
 			files, rest = n.Exec.Files, p[2:]
+		}
+	case n.Kind == KindFetch && p[0] == "result" && len(p) > 1:
+		if !slices.Contains(fetchResult, p[1]) {
+			return fmt.Sprintf("fetch node %q has no output \"result.%s\"%s (result has: %s)", n.Name, p[1], suggest(p[1], fetchResult), list(fetchResult))
 		}
 	case n.Kind == KindSandbox && p[0] == "files":
 		files, rest = n.Sandbox.Files, p[1:]

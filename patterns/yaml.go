@@ -52,6 +52,7 @@ var (
 	nodeFields    = append(slices.Clone(kinds), "description")
 	execFields    = []string{"command", "image", "env", "files", "cache", "timeout"}
 	sandboxFields = []string{"image", "env", "files", "ports"}
+	fetchFields   = []string{"url", "method", "headers", "secret_headers", "body", "format", "cache", "timeout", "max_bytes"}
 	fileFields    = []string{"file", "content", "output"}
 )
 
@@ -309,24 +310,10 @@ func (l *loader) node(e entry) {
 		if !ok {
 			return
 		}
-		if c, ok := f["cache"]; ok {
-			var cache bool
-			if cn := deref(c.val); cn.Kind != yaml.ScalarNode || cn.ShortTag() != "!!bool" || cn.Decode(&cache) != nil {
-				l.errAt(cn, c.path, "want true or false, got %s", describe(cn))
-			} else {
-				n.Exec.NoCache = !cache
-			}
-		}
-		if t, ok := f["timeout"]; ok {
-			if s, ok := l.str(t); ok {
-				d, err := time.ParseDuration(s)
-				if err != nil || d <= 0 {
-					l.errAt(t.val, t.path, "want a positive duration such as 30s or 5m, got %q", s)
-				}
-				n.Exec.Timeout = d
-			}
-		}
+		n.Exec.NoCache, n.Exec.Timeout = l.noCache(f), l.timeout(f)
 		n.Exec.Image, n.Exec.Env, n.Exec.Files = l.box(f)
+	case KindFetch:
+		n.Fetch = l.fetch(s)
 	case KindSandbox:
 		n.Sandbox = &SandboxSpec{}
 		if f, ok := l.fields(s.val, s.path, sandboxFields, ""); ok {
@@ -336,6 +323,80 @@ func (l *loader) node(e entry) {
 			}
 		}
 	}
+}
+
+// noCache reads the cache field (true or false): true when it is false.
+func (l *loader) noCache(f map[string]entry) bool {
+	c, ok := f["cache"]
+	if !ok {
+		return false
+	}
+	var cache bool
+	if cn := deref(c.val); cn.Kind != yaml.ScalarNode || cn.ShortTag() != "!!bool" || cn.Decode(&cache) != nil {
+		l.errAt(cn, c.path, "want true or false, got %s", describe(cn))
+		return false
+	}
+	return !cache
+}
+
+// timeout reads the timeout field, a positive duration.
+func (l *loader) timeout(f map[string]entry) time.Duration {
+	t, ok := f["timeout"]
+	if !ok {
+		return 0
+	}
+	s, ok := l.str(t)
+	if !ok {
+		return 0
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		l.errAt(t.val, t.path, "want a positive duration such as 30s or 5m, got %q", s)
+	}
+	return d
+}
+
+// fetch reads a fetch node's fields.
+func (l *loader) fetch(s entry) *FetchSpec {
+	spec := &FetchSpec{}
+	f, ok := l.fields(s.val, s.path, fetchFields, "")
+	if !ok {
+		spec.URL = Value{err: errReported}
+		return spec
+	}
+	if e, ok := f["url"]; ok {
+		spec.URL = l.string(e)
+	}
+	if e, ok := f["method"]; ok {
+		spec.Method = l.string(e)
+	}
+	if e, ok := f["headers"]; ok {
+		spec.Headers = map[string]Value{}
+		for _, v := range l.pairs(e.val, e.path, "header names to values") {
+			spec.Headers[v.key.Value] = l.scalar(v, "a string")
+		}
+	}
+	if e, ok := f["secret_headers"]; ok {
+		spec.SecretHeaders = map[string]string{}
+		for _, v := range l.pairs(e.val, e.path, "header names to environment variable names") {
+			if name, ok := l.str(v); ok {
+				spec.SecretHeaders[v.key.Value] = name
+			}
+		}
+	}
+	if e, ok := f["body"]; ok {
+		spec.Body = l.scalar(e, "a string or a ${…} expression (an object or list is sent as JSON)")
+	}
+	if e, ok := f["format"]; ok {
+		spec.Format, _ = l.str(e)
+	}
+	if e, ok := f["max_bytes"]; ok {
+		if n := deref(e.val); n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || n.Decode(&spec.MaxBytes) != nil || spec.MaxBytes <= 0 {
+			l.errAt(n, e.path, "want a positive number of bytes such as 1048576, got %s", describe(n))
+		}
+	}
+	spec.NoCache, spec.Timeout = l.noCache(f), l.timeout(f)
+	return spec
 }
 
 // portReported stands for a port the loader reported as malformed.

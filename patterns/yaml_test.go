@@ -188,13 +188,13 @@ func TestParseErrors(t *testing.T) {
 		{"missing command", "name: x\nnodes:\n  e:\n    exec: {image: x}\n", []string{
 			`p.yaml:4: nodes.e.exec.command: missing: an exec node needs a command (a string or a list of strings)`}},
 		{"unknown node kind", "name: x\nnodes:\n  a: {exce: {command: x}}\n  b: {llm: {}}\n  c: {}\n", []string{
-			`p.yaml:3: nodes.a.exce: unknown node kind "exce" (did you mean "exec"?) (kinds: computed, exec, sandbox)`,
-			`p.yaml:4: nodes.b.llm: node kind "llm" is not available yet (kinds: computed, exec, sandbox)`,
-			`p.yaml:5: nodes.c: missing node kind: write one of computed, exec, sandbox`}},
+			`p.yaml:3: nodes.a.exce: unknown node kind "exce" (did you mean "exec"?) (kinds: computed, exec, sandbox, fetch)`,
+			`p.yaml:4: nodes.b.llm: node kind "llm" is not available yet (kinds: computed, exec, sandbox, fetch)`,
+			`p.yaml:5: nodes.c: missing node kind: write one of computed, exec, sandbox, fetch`}},
 		{"two kinds", "name: x\nnodes:\n  k: {computed: '${1}', exec: {command: x}}\n", []string{
 			`p.yaml:3: nodes.k.exec: a node has one kind; "k" already has computed`}},
 		{"node not a mapping", "name: x\nnodes:\n  k: echo hi\n", []string{
-			`p.yaml:3: nodes.k: want a node: a mapping with one of computed, exec, sandbox, got the string "echo hi"`}},
+			`p.yaml:3: nodes.k: want a node: a mapping with one of computed, exec, sandbox, fetch, got the string "echo hi"`}},
 		{"computed without ${}", "name: x\ncells: {a: 1}\nnodes:\n  g: {computed: a + 1}\n  h: {computed: 5}\n", []string{
 			`p.yaml:4: nodes.g.computed: "a + 1" is not an expression: write ${…} around it (e.g. '${a + 1}')`,
 			`p.yaml:5: nodes.h.computed: "5" is not an expression: write ${…} around it (e.g. '${5}')`}},
