@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,12 +212,20 @@ func TestFetchAbortNoStaleWrite(t *testing.T) {
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { close(releaseA) }) })
 	answeredA := make(chan struct{})
+	var abortedA atomic.Bool
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got.add(r)
 		q := r.URL.Query().Get("q")
 		if q == "a" {
 			close(reachedA)
-			<-releaseA // held until the second request finished
+			// Held until the second request finished; the client going
+			// away meanwhile is the abort.
+			select {
+			case <-r.Context().Done():
+				abortedA.Store(true)
+				<-releaseA
+			case <-releaseA:
+			}
 			fmt.Fprint(w, "stale answer a")
 			close(answeredA)
 			return
@@ -230,13 +239,14 @@ cells:
   q: a
 nodes:
   f:
-    fetch: {url: 'SERVER/?q=${q}'}
+    fetch: {url: 'SERVER/?q=${q}', timeout: 1h}
 `)
 	from := r.store.Version()
 	<-reachedA
 	r.set("q", `"b"`)
 	r.settle()
 	assert.Equal(t, "answer b", r.fetch("f").Result.Body)
+	waitFor(t, 5*time.Second, "the first request to be aborted", abortedA.Load)
 	once.Do(func() { close(releaseA) })
 	<-answeredA
 	r.set("q", `"c"`) // a later change, so anything written meanwhile is before it
