@@ -46,6 +46,19 @@ var fetchHeaders = []string{"Content-Type", "Content-Length", "ETag", "Last-Modi
 // envNameRE is what a secret header's variable name must look like.
 var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
+// CheckSecretVar checks the variable a secret header is read from: an
+// environment variable name, and not one of cellbox's own (CELLBOX_KEY is
+// the server key; a pattern must not be able to send it to a URL).
+func CheckSecretVar(name string) error {
+	switch {
+	case !envNameRE.MatchString(name):
+		return fmt.Errorf("%q is not an environment variable name: secret_headers maps a header to the name of a variable of the runner's environment (e.g. Authorization: API_TOKEN)", name)
+	case strings.HasPrefix(strings.ToUpper(name), "CELLBOX_"):
+		return fmt.Errorf("%s is cellbox's own configuration (CELLBOX_KEY is the server key): a pattern cannot send it; put the token in a variable of its own", name)
+	}
+	return nil
+}
+
 // FetchSpec describes a fetch node.
 type FetchSpec struct {
 	// Node is the node's output cell address (it names the node in logs).
@@ -130,8 +143,8 @@ func NewFetch(env Env, spec FetchSpec) (*Fetch, error) {
 		return nil, fmt.Errorf("fetch node %s: unknown format %q (want text or json)", spec.Node.Name, spec.Format)
 	}
 	for h, v := range spec.SecretHeaders {
-		if !envNameRE.MatchString(v) {
-			return nil, fmt.Errorf("fetch node %s: secret header %s: %q is not an environment variable name", spec.Node.Name, h, v)
+		if err := CheckSecretVar(v); err != nil {
+			return nil, fmt.Errorf("fetch node %s: secret header %s: %w", spec.Node.Name, h, err)
 		}
 	}
 	if spec.Timeout <= 0 {

@@ -75,7 +75,7 @@ func (q *requests) count(prefix string) int {
 
 func TestFetchRequestAndResponse(t *testing.T) {
 	const token = "s3cret-t0ken-value"
-	t.Setenv("CELLBOX_TEST_TOKEN", token)
+	t.Setenv("FETCH_TEST_TOKEN", token)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		switch r.URL.Path {
@@ -103,7 +103,7 @@ nodes:
       url: SERVER/echo
       method: post
       headers: {X-City: '${city}'}
-      secret_headers: {Authorization: CELLBOX_TEST_TOKEN}
+      secret_headers: {Authorization: FETCH_TEST_TOKEN}
       body: '${ {"city": city, "n": 2} }'
       format: json
   text:
@@ -138,8 +138,8 @@ nodes:
 }
 
 func TestFetchErrors(t *testing.T) {
-	t.Setenv("CELLBOX_TEST_UNSET", "")
-	os.Unsetenv("CELLBOX_TEST_UNSET")
+	t.Setenv("FETCH_TEST_UNSET", "")
+	os.Unsetenv("FETCH_TEST_UNSET")
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -182,7 +182,7 @@ func TestFetchErrors(t *testing.T) {
 		{"redirect to another scheme", `{url: SERVER/ftp}`, `GET SERVER/ftp: redirected to a ftp: URL; only http and https are fetched`, 0},
 		{"scheme", `{url: file:///etc/passwd}`, `url "file:///etc/passwd": only http and https URLs are fetched`, 0},
 		{"not json", `{url: SERVER/notjson, format: json}`, `GET SERVER/notjson: the response is not JSON (format json): invalid character '<' looking for beginning of value; it starts "<html>"`, 0},
-		{"secret not set", `{url: SERVER/x, secret_headers: {Authorization: CELLBOX_TEST_UNSET}}`, `GET SERVER/x: secret header Authorization: environment variable CELLBOX_TEST_UNSET is not set on the runner`, 0},
+		{"secret not set", `{url: SERVER/x, secret_headers: {Authorization: FETCH_TEST_UNSET}}`, `GET SERVER/x: secret header Authorization: environment variable FETCH_TEST_UNSET is not set on the runner`, 0},
 		{"bad method", `{url: SERVER/x, method: 'GET /'}`, `method "GET /" is not an HTTP method (e.g. GET, POST)`, 0},
 	}
 	for _, tt := range tests {

@@ -215,8 +215,8 @@ func (c *checker) fetch(at string, s *FetchSpec, val func(string, Value, ...Valu
 		if _, dup := s.Headers[k]; dup {
 			c.e.add(hat, "header %q is set in both headers and secret_headers", k)
 		}
-		if v := s.SecretHeaders[k]; !identRE.MatchString(v) {
-			c.e.add(hat, "%q is not an environment variable name: secret_headers maps a header to the name of a variable of the runner's environment (e.g. Authorization: API_TOKEN)", v)
+		if err := builtins.CheckSecretVar(s.SecretHeaders[k]); err != nil {
+			c.e.add(hat, "%v", err)
 		}
 	}
 	if s.Format != "" && s.Format != builtins.FetchText && s.Format != builtins.FetchJSON {
