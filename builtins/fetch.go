@@ -311,7 +311,9 @@ func (f *Fetch) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return nil, &FetchError{Result: res, Msg: fmt.Sprintf("%s: HTTP %s: %s", what, resp.Status, start(raw))}
 	}
-	if job.Format == FetchJSON {
+	if job.Format == FetchJSON && len(raw) == 0 {
+		res.Body = nil // 204 No Content, or an empty answer: null, not an error
+	} else if job.Format == FetchJSON {
 		var v any
 		if err := json.Unmarshal(raw, &v); err != nil {
 			return nil, fmt.Errorf("%s: the response is not JSON (format json): %w; it starts %s", what, err, start(raw))

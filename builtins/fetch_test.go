@@ -86,6 +86,8 @@ func TestFetchRequestAndResponse(t *testing.T) {
 			// The secret is checked here, not echoed: the response is stored.
 			fmt.Fprintf(w, `{"method": %q, "city": %q, "auth_ok": %t, "ctype": %q, "body": %s}`,
 				r.Method, r.Header.Get("X-City"), r.Header.Get("Authorization") == token, r.Header.Get("Content-Type"), body)
+		case "/none":
+			w.WriteHeader(http.StatusNoContent)
 		case "/text":
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			fmt.Fprintf(w, "hello %s", r.URL.Query().Get("who"))
@@ -109,6 +111,8 @@ nodes:
   text:
     fetch: {url: 'SERVER/text?who=${who}'}
   greeting: {computed: '${text.result?.body ?? "pending"}'}
+  none:
+    fetch: {url: SERVER/none, method: DELETE, format: json}
 `)
 	r.settle()
 	echo := r.fetch("echo")
@@ -119,6 +123,10 @@ nodes:
 		"method": "POST", "city": "paris", "auth_ok": true, "ctype": "application/json",
 		"body": map[string]any{"city": "paris", "n": float64(2)},
 	}, echo.Result.Body, "method, headers, the secret header and a JSON body reach the server; the body is parsed")
+	none := r.fetch("none")
+	require.Nil(t, none.Error)
+	assert.Equal(t, 204, none.Result.Status)
+	assert.Nil(t, none.Result.Body, "an empty answer with format json is null, not a parse error")
 	var greeting string
 	r.get("greeting", &greeting)
 	assert.Equal(t, "hello world", greeting, "format text (the default) gives the body as a string")
