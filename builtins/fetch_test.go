@@ -111,7 +111,7 @@ nodes:
   text:
     fetch: {url: 'SERVER/text?who=${who}'}
   greeting: {computed: '${text.result?.body ?? "pending"}'}
-  none:
+  empty:
     fetch: {url: SERVER/none, method: DELETE, format: json}
 `)
 	r.settle()
@@ -123,10 +123,10 @@ nodes:
 		"method": "POST", "city": "paris", "auth_ok": true, "ctype": "application/json",
 		"body": map[string]any{"city": "paris", "n": float64(2)},
 	}, echo.Result.Body, "method, headers, the secret header and a JSON body reach the server; the body is parsed")
-	none := r.fetch("none")
-	require.Nil(t, none.Error)
-	assert.Equal(t, 204, none.Result.Status)
-	assert.Nil(t, none.Result.Body, "an empty answer with format json is null, not a parse error")
+	empty := r.fetch("empty")
+	require.Nil(t, empty.Error)
+	assert.Equal(t, 204, empty.Result.Status)
+	assert.Nil(t, empty.Result.Body, "an empty answer with format json is null, not a parse error")
 	var greeting string
 	r.get("greeting", &greeting)
 	assert.Equal(t, "hello world", greeting, "format text (the default) gives the body as a string")
