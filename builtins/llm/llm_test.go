@@ -154,7 +154,6 @@ func TestErrors(t *testing.T) {
 	}
 }
 
-
 func TestNewNamesWhatIsMissing(t *testing.T) {
 	none := func(string) string { return "" }
 	_, err := llm.New("gemini", none, nil)
