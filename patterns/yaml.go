@@ -52,6 +52,8 @@ var (
 	nodeFields    = append(slices.Clone(kinds), "description")
 	execFields    = []string{"command", "image", "env", "files", "cache", "timeout"}
 	sandboxFields = []string{"image", "env", "files", "ports"}
+	llmFields     = []string{"provider", "model", "system", "prompt", "messages", "tools", "max_tokens", "temperature", "max_turns", "cache", "timeout"}
+	llmToolFields = []string{"sandbox", "allow"}
 	fileFields    = []string{"file", "content", "output"}
 )
 
@@ -309,30 +311,88 @@ func (l *loader) node(e entry) {
 		if !ok {
 			return
 		}
-		if c, ok := f["cache"]; ok {
-			var cache bool
-			if cn := deref(c.val); cn.Kind != yaml.ScalarNode || cn.ShortTag() != "!!bool" || cn.Decode(&cache) != nil {
-				l.errAt(cn, c.path, "want true or false, got %s", describe(cn))
-			} else {
-				n.Exec.NoCache = !cache
-			}
-		}
-		if t, ok := f["timeout"]; ok {
-			if s, ok := l.str(t); ok {
-				d, err := time.ParseDuration(s)
-				if err != nil || d <= 0 {
-					l.errAt(t.val, t.path, "want a positive duration such as 30s or 5m, got %q", s)
-				}
-				n.Exec.Timeout = d
-			}
-		}
+		n.Exec.NoCache, n.Exec.Timeout = l.cacheTimeout(f)
 		n.Exec.Image, n.Exec.Env, n.Exec.Files = l.box(f)
+	case KindLLM:
+		n.LLM = &LLMSpec{}
+		f, ok := l.fields(s.val, s.path, llmFields, "")
+		if !ok {
+			n.LLM.Provider = "?" // reported; the checker skips it
+			return
+		}
+		l.llm(n.LLM, f)
 	case KindSandbox:
 		n.Sandbox = &SandboxSpec{}
 		if f, ok := l.fields(s.val, s.path, sandboxFields, ""); ok {
 			n.Sandbox.Image, n.Sandbox.Env, n.Sandbox.Files = l.box(f)
 			if e, ok := f["ports"]; ok {
 				n.Sandbox.Ports = l.ports(e)
+			}
+		}
+	}
+}
+
+// cacheTimeout reads the cache and timeout fields of exec and llm nodes.
+func (l *loader) cacheTimeout(f map[string]entry) (noCache bool, timeout time.Duration) {
+	if c, ok := f["cache"]; ok {
+		var cache bool
+		if cn := deref(c.val); cn.Kind != yaml.ScalarNode || cn.ShortTag() != "!!bool" || cn.Decode(&cache) != nil {
+			l.errAt(cn, c.path, "want true or false, got %s", describe(cn))
+		} else {
+			noCache = !cache
+		}
+	}
+	if t, ok := f["timeout"]; ok {
+		if s, ok := l.str(t); ok {
+			d, err := time.ParseDuration(s)
+			if err != nil || d <= 0 {
+				l.errAt(t.val, t.path, "want a positive duration such as 30s or 5m, got %q", s)
+			}
+			timeout = d
+		}
+	}
+	return noCache, timeout
+}
+
+// llm reads an llm node's fields.
+func (l *loader) llm(s *LLMSpec, f map[string]entry) {
+	s.NoCache, s.Timeout = l.cacheTimeout(f)
+	if e, ok := f["provider"]; ok {
+		if p, ok := l.str(e); ok {
+			s.Provider = p
+		} else {
+			s.Provider = "?"
+		}
+	}
+	for _, x := range s.fields() {
+		e, ok := f[x.name]
+		switch {
+		case !ok:
+		case x.number:
+			*x.v = l.scalar(e, "a number or ${…}")
+		default:
+			*x.v = l.string(e)
+		}
+	}
+	if e, ok := f["tools"]; ok {
+		s.Tools = &LLMTools{}
+		tf, ok := l.fields(e.val, e.path, llmToolFields, "")
+		if !ok {
+			return
+		}
+		if b, ok := tf["sandbox"]; ok {
+			s.Tools.Sandbox, _ = l.str(b)
+		}
+		if a, ok := tf["allow"]; ok {
+			n := deref(a.val)
+			if n.Kind != yaml.SequenceNode {
+				l.errAt(n, a.path, "want a list of tool names such as [shell, read_file, edit], got %s", describe(n))
+				return
+			}
+			for i, item := range n.Content {
+				if name, ok := l.str(entry{val: item, path: index(a.path, i)}); ok {
+					s.Tools.Allow = append(s.Tools.Allow, name)
+				}
 			}
 		}
 	}
