@@ -278,7 +278,7 @@ func (l *LLM) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 		}
 		run = l.runTool(job.Box)
 	}
-	res, err := llm.Loop(ctx, p, job.Request, run, job.MaxTurns, llm.LoopHooks{})
+	res, err := llm.Loop(ctx, p, job.Request, run, job.MaxTurns, l.progress(ctx))
 	if err != nil {
 		if ctx.Err() == context.DeadlineExceeded {
 			err = fmt.Errorf("timed out after %s: %w", l.spec.Timeout, err)
@@ -286,6 +286,39 @@ func (l *LLM) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 		return nil, &LLMError{Result: res, Err: err}
 	}
 	return res, nil
+}
+
+// progressEvery throttles the partial results an answer publishes as it
+// streams: each is a store write and a change for the cell's readers.
+const progressEvery = 100 * time.Millisecond
+
+// progress publishes the run's partial result while it runs: the text of
+// the turn in flight as it streams, the tool calls so far, the turn.
+func (l *LLM) progress(ctx context.Context) llm.LoopHooks {
+	var part LLMResult
+	var last time.Time
+	publish := func(force bool) {
+		if !force && time.Since(last) < progressEvery {
+			return
+		}
+		last = time.Now()
+		if err := runtime.Progress(ctx, part); err != nil {
+			l.log.Warn("publish the answer so far", "error", err)
+		}
+	}
+	return llm.LoopHooks{
+		Text: func(turn int, piece string) {
+			if turn != part.Turns {
+				part.Turns, part.Text = turn, ""
+			}
+			part.Text += piece
+			publish(false)
+		},
+		ToolCall: func(call llm.ToolCall) {
+			part.ToolCalls = append(part.ToolCalls, call)
+			publish(true)
+		},
+	}
 }
 
 // BoxTools returns the registry's tools (those of allow, all when empty)

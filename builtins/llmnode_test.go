@@ -179,7 +179,12 @@ nodes:
   a: {llm: {provider: openai, model: m, prompt: '${q}'}}
 `, nil)
 	<-started
-	assert.True(t, r.llm("a").Pending)
+	// The answer shows as it streams: the first piece is in the cell
+	// while the call is still pending.
+	waitFor(t, 5*time.Second, "the first piece of the answer", func() bool {
+		o := r.llm("a")
+		return o.Pending && o.Result != nil && o.Result.Text == "stal"
+	})
 	r.set("q", `"second"`)
 	r.settle()
 	close(hold) // the stale stream could go on now: its answer must not land

@@ -120,6 +120,7 @@ func (r *Runtime) startRun(n *node, key string, memo bool, in Inputs) {
 	r.runID++
 	id := r.runID
 	ctx, cancel := context.WithCancel(context.Background())
+	ctx = context.WithValue(ctx, progressKey{}, func(v any) error { return r.progress(n, id, key, v) })
 	n.cur, n.cancel = id, cancel
 	r.begin()
 	r.wg.Add(1)
@@ -131,6 +132,36 @@ func (r *Runtime) startRun(n *node, key string, memo bool, in Inputs) {
 		r.finishRun(n, id, key, memo, res, err, time.Since(start))
 		cancel()
 	}()
+}
+
+type progressKey struct{}
+
+// Progress publishes a partial result of the async run whose context ctx
+// is (an llm answer growing as it streams): the node's cell becomes
+// {pending: true, result: v}. It is dropped when the run is no longer the
+// node's current one (aborted), so a stale run never shows. Outside an
+// async run it does nothing. Each call is a store write: callers throttle.
+func Progress(ctx context.Context, v any) error {
+	if f, ok := ctx.Value(progressKey{}).(func(any) error); ok && ctx.Err() == nil {
+		return f(v)
+	}
+	return nil
+}
+
+func (r *Runtime) progress(n *node, id uint64, key string, v any) error {
+	raw, err := encode(v)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n.cur != id || n.detached || r.closed {
+		return nil
+	}
+	return r.batch(func(b *batch) error {
+		b.writeAsync(n, envelope{Pending: true, Result: raw}, key, true)
+		return nil
+	})
 }
 
 // storeRetries are the pauses between attempts to store a run's result
