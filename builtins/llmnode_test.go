@@ -233,12 +233,14 @@ nodes:
 }
 
 // TestLLMUnknownToolAndMaxTurns: an invented tool goes back to the model
-// as a tool error; max_turns reached fails the node with the conversation.
+// as a tool error; a sandbox the model names is overridden by the node's
+// box; max_turns reached fails the node with the conversation.
 func TestLLMUnknownToolAndMaxTurns(t *testing.T) {
 	b := newBox(t)
 	s := llmtest.New(t,
 		llmtest.Turn{Calls: []llmtest.Call{{ID: "x", Name: "launch_missiles", Input: `{}`}}},
-		llmtest.Turn{Calls: []llmtest.Call{{ID: "y", Name: "shell", Input: `{"command":"echo again"}`}}},
+		// A model naming another box still works in its own.
+		llmtest.Turn{Calls: []llmtest.Call{{ID: "y", Name: "shell", Input: `{"command":"echo again","sandbox":"elsewhere"}`}}},
 	)
 	withServer(b, s)
 	r := b.load(t, strings.NewReplacer("PROVIDER", "openai", "max_turns: 8", "max_turns: 2").Replace(agentPattern), nil)
@@ -254,6 +256,7 @@ func TestLLMUnknownToolAndMaxTurns(t *testing.T) {
 	hist := r.sandbox("box").History
 	require.Len(t, hist, 1, "the invented tool never reached the box")
 	assert.Equal(t, "again\n", jsonField(t, hist[0].Stdout, "stdout"))
+	assert.NotContains(t, b.list(t), "elsewhere", "the tools are bound to the node's box")
 }
 
 func jsonField(t *testing.T, raw, key string) any {
