@@ -181,8 +181,12 @@ func (c *checker) llm(n *Node, at string, reads map[string]bool, val func(string
 		c.e.add(at, "give prompt (a user message) or messages (a conversation), one of the two")
 	}
 	for _, x := range s.fields() {
-		if !x.v.IsZero() {
-			val(field(at, x.name), *x.v, ValueLiteral, ValueExpr, ValueTemplate)
+		if x.v.IsZero() {
+			continue
+		}
+		val(field(at, x.name), *x.v, ValueLiteral, ValueExpr, ValueTemplate)
+		if _, err := strconv.ParseFloat(strings.TrimSpace(x.v.Text), 64); x.number && x.v.Kind == ValueLiteral && err != nil {
+			c.e.add(field(at, x.name), "%q is not a number (or write an expression, ${…})", x.v.Text)
 		}
 	}
 	if s.Timeout < 0 {
