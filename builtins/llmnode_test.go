@@ -264,3 +264,27 @@ func jsonField(t *testing.T, raw, key string) any {
 	require.NoError(t, json.Unmarshal([]byte(raw), &m), raw)
 	return m[key]
 }
+
+// TestLLMHistoryCapsToolInput: a tool call with a megabyte-sized input
+// (write_file's content) is cut in the history, not in the box.
+func TestLLMHistoryCapsToolInput(t *testing.T) {
+	b := newBox(t)
+	big := strings.Repeat("x", 3*builtins.HistoryOutputLimit)
+	input, _ := json.Marshal(map[string]any{"path": "big.txt", "content": big})
+	s := llmtest.New(t,
+		llmtest.Turn{Calls: []llmtest.Call{{ID: "w", Name: "write_file", Input: string(input)}}},
+		llmtest.Turn{Text: "written"})
+	withServer(b, s)
+	r := b.load(t, strings.Replace(agentPattern, "PROVIDER", "anthropic", 1), nil)
+	r.settle()
+	r.set("task", `"write a big file"`)
+	r.settle()
+	require.Equal(t, "written", r.llm("agent").Result.Text)
+	box := r.sandbox("box")
+	require.Len(t, box.History, 1)
+	assert.LessOrEqual(t, len(box.History[0].Command), builtins.HistoryOutputLimit+len("…"))
+	assert.True(t, box.History[0].Truncated)
+	content, ok := b.read(box.Box, "/workspace/big.txt")
+	require.True(t, ok)
+	assert.Len(t, content, len(big))
+}

@@ -51,6 +51,12 @@ func (s *Sandbox) Record(ctx context.Context, entry HistoryEntry) error {
 	}
 	entry.Stdout, entry.Truncated = capText(entry.Stdout, entry.Truncated)
 	entry.Stderr, entry.Truncated = capText(entry.Stderr, entry.Truncated)
+	if len(entry.Command) > HistoryOutputLimit {
+		// A tool's input (write_file's content) can be megabytes: keep
+		// its start, which names the call.
+		entry.Command = strings.ToValidUTF8(entry.Command[:HistoryOutputLimit], "") + "…"
+		entry.Truncated = true
+	}
 	raw, err := json.Marshal(entry)
 	if err != nil {
 		return err
