@@ -76,12 +76,22 @@ func codingScript() []llmtest.Turn {
 }
 
 // TestLLMCodingAgent: the model writes a file, runs a failing test in the
-// box, edits, reruns and finishes, on both wire formats; the box holds the
+// box, edits, reruns and finishes, on both wire formats (and through the
+// sandbox service's HTTP client, whose tool list comes from GET
+// /v1/tools); the box holds the
 // fixed code and the sandbox node's history shows every tool call.
 func TestLLMCodingAgent(t *testing.T) {
-	for _, provider := range llm.Providers {
-		t.Run(provider, func(t *testing.T) {
-			b := newBox(t)
+	for _, tc := range []struct {
+		provider string
+		overHTTP bool
+	}{{"anthropic", false}, {"openai", false}, {"openai", true}} {
+		provider := tc.provider
+		name := provider
+		if tc.overHTTP {
+			name += "/over-HTTP"
+		}
+		t.Run(name, func(t *testing.T) {
+			b := startBox(t, tc.overHTTP)
 			s := llmtest.New(t, codingScript()...)
 			withServer(b, s)
 			r := b.load(t, strings.Replace(agentPattern, "PROVIDER", provider, 1), nil)
