@@ -278,6 +278,7 @@ func (l *LLM) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 		}
 		run = l.runTool(job.Box)
 	}
+	p, run = resumable(job, p, run)
 	res, err := llm.Loop(ctx, p, job.Request, run, job.MaxTurns, l.progress(ctx))
 	if err != nil {
 		if ctx.Err() == context.DeadlineExceeded {
@@ -286,6 +287,67 @@ func (l *LLM) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 		return nil, &LLMError{Result: res, Err: err}
 	}
 	return res, nil
+}
+
+// resumable makes a run skip the steps an earlier run of the same job
+// finished (runtime.RecallStep): a runner killed mid-loop, started again,
+// resumes after the last completed model call and tool call instead of
+// calling the model — and running the tools in the box — again. A model
+// call is keyed by its whole request; a tool call by its place in the run
+// (the calls before it came from remembered answers, so the same calls
+// come in the same order); both belong to the job (the inputs), so a
+// changed input starts afresh.
+func resumable(job llmJob, p llm.Provider, run llm.ToolRunner) (llm.Provider, llm.ToolRunner) {
+	jobKey := hashJSON(job)
+	p = stepProvider{p, jobKey}
+	if run == nil {
+		return p, nil
+	}
+	seq := 0
+	return p, func(ctx context.Context, call llm.ToolCall) (string, bool) {
+		seq++
+		key := "llm-tool/v1:" + hashJSON([]any{jobKey, seq, call})
+		var done struct {
+			Result  string `json:"result"`
+			IsError bool   `json:"is_error"`
+		}
+		if raw, ok := runtime.RecallStep(ctx, key); ok && json.Unmarshal(raw, &done) == nil {
+			return done.Result, done.IsError
+		}
+		done.Result, done.IsError = run(ctx, call)
+		if ctx.Err() == nil {
+			_ = runtime.RememberStep(ctx, key, done)
+		}
+		return done.Result, done.IsError
+	}
+}
+
+// stepProvider remembers each finished model call of a job.
+type stepProvider struct {
+	llm.Provider
+	job string
+}
+
+func (s stepProvider) Stream(ctx context.Context, req llm.Request, onText func(string)) (llm.Response, error) {
+	key := "llm-call/v1:" + hashJSON([]any{s.job, req})
+	var r llm.Response
+	if raw, ok := runtime.RecallStep(ctx, key); ok && json.Unmarshal(raw, &r) == nil {
+		if onText != nil && r.Text != "" {
+			onText(r.Text)
+		}
+		return r, nil
+	}
+	r, err := s.Provider.Stream(ctx, req, onText)
+	if err == nil {
+		_ = runtime.RememberStep(ctx, key, r)
+	}
+	return r, err
+}
+
+func hashJSON(v any) string {
+	raw, _ := json.Marshal(v)
+	sum := sha256.Sum256(raw)
+	return hex.EncodeToString(sum[:])
 }
 
 // progressEvery throttles the partial results an answer publishes as it

@@ -78,8 +78,8 @@ func codingScript() []llmtest.Turn {
 // TestLLMCodingAgent: the model writes a file, runs a failing test in the
 // box, edits, reruns and finishes, on both wire formats (and through the
 // sandbox service's HTTP client, whose tool list comes from GET
-// /v1/tools); the box holds the
-// fixed code and the sandbox node's history shows every tool call.
+// /v1/tools); the box holds the fixed code and the sandbox node's
+// history shows every tool call.
 func TestLLMCodingAgent(t *testing.T) {
 	for _, tc := range []struct {
 		provider string
@@ -297,4 +297,39 @@ func TestLLMHistoryCapsToolInput(t *testing.T) {
 	content, ok := b.read(box.Box, "/workspace/big.txt")
 	require.True(t, ok)
 	assert.Len(t, content, len(big))
+}
+
+// TestLLMResumesAfterRestart: a runner stopped mid-loop resumes after the
+// last finished step: the model call and the tool call that completed are
+// not repeated (the command ran once in the box), the call in flight is.
+func TestLLMResumesAfterRestart(t *testing.T) {
+	b := newBox(t)
+	started, hold := make(chan struct{}), make(chan struct{})
+	s := llmtest.New(t,
+		llmtest.Turn{Calls: []llmtest.Call{{ID: "a", Name: "shell", Input: `{"command":"echo ran >> /workspace/log"}`}}},
+		llmtest.Turn{Text: "interrupted", Started: started, Hold: hold},
+		llmtest.Turn{Text: "finished"},
+	)
+	withServer(b, s)
+	p := strings.Replace(agentPattern, "PROVIDER", "openai", 1)
+	store, err := cells.OpenBolt(filepath.Join(t.TempDir(), "cells.db"), cells.Options{NoSync: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	r := b.loadOn(t, store, p, nil)
+	r.settle()
+	r.set("task", `"log once"`)
+	<-started
+	r.close(runtime.Shutdown) // the runner stops with the second model call in flight
+	close(hold)
+
+	r2 := b.loadOn(t, store, p, nil)
+	r2.settle()
+	out := r2.llm("agent")
+	require.Nil(t, out.Error)
+	assert.Equal(t, "finished", out.Result.Text)
+	assert.Equal(t, 2, out.Result.Turns)
+	require.Len(t, s.Requests(), 3, "the first model call is not repeated")
+	log, ok := b.read(r2.sandbox("box").Box, "/workspace/log")
+	require.True(t, ok)
+	assert.Equal(t, "ran\n", log, "the tool call is not repeated")
 }

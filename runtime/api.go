@@ -137,7 +137,8 @@ type Async interface {
 	// a cancelled run is discarded. A returned error is stored in the output
 	// cell's "error" field; errors are not memoized.
 	// Run may publish partial results while it runs with
-	// Progress(ctx, v).
+	// Progress(ctx, v), and remember finished steps of a long run with
+	// RememberStep/RecallStep so a run started again resumes.
 	Run(ctx context.Context, in Inputs) (any, error)
 }
 
