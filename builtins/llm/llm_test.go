@@ -129,13 +129,14 @@ func TestErrors(t *testing.T) {
 		})
 		for _, st := range []int{401, 500} {
 			t.Run(name+"/"+strconv.Itoa(st), func(t *testing.T) {
-				s := llmtest.New(t, llmtest.Turn{Status: st, ErrMessage: "the provider says no"})
+				s := llmtest.New(t, llmtest.Turn{Status: st, ErrMessage: "the provider says no to key test-key"})
 				_, err := provider(t, name, s).Stream(context.Background(), llm.Request{Model: "m"}, nil)
 				var apiErr *llm.APIError
 				require.ErrorAs(t, err, &apiErr)
 				assert.Equal(t, st, apiErr.Status)
 				assert.Contains(t, err.Error(), "the provider says no")
-				assert.NotContains(t, err.Error(), "test-key")
+				assert.NotContains(t, err.Error(), "test-key", "a key the server echoes is redacted")
+				assert.Contains(t, err.Error(), "[redacted]")
 			})
 		}
 		t.Run(name+"/error event mid-stream", func(t *testing.T) {
