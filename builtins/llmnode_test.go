@@ -248,7 +248,8 @@ nodes:
 func TestLLMUnknownToolAndMaxTurns(t *testing.T) {
 	b := newBox(t)
 	s := llmtest.New(t,
-		llmtest.Turn{Calls: []llmtest.Call{{ID: "x", Name: "launch_missiles", Input: `{}`}}},
+		// An invented tool, and a real one the allow-list leaves out.
+		llmtest.Turn{Calls: []llmtest.Call{{ID: "x", Name: "launch_missiles", Input: `{}`}, {ID: "z", Name: "sandbox_destroy", Input: `{}`}}},
 		// A model naming another box still works in its own.
 		llmtest.Turn{Calls: []llmtest.Call{{ID: "y", Name: "shell", Input: `{"command":"echo again","sandbox":"elsewhere"}`}}},
 	)
@@ -261,8 +262,10 @@ func TestLLMUnknownToolAndMaxTurns(t *testing.T) {
 	require.NotNil(t, out.Error)
 	assert.Contains(t, *out.Error, "max_turns (2) reached")
 	require.NotNil(t, out.Result, "the conversation so far is kept beside the error")
-	assert.Len(t, out.Result.ToolCalls, 2)
+	assert.Len(t, out.Result.ToolCalls, 3)
 	assert.Contains(t, s.Requests()[1].Raw, `unknown tool \"launch_missiles\"`)
+	assert.Contains(t, s.Requests()[1].Raw, `unknown tool \"sandbox_destroy\"`)
+	assert.Equal(t, "running", r.sandbox("box").Status, "the box was not destroyed")
 	hist := r.sandbox("box").History
 	require.Len(t, hist, 1, "the invented tool never reached the box")
 	assert.Equal(t, "again\n", jsonField(t, hist[0].Stdout, "stdout"))
