@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -23,6 +24,10 @@ import (
 // the node sets no timeout.
 const DefaultLLMTimeout = 10 * time.Minute
 
+// DefaultProviderEnv names the variable holding the provider of llm nodes
+// that set none.
+const DefaultProviderEnv = "CELLBOX_LLM_PROVIDER"
+
 // LLMEnv is where llm nodes find their providers: the environment (keys
 // and base URLs, see llm.New) and the HTTP client. Never cells: a key must
 // not land in the store, a log or the live view.
@@ -36,7 +41,8 @@ type LLMEnv struct {
 // LLMSpec describes an llm node.
 type LLMSpec struct {
 	Node cells.Address
-	// Provider is "anthropic" or "openai" (any OpenAI-compatible server).
+	// Provider is "anthropic" or "openai" (any OpenAI-compatible server);
+	// "" is the runner's default, CELLBOX_LLM_PROVIDER.
 	Provider string
 	// Model names the model (required). System is the system prompt.
 	Model, System Field
@@ -103,7 +109,7 @@ func NewLLM(env Env, spec LLMSpec) (*LLM, error) {
 	if (spec.Prompt == nil) == (spec.Messages == nil) {
 		return nil, fmt.Errorf("llm node %s: give prompt or messages (one of the two)", spec.Node.Name)
 	}
-	if !slices.Contains(llm.Providers, spec.Provider) {
+	if spec.Provider != "" && !slices.Contains(llm.Providers, spec.Provider) {
 		_, err := llm.New(spec.Provider, func(string) string { return "" }, nil)
 		return nil, fmt.Errorf("llm node %s: %w", spec.Node.Name, err)
 	}
@@ -134,6 +140,15 @@ type llmJob struct {
 
 func (l *LLM) resolve(in runtime.Inputs) (llmJob, error) {
 	job := llmJob{Provider: l.spec.Provider}
+	if job.Provider == "" {
+		getenv := l.lenv.Getenv
+		if getenv == nil {
+			getenv = os.Getenv
+		}
+		if job.Provider = getenv(DefaultProviderEnv); job.Provider == "" {
+			return job, fmt.Errorf("no provider: set provider in the node (%s) or %s in the runner's environment", strings.Join(llm.Providers, ", "), DefaultProviderEnv)
+		}
+	}
 	var err error
 	if job.Request.Model, err = evalText(l.spec.Model, in, "model"); err != nil {
 		return job, err

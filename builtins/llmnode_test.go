@@ -336,3 +336,24 @@ func TestLLMResumesAfterRestart(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, "ran\n", log, "the tool call is not repeated")
 }
+
+// TestLLMDefaultProvider: a node without provider takes the runner's
+// CELLBOX_LLM_PROVIDER; without that either, its error names both ways.
+func TestLLMDefaultProvider(t *testing.T) {
+	b := newBox(t)
+	s := llmtest.New(t, llmtest.Turn{Text: "from the default"})
+	env := s.Env()
+	const p = "name: dp\nnodes:\n  a: {llm: {model: m, prompt: hi}}\n"
+	b.llm = builtins.LLMEnv{Getenv: func(k string) string { return env[k] }, HTTP: s.Client()}
+	r := b.load(t, p, nil)
+	r.settle()
+	require.NotNil(t, r.llm("a").Error)
+	assert.Contains(t, *r.llm("a").Error, "CELLBOX_LLM_PROVIDER")
+
+	env["CELLBOX_LLM_PROVIDER"] = "anthropic"
+	r2 := b.load(t, p, nil)
+	r2.settle()
+	require.Nil(t, r2.llm("a").Error)
+	assert.Equal(t, "from the default", r2.llm("a").Result.Text)
+	assert.Equal(t, "/v1/messages", s.Requests()[0].Path)
+}

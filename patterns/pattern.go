@@ -80,7 +80,8 @@ type Node struct {
 // {text, messages, tool_calls, usage, stop_reason, turns}, error}.
 type LLMSpec struct {
 	// Provider is "anthropic" or "openai" (any OpenAI-compatible server);
-	// keys and base URLs come from the runner's environment.
+	// "" is the runner's CELLBOX_LLM_PROVIDER. Keys and base URLs come from
+	// the runner's environment.
 	Provider string `json:"provider"`
 	Model    Value  `json:"model"`
 	System   Value  `json:"system,omitzero"`

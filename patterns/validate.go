@@ -167,12 +167,8 @@ func (c *checker) llm(n *Node, at string, reads map[string]bool, val func(string
 	if s.Provider == "?" {
 		return // the loader reported it
 	}
-	if !slices.Contains(llm.Providers, s.Provider) {
-		if s.Provider == "" {
-			c.e.add(field(at, "provider"), "missing: an llm node needs a provider (%s)", list(llm.Providers))
-		} else {
-			c.e.add(field(at, "provider"), "unknown provider %q%s (providers: %s)", s.Provider, suggest(s.Provider, llm.Providers), list(llm.Providers))
-		}
+	if s.Provider != "" && !slices.Contains(llm.Providers, s.Provider) {
+		c.e.add(field(at, "provider"), "unknown provider %q%s (providers: %s)", s.Provider, suggest(s.Provider, llm.Providers), list(llm.Providers))
 	}
 	if s.Model.IsZero() {
 		c.e.add(field(at, "model"), "missing: an llm node needs a model (e.g. gpt-4o, claude-sonnet-4-5, llama3.1)")
