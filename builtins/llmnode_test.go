@@ -357,3 +357,28 @@ func TestLLMDefaultProvider(t *testing.T) {
 	assert.Equal(t, "from the default", r2.llm("a").Result.Text)
 	assert.Equal(t, "/v1/messages", s.Requests()[0].Path)
 }
+
+// TestLLMMessages: a conversation from a cell goes to the model as it is;
+// a malformed one fails the node saying what to write.
+func TestLLMMessages(t *testing.T) {
+	b := newBox(t)
+	s := llmtest.New(t, llmtest.Turn{Text: "third answer"})
+	withServer(b, s)
+	r := b.load(t, `
+name: conv
+cells:
+  conversation: {value: [{role: user, content: hi}, {role: assistant, content: hello}, {role: user, content: again}]}
+nodes:
+  a: {llm: {provider: openai, model: m, system: terse, messages: '${conversation}'}}
+`, nil)
+	r.settle()
+	require.Equal(t, "third answer", r.llm("a").Result.Text)
+	msgs, _ := s.Requests()[0].Body["messages"].([]any)
+	require.Len(t, msgs, 4, "system + the three messages")
+	assert.Equal(t, map[string]any{"role": "assistant", "content": "hello"}, msgs[2])
+
+	r.set("conversation", `[{"role": "robot", "content": "x"}]`)
+	r.settle()
+	require.NotNil(t, r.llm("a").Error)
+	assert.Contains(t, *r.llm("a").Error, `messages[0]: want {"role": "user"|"assistant"`)
+}
