@@ -57,8 +57,9 @@ type LLMSpec struct {
 	Tools *LLMTools
 	// NoCache turns the memo cache off.
 	NoCache bool
-	// Timeout bounds one run; 0 is DefaultLLMTimeout.
-	Timeout time.Duration
+	// Timeout bounds one run: a duration ("5m") or a number of seconds;
+	// nil is DefaultLLMTimeout. It is not part of the memo key.
+	Timeout Field
 }
 
 // LLMTools binds the registry's tools to a sandbox node's box.
@@ -124,9 +125,6 @@ func NewLLM(env Env, spec LLMSpec) (*LLM, error) {
 			return nil, fmt.Errorf("llm node %s: the sandbox client cannot list tools", spec.Node.Name)
 		}
 	}
-	if spec.Timeout <= 0 {
-		spec.Timeout = DefaultLLMTimeout
-	}
 	return &LLM{env: env, lenv: env.LLM, spec: spec, log: env.logger().With("node", spec.Node.String())}, nil
 }
 
@@ -136,6 +134,8 @@ type llmJob struct {
 	Request  llm.Request `json:"request"`
 	MaxTurns int         `json:"max_turns"`
 	Box      string      `json:"box,omitempty"`
+	// Timeout bounds the run; a different bound asks for the same answer.
+	Timeout time.Duration `json:"-"`
 }
 
 func (l *LLM) resolve(in runtime.Inputs) (llmJob, error) {
@@ -216,6 +216,9 @@ func (l *LLM) resolve(in runtime.Inputs) (llmJob, error) {
 	if job.MaxTurns == 0 {
 		job.MaxTurns = llm.DefaultMaxTurns
 	}
+	if job.Timeout, err = evalTimeout(l.spec.Timeout, in); err != nil {
+		return job, err
+	}
 	if l.spec.Tools != nil {
 		job.Box = l.spec.Tools.Sandbox.BoxName()
 		// The names only: the definitions are listed at run time, and
@@ -225,6 +228,34 @@ func (l *LLM) resolve(in runtime.Inputs) (llmJob, error) {
 		}
 	}
 	return job, nil
+}
+
+// evalTimeout reads a timeout: a duration string or a number of seconds.
+func evalTimeout(f Field, in runtime.Inputs) (time.Duration, error) {
+	if f == nil {
+		return DefaultLLMTimeout, nil
+	}
+	v, err := f(in)
+	if err != nil {
+		return 0, fmt.Errorf("timeout: %w", err)
+	}
+	var d time.Duration
+	switch x := v.(type) {
+	case nil:
+		return DefaultLLMTimeout, nil
+	case string:
+		d, err = time.ParseDuration(x)
+	case int:
+		d = time.Duration(x) * time.Second
+	case float64:
+		d = time.Duration(x * float64(time.Second))
+	default:
+		err = errors.New("not a duration")
+	}
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("timeout is %v: want a positive duration such as 30s or 5m, or a number of seconds", v)
+	}
+	return d, nil
 }
 
 // toMessages reads a messages value: a list of {role, content}, content a
@@ -284,7 +315,7 @@ func (l *LLM) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.spec.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, job.Timeout)
 	defer cancel()
 	var run llm.ToolRunner
 	if l.spec.Tools != nil {
@@ -297,7 +328,7 @@ func (l *LLM) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 	res, err := llm.Loop(ctx, p, job.Request, run, job.MaxTurns, l.progress(ctx))
 	if err != nil {
 		if ctx.Err() == context.DeadlineExceeded {
-			err = fmt.Errorf("timed out after %s: %w", l.spec.Timeout, err)
+			err = fmt.Errorf("timed out after %s (timeout): %w", job.Timeout, err)
 		}
 		return nil, &LLMError{Result: res, Err: err}
 	}

@@ -382,3 +382,22 @@ nodes:
 	require.NotNil(t, r.llm("a").Error)
 	assert.Contains(t, *r.llm("a").Error, `messages[0]: want {"role": "user"|"assistant"`)
 }
+
+// TestLLMTimeout: timeout follows its cell; a call that outlives it fails
+// the node saying so.
+func TestLLMTimeout(t *testing.T) {
+	b := newBox(t)
+	s := llmtest.New(t, llmtest.Turn{Text: "never finished", Hold: make(chan struct{})})
+	withServer(b, s)
+	r := b.load(t, `
+name: to
+cells: {limit: {value: 200ms}}
+nodes:
+  a: {llm: {provider: anthropic, model: m, prompt: hi, timeout: '${limit}'}}
+`, nil)
+	r.settle()
+	out := r.llm("a")
+	require.NotNil(t, out.Error)
+	assert.Contains(t, *out.Error, "timed out after 200ms")
+	assert.Equal(t, "neve", out.Result.Text, "what streamed before the timeout is kept")
+}

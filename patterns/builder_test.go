@@ -168,7 +168,7 @@ nodes:
 	b.LLM("agent", LLMSpec{
 		Provider: "anthropic", Model: Literal("claude"), Prompt: Ref("task"),
 		Tools:    &LLMTools{Sandbox: "box", Allow: []string{"shell", "edit"}},
-		MaxTurns: Literal("5"), NoCache: true, Timeout: 2 * time.Minute,
+		MaxTurns: Literal("5"), NoCache: true, Timeout: Literal("2m"),
 	})
 	fromGo, err := b.Build()
 	require.NoError(t, err)

@@ -198,8 +198,8 @@ func (c compiler) llm(addr cells.Address, s *LLMSpec, boxes map[string]*builtins
 		MaxTokens:   c.number(field(at, "max_tokens"), s.MaxTokens),
 		Temperature: c.number(field(at, "temperature"), s.Temperature),
 		MaxTurns:    c.number(field(at, "max_turns"), s.MaxTurns),
+		Timeout:     c.field(field(at, "timeout"), s.Timeout),
 		NoCache:     s.NoCache,
-		Timeout:     s.Timeout,
 	}
 	if s.Tools != nil {
 		spec.Tools = &builtins.LLMTools{Sandbox: boxes[s.Tools.Sandbox], Allow: slices.Clone(s.Tools.Allow)}

@@ -96,23 +96,25 @@ type LLMSpec struct {
 	Tools *LLMTools `json:"tools,omitempty"`
 	// NoCache turns memoization off (YAML `cache: false`).
 	NoCache bool `json:"no_cache,omitempty"`
-	// Timeout bounds one run (all turns); 0 means the runner's default.
-	Timeout time.Duration `json:"timeout,omitempty"`
+	// Timeout bounds one run (all turns): a duration such as 5m, or an
+	// expression giving one; unset means the runner's default.
+	Timeout Value `json:"timeout,omitzero"`
 }
 
-// llmField is a Value field of an llm node, by its YAML name.
+// llmField is a Value field of an llm node, by its YAML name; a literal
+// must be a number or a duration when the field says so.
 type llmField struct {
-	name   string
-	v      *Value
-	number bool
+	name             string
+	v                *Value
+	number, duration bool
 }
 
 func (s *LLMSpec) fields() []llmField {
 	return []llmField{
-		{"model", &s.Model, false}, {"system", &s.System, false},
-		{"prompt", &s.Prompt, false}, {"messages", &s.Messages, false},
-		{"max_tokens", &s.MaxTokens, true}, {"temperature", &s.Temperature, true},
-		{"max_turns", &s.MaxTurns, true},
+		{"model", &s.Model, false, false}, {"system", &s.System, false, false},
+		{"prompt", &s.Prompt, false, false}, {"messages", &s.Messages, false, false},
+		{"max_tokens", &s.MaxTokens, true, false}, {"temperature", &s.Temperature, true, false},
+		{"max_turns", &s.MaxTurns, true, false}, {"timeout", &s.Timeout, false, true},
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/cellbox/cellbox/builtins"
@@ -181,12 +182,15 @@ func (c *checker) llm(n *Node, at string, reads map[string]bool, val func(string
 			continue
 		}
 		val(field(at, x.name), *x.v, ValueLiteral, ValueExpr, ValueTemplate)
-		if _, err := strconv.ParseFloat(strings.TrimSpace(x.v.Text), 64); x.number && x.v.Kind == ValueLiteral && err != nil {
+		if x.v.Kind != ValueLiteral {
+			continue
+		}
+		if _, err := strconv.ParseFloat(strings.TrimSpace(x.v.Text), 64); x.number && err != nil {
 			c.e.add(field(at, x.name), "%q is not a number (or write an expression, ${…})", x.v.Text)
 		}
-	}
-	if s.Timeout < 0 {
-		c.e.add(field(at, "timeout"), "negative timeout %s", s.Timeout)
+		if d, err := time.ParseDuration(x.v.Text); x.duration && (err != nil || d <= 0) {
+			c.e.add(field(at, x.name), "want a positive duration such as 30s or 5m (or an expression, ${…}), got %q", x.v.Text)
+		}
 	}
 	if s.Tools == nil {
 		return

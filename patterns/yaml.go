@@ -332,16 +332,9 @@ func (l *loader) node(e entry) {
 	}
 }
 
-// cacheTimeout reads the cache and timeout fields of exec and llm nodes.
+// cacheTimeout reads the cache and timeout fields of exec nodes.
 func (l *loader) cacheTimeout(f map[string]entry) (noCache bool, timeout time.Duration) {
-	if c, ok := f["cache"]; ok {
-		var cache bool
-		if cn := deref(c.val); cn.Kind != yaml.ScalarNode || cn.ShortTag() != "!!bool" || cn.Decode(&cache) != nil {
-			l.errAt(cn, c.path, "want true or false, got %s", describe(cn))
-		} else {
-			noCache = !cache
-		}
-	}
+	noCache = l.noCache(f)
 	if t, ok := f["timeout"]; ok {
 		if s, ok := l.str(t); ok {
 			d, err := time.ParseDuration(s)
@@ -354,9 +347,22 @@ func (l *loader) cacheTimeout(f map[string]entry) (noCache bool, timeout time.Du
 	return noCache, timeout
 }
 
+// noCache reads the cache field of exec and llm nodes.
+func (l *loader) noCache(f map[string]entry) (noCache bool) {
+	if c, ok := f["cache"]; ok {
+		var cache bool
+		if cn := deref(c.val); cn.Kind != yaml.ScalarNode || cn.ShortTag() != "!!bool" || cn.Decode(&cache) != nil {
+			l.errAt(cn, c.path, "want true or false, got %s", describe(cn))
+		} else {
+			noCache = !cache
+		}
+	}
+	return noCache
+}
+
 // llm reads an llm node's fields.
 func (l *loader) llm(s *LLMSpec, f map[string]entry) {
-	s.NoCache, s.Timeout = l.cacheTimeout(f)
+	s.NoCache = l.noCache(f)
 	if e, ok := f["provider"]; ok {
 		if p, ok := l.str(e); ok {
 			s.Provider = p

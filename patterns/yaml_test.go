@@ -191,9 +191,10 @@ func TestParseErrors(t *testing.T) {
 			`p.yaml:3: nodes.a.exce: unknown node kind "exce" (did you mean "exec"?) (kinds: computed, exec, sandbox, llm)`,
 			`p.yaml:4: nodes.b.fetch: node kind "fetch" is not available yet (kinds: computed, exec, sandbox, llm)`,
 			`p.yaml:5: nodes.c: missing node kind: write one of computed, exec, sandbox, llm`}},
-		{"llm node", "name: x\ncells: {t: {value: hi}}\nnodes:\n  e: {exec: {command: x}}\n  a: {llm: {provider: opneai, model: m, prompt: '${t}', tools: {sandbox: e}, max_tokens: lots}}\n  b: {llm: {provider: openai, model: m}}\n  c: {computed: '${b.result.txt}'}\n", []string{
+		{"llm node", "name: x\ncells: {t: {value: hi}}\nnodes:\n  e: {exec: {command: x}}\n  a: {llm: {provider: opneai, model: m, prompt: '${t}', tools: {sandbox: e}, max_tokens: lots, timeout: soon}}\n  b: {llm: {provider: openai, model: m}}\n  c: {computed: '${b.result.txt}'}\n", []string{
 			`p.yaml:5: nodes.a.llm.provider: unknown provider "opneai" (did you mean "openai"?) (providers: anthropic, openai)`,
 			`p.yaml:5: nodes.a.llm.max_tokens: "lots" is not a number (or write an expression, ${…})`,
+			`p.yaml:5: nodes.a.llm.timeout: want a positive duration such as 30s or 5m (or an expression, ${…}), got "soon"`,
 			`p.yaml:5: nodes.a.llm.tools.sandbox: "e" is not a sandbox node of this pattern: tools act on a sandbox node's box`,
 			`p.yaml:6: nodes.b.llm: give prompt (a user message) or messages (a conversation), one of the two`,
 			`p.yaml:7: nodes.c.computed: llm node "b" has no output "result.txt" (did you mean "text"?) (result has: text, messages, tool_calls, usage, stop_reason, turns)`}},
