@@ -75,6 +75,12 @@ func (c *counting) holdCommand(t *testing.T, command string) (release func()) {
 	return release
 }
 
+// Tools lists the registry's tools (sandboxclient.ToolLister), for llm
+// nodes.
+func (c *counting) Tools(ctx context.Context) ([]api.ToolInfo, error) {
+	return c.Client.(sandboxclient.ToolLister).Tools(ctx)
+}
+
 func (c *counting) CreateBox(ctx context.Context, in api.SandboxCreateInput) (api.SandboxCreateOutput, error) {
 	out, err := c.Client.CreateBox(ctx, in)
 	if err == nil && out.Created {
@@ -97,6 +103,7 @@ type box struct {
 	svc     *sandbox.Service
 	session string
 	client  *counting
+	llm     builtins.LLMEnv // for llm nodes
 }
 
 func newBox(t *testing.T) *box { return startBox(t, false) }
@@ -171,7 +178,7 @@ func (b *box) loadOn(t *testing.T, store cells.Store, yaml string, files map[str
 	}
 	p, err := patterns.Parse("pattern.yaml", []byte(yaml), fsys)
 	require.NoError(t, err)
-	rp, err := patterns.Compile(p, builtins.Env{Client: b.client, Logger: quiet()})
+	rp, err := patterns.Compile(p, builtins.Env{Client: b.client, Logger: quiet(), LLM: b.llm})
 	require.NoError(t, err)
 	rt := runtime.New(store, runtime.Options{Logger: quiet()})
 	r := &run{t: t, box: b, store: store, rt: rt, pat: rp}

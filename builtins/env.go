@@ -16,6 +16,8 @@ type Env struct {
 	Client sandboxclient.Client
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// LLM is where llm nodes find their providers.
+	LLM LLMEnv
 }
 
 func (e Env) logger() *slog.Logger {

@@ -32,6 +32,36 @@ type HistoryEntry struct {
 	// Error says why the command could not run (no box, ...); ExitCode is
 	// -1 then.
 	Error string `json:"error,omitempty"`
+	// Tool names the registry tool an llm node called in the box (Command
+	// is then the tool and its input, Stdout its result).
+	Tool string `json:"tool,omitempty"`
+	// By is the node that ran it, when not the sandbox node itself.
+	By string `json:"by,omitempty"`
+}
+
+// Record appends entry to the node's history: how an llm node given this
+// box's tools shows what the model did there. It fails while the node is
+// not open (its pattern not loaded).
+func (s *Sandbox) Record(ctx context.Context, entry HistoryEntry) error {
+	s.mu.Lock()
+	open := s.h != nil
+	s.mu.Unlock()
+	if !open {
+		return fmt.Errorf("sandbox node %s is not open: its history cannot be written", s.spec.Node.Name)
+	}
+	entry.Stdout, entry.Truncated = capText(entry.Stdout, entry.Truncated)
+	entry.Stderr, entry.Truncated = capText(entry.Stderr, entry.Truncated)
+	if len(entry.Command) > HistoryOutputLimit {
+		// A tool's input (write_file's content) can be megabytes: keep
+		// its start, which names the call.
+		entry.Command = strings.ToValidUTF8(entry.Command[:HistoryOutputLimit], "") + "…"
+		entry.Truncated = true
+	}
+	raw, err := json.Marshal(entry)
+	if err != nil {
+		return err
+	}
+	return s.modify(context.WithoutCancel(ctx), func(o *sandboxOutput) { o.History = compact(append(o.History, raw)) })
 }
 
 // runEvent is the payload of the run stream.

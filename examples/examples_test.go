@@ -69,6 +69,13 @@ func TestExamplesLoad(t *testing.T) {
 			"last_output": {"web"},
 			"log":         {"web"},
 		}},
+		{"coding-agent", []string{"task", "model"}, map[string][]string{
+			"workspace":  nil,
+			"agent":      {"model", "task", "workspace"},
+			"answer":     {"agent"},
+			"code":       {"workspace"},
+			"tool_calls": {"workspace"},
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.dir, func(t *testing.T) {
@@ -96,7 +103,7 @@ func TestExamplesLoad(t *testing.T) {
 func TestExamplesCompile(t *testing.T) {
 	// Compiling binds exec and sandbox nodes to a client; nothing calls it.
 	env := builtins.Env{Client: sandboxclient.New("http://127.0.0.1:1", "no-session", "no-token")}
-	for _, dir := range []string{"csv-pipeline", "python-runner", "typescript", "repl", "dev-server"} {
+	for _, dir := range []string{"csv-pipeline", "python-runner", "typescript", "repl", "dev-server", "coding-agent"} {
 		t.Run(dir, func(t *testing.T) {
 			rp, err := patterns.Compile(load(t, dir), env)
 			require.NoError(t, err)

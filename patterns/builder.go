@@ -167,6 +167,18 @@ func (b *Builder) Fetch(name string, spec FetchSpec) Value {
 	return Ref(name)
 }
 
+// LLM adds an llm node and returns a reference to it. The spec is
+// copied.
+func (b *Builder) LLM(name string, spec LLMSpec) Value {
+	if spec.Tools != nil {
+		t := *spec.Tools
+		t.Allow = slices.Clone(t.Allow)
+		spec.Tools = &t
+	}
+	b.addNode(Node{Name: name, Kind: KindLLM, LLM: &spec})
+	return Ref(name)
+}
+
 func (b *Builder) addNode(n Node) {
 	if !b.claim(field("nodes", n.Name), n.Name) {
 		b.p.Nodes = append(b.p.Nodes, n)

@@ -144,3 +144,35 @@ func TestBuilderPorts(t *testing.T) {
 	assert.EqualError(t, err, at+`: nodes.bad.sandbox.ports[1]: port 65536 is out of range: want 1-65535`+"\n"+
 		at+`: nodes.bad.sandbox.ports[2]: port 8000 is listed twice`)
 }
+
+func TestBuilderLLMEqualsYAML(t *testing.T) {
+	fromYAML, err := Parse("p.yaml", []byte(`
+name: agent
+cells: {task: {value: hi}}
+nodes:
+  box: {sandbox: {}}
+  agent:
+    llm:
+      provider: anthropic
+      model: claude
+      prompt: ${task}
+      tools: {sandbox: box, allow: [shell, edit]}
+      max_turns: 5
+      cache: false
+      timeout: 2m
+`), nil)
+	require.NoError(t, err)
+	b := New("agent")
+	b.Cell("task", "hi")
+	b.Sandbox("box", SandboxSpec{})
+	b.LLM("agent", LLMSpec{
+		Provider: "anthropic", Model: Literal("claude"), Prompt: Ref("task"),
+		Tools:    &LLMTools{Sandbox: "box", Allow: []string{"shell", "edit"}},
+		MaxTurns: Literal("5"), NoCache: true, Timeout: Literal("2m"),
+	})
+	fromGo, err := b.Build()
+	require.NoError(t, err)
+	fromYAML.Source, fromGo.Source = nil, nil
+	assert.Equal(t, fromYAML, fromGo)
+	assert.Equal(t, []string{"box", "task"}, fromGo.Nodes[1].Reads, "the llm node reads its sandbox node")
+}

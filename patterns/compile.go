@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/cells"
@@ -35,6 +37,8 @@ func CompileInstance(p *Pattern, env builtins.Env, space, name string) (runtime.
 		out.Cells = append(out.Cells, runtime.Cell{Name: c.Name, Initial: c.Value, Schema: c.Schema})
 	}
 	e := &errs{where: p.Where}
+	boxes := map[string]*builtins.Sandbox{} // for the llm nodes given their tools
+	var llms []int
 	for i := range p.Nodes {
 		n := &p.Nodes[i]
 		c := compiler{e: e, at: field("nodes", n.Name)}
@@ -49,8 +53,12 @@ func CompileInstance(p *Pattern, env builtins.Env, space, name string) (runtime.
 		case KindFetch:
 			rn.Kind, err = builtins.NewFetch(env, c.fetch(addr, n.Fetch))
 		case KindSandbox:
-			rn.Kind, err = builtins.NewSandbox(env, c.sandbox(addr, n.Sandbox))
+			var sb *builtins.Sandbox
+			sb, err = builtins.NewSandbox(env, c.sandbox(addr, n.Sandbox))
+			rn.Kind, boxes[n.Name] = sb, sb
 			rn.Streams = []string{"run", "destroy"}
+		case KindLLM:
+			llms = append(llms, len(out.Nodes)) // after the sandbox nodes, below
 		default:
 			e.add(c.at, "unknown node kind %q", n.Kind)
 		}
@@ -58,6 +66,17 @@ func CompileInstance(p *Pattern, env builtins.Env, space, name string) (runtime.
 			e.add(c.at, "%v", err)
 		}
 		out.Nodes = append(out.Nodes, rn)
+	}
+	for _, i := range llms {
+		n := &p.Nodes[i]
+		c := compiler{e: e, at: field("nodes", n.Name)}
+		addr := cells.Address{Space: space, Pattern: name, Name: n.Name}
+		k, err := builtins.NewLLM(env, c.llm(addr, n.LLM, boxes))
+		if err != nil {
+			e.add(c.at, "%v", err)
+			continue
+		}
+		out.Nodes[i].Kind = k
 	}
 	if err := e.err(); err != nil {
 		return runtime.Pattern{}, err
@@ -190,4 +209,40 @@ func (c compiler) fetch(addr cells.Address, s *FetchSpec) builtins.FetchSpec {
 		}
 	}
 	return spec
+}
+
+func (c compiler) llm(addr cells.Address, s *LLMSpec, boxes map[string]*builtins.Sandbox) builtins.LLMSpec {
+	at := field(c.at, "llm")
+	spec := builtins.LLMSpec{
+		Node:        addr,
+		Provider:    s.Provider,
+		Model:       c.field(field(at, "model"), s.Model),
+		System:      c.field(field(at, "system"), s.System),
+		Prompt:      c.field(field(at, "prompt"), s.Prompt),
+		Messages:    c.field(field(at, "messages"), s.Messages),
+		MaxTokens:   c.number(field(at, "max_tokens"), s.MaxTokens),
+		Temperature: c.number(field(at, "temperature"), s.Temperature),
+		MaxTurns:    c.number(field(at, "max_turns"), s.MaxTurns),
+		Timeout:     c.field(field(at, "timeout"), s.Timeout),
+		NoCache:     s.NoCache,
+	}
+	if s.Tools != nil {
+		spec.Tools = &builtins.LLMTools{Sandbox: boxes[s.Tools.Sandbox], Allow: slices.Clone(s.Tools.Allow)}
+	}
+	return spec
+}
+
+// number compiles a numeric field: a literal is parsed here (YAML's
+// max_tokens: 1000 arrives as text), an expression is left to give a
+// number.
+func (c compiler) number(at string, v Value) builtins.Field {
+	if v.Kind != ValueLiteral {
+		return c.field(at, v)
+	}
+	f, err := strconv.ParseFloat(strings.TrimSpace(v.Text), 64)
+	if err != nil {
+		c.e.add(at, "%q is not a number", v.Text)
+		return nil
+	}
+	return builtins.Const(f)
 }

@@ -52,13 +52,14 @@ const (
 	KindExec     Kind = "exec"
 	KindSandbox  Kind = "sandbox"
 	KindFetch    Kind = "fetch"
+	KindLLM      Kind = "llm"
 )
 
 // kinds lists the node kinds a pattern may use; planned lists those that are
 // reserved for later.
 var (
-	kinds   = []string{string(KindComputed), string(KindExec), string(KindSandbox), string(KindFetch)}
-	planned = []string{"llm"}
+	kinds   = []string{string(KindComputed), string(KindExec), string(KindSandbox), string(KindFetch), string(KindLLM)}
+	planned = []string{}
 )
 
 // Node is a node of the graph. Exactly one of Computed, Exec, Sandbox and
@@ -73,6 +74,57 @@ type Node struct {
 	Exec     *ExecSpec    `json:"exec,omitempty"`
 	Sandbox  *SandboxSpec `json:"sandbox,omitempty"`
 	Fetch    *FetchSpec   `json:"fetch,omitempty"`
+	LLM      *LLMSpec     `json:"llm,omitempty"`
+}
+
+// LLMSpec describes an llm node: call a chat model (and run the tool loop
+// when it has tools) whenever an input changes. Output: {pending, result:
+// {text, messages, tool_calls, usage, stop_reason, turns}, error}.
+type LLMSpec struct {
+	// Provider is "anthropic" or "openai" (any OpenAI-compatible server);
+	// "" is the runner's CELLBOX_LLM_PROVIDER. Keys and base URLs come from
+	// the runner's environment.
+	Provider string `json:"provider"`
+	Model    Value  `json:"model"`
+	System   Value  `json:"system,omitzero"`
+	// Prompt (a user message) or Messages (a list of {role, content}).
+	Prompt   Value `json:"prompt,omitzero"`
+	Messages Value `json:"messages,omitzero"`
+	// Numbers (literals or expressions); unset leaves the defaults.
+	MaxTokens   Value `json:"max_tokens,omitzero"`
+	Temperature Value `json:"temperature,omitzero"`
+	MaxTurns    Value `json:"max_turns,omitzero"`
+	// Tools gives the model a sandbox node's tools.
+	Tools *LLMTools `json:"tools,omitempty"`
+	// NoCache turns memoization off (YAML `cache: false`).
+	NoCache bool `json:"no_cache,omitempty"`
+	// Timeout bounds one run (all turns): a duration such as 5m, or an
+	// expression giving one; unset means the runner's default.
+	Timeout Value `json:"timeout,omitzero"`
+}
+
+// llmField is a Value field of an llm node, by its YAML name; a literal
+// must be a number or a duration when the field says so.
+type llmField struct {
+	name             string
+	v                *Value
+	number, duration bool
+}
+
+func (s *LLMSpec) fields() []llmField {
+	return []llmField{
+		{"model", &s.Model, false, false}, {"system", &s.System, false, false},
+		{"prompt", &s.Prompt, false, false}, {"messages", &s.Messages, false, false},
+		{"max_tokens", &s.MaxTokens, true, false}, {"temperature", &s.Temperature, true, false},
+		{"max_turns", &s.MaxTurns, true, false}, {"timeout", &s.Timeout, false, true},
+	}
+}
+
+// LLMTools names the sandbox node whose box the model's tools act on and
+// the tools it gets (Allow; empty is every tool about one box).
+type LLMTools struct {
+	Sandbox string   `json:"sandbox"`
+	Allow   []string `json:"allow,omitempty"`
 }
 
 // ExecSpec describes an exec node: run Command in a fresh box whenever an

@@ -13,9 +13,11 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/cellbox/cellbox/builtins"
+	"github.com/cellbox/cellbox/builtins/llm"
 	"github.com/expr-lang/expr/builtin"
 )
 
@@ -33,8 +35,10 @@ var (
 		KindExec:    {"pending", "result", "error"},
 		KindSandbox: {"pending", "status", "box", "error", "history", "files", "previews"},
 		KindFetch:   {"pending", "result", "error"},
+		KindLLM:     {"pending", "result", "error"},
 	}
 	fetchResult   = []string{"status", "headers", "body"}
+	llmResult     = []string{"text", "messages", "tool_calls", "usage", "stop_reason", "turns"}
 	previewFields = []string{"url", "host_url"}
 	execResult    = []string{"stdout", "stderr", "exit_code", "truncated", "files"}
 	streams       = map[Kind][]string{KindSandbox: {"run", "destroy"}}
@@ -114,7 +118,7 @@ func (c *checker) node(n *Node) {
 		return // the loader reported what is wrong with it
 	}
 	set := 0
-	for _, x := range []bool{!n.Computed.IsZero(), n.Exec != nil, n.Sandbox != nil, n.Fetch != nil} {
+	for _, x := range []bool{!n.Computed.IsZero(), n.Exec != nil, n.Sandbox != nil, n.Fetch != nil, n.LLM != nil} {
 		if x {
 			set++
 		}
@@ -155,8 +159,61 @@ func (c *checker) node(n *Node) {
 		at = field(at, "sandbox")
 		c.box(n, at, n.Sandbox.Image, n.Sandbox.Env, n.Sandbox.Files, val)
 		c.ports(field(at, "ports"), n.Sandbox.Ports)
+	case KindLLM:
+		c.llm(n, field(at, "llm"), reads, val)
 	}
 	n.Reads = slices.Sorted(maps.Keys(reads))
+}
+
+// llm checks an llm node: a known provider, a model, prompt or messages,
+// and tools that name a sandbox node (which the node then reads).
+func (c *checker) llm(n *Node, at string, reads map[string]bool, val func(string, Value, ...ValueKind)) {
+	s := n.LLM
+	if s.Provider == "?" {
+		return // the loader reported it
+	}
+	if s.Provider != "" && !slices.Contains(llm.Providers, s.Provider) {
+		c.e.add(field(at, "provider"), "unknown provider %q%s (providers: %s)", s.Provider, suggest(s.Provider, llm.Providers), list(llm.Providers))
+	}
+	if s.Model.IsZero() {
+		c.e.add(field(at, "model"), "missing: an llm node needs a model (e.g. gpt-4o, claude-sonnet-4-5, llama3.1)")
+	}
+	if s.Prompt.IsZero() == s.Messages.IsZero() {
+		c.e.add(at, "give prompt (a user message) or messages (a conversation), one of the two")
+	}
+	for _, x := range s.fields() {
+		if x.v.IsZero() {
+			continue
+		}
+		val(field(at, x.name), *x.v, ValueLiteral, ValueExpr, ValueTemplate)
+		if x.v.Kind != ValueLiteral {
+			continue
+		}
+		if _, err := strconv.ParseFloat(strings.TrimSpace(x.v.Text), 64); x.number && err != nil {
+			c.e.add(field(at, x.name), "%q is not a number (or write an expression, ${…})", x.v.Text)
+		}
+		if d, err := time.ParseDuration(x.v.Text); x.duration && (err != nil || d <= 0) {
+			c.e.add(field(at, x.name), "want a positive duration such as 30s or 5m (or an expression, ${…}), got %q", x.v.Text)
+		}
+	}
+	if s.Tools == nil {
+		return
+	}
+	b, _ := c.p.Node(s.Tools.Sandbox)
+	switch {
+	case s.Tools.Sandbox == "":
+		c.e.add(field(field(at, "tools"), "sandbox"), "missing: name the sandbox node whose box the tools act on")
+	case b == nil || b.Kind != KindSandbox:
+		c.e.add(field(field(at, "tools"), "sandbox"), "%q is not a sandbox node of this pattern: tools act on a sandbox node's box", s.Tools.Sandbox)
+	default:
+		reads[s.Tools.Sandbox] = true
+		if c.edges[n.Name] == nil {
+			c.edges[n.Name] = map[string]string{}
+		}
+		if _, ok := c.edges[n.Name][s.Tools.Sandbox]; !ok {
+			c.edges[n.Name][s.Tools.Sandbox] = field(field(at, "tools"), "sandbox")
+		}
+	}
 }
 
 // box checks what exec and sandbox nodes share: image, env and files.
@@ -351,6 +408,10 @@ func checkOutput(n *Node, p []string) string {
 	case n.Kind == KindFetch && p[0] == "result" && len(p) > 1:
 		if !slices.Contains(fetchResult, p[1]) {
 			return fmt.Sprintf("fetch node %q has no output \"result.%s\"%s (result has: %s)", n.Name, p[1], suggest(p[1], fetchResult), list(fetchResult))
+		}
+	case n.Kind == KindLLM && p[0] == "result" && len(p) > 1:
+		if !slices.Contains(llmResult, p[1]) {
+			return fmt.Sprintf("llm node %q has no output \"result.%s\"%s (result has: %s)", n.Name, p[1], suggest(p[1], llmResult), list(llmResult))
 		}
 	case n.Kind == KindSandbox && p[0] == "files":
 		files, rest = n.Sandbox.Files, p[1:]

@@ -53,6 +53,8 @@ var (
 	execFields    = []string{"command", "image", "env", "files", "cache", "timeout"}
 	sandboxFields = []string{"image", "env", "files", "ports"}
 	fetchFields   = []string{"url", "method", "headers", "secret_headers", "body", "format", "cache", "timeout", "max_bytes"}
+	llmFields     = []string{"provider", "model", "system", "prompt", "messages", "tools", "max_tokens", "temperature", "max_turns", "cache", "timeout"}
+	llmToolFields = []string{"sandbox", "allow"}
 	fileFields    = []string{"file", "content", "output"}
 )
 
@@ -314,6 +316,14 @@ func (l *loader) node(e entry) {
 		n.Exec.Image, n.Exec.Env, n.Exec.Files = l.box(f)
 	case KindFetch:
 		n.Fetch = l.fetch(s)
+	case KindLLM:
+		n.LLM = &LLMSpec{}
+		f, ok := l.fields(s.val, s.path, llmFields, "")
+		if !ok {
+			n.LLM.Provider = "?" // reported; the checker skips it
+			return
+		}
+		l.llm(n.LLM, f)
 	case KindSandbox:
 		n.Sandbox = &SandboxSpec{}
 		if f, ok := l.fields(s.val, s.path, sandboxFields, ""); ok {
@@ -397,6 +407,50 @@ func (l *loader) fetch(s entry) *FetchSpec {
 	}
 	spec.NoCache, spec.Timeout = l.noCache(f), l.timeout(f)
 	return spec
+}
+
+// llm reads an llm node's fields.
+func (l *loader) llm(s *LLMSpec, f map[string]entry) {
+	s.NoCache = l.noCache(f)
+	if e, ok := f["provider"]; ok {
+		if p, ok := l.str(e); ok {
+			s.Provider = p
+		} else {
+			s.Provider = "?"
+		}
+	}
+	for _, x := range s.fields() {
+		e, ok := f[x.name]
+		switch {
+		case !ok:
+		case x.number:
+			*x.v = l.scalar(e, "a number or ${…}")
+		default:
+			*x.v = l.string(e)
+		}
+	}
+	if e, ok := f["tools"]; ok {
+		s.Tools = &LLMTools{}
+		tf, ok := l.fields(e.val, e.path, llmToolFields, "")
+		if !ok {
+			return
+		}
+		if b, ok := tf["sandbox"]; ok {
+			s.Tools.Sandbox, _ = l.str(b)
+		}
+		if a, ok := tf["allow"]; ok {
+			n := deref(a.val)
+			if n.Kind != yaml.SequenceNode {
+				l.errAt(n, a.path, "want a list of tool names such as [shell, read_file, edit], got %s", describe(n))
+				return
+			}
+			for i, item := range n.Content {
+				if name, ok := l.str(entry{val: item, path: index(a.path, i)}); ok {
+					s.Tools.Allow = append(s.Tools.Allow, name)
+				}
+			}
+		}
+	}
 }
 
 // portReported stands for a port the loader reported as malformed.

@@ -187,14 +187,20 @@ func TestParseErrors(t *testing.T) {
 			`p.yaml:5: nodes.clean.exec.comand: unknown field "comand" (did you mean "command"?) (fields: command, image, env, files, cache, timeout)`}},
 		{"missing command", "name: x\nnodes:\n  e:\n    exec: {image: x}\n", []string{
 			`p.yaml:4: nodes.e.exec.command: missing: an exec node needs a command (a string or a list of strings)`}},
-		{"unknown node kind", "name: x\nnodes:\n  a: {exce: {command: x}}\n  b: {llm: {}}\n  c: {}\n", []string{
-			`p.yaml:3: nodes.a.exce: unknown node kind "exce" (did you mean "exec"?) (kinds: computed, exec, sandbox, fetch)`,
-			`p.yaml:4: nodes.b.llm: node kind "llm" is not available yet (kinds: computed, exec, sandbox, fetch)`,
-			`p.yaml:5: nodes.c: missing node kind: write one of computed, exec, sandbox, fetch`}},
+		{"unknown node kind", "name: x\nnodes:\n  a: {exce: {command: x}}\n  c: {}\n", []string{
+			`p.yaml:3: nodes.a.exce: unknown node kind "exce" (did you mean "exec"?) (kinds: computed, exec, sandbox, fetch, llm)`,
+			`p.yaml:4: nodes.c: missing node kind: write one of computed, exec, sandbox, fetch, llm`}},
+		{"llm node", "name: x\ncells: {t: {value: hi}}\nnodes:\n  e: {exec: {command: x}}\n  a: {llm: {provider: opneai, model: m, prompt: '${t}', tools: {sandbox: e}, max_tokens: lots, timeout: soon}}\n  b: {llm: {provider: openai, model: m}}\n  c: {computed: '${b.result.txt}'}\n", []string{
+			`p.yaml:5: nodes.a.llm.provider: unknown provider "opneai" (did you mean "openai"?) (providers: anthropic, openai)`,
+			`p.yaml:5: nodes.a.llm.max_tokens: "lots" is not a number (or write an expression, ${…})`,
+			`p.yaml:5: nodes.a.llm.timeout: want a positive duration such as 30s or 5m (or an expression, ${…}), got "soon"`,
+			`p.yaml:5: nodes.a.llm.tools.sandbox: "e" is not a sandbox node of this pattern: tools act on a sandbox node's box`,
+			`p.yaml:6: nodes.b.llm: give prompt (a user message) or messages (a conversation), one of the two`,
+			`p.yaml:7: nodes.c.computed: llm node "b" has no output "result.txt" (did you mean "text"?) (result has: text, messages, tool_calls, usage, stop_reason, turns)`}},
 		{"two kinds", "name: x\nnodes:\n  k: {computed: '${1}', exec: {command: x}}\n", []string{
 			`p.yaml:3: nodes.k.exec: a node has one kind; "k" already has computed`}},
 		{"node not a mapping", "name: x\nnodes:\n  k: echo hi\n", []string{
-			`p.yaml:3: nodes.k: want a node: a mapping with one of computed, exec, sandbox, fetch, got the string "echo hi"`}},
+			`p.yaml:3: nodes.k: want a node: a mapping with one of computed, exec, sandbox, fetch, llm, got the string "echo hi"`}},
 		{"computed without ${}", "name: x\ncells: {a: 1}\nnodes:\n  g: {computed: a + 1}\n  h: {computed: 5}\n", []string{
 			`p.yaml:4: nodes.g.computed: "a + 1" is not an expression: write ${…} around it (e.g. '${a + 1}')`,
 			`p.yaml:5: nodes.h.computed: "5" is not an expression: write ${…} around it (e.g. '${5}')`}},

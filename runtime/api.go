@@ -136,6 +136,9 @@ type Async interface {
 	// run, when the pattern stops and when the runtime closes; the result of
 	// a cancelled run is discarded. A returned error is stored in the output
 	// cell's "error" field; errors are not memoized.
+	// Run may publish partial results while it runs with
+	// Progress(ctx, v), and remember finished steps of a long run with
+	// RememberStep/RecallStep so a run started again resumes.
 	Run(ctx context.Context, in Inputs) (any, error)
 }
 

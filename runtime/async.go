@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/cellbox/cellbox/cells"
 )
 
 // nodeState is an async node's durable state (bucket runtime.nodes).
@@ -120,6 +122,10 @@ func (r *Runtime) startRun(n *node, key string, memo bool, in Inputs) {
 	r.runID++
 	id := r.runID
 	ctx, cancel := context.WithCancel(context.Background())
+	ctx = context.WithValue(ctx, progressKey{}, func(v any) error { return r.progress(n, id, key, v) })
+	if memo {
+		ctx = context.WithValue(ctx, stepsKey{}, r)
+	}
 	n.cur, n.cancel = id, cancel
 	r.begin()
 	r.wg.Add(1)
@@ -131,6 +137,73 @@ func (r *Runtime) startRun(n *node, key string, memo bool, in Inputs) {
 		r.finishRun(n, id, key, memo, res, err, time.Since(start))
 		cancel()
 	}()
+}
+
+type progressKey struct{}
+
+// Progress publishes a partial result of the async run whose context ctx
+// is (an llm answer growing as it streams): the node's cell becomes
+// {pending: true, result: v}. It is dropped when the run is no longer the
+// node's current one (aborted), so a stale run never shows. Outside an
+// async run it does nothing. Each call is a store write: callers throttle.
+func Progress(ctx context.Context, v any) error {
+	if f, ok := ctx.Value(progressKey{}).(func(any) error); ok && ctx.Err() == nil {
+		return f(v)
+	}
+	return nil
+}
+
+func (r *Runtime) progress(n *node, id uint64, key string, v any) error {
+	raw, err := encode(v)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n.cur != id || n.detached || r.closed {
+		return nil
+	}
+	return r.batch(func(b *batch) error {
+		b.writeAsync(n, envelope{Pending: true, Result: raw}, key, true)
+		return nil
+	})
+}
+
+type stepsKey struct{}
+
+// RecallStep returns what RememberStep stored under key, for an async run
+// made of steps (an llm tool loop's model calls and tool calls): a run
+// started again — after a restart, or a revert — skips the steps that
+// finished. Steps share the memo cache (and its size limit) with results;
+// a node whose Key says memo: false has none (ok is false).
+func RecallStep(ctx context.Context, key string) (raw json.RawMessage, ok bool) {
+	r, _ := ctx.Value(stepsKey{}).(*Runtime)
+	if r == nil {
+		return nil, false
+	}
+	err := r.store.Update(func(tx cells.Tx) error {
+		var err error
+		raw, ok, err = r.memo(tx).get(key)
+		return err
+	})
+	if err != nil {
+		r.log.Warn("recall a step; doing it again", "key", key, "error", err)
+		return nil, false
+	}
+	return raw, ok
+}
+
+// RememberStep stores a finished step's value under key (see RecallStep).
+func RememberStep(ctx context.Context, key string, v any) error {
+	r, _ := ctx.Value(stepsKey{}).(*Runtime)
+	if r == nil {
+		return nil
+	}
+	raw, err := encode(v)
+	if err != nil {
+		return err
+	}
+	return r.store.Update(func(tx cells.Tx) error { return r.memo(tx).put(key, raw) })
 }
 
 // storeRetries are the pauses between attempts to store a run's result

@@ -180,6 +180,12 @@ func (s *Service) Client(sessionID string) *LocalClient {
 	return &LocalClient{s: s, session: sessionID}
 }
 
+// Tools lists the tools of the registry (the same list as GET /v1/tools),
+// so callers of either client bind model tools the same way.
+func (c *LocalClient) Tools(ctx context.Context) ([]api.ToolInfo, error) {
+	return ToolInfosFor("")
+}
+
 func (c *LocalClient) logNotice(n string) {
 	c.s.log.Info("sandbox notice", "session", c.session, "notice", n)
 }

@@ -49,6 +49,13 @@ type Client interface {
 	DestroyBox(ctx context.Context, box string) error
 }
 
+// ToolLister is a Client that also lists the registry's tools (the HTTP
+// client and the service's in-process client both do); the llm node kind
+// binds a box's tools for a model from it.
+type ToolLister interface {
+	Tools(ctx context.Context) ([]api.ToolInfo, error)
+}
+
 // ToolError is a tool result with is_error: true: its Code and Message
 // (errors.Is(err, ErrX) holds for the code's sentinel).
 type ToolError = api.ToolError

@@ -1,0 +1,200 @@
+// Package llm is the client side of chat models: the Anthropic Messages
+// API and OpenAI-compatible Chat Completions (what OpenAI, Ollama, vLLM and
+// llama.cpp's server speak), both streamed over SSE, behind one Provider
+// interface with provider-neutral messages.
+//
+// No SDK: the two wire formats are small (one POST each, a handful of SSE
+// event shapes), and writing them here keeps the dependency tree small and
+// lets the tests pin the exact bytes against a scripted server
+// (internal/llmtest).
+//
+// Keys and base URLs come from the environment only (ANTHROPIC_API_KEY,
+// ANTHROPIC_BASE_URL, OPENAI_API_KEY, OPENAI_BASE_URL); they never enter a
+// request's memo key, an error message or a log line.
+package llm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+)
+
+// Block is one piece of a message's content.
+type Block struct {
+	// Type is "text", "tool_use" (assistant asks for a tool) or
+	// "tool_result" (the answer, in a user message).
+	Type string `json:"type"`
+	Text string `json:"text,omitempty"`
+	// ID and Name identify a tool_use; Input is its JSON arguments.
+	ID    string          `json:"id,omitempty"`
+	Name  string          `json:"name,omitempty"`
+	Input json.RawMessage `json:"input,omitempty"`
+	// ToolUseID ties a tool_result to its tool_use; Text is its content.
+	ToolUseID string `json:"tool_use_id,omitempty"`
+	IsError   bool   `json:"is_error,omitempty"`
+}
+
+// Message is one turn of a conversation: role "user" or "assistant".
+type Message struct {
+	Role    string  `json:"role"`
+	Content []Block `json:"content"`
+}
+
+// Text returns a user or assistant message of plain text.
+func Text(role, text string) Message {
+	return Message{Role: role, Content: []Block{{Type: "text", Text: text}}}
+}
+
+// Tool is a tool the model may call.
+type Tool struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	InputSchema json.RawMessage `json:"input_schema"`
+}
+
+// Request is one model call. Its JSON (without any key or URL) is what a
+// memo key hashes.
+type Request struct {
+	Model       string    `json:"model"`
+	System      string    `json:"system,omitempty"`
+	Messages    []Message `json:"messages"`
+	Tools       []Tool    `json:"tools,omitempty"`
+	MaxTokens   int       `json:"max_tokens,omitempty"`
+	Temperature *float64  `json:"temperature,omitempty"`
+}
+
+// DefaultMaxTokens is max_tokens when a request sets none (the Anthropic
+// API requires one).
+const DefaultMaxTokens = 4096
+
+// ToolCall is a tool the model asked for.
+type ToolCall struct {
+	ID    string          `json:"id"`
+	Name  string          `json:"name"`
+	Input json.RawMessage `json:"input"`
+}
+
+// Usage counts tokens.
+type Usage struct {
+	InputTokens  int `json:"input_tokens"`
+	OutputTokens int `json:"output_tokens"`
+}
+
+// Add adds u2 to u.
+func (u *Usage) Add(u2 Usage) {
+	u.InputTokens += u2.InputTokens
+	u.OutputTokens += u2.OutputTokens
+}
+
+// Response is one model answer.
+type Response struct {
+	Text      string     `json:"text"`
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+	Usage     Usage      `json:"usage"`
+	// StopReason is the provider's own: end_turn, tool_use, max_tokens
+	// (Anthropic); stop, tool_calls, length (OpenAI).
+	StopReason string `json:"stop_reason"`
+}
+
+// Message is the response as the assistant message of the conversation.
+func (r Response) Message() Message {
+	m := Message{Role: "assistant"}
+	if r.Text != "" {
+		m.Content = append(m.Content, Block{Type: "text", Text: r.Text})
+	}
+	for _, c := range r.ToolCalls {
+		m.Content = append(m.Content, Block{Type: "tool_use", ID: c.ID, Name: c.Name, Input: c.Input})
+	}
+	return m
+}
+
+// Provider streams one model call. onText, if not nil, gets each piece of
+// answer text as it arrives.
+type Provider interface {
+	Name() string
+	Stream(ctx context.Context, req Request, onText func(string)) (Response, error)
+}
+
+// Providers are the names New knows.
+var Providers = []string{"anthropic", "openai"}
+
+// Getenv reads a variable; os.Getenv in production, a map in tests.
+type Getenv func(string) string
+
+// New returns the named provider configured from the environment.
+// Anthropic needs ANTHROPIC_API_KEY (ANTHROPIC_BASE_URL defaults to
+// https://api.anthropic.com). OpenAI needs OPENAI_API_KEY unless
+// OPENAI_BASE_URL points elsewhere than the default
+// https://api.openai.com/v1 (local servers such as Ollama take no key).
+func New(name string, getenv Getenv, hc *http.Client) (Provider, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	switch name {
+	case "anthropic":
+		base := strings.TrimRight(getenv("ANTHROPIC_BASE_URL"), "/")
+		if base == "" {
+			base = "https://api.anthropic.com"
+		}
+		key := getenv("ANTHROPIC_API_KEY")
+		if key == "" {
+			return nil, errors.New("provider anthropic: no API key: set ANTHROPIC_API_KEY in cellbox's environment")
+		}
+		return &anthropic{http: hc, base: base, key: key}, nil
+	case "openai":
+		base := strings.TrimRight(getenv("OPENAI_BASE_URL"), "/")
+		if base == "" {
+			base = "https://api.openai.com/v1"
+		}
+		key := getenv("OPENAI_API_KEY")
+		if key == "" && base == "https://api.openai.com/v1" {
+			return nil, errors.New("provider openai: no API key: set OPENAI_API_KEY in cellbox's environment (or OPENAI_BASE_URL to a local OpenAI-compatible server)")
+		}
+		return &openAI{http: hc, base: base, key: key}, nil
+	case "":
+		return nil, fmt.Errorf("no provider: set provider to one of %s", strings.Join(Providers, ", "))
+	default:
+		return nil, fmt.Errorf("unknown provider %q: want one of %s", name, strings.Join(Providers, ", "))
+	}
+}
+
+// APIError is a provider's refusal: an HTTP status, or an error event in
+// the stream (Status 0), with the provider's own message.
+type APIError struct {
+	Provider string
+	Status   int
+	Type     string
+	Message  string
+}
+
+func (e *APIError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s", e.Provider)
+	if e.Status != 0 {
+		fmt.Fprintf(&b, " answered %d %s", e.Status, http.StatusText(e.Status))
+	} else {
+		b.WriteString(" stream error")
+	}
+	if e.Type != "" {
+		fmt.Fprintf(&b, " (%s)", e.Type)
+	}
+	if e.Message != "" {
+		fmt.Fprintf(&b, ": %s", e.Message)
+	}
+	switch {
+	case e.Status == http.StatusUnauthorized || e.Status == http.StatusForbidden:
+		b.WriteString(" — check the API key in cellbox's environment")
+	case e.Status == http.StatusTooManyRequests:
+		b.WriteString(" — rate limited; retried once already, try again later")
+	case e.Status >= 500:
+		b.WriteString(" — the provider failed; try again later")
+	}
+	return b.String()
+}

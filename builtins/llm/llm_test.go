@@ -1,0 +1,181 @@
+package llm_test
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/builtins/llm"
+	"github.com/cellbox/cellbox/internal/llmtest"
+)
+
+func provider(t *testing.T, name string, s *llmtest.Server) llm.Provider {
+	env := s.Env()
+	p, err := llm.New(name, func(k string) string { return env[k] }, s.Client())
+	require.NoError(t, err)
+	return p
+}
+
+var echoTool = llm.Tool{Name: "echo", Description: "echo", InputSchema: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}}}`)}
+
+func TestStreamTextAndToolCalls(t *testing.T) {
+	for _, name := range llm.Providers {
+		t.Run(name, func(t *testing.T) {
+			s := llmtest.New(t, llmtest.Turn{
+				Text:  "Let me check that for you.",
+				Calls: []llmtest.Call{{ID: "c1", Name: "echo", Input: `{"text":"hello, wide world"}`}, {ID: "c2", Name: "echo", Input: `{"text":"2"}`}},
+				In:    12, Out: 34,
+			})
+			var pieces []string
+			r, err := provider(t, name, s).Stream(context.Background(), llm.Request{
+				Model: "m", System: "be brief", Messages: []llm.Message{llm.Text("user", "hi")}, Tools: []llm.Tool{echoTool},
+			}, func(p string) { pieces = append(pieces, p) })
+			require.NoError(t, err)
+			assert.Equal(t, "Let me check that for you.", r.Text)
+			assert.Greater(t, len(pieces), 1, "text arrives in pieces")
+			assert.Equal(t, r.Text, strings.Join(pieces, ""))
+			require.Len(t, r.ToolCalls, 2)
+			assert.Equal(t, "c1", r.ToolCalls[0].ID)
+			assert.Equal(t, "echo", r.ToolCalls[0].Name)
+			assert.JSONEq(t, `{"text":"hello, wide world"}`, string(r.ToolCalls[0].Input))
+			assert.JSONEq(t, `{"text":"2"}`, string(r.ToolCalls[1].Input))
+			assert.Equal(t, llm.Usage{InputTokens: 12, OutputTokens: 34}, r.Usage)
+			assert.Contains(t, []string{"tool_use", "tool_calls"}, r.StopReason)
+
+			req := s.Requests()[0]
+			assert.Equal(t, true, req.Body["stream"])
+			assert.Contains(t, req.Raw, "be brief")
+			if name == "anthropic" {
+				assert.Equal(t, "test-key", req.Header.Get("x-api-key"))
+				assert.NotEmpty(t, req.Header.Get("anthropic-version"))
+			} else {
+				assert.Equal(t, "Bearer test-key", req.Header.Get("Authorization"))
+			}
+		})
+	}
+}
+
+// The tool loop, on both wire formats: the second request carries the
+// assistant's tool call and the tool's result in the provider's shape.
+func TestLoopSendsToolResultsBack(t *testing.T) {
+	for _, name := range llm.Providers {
+		t.Run(name, func(t *testing.T) {
+			s := llmtest.New(t,
+				llmtest.Turn{Calls: []llmtest.Call{{ID: "c1", Name: "echo", Input: `{"text":"ping"}`}}},
+				llmtest.Turn{Calls: []llmtest.Call{{ID: "c2", Name: "rm_rf", Input: `{}`}}},
+				llmtest.Turn{Text: "done"},
+			)
+			var ran []string
+			res, err := llm.Loop(context.Background(), provider(t, name, s), llm.Request{
+				Model: "m", Messages: []llm.Message{llm.Text("user", "go")}, Tools: []llm.Tool{echoTool},
+			}, func(_ context.Context, c llm.ToolCall) (string, bool) {
+				ran = append(ran, c.Name)
+				return "pong:" + string(c.Input), false
+			}, 5, llm.LoopHooks{})
+			require.NoError(t, err)
+			assert.Equal(t, "done", res.Text)
+			assert.Equal(t, 3, res.Turns)
+			assert.Equal(t, []string{"echo"}, ran, "an invented tool never runs")
+			assert.Len(t, res.ToolCalls, 2)
+			assert.Len(t, res.Messages, 6)
+			assert.Equal(t, llm.Usage{InputTokens: 30, OutputTokens: 15}, res.Usage)
+
+			reqs := s.Requests()
+			require.Len(t, reqs, 3)
+			second, third := reqs[1].Raw, reqs[2].Raw
+			assert.Contains(t, second, `pong:{\"text\":\"ping\"}`)
+			assert.Contains(t, third, `unknown tool \"rm_rf\"`)
+			if name == "anthropic" {
+				assert.Contains(t, second, `"type":"tool_use","id":"c1","name":"echo","input":{"text":"ping"}`)
+				assert.Contains(t, second, `"type":"tool_result","tool_use_id":"c1"`)
+				assert.Contains(t, third, `"is_error":true`)
+			} else {
+				assert.Contains(t, second, `"tool_calls":[{"id":"c1","type":"function","function":{"name":"echo","arguments":"{\"text\":\"ping\"}"}}]`)
+				assert.Contains(t, second, `"role":"tool","content":"pong:`)
+				assert.Contains(t, second, `"tool_call_id":"c1"`)
+			}
+		})
+	}
+}
+
+func TestErrors(t *testing.T) {
+	llm.MaxRetryAfter = 2e9
+	for _, name := range llm.Providers {
+		t.Run(name+"/429 then success", func(t *testing.T) {
+			s := llmtest.New(t, llmtest.Turn{Status: 429, RetryAfter: "0", ErrMessage: "slow down"}, llmtest.Turn{Text: "ok"})
+			r, err := provider(t, name, s).Stream(context.Background(), llm.Request{Model: "m", Messages: []llm.Message{llm.Text("user", "hi")}}, nil)
+			require.NoError(t, err)
+			assert.Equal(t, "ok", r.Text)
+			assert.Len(t, s.Requests(), 2)
+		})
+		t.Run(name+"/429 twice", func(t *testing.T) {
+			s := llmtest.New(t, llmtest.Turn{Status: 429, RetryAfter: "0", ErrMessage: "slow down"}, llmtest.Turn{Status: 429, ErrMessage: "still slow"})
+			_, err := provider(t, name, s).Stream(context.Background(), llm.Request{Model: "m"}, nil)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "429")
+			assert.Contains(t, err.Error(), "still slow")
+			assert.Len(t, s.Requests(), 2, "one retry, not more")
+		})
+		t.Run(name+"/429 with a long Retry-After", func(t *testing.T) {
+			s := llmtest.New(t, llmtest.Turn{Status: 429, RetryAfter: "3600", ErrMessage: "come back in an hour"})
+			_, err := provider(t, name, s).Stream(context.Background(), llm.Request{Model: "m"}, nil)
+			require.ErrorContains(t, err, "come back in an hour")
+			assert.Len(t, s.Requests(), 1)
+		})
+		for _, st := range []int{401, 500} {
+			t.Run(name+"/"+strconv.Itoa(st), func(t *testing.T) {
+				s := llmtest.New(t, llmtest.Turn{Status: st, ErrMessage: "the provider says no to key test-key"})
+				_, err := provider(t, name, s).Stream(context.Background(), llm.Request{Model: "m"}, nil)
+				var apiErr *llm.APIError
+				require.ErrorAs(t, err, &apiErr)
+				assert.Equal(t, st, apiErr.Status)
+				assert.Contains(t, err.Error(), "the provider says no")
+				assert.NotContains(t, err.Error(), "test-key", "a key the server echoes is redacted")
+				assert.Contains(t, err.Error(), "[redacted]")
+			})
+		}
+		t.Run(name+"/error event mid-stream", func(t *testing.T) {
+			s := llmtest.New(t, llmtest.Turn{Text: "partial", StreamError: "overloaded"})
+			_, err := provider(t, name, s).Stream(context.Background(), llm.Request{Model: "m"}, nil)
+			require.ErrorContains(t, err, "overloaded")
+		})
+		t.Run(name+"/max_turns", func(t *testing.T) {
+			s := llmtest.New(t,
+				llmtest.Turn{Calls: []llmtest.Call{{ID: "1", Name: "echo", Input: `{}`}}},
+				llmtest.Turn{Calls: []llmtest.Call{{ID: "2", Name: "echo", Input: `{}`}}})
+			_, err := llm.Loop(context.Background(), provider(t, name, s), llm.Request{Model: "m", Tools: []llm.Tool{echoTool}},
+				func(context.Context, llm.ToolCall) (string, bool) { return "", false }, 2, llm.LoopHooks{})
+			require.ErrorContains(t, err, "max_turns (2) reached")
+		})
+	}
+}
+
+func TestNewNamesWhatIsMissing(t *testing.T) {
+	none := func(string) string { return "" }
+	_, err := llm.New("gemini", none, nil)
+	assert.ErrorContains(t, err, `unknown provider "gemini": want one of anthropic, openai`)
+	_, err = llm.New("anthropic", none, nil)
+	assert.ErrorContains(t, err, "ANTHROPIC_API_KEY")
+	_, err = llm.New("openai", none, nil)
+	assert.ErrorContains(t, err, "OPENAI_API_KEY")
+	_, err = llm.New("openai", func(k string) string { return map[string]string{"OPENAI_BASE_URL": "http://127.0.0.1:11434/v1"}[k] }, nil)
+	assert.NoError(t, err, "a local server needs no key")
+}
+
+func TestAbortMidStream(t *testing.T) {
+	for _, name := range llm.Providers {
+		t.Run(name, func(t *testing.T) {
+			started := make(chan struct{})
+			s := llmtest.New(t, llmtest.Turn{Text: "a long answer", Hold: make(chan struct{}), Started: started})
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() { <-started; cancel() }()
+			_, err := provider(t, name, s).Stream(ctx, llm.Request{Model: "m"}, nil)
+			require.ErrorIs(t, err, context.Canceled)
+		})
+	}
+}

@@ -1,0 +1,98 @@
+package llm
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// ToolRunner runs one tool call; its result (or its error, as text) goes
+// back to the model as a tool_result. Only a cancelled ctx stops the loop.
+type ToolRunner func(ctx context.Context, call ToolCall) (result string, isError bool)
+
+// LoopResult is a finished tool loop.
+type LoopResult struct {
+	// Text is the final answer's text.
+	Text string `json:"text"`
+	// Messages is the whole conversation, request messages included.
+	Messages []Message `json:"messages"`
+	// ToolCalls are all the calls the model made, in order.
+	ToolCalls  []ToolCall `json:"tool_calls"`
+	Usage      Usage      `json:"usage"`
+	StopReason string     `json:"stop_reason"`
+	Turns      int        `json:"turns"`
+}
+
+// LoopHooks observe a loop as it runs; any may be nil.
+type LoopHooks struct {
+	Text       func(turn int, piece string)
+	ToolCall   func(call ToolCall)
+	ToolResult func(call ToolCall, result string, isError bool)
+}
+
+// DefaultMaxTurns bounds a tool loop when the caller gives no bound.
+const DefaultMaxTurns = 20
+
+// Loop calls the model, runs the tools it asks for, gives it their
+// results, and calls it again until it answers without asking for a tool.
+// A tool outside req.Tools goes back to the model as a tool error. More
+// than maxTurns model calls is an error (with the partial result).
+func Loop(ctx context.Context, p Provider, req Request, run ToolRunner, maxTurns int, hooks LoopHooks) (LoopResult, error) {
+	if maxTurns <= 0 {
+		maxTurns = DefaultMaxTurns
+	}
+	names := make([]string, len(req.Tools))
+	for i, t := range req.Tools {
+		names[i] = t.Name
+	}
+	res := LoopResult{Messages: slices.Clone(req.Messages)}
+	for {
+		if res.Turns == maxTurns {
+			return res, fmt.Errorf("max_turns (%d) reached and the model still asks for tools: raise max_turns or narrow the task", maxTurns)
+		}
+		res.Turns++
+		turn := res.Turns
+		call := req
+		call.Messages = res.Messages
+		var onText func(string)
+		if hooks.Text != nil {
+			onText = func(s string) { hooks.Text(turn, s) }
+		}
+		r, err := p.Stream(ctx, call, onText)
+		res.Usage.Add(r.Usage)
+		res.Text, res.StopReason = r.Text, r.StopReason
+		if err != nil {
+			return res, fmt.Errorf("model call %d: %w", turn, err)
+		}
+		res.Messages = append(res.Messages, r.Message())
+		if len(r.ToolCalls) == 0 {
+			return res, nil
+		}
+		results := Message{Role: "user"}
+		for _, c := range r.ToolCalls {
+			res.ToolCalls = append(res.ToolCalls, c)
+			if hooks.ToolCall != nil {
+				hooks.ToolCall(c)
+			}
+			var out string
+			var isErr bool
+			switch {
+			case !slices.Contains(names, c.Name):
+				out, isErr = fmt.Sprintf("unknown tool %q: the tools you may call are %s", c.Name, strings.Join(names, ", ")), true
+			case run == nil:
+				out, isErr = "no tools are available here", true
+			default:
+				out, isErr = run(ctx, c)
+			}
+			if err := ctx.Err(); err != nil {
+				return res, err
+			}
+			if hooks.ToolResult != nil {
+				hooks.ToolResult(c, out, isErr)
+			}
+			results.Content = append(results.Content, Block{Type: "tool_result", ToolUseID: c.ID, Text: out, IsError: isErr})
+		}
+		res.Messages = append(res.Messages, results)
+	}
+}

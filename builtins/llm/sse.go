@@ -1,0 +1,136 @@
+package llm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// MaxRetryAfter bounds the wait before the one retry of a 429: a longer
+// Retry-After fails the call at once with the provider's message.
+var MaxRetryAfter = 30 * time.Second
+
+// post sends body as JSON to url with the headers and returns the response
+// of a 2xx. A 429 is retried once after its Retry-After (bounded by
+// MaxRetryAfter); any other non-2xx becomes an *APIError via parseErr.
+func post(ctx context.Context, hc *http.Client, provider, url string, headers map[string]string, body any, parseErr func([]byte) (typ, msg string)) (*http.Response, error) {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return nil, fmt.Errorf("%s: encode the request: %w", provider, err)
+	}
+	for attempt := 0; ; attempt++ {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(raw))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", provider, err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "text/event-stream")
+		for k, v := range headers {
+			req.Header.Set(k, v)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			// The URL is not secret (keys travel in headers); it tells the
+			// user which server did not answer.
+			return nil, fmt.Errorf("%s: %w", provider, err)
+		}
+		if resp.StatusCode/100 == 2 {
+			return resp, nil
+		}
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		apiErr := &APIError{Provider: provider, Status: resp.StatusCode}
+		apiErr.Type, apiErr.Message = parseErr(msg)
+		if apiErr.Message == "" && apiErr.Type == "" {
+			apiErr.Message = strings.TrimSpace(string(msg))
+		}
+		// A server may echo what it was sent (a proxy, a local server's
+		// debug answer): the error goes to cells and logs, the key must not.
+		for _, v := range headers {
+			for _, secret := range []string{v, strings.TrimPrefix(v, "Bearer ")} {
+				if len(secret) >= 8 {
+					apiErr.Message = strings.ReplaceAll(apiErr.Message, secret, "[redacted]")
+				}
+			}
+		}
+		if resp.StatusCode != http.StatusTooManyRequests || attempt > 0 {
+			return nil, apiErr
+		}
+		wait, ok := retryAfter(resp.Header.Get("Retry-After"))
+		if !ok {
+			return nil, apiErr
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// retryAfter reads a Retry-After header (seconds or an HTTP date); no
+// header waits one second. ok is false beyond MaxRetryAfter.
+func retryAfter(h string) (time.Duration, bool) {
+	d := time.Second
+	if h != "" {
+		if s, err := strconv.ParseFloat(h, 64); err == nil && s >= 0 {
+			d = time.Duration(s * float64(time.Second))
+		} else if t, err := http.ParseTime(h); err == nil {
+			d = max(time.Until(t), 0)
+		}
+	}
+	return d, d <= MaxRetryAfter
+}
+
+// readSSE calls fn with each server-sent event of r (its event name, ""
+// when none, and its data lines joined) until r ends or fn fails.
+func readSSE(r io.Reader, fn func(event string, data []byte) error) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 8<<20)
+	var event string
+	var data bytes.Buffer
+	dispatch := func() error {
+		if data.Len() == 0 && event == "" {
+			return nil
+		}
+		d := bytes.TrimSuffix(data.Bytes(), []byte("\n"))
+		err := fn(event, d)
+		event = ""
+		data.Reset()
+		return err
+	}
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" {
+			if err := dispatch(); err != nil {
+				return err
+			}
+			continue
+		}
+		if strings.HasPrefix(line, ":") {
+			continue // comment / keep-alive
+		}
+		field, value, _ := strings.Cut(line, ":")
+		value = strings.TrimPrefix(value, " ")
+		switch field {
+		case "event":
+			event = value
+		case "data":
+			data.WriteString(value)
+			data.WriteByte('\n')
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	return dispatch()
+}

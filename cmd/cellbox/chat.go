@@ -1,0 +1,120 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/cellbox/cellbox/builtins"
+	"github.com/cellbox/cellbox/builtins/llm"
+	"github.com/cellbox/cellbox/sandboxclient"
+)
+
+func init() {
+	register(command{
+		name:  "chat",
+		usage: "[--provider P --model M --box NAME --allow a,b] [--server URL --session ID --token T]  talk to a model that works in a session's box",
+		run:   runChat,
+	})
+}
+
+// chatOptions shape a chat: the same request and loop an llm node makes.
+type chatOptions struct {
+	model, system, box string
+	allow              []string
+	maxTurns           int
+}
+
+func runChat(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("chat", flag.ContinueOnError)
+	cf := addClientFlags(fs, true)
+	provider := fs.String("provider", envOr("CELLBOX_LLM_PROVIDER", "openai"), "anthropic or openai (any OpenAI-compatible server: OPENAI_BASE_URL); env CELLBOX_LLM_PROVIDER")
+	model := fs.String("model", os.Getenv("CELLBOX_LLM_MODEL"), "the model (env CELLBOX_LLM_MODEL)")
+	system := fs.String("system", "You work in a Linux sandbox through its tools; files live in /workspace.", "the system prompt")
+	box := fs.String("box", "default", "the box of the session the tools act on (created on first use)")
+	allow := fs.String("allow", "", "comma-separated tools the model may call (default: every tool about one box)")
+	maxTurns := fs.Int("max-turns", llm.DefaultMaxTurns, "model calls per message, at most")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *model == "" {
+		return errors.New("no model: pass --model (or set CELLBOX_LLM_MODEL)")
+	}
+	if *cf.session == "" || *cf.token == "" {
+		return errors.New("no session: run `eval \"$(cellbox session new)\"` or pass --session and --token")
+	}
+	p, err := llm.New(*provider, nil, nil)
+	if err != nil {
+		return err
+	}
+	opts := chatOptions{model: *model, system: *system, box: *box, maxTurns: *maxTurns}
+	if *allow != "" {
+		opts.allow = strings.Split(*allow, ",")
+	}
+	fmt.Fprintf(os.Stderr, "chatting with %s %s in box %q; an empty line or Ctrl-D ends\n", *provider, *model, *box)
+	return chat(ctx, os.Stdin, os.Stdout, sandboxclient.New(*cf.server, *cf.session, *cf.token), p, opts)
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// chatResultLimit caps a tool result as printed (the model gets it whole).
+const chatResultLimit = 400
+
+// chat reads user messages, one a line, from in and runs the tool loop on
+// each, keeping the conversation; it prints the answer as it streams and
+// each tool call and result as it happens. It is the llm node's loop
+// (llm.Loop with builtins.BoxTools and BoxToolRunner), in a terminal.
+func chat(ctx context.Context, in io.Reader, out io.Writer, c sandboxclient.Client, p llm.Provider, o chatOptions) error {
+	tools, err := builtins.BoxTools(ctx, c, o.allow)
+	if err != nil {
+		return err
+	}
+	run := builtins.BoxToolRunner(c, o.box)
+	var history []llm.Message
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for {
+		fmt.Fprint(out, "> ")
+		if !sc.Scan() {
+			fmt.Fprintln(out)
+			return sc.Err()
+		}
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line == "/quit" {
+			return nil
+		}
+		req := llm.Request{Model: o.model, System: o.system, Tools: tools, Messages: append(history, llm.Text("user", line))}
+		res, err := llm.Loop(ctx, p, req, run, o.maxTurns, llm.LoopHooks{
+			Text:     func(_ int, piece string) { fmt.Fprint(out, piece) },
+			ToolCall: func(call llm.ToolCall) { fmt.Fprintf(out, "\n→ %s %s\n", call.Name, call.Input) },
+			ToolResult: func(_ llm.ToolCall, result string, isError bool) {
+				mark := "←"
+				if isError {
+					mark = "← error:"
+				}
+				if len(result) > chatResultLimit {
+					result = result[:chatResultLimit] + fmt.Sprintf("… (%d bytes)", len(result))
+				}
+				fmt.Fprintf(out, "%s %s\n", mark, result)
+			},
+		})
+		fmt.Fprintln(out)
+		if err != nil {
+			// The conversation goes on without the failed exchange.
+			fmt.Fprintf(out, "error: %v\n", err)
+			continue
+		}
+		history = res.Messages
+		fmt.Fprintf(out, "[%d turns, %d+%d tokens]\n", res.Turns, res.Usage.InputTokens, res.Usage.OutputTokens)
+	}
+}

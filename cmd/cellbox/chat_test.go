@@ -1,0 +1,52 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/builtins/llm"
+	"github.com/cellbox/cellbox/internal/boxtest"
+	"github.com/cellbox/cellbox/internal/llmtest"
+)
+
+// TestChat drives `cellbox chat`'s loop against the scripted server and a
+// real local box: the model writes a file through the tools, the
+// conversation is kept across messages, each call is printed.
+func TestChat(t *testing.T) {
+	svc, _ := boxtest.Service(t, boxtest.Options{})
+	id, _, err := svc.NewSession(context.Background())
+	require.NoError(t, err)
+	c := svc.Client(id)
+	s := llmtest.New(t,
+		llmtest.Turn{Calls: []llmtest.Call{{ID: "w", Name: "write_file", Input: `{"path":"hello.txt","content":"hi from the model\n"}`}}},
+		llmtest.Turn{Text: "Wrote hello.txt."},
+		llmtest.Turn{Calls: []llmtest.Call{{ID: "r", Name: "shell", Input: `{"command":"cat hello.txt"}`}}},
+		llmtest.Turn{Text: "It says hi."},
+	)
+	env := s.Env()
+	p, err := llm.New("openai", func(k string) string { return env[k] }, s.Client())
+	require.NoError(t, err)
+
+	var out strings.Builder
+	in := strings.NewReader("write hello.txt\nwhat does it say?\n")
+	require.NoError(t, chat(context.Background(), in, &out, c, p, chatOptions{model: "m", box: "chat", allow: []string{"write_file", "shell"}, maxTurns: 4}))
+
+	var file strings.Builder
+	_, err = c.Download(context.Background(), "chat", "/workspace/hello.txt", &file)
+	require.NoError(t, err)
+	assert.Equal(t, "hi from the model\n", file.String())
+
+	printed := out.String()
+	assert.Contains(t, printed, `→ write_file {"path":"hello.txt"`)
+	assert.Contains(t, printed, "Wrote hello.txt.")
+	assert.Contains(t, printed, `hi from the model\n`)
+	assert.Contains(t, printed, "It says hi.")
+	reqs := s.Requests()
+	require.Len(t, reqs, 4)
+	assert.Contains(t, reqs[2].Raw, "write hello.txt", "the second message carries the first exchange")
+	assert.Contains(t, reqs[2].Raw, "Wrote hello.txt.")
+}
