@@ -40,7 +40,7 @@ type Options struct {
 // (agent socket paths are limited) and returns it with that directory.
 // Cleanup closes the service and removes every box of the directory, also
 // those of a test that failed half-way.
-func Service(t *testing.T, opts Options) (*sandbox.Service, string) {
+func Service(t testing.TB, opts Options) (*sandbox.Service, string) {
 	t.Helper()
 	testenv.RequireBwrap(t)
 	if opts.Logger == nil {
