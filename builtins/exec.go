@@ -182,12 +182,18 @@ func (x *Exec) Key(in runtime.Inputs) (string, bool, error) {
 	if err != nil {
 		return "", false, err
 	}
+	return memoKey("exec/v1", job, !x.spec.NoCache)
+}
+
+// memoKey is the memo key of an async node's resolved job: kind's prefix
+// and a SHA-256 of the job's JSON; use says whether the node caches.
+func memoKey(kind string, job any, use bool) (string, bool, error) {
 	raw, err := json.Marshal(job)
 	if err != nil {
-		return "", false, fmt.Errorf("hash the run: %w", err)
+		return "", false, fmt.Errorf("hash the %s job: %w", kind, err)
 	}
 	sum := sha256.Sum256(raw)
-	return "exec/v1:" + hex.EncodeToString(sum[:]), !x.spec.NoCache, nil
+	return kind + ":" + hex.EncodeToString(sum[:]), use, nil
 }
 
 // execGrace is how long a run may outlive its timeout: the agent kills a

@@ -2,8 +2,6 @@ package builtins
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -243,12 +241,7 @@ func (f *Fetch) Key(in runtime.Inputs) (string, bool, error) {
 	if err != nil {
 		return "", false, err
 	}
-	raw, err := json.Marshal(job)
-	if err != nil {
-		return "", false, fmt.Errorf("hash the request: %w", err)
-	}
-	sum := sha256.Sum256(raw)
-	return "fetch/v1:" + hex.EncodeToString(sum[:]), !f.spec.NoCache, nil
+	return memoKey("fetch/v1", job, !f.spec.NoCache)
 }
 
 // Run sends the request and reads the response.

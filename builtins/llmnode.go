@@ -297,12 +297,7 @@ func (l *LLM) Key(in runtime.Inputs) (string, bool, error) {
 	if _, err := llm.New(job.Provider, l.lenv.Getenv, l.lenv.HTTP); err != nil {
 		return "", false, err
 	}
-	raw, err := json.Marshal(job)
-	if err != nil {
-		return "", false, fmt.Errorf("hash the request: %w", err)
-	}
-	sum := sha256.Sum256(raw)
-	return "llm/v1:" + hex.EncodeToString(sum[:]), !l.spec.NoCache, nil
+	return memoKey("llm/v1", job, !l.spec.NoCache)
 }
 
 // Run calls the model and runs the tool loop.
