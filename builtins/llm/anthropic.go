@@ -162,11 +162,7 @@ func (a *anthropic) Stream(ctx context.Context, req Request, onText func(string)
 		return nil
 	})
 	if err != nil {
-		var apiErr *APIError
-		if ctx.Err() != nil && !errors.As(err, &apiErr) {
-			return out, ctx.Err()
-		}
-		return out, err
+		return out, streamError(ctx, err)
 	}
 	if !stopped {
 		return out, errors.New("anthropic: the stream ended before message_stop (connection cut?)")

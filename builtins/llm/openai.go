@@ -202,11 +202,7 @@ func (o *openAI) Stream(ctx context.Context, req Request, onText func(string)) (
 		return nil
 	})
 	if err != nil {
-		var apiErr *APIError
-		if ctx.Err() != nil && !errors.As(err, &apiErr) {
-			return out, ctx.Err()
-		}
-		return out, err
+		return out, streamError(ctx, err)
 	}
 	if !done && out.StopReason == "" {
 		return out, errors.New("openai: the stream ended before a finish_reason (connection cut?)")

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -89,6 +90,17 @@ func retryAfter(h string) (time.Duration, bool) {
 		}
 	}
 	return d, d <= MaxRetryAfter
+}
+
+// streamError is what a failed read of a stream returns: the provider's
+// own error when it sent one, else the context's error when the call was
+// cancelled (the read failed because of it), else err.
+func streamError(ctx context.Context, err error) error {
+	var apiErr *APIError
+	if ctx.Err() != nil && !errors.As(err, &apiErr) {
+		return ctx.Err()
+	}
+	return err
 }
 
 // readSSE calls fn with each server-sent event of r (its event name, ""
