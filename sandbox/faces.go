@@ -9,13 +9,9 @@ package sandbox
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"slices"
 	"time"
-
-	"github.com/cellbox/cellbox/sandbox/agent"
-	"github.com/cellbox/cellbox/sandbox/api"
 )
 
 // MaxFileBytes is the most a file tool reads or writes in one call (2 MiB).
@@ -67,36 +63,6 @@ func (s *Service) Pin(id string) error {
 	}
 	s.pin(id)
 	return nil
-}
-
-// The streaming operations, for a session sess that Authenticate returned.
-// box is the box's name in the session (created on first use, woken if
-// asleep); notice receives what happened to the box on the way (it was
-// lost and recreated, it died and was restarted).
-
-// Exec runs a command in box, passing its output to onOutput (if not nil)
-// as it comes. allowed_commands applies.
-func (s *Service) Exec(ctx context.Context, sess *Session, box string, req api.ExecRequest, onOutput func(stream string, data []byte), notice func(string)) (api.ExecResult, error) {
-	return s.exec(ctx, sess, box, req, onOutput, notice)
-}
-
-// Download writes the file path of box to w; start (if not nil) sees the
-// file's info before the first byte, and a directory is refused before.
-func (s *Service) Download(ctx context.Context, sess *Session, box, path string, w io.Writer, start func(agent.FileInfo) error, notice func(string)) (int64, error) {
-	return s.download(ctx, sess, box, path, w, start, notice)
-}
-
-// Upload writes r into the file path of box, creating its parents; mode 0
-// keeps an existing file's mode (or makes it 0644).
-func (s *Service) Upload(ctx context.Context, sess *Session, box, path string, r io.Reader, mode uint32, notice func(string)) (int64, error) {
-	return s.upload(ctx, sess, box, path, r, mode, notice)
-}
-
-// Watch delivers batches of file changes under path in box until ctx
-// ends (debounce: how long changes are gathered into one batch; 0, the
-// agent's default); the box stays awake meanwhile.
-func (s *Service) Watch(ctx context.Context, sess *Session, box, path string, debounce time.Duration, notice func(string)) (<-chan []api.WatchEvent, error) {
-	return s.watch(ctx, sess, box, path, debounce, notice)
 }
 
 // toolOutputKey carries the output callback of a tool call (WithToolOutput).

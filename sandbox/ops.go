@@ -17,7 +17,14 @@ import (
 // The streaming operations behind the HTTP endpoints and the in-process
 // client: exec with output callbacks, raw file download and upload, watch.
 
-func (s *Service) exec(ctx context.Context, sess *Session, box string, req api.ExecRequest, onOutput func(stream string, data []byte), notice func(string)) (api.ExecResult, error) {
+// The streaming operations, for a session sess that Authenticate returned.
+// box is the box's name in the session (created on first use, woken if
+// asleep); notice receives what happened to the box on the way (it was
+// lost and recreated, it died and was restarted).
+
+// Exec runs a command in box, passing its output to onOutput (if not nil)
+// as it comes. allowed_commands applies.
+func (s *Service) Exec(ctx context.Context, sess *Session, box string, req api.ExecRequest, onOutput func(stream string, data []byte), notice func(string)) (api.ExecResult, error) {
 	if req.Command == "" && len(req.Argv) == 0 {
 		return api.ExecResult{}, api.WithCode(api.CodeInvalidInput, errors.New("exec: give a command or an argv"))
 	}
@@ -48,9 +55,9 @@ func (s *Service) exec(ctx context.Context, sess *Session, box string, req api.E
 	return api.ExecResult(res), nil
 }
 
-// download streams a file to w; start (if not nil) sees the file's info
-// before the first byte.
-func (s *Service) download(ctx context.Context, sess *Session, box, path string, w io.Writer, start func(agent.FileInfo) error, notice func(string)) (int64, error) {
+// Download writes the file path of box to w; start (if not nil) sees the
+// file's info before the first byte, and a directory is refused before.
+func (s *Service) Download(ctx context.Context, sess *Session, box, path string, w io.Writer, start func(agent.FileInfo) error, notice func(string)) (int64, error) {
 	l, err := s.acquire(ctx, sess, box, notice)
 	if err != nil {
 		return 0, err
@@ -72,8 +79,9 @@ func (s *Service) download(ctx context.Context, sess *Session, box, path string,
 	return n, s.explain(ctx, l, err)
 }
 
-// upload streams r into a file (mode 0: keep the existing mode or 0644).
-func (s *Service) upload(ctx context.Context, sess *Session, box, path string, r io.Reader, mode uint32, notice func(string)) (int64, error) {
+// Upload writes r into the file path of box, creating its parents; mode 0
+// keeps an existing file's mode (or makes it 0644).
+func (s *Service) Upload(ctx context.Context, sess *Session, box, path string, r io.Reader, mode uint32, notice func(string)) (int64, error) {
 	l, err := s.acquire(ctx, sess, box, notice)
 	if err != nil {
 		return 0, err
@@ -83,9 +91,10 @@ func (s *Service) upload(ctx context.Context, sess *Session, box, path string, r
 	return n, s.explain(ctx, l, err)
 }
 
-// watch streams batches of file changes under path until ctx ends. The box
-// stays awake while it is watched.
-func (s *Service) watch(ctx context.Context, sess *Session, box, path string, debounce time.Duration, notice func(string)) (<-chan []api.WatchEvent, error) {
+// Watch delivers batches of file changes under path in box until ctx
+// ends (debounce: how long changes are gathered into one batch; 0, the
+// agent's default); the box stays awake meanwhile.
+func (s *Service) Watch(ctx context.Context, sess *Session, box, path string, debounce time.Duration, notice func(string)) (<-chan []api.WatchEvent, error) {
 	l, err := s.acquire(ctx, sess, box, notice)
 	if err != nil {
 		return nil, err
@@ -231,7 +240,7 @@ func (c *LocalClient) Exec(ctx context.Context, box string, req api.ExecRequest,
 	if err != nil {
 		return api.ExecResult{}, coded(err)
 	}
-	res, err := c.s.exec(ctx, sess, box, req, onOutput, c.logNotice)
+	res, err := c.s.Exec(ctx, sess, box, req, onOutput, c.logNotice)
 	return res, coded(err)
 }
 
@@ -241,7 +250,7 @@ func (c *LocalClient) Upload(ctx context.Context, box, path string, r io.Reader)
 	if err != nil {
 		return 0, coded(err)
 	}
-	n, err := c.s.upload(ctx, sess, box, path, r, 0, c.logNotice)
+	n, err := c.s.Upload(ctx, sess, box, path, r, 0, c.logNotice)
 	return n, coded(err)
 }
 
@@ -251,7 +260,7 @@ func (c *LocalClient) Download(ctx context.Context, box, path string, w io.Write
 	if err != nil {
 		return 0, coded(err)
 	}
-	n, err := c.s.download(ctx, sess, box, path, w, nil, c.logNotice)
+	n, err := c.s.Download(ctx, sess, box, path, w, nil, c.logNotice)
 	return n, coded(err)
 }
 
@@ -261,6 +270,6 @@ func (c *LocalClient) Watch(ctx context.Context, box, path string) (<-chan []api
 	if err != nil {
 		return nil, coded(err)
 	}
-	ch, err := c.s.watch(ctx, sess, box, path, 0, c.logNotice)
+	ch, err := c.s.Watch(ctx, sess, box, path, 0, c.logNotice)
 	return ch, coded(err)
 }
