@@ -24,13 +24,6 @@ func (s *Service) Config() Config { return s.cfg }
 // Logger returns the service's logger (Config.Logger or slog.Default()).
 func (s *Service) Logger() *slog.Logger { return s.log }
 
-// CheckAllowedCommands reports whether prefixes is a valid allowed_commands
-// list for NewSessionWith (an error says what is wrong with it).
-func CheckAllowedCommands(prefixes []string) error {
-	_, err := newAllowList(prefixes)
-	return err
-}
-
 // SessionInfo describes a session (GET /v1/sessions).
 type SessionInfo struct {
 	ID      string    `json:"id"`

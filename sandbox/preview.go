@@ -86,7 +86,7 @@ func browseTool(ctx context.Context, c *call, in api.BrowseInput) (api.BrowseOut
 		conn.Close()
 		out.Listening = true
 	} else {
-		c.notices = append(c.notices, fmt.Sprintf("nothing listens on port %d in this sandbox yet; the URL works once a server does (start it with shell and background: true, listening on 127.0.0.1 or 0.0.0.0)", in.Port))
+		c.notice(fmt.Sprintf("nothing listens on port %d in this sandbox yet; the URL works once a server does (start it with shell and background: true, listening on 127.0.0.1 or 0.0.0.0)", in.Port))
 	}
 	return out, nil
 }

@@ -47,7 +47,7 @@ func (s *Service) NewSession(ctx context.Context) (id, token string, err error) 
 func (s *Service) NewSessionWith(ctx context.Context, opts api.NewSessionRequest) (id, token string, err error) {
 	allowed, err := newAllowList(opts.AllowedCommands)
 	if err != nil {
-		return "", "", err
+		return "", "", api.WithCode(api.CodeInvalidInput, err)
 	}
 	id = "s-" + randomID(8)
 	token = randomID(32)

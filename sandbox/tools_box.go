@@ -339,7 +339,7 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 		created = true
 	}
 	s.mu.Unlock()
-	l, err := s.use(ctx, sess, name, b, func(n string) { c.notices = append(c.notices, n) })
+	l, err := s.use(ctx, sess, name, b, c.notice)
 	if err != nil {
 		return out, err
 	}
@@ -354,7 +354,7 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 		}
 	}
 	if !created && in.Image != "" && in.Image != b.rec.Image {
-		c.notices = append(c.notices, fmt.Sprintf("sandbox %q already exists with image %s; it was left as it is (destroy it first to change its image)", name, b.rec.Image))
+		c.notice(fmt.Sprintf("sandbox %q already exists with image %s; it was left as it is (destroy it first to change its image)", name, b.rec.Image))
 	}
 	out.Created, out.ID = created, b.rec.ID
 	return out, nil

@@ -164,13 +164,13 @@ func (s *server) handleNewSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "POST /v1/sessions takes {\"allowed_commands\": [\"prefix\", ...]} or no body: "+err.Error())
 		return
 	}
-	if err := sandbox.CheckAllowedCommands(opts.AllowedCommands); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
 	id, token, err := s.svc.NewSessionWith(r.Context(), opts)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
+		status := http.StatusInternalServerError
+		if api.CodeOf(err) == api.CodeInvalidInput { // a bad allowed_commands list
+			status = http.StatusBadRequest
+		}
+		writeError(w, status, err.Error())
 		return
 	}
 	writeJSON(w, http.StatusCreated, api.NewSessionResult{ID: id, Token: token})
@@ -247,14 +247,13 @@ func describeJSONError(body []byte, err error) string {
 }
 
 func (s *server) handleTool(w http.ResponseWriter, r *http.Request, sess *sandbox.Session) {
-	profile := r.URL.Query().Get("profile")
-	if _, err := sandbox.LookupProfile(profile); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	name := r.PathValue("name")
+	profile, name := r.URL.Query().Get("profile"), r.PathValue("name")
 	if _, err := sandbox.LookupToolIn(profile, name); err != nil {
-		writeError(w, http.StatusNotFound, err.Error())
+		status := http.StatusNotFound
+		if errors.Is(err, sandbox.ErrUnknownProfile) {
+			status = http.StatusBadRequest
+		}
+		writeError(w, status, err.Error())
 		return
 	}
 	body, ok := readJSONBody(w, r)
