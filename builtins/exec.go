@@ -188,12 +188,21 @@ func (x *Exec) Key(in runtime.Inputs) (string, bool, error) {
 // memoKey is the memo key of an async node's resolved job: kind's prefix
 // and a SHA-256 of the job's JSON; use says whether the node caches.
 func memoKey(kind string, job any, use bool) (string, bool, error) {
-	raw, err := json.Marshal(job)
+	h, err := hashJSON(job)
 	if err != nil {
 		return "", false, fmt.Errorf("hash the %s job: %w", kind, err)
 	}
+	return kind + ":" + h, use, nil
+}
+
+// hashJSON is the SHA-256 (hex) of v's JSON.
+func hashJSON(v any) (string, error) {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return "", err
+	}
 	sum := sha256.Sum256(raw)
-	return kind + ":" + hex.EncodeToString(sum[:]), use, nil
+	return hex.EncodeToString(sum[:]), nil
 }
 
 // execGrace is how long a run may outlive its timeout: the agent kills a

@@ -2,8 +2,6 @@ package builtins
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -339,7 +337,10 @@ func (l *LLM) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 // come in the same order); both belong to the job (the inputs), so a
 // changed input starts afresh.
 func resumable(job llmJob, p llm.Provider, run llm.ToolRunner) (llm.Provider, llm.ToolRunner) {
-	jobKey := hashJSON(job)
+	jobKey, err := hashJSON(job)
+	if err != nil {
+		return p, run // a job that cannot be hashed is not resumed
+	}
 	p = stepProvider{p, jobKey}
 	if run == nil {
 		return p, nil
@@ -347,7 +348,11 @@ func resumable(job llmJob, p llm.Provider, run llm.ToolRunner) (llm.Provider, ll
 	seq := 0
 	return p, func(ctx context.Context, call llm.ToolCall) (string, bool) {
 		seq++
-		key := "llm-tool/v1:" + hashJSON([]any{jobKey, seq, call})
+		h, err := hashJSON([]any{jobKey, seq, call})
+		if err != nil {
+			return run(ctx, call)
+		}
+		key := "llm-tool/v1:" + h
 		var done struct {
 			Result  string `json:"result"`
 			IsError bool   `json:"is_error"`
@@ -370,7 +375,11 @@ type stepProvider struct {
 }
 
 func (s stepProvider) Stream(ctx context.Context, req llm.Request, onText func(string)) (llm.Response, error) {
-	key := "llm-call/v1:" + hashJSON([]any{s.job, req})
+	h, err := hashJSON([]any{s.job, req})
+	if err != nil {
+		return s.Provider.Stream(ctx, req, onText)
+	}
+	key := "llm-call/v1:" + h
 	var r llm.Response
 	if raw, ok := runtime.RecallStep(ctx, key); ok && json.Unmarshal(raw, &r) == nil {
 		if onText != nil && r.Text != "" {
@@ -378,17 +387,11 @@ func (s stepProvider) Stream(ctx context.Context, req llm.Request, onText func(s
 		}
 		return r, nil
 	}
-	r, err := s.Provider.Stream(ctx, req, onText)
+	r, err = s.Provider.Stream(ctx, req, onText)
 	if err == nil {
 		_ = runtime.RememberStep(ctx, key, r)
 	}
 	return r, err
-}
-
-func hashJSON(v any) string {
-	raw, _ := json.Marshal(v)
-	sum := sha256.Sum256(raw)
-	return hex.EncodeToString(sum[:])
 }
 
 // progressEvery throttles the partial results an answer publishes as it

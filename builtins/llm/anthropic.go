@@ -44,21 +44,6 @@ type aRequest struct {
 	Stream      bool       `json:"stream"`
 }
 
-type aError struct {
-	Error struct {
-		Type    string `json:"type"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
-func parseAnthropicError(b []byte) (string, string) {
-	var e aError
-	if json.Unmarshal(b, &e) != nil {
-		return "", ""
-	}
-	return e.Error.Type, e.Error.Message
-}
-
 func (a *anthropic) Stream(ctx context.Context, req Request, onText func(string)) (Response, error) {
 	body := aRequest{Model: req.Model, System: req.System, Tools: req.Tools, MaxTokens: req.MaxTokens, Temperature: req.Temperature, Stream: true}
 	if body.MaxTokens <= 0 {
@@ -81,7 +66,7 @@ func (a *anthropic) Stream(ctx context.Context, req Request, onText func(string)
 	resp, err := post(ctx, a.http, "anthropic", a.base+"/v1/messages", map[string]string{
 		"x-api-key":         a.key,
 		"anthropic-version": "2023-06-01",
-	}, body, parseAnthropicError)
+	}, body)
 	if err != nil {
 		return Response{}, err
 	}

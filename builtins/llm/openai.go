@@ -60,19 +60,6 @@ type oRequest struct {
 	} `json:"stream_options"`
 }
 
-func parseOpenAIError(b []byte) (string, string) {
-	var e struct {
-		Error struct {
-			Type    string `json:"type"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	if json.Unmarshal(b, &e) != nil {
-		return "", ""
-	}
-	return e.Error.Type, e.Error.Message
-}
-
 func str(s string) *string { return &s }
 
 // openAIMessages maps neutral messages to Chat Completions ones: the
@@ -129,7 +116,7 @@ func (o *openAI) Stream(ctx context.Context, req Request, onText func(string)) (
 	if o.key != "" {
 		headers["Authorization"] = "Bearer " + o.key
 	}
-	resp, err := post(ctx, o.http, "openai", o.base+"/chat/completions", headers, body, parseOpenAIError)
+	resp, err := post(ctx, o.http, "openai", o.base+"/chat/completions", headers, body)
 	if err != nil {
 		return Response{}, err
 	}

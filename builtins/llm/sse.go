@@ -20,8 +20,8 @@ var MaxRetryAfter = 30 * time.Second
 
 // post sends body as JSON to url with the headers and returns the response
 // of a 2xx. A 429 is retried once after its Retry-After (bounded by
-// MaxRetryAfter); any other non-2xx becomes an *APIError via parseErr.
-func post(ctx context.Context, hc *http.Client, provider, url string, headers map[string]string, body any, parseErr func([]byte) (typ, msg string)) (*http.Response, error) {
+// MaxRetryAfter); any other non-2xx becomes an *APIError (parseErrorBody).
+func post(ctx context.Context, hc *http.Client, provider, url string, headers map[string]string, body any) (*http.Response, error) {
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return nil, fmt.Errorf("%s: encode the request: %w", provider, err)
@@ -48,7 +48,7 @@ func post(ctx context.Context, hc *http.Client, provider, url string, headers ma
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
 		apiErr := &APIError{Provider: provider, Status: resp.StatusCode}
-		apiErr.Type, apiErr.Message = parseErr(msg)
+		apiErr.Type, apiErr.Message = parseErrorBody(msg)
 		if apiErr.Message == "" && apiErr.Type == "" {
 			apiErr.Message = strings.TrimSpace(string(msg))
 		}
@@ -90,6 +90,21 @@ func retryAfter(h string) (time.Duration, bool) {
 		}
 	}
 	return d, d <= MaxRetryAfter
+}
+
+// parseErrorBody reads the type and message of a provider's error body:
+// both APIs answer {"error": {"type", "message"}}.
+func parseErrorBody(b []byte) (typ, msg string) {
+	var e struct {
+		Error struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(b, &e) != nil {
+		return "", ""
+	}
+	return e.Error.Type, e.Error.Message
 }
 
 // streamError is what a failed read of a stream returns: the provider's
