@@ -37,10 +37,13 @@ var (
 		KindFetch:   {"pending", "result", "error"},
 		KindLLM:     {"pending", "result", "error"},
 	}
-	fetchResult   = []string{"status", "headers", "body"}
-	llmResult     = []string{"text", "messages", "tool_calls", "usage", "stop_reason", "turns"}
+	// results: the fields of result, for the kinds that have one.
+	results = map[Kind][]string{
+		KindExec:  {"stdout", "stderr", "exit_code", "truncated", "files"},
+		KindFetch: {"status", "headers", "body"},
+		KindLLM:   {"text", "messages", "tool_calls", "usage", "stop_reason", "turns"},
+	}
 	previewFields = []string{"url", "host_url"}
-	execResult    = []string{"stdout", "stderr", "exit_code", "truncated", "files"}
 	streams       = map[Kind][]string{KindSandbox: {"run", "destroy"}}
 )
 
@@ -207,12 +210,18 @@ func (c *checker) llm(n *Node, at string, reads map[string]bool, val func(string
 		c.e.add(field(field(at, "tools"), "sandbox"), "%q is not a sandbox node of this pattern: tools act on a sandbox node's box", s.Tools.Sandbox)
 	default:
 		reads[s.Tools.Sandbox] = true
-		if c.edges[n.Name] == nil {
-			c.edges[n.Name] = map[string]string{}
-		}
-		if _, ok := c.edges[n.Name][s.Tools.Sandbox]; !ok {
-			c.edges[n.Name][s.Tools.Sandbox] = field(field(at, "tools"), "sandbox")
-		}
+		c.edge(n.Name, s.Tools.Sandbox, field(field(at, "tools"), "sandbox"))
+	}
+}
+
+// edge records that node from reads node to, at the first place it does
+// (for the cycle check's message).
+func (c *checker) edge(from, to, at string) {
+	if c.edges[from] == nil {
+		c.edges[from] = map[string]string{}
+	}
+	if _, ok := c.edges[from][to]; !ok {
+		c.edges[from][to] = at
 	}
 }
 
@@ -341,12 +350,7 @@ func (c *checker) value(n *Node, reads map[string]bool, at string, v Value, allo
 			}
 			reads[r.Name] = true
 			if c.names[r.Name] == "node" {
-				if c.edges[n.Name] == nil {
-					c.edges[n.Name] = map[string]string{}
-				}
-				if _, ok := c.edges[n.Name][r.Name]; !ok {
-					c.edges[n.Name][r.Name] = at
-				}
+				c.edge(n.Name, r.Name, at)
 			}
 		}
 	}
@@ -398,20 +402,12 @@ func checkOutput(n *Node, p []string) string {
 	var files map[string]Value
 	var rest []string
 	switch {
-	case n.Kind == KindExec && p[0] == "result" && len(p) > 1:
-		if !slices.Contains(execResult, p[1]) {
-			return fmt.Sprintf("exec node %q has no output \"result.%s\"%s (result has: %s)", n.Name, p[1], suggest(p[1], execResult), list(execResult))
+	case p[0] == "result" && len(p) > 1 && results[n.Kind] != nil:
+		if r := results[n.Kind]; !slices.Contains(r, p[1]) {
+			return fmt.Sprintf("%s node %q has no output \"result.%s\"%s (result has: %s)", n.Kind, n.Name, p[1], suggest(p[1], r), list(r))
 		}
-		if p[1] == "files" {
+		if n.Kind == KindExec && p[1] == "files" {
 			files, rest = n.Exec.Files, p[2:]
-		}
-	case n.Kind == KindFetch && p[0] == "result" && len(p) > 1:
-		if !slices.Contains(fetchResult, p[1]) {
-			return fmt.Sprintf("fetch node %q has no output \"result.%s\"%s (result has: %s)", n.Name, p[1], suggest(p[1], fetchResult), list(fetchResult))
-		}
-	case n.Kind == KindLLM && p[0] == "result" && len(p) > 1:
-		if !slices.Contains(llmResult, p[1]) {
-			return fmt.Sprintf("llm node %q has no output \"result.%s\"%s (result has: %s)", n.Name, p[1], suggest(p[1], llmResult), list(llmResult))
 		}
 	case n.Kind == KindSandbox && p[0] == "files":
 		files, rest = n.Sandbox.Files, p[1:]
