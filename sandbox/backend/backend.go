@@ -152,7 +152,8 @@ type Info struct {
 	HostDir string
 	// Exit says why a box that ran is no longer running (exit code, OOM
 	// kill, the end of its log), for errors and sandbox_list; "" while it
-	// runs or when the backend cannot tell.
+	// runs or when the backend cannot tell. Inspect sets it; List, which
+	// would pay for it box by box, leaves it empty.
 	Exit string
 }
 

@@ -248,7 +248,7 @@ func (b *Backend) disk(id string) boxdisk.Disk {
 
 // Start starts the container; the agent is PID 1.
 func (b *Backend) Start(ctx context.Context, id string) (backend.Info, error) {
-	if _, err := b.Inspect(ctx, id); err != nil {
+	if _, err := b.container(ctx, id); err != nil {
 		return backend.Info{}, err
 	}
 	// Mounted since Create unless the host rebooted. A box made before
@@ -272,7 +272,7 @@ func fileExists(p string) bool {
 // Stop stops the container (SIGTERM, SIGKILL after 2 s); its filesystem,
 // and so the workspace, is kept.
 func (b *Backend) Stop(ctx context.Context, id string) error {
-	if _, err := b.Inspect(ctx, id); err != nil {
+	if _, err := b.container(ctx, id); err != nil {
 		return err
 	}
 	timeout := stopTimeout
@@ -291,7 +291,7 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 	if backend.ValidID(id) != nil {
 		return nil
 	}
-	if _, err := b.Inspect(ctx, id); err == nil {
+	if _, err := b.container(ctx, id); err == nil {
 		_, err := b.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
 		if err != nil && !cerrdefs.IsNotFound(err) {
 			return fmt.Errorf("remove box %s: %w", id, err)
@@ -310,13 +310,9 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 // Inspect reports a box. Containers without the cellbox labels are not
 // boxes (ErrNotFound), even when the name matches.
 func (b *Backend) Inspect(ctx context.Context, id string) (backend.Info, error) {
-	res, err := b.cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+	c, err := b.container(ctx, id)
 	if err != nil {
-		return backend.Info{}, fmt.Errorf("inspect box %s: %w", id, notFound(err))
-	}
-	c := res.Container
-	if c.Config == nil || c.Config.Labels[backend.LabelManaged] != "1" || c.Config.Labels[backend.LabelID] != id {
-		return backend.Info{}, fmt.Errorf("inspect box %s: %w", id, backend.ErrNotFound)
+		return backend.Info{}, err
 	}
 	created, _ := time.Parse(time.RFC3339Nano, c.Created)
 	var status container.ContainerState
@@ -328,6 +324,20 @@ func (b *Backend) Inspect(ctx context.Context, id string) (backend.Info, error) 
 		in.Exit = b.exitReason(ctx, id, c.State)
 	}
 	return in, nil
+}
+
+// container inspects box id's container, without working out why it
+// stopped (Inspect does; Start, Stop and Remove only need it to exist).
+func (b *Backend) container(ctx context.Context, id string) (container.InspectResponse, error) {
+	res, err := b.cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+	if err != nil {
+		return container.InspectResponse{}, fmt.Errorf("inspect box %s: %w", id, notFound(err))
+	}
+	c := res.Container
+	if c.Config == nil || c.Config.Labels[backend.LabelManaged] != "1" || c.Config.Labels[backend.LabelID] != id {
+		return container.InspectResponse{}, fmt.Errorf("inspect box %s: %w", id, backend.ErrNotFound)
+	}
+	return c, nil
 }
 
 // exitReason says why a container stopped: its state and, when its agent

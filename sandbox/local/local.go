@@ -380,11 +380,21 @@ func (b *Backend) info(bf boxFile, r *running) backend.Info {
 			st = backend.StateRunning
 		}
 	}
-	in := backend.Info{ID: bf.Spec.ID, Labels: bf.Spec.BoxLabels(), Image: bf.Spec.ImageOrDefault(), State: st,
+	return backend.Info{ID: bf.Spec.ID, Labels: bf.Spec.BoxLabels(), Image: bf.Spec.ImageOrDefault(), State: st,
 		Created: bf.Created, HostDir: bf.Spec.HostDir}
-	if st == backend.StateStopped {
+}
+
+// Inspect reports a box, and for a stopped one why it stopped (the start
+// of its box.log; List leaves that out, as the Docker backend does).
+func (b *Backend) Inspect(ctx context.Context, id string) (backend.Info, error) {
+	bf, r, err := b.load(id)
+	if err != nil {
+		return backend.Info{}, fmt.Errorf("inspect %w", err)
+	}
+	in := b.info(bf, r)
+	if in.State == backend.StateStopped {
 		in.Exit = "agent exited"
-		if f, err := os.Open(filepath.Join(b.dir(bf.Spec.ID), "box.log")); err == nil {
+		if f, err := os.Open(filepath.Join(b.dir(id), "box.log")); err == nil {
 			head, _ := io.ReadAll(io.LimitReader(f, 16<<10))
 			f.Close()
 			if sum := backend.ExitSummary(string(head)); sum != "" {
@@ -392,16 +402,7 @@ func (b *Backend) info(bf boxFile, r *running) backend.Info {
 			}
 		}
 	}
-	return in
-}
-
-// Inspect reports a box.
-func (b *Backend) Inspect(ctx context.Context, id string) (backend.Info, error) {
-	bf, r, err := b.load(id)
-	if err != nil {
-		return backend.Info{}, fmt.Errorf("inspect %w", err)
-	}
-	return b.info(bf, r), nil
+	return in, nil
 }
 
 // List scans Root for boxes whose labels include every given label.
