@@ -143,10 +143,7 @@ var resultFields = map[string]any{
 func outputSchema(out reflect.Type) json.RawMessage {
 	schema := map[string]any{"type": "object"}
 	if out != nil && out.Kind() != reflect.Interface {
-		raw, err := json.Marshal(jsonschema.For(out))
-		if err != nil {
-			panic(fmt.Sprintf("mcpserver: output schema of %v: %v", out, err))
-		}
+		raw := jsonschema.JSON(out)
 		schema = map[string]any{}
 		if err := json.Unmarshal(raw, &schema); err != nil {
 			panic(fmt.Sprintf("mcpserver: output schema of %v: %v", out, err))
