@@ -251,22 +251,15 @@ func (b *Backend) Start(ctx context.Context, id string) (backend.Info, error) {
 	if _, err := b.container(ctx, id); err != nil {
 		return backend.Info{}, err
 	}
-	// Mounted since Create unless the host rebooted. A box made before
-	// boxes had disks has none and needs none.
-	if disk := b.disk(id); fileExists(disk.File) {
-		if err := disk.Mount(ctx); err != nil {
-			return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
-		}
+	// Stop unmounted the disk (a reboot too). A box made before boxes had
+	// disks has none and needs none: Mount says so with fs.ErrNotExist.
+	if err := b.disk(id).Mount(ctx); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
 	}
 	if _, err := b.cli.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil && !cerrdefs.IsNotModified(err) {
 		return backend.Info{}, fmt.Errorf("start box %s: %w", id, notFound(err))
 	}
 	return b.Inspect(ctx, id)
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
 }
 
 // Stop stops the container (SIGTERM, SIGKILL after 2 s); its filesystem,
