@@ -49,19 +49,31 @@ func (s *Sandbox) Record(ctx context.Context, entry HistoryEntry) error {
 	if !open {
 		return fmt.Errorf("sandbox node %s is not open: its history cannot be written", s.spec.Node.Name)
 	}
-	entry.Stdout, entry.Truncated = capText(entry.Stdout, entry.Truncated)
-	entry.Stderr, entry.Truncated = capText(entry.Stderr, entry.Truncated)
 	if len(entry.Command) > HistoryOutputLimit {
 		// A tool's input (write_file's content) can be megabytes: keep
 		// its start, which names the call.
 		entry.Command = strings.ToValidUTF8(entry.Command[:HistoryOutputLimit], "") + "…"
 		entry.Truncated = true
 	}
+	return s.appendHistory(ctx, entry, nil)
+}
+
+// appendHistory caps entry's output and appends it to the history (with
+// also applied to the output in the same write), past ctx's cancellation:
+// what ran must be recorded.
+func (s *Sandbox) appendHistory(ctx context.Context, entry HistoryEntry, also func(o *sandboxOutput)) error {
+	entry.Stdout, entry.Truncated = capText(entry.Stdout, entry.Truncated)
+	entry.Stderr, entry.Truncated = capText(entry.Stderr, entry.Truncated)
 	raw, err := json.Marshal(entry)
 	if err != nil {
 		return err
 	}
-	return s.modify(context.WithoutCancel(ctx), func(o *sandboxOutput) { o.History = compact(append(o.History, raw)) })
+	return s.modify(context.WithoutCancel(ctx), func(o *sandboxOutput) {
+		o.History = compact(append(o.History, raw))
+		if also != nil {
+			also(o)
+		}
+	})
 }
 
 // runEvent is the payload of the run stream.
@@ -172,19 +184,10 @@ func (s *Sandbox) run(ctx context.Context, ev cells.Event) error {
 		err = fmt.Errorf("run %q in box %q: %w", p.Command, s.box, err)
 		entry.Error = err.Error()
 	}
-	entry.Stdout, entry.Truncated = capText(entry.Stdout, entry.Truncated)
-	entry.Stderr, entry.Truncated = capText(entry.Stderr, entry.Truncated)
-	raw, merr := json.Marshal(entry)
-	if merr != nil {
-		return errors.Join(err, merr)
-	}
 	// The event is acked already: a history entry the store refuses
 	// fails the event (a failed status naming the command) after the
 	// retries, rather than vanishing into the log.
-	werr := s.modify(context.WithoutCancel(ctx), func(o *sandboxOutput) {
-		o.History = compact(append(o.History, raw))
-		o.Pending = false
-	})
+	werr := s.appendHistory(ctx, entry, func(o *sandboxOutput) { o.Pending = false })
 	if werr != nil {
 		err = errors.Join(err, fmt.Errorf("record the result of %q in the history: %w", p.Command, werr))
 	}
