@@ -123,10 +123,19 @@ func (d Disk) Mount(ctx context.Context) error {
 	return nil
 }
 
+// unmountTimeout bounds one Unmount, lazy detach included.
+const unmountTimeout = 30 * time.Second
+
 // Unmount unmounts the disk and keeps it: a stopped box holds no mount, so
 // nothing is left mounted when a server stops its boxes and exits, and its
 // data dir can be moved or deleted. Start mounts it again.
+//
+// A cancelled ctx does not stop it: an unmount abandoned halfway leaves a
+// mount nobody owns (a ctrl-C during teardown did), so it runs on under
+// its own bound, unmountTimeout.
 func (d Disk) Unmount(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unmountTimeout)
+	defer cancel()
 	for i := 0; d.Mounted(); i++ {
 		switch {
 		case i < 20:

@@ -59,3 +59,20 @@ func TestDiskLifecycle(t *testing.T) {
 	assert.NoDirExists(t, d.Dir)
 	require.NoError(t, d.Remove(ctx), "removing a removed disk")
 }
+
+// A teardown whose context was cancelled (ctrl-C of a bench or a run)
+// still unmounts and removes the disk: an abandoned unmount leaves a mount
+// nobody owns and a directory nobody can delete.
+func TestRemoveWithCancelledContext(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	d := boxdisk.Disk{File: filepath.Join(dir, "disk.img"), Dir: filepath.Join(dir, "disk")}
+	t.Cleanup(func() { _ = d.Remove(context.Background()) })
+	require.NoError(t, d.Make(context.Background(), 64<<20, 0, 0))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.NoError(t, d.Remove(ctx))
+	assert.False(t, d.Mounted())
+	assert.NoDirExists(t, d.Dir)
+	assert.NoFileExists(t, d.File)
+}
