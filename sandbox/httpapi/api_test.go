@@ -246,3 +246,21 @@ func TestAllowedCommandsOverHTTP(t *testing.T) {
 	assert.Nil(t, f.Result)
 	assert.Equal(t, 0, boxes(s), "refused before it reaches a box")
 }
+
+// TestBoxEndpointStatusFollowsCode: a box endpoint's HTTP status says what
+// its error code says (a bad box name is the caller's 400, not a 502 that
+// blames the server), so a client that reads only the status acts right.
+func TestBoxEndpointStatusFollowsCode(t *testing.T) {
+	s, _ := boxtest.Service(t, boxtest.Options{})
+	h := newHTTPSession(t, startHTTP(t, s))
+	req, err := http.NewRequest(http.MethodGet, h.url+"/v1/sessions/"+h.id+"/boxes/no%20such%20name!/files/x", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+h.token)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var e api.ErrorBody
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
+	assert.Equal(t, api.CodeInvalidInput, e.Code, e.Error)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, e.Error)
+}

@@ -270,24 +270,30 @@ func (s *server) handleTool(w http.ResponseWriter, r *http.Request, sess *sandbo
 	w.Write([]byte("\n"))
 }
 
-// errorStatus maps an error of a box operation to an HTTP status.
+// codeStatus is the HTTP status of each error code of a box operation;
+// a code not here (internal, or a newer one) is 502: the box or backend
+// failed, not the request.
+var codeStatus = map[string]int{
+	api.CodeInvalidInput:     http.StatusBadRequest,
+	api.CodeNotFound:         http.StatusNotFound,
+	api.CodeNoBox:            http.StatusNotFound,
+	api.CodeNoSession:        http.StatusNotFound,
+	api.CodeOutsideWorkspace: http.StatusForbidden,
+	api.CodeRefused:          http.StatusForbidden,
+	api.CodeExists:           http.StatusConflict,
+	api.CodeTooLarge:         http.StatusRequestEntityTooLarge,
+	api.CodeLimit:            http.StatusTooManyRequests,
+	api.CodeTimeout:          http.StatusGatewayTimeout,
+}
+
+// errorStatus maps an error of a box operation to an HTTP status through
+// its code (sandbox.ErrorCode), the same code the body carries.
 func errorStatus(err error) int {
-	var ae *agent.Error
-	if errors.As(err, &ae) {
-		switch ae.Code {
-		case agent.CodeNotFound:
-			return http.StatusNotFound
-		case agent.CodeOutsideWorkspace:
-			return http.StatusForbidden
-		case agent.CodeTooLarge:
-			return http.StatusRequestEntityTooLarge
-		case agent.CodeExists:
-			return http.StatusConflict
-		}
-		return http.StatusBadRequest
-	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return http.StatusNotFound
+	}
+	if st, ok := codeStatus[sandbox.ErrorCode(err)]; ok {
+		return st
 	}
 	return http.StatusBadGateway
 }
