@@ -86,9 +86,9 @@ func (t *boltTx) rollback()     { _ = t.tx.Rollback() }
 
 type boltBucket struct{ b *bolt.Bucket }
 
-func (b boltBucket) get(k []byte) []byte   { return b.b.Get(k) }
-func (b boltBucket) put(k, v []byte) error { return b.b.Put(k, v) }
-func (b boltBucket) del(k []byte) error    { return b.b.Delete(k) }
+func (b boltBucket) get(k []byte) []byte          { return b.b.Get(k) }
+func (b boltBucket) put(k string, v []byte) error { return b.b.Put([]byte(k), v) }
+func (b boltBucket) del(k []byte) error           { return b.b.Delete(k) }
 
 func (b boltBucket) scan(from []byte, fn func(k, v []byte) bool) {
 	c := b.b.Cursor()

@@ -21,10 +21,12 @@ type kvTx interface {
 }
 
 // kvBucket values returned by get and scan are valid only during the
-// transaction and must not be modified. put keeps v: do not reuse it.
+// transaction and must not be modified. put keeps v: do not reuse it. Its
+// key is a string: the memory store keys its maps by string, and the
+// cells bucket, written once per changed cell, has its key as one.
 type kvBucket interface {
 	get(k []byte) []byte
-	put(k, v []byte) error
+	put(k string, v []byte) error
 	del(k []byte) error
 	// scan calls fn for each key >= from in order until fn returns false.
 	scan(from []byte, fn func(k, v []byte) bool)
@@ -34,7 +36,7 @@ type kvBucket interface {
 type emptyBucket struct{}
 
 func (emptyBucket) get([]byte) []byte                   { return nil }
-func (emptyBucket) put(_, _ []byte) error               { return ErrReadOnly }
+func (emptyBucket) put(string, []byte) error            { return ErrReadOnly }
 func (emptyBucket) del([]byte) error                    { return ErrReadOnly }
 func (emptyBucket) scan([]byte, func(k, v []byte) bool) {}
 
@@ -124,11 +126,10 @@ type memTxBucket struct {
 
 func (tb *memTxBucket) get(k []byte) []byte { return tb.b.m[string(k)] }
 
-func (tb *memTxBucket) put(k, v []byte) error {
+func (tb *memTxBucket) put(key string, v []byte) error {
 	if !tb.t.writable {
 		return ErrReadOnly
 	}
-	key := string(k)
 	old, existed := tb.b.m[key]
 	tb.t.undo = append(tb.t.undo, memUndo{tb.b, key, old, existed})
 	tb.b.set(key, v)

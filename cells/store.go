@@ -57,10 +57,10 @@ func open(k kv, opts Options) (*db, error) {
 				return nil, fmt.Errorf("not a cellbox store: it has cells but no layout version")
 			}
 		}
-		if err := info.put([]byte(keyLayout), []byte(strconv.Itoa(layoutVersion))); err != nil {
+		if err := info.put(keyLayout, []byte(strconv.Itoa(layoutVersion))); err != nil {
 			return nil, err
 		}
-		if err := info.put([]byte(keyLogStart), u64(1)); err != nil {
+		if err := info.put(keyLogStart, u64(1)); err != nil {
 			return nil, err
 		}
 	default:
@@ -258,7 +258,7 @@ func (t *tx) put(key string, rec *record, kind byte, ev *Event) error {
 	again := rec.version == t.version // changed earlier in this transaction
 	rec.version, rec.changed = t.version, t.now
 	enc := rec.encode()
-	if err := b.put([]byte(key), enc); err != nil {
+	if err := b.put(key, enc); err != nil {
 		return fmt.Errorf("write cell %s: %w", key, err)
 	}
 	t.record(logChange{kind: kind, key: key, rec: enc, event: ev}, again)
@@ -314,7 +314,7 @@ func (t *tx) Declare(addr Address, spec Spec) error {
 			return fmt.Errorf("declare %s: its schema is not valid JSON", key)
 		}
 		flags |= flagHasSchema
-		if err := schemas.put([]byte(key), append([]byte(nil), spec.Schema...)); err != nil {
+		if err := schemas.put(key, append([]byte(nil), spec.Schema...)); err != nil {
 			return err
 		}
 	} else if err := schemas.del([]byte(key)); err != nil {
@@ -327,7 +327,7 @@ func (t *tx) Declare(addr Address, spec Spec) error {
 		// A schema flag change rewrites the record in place: no new version.
 		rec.flags = flags
 		b, _ := t.write(bucketCells)
-		return b.put([]byte(key), rec.encode())
+		return b.put(key, rec.encode())
 	}
 	rec = record{flags: flags, value: []byte("null")}
 	return t.put(key, &rec, changeCell, nil)
@@ -360,15 +360,10 @@ func (t *tx) Set(addr Address, value json.RawMessage) (bool, error) {
 	if found && rec.flags&flagStream != 0 {
 		return false, fmt.Errorf("set %s: it is a stream: send events to it instead", key)
 	}
-	var buf bytes.Buffer
-	buf.Grow(len(value))
-	if err := json.Compact(&buf, value); err != nil {
-		return false, fmt.Errorf("set %s: value is not JSON: %w", key, err)
+	v, err := compactValue(value)
+	if err != nil {
+		return false, fmt.Errorf("set %s: %w", key, err)
 	}
-	if buf.Len() == 0 {
-		return false, fmt.Errorf("set %s: empty value (write null for none)", key)
-	}
-	v := buf.Bytes()
 	if found && len(rec.err) == 0 && bytes.Equal(rec.value, v) {
 		return false, nil
 	}
@@ -383,6 +378,26 @@ func (t *tx) Set(addr Address, value json.RawMessage) (bool, error) {
 	}
 	rec.value, rec.err = v, nil
 	return true, t.put(key, &rec, changeCell, nil)
+}
+
+// compactValue validates a JSON value and returns it compact. A scalar
+// (no array or object, so no inner whitespace outside strings) with no
+// space around it is compact already (what the runtime writes for most
+// computes): it is
+// returned as it is, without the copy json.Compact makes.
+func compactValue(value json.RawMessage) ([]byte, error) {
+	if n := len(value); n > 0 && !bytes.ContainsAny(value[:1], " \t\r\n[{") && !bytes.ContainsAny(value[n-1:], " \t\r\n") && json.Valid(value) {
+		return value, nil
+	}
+	var buf bytes.Buffer
+	buf.Grow(len(value))
+	if err := json.Compact(&buf, value); err != nil {
+		return nil, fmt.Errorf("value is not JSON: %w", err)
+	}
+	if buf.Len() == 0 {
+		return nil, errors.New("empty value (write null for none)")
+	}
+	return buf.Bytes(), nil
 }
 
 func (t *tx) SetError(addr Address, msg string) (bool, error) {
@@ -488,14 +503,14 @@ func (t *tx) Send(addr Address, payload json.RawMessage) (Event, error) {
 		return Event{}, err
 	}
 	ev := Event{ID: readU64(info.get([]byte(keyEvent))) + 1, Payload: buf.Bytes(), Sent: time.Unix(0, t.now)}
-	if err := info.put([]byte(keyEvent), u64(ev.ID)); err != nil {
+	if err := info.put(keyEvent, u64(ev.ID)); err != nil {
 		return Event{}, err
 	}
 	evs, err := t.write(bucketEvents)
 	if err != nil {
 		return Event{}, err
 	}
-	if err := evs.put(eventKey(key, ev.ID), append(binaryVarint(t.now), ev.Payload...)); err != nil {
+	if err := evs.put(string(eventKey(key, ev.ID)), append(binaryVarint(t.now), ev.Payload...)); err != nil {
 		return Event{}, err
 	}
 	return ev, t.put(key, &rec, changeEvent, &ev)
@@ -557,7 +572,7 @@ func (t *tx) Ack(addr Address, id uint64) error {
 			return err
 		}
 	}
-	return acks.put([]byte(key), u64(id))
+	return acks.put(key, u64(id))
 }
 
 func (t *tx) Meta(name string) Bucket { return &metaBucket{t: t, name: metaPrefix + name} }
@@ -573,10 +588,10 @@ func (t *tx) writeLog() error {
 	if err != nil {
 		return err
 	}
-	if err := lg.put(u64(t.version), encodeLog(t.now, t.changes)); err != nil {
+	if err := lg.put(string(u64(t.version)), encodeLog(t.now, t.changes)); err != nil {
 		return err
 	}
-	if err := info.put([]byte(keyVersion), u64(t.version)); err != nil {
+	if err := info.put(keyVersion, u64(t.version)); err != nil {
 		return err
 	}
 	start := readU64(info.get([]byte(keyLogStart)))
@@ -590,7 +605,7 @@ func (t *tx) writeLog() error {
 				return err
 			}
 		}
-		return info.put([]byte(keyLogStart), u64(newStart))
+		return info.put(keyLogStart, u64(newStart))
 	}
 	return nil
 }
@@ -620,7 +635,7 @@ func (m *metaBucket) Put(key string, value []byte) error {
 	if key == "" {
 		return errors.New("meta put: empty key")
 	}
-	return b.put([]byte(key), append([]byte{}, value...))
+	return b.put(key, append([]byte{}, value...))
 }
 
 func (m *metaBucket) Delete(key string) error {
