@@ -1,0 +1,220 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestCompile(t *testing.T) {
+	for _, tc := range []struct {
+		allow []string
+		err   string
+	}{
+		{allow: []string{"example.org", "*.pypi.internal", "10.1.2.0/24", "127.0.0.1:8080", "[::1]:80", "10.0.0.0/8:443", "example.org:443", "*"}},
+		{allow: []string{""}, err: `allow "": empty`},
+		{allow: []string{"exa mple.org"}, err: "not a host name"},
+		{allow: []string{"foo.*.org"}, err: "not a host name"},
+		{allow: []string{"example.org:0"}, err: "is not 1-65535"},
+		{allow: []string{"10.0.0.0/33"}, err: "not a CIDR"},
+		{allow: []string{"10.0.0.0/8:x"}, err: "is not 1-65535"},
+	} {
+		_, err := Compile(tc.allow, nil)
+		if tc.err == "" {
+			assert.NoError(t, err, tc.allow)
+		} else {
+			assert.ErrorContains(t, err, tc.err, tc.allow)
+		}
+	}
+	t.Setenv(SecretEnvPrefix+"TOKEN", "s3cret")
+	for _, tc := range []struct {
+		h   Header
+		err string
+	}{
+		{h: Header{Host: "api.example.org", Header: "Authorization", Value: "Bearer x"}},
+		{h: Header{Host: "*.example.org", Header: "X-Api-Key", Secret: "TOKEN"}},
+		{h: Header{Host: "api.example.org", Header: "Bad Header", Value: "x"}, err: "want an HTTP header name"},
+		{h: Header{Host: "api.example.org", Header: "X", Value: "a\r\nEvil: 1"}, err: "line break"},
+		{h: Header{Host: "api.example.org", Header: "X"}, err: "exactly one of value and secret"},
+		{h: Header{Host: "api.example.org", Header: "X", Value: "v", Secret: "TOKEN"}, err: "exactly one of value and secret"},
+		{h: Header{Host: "api.example.org", Header: "X", Secret: "MISSING"}, err: "no CELLBOX_SECRET_MISSING"},
+		{h: Header{Host: "", Header: "X", Value: "v"}, err: "host"},
+	} {
+		_, err := Compile(nil, []Header{tc.h})
+		if tc.err == "" {
+			assert.NoError(t, err, tc.h.Header)
+		} else {
+			assert.ErrorContains(t, err, tc.err)
+		}
+	}
+}
+
+// fakeResolver answers names from a table (tests reach loopback only).
+type fakeResolver map[string][]string
+
+func (f fakeResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	as, ok := f[host]
+	if !ok {
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	var out []netip.Addr
+	for _, a := range as {
+		out = append(out, netip.MustParseAddr(a))
+	}
+	return out, nil
+}
+
+// startProxy serves a proxy for policy on a unix socket placed as Listen
+// places it, and returns an HTTP client that goes through it.
+func startProxy(t *testing.T, pol *atomic.Pointer[Policy], res Resolver) (*http.Client, string) {
+	t.Helper()
+	staging, hostDir := t.TempDir(), t.TempDir()
+	// What a hostile box may have left at the socket's name: a symlink.
+	require.NoError(t, os.Symlink("/etc/passwd", filepath.Join(hostDir, SocketName)))
+	ln, err := Listen(staging, hostDir)
+	require.NoError(t, err)
+	p := New(Options{Box: "test", Policy: pol.Load, Resolver: res})
+	go p.Serve(ln)
+	t.Cleanup(func() { p.Close() })
+	sock := filepath.Join(hostDir, SocketName)
+	fi, err := os.Lstat(sock)
+	require.NoError(t, err)
+	require.Equal(t, os.ModeSocket, fi.Mode().Type(), "the symlink was replaced, not followed")
+	tr := &http.Transport{
+		Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: "proxy"}),
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
+		DisableKeepAlives: true,
+	}
+	return &http.Client{Transport: tr}, sock
+}
+
+func TestProxy(t *testing.T) {
+	var got atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Header.Clone())
+		fmt.Fprintf(w, "hello %s", r.Host)
+	}))
+	defer srv.Close()
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	res := fakeResolver{"api.test": {"127.0.0.1"}, "rebind.test": {"127.0.0.1"}, "other.test": {"127.0.0.1"}}
+	var pol atomic.Pointer[Policy]
+	cl, sock := startProxy(t, &pol, res)
+	get := func(u string) (int, string) {
+		t.Helper()
+		resp, err := cl.Get(u)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	target := "http://127.0.0.1:" + port + "/"
+
+	code, body := get(target)
+	assert.Equal(t, http.StatusForbidden, code, "nil policy: closed")
+	assert.Contains(t, body, "has no network access")
+
+	set := func(allow []string, h ...Header) {
+		p, err := Compile(allow, h)
+		require.NoError(t, err)
+		pol.Store(p)
+	}
+	set([]string{"127.0.0.1:" + port, "api.test"}, Header{Host: "127.0.0.1", Header: "Authorization", Value: "Bearer s3cret"})
+	code, body = get(target)
+	assert.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, "Bearer s3cret", got.Load().(http.Header).Get("Authorization"), "header injected")
+
+	code, body = get("http://127.0.0.1:1/")
+	assert.Equal(t, http.StatusForbidden, code, "same IP, other port")
+	assert.Contains(t, body, `add "127.0.0.1"`)
+
+	// A name allowed that resolves to loopback is refused: the rebinding
+	// guard. Allowing the address too admits it.
+	set([]string{"rebind.test", "api.test:" + port})
+	code, body = get("http://rebind.test:" + port + "/")
+	assert.Equal(t, http.StatusForbidden, code)
+	assert.Contains(t, body, "resolves to 127.0.0.1, a loopback, private or link-local address")
+	code, body = get("http://other.test:" + port + "/")
+	assert.Equal(t, http.StatusForbidden, code)
+	assert.Contains(t, body, `no rule of box "test" allows this name`)
+	set([]string{"*.test", "127.0.0.0/8"})
+	code, body = get("http://rebind.test:" + port + "/")
+	assert.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, "hello rebind.test:"+port, body, "Host is the URL's")
+	assert.Empty(t, got.Load().(http.Header).Get("Authorization"), "no header without a rule")
+
+	// CONNECT: allowed tunnels, others refused before any byte moves.
+	connect := func(dest string) string {
+		c, err := net.Dial("unix", sock)
+		require.NoError(t, err)
+		defer c.Close()
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", dest, dest)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		if resp.StatusCode != http.StatusOK {
+			return resp.Status
+		}
+		fmt.Fprintf(c, "GET /x HTTP/1.1\r\nHost: tunnel\r\nConnection: close\r\n\r\n")
+		resp, err = http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	assert.Equal(t, "hello tunnel", connect("127.0.0.1:"+port))
+	set([]string{"api.test:443"})
+	assert.Equal(t, "403 Forbidden", connect("127.0.0.1:"+port))
+	assert.Equal(t, "403 Forbidden", connect("api.test:"+port))
+
+	// Origin-form requests (not a proxy request) are refused.
+	c, err := net.Dial("unix", sock)
+	require.NoError(t, err)
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: 127.0.0.1:%s\r\n\r\n", port)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	c.Close()
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+}
+
+func TestSecretHeader(t *testing.T) {
+	var got atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Header.Get("X-Api-Key"))
+	}))
+	defer srv.Close()
+	t.Setenv(SecretEnvPrefix+"API", "from-env")
+	p, err := Compile([]string{"127.0.0.1"}, []Header{{Host: "127.0.0.1", Header: "X-Api-Key", Secret: "API"}})
+	require.NoError(t, err)
+	var pol atomic.Pointer[Policy]
+	pol.Store(p)
+	cl, _ := startProxy(t, &pol, nil)
+	req, _ := http.NewRequest("GET", srv.URL, nil)
+	req.Header.Set("X-Api-Key", "box-chosen")
+	resp, err := cl.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, "from-env", got.Load(), "the rule's value replaces the box's")
+
+	os.Unsetenv(SecretEnvPrefix + "API")
+	resp, err = cl.Get(srv.URL)
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	assert.True(t, strings.Contains(string(b), "CELLBOX_SECRET_API"), string(b))
+}
