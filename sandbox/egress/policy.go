@@ -33,6 +33,10 @@ const (
 	// Header.Secret may name: only those, so a rule cannot send any other
 	// variable of the server (a cloud credential) to a host of its choice.
 	SecretEnvPrefix = "CELLBOX_SECRET_"
+	// EnvListen is set in the environment of a box whose network goes
+	// through the proxy; the agent (PID 1) forwards that address to
+	// SocketName.
+	EnvListen = "CELLBOX_EGRESS"
 )
 
 // ProxyEnv is the environment a box whose network goes through the proxy
@@ -42,6 +46,7 @@ func ProxyEnv() map[string]string {
 	u := "http://127.0.0.1:" + strconv.Itoa(ProxyPort)
 	no := "localhost,127.0.0.1,::1"
 	return map[string]string{
+		EnvListen:    "127.0.0.1:" + strconv.Itoa(ProxyPort),
 		"HTTP_PROXY": u, "HTTPS_PROXY": u, "ALL_PROXY": u, "NO_PROXY": no,
 		"http_proxy": u, "https_proxy": u, "all_proxy": u, "no_proxy": no,
 	}

@@ -18,6 +18,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/cellbox/cellbox/internal/netpipe"
 )
 
 // Resolver resolves names; *net.Resolver is one.
@@ -259,38 +261,8 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, pol *Policy) {
 		}
 		stop := context.AfterFunc(p.ctx, func() { conn.Close(); up.Close() })
 		defer stop()
-		Pipe(conn, brw.Reader, up)
+		netpipe.Pipe(conn, brw.Reader, up)
 	}()
-}
-
-// Pipe copies a↔b until both directions end (r is what to read a through,
-// holding bytes a's reader already buffered; nil for a itself), closing
-// each write side as its source ends, and both on an error.
-func Pipe(a net.Conn, r io.Reader, b net.Conn) {
-	if r == nil {
-		r = a
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if _, err := io.Copy(b, r); err != nil {
-			a.Close()
-			b.Close()
-		}
-		closeWrite(b)
-	}()
-	if _, err := io.Copy(a, b); err != nil {
-		a.Close()
-		b.Close()
-	}
-	closeWrite(a)
-	<-done
-}
-
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite()
-	}
 }
 
 // Listen makes the proxy's socket for a box and puts it at
