@@ -3,6 +3,7 @@ package egress
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -41,6 +42,10 @@ func TestCompile(t *testing.T) {
 		}
 	}
 	t.Setenv(SecretEnvPrefix+"TOKEN", "s3cret")
+	p, err := Compile(nil, []Header{{Host: "a.org", Header: "X", Secret: "TOKEN"}, {Host: "b.org", Header: "X", Secret: "MISSING"}})
+	require.NoError(t, err)
+	assert.ErrorContains(t, p.MissingSecrets(), `secret "MISSING": the server has no CELLBOX_SECRET_MISSING`)
+	assert.NotContains(t, p.MissingSecrets().Error(), "TOKEN")
 	for _, tc := range []struct {
 		h   Header
 		err string
@@ -51,7 +56,6 @@ func TestCompile(t *testing.T) {
 		{h: Header{Host: "api.example.org", Header: "X", Value: "a\r\nEvil: 1"}, err: "line break"},
 		{h: Header{Host: "api.example.org", Header: "X"}, err: "exactly one of value and secret"},
 		{h: Header{Host: "api.example.org", Header: "X", Value: "v", Secret: "TOKEN"}, err: "exactly one of value and secret"},
-		{h: Header{Host: "api.example.org", Header: "X", Secret: "MISSING"}, err: "no CELLBOX_SECRET_MISSING"},
 		{h: Header{Host: "", Header: "X", Value: "v"}, err: "host"},
 	} {
 		_, err := Compile(nil, []Header{tc.h})
@@ -80,7 +84,7 @@ func (f fakeResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Ad
 
 // startProxy serves a proxy for policy on a unix socket placed as Listen
 // places it, and returns an HTTP client that goes through it.
-func startProxy(t *testing.T, pol *atomic.Pointer[Policy], res Resolver) (*http.Client, string) {
+func startProxy(t *testing.T, pol *atomic.Pointer[Policy], res Resolver, roots ...*x509.CertPool) (*http.Client, string) {
 	t.Helper()
 	staging, hostDir := t.TempDir(), t.TempDir()
 	// What a hostile box may have left at the socket's name: a symlink.
@@ -88,6 +92,9 @@ func startProxy(t *testing.T, pol *atomic.Pointer[Policy], res Resolver) (*http.
 	ln, err := Listen(staging, hostDir)
 	require.NoError(t, err)
 	p := New(Options{Box: "test", Policy: pol.Load, Resolver: res})
+	if len(roots) > 0 {
+		p = New(Options{Box: "test", Policy: pol.Load, Resolver: res, RootCAs: roots[0]})
+	}
 	go p.Serve(ln)
 	t.Cleanup(func() { p.Close() })
 	sock := filepath.Join(hostDir, SocketName)
@@ -217,4 +224,37 @@ func TestSecretHeader(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
 	assert.True(t, strings.Contains(string(b), "CELLBOX_SECRET_API"), string(b))
+}
+
+// TestTLSUpgrade: a Header with TLS takes the box's http:// request to the
+// https upstream with the header, so an HTTPS API gets its key.
+func TestTLSUpgrade(t *testing.T) {
+	var got atomic.Value
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Header.Get("Authorization"))
+		fmt.Fprint(w, "tls ", r.TLS != nil)
+	}))
+	defer srv.Close()
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	roots := srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
+	var pol atomic.Pointer[Policy]
+	p, err := Compile([]string{"127.0.0.1:" + port}, []Header{{Host: "127.0.0.1", Header: "Authorization", Value: "Bearer k", TLS: true}})
+	require.NoError(t, err)
+	pol.Store(p)
+	cl, _ := startProxy(t, &pol, nil, roots)
+	resp, err := cl.Get("http://127.0.0.1:" + port + "/v1")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, "tls true", string(b))
+	assert.Equal(t, "Bearer k", got.Load())
+
+	// Without the test's CA the upstream's certificate is refused.
+	cl, _ = startProxy(t, &pol, nil)
+	resp, err = cl.Get("http://127.0.0.1:" + port + "/v1")
+	require.NoError(t, err)
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	assert.Contains(t, string(b), "certificate")
 }

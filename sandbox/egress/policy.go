@@ -55,12 +55,17 @@ func ProxyEnv() map[string]string {
 // Header is a header the proxy sets on plain HTTP requests to Host (a name
 // or an IP, "*.example.org" for its subdomains). Exactly one of Value and
 // Secret is set: Secret names SecretEnvPrefix+Secret in the server's
-// environment, read at each request.
+// environment, read at each request. TLS upgrades those requests: the box
+// sends http://Host/..., the proxy adds the header and sends the request to
+// https://Host/... (port 443 unless the URL names one), verifying the
+// certificate — the way to give a key to an HTTPS API, whose CONNECT
+// tunnels the proxy cannot (and does not) look into.
 type Header struct {
 	Host   string `json:"host"`
 	Header string `json:"header"`
 	Value  string `json:"value,omitempty"`
 	Secret string `json:"secret,omitempty"`
+	TLS    bool   `json:"tls,omitempty"`
 }
 
 // Policy is a compiled allow list with its headers. The zero Policy (and a
@@ -113,10 +118,6 @@ func Compile(allow []string, headers []Header) (*Policy, error) {
 			errs = append(errs, fmt.Sprintf("inject[%d]: value holds a line break or NUL", i))
 		case h.Secret != "" && !secretRE.MatchString(h.Secret):
 			errs = append(errs, fmt.Sprintf("inject[%d]: secret %q: want 1-64 letters, digits or '_' (the server reads %sNAME)", i, h.Secret, SecretEnvPrefix))
-		case h.Secret != "":
-			if _, ok := os.LookupEnv(SecretEnvPrefix + h.Secret); !ok {
-				errs = append(errs, fmt.Sprintf("inject[%d]: secret %q: the server has no %s%s in its environment; set it where cellbox serve starts", i, h.Secret, SecretEnvPrefix, h.Secret))
-			}
 		}
 		p.headers = append(p.headers, h)
 	}
@@ -199,6 +200,22 @@ func matchName(pat, host string) bool {
 	return pat == host
 }
 
+// MissingSecrets says which secrets the headers name that the server's
+// environment lacks (checked when a rule is set; a restarted server whose
+// environment lost one still loads the policy, and refuses the requests).
+func (p *Policy) MissingSecrets() error {
+	var errs []string
+	for _, h := range p.headers {
+		if _, ok := os.LookupEnv(SecretEnvPrefix + h.Secret); h.Secret != "" && !ok {
+			errs = append(errs, fmt.Sprintf("secret %q: the server has no %s%s in its environment; set it where cellbox serve starts", h.Secret, SecretEnvPrefix, h.Secret))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("network: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
 // Allow lists the policy's allow entries as given.
 func (p *Policy) Allow() []string {
 	if p == nil {
@@ -227,26 +244,27 @@ func (p *Policy) addrAllowed(addr netip.Addr, port int) bool {
 }
 
 // headersFor returns the headers to set on a request to host, resolving
-// secrets; an error names a secret the server no longer has.
-func (p *Policy) headersFor(host string) ([][2]string, error) {
+// secrets, and whether a rule upgrades it to TLS; an error names a secret
+// the server no longer has.
+func (p *Policy) headersFor(host string) (out [][2]string, upgrade bool, err error) {
 	if p == nil {
-		return nil, nil
+		return nil, false, nil
 	}
-	var out [][2]string
 	for _, h := range p.headers {
 		if !matchName(h.Host, host) {
 			continue
 		}
+		upgrade = upgrade || h.TLS
 		v := h.Value
 		if h.Secret != "" {
 			var ok bool
 			if v, ok = os.LookupEnv(SecretEnvPrefix + h.Secret); !ok {
-				return nil, fmt.Errorf("the rule injecting %s for %s names secret %q, and the server has no %s%s in its environment any more", h.Header, h.Host, h.Secret, SecretEnvPrefix, h.Secret)
+				return nil, false, fmt.Errorf("the rule injecting %s for %s names secret %q, and the server has no %s%s in its environment any more", h.Header, h.Host, h.Secret, SecretEnvPrefix, h.Secret)
 			}
 		}
 		out = append(out, [2]string{h.Header, v})
 	}
-	return out, nil
+	return out, upgrade, nil
 }
 
 // internal reports whether addr is one a name may not resolve to unless an

@@ -3,6 +3,8 @@ package egress
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -38,6 +40,8 @@ type Options struct {
 	Resolver Resolver
 	// Logger defaults to slog.Default(). Header values are never logged.
 	Logger *slog.Logger
+	// RootCAs verify upstreams of Header.TLS rules; nil: the host's.
+	RootCAs *x509.CertPool
 }
 
 // Proxy is one box's egress proxy: an HTTP forward proxy that speaks
@@ -78,6 +82,7 @@ func New(opts Options) *Proxy {
 		},
 		DisableKeepAlives:     true,
 		ResponseHeaderTimeout: 5 * time.Minute,
+		TLSClientConfig:       &tls.Config{RootCAs: opts.RootCAs, MinVersion: tls.VersionTLS12},
 	}
 	p.rp = &httputil.ReverseProxy{
 		Transport: tr,
@@ -195,7 +200,16 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		p.refuse(w, http.StatusBadRequest, fmt.Sprintf("cellbox egress: %s %s: this is an HTTP proxy: send http:// URLs in full, and https through CONNECT (HTTPS_PROXY does this)", r.Method, r.URL))
 		return
 	}
+	host := strings.TrimSuffix(strings.ToLower(r.URL.Hostname()), ".")
+	headers, upgrade, err := pol.headersFor(host)
+	if err != nil {
+		p.refuse(w, http.StatusBadGateway, "cellbox egress: "+err.Error())
+		return
+	}
 	port := 80
+	if upgrade {
+		port = 443
+	}
 	if ps := r.URL.Port(); ps != "" {
 		n, err := strconv.Atoi(ps)
 		if err != nil || n < 1 || n > 65535 {
@@ -204,21 +218,20 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		port = n
 	}
-	host := strings.ToLower(r.URL.Hostname())
 	to, err := p.decide(r.Context(), pol, host, port)
 	if err != nil {
 		p.fail(w, err)
-		return
-	}
-	headers, err := pol.headersFor(strings.TrimSuffix(host, "."))
-	if err != nil {
-		p.refuse(w, http.StatusBadGateway, "cellbox egress: "+err.Error())
 		return
 	}
 	rp := *p.rp
 	rp.Rewrite = func(pr *httputil.ProxyRequest) {
 		pr.Out.Host = "" // the URL's host: the one that was checked
 		pr.Out.RequestURI = ""
+		if upgrade {
+			u := *pr.Out.URL
+			u.Scheme, u.Host = "https", net.JoinHostPort(host, strconv.Itoa(port))
+			pr.Out.URL = &u
+		}
 		for _, h := range headers {
 			pr.Out.Header.Set(h[0], h[1])
 		}
