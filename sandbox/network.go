@@ -89,6 +89,8 @@ func boxEnv(rec boxRecord) map[string]string {
 // policy is that of the pool's box with that id at each connection (none,
 // so closed, for a warm box not handed out yet).
 func (s *Service) startEgress(id string) error {
+	s.egressMu.Lock()
+	defer s.egressMu.Unlock()
 	s.mu.Lock()
 	running := s.proxies[id] != nil
 	s.mu.Unlock()
@@ -114,7 +116,7 @@ func (s *Service) startEgress(id string) error {
 		RootCAs: s.cfg.EgressRootCAs,
 	})
 	s.mu.Lock()
-	if s.proxies[id] != nil || s.closed {
+	if s.closed {
 		s.mu.Unlock()
 		ln.Close()
 		return nil

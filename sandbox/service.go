@@ -142,6 +142,9 @@ type Service struct {
 	previews map[string]previewTarget // preview id -> box and port
 	pools    map[string]*warmPool     // by image
 	proxies  map[string]*egress.Proxy // egress proxies by box id
+	// egressMu serializes startEgress, so two starts for one box never
+	// both place a socket.
+	egressMu sync.Mutex
 	closed   bool
 }
 

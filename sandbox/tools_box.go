@@ -62,7 +62,7 @@ func allTools() []*Tool {
 		defineTool("sandbox_create", ToolMeta{Title: "Create a sandbox", Idempotent: true},
 			"Create a named sandbox with an image, environment, limits and network access; a no-op if it exists. Tools create sandboxes on first use anyway; use this to choose their settings.",
 			sandboxCreateTool),
-		defineTool("network_set", ToolMeta{Title: "Set a sandbox's network allow list", Idempotent: true},
+		defineTool("network_set", ToolMeta{Title: "Set a sandbox's network allow list", Destructive: true, Idempotent: true},
 			"Replace the network allow list of a sandbox, also a running one (the next connection obeys it): the destinations it may reach through the host's egress proxy, and headers (API keys) the proxy adds to its http:// requests so the key never enters the box. An empty list closes the network. Not for a sandbox created with network: true (full network).",
 			networkSetTool),
 		defineTool("sandbox_list", ToolMeta{Title: "List sandboxes", ReadOnly: true, Idempotent: true},
