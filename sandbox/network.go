@@ -75,13 +75,19 @@ func networkInfo(rec boxRecord) api.NetworkInfo {
 }
 
 // boxEnv is the environment box rec starts with: the proxy's variables
-// unless it has a full network, then its own env (which may override them).
+// unless it has a full network, then its own env (which may override them,
+// except the one that tells the agent where to forward: a full-network
+// box on bwrap shares the host's network, where the agent must not listen).
 func boxEnv(rec boxRecord) map[string]string {
-	if rec.Network {
-		return rec.Env
+	env := map[string]string{}
+	if !rec.Network {
+		env = egress.ProxyEnv()
 	}
-	env := egress.ProxyEnv()
 	maps.Copy(env, rec.Env)
+	delete(env, egress.EnvListen)
+	if !rec.Network {
+		env[egress.EnvListen] = egress.ProxyEnv()[egress.EnvListen]
+	}
 	return env
 }
 

@@ -240,3 +240,18 @@ func TestNetworkPolicyHost(t *testing.T) {
 	assert.Equal(t, "k", srv.last().Get("Authorization"), "the rule survived the restart")
 
 }
+
+// TestBoxEnv: a box without a full network gets the proxy variables (its
+// own env may override HTTP_PROXY and the like, not where the agent
+// listens); a full-network box gets none, so its agent never listens on
+// the host's network (bwrap shares it).
+func TestBoxEnv(t *testing.T) {
+	env := boxEnv(boxRecord{Env: map[string]string{"HTTP_PROXY": "http://mine:1", egress.EnvListen: "0.0.0.0:80"}})
+	assert.Equal(t, "http://mine:1", env["HTTP_PROXY"])
+	assert.Equal(t, "http://127.0.0.1:3128", env["HTTPS_PROXY"])
+	assert.Equal(t, "127.0.0.1:3128", env[egress.EnvListen])
+
+	rec := boxRecord{Network: true, Env: map[string]string{"A": "1", egress.EnvListen: "0.0.0.0:80"}}
+	assert.Equal(t, map[string]string{"A": "1"}, boxEnv(rec))
+	assert.Equal(t, "0.0.0.0:80", rec.Env[egress.EnvListen], "the record is not changed")
+}

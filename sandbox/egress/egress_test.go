@@ -33,6 +33,7 @@ func TestCompile(t *testing.T) {
 		{allow: []string{"example.org:0"}, err: "is not 1-65535"},
 		{allow: []string{"10.0.0.0/33"}, err: "not a CIDR"},
 		{allow: []string{"10.0.0.0/8:x"}, err: "is not 1-65535"},
+		{allow: make([]string, MaxAllow+1), err: "at most 256"},
 	} {
 		_, err := Compile(tc.allow, nil)
 		if tc.err == "" {
@@ -57,6 +58,7 @@ func TestCompile(t *testing.T) {
 		{h: Header{Host: "api.example.org", Header: "X"}, err: "exactly one of value and secret"},
 		{h: Header{Host: "api.example.org", Header: "X", Value: "v", Secret: "TOKEN"}, err: "exactly one of value and secret"},
 		{h: Header{Host: "", Header: "X", Value: "v"}, err: "host"},
+		{h: Header{Host: "a.org", Header: "X", Value: strings.Repeat("v", MaxValue+1)}, err: "at most 8192"},
 	} {
 		_, err := Compile(nil, []Header{tc.h})
 		if tc.err == "" {

@@ -39,6 +39,13 @@ const (
 	EnvListen = "CELLBOX_EGRESS"
 )
 
+// Bounds of a policy (it is stored with its box and checked per request).
+const (
+	MaxAllow   = 256
+	MaxHeaders = 32
+	MaxValue   = 8 << 10
+)
+
 // ProxyEnv is the environment a box whose network goes through the proxy
 // gets: the usual proxy variables (curl, pip, npm, git, Python, Go read
 // them), with the box's own loopback left direct.
@@ -97,6 +104,9 @@ var (
 func Compile(allow []string, headers []Header) (*Policy, error) {
 	p := &Policy{}
 	var errs []string
+	if len(allow) > MaxAllow || len(headers) > MaxHeaders {
+		return nil, fmt.Errorf("network: %d allow entries and %d inject rules; at most %d and %d (use wildcards and CIDRs)", len(allow), len(headers), MaxAllow, MaxHeaders)
+	}
 	for _, a := range allow {
 		r, err := parseRule(a)
 		if err != nil {
@@ -114,6 +124,8 @@ func Compile(allow []string, headers []Header) (*Policy, error) {
 			errs = append(errs, fmt.Sprintf("inject[%d]: header %q: want an HTTP header name (Authorization, X-Api-Key)", i, h.Header))
 		case (h.Value == "") == (h.Secret == ""):
 			errs = append(errs, fmt.Sprintf("inject[%d]: give exactly one of value and secret", i))
+		case len(h.Value) > MaxValue:
+			errs = append(errs, fmt.Sprintf("inject[%d]: value has %d bytes; at most %d", i, len(h.Value), MaxValue))
 		case strings.ContainsAny(h.Value, "\r\n\x00"):
 			errs = append(errs, fmt.Sprintf("inject[%d]: value holds a line break or NUL", i))
 		case h.Secret != "" && !secretRE.MatchString(h.Secret):
