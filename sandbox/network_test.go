@@ -2,10 +2,17 @@ package sandbox
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	cryptotls "crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +20,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -25,12 +33,17 @@ import (
 // box's own loopback does not answer for through its proxy variables'
 // NO_PROXY) that records what reaches it.
 type recorder struct {
-	srv  *httptest.Server
-	mu   sync.Mutex
-	hits []http.Header
+	srv   *httptest.Server
+	roots *x509.CertPool // with tls: the CA that verifies it
+	mu    sync.Mutex
+	hits  []http.Header
 }
 
 func newRecorder(t *testing.T, name string) *recorder {
+	return startRecorder(t, name, false)
+}
+
+func startRecorder(t *testing.T, name string, tls bool) *recorder {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.2:0")
 	require.NoError(t, err)
@@ -39,13 +52,43 @@ func newRecorder(t *testing.T, name string) *recorder {
 		r.mu.Lock()
 		r.hits = append(r.hits, req.Header.Clone())
 		r.mu.Unlock()
-		fmt.Fprintf(w, "hello from %s", name)
+		fmt.Fprintf(w, "hello from %s (tls %v)", name, req.TLS != nil)
 	}))
 	r.srv.Listener.Close()
 	r.srv.Listener = ln
-	r.srv.Start()
+	if tls {
+		r.srv.TLS = &cryptotls.Config{Certificates: []cryptotls.Certificate{r.selfSigned(t)}}
+		r.srv.StartTLS()
+	} else {
+		r.srv.Start()
+	}
 	t.Cleanup(r.srv.Close)
 	return r
+}
+
+// selfSigned makes a certificate for 127.0.0.2 (httptest's is for
+// 127.0.0.1 only) and the pool that trusts it.
+func (r *recorder) selfSigned(t *testing.T) cryptotls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "cellbox test"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.2")},
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IsCA:         true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	cert, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	r.roots = x509.NewCertPool()
+	r.roots.AddCert(cert)
+	return cryptotls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
 func (r *recorder) addr() string { return r.srv.Listener.Addr().String() }
@@ -72,17 +115,18 @@ func TestEgress(t *testing.T) {
 			const secretEnv = "from-the-Server-env-42"
 			t.Setenv(egress.SecretEnvPrefix+"NETTEST", secretEnv)
 			logs := &syncBuffer{}
+			a, b, tlsAPI := newRecorder(t, "a"), newRecorder(t, "b"), startRecorder(t, "api", true)
 			rb := newRealService(t, kind, func(c *Config) {
 				c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+				c.EgressRootCAs = tlsAPI.roots
 			})
-			a, b := newRecorder(t, "a"), newRecorder(t, "b")
 			sh := func(box, cmd string) string {
 				t.Helper()
 				m := rb.ok("shell", map[string]any{"sandbox": box, "command": cmd, "timeout_ms": 60000})
 				return fmt.Sprint(m["stdout"], m["stderr"])
 			}
 			rb.ok("sandbox_create", map[string]any{"sandbox": "net", "network": map[string]any{
-				"allow": []string{a.addr()},
+				"allow": []string{a.addr(), tlsAPI.addr()},
 				"inject": []map[string]any{
 					{"host": "127.0.0.2", "header": "Authorization", "value": "Bearer " + secret},
 					{"host": "127.0.0.2", "header": "X-Api-Key", "secret": "NETTEST"},
@@ -91,12 +135,18 @@ func TestEgress(t *testing.T) {
 
 			// The allowed server answers, through curl and Python, each
 			// request with the headers the box never saw.
-			assert.Equal(t, "hello from a", sh("net", "curl -sS http://"+a.addr()+"/curl"))
+			assert.Equal(t, "hello from a (tls false)", sh("net", "curl -sS http://"+a.addr()+"/curl"))
 			assert.Equal(t, "Bearer "+secret, a.last().Get("Authorization"))
 			assert.Equal(t, secretEnv, a.last().Get("X-Api-Key"))
-			assert.Equal(t, "hello from a", sh("net", `python3 -c 'import urllib.request,sys; sys.stdout.write(urllib.request.urlopen("http://`+a.addr()+`/py").read().decode())'`))
+			assert.Equal(t, "hello from a (tls false)", sh("net", `python3 -c 'import urllib.request,sys; sys.stdout.write(urllib.request.urlopen("http://`+a.addr()+`/py").read().decode())'`))
 			assert.Equal(t, "Bearer "+secret, a.last().Get("Authorization"))
 			hitsA := a.count()
+
+			// The box has no DNS: names are resolved by the proxy only.
+			assert.Contains(t, sh("net", `python3 -c '
+import socket
+try: print(socket.getaddrinfo("example.org", 80))
+except OSError as e: print("no dns:", e)'`), "no dns:")
 
 			// Others are refused, plain or through CONNECT, saying how to
 			// allow them; nothing reaches them.
@@ -108,7 +158,7 @@ func TestEgress(t *testing.T) {
 			assert.Equal(t, 0, b.count(), "nothing reached the server that is not allowed")
 
 			// CONNECT to the allowed server is a tunnel: no header added.
-			assert.Equal(t, "hello from a", sh("net", "curl -sS -p http://"+a.addr()+"/tunnel"))
+			assert.Equal(t, "hello from a (tls false)", sh("net", "curl -sS -p http://"+a.addr()+"/tunnel"))
 			assert.Empty(t, a.last().Get("Authorization"), "a CONNECT tunnel is not opened")
 
 			// The secret is nowhere in the box: environment (its own and
@@ -162,11 +212,19 @@ except OSError as e: print(e)'`)
 			assert.Contains(t, out, "unreachable")
 			assert.Equal(t, hitsA+1, a.count(), "only the tunnel went through since")
 
+			// An HTTPS API: with tls the box calls http:// and the proxy
+			// adds the key and goes on over TLS (the test's CA verifies).
+			rb.ok("network_set", map[string]any{"sandbox": "net", "allow": []string{tlsAPI.addr()}, "inject": []map[string]any{
+				{"host": "127.0.0.2", "header": "Authorization", "value": "Bearer " + secret, "tls": true},
+			}})
+			assert.Equal(t, "hello from api (tls true)", sh("net", "curl -sS http://"+tlsAPI.addr()+"/v1"))
+			assert.Equal(t, "Bearer "+secret, tlsAPI.last().Get("Authorization"))
+
 			// A change on the running box applies to the next request.
 			set := rb.ok("network_set", map[string]any{"sandbox": "net", "allow": []string{b.addr()}})
 			assert.Equal(t, "allow", set["network"].(map[string]any)["mode"])
 			assert.Contains(t, sh("net", "curl -sS -i http://"+a.addr()+"/"), "403 Forbidden")
-			assert.Equal(t, "hello from b", sh("net", "curl -sS http://"+b.addr()+"/"))
+			assert.Equal(t, "hello from b (tls false)", sh("net", "curl -sS http://"+b.addr()+"/"))
 			assert.Empty(t, b.last().Get("Authorization"), "the inject rules went with the old list")
 
 			// A box with no network setting reaches nothing.
@@ -236,7 +294,7 @@ func TestNetworkPolicyHost(t *testing.T) {
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	assert.Equal(t, "hello from srv", string(body))
+	assert.Equal(t, "hello from srv (tls false)", string(body))
 	assert.Equal(t, "k", srv.last().Get("Authorization"), "the rule survived the restart")
 
 }
