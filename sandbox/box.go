@@ -100,7 +100,7 @@ type boxSpec struct {
 	Env          map[string]string
 	Limits       api.Limits
 	Network      bool              // full network
-	Egress       *api.NetworkRules // allow list, for a box without
+	Egress       *api.NetworkRules // allow list (a box without a full network)
 	policy       *egress.Policy    // Egress compiled
 	SleepAfterMs int64
 	ID           string // preset id (shared boxes)

@@ -26,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/egress"
 )
 
@@ -312,4 +313,24 @@ func TestBoxEnv(t *testing.T) {
 	rec := boxRecord{Network: true, Env: map[string]string{"A": "1", egress.EnvListen: "0.0.0.0:80"}}
 	assert.Equal(t, map[string]string{"A": "1"}, boxEnv(rec))
 	assert.Equal(t, "0.0.0.0:80", rec.Env[egress.EnvListen], "the record is not changed")
+}
+
+// TestEgressWarmBox: a box with an allow list may come from the warm pool
+// (its proxy runs from the start, closed until the box is handed out), and
+// its policy applies from the first request.
+func TestEgressWarmBox(t *testing.T) {
+	a := newRecorder(t, "a")
+	rb := newRealService(t, "local", func(c *Config) { c.Pool = map[string]int{backend.DefaultImage: 1} })
+	require.Eventually(t, func() bool {
+		rb.s.mu.Lock()
+		defer rb.s.mu.Unlock()
+		return len(rb.s.pools[backend.DefaultImage].ready) == 1
+	}, time.Minute, 10*time.Millisecond)
+	rb.s.mu.Lock()
+	warm := rb.s.pools[backend.DefaultImage].ready[0].id
+	rb.s.mu.Unlock()
+	rb.ok("sandbox_create", map[string]any{"sandbox": "w", "network": map[string]any{"allow": []string{a.addr()}}})
+	require.Equal(t, warm, rb.id("w"), "the box came from the pool")
+	m := rb.ok("shell", map[string]any{"sandbox": "w", "command": "curl -sS http://" + a.addr() + "/"})
+	assert.Equal(t, "hello from a (tls false)", m["stdout"])
 }
