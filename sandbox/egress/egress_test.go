@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -259,4 +260,64 @@ func TestTLSUpgrade(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
 	assert.Contains(t, string(b), "certificate")
+}
+
+// TestMaxConns: a box holds at most MaxConns connections to its proxy; the
+// next waits until one ends, so a box cannot pile up descriptors on the
+// host. A tunnel's half-close still reaches the box.
+func TestMaxConns(t *testing.T) {
+	up, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer up.Close()
+	go func() {
+		for {
+			c, err := up.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.WriteString(c, "bye"); c.Close() }()
+		}
+	}()
+	pol, err := Compile([]string{up.Addr().String()}, nil)
+	require.NoError(t, err)
+	staging, hostDir := t.TempDir(), t.TempDir()
+	ln, err := Listen(staging, hostDir)
+	require.NoError(t, err)
+	p := New(Options{Box: "test", Policy: func() *Policy { return pol }, MaxConns: 1})
+	go p.Serve(ln)
+	defer p.Close()
+	sock := filepath.Join(hostDir, SocketName)
+
+	tunnel := func() (net.Conn, *bufio.Reader) {
+		c, err := net.Dial("unix", sock)
+		require.NoError(t, err)
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: x\r\n\r\n", up.Addr())
+		return c, bufio.NewReader(c)
+	}
+	first, br := tunnel()
+	first.SetReadDeadline(time.Now().Add(time.Minute)) // a lost EOF fails, not hangs
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	rest, err := io.ReadAll(br)
+	require.NoError(t, err)
+	assert.Equal(t, "bye", string(rest), "the upstream's close reaches the box as EOF")
+
+	second, br2 := tunnel()
+	defer second.Close()
+	answered := make(chan int, 1)
+	go func() {
+		resp, err := http.ReadResponse(br2, nil)
+		if err == nil {
+			answered <- resp.StatusCode
+		}
+		close(answered)
+	}()
+	select {
+	case <-answered:
+		t.Fatal("a second connection was served while the first held the only slot")
+	case <-time.After(200 * time.Millisecond):
+	}
+	first.Close()
+	assert.Equal(t, http.StatusOK, <-answered, "served once the first ended")
 }

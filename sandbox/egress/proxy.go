@@ -42,7 +42,14 @@ type Options struct {
 	Logger *slog.Logger
 	// RootCAs verify upstreams of Header.TLS rules; nil: the host's.
 	RootCAs *x509.CertPool
+	// MaxConns bounds the box's connections open at once (each holds a
+	// descriptor or two on the host); more wait until one ends. Default
+	// DefaultMaxConns.
+	MaxConns int
 }
+
+// DefaultMaxConns is Options.MaxConns's default.
+const DefaultMaxConns = 256
 
 // Proxy is one box's egress proxy: an HTTP forward proxy that speaks
 // plain requests (absolute URLs) and CONNECT.
@@ -67,6 +74,9 @@ func New(opts Options) *Proxy {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = DefaultMaxConns
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxy{opts: opts, ctx: ctx, cancel: cancel}
@@ -102,7 +112,7 @@ func New(opts Options) *Proxy {
 
 // Serve answers connections on ln until Close.
 func (p *Proxy) Serve(ln net.Listener) error {
-	err := p.srv.Serve(ln)
+	err := p.srv.Serve(&limitListener{Listener: ln, ctx: p.ctx, slots: make(chan struct{}, p.opts.MaxConns)})
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -276,6 +286,48 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, pol *Policy) {
 		defer stop()
 		netpipe.Pipe(conn, brw.Reader, up)
 	}()
+}
+
+// limitListener accepts a connection only when one of its slots is free;
+// the connection's Close frees it (also after a hijack: the tunnel closes
+// the connection it took over).
+type limitListener struct {
+	net.Listener
+	ctx   context.Context // ends at Close: a waiting Accept gives up
+	slots chan struct{}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	case <-l.ctx.Done():
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	return &slotConn{Conn: c, free: sync.OnceFunc(func() { <-l.slots })}, nil
+}
+
+type slotConn struct {
+	net.Conn
+	free func()
+}
+
+// CloseWrite passes a half-close on (a tunnel's end of one direction).
+func (c *slotConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+func (c *slotConn) Close() error {
+	err := c.Conn.Close()
+	c.free()
+	return err
 }
 
 // Listen makes the proxy's socket for a box and puts it at
