@@ -104,6 +104,7 @@ func New(opts Options) *Proxy {
 	p.srv = &http.Server{
 		Handler:           http.HandlerFunc(p.serveHTTP),
 		ReadHeaderTimeout: time.Minute,
+		IdleTimeout:       2 * time.Minute, // an idle keep-alive gives its slot back
 		ErrorLog:          slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
