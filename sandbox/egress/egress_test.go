@@ -321,3 +321,14 @@ func TestMaxConns(t *testing.T) {
 	first.Close()
 	assert.Equal(t, http.StatusOK, <-answered, "served once the first ended")
 }
+
+func TestInternal(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1": true, "127.9.9.9": true, "::1": true, "10.1.2.3": true, "172.16.0.1": true,
+		"192.168.1.1": true, "169.254.169.254": true, "100.64.0.1": true, "0.0.0.0": true, "0.1.2.3": true,
+		"fd00::1": true, "fe80::1": true, "224.0.0.1": true, "::ffff:127.0.0.1": true, "::": true,
+		"93.184.215.14": false, "2606:4700::1": false, "8.8.8.8": false,
+	} {
+		assert.Equal(t, want, internal(netip.MustParseAddr(addr)), addr)
+	}
+}

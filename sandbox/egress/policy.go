@@ -288,7 +288,10 @@ func internal(addr netip.Addr) bool {
 	addr = addr.Unmap()
 	return addr.IsLoopback() || addr.IsPrivate() || addr.IsLinkLocalUnicast() ||
 		addr.IsLinkLocalMulticast() || addr.IsInterfaceLocalMulticast() || addr.IsMulticast() ||
-		addr.IsUnspecified() || cgnat.Contains(addr) || !addr.IsGlobalUnicast()
+		addr.IsUnspecified() || cgnat.Contains(addr) || thisNet.Contains(addr) || !addr.IsGlobalUnicast()
 }
 
-var cgnat = netip.MustParsePrefix("100.64.0.0/10")
+var (
+	cgnat   = netip.MustParsePrefix("100.64.0.0/10")
+	thisNet = netip.MustParsePrefix("0.0.0.0/8")
+)
