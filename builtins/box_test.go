@@ -255,3 +255,24 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestBoxToolsNetworkOptIn: a model gets network_set (which opens its
+// box's network) only when the node's allow names it.
+func TestBoxToolsNetworkOptIn(t *testing.T) {
+	svc, _ := boxtest.Service(t, boxtest.Options{Logger: quiet()})
+	id, _, err := svc.NewSession(context.Background())
+	require.NoError(t, err)
+	names := func(allow []string) []string {
+		tools, err := builtins.BoxTools(context.Background(), svc.Client(id), allow)
+		require.NoError(t, err)
+		var out []string
+		for _, tl := range tools {
+			out = append(out, tl.Name)
+		}
+		return out
+	}
+	all := names(nil)
+	require.Contains(t, all, "shell")
+	require.NotContains(t, all, "network_set")
+	require.Equal(t, []string{"network_set"}, names([]string{"network_set"}))
+}

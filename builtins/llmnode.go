@@ -429,7 +429,8 @@ func (l *LLM) progress(ctx context.Context) llm.LoopHooks {
 
 // BoxTools returns the registry's tools (those of allow, all when empty)
 // as model tools bound to one box: the sandbox parameter is left out of
-// their schemas (BoxToolRunner sets it).
+// their schemas (BoxToolRunner sets it). optInTools are offered only when
+// allow names them.
 func BoxTools(ctx context.Context, c sandboxclient.Client, allow []string) ([]llm.Tool, error) {
 	lister, ok := c.(sandboxclient.ToolLister)
 	if !ok {
@@ -450,8 +451,8 @@ func BoxTools(ctx context.Context, c sandboxclient.Client, allow []string) ([]ll
 		if err != nil {
 			return nil, fmt.Errorf("tool %s: %w", ti.Name, err)
 		}
-		if !bound && len(allow) == 0 {
-			continue // a tool not about one box (sandbox_list, ...)
+		if len(allow) == 0 && (!bound || slices.Contains(optInTools, ti.Name)) {
+			continue // a tool not about one box (sandbox_list, ...), or opt-in
 		}
 		out = append(out, llm.Tool{Name: ti.Name, Description: ti.Description, InputSchema: schema})
 	}
@@ -462,6 +463,11 @@ func BoxTools(ctx context.Context, c sandboxclient.Client, allow []string) ([]ll
 	}
 	return out, nil
 }
+
+// optInTools are the box tools a model gets only when the node's allow
+// names them: network_set would let a model (or a page it read that told
+// it to) open its own box's network to any host.
+var optInTools = []string{"network_set"}
 
 // unbindSandbox removes the sandbox property from a tool's input schema;
 // bound says the tool had one.

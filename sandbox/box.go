@@ -20,6 +20,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/egress"
 )
 
 // boxState is a box's life state as the pool sees it.
@@ -47,12 +48,13 @@ type box struct {
 	rec      boxRecord
 	state    boxState
 	client   *agent.Client
-	failed   error          // why making a new box failed (for waiters)
-	inflight atomic.Int32   // calls using the box; the reaper leaves it alone
-	lastUsed atomic.Int64   // unix nanoseconds
-	saved    int64          // lastUsed as last written to the store (guarded by Service.mu)
-	previews map[int]string // port -> preview id (guarded by Service.mu)
-	note     string         // what the reaper did to the box, for the next call's notice (guarded by Service.mu)
+	failed   error                         // why making a new box failed (for waiters)
+	policy   atomic.Pointer[egress.Policy] // compiled rec.Egress; nil allows nothing
+	inflight atomic.Int32                  // calls using the box; the reaper leaves it alone
+	lastUsed atomic.Int64                  // unix nanoseconds
+	saved    int64                         // lastUsed as last written to the store (guarded by Service.mu)
+	previews map[int]string                // port -> preview id (guarded by Service.mu)
+	note     string                        // what the reaper did to the box, for the next call's notice (guarded by Service.mu)
 }
 
 // record returns b's record for the store; the caller holds Service.mu.
@@ -97,7 +99,9 @@ type boxSpec struct {
 	Image        string
 	Env          map[string]string
 	Limits       api.Limits
-	Network      bool
+	Network      bool              // full network
+	Egress       *api.NetworkRules // allow list (a box without a full network)
+	policy       *egress.Policy    // Egress compiled
 	SleepAfterMs int64
 	ID           string // preset id (shared boxes)
 	Shared       bool
@@ -166,6 +170,7 @@ func (s *Service) newBoxLocked(sess *Session, spec boxSpec) *box {
 		Env:          spec.Env,
 		Limits:       spec.Limits,
 		Network:      spec.Network,
+		Egress:       spec.Egress,
 		SleepAfterMs: spec.SleepAfterMs,
 		Created:      now,
 		LastUsed:     now,
@@ -173,6 +178,7 @@ func (s *Service) newBoxLocked(sess *Session, spec boxSpec) *box {
 	if spec.Shared {
 		b.rec.Session = ""
 	}
+	b.policy.Store(spec.policy)
 	b.touch()
 	return b
 }
@@ -372,6 +378,11 @@ func (s *Service) makeBox(ctx context.Context, rec boxRecord, session, name stri
 	if err := os.MkdirAll(hostDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create host dir of box %s: %w", rec.ID, err)
 	}
+	if !rec.Network {
+		if err := s.startEgress(rec.ID); err != nil {
+			return nil, err
+		}
+	}
 	spec := backend.Spec{
 		ID: rec.ID,
 		Labels: map[string]string{
@@ -382,7 +393,7 @@ func (s *Service) makeBox(ctx context.Context, rec boxRecord, session, name stri
 			labelInstance:        s.st.instance,
 		},
 		Image:       rec.Image,
-		Env:         rec.Env,
+		Env:         boxEnv(rec),
 		Network:     rec.Network,
 		Limits:      toBackendLimits(rec.Limits),
 		AgentBinary: s.cfg.AgentBinary,
@@ -486,6 +497,7 @@ func (s *Service) closeClient(b *box) {
 
 // removeBox removes a backend box and its host directory, logging failures.
 func (s *Service) removeBox(ctx context.Context, id string) {
+	s.stopEgress(id)
 	if err := s.be.Remove(ctx, id); err != nil {
 		s.log.Error("remove box", "box", id, "err", err)
 	}

@@ -130,6 +130,12 @@ func typeName(s *jsonschema.Schema) string {
 		return typeName(s.Items) + "[]"
 	case s.Ref != "":
 		return "object" // For makes $refs to recursive structs only
+	case len(s.AnyOf) > 0:
+		var alts []string
+		for _, a := range s.AnyOf {
+			alts = append(alts, typeName(a))
+		}
+		return strings.Join(alts, " or ")
 	case s.Type == "":
 		return "any"
 	}

@@ -38,6 +38,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 		b.rec.Previews = nil
 		b.lastUsed.Store(rec.LastUsed.UnixNano())
 		b.saved = b.lastUsed.Load()
+		s.loadPolicy(b)
 		info, ok := infos[rec.ID]
 		delete(infos, rec.ID)
 		switch {
@@ -116,6 +117,13 @@ func (s *Service) reconcile(ctx context.Context) error {
 		s.removeBox(ctx, id)
 	}
 	s.sweepHostDirs()
+	for id, b := range s.boxes {
+		if b.state != stateGone && !b.rec.Network {
+			if err := s.startEgress(id); err != nil {
+				s.log.Warn("box egress proxy not started; its network is closed", "box", id, "err", err)
+			}
+		}
+	}
 	if len(changes) > 0 {
 		return s.st.apply(changes...)
 	}

@@ -34,6 +34,7 @@ package sandbox
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -49,6 +50,7 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/egress"
 )
 
 // Defaults of Config.
@@ -114,6 +116,9 @@ type Config struct {
 	BaseURL string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// EgressRootCAs verify the HTTPS upstreams of network inject rules
+	// with tls: true; nil means the host's roots (tests set their own).
+	EgressRootCAs *x509.CertPool
 }
 
 // Service is the box service. Create it with New; it is safe for
@@ -136,6 +141,10 @@ type Service struct {
 	boxes    map[string]*box          // by id; boxes that exist (or existed) in the backend
 	previews map[string]previewTarget // preview id -> box and port
 	pools    map[string]*warmPool     // by image
+	proxies  map[string]*egress.Proxy // egress proxies by box id
+	// egressMu serializes startEgress, so two starts for one box never
+	// both place a socket.
+	egressMu sync.Mutex
 	closed   bool
 }
 
@@ -192,6 +201,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if n := len(socketPath(cfg.DataDir, "cb-0123456789abcdef")); n > maxSocketPath {
 		return nil, fmt.Errorf("sandbox: data dir %s is too long: box agent sockets under it would have %d-byte paths, unix sockets allow %d; use a shorter --data path", cfg.DataDir, n, maxSocketPath)
 	}
+	if err := makeEgressDir(cfg.DataDir); err != nil {
+		return nil, err
+	}
 	st, err := openStore(filepath.Join(cfg.DataDir, StateFile), cfg.DB)
 	if err != nil {
 		return nil, err
@@ -210,6 +222,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		boxes:    map[string]*box{},
 		previews: map[string]previewTarget{},
 		pools:    map[string]*warmPool{},
+		proxies:  map[string]*egress.Proxy{},
 	}
 	s.SetBaseURL(cfg.BaseURL)
 	if err := s.reconcile(ctx); err != nil {
@@ -256,6 +269,7 @@ func (s *Service) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s.drainPools(ctx)
+	s.stopAllEgress()
 	s.flushLastUsed()
 	s.mu.Lock()
 	for _, b := range s.boxes {

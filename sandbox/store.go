@@ -38,13 +38,16 @@ type sessionRecord struct {
 // boxRecord is a box as stored. The store, not the backend labels, says who
 // owns a box.
 type boxRecord struct {
-	ID           string            `json:"id"`
-	Session      string            `json:"session,omitempty"` // owner; "" for a shared box
-	Shared       bool              `json:"shared,omitempty"`
-	Image        string            `json:"image"`
-	Env          map[string]string `json:"env,omitempty"`
-	Limits       api.Limits        `json:"limits"`
-	Network      bool              `json:"network,omitempty"`
+	ID      string            `json:"id"`
+	Session string            `json:"session,omitempty"` // owner; "" for a shared box
+	Shared  bool              `json:"shared,omitempty"`
+	Image   string            `json:"image"`
+	Env     map[string]string `json:"env,omitempty"`
+	Limits  api.Limits        `json:"limits"`
+	Network bool              `json:"network,omitempty"` // full network
+	// Egress is the allow list of a box without a full network (nil:
+	// none), with header values: the state file is the host's (0600).
+	Egress       *api.NetworkRules `json:"egress,omitempty"`
 	SleepAfterMs int64             `json:"sleep_after_ms"`
 	Created      time.Time         `json:"created"`
 	LastUsed     time.Time         `json:"last_used"`

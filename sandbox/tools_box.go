@@ -62,6 +62,9 @@ func allTools() []*Tool {
 		defineTool("sandbox_create", ToolMeta{Title: "Create a sandbox", Idempotent: true},
 			"Create a named sandbox with an image, environment, limits and network access; a no-op if it exists. Tools create sandboxes on first use anyway; use this to choose their settings.",
 			sandboxCreateTool),
+		defineTool("network_set", ToolMeta{Title: "Set a sandbox's network allow list", Destructive: true, Idempotent: true},
+			"Replace the network allow list of a sandbox, also a running one (the next connection obeys it): the destinations it may reach through the host's egress proxy, and headers (API keys) the proxy adds to its http:// requests so the key never enters the box. An empty list closes the network. Not for a sandbox created with network: true (full network).",
+			networkSetTool),
 		defineTool("sandbox_list", ToolMeta{Title: "List sandboxes", ReadOnly: true, Idempotent: true},
 			"List the sandboxes of this session with image, status (running; sleeping; dead: died and could not be restarted, retried on next use; lost: gone from the backend, recreated empty on next use), creation and last-use times.",
 			sandboxListTool),
@@ -278,7 +281,17 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 			return out, fmt.Errorf("box_id refused: this session runs only allowed_commands %q, and a box shared with other sessions may be set up to run other code; use a box of this session", []string(c.sess.allowed))
 		}
 	}
-	spec := boxSpec{Image: in.Image, Env: in.Env, Network: in.Network, SleepAfterMs: in.SleepAfterMs}
+	spec := boxSpec{Image: in.Image, Env: in.Env, SleepAfterMs: in.SleepAfterMs}
+	if n := in.Network; n != nil && n.Full {
+		spec.Network = true
+	} else if n != nil {
+		pol, err := compileNetwork(&n.NetworkRules)
+		if err != nil {
+			return out, err
+		}
+		rules := n.NetworkRules
+		spec.Egress, spec.policy = &rules, pol
+	}
 	if in.Limits != nil {
 		spec.Limits = *in.Limits
 	}
@@ -356,6 +369,9 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 	if !created && in.Image != "" && in.Image != b.rec.Image {
 		c.notice(fmt.Sprintf("sandbox %q already exists with image %s; it was left as it is (destroy it first to change its image)", name, b.rec.Image))
 	}
+	if !created && in.Network != nil {
+		c.notice(fmt.Sprintf("sandbox %q already exists; its network was left as it is (change an allow list with network_set)", name))
+	}
 	out.Created, out.ID = created, b.rec.ID
 	return out, nil
 }
@@ -389,7 +405,7 @@ func sandboxListTool(ctx context.Context, c *call, in api.SandboxListInput) (api
 		}
 		status := b.state.String()
 		out.Sandboxes = append(out.Sandboxes, api.SandboxInfo{
-			Name: name, ID: b.rec.ID, Image: b.rec.Image, Status: status, Shared: b.rec.Shared,
+			Name: name, ID: b.rec.ID, Image: b.rec.Image, Status: status, Shared: b.rec.Shared, Network: networkInfo(b.rec),
 			Created: b.rec.Created, LastUsed: time.Unix(0, b.lastUsed.Load()).UTC(),
 		})
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/egress"
 )
 
 func init() {
@@ -33,5 +34,9 @@ func runAgent(ctx context.Context, args []string) error {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	return agent.Serve(ctx, agent.Options{Socket: *socket, Workspace: *workspace, Logger: log})
+	return agent.Serve(ctx, agent.Options{
+		Socket: *socket, Workspace: *workspace, Logger: log,
+		EgressListen: os.Getenv(egress.EnvListen),
+		EgressSocket: filepath.Join(filepath.Dir(*socket), egress.SocketName),
+	})
 }

@@ -43,6 +43,11 @@ type Schema = gj.Schema
 //     field's type; JSON for non-strings), enum:"a,b,c", minimum:"1",
 //     maximum:"9"; on a slice of scalars, enum/minimum/maximum constrain
 //     the items. (The library reads only a jsonschema:"description" tag.)
+//   - a type with a method JSONSchemaAnyOf() []any (on its value), for
+//     custom JSON of more than one shape (a boolean or an object), is
+//     described as anyOf the types of the values it returns (false and a
+//     struct: a boolean or that struct's object), where "any value" would
+//     say nothing.
 func For(v any) *Schema {
 	s, err := Generate(v)
 	if err != nil {
@@ -66,7 +71,11 @@ var (
 	rawMessageType    = reflect.TypeFor[json.RawMessage]()
 	jsonMarshalerType = reflect.TypeFor[json.Marshaler]()
 	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
+	describerType     = reflect.TypeFor[describer]()
 )
+
+// describer is a type of several JSON shapes (see For).
+type describer interface{ JSONSchemaAnyOf() []any }
 
 // Generate is For returning an error instead of panicking.
 func Generate(v any) (*Schema, error) {
@@ -181,6 +190,17 @@ func (w *walker) walk(t reflect.Type) error {
 	t = deref(t)
 	switch {
 	case w.fixed[t] != nil:
+		return nil
+	case t.Implements(describerType):
+		s := &Schema{}
+		for _, v := range reflect.Zero(t).Interface().(describer).JSONSchemaAnyOf() {
+			alt, err := Generate(v)
+			if err != nil {
+				return fmt.Errorf("%s: a shape of JSONSchemaAnyOf: %w", t, err)
+			}
+			s.AnyOf = append(s.AnyOf, alt)
+		}
+		w.fixed[t] = s
 		return nil
 	case implements(t, jsonMarshalerType):
 		w.fixed[t] = &Schema{}

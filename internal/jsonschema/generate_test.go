@@ -245,3 +245,33 @@ func TestForPointers(t *testing.T) {
 	require.Error(t, err)
 	assert.Equal(t, "value does not match the schema:\n  /when: must be string (got null)", err.Error())
 }
+
+// boolOrRules is JSON true or an object, like api.Network.
+type boolOrRules struct{ rules }
+
+type rules struct {
+	Allow []string `json:"allow,omitempty" desc:"allowed"`
+}
+
+func (boolOrRules) JSONSchemaAnyOf() []any             { return []any{false, rules{}} }
+func (b boolOrRules) MarshalJSON() ([]byte, error)     { return json.Marshal(b.rules) }
+func (b *boolOrRules) UnmarshalJSON(data []byte) error { return nil }
+
+func TestForAnyOf(t *testing.T) {
+	type in struct {
+		Net *boolOrRules `json:"net,omitempty" desc:"the network"`
+	}
+	s := For(in{})
+	p := s.Properties["net"]
+	require.Len(t, p.AnyOf, 2, "a JSONSchemaAnyOf type is anyOf its shapes, not any value")
+	assert.Equal(t, "boolean", p.AnyOf[0].Type)
+	assert.Equal(t, "object", p.AnyOf[1].Type)
+	assert.Equal(t, "allowed", p.AnyOf[1].Properties["allow"].Description)
+	assert.Equal(t, "the network", p.Description)
+	raw, err := json.Marshal(s)
+	require.NoError(t, err)
+	require.NoError(t, Validate(raw, []byte(`{"net": true}`)))
+	require.NoError(t, Validate(raw, []byte(`{"net": {"allow": ["x"]}}`)))
+	require.Error(t, Validate(raw, []byte(`{"net": "yes"}`)))
+	require.Error(t, Validate(raw, []byte(`{"net": {"deny": []}}`)))
+}

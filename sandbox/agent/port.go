@@ -2,12 +2,12 @@ package agent
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
+
+	"github.com/cellbox/cellbox/internal/netpipe"
 )
 
 // handlePort upgrades the connection to a raw byte pipe to 127.0.0.1:port in
@@ -49,30 +49,6 @@ func (s *server) handlePort(w http.ResponseWriter, r *http.Request) {
 			}
 		}()
 		defer close(stop)
-		var wg sync.WaitGroup
-		wg.Add(2)
-		go func() { // client -> port (bytes the server already buffered first)
-			defer wg.Done()
-			if _, err := io.Copy(up, brw.Reader); err != nil {
-				up.Close() // the client is gone: tear down both ways
-				conn.Close()
-			}
-			closeWrite(up)
-		}()
-		go func() { // port -> client
-			defer wg.Done()
-			if _, err := io.Copy(conn, up); err != nil {
-				up.Close()
-				conn.Close()
-			}
-			closeWrite(conn)
-		}()
-		wg.Wait()
+		netpipe.Pipe(conn, brw.Reader, up)
 	}()
-}
-
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite()
-	}
 }

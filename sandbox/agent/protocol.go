@@ -34,6 +34,11 @@ type Options struct {
 	AllowedRoots []string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// EgressListen, if set, is the TCP address in the box (127.0.0.1:3128)
+	// whose connections the agent pipes to EgressSocket, the host's egress
+	// proxy (see sandbox/egress).
+	EgressListen string
+	EgressSocket string
 }
 
 // Version is what the agent reports about itself.

@@ -66,12 +66,22 @@ func Serve(ctx context.Context, opts Options) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	s.log.Info("agent listening", "socket", opts.Socket, "workspace", s.workspace, "pid", os.Getpid())
+	fctx, stopForward := context.WithCancel(ctx)
+	defer stopForward()
+	if opts.EgressListen != "" {
+		s.tunnels.Add(1)
+		go func() {
+			defer s.tunnels.Done()
+			s.forwardEgress(fctx, opts.EgressListen, opts.EgressSocket)
+		}()
+	}
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
 	}
 	s.log.Info("agent stopping", "reason", context.Cause(ctx))
 	srv.Close()
+	stopForward()
 	s.procs.shutdown(500 * time.Millisecond)
 	s.tunnels.Wait()
 	if errors.Is(err, http.ErrServerClosed) {

@@ -9,7 +9,9 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -298,10 +300,102 @@ type SandboxCreateInput struct {
 	Image               string            `json:"image,omitempty" desc:"Image: host (the host's /usr read-only: bash, coreutils, python3) or cellbox/NAME built by cellbox image build." default:"host"`
 	Env                 map[string]string `json:"env,omitempty" desc:"Environment variables of every command in the box."`
 	Limits              *Limits           `json:"limits,omitempty" desc:"Resource limits."`
-	Network             bool              `json:"network,omitempty" desc:"Give the box network access (default: loopback only)."`
+	Network             *Network          `json:"network,omitempty" desc:"The box's network. Omitted: none (loopback only). true: full network (its own interface, any destination; cannot be narrowed later). An object {allow, inject} (the fields of network_set): egress only to the allow list, through a proxy on the host that the box cannot bypass (HTTP_PROXY/HTTPS_PROXY are set in the box; names are resolved on the host); change it later with network_set."`
 	SleepAfterMs        int64             `json:"sleep_after_ms,omitempty" desc:"Stop the box after this many idle milliseconds; its files are kept and the next call wakes it." default:"600000" minimum:"0"`
 	BoxID               string            `json:"box_id,omitempty" desc:"Attach to the box with this explicit id, shared by every session that names it. Requires share_across_sessions: true."`
 	ShareAcrossSessions bool              `json:"share_across_sessions,omitempty" desc:"Confirm that box_id is meant to be shared across sessions."`
+}
+
+// Network is a box's network: closed (loopback only) when absent, full
+// (the JSON true), or an allow list enforced by the host's egress proxy
+// (an object). Only the last can change on a running box (network_set).
+type Network struct {
+	// Full is the JSON true: the box gets its own network interface.
+	Full bool `json:"-"`
+	NetworkRules
+}
+
+// NetworkRules is an allow list with its header rules.
+type NetworkRules struct {
+	Allow  []string `json:"allow,omitempty" desc:"Destinations the box may reach: a name (example.org), its subdomains (*.example.org), any name (*), an IP or a CIDR (10.1.2.0/24), each optionally with :PORT (example.org:443). A name that resolves to a loopback, private or link-local address is refused unless that address is allowed too (as an IP or CIDR)."`
+	Inject []Inject `json:"inject,omitempty" desc:"Headers the host's proxy sets on plain http:// requests to a host (an API key the box never sees), each {host, header, value or secret, tls}: secret names the server's environment variable CELLBOX_SECRET_<secret>; values are never shown again. https:// requests are end-to-end TLS tunnels the proxy does not open, so they get no header: for an HTTPS API set tls: true and call it with http:// URLs."`
+}
+
+// Inject is a header the egress proxy sets on requests to Host. Value (or
+// the server's secret named by Secret) never enters the box and is never
+// returned by a tool.
+type Inject struct {
+	Host   string `json:"host" desc:"Host the header goes to: a name (api.example.org), *.example.org, or an IP. It must also be allowed."`
+	Header string `json:"header" desc:"Header name, e.g. Authorization or X-Api-Key; it replaces one the box sends."`
+	Value  string `json:"value,omitempty" desc:"The header's value (stored on the server, never shown again). Give value or secret."`
+	Secret string `json:"secret,omitempty" desc:"Name of a secret the server holds: the value of its environment variable CELLBOX_SECRET_<secret>, read at each request. Give value or secret."`
+	TLS    bool   `json:"tls,omitempty" desc:"Upgrade to HTTPS: the box calls http://HOST/..., the proxy adds the header and sends the request to https://HOST/... (port 443 unless the URL names one), checking the certificate. Use this for HTTPS APIs: the key never enters the box and is encrypted on the wire."`
+}
+
+// Redacted is what a tool returns in place of an injected header's value.
+const Redacted = "[redacted]"
+
+// Redact returns rules whose header values are replaced by Redacted.
+func (r NetworkRules) Redact() NetworkRules {
+	out := NetworkRules{Allow: r.Allow}
+	for _, in := range r.Inject {
+		if in.Value != "" {
+			in.Value = Redacted
+		}
+		out.Inject = append(out.Inject, in)
+	}
+	return out
+}
+
+// JSONSchemaAnyOf says the JSON of a Network is a boolean or an object.
+func (Network) JSONSchemaAnyOf() []any { return []any{false, NetworkRules{}} }
+
+// MarshalJSON writes true for a full network, else the rules' object.
+func (n Network) MarshalJSON() ([]byte, error) {
+	if n.Full {
+		return []byte("true"), nil
+	}
+	return json.Marshal(n.NetworkRules)
+}
+
+// UnmarshalJSON reads true (full), false or null (closed), or an object.
+func (n *Network) UnmarshalJSON(b []byte) error {
+	switch string(bytes.TrimSpace(b)) {
+	case "true":
+		*n = Network{Full: true}
+		return nil
+	case "false", "null":
+		*n = Network{}
+		return nil
+	}
+	var r NetworkRules
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return fmt.Errorf("network: want true, or an object {\"allow\": [...], \"inject\": [...]}: %w", err)
+	}
+	*n = Network{NetworkRules: r}
+	return nil
+}
+
+// NetworkSetInput is the input of the network_set tool.
+type NetworkSetInput struct {
+	Sandbox string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	NetworkRules
+}
+
+// NetworkInfo is a box's network as tools show it: header values redacted.
+type NetworkInfo struct {
+	// Mode is "none" (loopback only), "full", or "allow" (the list,
+	// through the host's proxy; an empty list reaches nothing).
+	Mode string `json:"mode"`
+	NetworkRules
+}
+
+// NetworkSetOutput is the result of the network_set tool.
+type NetworkSetOutput struct {
+	Sandbox string      `json:"sandbox"`
+	Network NetworkInfo `json:"network"`
 }
 
 // SandboxCreateOutput is the result of the sandbox_create tool.
@@ -316,13 +410,14 @@ type SandboxListInput struct{}
 
 // SandboxInfo describes one box of a session.
 type SandboxInfo struct {
-	Name     string    `json:"name"`
-	ID       string    `json:"id"`
-	Image    string    `json:"image"`
-	Status   string    `json:"status"` // running|sleeping
-	Shared   bool      `json:"shared,omitempty"`
-	Created  time.Time `json:"created"`
-	LastUsed time.Time `json:"last_used"`
+	Name     string      `json:"name"`
+	ID       string      `json:"id"`
+	Image    string      `json:"image"`
+	Status   string      `json:"status"` // running|sleeping
+	Shared   bool        `json:"shared,omitempty"`
+	Network  NetworkInfo `json:"network"`
+	Created  time.Time   `json:"created"`
+	LastUsed time.Time   `json:"last_used"`
 }
 
 // SandboxListOutput is the result of the sandbox_list tool.
