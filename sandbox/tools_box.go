@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
 )
 
 // Tool result caps.
@@ -278,7 +280,11 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 			return out, fmt.Errorf("box_id refused: this session runs only allowed_commands %q, and a box shared with other sessions may be set up to run other code; use a box of this session", []string(c.sess.allowed))
 		}
 	}
-	spec := boxSpec{Image: in.Image, Env: in.Env, Network: in.Network, SleepAfterMs: in.SleepAfterMs}
+	if err := backend.ValidWorkDir(in.WorkspaceDir); err != nil {
+		return out, api.WithCode(api.CodeInvalidInput, err)
+	}
+	spec := boxSpec{Image: in.Image, Env: in.Env, Network: in.Network, SleepAfterMs: in.SleepAfterMs,
+		WorkspaceDir: in.WorkspaceDir, DestroyOnClose: in.DestroyOnClose}
 	if in.Limits != nil {
 		spec.Limits = *in.Limits
 	}
@@ -390,6 +396,7 @@ func sandboxListTool(ctx context.Context, c *call, in api.SandboxListInput) (api
 		status := b.state.String()
 		out.Sandboxes = append(out.Sandboxes, api.SandboxInfo{
 			Name: name, ID: b.rec.ID, Image: b.rec.Image, Status: status, Shared: b.rec.Shared,
+			WorkspaceDir: cmp.Or(b.rec.WorkspaceDir, backend.Workspace), DestroyOnClose: b.rec.DestroyOnClose,
 			Created: b.rec.Created, LastUsed: time.Unix(0, b.lastUsed.Load()).UTC(),
 		})
 	}

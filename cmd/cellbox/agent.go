@@ -33,5 +33,8 @@ func runAgent(ctx context.Context, args []string) error {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	return agent.Serve(ctx, agent.Options{Socket: *socket, Workspace: *workspace, Logger: log})
+	// File tools reach the whole disk of the box (Workspace and /tmp)
+	// whatever its working directory (a sandbox's workspace_dir).
+	roots := []string{backend.Workspace, "/tmp"}
+	return agent.Serve(ctx, agent.Options{Socket: *socket, Workspace: *workspace, AllowedRoots: roots, Logger: log})
 }
