@@ -308,6 +308,20 @@ type BrowseOutput struct {
 	Listening bool   `json:"listening"`
 }
 
+// WaitPortInput is the input of the wait_port tool.
+type WaitPortInput struct {
+	Sandbox   string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	Port      int    `json:"port" desc:"TCP port a server listens on inside the box (on 127.0.0.1 or 0.0.0.0)." minimum:"1"`
+	TimeoutMs int    `json:"timeout_ms,omitempty" desc:"Give up after this many milliseconds (at most 600000)." default:"30000" minimum:"1"`
+}
+
+// WaitPortOutput is the result of the wait_port tool.
+type WaitPortOutput struct {
+	Port      int   `json:"port"`
+	Listening bool  `json:"listening"`
+	WaitedMs  int64 `json:"waited_ms"`
+}
+
 // SandboxCreateInput is the input of the sandbox_create tool.
 type SandboxCreateInput struct {
 	Sandbox             string            `json:"sandbox,omitempty" desc:"Name of the sandbox in this session." default:"default"`
@@ -371,6 +385,9 @@ type ExecRequest struct {
 	Stdin     []byte            `json:"stdin,omitempty"`
 	TimeoutMs int               `json:"timeout_ms,omitempty"` // 0: no timeout
 	MaxOutput int               `json:"max_output,omitempty"` // bytes kept per stream in the result (default 1 MiB)
+	// Follow streams all the output however much there is (for as long
+	// as a server runs) and keeps none in the result.
+	Follow bool `json:"follow,omitempty"`
 }
 
 // ExecResult is the final outcome of a streaming exec.
