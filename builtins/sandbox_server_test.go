@@ -179,3 +179,22 @@ nodes:
 	raw, _ := json.Marshal(st)
 	assert.Less(t, len(raw), 2*builtins.ServerOutputLimit)
 }
+
+// TestSandboxServerBoxRemade: when the box goes behind the node's back
+// (destroyed, lost), the server's exec fails and its next start brings it
+// up in the box the service makes anew.
+func TestSandboxServerBoxRemade(t *testing.T) {
+	b := newBox(t)
+	r := b.load(t, serverPattern, nil)
+	r.settle()
+	waitFor(t, 20*time.Second, "the server to be ready", func() bool { return r.server("web").State == builtins.ServerReady })
+	require.NoError(t, b.client.DestroyBox(t.Context(), r.sandbox("web").Box))
+	waitFor(t, 20*time.Second, "the server to be ready in the new box", func() bool {
+		st := r.server("web")
+		return st.State == builtins.ServerReady && st.Restarts == 1
+	})
+	st := r.server("web")
+	assert.Nil(t, st.ExitCode, "the exec failed: no exit code")
+	e := r.lastRun("web", `{"command": "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8123/', timeout=5).status)\""}`)
+	assert.Equal(t, "200\n", e.Stdout, e.Stderr)
+}

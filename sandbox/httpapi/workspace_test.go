@@ -136,3 +136,24 @@ func TestDestroyOnClose(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, before-2, boxes(s))
 }
+
+// TestWaitPort: wait_port returns once a server started in the background
+// listens, and says listening: false (with a notice) when nothing does
+// within timeout_ms; bad input is a tool error.
+func TestWaitPort(t *testing.T) {
+	s, _ := boxtest.Service(t, boxtest.Options{})
+	h := newHTTPSession(t, startHTTP(t, s))
+	m := h.tool("wait_port", map[string]any{"port": 8125, "timeout_ms": 100})
+	assert.Equal(t, false, m["listening"])
+	assert.Contains(t, m["notice"], "nothing listened on port 8125")
+
+	h.tool("shell", map[string]any{"command": "sleep 0.3; exec python3 -m http.server 8125 --bind 127.0.0.1", "background": true})
+	m = h.tool("wait_port", map[string]any{"port": 8125, "timeout_ms": 20000})
+	assert.Equal(t, true, m["listening"], "%v", m)
+	assert.Equal(t, 0.0, h.tool("shell", map[string]any{"command": "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8125))\""})["exit_code"])
+
+	for _, in := range []map[string]any{{"port": 0}, {"port": 70000}, {"port": 80, "timeout_ms": 700000}} {
+		m := h.call("wait_port", in)
+		assert.Equal(t, true, m["is_error"], "%v", in)
+	}
+}
