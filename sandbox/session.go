@@ -52,8 +52,10 @@ func (s *Service) NewSessionWith(ctx context.Context, opts api.NewSessionRequest
 	if err != nil {
 		return "", "", api.WithCode(api.CodeInvalidInput, err)
 	}
-	if err := allowed.refusal("", opts.Env); err != nil {
-		return "", "", api.WithCode(api.CodeInvalidInput, err)
+	if len(opts.Env) > 0 {
+		if err := allowed.refusal("", opts.Env); err != nil {
+			return "", "", api.WithCode(api.CodeInvalidInput, err)
+		}
 	}
 	if err := backend.ValidWorkDir(opts.WorkspaceDir); err != nil {
 		return "", "", api.WithCode(api.CodeInvalidInput, err)
