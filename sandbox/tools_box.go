@@ -365,6 +365,9 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 	if !created && in.Image != "" && in.Image != b.rec.Image {
 		c.notice(fmt.Sprintf("sandbox %q already exists with image %s; it was left as it is (destroy it first to change its image)", name, b.rec.Image))
 	}
+	if have := cmp.Or(b.rec.WorkspaceDir, backend.Workspace); !created && in.WorkspaceDir != "" && in.WorkspaceDir != have {
+		c.notice(fmt.Sprintf("sandbox %q already exists with workspace_dir %s; it was left as it is (destroy it first to change its workspace_dir)", name, have))
+	}
 	out.Created, out.ID = created, b.rec.ID
 	return out, nil
 }

@@ -63,6 +63,9 @@ func TestWorkspaceSettings(t *testing.T) {
 	// A box of its own: sandbox_create overrides (env merged, its keys win).
 	h.tool("sandbox_create", map[string]any{"sandbox": "other", "workspace_dir": "/tmp/w", "env": map[string]string{"WHO": "box"}})
 	assert.Equal(t, "/tmp/w\nhi box\n", h.tool("shell", map[string]any{"sandbox": "other", "command": `pwd; echo "$GREETING $WHO"`})["stdout"])
+	m = h.tool("sandbox_create", map[string]any{"sandbox": "other", "workspace_dir": "/workspace/x"})
+	assert.Equal(t, false, m["created"])
+	assert.Contains(t, m["notice"], `already exists with workspace_dir /tmp/w`)
 	list := listed(h)
 	assert.Equal(t, "/workspace/app", list["default"]["workspace_dir"])
 	assert.Equal(t, "/tmp/w", list["other"]["workspace_dir"])
