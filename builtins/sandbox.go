@@ -58,6 +58,8 @@ type SandboxSpec struct {
 	// Ports are TCP ports in the box (1-65535) whose preview URLs the node
 	// publishes in previews while the box runs.
 	Ports []int
+	// Start, if set, is a server kept running in the box (see StartSpec).
+	Start *StartSpec
 }
 
 // Sandbox is the sandbox node kind, a runtime.Service: a box that lives
@@ -108,6 +110,7 @@ type Sandbox struct {
 	written   map[string][32]byte // input path -> hash of the content last written
 	stopWatch context.CancelFunc
 	watchers  sync.WaitGroup
+	server    *server // the supervised server (spec.Start) while the box is up
 
 	pmu        sync.Mutex        // guards the problems below, shown in error while running
 	inputErr   string            // why input files could not be written
@@ -153,6 +156,8 @@ type sandboxOutput struct {
 	Files   map[string]json.RawMessage `json:"files"`
 	// Previews is nil (left out) when the spec declares no ports.
 	Previews map[string]Preview `json:"previews,omitzero"`
+	// Server is the supervised server's state, when the spec has one.
+	Server *ServerStatus `json:"server,omitempty"`
 }
 
 // Preview is where a browser on the runner's machine reaches a port of a
@@ -264,12 +269,13 @@ func (s *Sandbox) up(ctx context.Context) error {
 		s.log.Warn("preview URLs", "box", s.box, "error", err)
 	}
 	s.pmu.Lock()
-	defer s.pmu.Unlock()
 	s.previewErr = ""
 	if err != nil {
 		s.previewErr = err.Error()
 	}
 	s.reportLocked(ctx, func(o *sandboxOutput) { o.Status, o.Previews = StatusRunning, previews })
+	s.pmu.Unlock()
+	s.startServer(ctx)
 	return nil
 }
 
@@ -357,6 +363,7 @@ func (s *Sandbox) start(ctx context.Context) error {
 
 // down stops the watches and destroys the box. Callers hold s.mu.
 func (s *Sandbox) down(ctx context.Context) error {
+	s.stopServer(ctx, false) // the box goes with it
 	s.stopWatches()
 	if !s.alive {
 		return nil
@@ -374,6 +381,9 @@ func (s *Sandbox) Close(ctx context.Context, reason runtime.CloseReason) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if reason != runtime.Stopped {
+		// The server is stopped with the runtime (its process killed): the
+		// next Open starts it again, rather than meet a stale one.
+		s.stopServer(ctx, true)
 		s.stopWatches()
 		return nil
 	}

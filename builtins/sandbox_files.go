@@ -240,7 +240,9 @@ func (s *Sandbox) Update(ctx context.Context, in runtime.Inputs) error {
 	if image, err := evalImage(s.spec.Image, in); err == nil && image != s.image {
 		s.log.Info("sandbox image changed: it applies when the box is made again (destroy, then run)", "box", s.box, "image", imageName(image), "current", imageName(s.image))
 	}
-	return s.writeAndReport(ctx)
+	err := s.writeAndReport(ctx)
+	s.startServer(ctx) // a new command (or env) restarts the server
+	return err
 }
 
 // stopWatches ends the file watches and waits for their readers. Callers

@@ -350,6 +350,7 @@ type sandboxOut struct {
 		URL     string `json:"url"`
 		HostURL string `json:"host_url"`
 	} `json:"previews"`
+	Server builtins.ServerStatus `json:"server"`
 }
 
 func (in *instance) num(name string) float64 {
@@ -369,19 +370,20 @@ func TestDevServer(t *testing.T) {
 
 	in := w.load(load(t, "dev-server"))
 	in.wait()
-	// The node publishes the preview URL of its port as soon as the box runs.
+	// The node publishes the preview URL of its port as soon as the box
+	// runs, and starts the server itself (start:): no run event.
 	var out sandboxOut
 	in.get("web", &out)
 	require.Equal(t, "running", out.Status, "%+v", out)
 	assert.Empty(t, out.Error)
 	url := out.Previews["8000"].URL
 	require.Regexp(t, `^http://p[0-9a-f]{32}\.localhost:\d+/$`, url, "previews: %+v", out.Previews)
-
-	in.send("web", "run", map[string]string{"command": "sh start.sh"})
-	in.wait()
-	in.get("web", &out)
-	require.Len(t, out.History, 1)
-	require.Equal(t, 0, out.History[0].ExitCode, "start.sh: %s%s", out.History[0].Stdout, out.History[0].Stderr)
+	eventually(t, 20*time.Second, "the server to be ready", func() bool {
+		in.get("web", &out)
+		return out.Server.State == builtins.ServerReady
+	})
+	assert.Empty(t, out.History, "no command was needed")
+	assert.Contains(t, out.Server.Output, "serving on 127.0.0.1:8000")
 	assert.Equal(t, url, out.Previews["8000"].URL, "the URL stays while the box lives")
 
 	page := fetch(t, url)

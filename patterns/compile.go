@@ -180,13 +180,22 @@ func (c compiler) exec(addr cells.Address, s *ExecSpec) builtins.ExecSpec {
 
 func (c compiler) sandbox(addr cells.Address, s *SandboxSpec) builtins.SandboxSpec {
 	at := field(c.at, "sandbox")
-	return builtins.SandboxSpec{
+	spec := builtins.SandboxSpec{
 		Node:  addr,
 		Image: c.field(field(at, "image"), s.Image),
 		Env:   c.env(at, s.Env),
 		Files: c.files(at, s.Files),
 		Ports: slices.Clone(s.Ports),
 	}
+	if s.Start != nil {
+		sat := field(at, "start")
+		spec.Start = &builtins.StartSpec{
+			Command: c.field(field(sat, "command"), s.Start.Command),
+			Port:    s.Start.Port,
+			Ready:   c.field(field(sat, "ready"), s.Start.Ready),
+		}
+	}
+	return spec
 }
 
 func (c compiler) fetch(addr cells.Address, s *FetchSpec) builtins.FetchSpec {

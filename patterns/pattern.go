@@ -162,6 +162,25 @@ type SandboxSpec struct {
 	// node publishes a preview URL of each in previews["PORT"] while the
 	// box runs.
 	Ports []int `json:"ports,omitempty"`
+	// Start is a server the node keeps running in its box (YAML `start:`).
+	Start *StartSpec `json:"start,omitempty"`
+}
+
+// StartSpec is a sandbox node's supervised server: a command run whenever
+// the box comes up (made, woken, reattached after a restart, remade),
+// restarted with backoff when it exits; its state and the tail of its
+// output are the node's `server`. YAML: `start: "cmd"`, or
+// `start: {command: "cmd", port: 8000}` (ready once the port accepts
+// connections) or `{command: "cmd", ready: "probe cmd"}` (ready once the
+// probe exits 0).
+type StartSpec struct {
+	Command Value `json:"command"`
+	// Port, if set, is the TCP port in the box whose accepting connections
+	// makes the server ready.
+	Port int `json:"port,omitempty"`
+	// Ready, if set, is a command run in the box until it exits 0, which
+	// makes the server ready.
+	Ready Value `json:"ready,omitzero"`
 }
 
 // FetchSpec describes a fetch node: an HTTP request the runner sends (not

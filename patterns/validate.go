@@ -33,7 +33,7 @@ var (
 var (
 	outputs = map[Kind][]string{
 		KindExec:    {"pending", "result", "error"},
-		KindSandbox: {"pending", "status", "box", "error", "history", "files", "previews"},
+		KindSandbox: {"pending", "status", "box", "error", "history", "files", "previews", "server"},
 		KindFetch:   {"pending", "result", "error"},
 		KindLLM:     {"pending", "result", "error"},
 	}
@@ -162,6 +162,25 @@ func (c *checker) node(n *Node) {
 		at = field(at, "sandbox")
 		c.box(n, at, n.Sandbox.Image, n.Sandbox.Env, n.Sandbox.Files, val)
 		c.ports(field(at, "ports"), n.Sandbox.Ports)
+		if st := n.Sandbox.Start; st != nil {
+			sat := field(at, "start")
+			inputs := []ValueKind{ValueLiteral, ValueExpr, ValueTemplate}
+			if st.Command.IsZero() && st.Command.err == nil {
+				c.e.add(field(sat, "command"), "missing: the command that starts the server (e.g. python3 server.py)")
+			} else {
+				val(field(sat, "command"), st.Command, inputs...)
+			}
+			switch {
+			case st.Port == portReported:
+			case st.Port != 0 && (st.Port < 1 || st.Port > 65535):
+				c.e.add(field(sat, "port"), "port %d is out of range: want 1-65535", st.Port)
+			case st.Port != 0 && !st.Ready.IsZero():
+				c.e.add(field(sat, "ready"), "give port or ready, not both: the server is ready when its port accepts connections (port) or when the ready command exits 0 (ready)")
+			}
+			if !st.Ready.IsZero() {
+				val(field(sat, "ready"), st.Ready, inputs...)
+			}
+		}
 	case KindLLM:
 		c.llm(n, field(at, "llm"), reads, val)
 	}

@@ -51,7 +51,8 @@ var (
 	cellFields    = []string{"value", "file", "schema", "description"}
 	nodeFields    = append(slices.Clone(kinds), "description")
 	execFields    = []string{"command", "image", "env", "files", "cache", "timeout"}
-	sandboxFields = []string{"image", "env", "files", "ports"}
+	sandboxFields = []string{"image", "env", "files", "ports", "start"}
+	startFields   = []string{"command", "port", "ready"}
 	fetchFields   = []string{"url", "method", "headers", "secret_headers", "body", "format", "cache", "timeout", "max_bytes"}
 	llmFields     = []string{"provider", "model", "system", "prompt", "messages", "tools", "max_tokens", "temperature", "max_turns", "cache", "timeout"}
 	llmToolFields = []string{"sandbox", "allow"}
@@ -331,6 +332,9 @@ func (l *loader) node(e entry) {
 			if e, ok := f["ports"]; ok {
 				n.Sandbox.Ports = l.ports(e)
 			}
+			if e, ok := f["start"]; ok {
+				n.Sandbox.Start = l.start(e)
+			}
 		}
 	}
 }
@@ -477,6 +481,35 @@ func (l *loader) ports(e entry) []int {
 		out = append(out, port)
 	}
 	return out
+}
+
+// start reads a sandbox's start: a command string, or a mapping with
+// command and port or ready.
+func (l *loader) start(e entry) *StartSpec {
+	n := deref(e.val)
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!str" {
+		return &StartSpec{Command: l.string(e)}
+	}
+	if n.Kind != yaml.MappingNode {
+		l.errAt(n, e.path, `want a command ("python3 server.py") or {command: ..., port: 8000} or {command: ..., ready: ...}, got %s`, describe(n))
+		return &StartSpec{Command: Value{err: errReported}}
+	}
+	s := &StartSpec{}
+	f, _ := l.fields(n, e.path, startFields, "")
+	if c, ok := f["command"]; ok {
+		s.Command = l.string(c)
+	}
+	if p, ok := f["port"]; ok {
+		pn := deref(p.val)
+		if pn.Kind != yaml.ScalarNode || pn.ShortTag() != "!!int" || pn.Decode(&s.Port) != nil {
+			l.errAt(pn, p.path, "want a port number (1-65535), got %s", describe(pn))
+			s.Port = portReported
+		}
+	}
+	if r, ok := f["ready"]; ok {
+		s.Ready = l.string(r)
+	}
+	return s
 }
 
 // box reads the fields exec and sandbox share.

@@ -129,6 +129,13 @@ func TestParseValid(t *testing.T) {
 			assert.Equal(t, []int{8000, 5173}, p.Nodes[0].Sandbox.Ports)
 			assert.Equal(t, []string{"web"}, p.Nodes[1].Reads)
 		}},
+		{"start", "name: c\ncells: {v: 1}\nnodes:\n  a:\n    sandbox: {start: python3 server.py}\n  b:\n    sandbox:\n      start: {command: 'serve v${v}', port: 8000}\n  c:\n    sandbox: {start: {command: run, ready: test -f /tmp/up}}\n  s: {computed: '${a.server.state + b.server.output}'}\n", func(t *testing.T, p *Pattern) {
+			assert.Equal(t, &StartSpec{Command: Literal("python3 server.py")}, p.Nodes[0].Sandbox.Start, "the short form")
+			assert.Equal(t, 8000, p.Nodes[1].Sandbox.Start.Port)
+			assert.Equal(t, []string{"v"}, p.Nodes[1].Reads, "the command is a template over cells")
+			assert.Equal(t, Literal("test -f /tmp/up"), p.Nodes[2].Sandbox.Start.Ready)
+			assert.Equal(t, []string{"a", "b"}, p.Nodes[3].Reads)
+		}},
 		{"expression scopes", "name: c\ncells: {xs: [1], k: a}\nnodes:\n  r: {computed: '${let y = 2; map(filter(xs, # > 0), # * y)[0] + {\"v\": 1}[k]}'}\n", func(t *testing.T, p *Pattern) {
 			assert.Equal(t, []string{"k", "xs"}, p.Nodes[0].Reads, "let variables and predicates are not references")
 		}},
@@ -217,7 +224,7 @@ func TestParseErrors(t *testing.T) {
 			`p.yaml:7: nodes.c.computed: exec node "e" has no output file "/0" (did you mean "/o"?) (output files: /o)`,
 			`p.yaml:8: nodes.d.computed: file "/i" of exec node "e" is an input (literal), not an output: declare it as text or json to read it back`,
 			`p.yaml:11: nodes.f.computed: r.run is a stream of sandbox node "r": send events to it, expressions cannot read it`,
-			`p.yaml:12: nodes.g.computed: sandbox node "r" has no output "histry" (did you mean "history"?) (outputs: pending, status, box, error, history, files, previews)`,
+			`p.yaml:12: nodes.g.computed: sandbox node "r" has no output "histry" (did you mean "history"?) (outputs: pending, status, box, error, history, files, previews, server)`,
 			`p.yaml:13: nodes.h.computed: sandbox node "r" has no output file "/q" (did you mean "/p"?) (output files: /p)`}},
 		{"cycle", "name: x\nnodes:\n  clean:\n    exec:\n      command: echo\n      files:\n        /in: ${big}\n  big: {computed: '${clean.result.stdout}'}\n  self: {computed: '${self + 1}'}\n", []string{
 			`p.yaml:7: nodes.clean.exec.files["/in"]: dependency cycle clean -> big -> clean (clean reads big at p.yaml:7; big reads clean at p.yaml:8)`,
@@ -260,6 +267,13 @@ func TestParseErrors(t *testing.T) {
 			`p.yaml:9: nodes.w.sandbox.ports[3]: want a port number (1-65535), got the string "http"`,
 			`p.yaml:10: nodes.w.sandbox.ports[4]: port 8000 is listed twice`,
 			`p.yaml:12: nodes.v.sandbox.ports: want a list of port numbers such as [8000], got the number 8000`}},
+		{"start", "name: x\nnodes:\n  a: {sandbox: {start: 5}}\n  b: {sandbox: {start: {port: 8000}}}\n  c: {sandbox: {start: {command: x, port: 70000}}}\n  d: {sandbox: {start: {command: x, port: 80, ready: y}}}\n  e: {sandbox: {start: {command: x, port: http, wait: 1}}}\n", []string{
+			`p.yaml:3: nodes.a.sandbox.start: want a command ("python3 server.py") or {command: ..., port: 8000} or {command: ..., ready: ...}, got the number 5`,
+			`p.yaml:4: nodes.b.sandbox.start.command: missing: the command that starts the server (e.g. python3 server.py)`,
+			`p.yaml:5: nodes.c.sandbox.start.port: port 70000 is out of range: want 1-65535`,
+			`p.yaml:6: nodes.d.sandbox.start.ready: give port or ready, not both: the server is ready when its port accepts connections (port) or when the ready command exits 0 (ready)`,
+			`p.yaml:7: nodes.e.sandbox.start.wait: unknown field "wait" (fields: command, port, ready)`,
+			`p.yaml:7: nodes.e.sandbox.start.port: want a port number (1-65535), got the string "http"`}},
 		{"reading previews", "name: x\nnodes:\n  w: {sandbox: {ports: [8000, 8001]}}\n  n: {sandbox: {}}\n" +
 			"  a: {computed: '${w.previews[\"8080\"]}'}\n  b: {computed: '${w.previews[\"8000\"].ulr}'}\n  c: {computed: '${n.previews[\"8000\"]}'}\n  d: {computed: '${w.previews}'}\n", []string{
 			`p.yaml:5: nodes.a.computed: sandbox node "w" has no preview of port "8080" (did you mean "8000"?) (ports: 8000, 8001)`,

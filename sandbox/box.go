@@ -7,6 +7,7 @@ package sandbox
 // Service.mu, so a holder of life reads them without Service.mu.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -105,6 +106,9 @@ type boxSpec struct {
 	SleepAfterMs int64
 	ID           string // preset id (shared boxes)
 	Shared       bool
+	WorkspaceDir string // "": the session's default
+	// DestroyOnClose: nil is the session's default.
+	DestroyOnClose *bool
 }
 
 // acquire returns a lease on the session's box name, creating it with the
@@ -161,6 +165,19 @@ func (s *Service) newBoxLocked(sess *Session, spec boxSpec) *box {
 	if spec.SleepAfterMs <= 0 {
 		spec.SleepAfterMs = DefaultSleepAfter.Milliseconds()
 	}
+	// The session's defaults fill what the spec leaves open; env merges,
+	// the box's own keys winning.
+	d := sess.defaults
+	if len(d.Env) > 0 {
+		env := maps.Clone(d.Env)
+		maps.Copy(env, spec.Env)
+		spec.Env = env
+	}
+	spec.WorkspaceDir = cmp.Or(spec.WorkspaceDir, d.WorkspaceDir)
+	destroyOnClose := d.DestroyOnClose
+	if spec.DestroyOnClose != nil {
+		destroyOnClose = *spec.DestroyOnClose
+	}
 	now := time.Now().UTC()
 	b := &box{state: stateNew, rec: boxRecord{
 		ID:           spec.ID,
@@ -172,6 +189,7 @@ func (s *Service) newBoxLocked(sess *Session, spec boxSpec) *box {
 		Network:      spec.Network,
 		Egress:       spec.Egress,
 		SleepAfterMs: spec.SleepAfterMs,
+		WorkspaceDir: spec.WorkspaceDir,
 		Created:      now,
 		LastUsed:     now,
 	}}
@@ -179,6 +197,7 @@ func (s *Service) newBoxLocked(sess *Session, spec boxSpec) *box {
 		b.rec.Session = ""
 	}
 	b.policy.Store(spec.policy)
+	b.rec.DestroyOnClose = destroyOnClose
 	b.touch()
 	return b
 }
@@ -300,7 +319,7 @@ func (s *Service) bringUp(ctx context.Context, sess *Session, name string, b *bo
 func (s *Service) create(ctx context.Context, sess *Session, name string, b *box) error {
 	start := time.Now()
 	rec := b.rec
-	if rec.ID == "" && rec.Limits == (api.Limits{}) && !rec.Network {
+	if rec.ID == "" && rec.Limits == (api.Limits{}) && !rec.Network && rec.WorkspaceDir == "" {
 		if id, cl, ok := s.takeWarm(rec.Image); ok {
 			s.setID(b, id)
 			if err := s.adopt(sess, name, b, cl); err != nil {
@@ -398,6 +417,7 @@ func (s *Service) makeBox(ctx context.Context, rec boxRecord, session, name stri
 		Limits:      toBackendLimits(rec.Limits),
 		AgentBinary: s.cfg.AgentBinary,
 		HostDir:     hostDir,
+		WorkDir:     rec.WorkspaceDir,
 	}
 	if _, err := s.be.Create(ctx, spec); err != nil {
 		// An interrupted create may still have made the box.

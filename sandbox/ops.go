@@ -48,6 +48,7 @@ func (s *Service) Exec(ctx context.Context, sess *Session, box string, req api.E
 		Stdin:     req.Stdin,
 		TimeoutMs: req.TimeoutMs,
 		MaxOutput: req.MaxOutput,
+		Follow:    req.Follow && onOutput != nil,
 	}, onOutput)
 	if err != nil {
 		return api.ExecResult{}, s.explain(ctx, l, err)

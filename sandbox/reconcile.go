@@ -65,11 +65,12 @@ func (s *Service) reconcile(ctx context.Context) error {
 	}
 	for _, rec := range sessions {
 		sess := &Session{
-			ID:      rec.ID,
-			Created: rec.Created,
-			sem:     make(chan struct{}, s.cfg.SessionConcurrency),
-			boxes:   map[string]*box{},
-			allowed: rec.AllowedCommands,
+			ID:       rec.ID,
+			Created:  rec.Created,
+			sem:      make(chan struct{}, s.cfg.SessionConcurrency),
+			boxes:    map[string]*box{},
+			allowed:  rec.AllowedCommands,
+			defaults: rec.Defaults,
 		}
 		if h, err := hex.DecodeString(rec.TokenHash); err != nil || len(h) != len(sess.tokenHash) {
 			s.log.Error("session with a bad token hash skipped", "session", rec.ID)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
 )
 
 // Session is one tenant: a bearer token and its named boxes.
@@ -29,6 +30,7 @@ type Session struct {
 	lastUsed  atomic.Int64    // unix nanoseconds of the last call; the reaper expires idle sessions
 	pinned    bool            // served in-process (see pin): never expires; guarded by Service.mu
 	allowed   allowList       // allowed_commands; fixed when the session is made
+	defaults  api.BoxDefaults // what its boxes get unless sandbox_create says otherwise; fixed too
 }
 
 // Errors of session lookups, for the HTTP layer to map to status codes.
@@ -43,10 +45,19 @@ func (s *Service) NewSession(ctx context.Context) (id, token string, err error) 
 	return s.NewSessionWith(ctx, api.NewSessionRequest{})
 }
 
-// NewSessionWith is NewSession with options (allowed_commands).
+// NewSessionWith is NewSession with options (allowed_commands, the boxes'
+// defaults).
 func (s *Service) NewSessionWith(ctx context.Context, opts api.NewSessionRequest) (id, token string, err error) {
 	allowed, err := newAllowList(opts.AllowedCommands)
 	if err != nil {
+		return "", "", api.WithCode(api.CodeInvalidInput, err)
+	}
+	if len(opts.Env) > 0 {
+		if err := allowed.refusal("", opts.Env); err != nil {
+			return "", "", api.WithCode(api.CodeInvalidInput, err)
+		}
+	}
+	if err := backend.ValidWorkDir(opts.WorkspaceDir); err != nil {
 		return "", "", api.WithCode(api.CodeInvalidInput, err)
 	}
 	id = "s-" + randomID(8)
@@ -58,6 +69,7 @@ func (s *Service) NewSessionWith(ctx context.Context, opts api.NewSessionRequest
 		sem:       make(chan struct{}, s.cfg.SessionConcurrency),
 		boxes:     map[string]*box{},
 		allowed:   allowed,
+		defaults:  opts.BoxDefaults,
 	}
 	sess.lastUsed.Store(sess.Created.UnixNano())
 	s.mu.Lock()
@@ -130,6 +142,35 @@ func (s *Service) DeleteSession(ctx context.Context, id string) error {
 	return errors.Join(errs...)
 }
 
+// CloseSession ends a connection's use of session id (the last MCP session
+// served on it ended): its boxes made with destroy_on_close are destroyed,
+// the others are kept (they sleep when idle) for the next connection.
+func (s *Service) CloseSession(ctx context.Context, id string) error {
+	s.mu.Lock()
+	sess := s.sessions[id]
+	if sess == nil || sess.deleted {
+		s.mu.Unlock()
+		return fmt.Errorf("session %q: %w", id, ErrNoSession)
+	}
+	var names []string
+	for name, b := range sess.boxes {
+		if b.rec.DestroyOnClose {
+			names = append(names, name)
+		}
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, name := range names {
+		if err := s.destroyBox(ctx, sess, name); err != nil && api.CodeOf(err) != api.CodeNoBox {
+			errs = append(errs, err)
+		}
+	}
+	if len(names) > 0 {
+		s.log.Info("session closed: destroy_on_close boxes destroyed", "session", id, "boxes", len(names))
+	}
+	return errors.Join(errs...)
+}
+
 // checkCapsLocked refuses a new box of sess beyond MaxBoxesPerSession or
 // MaxBoxes (the error has the code limit); the caller holds s.mu.
 func (s *Service) checkCapsLocked(sess *Session) error {
@@ -199,6 +240,7 @@ func (s *Service) sessionRecordLocked(sess *Session) sessionRecord {
 		Boxes:     map[string]string{},
 
 		AllowedCommands: sess.allowed,
+		Defaults:        sess.defaults,
 	}
 	for name, b := range sess.boxes {
 		if b.rec.ID != "" && b.state != stateNew {

@@ -32,7 +32,8 @@ type sessionRecord struct {
 	Created   time.Time         `json:"created"`
 	Boxes     map[string]string `json:"boxes"` // box name -> box id
 
-	AllowedCommands []string `json:"allowed_commands,omitempty"`
+	AllowedCommands []string        `json:"allowed_commands,omitempty"`
+	Defaults        api.BoxDefaults `json:"defaults,omitzero"`
 }
 
 // boxRecord is a box as stored. The store, not the backend labels, says who
@@ -49,8 +50,11 @@ type boxRecord struct {
 	// none), with header values: the state file is the host's (0600).
 	Egress       *api.NetworkRules `json:"egress,omitempty"`
 	SleepAfterMs int64             `json:"sleep_after_ms"`
-	Created      time.Time         `json:"created"`
-	LastUsed     time.Time         `json:"last_used"`
+	// WorkspaceDir is the box's working directory ("": /workspace).
+	WorkspaceDir   string    `json:"workspace_dir,omitempty"`
+	DestroyOnClose bool      `json:"destroy_on_close,omitempty"`
+	Created        time.Time `json:"created"`
+	LastUsed       time.Time `json:"last_used"`
 	// Gone is set when the backend lost the box; it is recreated (empty) on
 	// next use.
 	Gone     bool           `json:"gone,omitempty"`

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
 )
 
 // Tool result caps.
@@ -59,6 +61,9 @@ func allTools() []*Tool {
 		defineTool("browse", ToolMeta{Title: "Open a box's server in a browser"},
 			"Return a URL (http://ID.localhost:PORT/, an origin of its own on this server) that proxies to a TCP port inside a sandbox (works although sandboxes have no network). Start the server first (shell with background: true).",
 			browseTool),
+		defineTool("wait_port", ToolMeta{Title: "Wait for a server's port", ReadOnly: true, Idempotent: true},
+			"Wait until a TCP port inside a sandbox accepts connections (a server started in the background is up), at most timeout_ms. listening says whether it does.",
+			waitPortTool),
 		defineTool("sandbox_create", ToolMeta{Title: "Create a sandbox", Idempotent: true},
 			"Create a named sandbox with an image, environment, limits and network access; a no-op if it exists. Tools create sandboxes on first use anyway; use this to choose their settings.",
 			sandboxCreateTool),
@@ -281,7 +286,11 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 			return out, fmt.Errorf("box_id refused: this session runs only allowed_commands %q, and a box shared with other sessions may be set up to run other code; use a box of this session", []string(c.sess.allowed))
 		}
 	}
-	spec := boxSpec{Image: in.Image, Env: in.Env, SleepAfterMs: in.SleepAfterMs}
+	if err := backend.ValidWorkDir(in.WorkspaceDir); err != nil {
+		return out, api.WithCode(api.CodeInvalidInput, err)
+	}
+	spec := boxSpec{Image: in.Image, Env: in.Env, SleepAfterMs: in.SleepAfterMs,
+		WorkspaceDir: in.WorkspaceDir, DestroyOnClose: in.DestroyOnClose}
 	if n := in.Network; n != nil && n.Full {
 		spec.Network = true
 	} else if n != nil {
@@ -372,6 +381,9 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 	if !created && in.Network != nil {
 		c.notice(fmt.Sprintf("sandbox %q already exists; its network was left as it is (change an allow list with network_set)", name))
 	}
+	if have := cmp.Or(b.rec.WorkspaceDir, backend.Workspace); !created && in.WorkspaceDir != "" && in.WorkspaceDir != have {
+		c.notice(fmt.Sprintf("sandbox %q already exists with workspace_dir %s; it was left as it is (destroy it first to change its workspace_dir)", name, have))
+	}
 	out.Created, out.ID = created, b.rec.ID
 	return out, nil
 }
@@ -406,6 +418,7 @@ func sandboxListTool(ctx context.Context, c *call, in api.SandboxListInput) (api
 		status := b.state.String()
 		out.Sandboxes = append(out.Sandboxes, api.SandboxInfo{
 			Name: name, ID: b.rec.ID, Image: b.rec.Image, Status: status, Shared: b.rec.Shared, Network: networkInfo(b.rec),
+			WorkspaceDir: cmp.Or(b.rec.WorkspaceDir, backend.Workspace), DestroyOnClose: b.rec.DestroyOnClose,
 			Created: b.rec.Created, LastUsed: time.Unix(0, b.lastUsed.Load()).UTC(),
 		})
 	}

@@ -34,8 +34,11 @@ func runAgent(ctx context.Context, args []string) error {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	// File tools reach the whole disk of the box (Workspace and /tmp)
+	// whatever its working directory (a sandbox's workspace_dir).
+	roots := []string{backend.Workspace, "/tmp"}
 	return agent.Serve(ctx, agent.Options{
-		Socket: *socket, Workspace: *workspace, Logger: log,
+		Socket: *socket, Workspace: *workspace, AllowedRoots: roots, Logger: log,
 		EgressListen: os.Getenv(egress.EnvListen),
 		EgressSocket: filepath.Join(filepath.Dir(*socket), egress.SocketName),
 	})

@@ -506,3 +506,21 @@ func poll(t *testing.T, what string, cond func() bool) {
 		}
 	}
 }
+
+// TestRunServerState: the live view of `cellbox run` says how a sandbox
+// node's server (start:) goes: starting, then ready once its port answers.
+func TestRunServerState(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	pattern := writePattern(t, `name: served
+nodes:
+  web:
+    sandbox:
+      start: {command: "python3 -m http.server 8001 --bind 127.0.0.1", port: 8001}
+`)
+	run := startRun(t, pattern, "--data", data, "--backend", "local")
+	poll(t, "the live view to show the server ready", func() bool {
+		return strings.Contains(run.out.String(), "node web server (python3 -m http.server 8001 --bind 127.0.0.1): ready")
+	})
+	assert.Contains(t, run.out.String(), "node web server (python3 -m http.server 8001 --bind 127.0.0.1): starting")
+}

@@ -41,6 +41,7 @@ type view struct {
 	cells   map[string]cells.Cell // by name
 	shown   map[string]string     // the last line shown per cell (plain)
 	urls    map[string][]preview  // the preview URLs shown per node (plain)
+	servers map[string]string     // the server state shown per node (plain)
 	drawn   int                   // lines of the last table (tty)
 	dirty   bool
 	ready   bool // the pattern is loaded: draw
@@ -65,7 +66,8 @@ func newView(rt *runtime.Runtime, store cells.Store, p *patterns.Pattern, out io
 		rt: rt, store: store, p: p, out: out, tty: tty, begun: time.Now(),
 		prefix: runapi.DefaultSpace + "/" + p.Name + "/",
 		nodes:  map[string]*nodeView{}, cells: map[string]cells.Cell{}, shown: map[string]string{},
-		urls: map[string][]preview{},
+		urls:    map[string][]preview{},
+		servers: map[string]string{},
 	}
 	for _, n := range p.Nodes {
 		v.nodes[n.Name] = &nodeView{kind: string(n.Kind)}
@@ -242,6 +244,7 @@ func (v *view) apply(b cells.Batch, initial bool) {
 		}
 		if what == "node" {
 			v.previewLines(name, c.Cell.Value)
+			v.serverLine(name, c.Cell.Value)
 		}
 		text := "= " + short(c.Cell.Value, 100)
 		if c.Cell.Error != "" {
@@ -266,6 +269,42 @@ func (v *view) previewLines(name string, raw json.RawMessage) {
 	for _, p := range ps {
 		v.line("node %s preview of port %s: %s", name, p.port, p.url)
 	}
+}
+
+// serverLine prints a sandbox node's server state when it changes (plain
+// mode): starting, ready, exited 1, backoff 2s...
+func (v *view) serverLine(name string, raw json.RawMessage) {
+	var out struct {
+		Server *struct {
+			Command  string `json:"command"`
+			State    string `json:"state"`
+			ExitCode *int   `json:"exit_code"`
+			RetryMs  int64  `json:"retry_ms"`
+			Error    string `json:"error"`
+		} `json:"server"`
+	}
+	if json.Unmarshal(raw, &out) != nil || out.Server == nil {
+		return
+	}
+	st := out.Server
+	state := st.State
+	switch {
+	case state == "exited" && st.ExitCode != nil:
+		state = fmt.Sprintf("exited with code %d", *st.ExitCode)
+	case state == "exited" && st.Error != "":
+		state = "exited: " + oneLine(st.Error)
+	case state == "backoff":
+		state = fmt.Sprintf("restarting in %s", time.Duration(st.RetryMs)*time.Millisecond)
+	}
+	if v.servers[name] == state {
+		return
+	}
+	v.servers[name] = state
+	command := oneLine(st.Command)
+	if len(command) > 60 {
+		command = strings.ToValidUTF8(command[:60], "") + "…"
+	}
+	v.line("node %s server (%s): %s", name, command, state)
 }
 
 // preview is a preview URL of a port of a sandbox node's box.

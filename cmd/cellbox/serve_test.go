@@ -71,6 +71,29 @@ func TestServeSessionTool(t *testing.T) {
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "str_replace")
 
+	// A session's box defaults, from session new's flags.
+	out, err = run(nil, "session", "new", "--server", url, "--data", data, "--env", "GREETING=hi there", "--env", "WHO=cli", "--workspace-dir", "/workspace/app", "--destroy-on-close")
+	require.NoError(t, err, out)
+	var env2 []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		env2 = append(env2, strings.TrimPrefix(line, "export "))
+	}
+	out, err = run(env2, "tool", "shell", `{"command":"echo $GREETING $WHO $(pwd)"}`)
+	require.NoError(t, err, out)
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	assert.Equal(t, "hi there cli /workspace/app\n", res["stdout"])
+	out, err = run(env2, "tool", "sandbox_list", `{}`)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, `"destroy_on_close": true`)
+	for _, bad := range []struct{ flag, value, want string }{
+		{"--workspace-dir", "/etc", `workspace_dir "/etc" is outside the box's writable disk`},
+		{"--env", "NOEQUALS", `"NOEQUALS": want KEY=VALUE`},
+	} {
+		out, err = run(nil, "session", "new", "--server", url, "--data", data, bad.flag, bad.value)
+		require.Error(t, err, "%s %s: %s", bad.flag, bad.value, out)
+		assert.Contains(t, out, bad.want)
+	}
+
 	id := strings.TrimPrefix(env[1], "CELLBOX_SESSION=")
 	out, err = run(env, "session", "rm", id)
 	require.NoError(t, err, out)

@@ -6,14 +6,16 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
+	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandboxclient"
 )
 
 func init() {
 	register(command{
 		name:  "session",
-		usage: "new [--server URL] [--data DIR] | rm [--server URL] [--token T] ID  create a session (prints export lines) or delete one",
+		usage: "new [--server URL] [--data DIR] [--env K=V]... [--workspace-dir DIR] [--destroy-on-close] | rm [--server URL] [--token T] ID  create a session (prints export lines) or delete one",
 		run:   runSession,
 	})
 }
@@ -46,14 +48,22 @@ func runSession(ctx context.Context, args []string) error {
 	case "new":
 		cf := addClientFlags(fs, false)
 		data := fs.String("data", defaultDataDir(), "data directory of the server, where its key is (DATA/"+keyFile+"); env "+keyEnv+" overrides")
+		var opts api.NewSessionRequest
+		env := envFlag{}
+		fs.Var(env, "env", "KEY=VALUE: an environment variable of every box of the session (repeat the flag for more)")
+		fs.StringVar(&opts.WorkspaceDir, "workspace-dir", "", "working directory of the session's boxes (default /workspace; /workspace, /tmp or below)")
+		fs.BoolVar(&opts.DestroyOnClose, "destroy-on-close", false, "destroy the session's boxes when the last MCP session served on it ends (one-shot runs)")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
+		}
+		if len(env) > 0 {
+			opts.Env = env
 		}
 		key := clientKey(*data)
 		if key == "" {
 			return fmt.Errorf("no server key: creating a session needs the key of cellbox serve; give its --data DIR (the key is DATA/%s) or set %s", keyFile, keyEnv)
 		}
-		c, err := sandboxclient.NewSessionWithKey(ctx, *cf.server, key)
+		c, err := sandboxclient.NewSessionWithOptions(ctx, *cf.server, key, opts)
 		if err != nil {
 			return err
 		}
@@ -74,4 +84,18 @@ func runSession(ctx context.Context, args []string) error {
 		return sandboxclient.New(*cf.server, fs.Arg(0), *cf.token).DeleteSession(ctx)
 	}
 	return fmt.Errorf("unknown subcommand %q: want new or rm", args[0])
+}
+
+// envFlag collects repeated KEY=VALUE flags.
+type envFlag map[string]string
+
+func (e envFlag) String() string { return "" }
+
+func (e envFlag) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("%q: want KEY=VALUE", s)
+	}
+	e[k] = v
+	return nil
 }

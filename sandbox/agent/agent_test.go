@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -23,7 +24,12 @@ type testAgent struct {
 	outside   string // a directory outside every allowed root
 }
 
-func startAgent(t testing.TB) *testAgent {
+func startAgent(t testing.TB) *testAgent { return startAgentIn(t, nil) }
+
+// startAgentIn is startAgent with a working directory of setup's choosing
+// (a box's workspace_dir), made before the agent starts; the allowed roots
+// stay the workspace and tmp.
+func startAgentIn(t testing.TB, setup func(a *testAgent) string) *testAgent {
 	t.Helper()
 	// Unix socket paths are short (108 bytes): not under t.TempDir().
 	sockDir, err := os.MkdirTemp("", "cbag")
@@ -41,11 +47,15 @@ func startAgent(t testing.TB) *testAgent {
 	require.NoError(t, os.MkdirAll(a.outside, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(a.outside, "secret"), []byte("top secret\n"), 0o644))
 
+	workdir := a.workspace
+	if setup != nil {
+		workdir = setup(a)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	go func() {
-		done <- Serve(ctx, Options{Socket: a.socket, Workspace: a.workspace, AllowedRoots: []string{a.workspace, a.tmp}, Logger: log})
+		done <- Serve(ctx, Options{Socket: a.socket, Workspace: workdir, AllowedRoots: []string{a.workspace, a.tmp}, Logger: log})
 	}()
 	a.c = Dial(a.socket)
 	t.Cleanup(func() {
@@ -106,4 +116,23 @@ func cancelCtx(t testing.TB) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	return ctx, cancel
+}
+
+// TestWorkdirSymlinkedOut: a box's working directory (workspace_dir) that
+// the box replaced by a symlink out of its disk (it is made again from it
+// on the next wake) does not carry the file tools out: relative paths
+// resolve there, then are refused.
+func TestWorkdirSymlinkedOut(t *testing.T) {
+	a := startAgentIn(t, func(a *testAgent) string {
+		require.NoError(t, os.MkdirAll(a.workspace, 0o755))
+		require.NoError(t, os.Symlink(a.outside, filepath.Join(a.workspace, "app")))
+		return filepath.Join(a.workspace, "app")
+	})
+	_, err := a.c.ReadFile(ctxT(t), ReadRequest{Path: "secret"})
+	e := requireCode(t, err, CodeOutsideWorkspace)
+	assert.Contains(t, e.Message, "resolves to "+filepath.Join(a.outside, "secret"))
+	_, err = a.c.WriteFile(ctxT(t), WriteRequest{Path: "planted", Data: []byte("x")})
+	requireCode(t, err, CodeOutsideWorkspace)
+	_, err = os.Stat(filepath.Join(a.outside, "planted"))
+	assert.ErrorIs(t, err, os.ErrNotExist)
 }

@@ -287,13 +287,23 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, onOutput func(stream
 			res.Stderr = toUTF8(stderr, res.Truncated)
 			return res, nil
 		case f.Stream == "stdout":
-			stdout = append(stdout, f.Data...)
+			stdout = keepOutput(stdout, f.Data, req.Follow)
 			onOutput(f.Stream, f.Data)
 		case f.Stream == "stderr":
-			stderr = append(stderr, f.Data...)
+			stderr = keepOutput(stderr, f.Data, req.Follow)
 			onOutput(f.Stream, f.Data)
 		}
 	}
+}
+
+// keepOutput adds a streamed chunk to what the result keeps: nothing when
+// following (a server's output has no end), else up to maxOutputCap (the
+// agent's own bound: a hostile agent sending more is not believed).
+func keepOutput(kept, data []byte, follow bool) []byte {
+	if follow {
+		return kept
+	}
+	return append(kept, data[:min(len(data), max(maxOutputCap-len(kept), 0))]...)
 }
 
 // Start starts a background process and returns at once. Its combined

@@ -108,14 +108,16 @@ type collector struct {
 	name string
 	max  int
 	emit func(stream string, data []byte) // may be nil
-	buf  []byte
-	cut  bool
-	done chan struct{} // closed when collection stopped (EOF or grace over)
-	pipe *os.File
+	// follow: emit every chunk, keep none (max is ignored; emit is set).
+	follow bool
+	buf    []byte
+	cut    bool
+	done   chan struct{} // closed when collection stopped (EOF or grace over)
+	pipe   *os.File
 }
 
-func newCollector(name string, max int, pipe *os.File, emit func(string, []byte)) *collector {
-	c := &collector{name: name, max: max, emit: emit, pipe: pipe, done: make(chan struct{})}
+func newCollector(name string, max int, follow bool, pipe *os.File, emit func(string, []byte)) *collector {
+	c := &collector{name: name, max: max, follow: follow, emit: emit, pipe: pipe, done: make(chan struct{})}
 	go c.run()
 	return c
 }
@@ -129,7 +131,9 @@ func (c *collector) run() {
 			if keep < n {
 				c.cut = true
 			}
-			if keep > 0 {
+			if c.follow {
+				c.emit(c.name, buf[:n])
+			} else if keep > 0 {
 				c.buf = append(c.buf, buf[:keep]...)
 				if c.emit != nil {
 					c.emit(c.name, buf[:keep])
@@ -237,8 +241,9 @@ func (s *server) handleExec(w http.ResponseWriter, r *http.Request) {
 		fail(asError("exec", "", err))
 		return
 	}
-	stdout := newCollector("stdout", max, outR, emit)
-	stderr := newCollector("stderr", max, errR, emit)
+	follow := req.Follow && emit != nil
+	stdout := newCollector("stdout", max, follow, outR, emit)
+	stderr := newCollector("stderr", max, follow, errR, emit)
 
 	var timeout <-chan time.Time
 	if req.TimeoutMs > 0 {

@@ -107,6 +107,9 @@ type ExecRequest struct {
 	Stdin     []byte            `json:"stdin,omitempty"`      //
 	TimeoutMs int               `json:"timeout_ms,omitempty"` // 0 = none; on timeout the whole process group is killed
 	MaxOutput int               `json:"max_output,omitempty"` // bytes kept per stream (default 1 MiB); the rest is drained and dropped
+	// Follow, on a streamed exec, streams all the output however much
+	// there is and keeps none (a server's output, for as long as it runs).
+	Follow bool `json:"follow,omitempty"`
 }
 
 // DefaultMaxOutput is ExecRequest.MaxOutput's default.

@@ -65,6 +65,22 @@ type NewSessionRequest struct {
 	// starting with one of these prefixes (seed 003's allowedCommands).
 	// A command outside the list is refused before it reaches a box.
 	AllowedCommands []string `json:"allowed_commands,omitempty"`
+	// The session's defaults for its boxes (seed 002's workspace
+	// settings); sandbox_create's inputs of the same names override them.
+	BoxDefaults
+}
+
+// BoxDefaults are the settings every box of a session gets unless
+// sandbox_create says otherwise.
+type BoxDefaults struct {
+	// Env is merged under each box's own env (the box's keys win).
+	Env map[string]string `json:"env,omitempty"`
+	// WorkspaceDir is the boxes' working directory (default /workspace).
+	WorkspaceDir string `json:"workspace_dir,omitempty"`
+	// DestroyOnClose destroys the boxes when the session closes: it is
+	// deleted or expires (as every box), or the last MCP session served
+	// on it ends (without it, boxes outlive MCP sessions and sleep).
+	DestroyOnClose bool `json:"destroy_on_close,omitempty"`
 }
 
 // NewSessionResult is the answer of POST /v1/sessions.
@@ -294,6 +310,20 @@ type BrowseOutput struct {
 	Listening bool   `json:"listening"`
 }
 
+// WaitPortInput is the input of the wait_port tool.
+type WaitPortInput struct {
+	Sandbox   string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	Port      int    `json:"port" desc:"TCP port a server listens on inside the box (on 127.0.0.1 or 0.0.0.0)." minimum:"1"`
+	TimeoutMs int    `json:"timeout_ms,omitempty" desc:"Give up after this many milliseconds (at most 600000)." default:"30000" minimum:"1"`
+}
+
+// WaitPortOutput is the result of the wait_port tool.
+type WaitPortOutput struct {
+	Port      int   `json:"port"`
+	Listening bool  `json:"listening"`
+	WaitedMs  int64 `json:"waited_ms"`
+}
+
 // SandboxCreateInput is the input of the sandbox_create tool.
 type SandboxCreateInput struct {
 	Sandbox             string            `json:"sandbox,omitempty" desc:"Name of the sandbox in this session." default:"default"`
@@ -304,6 +334,8 @@ type SandboxCreateInput struct {
 	SleepAfterMs        int64             `json:"sleep_after_ms,omitempty" desc:"Stop the box after this many idle milliseconds; its files are kept and the next call wakes it." default:"600000" minimum:"0"`
 	BoxID               string            `json:"box_id,omitempty" desc:"Attach to the box with this explicit id, shared by every session that names it. Requires share_across_sessions: true."`
 	ShareAcrossSessions bool              `json:"share_across_sessions,omitempty" desc:"Confirm that box_id is meant to be shared across sessions."`
+	WorkspaceDir        string            `json:"workspace_dir,omitempty" desc:"Working directory of the box: where commands run and relative file paths resolve; made if missing. /workspace, /tmp or a directory below them (the box's writable disk). Default: the session's, else /workspace."`
+	DestroyOnClose      *bool             `json:"destroy_on_close,omitempty" desc:"Destroy the box when the session closes, also when the last MCP session served on it ends (one-shot runs); false keeps it (asleep) for the next connection. Default: the session's setting, else false."`
 }
 
 // Network is a box's network: closed (loopback only) when absent, full
@@ -410,14 +442,17 @@ type SandboxListInput struct{}
 
 // SandboxInfo describes one box of a session.
 type SandboxInfo struct {
-	Name     string      `json:"name"`
-	ID       string      `json:"id"`
-	Image    string      `json:"image"`
-	Status   string      `json:"status"` // running|sleeping
-	Shared   bool        `json:"shared,omitempty"`
-	Network  NetworkInfo `json:"network"`
-	Created  time.Time   `json:"created"`
-	LastUsed time.Time   `json:"last_used"`
+	Name    string      `json:"name"`
+	ID      string      `json:"id"`
+	Image   string      `json:"image"`
+	Status  string      `json:"status"` // running|sleeping
+	Shared  bool        `json:"shared,omitempty"`
+	Network NetworkInfo `json:"network"`
+	// WorkspaceDir is the box's working directory.
+	WorkspaceDir   string    `json:"workspace_dir"`
+	DestroyOnClose bool      `json:"destroy_on_close,omitempty"`
+	Created        time.Time `json:"created"`
+	LastUsed       time.Time `json:"last_used"`
 }
 
 // SandboxListOutput is the result of the sandbox_list tool.
@@ -445,6 +480,9 @@ type ExecRequest struct {
 	Stdin     []byte            `json:"stdin,omitempty"`
 	TimeoutMs int               `json:"timeout_ms,omitempty"` // 0: no timeout
 	MaxOutput int               `json:"max_output,omitempty"` // bytes kept per stream in the result (default 1 MiB)
+	// Follow streams all the output however much there is (for as long
+	// as a server runs) and keeps none in the result.
+	Follow bool `json:"follow,omitempty"`
 }
 
 // ExecResult is the final outcome of a streaming exec.

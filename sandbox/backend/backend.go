@@ -127,6 +127,11 @@ type Spec struct {
 	// AgentBinary is the host path of a static cellbox binary, mounted
 	// read-only at AgentPath and started as `cellbox agent` (PID 1).
 	AgentBinary string
+	// WorkDir is the box's working directory: where commands run and file
+	// paths that are not absolute resolve (the agent's --workspace; made if
+	// missing). It must lie on the box's own disk (ValidWorkDir); ""
+	// means Workspace.
+	WorkDir string
 	// HostDir is a host directory owned by this box, mounted at SocketDir.
 	// The agent creates its socket there. The host must treat everything in
 	// it as hostile (lstat, never follow links).

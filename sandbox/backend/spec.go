@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -89,7 +90,40 @@ func (s Spec) Validate() error {
 	if err := s.Limits.Validate(); err != nil {
 		return fmt.Errorf("box %s: %w", s.ID, err)
 	}
+	if err := ValidWorkDir(s.WorkDir); err != nil {
+		return fmt.Errorf("box %s: %w", s.ID, err)
+	}
 	return nil
+}
+
+// ValidWorkDir checks a box's working directory (Spec.WorkDir, the tools'
+// workspace_dir): "" (Workspace), or a clean absolute path on the box's own
+// writable disk, Workspace or /tmp or below them. Anywhere else is the
+// read-only root, where the agent could not make it and file tools could
+// not write.
+func ValidWorkDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	if !path.IsAbs(dir) || path.Clean(dir) != dir || strings.ContainsRune(dir, 0) {
+		return fmt.Errorf("workspace_dir %q: want a clean absolute path, e.g. %q", dir, path.Join(Workspace, strings.Trim(path.Clean("/"+dir), "/")))
+	}
+	for _, root := range []string{Workspace, "/tmp"} {
+		if dir == root || strings.HasPrefix(dir, root+"/") {
+			return nil
+		}
+	}
+	return fmt.Errorf("workspace_dir %q is outside the box's writable disk: use %s or /tmp, or a directory below them (e.g. %s)", dir, Workspace, path.Join(Workspace, path.Base(dir)))
+}
+
+// AgentCommand is the command line that starts the agent as the box's
+// PID 1: `cellbox agent`, with --workspace when WorkDir is not Workspace.
+func (s Spec) AgentCommand() []string {
+	cmd := []string{AgentPath, "agent"}
+	if s.WorkDir != "" && s.WorkDir != Workspace {
+		cmd = append(cmd, "--workspace", s.WorkDir)
+	}
+	return cmd
 }
 
 // BoxLabels are the labels a backend stores with the box: Spec.Labels plus

@@ -200,7 +200,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 		Name: spec.ID,
 		Config: &container.Config{
 			Image:       ref,
-			Cmd:         []string{backend.AgentPath, "agent"},
+			Cmd:         spec.AgentCommand(),
 			Env:         env,
 			Labels:      labels,
 			WorkingDir:  backend.Workspace,

@@ -161,13 +161,13 @@ func (s *server) handleNewSession(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&opts); err != nil {
-		writeError(w, http.StatusBadRequest, "POST /v1/sessions takes {\"allowed_commands\": [\"prefix\", ...]} or no body: "+err.Error())
+		writeError(w, http.StatusBadRequest, "POST /v1/sessions takes {\"allowed_commands\": [\"prefix\", ...], \"env\": {...}, \"workspace_dir\": \"/workspace/...\", \"destroy_on_close\": true} (all optional) or no body: "+err.Error())
 		return
 	}
 	id, token, err := s.svc.NewSessionWith(r.Context(), opts)
 	if err != nil {
 		status := http.StatusInternalServerError
-		if api.CodeOf(err) == api.CodeInvalidInput { // a bad allowed_commands list
+		if api.CodeOf(err) == api.CodeInvalidInput { // a bad allowed_commands list or default
 			status = http.StatusBadRequest
 		}
 		writeError(w, status, err.Error())

@@ -36,12 +36,13 @@ type mcpHTTP struct {
 	keyed   http.Handler // /v1/mcp
 	session http.Handler // /v1/sessions/{id}/mcp, after authed
 
-	mu  sync.Mutex
-	ids map[*mcp.ServerSession]string // /v1/mcp: the cellbox session of each MCP session
+	mu   sync.Mutex
+	ids  map[*mcp.ServerSession]string // the cellbox session of each MCP session
+	open map[string]int                // /v1/sessions/{id}/mcp: MCP sessions open on cellbox session id
 }
 
 func newMCPHTTP(s *sandbox.Service) *mcpHTTP {
-	m := &mcpHTTP{s: s, ids: map[*mcp.ServerSession]string{}}
+	m := &mcpHTTP{s: s, ids: map[*mcp.ServerSession]string{}, open: map[string]int{}}
 	servers := map[string]*mcp.Server{}
 	for _, p := range sandbox.Profiles() {
 		tools, _ := sandbox.ToolInfosFor(p.Name)
@@ -89,10 +90,20 @@ func knownProfile(h http.Handler) http.Handler {
 
 // bind picks the cellbox session of an MCP request, to run profile's tools.
 func (m *mcpHTTP) bind(ctx context.Context, req mcp.Request, profile string) (mcpserver.ToolCaller, error) {
-	if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
-		return mcpserver.SessionCaller(m.s, extra.TokenInfo.UserID, profile), nil
-	}
 	ss, ok := req.GetSession().(*mcp.ServerSession)
+	if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
+		id := extra.TokenInfo.UserID
+		if ok {
+			m.mu.Lock()
+			if _, known := m.ids[ss]; !known {
+				m.ids[ss] = id
+				m.open[id]++
+				go m.close(ss, id)
+			}
+			m.mu.Unlock()
+		}
+		return mcpserver.SessionCaller(m.s, id, profile), nil
+	}
 	if !ok {
 		return nil, errors.New("MCP request without a server session")
 	}
@@ -112,6 +123,29 @@ func (m *mcpHTTP) bind(ctx context.Context, req mcp.Request, profile string) (mc
 		go m.end(ss, id)
 	}
 	return mcpserver.SessionCaller(m.s, id, profile), nil
+}
+
+// close closes cellbox session id (sandbox.Service.CloseSession: its
+// destroy_on_close boxes go) once MCP session ss, served on it, has ended
+// and no other MCP session is open on it.
+func (m *mcpHTTP) close(ss *mcp.ServerSession, id string) {
+	ss.Wait()
+	m.mu.Lock()
+	delete(m.ids, ss)
+	m.open[id]--
+	last := m.open[id] == 0
+	if last {
+		delete(m.open, id)
+	}
+	m.mu.Unlock()
+	if !last {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := m.s.CloseSession(ctx, id); err != nil && !errors.Is(err, sandbox.ErrNoSession) {
+		m.s.Logger().Warn("close the session of an ended MCP session", "mcp_session", ss.ID(), "session", id, "err", err)
+	}
 }
 
 // end deletes the cellbox session of MCP session ss once ss ends.

@@ -661,7 +661,7 @@ func (b *Backend) bwrapArgs(spec backend.Spec, rootfs, dir string) ([]string, []
 	for _, k := range keys {
 		a = append(a, "--setenv", k, env[k])
 	}
-	return append(a, "--", backend.AgentPath, "agent"), binds
+	return append(append(a, "--"), spec.AgentCommand()...), binds
 }
 
 // Stop ends the box's processes and removes its cgroups; the workspace

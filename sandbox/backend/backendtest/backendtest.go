@@ -58,6 +58,7 @@ func RunWith(t *testing.T, newBackend func(t *testing.T) backend.Backend, o Opti
 	t.Run("ListByLabel", s.list)
 	t.Run("Reattach", s.reattach)
 	t.Run("Confinement", s.confinement)
+	t.Run("WorkDir", s.workDir)
 	t.Run("Network", s.network)
 	t.Run("MemoryLimit", s.memory)
 	t.Run("PidsLimit", s.pids)
@@ -401,6 +402,41 @@ except PermissionError: print("denied")'`, "denied"},
 		t.Run(tc.name, func(t *testing.T) {
 			assert.Equal(t, tc.want, ok(t, c, tc.cmd))
 		})
+	}
+}
+
+// workDir: Spec.WorkDir is where commands run and relative file paths
+// resolve, made on the box's disk and kept across a restart; file tools
+// still reach the whole disk; a WorkDir off the disk is refused.
+func (s *suite) workDir(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t, time.Minute)
+	spec := s.spec(t, "workdir")
+	spec.WorkDir = backend.Workspace + "/app/src"
+	c := s.up(t, spec)
+	assert.Equal(t, spec.WorkDir, ok(t, c, "pwd"))
+	v, err := c.Version(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, spec.WorkDir, v.Workspace)
+	res, err := c.WriteFile(ctx, agent.WriteRequest{Path: "rel.txt", Data: []byte("rel")})
+	require.NoError(t, err)
+	assert.Equal(t, spec.WorkDir+"/rel.txt", res.Path)
+	_, err = c.WriteFile(ctx, agent.WriteRequest{Path: "../../top.txt", Data: []byte("top")})
+	require.NoError(t, err, "the rest of the disk stays reachable")
+	assert.Equal(t, "reltop", ok(t, c, "cat rel.txt "+backend.Workspace+"/top.txt"))
+
+	require.NoError(t, s.b.Stop(ctx, spec.ID))
+	_, err = s.b.Start(ctx, spec.ID)
+	require.NoError(t, err)
+	c = waitAgent(t, spec)
+	assert.Equal(t, spec.WorkDir+"\nrel", ok(t, c, "pwd; cat rel.txt"), "after a restart")
+
+	for _, dir := range []string{"/etc/app", "/", "workspace/app", "/workspace/../etc"} {
+		bad := s.spec(t, "badworkdir")
+		bad.WorkDir = dir
+		_, err := s.b.Create(ctx, bad)
+		require.Error(t, err, "WorkDir %q", dir)
+		assert.Contains(t, err.Error(), "workspace_dir")
 	}
 }
 
