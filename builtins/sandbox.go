@@ -60,6 +60,9 @@ type SandboxSpec struct {
 	Ports []int
 	// Start, if set, is a server kept running in the box (see StartSpec).
 	Start *StartSpec
+	// Network is the box's network, as sandbox_create's (nil: closed).
+	// An allow list is applied to a box that already exists too.
+	Network *api.Network
 }
 
 // Sandbox is the sandbox node kind, a runtime.Service: a box that lives
@@ -340,9 +343,15 @@ func (s *Sandbox) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	out, err := s.env.Client.CreateBox(ctx, api.SandboxCreateInput{Sandbox: s.box, Image: image})
+	out, err := s.env.Client.CreateBox(ctx, api.SandboxCreateInput{Sandbox: s.box, Image: image, Network: s.spec.Network})
 	if err != nil {
 		return fmt.Errorf("create (image %s): %w", imageName(image), err)
+	}
+	if nw := s.spec.Network; !out.Created && nw != nil && !nw.Full {
+		// The box outlived a change of the pattern's allow list.
+		if _, err := s.env.Client.Tool(ctx, "network_set", api.NetworkSetInput{Sandbox: s.box, NetworkRules: nw.NetworkRules}); err != nil {
+			return fmt.Errorf("set the network of box %s: %w", s.box, err)
+		}
 	}
 	s.log.Info("sandbox box up", "box", s.box, "created", out.Created, "id", out.ID)
 	s.alive, s.image, s.written = true, image, map[string][32]byte{}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -511,4 +513,68 @@ nodes:
 	r.get("repl", &o)
 	require.Len(t, o.History, 2, "the history goes on after it")
 	assert.Contains(t, string(o.History[1]), `"stdout":"next\n"`)
+}
+
+// TestSandboxNetwork: a sandbox node's `network:` allow list lets its box
+// reach what it names (here a server of the test on the host's loopback)
+// and nothing else, and a changed list reaches a box that outlived it.
+func TestSandboxNetwork(t *testing.T) {
+	b := newBox(t)
+	// On 127.0.0.2: the box's NO_PROXY sends 127.0.0.1 to its own
+	// loopback, so only another host address goes through the proxy.
+	serve := func(body string) *httptest.Server {
+		ln, err := net.Listen("tcp", "127.0.0.2:0")
+		require.NoError(t, err)
+		s := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, body) }))
+		s.Listener.Close()
+		s.Listener = ln
+		s.Start()
+		t.Cleanup(s.Close)
+		return s
+	}
+	allowed, other := serve("allowed"), serve("other")
+	pattern := func(host string) string {
+		return fmt.Sprintf(`
+name: net
+nodes:
+  box:
+    sandbox:
+      network: {allow: ["%s"]}
+`, host)
+	}
+	fetch := func(r *run, u string) builtins.HistoryEntry {
+		t.Helper()
+		before := len(r.sandbox("box").History)
+		cmd := fmt.Sprintf(`python3 -c 'import urllib.request as u; print(u.urlopen("%s/", timeout=5).read().decode())'`, u)
+		r.send("box.run", fmt.Sprintf(`{"command": %q}`, cmd))
+		r.settle()
+		h := r.sandbox("box").History
+		require.Len(t, h, before+1)
+		return h[before]
+	}
+	store, err := cells.OpenBolt(filepath.Join(t.TempDir(), "cells.db"), cells.Options{NoSync: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	host := strings.TrimPrefix(allowed.URL, "http://")
+	r := b.loadOn(t, store, pattern(host), nil)
+	r.settle()
+	require.Equal(t, "running", r.sandbox("box").Status, r.sandbox("box").Error)
+	got := fetch(r, allowed.URL)
+	assert.Equal(t, "allowed\n", got.Stdout, got.Stderr)
+	got = fetch(r, other.URL)
+	assert.NotEqual(t, 0, got.ExitCode, "a host off the list is refused")
+	assert.Contains(t, got.Stderr, "403")
+	box := r.sandbox("box").Box
+	r.close(runtime.Shutdown)
+
+	// The runner restarts with a changed list; the box (kept by the
+	// shutdown) is reattached and takes the new list.
+	r = b.loadOn(t, store, pattern(strings.TrimPrefix(other.URL, "http://")), nil)
+	r.settle()
+	require.Equal(t, box, r.sandbox("box").Box, "the box was reattached")
+	got = fetch(r, other.URL)
+	assert.Equal(t, "other\n", got.Stdout, got.Stderr)
+	got = fetch(r, allowed.URL)
+	assert.NotEqual(t, 0, got.ExitCode, "the old entry is gone")
+	r.close(runtime.Stopped)
 }

@@ -181,11 +181,12 @@ func (c compiler) exec(addr cells.Address, s *ExecSpec) builtins.ExecSpec {
 func (c compiler) sandbox(addr cells.Address, s *SandboxSpec) builtins.SandboxSpec {
 	at := field(c.at, "sandbox")
 	spec := builtins.SandboxSpec{
-		Node:  addr,
-		Image: c.field(field(at, "image"), s.Image),
-		Env:   c.env(at, s.Env),
-		Files: c.files(at, s.Files),
-		Ports: slices.Clone(s.Ports),
+		Node:    addr,
+		Image:   c.field(field(at, "image"), s.Image),
+		Env:     c.env(at, s.Env),
+		Files:   c.files(at, s.Files),
+		Ports:   slices.Clone(s.Ports),
+		Network: s.Network,
 	}
 	if s.Start != nil {
 		sat := field(at, "start")

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cellbox/cellbox/sandbox/api"
 )
 
 // Pattern is a validated pattern description. A YAML file and the
@@ -164,6 +166,10 @@ type SandboxSpec struct {
 	Ports []int `json:"ports,omitempty"`
 	// Start is a server the node keeps running in its box (YAML `start:`).
 	Start *StartSpec `json:"start,omitempty"`
+	// Network is the box's network (YAML `network:`): nil or false closed,
+	// true full, or an allow list through the host's egress proxy, as
+	// sandbox_create's network.
+	Network *api.Network `json:"network,omitempty"`
 }
 
 // StartSpec is a sandbox node's supervised server: a command run whenever

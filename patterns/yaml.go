@@ -14,6 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/egress"
+
 	"go.yaml.in/yaml/v4"
 )
 
@@ -51,7 +54,7 @@ var (
 	cellFields    = []string{"value", "file", "schema", "description"}
 	nodeFields    = append(slices.Clone(kinds), "description")
 	execFields    = []string{"command", "image", "env", "files", "cache", "timeout"}
-	sandboxFields = []string{"image", "env", "files", "ports", "start"}
+	sandboxFields = []string{"image", "env", "files", "ports", "start", "network"}
 	startFields   = []string{"command", "port", "ready"}
 	fetchFields   = []string{"url", "method", "headers", "secret_headers", "body", "format", "cache", "timeout", "max_bytes"}
 	llmFields     = []string{"provider", "model", "system", "prompt", "messages", "tools", "max_tokens", "temperature", "max_turns", "cache", "timeout"}
@@ -335,6 +338,9 @@ func (l *loader) node(e entry) {
 			if e, ok := f["start"]; ok {
 				n.Sandbox.Start = l.start(e)
 			}
+			if e, ok := f["network"]; ok {
+				n.Sandbox.Network = l.network(e)
+			}
 		}
 	}
 }
@@ -510,6 +516,42 @@ func (l *loader) start(e entry) *StartSpec {
 		s.Ready = l.string(r)
 	}
 	return s
+}
+
+// network reads a box's network: true (full), false (closed, the
+// default), or {allow: [...], inject: [...]}, the sandbox_create value.
+// An inject rule names a server secret; a key written into a pattern file
+// would travel with it, so value is refused.
+func (l *loader) network(e entry) *api.Network {
+	n := deref(e.val)
+	var v any
+	if err := n.Decode(&v); err != nil {
+		l.errAt(n, e.path, "want true, false or {allow: [...], inject: [...]}: %v", err)
+		return nil
+	}
+	raw, err := json.Marshal(v)
+	if err != nil {
+		l.errAt(n, e.path, "want true, false or {allow: [...], inject: [...]}: %v", err)
+		return nil
+	}
+	var nw api.Network
+	if err := json.Unmarshal(raw, &nw); err != nil {
+		l.errAt(n, e.path, "%v", err)
+		return nil
+	}
+	var hs []egress.Header
+	for i, in := range nw.Inject {
+		if in.Value != "" {
+			l.errAt(n, e.path, "inject[%d]: a pattern names a server secret (secret: NAME, the server's CELLBOX_SECRET_NAME), never a value: the file would carry the key", i)
+			return nil
+		}
+		hs = append(hs, egress.Header{Host: in.Host, Header: in.Header, Secret: in.Secret, TLS: in.TLS})
+	}
+	if _, err := egress.Compile(nw.Allow, hs); err != nil {
+		l.errAt(n, e.path, "%v", err)
+		return nil
+	}
+	return &nw
 }
 
 // box reads the fields exec and sandbox share.

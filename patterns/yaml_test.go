@@ -8,6 +8,7 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -135,6 +136,12 @@ func TestParseValid(t *testing.T) {
 			assert.Equal(t, []string{"v"}, p.Nodes[1].Reads, "the command is a template over cells")
 			assert.Equal(t, Literal("test -f /tmp/up"), p.Nodes[2].Sandbox.Start.Ready)
 			assert.Equal(t, []string{"a", "b"}, p.Nodes[3].Reads)
+		}},
+		{"network", "name: c\nnodes:\n  a: {sandbox: {network: true}}\n  b: {sandbox: {network: false}}\n  c:\n    sandbox:\n      network:\n        allow: [pypi.org, '*.internal', 10.1.2.0/24]\n        inject: [{host: pypi.org, header: X-Key, secret: PYPI}]\n", func(t *testing.T, p *Pattern) {
+			assert.Equal(t, &api.Network{Full: true}, p.Nodes[0].Sandbox.Network)
+			assert.Equal(t, &api.Network{}, p.Nodes[1].Sandbox.Network, "false is closed")
+			assert.Equal(t, []string{"pypi.org", "*.internal", "10.1.2.0/24"}, p.Nodes[2].Sandbox.Network.Allow)
+			assert.Equal(t, []api.Inject{{Host: "pypi.org", Header: "X-Key", Secret: "PYPI"}}, p.Nodes[2].Sandbox.Network.Inject)
 		}},
 		{"expression scopes", "name: c\ncells: {xs: [1], k: a}\nnodes:\n  r: {computed: '${let y = 2; map(filter(xs, # > 0), # * y)[0] + {\"v\": 1}[k]}'}\n", func(t *testing.T, p *Pattern) {
 			assert.Equal(t, []string{"k", "xs"}, p.Nodes[0].Reads, "let variables and predicates are not references")
@@ -274,6 +281,11 @@ func TestParseErrors(t *testing.T) {
 			`p.yaml:6: nodes.d.sandbox.start.ready: give port or ready, not both: the server is ready when its port accepts connections (port) or when the ready command exits 0 (ready)`,
 			`p.yaml:7: nodes.e.sandbox.start.wait: unknown field "wait" (fields: command, port, ready)`,
 			`p.yaml:7: nodes.e.sandbox.start.port: want a port number (1-65535), got the string "http"`}},
+		{"network", "name: x\nnodes:\n  a: {sandbox: {network: yes please}}\n  b: {sandbox: {network: {allow: [10.0.0.0/33]}}}\n  c: {sandbox: {network: {allow: [x.org], inject: [{host: x.org, header: K, value: sk-1}]}}}\n  d: {sandbox: {network: {alow: [x.org]}}}\n", []string{
+			`p.yaml:3: nodes.a.sandbox.network: network: want true, or an object {"allow": [...], "inject": [...]}: json: cannot unmarshal string into Go value of type api.NetworkRules`,
+			`p.yaml:4: nodes.b.sandbox.network: network: allow "10.0.0.0/33": not a CIDR: netip.ParsePrefix("10.0.0.0/33"): prefix length out of range (want example.org, *.example.org, 10.1.2.0/24 or 1.2.3.4, each optionally with :PORT)`,
+			`p.yaml:5: nodes.c.sandbox.network: inject[0]: a pattern names a server secret (secret: NAME, the server's CELLBOX_SECRET_NAME), never a value: the file would carry the key`,
+			`p.yaml:6: nodes.d.sandbox.network: network: want true, or an object {"allow": [...], "inject": [...]}: json: unknown field "alow"`}},
 		{"reading previews", "name: x\nnodes:\n  w: {sandbox: {ports: [8000, 8001]}}\n  n: {sandbox: {}}\n" +
 			"  a: {computed: '${w.previews[\"8080\"]}'}\n  b: {computed: '${w.previews[\"8000\"].ulr}'}\n  c: {computed: '${n.previews[\"8000\"]}'}\n  d: {computed: '${w.previews}'}\n", []string{
 			`p.yaml:5: nodes.a.computed: sandbox node "w" has no preview of port "8080" (did you mean "8000"?) (ports: 8000, 8001)`,
