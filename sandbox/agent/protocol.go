@@ -34,6 +34,10 @@ type Options struct {
 	AllowedRoots []string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// PidsLimit and MemoryLimit are the box's limits as the backend set
+	// them, for messages when the box runs out (0: read them from the
+	// box's cgroup files if visible).
+	PidsLimit, MemoryLimit int64
 }
 
 // Version is what the agent reports about itself.
@@ -102,6 +106,10 @@ type ExecRequest struct {
 	Stdin     []byte            `json:"stdin,omitempty"`      //
 	TimeoutMs int               `json:"timeout_ms,omitempty"` // 0 = none; on timeout the whole process group is killed
 	MaxOutput int               `json:"max_output,omitempty"` // bytes kept per stream (default 1 MiB); the rest is drained and dropped
+	// KeepLeftovers lets the processes an exec leaves running (`cmd &`)
+	// outlive it, as in a shell of one's own; by default they are ended
+	// when it returns. For tools that have no background mode.
+	KeepLeftovers bool `json:"keep_leftovers,omitempty"`
 }
 
 // DefaultMaxOutput is ExecRequest.MaxOutput's default.
@@ -116,6 +124,9 @@ type ExecResult struct {
 	TimedOut   bool   `json:"timed_out,omitempty"`
 	ProcessID  string `json:"process_id"`
 	DurationMs int64  `json:"duration_ms"`
+	// Notices say what the agent did around the command: processes it
+	// left running that were ended, a box out of processes or memory.
+	Notices []string `json:"notices,omitempty"`
 }
 
 // Process is an entry of the agent's process table.

@@ -661,7 +661,11 @@ func (b *Backend) bwrapArgs(spec backend.Spec, rootfs, dir string) ([]string, []
 	for _, k := range keys {
 		a = append(a, "--setenv", k, env[k])
 	}
-	return append(a, "--", backend.AgentPath, "agent"), binds
+	// The agent cannot see the box's cgroups; it names the limits in its
+	// messages when the box runs out.
+	lim := spec.Limits.Defaults()
+	return append(a, "--", backend.AgentPath, "agent",
+		"--pids-limit", strconv.FormatInt(lim.Pids, 10), "--memory-limit", strconv.FormatInt(lim.MemoryBytes, 10)), binds
 }
 
 // Stop ends the box's processes and removes its cgroups; the workspace

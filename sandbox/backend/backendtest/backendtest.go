@@ -61,6 +61,8 @@ func RunWith(t *testing.T, newBackend func(t *testing.T) backend.Backend, o Opti
 	t.Run("Network", s.network)
 	t.Run("MemoryLimit", s.memory)
 	t.Run("PidsLimit", s.pids)
+	t.Run("Runaway", s.runaway)
+	t.Run("Leftovers", s.leftovers)
 	t.Run("AgentSocketSwap", s.socketSwap)
 	t.Run("DiskCap", s.diskCap)
 	t.Run("OOMSparesAgent", s.oomSparesAgent)
