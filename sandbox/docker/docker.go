@@ -55,6 +55,7 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/backend/boxdisk"
+	"github.com/cellbox/cellbox/sandbox/backend/seccomp"
 	"github.com/cellbox/cellbox/sandbox/image"
 )
 
@@ -213,8 +214,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 			ReadonlyRootfs: true,
 			NetworkMode:    network,
 			CapDrop:        []string{"ALL"},
-			SecurityOpt:    []string{"no-new-privileges"},
-			Init:           &noInit,
+			// The same calls refused as in bubblewrap boxes (package seccomp).
+			SecurityOpt: []string{"no-new-privileges", "seccomp=" + seccomp.DockerProfile()},
+			Init:        &noInit,
 			Resources: container.Resources{
 				Memory:     lim.MemoryBytes,
 				MemorySwap: lim.MemoryBytes,

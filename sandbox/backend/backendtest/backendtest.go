@@ -382,7 +382,7 @@ func (s *suite) confinement(t *testing.T) {
 		{"spec env is set", `echo "$CELLBOX_TEST_VAR"`, "a b=c"},
 		{"no effective capabilities", `grep CapEff /proc/self/status | cut -f2`, "0000000000000000"},
 		{"no new privileges", `grep NoNewPrivs /proc/self/status | cut -f2`, "1"},
-		{"the agent is PID 1", `tr '\0' ' ' < /proc/1/cmdline`, backend.AgentPath + " agent"},
+		{"the agent is PID 1", `tr '\0' ' ' < /proc/1/cmdline | cut -d' ' -f1,2`, backend.AgentPath + " agent"},
 		{"hostname", "cat /proc/sys/kernel/hostname", "box"},
 		{"bash and python3", `bash -c 'echo $BASH_VERSINFO' >/dev/null && python3 -c 'print(6*7)'`, "42"},
 		{"a Debian userland", `. /etc/os-release && echo $ID`, "debian"},
@@ -404,6 +404,7 @@ except PermissionError: print("denied")'`, "denied"},
 			assert.Equal(t, tc.want, ok(t, c, tc.cmd))
 		})
 	}
+	seccompFamilies(t, c)
 }
 
 // interfaces lists the box's network interfaces.
