@@ -138,8 +138,8 @@ func New(opts Options) (*Backend, error) {
 	if err := os.MkdirAll(stageDir, 0o755); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
-	for _, c := range uidRangeClashes("/etc") {
-		b.log.Warn("local backend: an account uses the host uids of boxes; a box escaping its namespaces would be that account", "entry", c, "range", fmt.Sprintf("%d-%d", uidBase, uidBase+2*uidSlots-1))
+	for _, c := range b.uids().Clashes("/etc") {
+		b.log.Warn("local backend: an account uses the host uids of boxes; a box escaping its namespaces would be that account", "entry", c, "range", fmt.Sprintf("%d-%d", b.uids().Base, b.uids().Last()))
 	}
 	b.sweepHalfMade(time.Minute)
 	cgRoot := opts.CgroupRoot
