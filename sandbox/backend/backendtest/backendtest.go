@@ -492,7 +492,9 @@ func (s *suite) memory(t *testing.T) {
 	assert.NotEqual(t, 0, res.ExitCode, "allocating 512 MiB in a 128 MiB box fails (stderr %q)", res.Stderr)
 	assert.NotContains(t, res.Stdout, "survived")
 	if res.ExitCode == -1 || res.ExitCode == 137 { // killed (not a MemoryError under an rlimit)
-		assert.True(t, slices.ContainsFunc(res.Notices, func(n string) bool { return strings.Contains(n, "out of memory") || strings.Contains(n, "out-of-memory") }),
+		assert.True(t, slices.ContainsFunc(res.Notices, func(n string) bool {
+			return strings.Contains(n, "out of memory") || strings.Contains(n, "out-of-memory")
+		}),
 			"the agent says the command ran out of memory: %q", res.Notices)
 	}
 	assert.Equal(t, "alive", ok(t, c, "echo alive"), "the box survives")
