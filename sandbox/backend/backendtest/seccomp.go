@@ -2,6 +2,7 @@ package backendtest
 
 import (
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -51,6 +52,18 @@ func seccompFamilies(t *testing.T, c *agent.Client) {
 		if len(f) == 3 {
 			got[f[0]] = f[1] + " errno " + f[2]
 		}
+	}
+	if runtime.GOARCH == "amd64" {
+		// A call through the i386 entry (int 0x80: getpid) would go
+		// around the x86_64 list: the filter kills the process (SIGSYS).
+		t.Run("seccomp kills calls of another architecture", func(t *testing.T) {
+			const i386 = `python3 -c '
+import ctypes, mmap
+m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+m.write(bytes([0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0xc3]))
+print(ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))())' 2>/dev/null; echo "exit $?"`
+			assert.Equal(t, "exit "+strconv.Itoa(128+int(syscall.SIGSYS)), strings.TrimSpace(ok(t, c, i386)))
+		})
 	}
 	for _, f := range fams {
 		t.Run("seccomp refuses "+f.Name, func(t *testing.T) {
