@@ -148,7 +148,17 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if disks == "" {
 		disks = DefaultDiskDir
 	}
-	return &Backend{cli: cli, log: log, disks: disks}, nil
+	b := &Backend{cli: cli, log: log, disks: disks}
+	// Free the uids of boxes a killed Create reserved but never made: the
+	// disk goes last on Remove and is made right after the reservation.
+	b.uids().Sweep(func(id string) bool {
+		if backend.ValidID(id) != nil {
+			return false
+		}
+		_, err := os.Lstat(b.disk(id).File)
+		return errors.Is(err, fs.ErrNotExist)
+	})
+	return b, nil
 }
 
 // Close releases the client's connections.

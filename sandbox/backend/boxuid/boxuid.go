@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Range is a block of host uids, one slot per box; a slot is Stride uids
@@ -106,7 +107,9 @@ func (r Range) Free(id string, uid int) {
 }
 
 // Sweep frees the reservations of the boxes gone says are gone (a
-// process killed between a reservation and its box's record).
+// process killed between a reservation and its box's record). A
+// reservation younger than a minute is left alone: its Create may be in
+// flight.
 func (r Range) Sweep(gone func(id string) bool) {
 	ents, err := os.ReadDir(r.Dir)
 	if err != nil {
@@ -114,6 +117,9 @@ func (r Range) Sweep(gone func(id string) bool) {
 	}
 	for _, e := range ents {
 		p := filepath.Join(r.Dir, e.Name())
+		if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < time.Minute {
+			continue
+		}
 		id, err := os.ReadFile(p)
 		if err == nil && gone(string(id)) {
 			_ = os.Remove(p)

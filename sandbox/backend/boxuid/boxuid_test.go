@@ -3,7 +3,9 @@ package boxuid
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -53,4 +55,31 @@ func TestAlloc(t *testing.T) {
 		assert.Equal(t, a, c, "the freed slot is found again first")
 	}
 	assert.Greater(t, Docker.Base, Local.Last(), "the blocks do not overlap")
+}
+
+// TestSweep frees what gone says is gone, once a minute old.
+func TestSweep(t *testing.T) {
+	r := Docker
+	r.Dir = t.TempDir()
+	old, err := r.Alloc("old-gone")
+	require.NoError(t, err)
+	kept, err := r.Alloc("old-alive")
+	require.NoError(t, err)
+	young, err := r.Alloc("young-gone")
+	require.NoError(t, err)
+	past := time.Now().Add(-2 * time.Minute)
+	for _, uid := range []int{old, kept} {
+		slot, _ := r.Slot(uid)
+		require.NoError(t, os.Chtimes(filepath.Join(r.Dir, strconv.Itoa(slot)), past, past))
+	}
+	r.Sweep(func(id string) bool { return id != "old-alive" })
+	left, err := os.ReadDir(r.Dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range left {
+		names = append(names, e.Name())
+	}
+	ks, _ := r.Slot(kept)
+	ys, _ := r.Slot(young)
+	assert.ElementsMatch(t, []string{strconv.Itoa(ks), strconv.Itoa(ys)}, names)
 }
