@@ -174,9 +174,10 @@ func readNotices(c *call, res agent.ReadResult, more string) {
 
 // profileShell runs a command for a profile's command tool. shell's hint
 // names fields these tools lack (background, timeout_ms), so a timeout or a
-// cut is told in a notice of its own.
+// cut is told in a notice of its own. Lacking background, these tools keep
+// what a command leaves running (`nohup CMD &`), as their seeds do.
 func profileShell(ctx context.Context, c *call, in api.ShellInput, maxOutput int) (api.ShellOutput, error) {
-	out, err := runShell(ctx, c, in, maxOutput)
+	out, err := runShell(ctx, c, in, maxOutput, true)
 	switch {
 	case err != nil:
 	case out.TimedOut:

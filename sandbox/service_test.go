@@ -134,7 +134,7 @@ func TestToolInputErrors(t *testing.T) {
 		{"shell", `{}`, []string{`missing required field "command"`}},
 		{"shell", `{"command":"true","timeout_ms":"5s"}`, []string{"timeout_ms: must be integer"}},
 		{"shell", `{"command":"true","timeout_ms":0}`, []string{"timeout_ms: must be >= 1"}},
-		{"process", `{"action":"stop"}`, []string{`action: must be one of "list", "logs", "kill"`}},
+		{"process", `{"action":"stop"}`, []string{`action: must be one of "list", "logs", "kill", "kill_all"`}},
 		{"process", `{"action":"logs"}`, []string{"needs the id of a process"}},
 		{"edit", `{"path":"x","edits":[{"old_text":"a","new":"b"}]}`, []string{"edits/0"}},
 		// seed 003's names are the edit tool's; the old snake_case ones are named as unknown.

@@ -29,10 +29,10 @@ const (
 func allTools() []*Tool {
 	return []*Tool{
 		defineTool("shell", ToolMeta{Title: "Run a shell command", Destructive: true, OpenWorld: true},
-			"Run a shell command in a sandbox and return its stdout, stderr and exit code (each stream capped at 64 KiB; truncated says so). The command is killed with its whole process group after timeout_ms. Start servers and long jobs with background: true and follow them with the process tool.",
+			"Run a shell command in a sandbox and return its stdout, stderr and exit code (each stream capped at 64 KiB; truncated says so). The command is killed with its whole process group after timeout_ms. Every process the command leaves running (`cmd &`, nohup, setsid) is ended when the call returns: start servers and long jobs with background: true and follow them with the process tool. If the sandbox is out of processes (a fork bomb), leftovers and then every other process are ended so the command can run; a notice says so.",
 			shellTool),
 		defineTool("process", ToolMeta{Title: "Manage background processes", Destructive: true},
-			"Manage background processes of a sandbox: list them, read a process's output from an offset (logs), or kill it (and its process group).",
+			"Manage background processes of a sandbox: list them, read a process's output from an offset (logs), or kill it (and its process group); kill_all ends every process of the sandbox but its agent.",
 			processTool),
 		defineTool("read_file", ToolMeta{Title: "Read a file", ReadOnly: true, Idempotent: true},
 			"Read a text file, a window of lines at a time (at most 2000 lines / 256 KiB per call; next_offset continues). Binary files come back base64-encoded.",
@@ -89,7 +89,7 @@ type shellBackground struct {
 
 func shellTool(ctx context.Context, c *call, in api.ShellInput) (any, error) {
 	if !in.Background {
-		return runShell(ctx, c, in, shellOutputCap)
+		return runShell(ctx, c, in, shellOutputCap, false)
 	}
 	l, req, err := shellRequest(ctx, c, in, 0)
 	if err != nil {
@@ -128,17 +128,21 @@ func shellRequest(ctx context.Context, c *call, in api.ShellInput, maxOutput int
 // runShell runs a command in the foreground, keeping at most maxOutput
 // bytes of each stream: the shell tool's handler, which the profiles'
 // command tools (exec, bash) call with their own caps.
-func runShell(ctx context.Context, c *call, in api.ShellInput, maxOutput int) (api.ShellOutput, error) {
+func runShell(ctx context.Context, c *call, in api.ShellInput, maxOutput int, keepLeftovers bool) (api.ShellOutput, error) {
 	l, req, err := shellRequest(ctx, c, in, maxOutput)
 	if err != nil {
 		return api.ShellOutput{}, err
 	}
+	req.KeepLeftovers = keepLeftovers
 	if req.TimeoutMs <= 0 {
 		req.TimeoutMs = shellTimeoutMs
 	}
 	res, err := l.client.Exec(ctx, req, toolOutput(ctx)) // output as it comes to MCP progress (mcp.go)
 	if err != nil {
 		return api.ShellOutput{}, err
+	}
+	for _, n := range res.Notices {
+		c.notice(n)
 	}
 	out := api.ShellOutput{
 		Stdout:     res.Stdout,
@@ -169,7 +173,7 @@ func mergeEnv(base, extra map[string]string) map[string]string {
 
 func processTool(ctx context.Context, c *call, in api.ProcessInput) (api.ProcessOutput, error) {
 	var out api.ProcessOutput
-	if in.Action != "list" && in.ID == "" {
+	if in.Action != "list" && in.Action != "kill_all" && in.ID == "" {
 		return out, fmt.Errorf("process %s needs the id of a process (see process {\"action\":\"list\"})", in.Action)
 	}
 	l, err := c.box(ctx, in.Sandbox)
@@ -210,6 +214,12 @@ func processTool(ctx context.Context, c *call, in api.ProcessInput) (api.Process
 		}
 		out.OK = true
 		out.Running, out.ExitCode = &p.Running, p.ExitCode
+	case "kill_all":
+		n, err := l.client.KillAll(ctx)
+		if err != nil {
+			return out, err
+		}
+		out.OK, out.Ended = true, &n
 	}
 	return out, nil
 }

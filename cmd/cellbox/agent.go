@@ -25,6 +25,8 @@ func runAgent(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	socket := fs.String("socket", filepath.Join(backend.SocketDir, backend.SocketName), "unix socket to listen on")
 	workspace := fs.String("workspace", backend.Workspace, "the box's working directory (created if missing)")
+	pids := fs.Int64("pids-limit", 0, "the box's pids limit, named in messages when the box runs out of processes (default: read from the box's cgroup)")
+	memory := fs.Int64("memory-limit", 0, "the box's memory limit in bytes, named in out-of-memory messages (default: read from the box's cgroup)")
 	if err := fs.Parse(args); err == flag.ErrHelp {
 		return nil
 	} else if err != nil {
@@ -41,5 +43,6 @@ func runAgent(ctx context.Context, args []string) error {
 		Socket: *socket, Workspace: *workspace, AllowedRoots: roots, Logger: log,
 		EgressListen: os.Getenv(egress.EnvListen),
 		EgressSocket: filepath.Join(filepath.Dir(*socket), egress.SocketName),
+		PidsLimit:    *pids, MemoryLimit: *memory,
 	})
 }

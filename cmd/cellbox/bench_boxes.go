@@ -377,8 +377,16 @@ func (b *boxesBench) transfer(ctx context.Context, c *sandboxclient.HTTP) error 
 	if b.name == "docker" {
 		base = "docker cp box → box (tar pipe)"
 		pipe := fmt.Sprintf("set -e; docker cp %s:%s/tree - | docker cp - %s:%s/", src.ID, backend.Workspace, dst.ID, backend.Workspace)
+		// docker cp keeps the owners, and each box has a host uid of its
+		// own: the source box's user empties the copy (untimed) before the
+		// destination's removes it. (docker cp -a, which would chown, looks
+		// the box user up among the host's accounts and fails.)
+		empty := fmt.Sprintf(`docker exec -u "$(docker inspect -f '{{.Config.User}}' %s)" %s sh -c 'rm -rf %s/tree/*'`, src.ID, dst.ID, backend.Workspace)
 		one = func(int) (time.Duration, error) {
 			d, err := timedCmd(ctx, "sh", "-c", pipe)
+			if err == nil {
+				_, err = timedCmd(ctx, "sh", "-c", empty)
+			}
 			if err != nil {
 				return 0, err
 			}

@@ -315,6 +315,14 @@ func (c *Client) Start(ctx context.Context, req ExecRequest) (Process, error) {
 	return p, err
 }
 
+// KillAll ends every process of the box but the agent (background jobs
+// included) and says how many it ended.
+func (c *Client) KillAll(ctx context.Context) (int, error) {
+	var res KillAllResult
+	err := c.call(ctx, http.MethodPost, "/v1/proc/kill-all", struct{}{}, &res)
+	return res.Ended, err
+}
+
 // Processes lists the running commands and the last finished background
 // processes, oldest first.
 func (c *Client) Processes(ctx context.Context) ([]Process, error) {

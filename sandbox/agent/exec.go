@@ -231,7 +231,7 @@ func (s *server) handleExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	begin := time.Now()
-	p, err := s.procs.start(argv, dir, env, []*os.File{stdin, outW, errW}, commandLine(req), false)
+	p, notices, err := s.start(argv, dir, env, []*os.File{stdin, outW, errW}, commandLine(req), false, req.KeepLeftovers)
 	stdin.Close()
 	outW.Close()
 	errW.Close()
@@ -251,7 +251,8 @@ func (s *server) handleExec(w http.ResponseWriter, r *http.Request) {
 		defer t.Stop()
 		timeout = t.C
 	}
-	res := ExecResult{ProcessID: p.id}
+	res := ExecResult{ProcessID: p.id, Notices: notices}
+	oomBefore := s.oomKills()
 	select {
 	case <-p.done:
 	case <-timeout:
@@ -263,8 +264,19 @@ func (s *server) handleExec(w http.ResponseWriter, r *http.Request) {
 		p.kill()
 	}
 	<-p.done
+	// What the command left running ends with it (background: true is
+	// how to keep a process); its pipes close, and what it wrote stays
+	// readable.
+	if !req.KeepLeftovers {
+		if n := s.procs.sweep(false); n > 0 {
+			res.Notices = append(res.Notices, leftoverNotice(n))
+		}
+	}
 	stdout.finish()
 	stderr.finish()
+	if msg := s.oomNotice(p, oomBefore); msg != "" {
+		res.Notices = append(res.Notices, msg)
+	}
 	res.ExitCode = p.exitCode
 	res.Truncated = stdout.cut || stderr.cut
 	res.DurationMs = time.Since(begin).Milliseconds()
@@ -307,7 +319,7 @@ func (s *server) handleStart(w http.ResponseWriter, r *http.Request) {
 		writeError(w, asError("start", "", err))
 		return
 	}
-	p, err := s.procs.start(argv, dir, env, []*os.File{stdin, outW, outW}, commandLine(req), true)
+	p, notices, err := s.start(argv, dir, env, []*os.File{stdin, outW, outW}, commandLine(req), true, false)
 	stdin.Close()
 	outW.Close()
 	if err != nil {
@@ -316,6 +328,9 @@ func (s *server) handleStart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.log = newRing(DefaultLogBuffer)
+	for _, n := range notices {
+		p.log.Write([]byte("cellbox: " + n + "\n"))
+	}
 	go p.log.fill(outR)
 	if req.TimeoutMs > 0 {
 		t := time.AfterFunc(time.Duration(req.TimeoutMs)*time.Millisecond, func() { p.kill() })
@@ -507,4 +522,13 @@ func (r *ring) read(offset int64) ([]byte, int64, <-chan struct{}, bool) {
 		o += c
 	}
 	return out, offset, r.changed, r.closed
+}
+
+// KillAllResult is the answer of kill-all.
+type KillAllResult struct {
+	Ended int `json:"ended"` // processes ended
+}
+
+func (s *server) handleKillAll(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, KillAllResult{Ended: s.killAll()})
 }

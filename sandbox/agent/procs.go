@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -26,11 +27,14 @@ type proc struct {
 	pid        int
 	started    time.Time
 	background bool
+	keep       bool  // KeepLeftovers: what it leaves running is owned by its group
 	log        *ring // combined output; background processes only
 
-	done     chan struct{} // closed when the process has exited
-	ended    time.Time     // valid after done
-	exitCode int           // valid after done; -1 if killed by a signal
+	done     chan struct{}  // closed when the process has exited
+	ended    time.Time      // valid after done
+	exitCode int            // valid after done; -1 if killed by a signal
+	killedBy syscall.Signal // valid after done: the signal that ended it, if one did
+	killed   atomic.Bool    // the agent killed it (timeout, cancel, kill)
 }
 
 func (p *proc) info() Process {
@@ -54,6 +58,7 @@ func (p *proc) signal(sig syscall.Signal) error {
 // still add a child after the signal went out. Bounded, so a group that
 // cannot die (uninterruptible sleep) does not hold the caller forever.
 func (p *proc) kill() {
+	p.killed.Store(true)
 	deadline := time.Now().Add(2 * time.Second)
 	for time.Now().Before(deadline) {
 		if err := syscall.Kill(-p.pid, syscall.SIGKILL); errors.Is(err, syscall.ESRCH) {
@@ -76,7 +81,11 @@ type procTable struct {
 	byID     map[string]*proc
 	byPID    map[int]*proc
 	finished []string // ids of finished background processes, oldest first
+	kept     []int    // process groups of finished execs whose leftovers are kept (KeepLeftovers), newest last
 }
+
+// maxKept bounds procTable.kept.
+const maxKept = 64
 
 func newProcTable(log *slog.Logger, reaper bool) *procTable {
 	t := &procTable{log: log, reaper: reaper, byID: map[string]*proc{}, byPID: map[int]*proc{}}
@@ -122,6 +131,8 @@ func (t *procTable) exited(p *proc, ws syscall.WaitStatus) {
 	p.exitCode = -1
 	if ws.Exited() {
 		p.exitCode = ws.ExitStatus()
+	} else if ws.Signaled() {
+		p.killedBy = ws.Signal()
 	}
 	// The table is updated before done is closed, so a caller whose Wait
 	// returned sees the table as it stands after this exit.
@@ -130,6 +141,12 @@ func (t *procTable) exited(p *proc, ws syscall.WaitStatus) {
 	defer t.mu.Unlock()
 	if !p.background {
 		delete(t.byID, p.id)
+		if p.keep {
+			t.kept = append(t.kept, p.pid)
+			if len(t.kept) > maxKept {
+				t.kept = t.kept[1:]
+			}
+		}
 		return
 	}
 	t.finished = append(t.finished, p.id)
@@ -140,7 +157,7 @@ func (t *procTable) exited(p *proc, ws syscall.WaitStatus) {
 }
 
 // start starts one process in a new process group with the given stdio.
-func (t *procTable) start(argv []string, dir string, env []string, files []*os.File, command string, background bool) (*proc, error) {
+func (t *procTable) start(argv []string, dir string, env []string, files []*os.File, command string, background, keep bool) (*proc, error) {
 	path := argv[0]
 	if !strings.Contains(path, "/") {
 		lp, err := exec.LookPath(path)
@@ -158,6 +175,9 @@ func (t *procTable) start(argv []string, dir string, env []string, files []*os.F
 	restoreOwnOOMScore()
 	if err != nil {
 		t.mu.Unlock()
+		if errors.Is(err, syscall.EAGAIN) {
+			return nil, err // the caller may end runaway processes and retry
+		}
 		return nil, asError("exec", argv[0], err)
 	}
 	if !inherited {
@@ -166,7 +186,7 @@ func (t *procTable) start(argv []string, dir string, env []string, files []*os.F
 	t.next++
 	p := &proc{
 		id: "p" + strconv.Itoa(t.next), command: command, pid: op.Pid, started: time.Now(),
-		background: background, done: make(chan struct{}),
+		background: background, keep: keep, done: make(chan struct{}),
 	}
 	t.byID[p.id] = p
 	if t.reaper {

@@ -39,6 +39,10 @@ type Options struct {
 	// proxy (see sandbox/egress).
 	EgressListen string
 	EgressSocket string
+	// PidsLimit and MemoryLimit are the box's limits as the backend set
+	// them, for messages when the box runs out (0: read them from the
+	// box's cgroup files if visible).
+	PidsLimit, MemoryLimit int64
 }
 
 // Version is what the agent reports about itself.
@@ -110,6 +114,10 @@ type ExecRequest struct {
 	// Follow, on a streamed exec, streams all the output however much
 	// there is and keeps none (a server's output, for as long as it runs).
 	Follow bool `json:"follow,omitempty"`
+	// KeepLeftovers lets the processes an exec leaves running (`cmd &`)
+	// outlive it, as in a shell of one's own; by default they are ended
+	// when it returns. For tools that have no background mode.
+	KeepLeftovers bool `json:"keep_leftovers,omitempty"`
 }
 
 // DefaultMaxOutput is ExecRequest.MaxOutput's default.
@@ -124,6 +132,9 @@ type ExecResult struct {
 	TimedOut   bool   `json:"timed_out,omitempty"`
 	ProcessID  string `json:"process_id"`
 	DurationMs int64  `json:"duration_ms"`
+	// Notices say what the agent did around the command: processes it
+	// left running that were ended, a box out of processes or memory.
+	Notices []string `json:"notices,omitempty"`
 }
 
 // Process is an entry of the agent's process table.

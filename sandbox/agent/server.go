@@ -30,6 +30,7 @@ type server struct {
 	procs     *procTable
 	ctx       context.Context // ends when Serve is asked to stop
 	tunnels   sync.WaitGroup
+	limits    struct{ Pids, Memory int64 }
 }
 
 // Serve runs the agent until ctx ends: it creates the workspace, removes a
@@ -125,7 +126,11 @@ func newServer(ctx context.Context, opts Options) (*server, error) {
 		os.Setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	}
 	s := &server{log: log, workspace: ws, roots: resolved, ctx: ctx}
+	s.limits.Pids, s.limits.Memory = opts.PidsLimit, opts.MemoryLimit
 	s.procs = newProcTable(log, os.Getpid() == 1)
+	if s.procs.reaper {
+		reserveThreads(reservedThreads)
+	}
 	return s, nil
 }
 
@@ -140,6 +145,7 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/proc/{id}/logs", s.handleLogs)
 	mux.HandleFunc("POST /v1/proc/{id}/signal", s.handleSignal)
 	mux.HandleFunc("POST /v1/proc/{id}/wait", s.handleWait)
+	mux.HandleFunc("POST /v1/proc/kill-all", s.handleKillAll)
 	mux.HandleFunc("POST /v1/fs/stat", s.handleStat)
 	mux.HandleFunc("POST /v1/fs/read", s.handleRead)
 	mux.HandleFunc("POST /v1/fs/write", s.handleWrite)

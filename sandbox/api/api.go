@@ -122,7 +122,7 @@ type ShellOutput struct {
 // ProcessInput is the input of the process tool.
 type ProcessInput struct {
 	Sandbox string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
-	Action  string `json:"action" desc:"list: all processes; logs: output of process id from offset; kill: terminate process id (and its group)." enum:"list,logs,kill"`
+	Action  string `json:"action" desc:"list: all processes; logs: output of process id from offset; kill: terminate process id (and its group); kill_all: end every process of the sandbox (background ones included) but its agent, e.g. after a fork bomb." enum:"list,logs,kill,kill_all"`
 	ID      string `json:"id,omitempty" desc:"Process id (from shell with background: true, or from list); needed by logs and kill."`
 	Offset  int64  `json:"offset,omitempty" desc:"logs: byte offset to read from (next_offset of the previous call)." minimum:"0"`
 }
@@ -148,6 +148,7 @@ type ProcessOutput struct {
 	Running    *bool     `json:"running,omitempty"`
 	ExitCode   *int      `json:"exit_code,omitempty"`
 	OK         bool      `json:"ok,omitempty"`
+	Ended      *int      `json:"ended,omitempty"` // kill_all: how many processes were ended
 }
 
 // ReadFileInput is the input of the read_file tool.
@@ -494,6 +495,9 @@ type ExecResult struct {
 	TimedOut   bool   `json:"timed_out,omitempty"`
 	ProcessID  string `json:"process_id,omitempty"`
 	DurationMs int64  `json:"duration_ms"`
+	// Notices say what the box's agent did around the command: processes
+	// it left running that were ended, a box out of processes or memory.
+	Notices []string `json:"notices,omitempty"`
 }
 
 // ExecFrame is one NDJSON line of the streaming exec endpoint: an output

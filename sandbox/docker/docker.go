@@ -10,10 +10,18 @@
 // under Options.DiskDir), which survives Stop and goes with Remove.
 //
 // Confinement of every box:
-//   - runs as backend.BoxUID:BoxGID, not root, with every capability dropped
-//     (effective and bounding sets empty: a shell, python, pip --user, npm
-//     and compilers need none when they run as a plain user) and
-//     no-new-privileges, so setuid binaries in an image gain nothing;
+//   - runs as a host uid (and gid) of its own from boxuid.Docker, never a
+//     real account, so two boxes cannot signal or read each other even
+//     outside their namespaces and the files a box writes are that uid's on
+//     the host (no user namespace remapping needed); the image's
+//     /etc/passwd and /etc/group are bound over by copies that give the box
+//     user (backend.BoxUser, HOME backend.Workspace) that uid;
+//   - every capability dropped (effective and bounding sets empty: a shell,
+//     python, pip --user, npm and compilers need none when they run as a
+//     plain user), no-new-privileges, so setuid binaries in an image gain
+//     nothing, and the seccomp profile of package seccomp (the calls
+//     bubblewrap boxes refuse too);
+//   - a read-only root filesystem, whatever the image;
 //   - network mode "none" (loopback only) unless Spec.Network ("bridge");
 //   - memory (swap included: MemorySwap = Memory), CPU (NanoCPUs) and pids
 //     limits from Spec.Limits (Defaults applied).
@@ -31,6 +39,7 @@
 package docker
 
 import (
+	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
@@ -43,6 +52,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -55,6 +65,8 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/backend/boxdisk"
+	"github.com/cellbox/cellbox/sandbox/backend/boxuid"
+	"github.com/cellbox/cellbox/sandbox/backend/seccomp"
 	"github.com/cellbox/cellbox/sandbox/image"
 )
 
@@ -68,8 +80,12 @@ var HostImage = func() string {
 	return fmt.Sprintf("cellbox/host:%x", h.Sum(nil)[:6])
 }()
 
-// labelImage keeps the image name the box was created with (Spec.Image).
-const labelImage = "cellbox.image"
+// labelImage keeps the image name the box was created with (Spec.Image);
+// labelUID the box's host uid (boxuid.Docker).
+const (
+	labelImage = "cellbox.image"
+	labelUID   = "cellbox.uid"
+)
 
 // hostBinds are the host paths the DefaultImage mounts read-only.
 var hostBinds = []string{"/usr", "/etc/alternatives", "/etc/ssl/certs"}
@@ -100,6 +116,9 @@ type Backend struct {
 	disks string
 
 	hostImageMu sync.Mutex // serializes the on-demand import of HostImage
+
+	accountsMu sync.Mutex
+	accountsOf map[string][2][]byte // image ID → its /etc/passwd and /etc/group
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -129,7 +148,17 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if disks == "" {
 		disks = DefaultDiskDir
 	}
-	return &Backend{cli: cli, log: log, disks: disks}, nil
+	b := &Backend{cli: cli, log: log, disks: disks}
+	// Free the uids of boxes a killed Create reserved but never made: the
+	// disk goes last on Remove and is made right after the reservation.
+	b.uids().Sweep(func(id string) bool {
+		if backend.ValidID(id) != nil {
+			return false
+		}
+		_, err := os.Lstat(b.disk(id).File)
+		return errors.Is(err, fs.ErrNotExist)
+	})
+	return b, nil
 }
 
 // Close releases the client's connections.
@@ -162,25 +191,55 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 			}
 		}
 	}
+	passwd, group, err := b.accounts(ctx, ref)
+	if err != nil {
+		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
+	}
+	// The box user is a host uid of the box's own (see the package doc).
+	uid, err := b.uids().Alloc(spec.ID)
+	if err != nil {
+		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
+	}
+	made := false
+	defer func() {
+		if !made {
+			b.uids().Free(spec.ID, uid)
+		}
+	}()
 	// The agent runs as the box user and makes its socket in HostDir.
-	if err := os.Lchown(spec.HostDir, backend.BoxUID, backend.BoxGID); err != nil {
+	if err := os.Lchown(spec.HostDir, uid, uid); err != nil {
 		return backend.Info{}, fmt.Errorf("create box %s: give host dir to the box user: %w", spec.ID, err)
 	}
 	lim := spec.Limits.Defaults()
 	disk := b.disk(spec.ID)
-	if err := disk.Make(ctx, lim.DiskBytes, backend.BoxUID, backend.BoxGID); errors.Is(err, fs.ErrExist) {
+	if err := disk.Make(ctx, lim.DiskBytes, uid, uid); errors.Is(err, fs.ErrExist) {
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, backend.ErrExists)
 	} else if err != nil {
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}
+	etc := filepath.Join(disk.Dir, "etc") // on the disk, out of the box's reach
+	err = os.Mkdir(etc, 0o755)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(etc, "passwd"), withBoxUser(passwd, uid, true), 0o644)
+	}
+	if err == nil {
+		err = os.WriteFile(filepath.Join(etc, "group"), withBoxUser(group, uid, false), 0o644)
+	}
+	if err != nil {
+		_ = disk.Remove(context.WithoutCancel(ctx))
+		return backend.Info{}, fmt.Errorf("create box %s: accounts: %w", spec.ID, err)
+	}
 	// The root filesystem is read-only; the box writes to its own disk.
 	mounts = append(mounts,
 		mount.Mount{Type: mount.TypeBind, Source: disk.Workspace(), Target: backend.Workspace},
-		mount.Mount{Type: mount.TypeBind, Source: disk.Tmp(), Target: "/tmp"})
+		mount.Mount{Type: mount.TypeBind, Source: disk.Tmp(), Target: "/tmp"},
+		mount.Mount{Type: mount.TypeBind, Source: filepath.Join(etc, "passwd"), Target: "/etc/passwd", ReadOnly: true},
+		mount.Mount{Type: mount.TypeBind, Source: filepath.Join(etc, "group"), Target: "/etc/group", ReadOnly: true})
 
 	pids := lim.Pids
 	labels := spec.BoxLabels()
 	labels[labelImage] = spec.ImageOrDefault()
+	labels[labelUID] = strconv.Itoa(uid)
 	env := make([]string, 0, len(backend.BoxEnv)+len(spec.Env))
 	for k, v := range backend.BoxEnv {
 		if _, over := spec.Env[k]; !over {
@@ -196,7 +255,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 	}
 	noInit := false
 	timeout := stopTimeout
-	_, err := b.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+	_, err = b.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
 		Name: spec.ID,
 		Config: &container.Config{
 			Image:       ref,
@@ -204,7 +263,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 			Env:         env,
 			Labels:      labels,
 			WorkingDir:  backend.Workspace,
-			User:        fmt.Sprintf("%d:%d", backend.BoxUID, backend.BoxGID),
+			User:        fmt.Sprintf("%d:%d", uid, uid),
 			Hostname:    "box",
 			StopTimeout: &timeout,
 		},
@@ -213,8 +272,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 			ReadonlyRootfs: true,
 			NetworkMode:    network,
 			CapDrop:        []string{"ALL"},
-			SecurityOpt:    []string{"no-new-privileges"},
-			Init:           &noInit,
+			// The same calls refused as in bubblewrap boxes (package seccomp).
+			SecurityOpt: []string{"no-new-privileges", "seccomp=" + seccomp.DockerProfile()},
+			Init:        &noInit,
 			Resources: container.Resources{
 				Memory:     lim.MemoryBytes,
 				MemorySwap: lim.MemoryBytes,
@@ -238,7 +298,89 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 	case err != nil:
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}
+	made = true
 	return b.Inspect(ctx, spec.ID)
+}
+
+// uids is the block of host uids of Docker boxes, reserved under DiskDir.
+func (b *Backend) uids() boxuid.Range {
+	r := boxuid.Docker
+	r.Dir = filepath.Join(b.disks, ".uids")
+	return r
+}
+
+// accounts returns the /etc/passwd and /etc/group of image ref, read once
+// per image from a container made (not started) for the purpose.
+func (b *Backend) accounts(ctx context.Context, ref string) (passwd, group []byte, err error) {
+	if ref == HostImage {
+		return []byte(image.BoxEtc["passwd"]), []byte(image.BoxEtc["group"]), nil
+	}
+	img, err := b.cli.ImageInspect(ctx, ref)
+	if err != nil {
+		return nil, nil, nil // ContainerCreate says what is wrong with the image
+	}
+	b.accountsMu.Lock()
+	defer b.accountsMu.Unlock()
+	if a, ok := b.accountsOf[img.ID]; ok {
+		return a[0], a[1], nil
+	}
+	c, err := b.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Config:     &container.Config{Image: img.ID, Cmd: []string{"/nonexistent"}, Labels: map[string]string{"cellbox.accounts": "1"}},
+		HostConfig: &container.HostConfig{NetworkMode: "none"},
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the accounts of image %s: %w", ref, err)
+	}
+	defer b.cli.ContainerRemove(context.WithoutCancel(ctx), c.ID, client.ContainerRemoveOptions{Force: true})
+	var a [2][]byte
+	for i, p := range []string{"/etc/passwd", "/etc/group"} {
+		if a[i], err = b.copyFile(ctx, c.ID, p); err != nil {
+			return nil, nil, fmt.Errorf("read the accounts of image %s: %w", ref, err)
+		}
+	}
+	if b.accountsOf == nil {
+		b.accountsOf = map[string][2][]byte{}
+	}
+	b.accountsOf[img.ID] = a
+	return a[0], a[1], nil
+}
+
+// copyFile reads one file (at most 1 MiB) of a container; a missing file
+// is empty.
+func (b *Backend) copyFile(ctx context.Context, id, path string) ([]byte, error) {
+	res, err := b.cli.CopyFromContainer(ctx, id, client.CopyFromContainerOptions{SourcePath: path})
+	if cerrdefs.IsNotFound(err) {
+		return nil, nil
+	} else if err != nil {
+		return nil, err
+	}
+	defer res.Content.Close()
+	tr := tar.NewReader(res.Content)
+	if _, err := tr.Next(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return io.ReadAll(io.LimitReader(tr, 1<<20))
+}
+
+// withBoxUser returns an account file (passwd, or group) whose box user
+// (backend.BoxUser) has uid, home backend.Workspace.
+func withBoxUser(file []byte, uid int, passwd bool) []byte {
+	var out bytes.Buffer
+	for _, line := range strings.SplitAfter(string(file), "\n") {
+		if line == "" || strings.HasPrefix(line, backend.BoxUser+":") {
+			continue
+		}
+		out.WriteString(line)
+		if !strings.HasSuffix(line, "\n") {
+			out.WriteByte('\n')
+		}
+	}
+	if passwd {
+		fmt.Fprintf(&out, "%s:x:%d:%d:%s:%s:/bin/bash\n", backend.BoxUser, uid, uid, backend.BoxUser, backend.Workspace)
+	} else {
+		fmt.Fprintf(&out, "%s:x:%d:\n", backend.BoxUser, uid)
+	}
+	return out.Bytes()
 }
 
 // disk is the box's disk (see boxdisk).
@@ -284,10 +426,13 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 	if backend.ValidID(id) != nil {
 		return nil
 	}
-	if _, err := b.container(ctx, id); err == nil {
+	if c, err := b.container(ctx, id); err == nil {
 		_, err := b.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
 		if err != nil && !cerrdefs.IsNotFound(err) {
 			return fmt.Errorf("remove box %s: %w", id, err)
+		}
+		if uid, err := strconv.Atoi(c.Config.Labels[labelUID]); err == nil {
+			defer b.uids().Free(id, uid) // once the disk, its files, are gone
 		}
 	} else if !errors.Is(err, backend.ErrNotFound) {
 		return err
@@ -386,7 +531,7 @@ func info(labels map[string]string, status container.ContainerState, created tim
 		Created: created,
 	}
 	for k, v := range labels {
-		if k != labelImage {
+		if k != labelImage && k != labelUID {
 			in.Labels[k] = v
 		}
 	}

@@ -2,6 +2,7 @@ package docker_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"slices"
@@ -18,6 +19,8 @@ import (
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/backend/backendtest"
+	"github.com/cellbox/cellbox/sandbox/backend/boxuid"
+	"github.com/cellbox/cellbox/sandbox/backend/seccomp"
 	"github.com/cellbox/cellbox/sandbox/docker"
 )
 
@@ -92,12 +95,16 @@ func TestContainerConfig(t *testing.T) {
 	assert.Equal(t, int64(99), *hc.PidsLimit)
 	assert.Equal(t, []string{"ALL"}, hc.CapDrop)
 	assert.Empty(t, hc.CapAdd)
-	assert.Equal(t, []string{"no-new-privileges"}, hc.SecurityOpt)
+	assert.Equal(t, []string{"no-new-privileges", "seccomp=" + seccomp.DockerProfile()}, hc.SecurityOpt)
 	assert.Equal(t, "none", string(hc.NetworkMode))
 	assert.False(t, hc.Privileged)
 	assert.True(t, hc.ReadonlyRootfs, "the root filesystem is read-only")
 	assert.Equal(t, []string{backend.AgentPath, "agent"}, cfg.Cmd)
-	assert.Equal(t, "1000:1000", cfg.User)
+	uid, err := strconv.Atoi(cfg.Labels["cellbox.uid"])
+	require.NoError(t, err, "the box's uid label")
+	assert.Equal(t, fmt.Sprintf("%d:%d", uid, uid), cfg.User, "the box runs as its own uid")
+	assert.GreaterOrEqual(t, uid, boxuid.Docker.Base)
+	assert.LessOrEqual(t, uid, boxuid.Docker.Last())
 	assert.Equal(t, backend.Workspace, cfg.WorkingDir)
 	assert.Contains(t, cfg.Env, "A=1")
 	assert.Contains(t, cfg.Env, "HOME="+backend.Workspace)

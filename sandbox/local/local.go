@@ -32,7 +32,8 @@
 // and CPU are not enforced: RLIMIT_NPROC counts every process of the host
 // uid, not the box's. Enforcement reports what holds on this host.
 //
-// No seccomp filter.
+// Seccomp: the filter of package seccomp (the same calls refused as in
+// Docker boxes), loaded by bwrap (--seccomp) before it runs the agent.
 package local
 
 import (
@@ -56,6 +57,7 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/backend/boxdisk"
+	"github.com/cellbox/cellbox/sandbox/backend/seccomp"
 	"github.com/cellbox/cellbox/sandbox/image"
 )
 
@@ -136,8 +138,8 @@ func New(opts Options) (*Backend, error) {
 	if err := os.MkdirAll(stageDir, 0o755); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
-	for _, c := range uidRangeClashes("/etc") {
-		b.log.Warn("local backend: an account uses the host uids of boxes; a box escaping its namespaces would be that account", "entry", c, "range", fmt.Sprintf("%d-%d", uidBase, uidBase+2*uidSlots-1))
+	for _, c := range b.uids().Clashes("/etc") {
+		b.log.Warn("local backend: an account uses the host uids of boxes; a box escaping its namespaces would be that account", "entry", c, "range", fmt.Sprintf("%d-%d", b.uids().Base, b.uids().Last()))
 	}
 	b.sweepHalfMade(time.Minute)
 	cgRoot := opts.CgroupRoot
@@ -494,13 +496,19 @@ func (b *Backend) Start(ctx context.Context, id string) (backend.Info, error) {
 		env = append(env, "CELLBOX_DATA_KB="+strconv.FormatInt(max(lim.MemoryBytes, minDataLimit)>>10, 10))
 	}
 
+	filter, err := seccompPipe()
+	if err != nil {
+		_ = b.cg.remove(id)
+		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
+	}
+	defer filter.Close()
 	bargs, binds := b.bwrapArgs(spec, rootfs, dir)
 	args := append([]string{"-c", wrapper, "sh", b.bwrap}, bargs...)
 	cmd := exec.Command("/bin/sh", args...)
 	cmd.Env = env
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{infoW, userns} // fd 3: --info-fd, fd 4: --userns
+	cmd.ExtraFiles = []*os.File{infoW, userns, filter} // fd 3: --info-fd, fd 4: --userns, fd 5: --seccomp
 	// No supplementary groups (the server's would stay with every box
 	// process).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: &syscall.Credential{Groups: []uint32{}}}
@@ -597,16 +605,31 @@ func logTail(path string) string {
 	return ": " + strings.Join(lines, "; ")
 }
 
+// seccompPipe returns a pipe that holds the box's seccomp filter for
+// bwrap --seccomp (a few hundred bytes: it fits the pipe's buffer).
+func seccompPipe() (*os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("seccomp filter: %w", err)
+	}
+	defer w.Close()
+	if _, err := w.Write(seccomp.Filter()); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("seccomp filter: %w", err)
+	}
+	return r, nil
+}
+
 // bwrapArgs is the bubblewrap command line of a box (after "bwrap"), to
-// run with the box's info pipe at fd 3, its user namespace at fd 4 and
-// binds staged (startStaged).
+// run with the box's info pipe at fd 3, its user namespace at fd 4, its
+// seccomp filter at fd 5 and binds staged (startStaged).
 func (b *Backend) bwrapArgs(spec backend.Spec, rootfs, dir string) ([]string, []stageBind) {
 	a := []string{
 		"--userns", "4", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 		"--assert-userns-disabled",
 		"--uid", strconv.Itoa(backend.BoxUID), "--gid", strconv.Itoa(backend.BoxGID),
 		"--cap-drop", "ALL", "--as-pid-1", "--hostname", "box",
-		"--info-fd", "3",
+		"--info-fd", "3", "--seccomp", "5",
 	}
 	if !spec.Network {
 		a = append(a, "--unshare-net")
@@ -661,7 +684,11 @@ func (b *Backend) bwrapArgs(spec backend.Spec, rootfs, dir string) ([]string, []
 	for _, k := range keys {
 		a = append(a, "--setenv", k, env[k])
 	}
-	return append(append(a, "--"), spec.AgentCommand()...), binds
+	// The agent cannot see the box's cgroups; it names the limits in its
+	// messages when the box runs out.
+	lim := spec.Limits.Defaults()
+	return append(append(a, "--"), append(spec.AgentCommand(),
+		"--pids-limit", strconv.FormatInt(lim.Pids, 10), "--memory-limit", strconv.FormatInt(lim.MemoryBytes, 10))...), binds
 }
 
 // Stop ends the box's processes and removes its cgroups; the workspace

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -15,104 +14,43 @@ import (
 	"syscall"
 
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/backend/boxuid"
 )
 
 // Box identity on the host.
 //
-// Each box gets two host uids of its own (the same numbers as gids): the
-// box user (backend.BoxUID inside) is host uid hostUID, and root of the
-// box's user namespace is hostUID-1. No box process ever runs as that
-// namespace root (bwrap switches to the box user before anything of the
-// box runs; it is mapped only because devpts needs a root); it is there
-// so that an escape lands on an unprivileged uid that owns nothing but
-// the box's own files, and is not shared with any other box.
-//
-// The uids come from a range no real account uses: above the ranges
-// useradd (1000–60000), subuid files (from 100000 up) and systemd-nspawn
-// (524288–1879048191) hand out, below 2^31 (tools that read uids as
-// signed ints) and systemd's foreign range (from 2147352576). A box's pair
-// is reserved by the file Root/.uids/<slot> (created O_EXCL, so two
-// backends over one Root never share a pair) and recorded in spec.json.
-// Boxes under two different Roots may get the same pair, though hardly
-// ever: the search starts at a hash of the box id.
-const (
-	uidBase  = 1_900_000_000
-	uidSlots = 1 << 20 // pairs: host uids uidBase .. uidBase+2*uidSlots-1
-	// uidProbes bounds the search for a free slot from the box's hash.
-	uidProbes = 4096
-)
+// Each box gets two host uids of its own (a slot of boxuid.Local, the same
+// numbers as gids): the box user (backend.BoxUID inside) is host uid
+// hostUID, and root of the box's user namespace is hostUID-1. No box
+// process ever runs as that namespace root (bwrap switches to the box user
+// before anything of the box runs; it is mapped only because devpts needs
+// a root); it is there so that an escape lands on an unprivileged uid that
+// owns nothing but the box's own files, and is not shared with any other
+// box. The reservation is the file Root/.uids/<slot>, recorded in
+// spec.json.
 
-// uidsDir holds one file per reserved slot, naming its box.
-func (b *Backend) uidsDir() string { return filepath.Join(b.root, ".uids") }
-
-func slotUID(slot int) int { return uidBase + 2*slot + 1 }
-
-func uidSlot(uid int) (int, bool) {
-	s := (uid - uidBase - 1) / 2
-	return s, uid > uidBase && (uid-uidBase-1)%2 == 0 && s < uidSlots
+// uids is the backend's block of host uids.
+func (b *Backend) uids() boxuid.Range {
+	r := boxuid.Local
+	r.Dir = filepath.Join(b.root, ".uids")
+	return r
 }
 
-// allocUID reserves a pair of host uids for box id and returns the box
-// user's. Probing starts at a hash of the id so that the usual reservation
-// takes one file create.
-func (b *Backend) allocUID(id string) (int, error) {
-	if err := os.MkdirAll(b.uidsDir(), 0o700); err != nil {
-		return 0, fmt.Errorf("reserve host uid: %w", err)
-	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(id))
-	start := int(h.Sum32() % uidSlots)
-	for i := 0; i < uidProbes; i++ {
-		slot := (start + i) % uidSlots
-		f, err := os.OpenFile(filepath.Join(b.uidsDir(), strconv.Itoa(slot)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if errors.Is(err, fs.ErrExist) {
-			continue
-		} else if err != nil {
-			return 0, fmt.Errorf("reserve host uid: %w", err)
-		}
-		_, err = f.WriteString(id)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			_ = os.Remove(f.Name())
-			return 0, fmt.Errorf("reserve host uid: %w", err)
-		}
-		return slotUID(slot), nil
-	}
-	return 0, fmt.Errorf("reserve host uid: no free uid among %d tried in %s (too many boxes?)", uidProbes, b.uidsDir())
-}
+func (b *Backend) allocUID(id string) (int, error) { return b.uids().Alloc(id) }
 
-// freeUID releases box id's reservation of uid, if it holds it.
-func (b *Backend) freeUID(id string, uid int) {
-	slot, ok := uidSlot(uid)
-	if !ok {
-		return
-	}
-	p := filepath.Join(b.uidsDir(), strconv.Itoa(slot))
-	if owner, err := os.ReadFile(p); err == nil && string(owner) == id {
-		_ = os.Remove(p)
-	}
-}
+func (b *Backend) freeUID(id string, uid int) { b.uids().Free(id, uid) }
 
 // sweepUIDs frees the reservations of boxes without a directory (a
 // process killed in Create or Remove). Create makes the directory before
 // it reserves, so no Create in flight loses its reservation.
 func (b *Backend) sweepUIDs() {
-	ents, err := os.ReadDir(b.uidsDir())
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		p := filepath.Join(b.uidsDir(), e.Name())
-		id, err := os.ReadFile(p)
-		if err != nil || !validID(string(id)) {
-			continue
+	b.uids().Sweep(func(id string) bool {
+		if !validID(id) {
+			return false
 		}
-		if _, err := os.Lstat(b.dir(string(id))); errors.Is(err, fs.ErrNotExist) {
-			_ = os.Remove(p)
-		}
-	}
+		_, err := os.Lstat(b.dir(id))
+		return errors.Is(err, fs.ErrNotExist)
+	})
 }
 
 // chownOwnedBy gives the files under dir (dir included) owned by uid 0
@@ -238,44 +176,4 @@ func startStaged(cmd *exec.Cmd, binds []stageBind) error {
 		}()
 	}()
 	return <-errc
-}
-
-// uidRangeClashes names the entries of the host's account files whose ids
-// fall in the box uid range: accounts and groups (/etc/passwd,
-// /etc/group: name:x:id:...) and subordinate id ranges (/etc/subuid,
-// /etc/subgid: name:start:count). A box escaping as such an id would be
-// that account.
-func uidRangeClashes(etc string) []string {
-	lo, hi := uint64(uidBase), uint64(uidBase+2*uidSlots) // [lo, hi)
-	var out []string
-	for _, f := range []struct {
-		name  string
-		field int  // the id's field
-		count bool // the next field is a count (subordinate ranges)
-	}{{"passwd", 2, false}, {"group", 2, false}, {"subuid", 1, true}, {"subgid", 1, true}} {
-		data, err := os.ReadFile(filepath.Join(etc, f.name))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(data), "\n") {
-			fields := strings.Split(line, ":")
-			if len(fields) <= f.field+1 {
-				continue
-			}
-			start, err := strconv.ParseUint(fields[f.field], 10, 32)
-			if err != nil {
-				continue
-			}
-			n := uint64(1)
-			if f.count {
-				if n, err = strconv.ParseUint(fields[f.field+1], 10, 32); err != nil {
-					continue
-				}
-			}
-			if start < hi && start+n > lo {
-				out = append(out, filepath.Join(etc, f.name)+": "+fields[0])
-			}
-		}
-	}
-	return out
 }

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -62,6 +63,8 @@ func RunWith(t *testing.T, newBackend func(t *testing.T) backend.Backend, o Opti
 	t.Run("Network", s.network)
 	t.Run("MemoryLimit", s.memory)
 	t.Run("PidsLimit", s.pids)
+	t.Run("Runaway", s.runaway)
+	t.Run("Leftovers", s.leftovers)
 	t.Run("AgentSocketSwap", s.socketSwap)
 	t.Run("DiskCap", s.diskCap)
 	t.Run("OOMSparesAgent", s.oomSparesAgent)
@@ -366,22 +369,36 @@ func (s *suite) confinement(t *testing.T) {
 	// land on uid 0 (the local backend once mapped the box user to the
 	// server's uid).
 	t.Run("the box user is not host root", func(t *testing.T) {
-		host := ok(t, c, `u=$(id -u); awk -v u=$u '$1 <= u && u < $1 + $3 { print $2 + u - $1 }' /proc/self/uid_map`)
-		require.NotEmpty(t, host, "uid_map does not map the box user")
-		assert.NotEqual(t, "0", host, "in-box uid %d is host uid 0", backend.BoxUID)
+		host := hostUID(t, c)
+		assert.NotEqual(t, 0, host, "the box user is host uid 0")
 		res := sh(t, c, "cat "+backend.SocketDir+"/root-only")
 		assert.NotEqual(t, 0, res.ExitCode, "the box read a host root 0600 file: %q", res.Stdout)
+	})
+	// A uid of the box's own from the reserved block, never a real
+	// account (Docker boxes once ran as host uid 1000), with a name.
+	t.Run("the box user is a reserved host uid of its own", func(t *testing.T) {
+		host := hostUID(t, c)
+		assert.GreaterOrEqual(t, host, 1_900_000_000, "host uid of the box user")
+		assert.Less(t, host, 1<<31, "host uid of the box user")
+		other := s.up(t, s.spec(t, "conf2"))
+		assert.NotEqual(t, host, hostUID(t, other), "two boxes share a host uid")
+		// Files it writes are its own on the host.
+		ok(t, c, "echo mine > "+backend.SocketDir+"/mine")
+		fi, err := os.Lstat(filepath.Join(spec.HostDir, "mine"))
+		require.NoError(t, err)
+		assert.EqualValues(t, host, fi.Sys().(*syscall.Stat_t).Uid, "owner on the host of a file the box wrote")
+		assert.Equal(t, backend.BoxUser+"\n"+backend.Workspace, ok(t, c, "id -un; getent passwd $(id -u) | cut -d: -f6"), "the box user has a name and home")
 	})
 
 	tests := []struct {
 		name, cmd, want string
 	}{
-		{"runs as the box user", "id -u; id -g", "1000\n1000"},
+		{"runs as the box user, not root", `id -un; test "$(id -u)" != 0 && test "$(id -g)" != 0 && echo non-root`, backend.BoxUser + "\nnon-root"},
 		{"home and cwd are the workspace", `echo "$HOME"; pwd`, backend.Workspace + "\n" + backend.Workspace},
 		{"spec env is set", `echo "$CELLBOX_TEST_VAR"`, "a b=c"},
 		{"no effective capabilities", `grep CapEff /proc/self/status | cut -f2`, "0000000000000000"},
 		{"no new privileges", `grep NoNewPrivs /proc/self/status | cut -f2`, "1"},
-		{"the agent is PID 1", `tr '\0' ' ' < /proc/1/cmdline`, backend.AgentPath + " agent"},
+		{"the agent is PID 1", `tr '\0' ' ' < /proc/1/cmdline | cut -d' ' -f1,2`, backend.AgentPath + " agent"},
 		{"hostname", "cat /proc/sys/kernel/hostname", "box"},
 		{"bash and python3", `bash -c 'echo $BASH_VERSINFO' >/dev/null && python3 -c 'print(6*7)'`, "42"},
 		{"a Debian userland", `. /etc/os-release && echo $ID`, "debian"},
@@ -403,6 +420,7 @@ except PermissionError: print("denied")'`, "denied"},
 			assert.Equal(t, tc.want, ok(t, c, tc.cmd))
 		})
 	}
+	seccompFamilies(t, c)
 }
 
 // workDir: Spec.WorkDir is where commands run and relative file paths
@@ -509,6 +527,12 @@ func (s *suite) memory(t *testing.T) {
 	res := sh(t, c, `python3 -c 'x = b"x" * (512 << 20); print("survived")'`)
 	assert.NotEqual(t, 0, res.ExitCode, "allocating 512 MiB in a 128 MiB box fails (stderr %q)", res.Stderr)
 	assert.NotContains(t, res.Stdout, "survived")
+	if res.ExitCode == -1 || res.ExitCode == 137 { // killed (not a MemoryError under an rlimit)
+		assert.True(t, slices.ContainsFunc(res.Notices, func(n string) bool {
+			return strings.Contains(n, "out of memory") || strings.Contains(n, "out-of-memory")
+		}),
+			"the agent says the command ran out of memory: %q", res.Notices)
+	}
 	assert.Equal(t, "alive", ok(t, c, "echo alive"), "the box survives")
 }
 
@@ -720,4 +744,14 @@ func Percentile(sorted []time.Duration, p int) time.Duration {
 		return 0
 	}
 	return sorted[(len(sorted)-1)*p/100]
+}
+
+// hostUID is the host uid the box user is (through the box's user
+// namespace, if it has one).
+func hostUID(t *testing.T, c *agent.Client) int {
+	t.Helper()
+	out := ok(t, c, `u=$(id -u); awk -v u=$u '$1 <= u && u < $1 + $3 { print $2 + u - $1 }' /proc/self/uid_map`)
+	uid, err := strconv.Atoi(out)
+	require.NoError(t, err, "uid_map does not map the box user: %q", out)
+	return uid
 }

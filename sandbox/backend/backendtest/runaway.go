@@ -1,0 +1,153 @@
+package backendtest
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/sandbox/agent"
+)
+
+// runaway: no runaway process can wedge a box. Each bomb takes every
+// process slot of the box; the very next call must answer (one try, no
+// retry loop) with the workspace intact. Before the agent swept leftovers
+// and ended runaways on EAGAIN, the next call failed with `exec /bin/bash:
+// resource temporarily unavailable` until the box was destroyed.
+func (s *suite) runaway(t *testing.T) {
+	if !s.enforced(t, "pids", s.enforcement().Pids) { // without it a bomb would hit the host
+		return
+	}
+	bombs := []struct {
+		name string
+		run  func(ctx context.Context, c *agent.Client) error
+		// owned: the bomb belongs to a background job, which the end of a
+		// shell call leaves alone: only the next fork's failure ends it.
+		owned bool
+	}{
+		{"background bomb in a shell call", func(ctx context.Context, c *agent.Client) error {
+			_, err := c.Exec(ctx, agent.ExecRequest{Command: `f(){ f|f & }; f; sleep 2; echo done`, TimeoutMs: 60000}, nil)
+			return err
+		}, false},
+		{"classic bomb, no timeout", func(ctx context.Context, c *agent.Client) error {
+			_, err := c.Exec(ctx, agent.ExecRequest{Command: `:(){ :|:& };:`}, nil)
+			return err
+		}, false},
+		{"setsid bomb", func(ctx context.Context, c *agent.Client) error {
+			_, err := c.Exec(ctx, agent.ExecRequest{Command: `setsid bash -c 'f(){ f|f & }; f' </dev/null >/dev/null 2>&1 &`}, nil)
+			return err
+		}, false},
+		{"background job forks to the limit, then sleeps", func(ctx context.Context, c *agent.Client) error {
+			_, err := c.Start(ctx, agent.ExecRequest{Command: `python3 -c '
+import os, signal
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            signal.pause()
+        n += 1
+except BlockingIOError:
+    pass
+print("forked", n, flush=True)
+signal.pause()'`})
+			if err != nil {
+				return err
+			}
+			// Wait until it is at the limit (it says so).
+			for {
+				ps, err := c.Processes(ctx)
+				if err != nil {
+					return err
+				}
+				var buf strings.Builder
+				if _, err := c.Logs(ctx, ps[len(ps)-1].ID, 0, false, &buf); err != nil {
+					return err
+				}
+				if strings.Contains(buf.String(), "forked") {
+					return nil
+				}
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		}, true},
+	}
+	for _, bomb := range bombs {
+		t.Run(bomb.name, func(t *testing.T) {
+			t.Parallel()
+			spec := s.spec(t, "bomb")
+			spec.Limits.Pids = 64
+			c := s.up(t, spec)
+			ok(t, c, "echo precious > kept.txt")
+			ctx := ctxFor(t, 2*time.Minute)
+			require.NoError(t, bomb.run(ctx, c))
+
+			next, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			begin := time.Now()
+			res, err := c.Exec(next, agent.ExecRequest{Command: "cat kept.txt"}, nil)
+			require.NoError(t, err, "the call after the bomb")
+			t.Logf("the call after the bomb took %s; notices %q", time.Since(begin), res.Notices)
+			assert.Equal(t, 0, res.ExitCode, "stderr %q", res.Stderr)
+			assert.Equal(t, "precious\n", res.Stdout, "the workspace is intact")
+			if bomb.owned {
+				require.NotEmpty(t, res.Notices, "the agent says it ended the runaway job")
+				assert.Contains(t, res.Notices[0], "out of processes (pids limit 64): ended")
+			}
+			// Nothing of the bomb is left: the box holds the agent and ps.
+			assert.Equal(t, []string{"1"}, others(t, c), "processes besides ps")
+		})
+	}
+}
+
+// leftovers: what a shell call leaves running ends with it; a background
+// job and what it starts live on; kill_all ends them too.
+func (s *suite) leftovers(t *testing.T) {
+	t.Parallel()
+	spec := s.spec(t, "left")
+	c := s.up(t, spec)
+	ctx := ctxFor(t, time.Minute)
+	job, err := c.Start(ctx, agent.ExecRequest{Command: "sleep 1001 & sleep 1002"})
+	require.NoError(t, err)
+	res := sh(t, c, "sleep 1003 & setsid sleep 1004 & nohup sleep 1005 >/dev/null 2>&1 & echo started")
+	assert.Equal(t, "started\n", res.Stdout)
+	require.Len(t, res.Notices, 1, "the agent says it ended the leftovers")
+	assert.Contains(t, res.Notices[0], "ended 3 processes the command left running")
+	assert.Equal(t, "1001\n1002", ok(t, c, `ps -eo args= | grep '^sleep 100' | sort | cut -d' ' -f2`), "the background job and its child live on")
+
+	n, err := c.KillAll(ctx)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, n, 2, "kill_all ends the job (its shell, maybe) and its child")
+	p := waitProcess(t, c, job.ID)
+	assert.False(t, p.Running)
+	assert.Equal(t, "", ok(t, c, `ps -eo args= | grep '^sleep 100' || true`))
+}
+
+func waitProcess(t *testing.T, c *agent.Client, id string) agent.Process {
+	t.Helper()
+	ctx := ctxFor(t, 30*time.Second)
+	p, err := c.Wait(ctx, id)
+	require.NoError(t, err)
+	return p
+}
+
+// others lists the pids of the box's processes but ps itself.
+func others(t *testing.T, c *agent.Client) []string {
+	t.Helper()
+	ctx := ctxFor(t, time.Minute)
+	res, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"ps", "-eo", "pid=,comm="}}, nil)
+	require.NoError(t, err)
+	var pids []string
+	for _, line := range strings.Split(strings.TrimSpace(res.Stdout), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[1] != "ps" {
+			pids = append(pids, f[0])
+		}
+	}
+	return pids
+}
