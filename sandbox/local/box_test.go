@@ -286,7 +286,13 @@ func TestHostUIDReservations(t *testing.T) {
 	assert.Empty(t, reserved())
 
 	// A reservation left by a process killed between the two.
-	require.NoError(t, os.WriteFile(filepath.Join(root, ".uids", "7"), []byte("gone-box"), 0o600))
+	// Old enough: a fresh one may be a Create in flight, which is spared.
+	stale := filepath.Join(root, ".uids", "7")
+	require.NoError(t, os.WriteFile(stale, []byte("gone-box"), 0o600))
+	newLocal(t, root)
+	assert.Equal(t, []string{"gone-box"}, reserved(), "a reservation under a minute old is spared")
+	old := time.Now().Add(-2 * time.Minute)
+	require.NoError(t, os.Chtimes(stale, old, old))
 	newLocal(t, root)
 	assert.Empty(t, reserved())
 }
