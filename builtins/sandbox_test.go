@@ -315,7 +315,7 @@ nodes:
 // is made anew.
 func TestSandboxPreviews(t *testing.T) {
 	b := newBox(t)
-	const pattern = `
+	pattern := `
 name: web
 nodes:
   web:
@@ -354,9 +354,18 @@ nodes:
 
 	status, _ := get(t, first.URL, "")
 	assert.Equal(t, http.StatusBadGateway, status, "nothing listens yet")
-	serve := `{"command": "cd /workspace/site && setsid python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 0.1"}`
+	serve := `{"command": "cd /workspace/site && setsid python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 0.5"}`
 	r.send("web.run", serve)
 	r.settle()
+	status, _ = get(t, first.URL, "")
+	assert.Equal(t, http.StatusBadGateway, status, "a server a run command leaves behind ends with it")
+	r.close(runtime.Stopped)
+
+	pattern = strings.Replace(pattern, "ports: [8000, 8001]", "ports: [8000, 8001]\n      start: {command: cd /workspace/site && python3 -m http.server 8000 --bind 127.0.0.1, port: 8000}", 1)
+	r = b.load(t, pattern, nil)
+	r.settle()
+	o = r.sandbox("web")
+	first = o.Previews["8000"]
 	waitFor(t, 10*time.Second, "the server to answer through the preview URL", func() bool {
 		status, body := get(t, first.URL+"index.html", "")
 		return status == http.StatusOK && body == "hello from the box"
@@ -376,7 +385,7 @@ nodes:
 		status, _ := get(t, first.URL, "")
 		assert.Equal(t, http.StatusNotFound, status)
 
-		r.send("web.run", serve)
+		r.send("web.run", `{"command": "true"}`) // makes the box anew; start: serves again
 		r.settle()
 		o = r.sandbox("web")
 		require.Equal(t, "running", o.Status)
