@@ -441,7 +441,8 @@ func TestRunPreview(t *testing.T) {
 nodes:
   web:
     sandbox:
-      ports: [8000]
+      ports: [8000, 8001]
+      start: {command: cd /workspace/site && python3 -m http.server 8000 --bind 127.0.0.1, port: 8000}
       files:
         /workspace/site/index.html: hello through the preview
 `)
@@ -470,10 +471,8 @@ nodes:
 		resp, body := testenv.HTTPGet(t, url, "")
 		return resp.StatusCode, body
 	}
-	status, _ := get(u)
-	assert.Equal(t, http.StatusBadGateway, status, "nothing listens in the box yet")
-	_, errOut, err := cellbox(t, "send", "web.run", `{"command": "cd /workspace/site && setsid python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &"}`, "--data", data)
-	require.NoError(t, err, errOut)
+	status, _ := get(out.Previews["8001"].URL)
+	assert.Equal(t, http.StatusBadGateway, status, "nothing listens on 8001 in the box")
 	poll(t, "the server in the box to answer through the preview URL", func() bool {
 		status, body := get(u)
 		return status == http.StatusOK && body == "hello through the preview"
