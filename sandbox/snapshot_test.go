@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
 )
 
 // sh runs a shell command in box that must exit 0 and returns its stdout.
@@ -75,19 +77,7 @@ func TestSnapshots(t *testing.T) {
 			assert.Contains(t, rb.fail("branch", map[string]any{"snapshot": id, "name": "b1"}), "already has sandboxes named b1")
 
 			// fork: N boxes with the running box's files, independent after.
-			fk := rb.ok("fork", map[string]any{"count": 3})
-			names := fk["sandboxes"].([]any)
-			require.Len(t, names, 3)
-			for i, n := range names {
-				name := n.(string)
-				assert.Equal(t, "changed\ndeep\n", rb.sh(name, "cat src/a.txt src/sub/b.txt"), name)
-				rb.sh(name, "echo fork"+string(rune('0'+i))+" > src/a.txt")
-			}
-			for i, n := range names {
-				assert.Equal(t, "fork"+string(rune('0'+i))+"\n", rb.sh(n.(string), "cat src/a.txt"))
-			}
-			assert.Equal(t, "changed\n", rb.sh("default", "cat src/a.txt"), "the forked box is unchanged")
-			assert.Contains(t, rb.fail("fork", map[string]any{"count": 17}), "count")
+			rb.checkFork("clone")
 
 			// dedup: two snapshots of one 10 MiB tree cost one tree.
 			rb.sh("default", "mkdir big && for i in 1 2 3 4 5 6 7 8 9 10; do head -c 1048576 /dev/urandom > big/f$i; done")
@@ -137,6 +127,49 @@ func TestSnapshots(t *testing.T) {
 			// a symlink out of the workspace is refused at snapshot time.
 			rb.sh("default", "ln -s /etc/passwd escape")
 			assert.Contains(t, rb.fail("snapshot", nil), "outside the workspace")
+		})
+	}
+}
+
+// checkFork forks box default (whose src/a.txt says "changed") into three
+// and checks that each has its files and is independent, and that the fork
+// copied by method.
+func (rb *realBox) checkFork(method string) {
+	t := rb.t
+	t.Helper()
+	fk := rb.ok("fork", map[string]any{"count": 3})
+	assert.Equal(t, method, fk["method"])
+	names := fk["sandboxes"].([]any)
+	require.Len(t, names, 3)
+	for i, n := range names {
+		name := n.(string)
+		assert.Equal(t, "changed\ndeep\n751\n", rb.sh(name, "cat src/a.txt src/sub/b.txt && stat -c %a src/sub"), name)
+		rb.sh(name, fmt.Sprintf("echo fork%d > src/a.txt && touch src/new%d", i, i))
+	}
+	for i, n := range names {
+		assert.Equal(t, fmt.Sprintf("fork%d\n", i), rb.sh(n.(string), "cat src/a.txt"))
+		assert.Equal(t, "src/a.txt\nsrc/link\nsrc/new"+fmt.Sprint(i)+"\n", rb.sh(n.(string), "ls -d src/*[!b]"), "each fork sees only its own new file")
+	}
+	assert.Equal(t, "changed\n", rb.sh("default", "cat src/a.txt"), "the forked box is unchanged")
+	assert.Contains(t, rb.fail("fork", map[string]any{"count": 17}), "count")
+	assert.Contains(t, rb.fail("fork", map[string]any{"count": 2, "names": []string{names[0].(string), "x"}}), "already has sandboxes named")
+	for _, n := range names {
+		rb.ok("sandbox_destroy", map[string]any{"sandbox": n})
+	}
+}
+
+// noClone hides a backend's backend.Cloner, so that fork takes the
+// portable path through the agents.
+type noClone struct{ backend.Backend }
+
+// TestForkThroughAgents: fork without a copy-on-write backend copies the
+// files through the agents' tar streams, on both backends.
+func TestForkThroughAgents(t *testing.T) {
+	for _, kind := range []string{"local", "docker"} {
+		t.Run(kind, func(t *testing.T) {
+			rb := newRealService(t, kind, func(cfg *Config) { cfg.Backend = noClone{cfg.Backend} })
+			rb.sh("default", "mkdir -p src/sub && echo changed > src/a.txt && echo deep > src/sub/b.txt && ln -s a.txt src/link && chmod 751 src/sub")
+			rb.checkFork("tar")
 		})
 	}
 }

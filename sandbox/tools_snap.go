@@ -126,7 +126,7 @@ func branchTool(ctx context.Context, c *call, in api.BranchInput) (api.SeedOutpu
 	if err != nil {
 		return api.SeedOutput{}, err
 	}
-	ls, err := c.s.newBoxes(ctx, c, []string{in.Name}, rec.Spec, func(ctx context.Context, l *lease) error {
+	ls, err := c.s.newBoxes(ctx, c, []string{in.Name}, rec.Spec, "", func(ctx context.Context, l *lease) error {
 		return ss.seed(ctx, l.client, entries)
 	})
 	if err != nil {
@@ -152,6 +152,23 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 	if len(names) == 0 {
 		names = c.s.freeNames(c.sess, src.name, in.Count)
 	}
+	spec := specOf(src.b.rec)
+	if _, ok := c.s.be.(backend.Cloner); ok {
+		ls, err := c.s.newBoxes(ctx, c, names, spec, src.b.rec.ID, nil)
+		switch ErrorCode(err) {
+		case "":
+			for _, l := range ls {
+				out.Sandboxes = append(out.Sandboxes, l.name)
+			}
+			out.Method = "clone"
+			return out, nil
+		case api.CodeInternal:
+			c.s.log.Warn("fork by copying the disk failed; copying through the agents", "sandbox", src.name, "err", err)
+			c.notice(fmt.Sprintf("the %s backend could not copy the disk of %q (%v); the files were copied through the sandboxes instead", c.s.be.Name(), src.name, err))
+		default:
+			return out, fmt.Errorf("fork %q: %w", src.name, err)
+		}
+	}
 	ss := c.s.snaps
 	ss.gc.RLock()
 	defer ss.gc.RUnlock()
@@ -161,7 +178,7 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 	if err != nil {
 		return out, fmt.Errorf("fork %q: %w", src.name, err)
 	}
-	ls, err := c.s.newBoxes(ctx, c, names, specOf(src.b.rec), func(ctx context.Context, l *lease) error {
+	ls, err := c.s.newBoxes(ctx, c, names, spec, "", func(ctx context.Context, l *lease) error {
 		return ss.seed(ctx, l.client, entries)
 	})
 	if err != nil {
@@ -262,10 +279,11 @@ func (s *Service) freeNames(sess *Session, base string, n int) []string {
 	return out
 }
 
-// newBoxes makes the new boxes names of the call's session from spec, in
-// parallel, and runs fill on each. All or nothing: if one fails, those
+// newBoxes makes the new boxes names of the call's session from spec
+// (with a copy of box cloneOf's disk if set), in parallel, and runs fill
+// (if set) on each. All or nothing: if one fails, those
 // made are destroyed. The leases are the call's (released when it ends).
-func (s *Service) newBoxes(ctx context.Context, c *call, names []string, spec boxSpec, fill func(context.Context, *lease) error) ([]*lease, error) {
+func (s *Service) newBoxes(ctx context.Context, c *call, names []string, spec boxSpec, cloneOf string, fill func(context.Context, *lease) error) ([]*lease, error) {
 	sess := c.sess
 	seen := map[string]bool{}
 	for _, name := range names {
@@ -302,6 +320,7 @@ func (s *Service) newBoxes(ctx context.Context, c *call, names []string, spec bo
 			return nil, fmt.Errorf("%d new sandboxes: %w", len(names), err)
 		}
 		boxes[i] = s.newBoxLocked(sess, spec)
+		boxes[i].cloneOf = cloneOf
 		sess.boxes[name] = boxes[i]
 	}
 	s.mu.Unlock()
@@ -322,6 +341,9 @@ func (s *Service) newBoxes(ctx context.Context, c *call, names []string, spec bo
 				return
 			}
 			leases[i] = l
+			if fill == nil {
+				return
+			}
 			if err := fill(ctx, l); err != nil {
 				errs[i] = fmt.Errorf("fill sandbox %q: %w", name, err)
 			}

@@ -405,10 +405,13 @@ type ForkInput struct {
 
 // ForkOutput is the result of the fork tool.
 type ForkOutput struct {
-	Sandboxes []string `json:"sandboxes"` // the new boxes' names
-	Files     int      `json:"files"`
-	Bytes     int64    `json:"bytes"`
-	Method    string   `json:"method"` // tar (through the agents) or the backend's copy-on-write
+	Sandboxes []string `json:"sandboxes"`       // the new boxes' names
+	Files     int      `json:"files,omitempty"` // files copied (tar)
+	Bytes     int64    `json:"bytes,omitempty"` // bytes copied (tar)
+	// Method is how the workspace was copied: "clone" (the backend copied
+	// the box's disk, copy-on-write where the filesystem allows) or "tar"
+	// (the files through the sandboxes' agents).
+	Method string `json:"method"`
 }
 
 // OKOutput is a result that only says it worked.

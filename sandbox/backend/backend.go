@@ -229,3 +229,18 @@ type Backend interface {
 	// Remove.
 	List(ctx context.Context, labels map[string]string) ([]Info, error)
 }
+
+// Cloner is an optional capability of a Backend that can copy a box's
+// disk whole (copy-on-write where the host filesystem allows): the pool's
+// fork uses it instead of moving every file through the agents, and falls
+// back to the agents when a backend does not offer it or Clone fails.
+//
+// Clone makes box spec, not started (as Create does, with Create's rules),
+// whose workspace is a copy of box src's taken at one instant: src may be
+// running, its writes wait while its disk is copied, and it is otherwise
+// left as it is. The copy keeps src's disk size (spec.Limits.DiskBytes
+// is not applied) and starts with an empty /tmp; no process is copied. An
+// unknown src is an error wrapping ErrNotFound.
+type Cloner interface {
+	Clone(ctx context.Context, src string, spec Spec) (Info, error)
+}

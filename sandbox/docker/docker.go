@@ -141,6 +141,22 @@ func (b *Backend) Name() string { return "docker" }
 // Create makes the container (not started). See the package doc for what
 // it gets.
 func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, error) {
+	return b.create(ctx, spec, func(d boxdisk.Disk) error {
+		return d.Make(ctx, spec.Limits.Defaults().DiskBytes, backend.BoxUID, backend.BoxGID)
+	})
+}
+
+// Clone makes box spec with a copy of box src's disk (backend.Cloner).
+// Every Docker box's user is the same uid, so the files need no chown.
+func (b *Backend) Clone(ctx context.Context, src string, spec backend.Spec) (backend.Info, error) {
+	if _, err := b.container(ctx, src); err != nil {
+		return backend.Info{}, fmt.Errorf("clone box %s: %w", src, err)
+	}
+	return b.create(ctx, spec, func(d boxdisk.Disk) error { return d.CloneFrom(ctx, b.disk(src)) })
+}
+
+// create makes a box whose disk makeDisk makes.
+func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(boxdisk.Disk) error) (backend.Info, error) {
 	if err := spec.Validate(); err != nil {
 		return backend.Info{}, err
 	}
@@ -168,7 +184,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 	}
 	lim := spec.Limits.Defaults()
 	disk := b.disk(spec.ID)
-	if err := disk.Make(ctx, lim.DiskBytes, backend.BoxUID, backend.BoxGID); errors.Is(err, fs.ErrExist) {
+	if err := makeDisk(disk); errors.Is(err, fs.ErrExist) {
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, backend.ErrExists)
 	} else if err != nil {
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)

@@ -134,6 +134,32 @@ func chownOwnedBy(dir string, uid int) error {
 	})
 }
 
+// rechown gives what the host uids from and from-1 (a box's user and its
+// root) own under dir to to and to-1: a cloned disk's files to their new
+// box.
+func rechown(dir string, from, to int) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return nil
+		}
+		switch int(st.Uid) {
+		case from:
+			return os.Lchown(p, to, to)
+		case from - 1:
+			return os.Lchown(p, to-1, to-1)
+		}
+		return nil
+	})
+}
+
 // newUserns makes the user namespace a box runs in, and returns it open
 // (the fd keeps it alive; bwrap joins it with --userns). It maps
 // backend.BoxUID/BoxGID to uid (and gid) and 0 to uid-1, nothing else, and

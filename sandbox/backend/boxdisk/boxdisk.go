@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -177,6 +178,84 @@ func run(ctx context.Context, name string, args ...string) error {
 			msg = "no output"
 		}
 		return fmt.Errorf("%s %s: %w (%s)", name, strings.Join(args, " "), err, msg)
+	}
+	return nil
+}
+
+// Linux's FIFREEZE and FITHAW ioctls (linux/fs.h: _IOWR('X', 119/120, int)).
+const (
+	ioctlFreeze = 0xC0045877
+	ioctlThaw   = 0xC0045878
+)
+
+// freezes serializes the copies of one source disk: a filesystem frozen
+// twice answers EBUSY, so concurrent clones of one box take turns.
+var freezes sync.Map // src.File -> *sync.Mutex
+
+// CloneFrom makes d a copy of the disk src, which may be mounted and in
+// use: src's filesystem is frozen for the copy (writes in it wait), so
+// the copy is consistent. The image is copied with cp --reflink=auto
+// --sparse=always: copy-on-write where the host filesystem does reflinks
+// (btrfs, xfs), a copy of the written blocks only otherwise. The copy's
+// tmp/ is emptied; d is mounted. Like Make, an existing d.File is an error
+// wrapping fs.ErrExist, and on error nothing is left.
+func (d Disk) CloneFrom(ctx context.Context, src Disk) (err error) {
+	if _, err := os.Stat(src.File); err != nil {
+		return fmt.Errorf("box disk: clone source: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(d.File), 0o700); err != nil {
+		return fmt.Errorf("box disk: %w", err)
+	}
+	f, err := os.OpenFile(d.File, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("box disk %s: %w", d.File, err)
+	}
+	f.Close()
+	defer func() {
+		if err != nil {
+			_ = d.Remove(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := src.copyFrozen(ctx, d.File); err != nil {
+		return err
+	}
+	if err := d.Mount(ctx); err != nil {
+		return err
+	}
+	// /tmp is the box's scratch: a clone starts with an empty one.
+	ents, err := os.ReadDir(d.Tmp())
+	if err != nil {
+		return fmt.Errorf("box disk: %w", err)
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(d.Tmp(), e.Name())); err != nil {
+			return fmt.Errorf("box disk: empty tmp of the clone: %w", err)
+		}
+	}
+	return nil
+}
+
+// copyFrozen copies d's image to dst, d's filesystem frozen meanwhile if
+// it is mounted.
+func (d Disk) copyFrozen(ctx context.Context, dst string) error {
+	mu, _ := freezes.LoadOrStore(d.File, &sync.Mutex{})
+	mu.(*sync.Mutex).Lock()
+	defer mu.(*sync.Mutex).Unlock()
+	if d.Mounted() {
+		dir, err := os.Open(d.Dir)
+		if err != nil {
+			return fmt.Errorf("box disk: %w", err)
+		}
+		defer dir.Close()
+		if _, _, e := syscall.Syscall(syscall.SYS_IOCTL, dir.Fd(), ioctlFreeze, 0); e != 0 {
+			return fmt.Errorf("box disk: freeze %s for a consistent copy: %w", d.Dir, e)
+		}
+		// Thawed whatever happens, also when ctx ends: a frozen disk
+		// hangs every writer of the box.
+		defer syscall.Syscall(syscall.SYS_IOCTL, dir.Fd(), ioctlThaw, 0)
+	}
+	if err := run(ctx, "cp", "--reflink=auto", "--sparse=always", d.File, dst); err != nil {
+		return fmt.Errorf("box disk: copy %s: %w", d.File, err)
 	}
 	return nil
 }
