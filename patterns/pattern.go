@@ -162,6 +162,10 @@ type SandboxSpec struct {
 	// node publishes a preview URL of each in previews["PORT"] while the
 	// box runs.
 	Ports []int `json:"ports,omitempty"`
+	// Snapshot is the id of a snapshot (of the runner's session, e.g. one
+	// a snapshot event of a sandbox node took) whose workspace a newly
+	// made box starts with; a reattached box keeps its own files.
+	Snapshot Value `json:"snapshot,omitzero"`
 }
 
 // FetchSpec describes a fetch node: an HTTP request the runner sends (not

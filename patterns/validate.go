@@ -44,7 +44,7 @@ var (
 		KindLLM:   {"text", "messages", "tool_calls", "usage", "stop_reason", "turns"},
 	}
 	previewFields = []string{"url", "host_url"}
-	streams       = map[Kind][]string{KindSandbox: {"run", "destroy"}}
+	streams       = map[Kind][]string{KindSandbox: {"run", "destroy", "snapshot"}}
 )
 
 // checker validates a Pattern in place: it reads `file:` references from
@@ -162,6 +162,9 @@ func (c *checker) node(n *Node) {
 		at = field(at, "sandbox")
 		c.box(n, at, n.Sandbox.Image, n.Sandbox.Env, n.Sandbox.Files, val)
 		c.ports(field(at, "ports"), n.Sandbox.Ports)
+		if !n.Sandbox.Snapshot.IsZero() {
+			val(field(at, "snapshot"), n.Sandbox.Snapshot, ValueLiteral, ValueExpr, ValueTemplate)
+		}
 	case KindLLM:
 		c.llm(n, field(at, "llm"), reads, val)
 	}

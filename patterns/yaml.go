@@ -51,7 +51,7 @@ var (
 	cellFields    = []string{"value", "file", "schema", "description"}
 	nodeFields    = append(slices.Clone(kinds), "description")
 	execFields    = []string{"command", "image", "env", "files", "cache", "timeout"}
-	sandboxFields = []string{"image", "env", "files", "ports"}
+	sandboxFields = []string{"image", "env", "files", "ports", "snapshot"}
 	fetchFields   = []string{"url", "method", "headers", "secret_headers", "body", "format", "cache", "timeout", "max_bytes"}
 	llmFields     = []string{"provider", "model", "system", "prompt", "messages", "tools", "max_tokens", "temperature", "max_turns", "cache", "timeout"}
 	llmToolFields = []string{"sandbox", "allow"}
@@ -330,6 +330,9 @@ func (l *loader) node(e entry) {
 			n.Sandbox.Image, n.Sandbox.Env, n.Sandbox.Files = l.box(f)
 			if e, ok := f["ports"]; ok {
 				n.Sandbox.Ports = l.ports(e)
+			}
+			if e, ok := f["snapshot"]; ok {
+				n.Sandbox.Snapshot = l.string(e)
 			}
 		}
 	}
