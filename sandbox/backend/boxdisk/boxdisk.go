@@ -110,6 +110,7 @@ func (d Disk) Mounted() bool {
 // again on Start after a host reboot.
 func (d Disk) Mount(ctx context.Context) error {
 	if d.Mounted() {
+		d.thaw() // a server killed while it copied the disk left it frozen
 		return nil
 	}
 	if _, err := os.Stat(d.File); err != nil {
@@ -188,9 +189,10 @@ const (
 	ioctlThaw   = 0xC0045878
 )
 
-// freezes serializes the copies of one source disk: a filesystem frozen
-// twice answers EBUSY, so concurrent clones of one box take turns.
-var freezes sync.Map // src.File -> *sync.Mutex
+// freezeMu serializes the clones of the host: a filesystem frozen twice
+// answers EBUSY, so concurrent clones of one box take turns (copies of
+// several are bound by the same disk and memory anyway).
+var freezeMu sync.Mutex
 
 // CloneFrom makes d a copy of the disk src, which may be mounted and in
 // use: src's filesystem is frozen for the copy (writes in it wait), so
@@ -238,9 +240,8 @@ func (d Disk) CloneFrom(ctx context.Context, src Disk) (err error) {
 // copyFrozen copies d's image to dst, d's filesystem frozen meanwhile if
 // it is mounted.
 func (d Disk) copyFrozen(ctx context.Context, dst string) error {
-	mu, _ := freezes.LoadOrStore(d.File, &sync.Mutex{})
-	mu.(*sync.Mutex).Lock()
-	defer mu.(*sync.Mutex).Unlock()
+	freezeMu.Lock()
+	defer freezeMu.Unlock()
 	if d.Mounted() {
 		dir, err := os.Open(d.Dir)
 		if err != nil {
@@ -251,11 +252,21 @@ func (d Disk) copyFrozen(ctx context.Context, dst string) error {
 			return fmt.Errorf("box disk: freeze %s for a consistent copy: %w", d.Dir, e)
 		}
 		// Thawed whatever happens, also when ctx ends: a frozen disk
-		// hangs every writer of the box.
+		// hangs every writer of the box (and Mount thaws a disk a killed
+		// server left frozen).
 		defer syscall.Syscall(syscall.SYS_IOCTL, dir.Fd(), ioctlThaw, 0)
 	}
 	if err := run(ctx, "cp", "--reflink=auto", "--sparse=always", d.File, dst); err != nil {
 		return fmt.Errorf("box disk: copy %s: %w", d.File, err)
 	}
 	return nil
+}
+
+// thaw thaws the mounted disk if it is frozen (EINVAL when it is not,
+// ignored).
+func (d Disk) thaw() {
+	if dir, err := os.Open(d.Dir); err == nil {
+		syscall.Syscall(syscall.SYS_IOCTL, dir.Fd(), ioctlThaw, 0)
+		dir.Close()
+	}
 }
