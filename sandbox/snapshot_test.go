@@ -121,8 +121,20 @@ func TestSnapshots(t *testing.T) {
 				assert.Equal(t, api.CodeNotFound, m["code"], tc.tool)
 				assert.Contains(t, m["error"], "no snapshot", tc.tool)
 			}
+			// Content is not shared across sessions: the same bytes cost
+			// again, so added_bytes tells nothing of other sessions' files.
+			rb.sh("default", "echo v1 > guess.txt")
+			assert.EqualValues(t, 3, rb.ok("snapshot", nil)["added_bytes"])
 			rb.sess = own
 			assert.Len(t, rb.ok("snapshot_list", nil)["snapshots"], 1)
+
+			// A deleted session's snapshots and content go with it.
+			require.NoError(t, rb.s.DeleteSession(context.Background(), own))
+			assert.NoDirExists(t, rb.s.snaps.blobDir(own))
+			ids, err := rb.s.snaps.sessionIDs(own)
+			require.NoError(t, err)
+			assert.Empty(t, ids)
+			rb.sess = other
 
 			// a symlink out of the workspace is refused at snapshot time.
 			rb.sh("default", "ln -s /etc/passwd escape")
@@ -221,7 +233,7 @@ func TestSnapshotHostileTar(t *testing.T) {
 				io.WriteString(tw, e.body)
 			}
 			tw.Flush() // no Close: a cut stream has no end marker
-			_, _, err = ss.capture(&buf, 1000)
+			_, _, err = ss.capture("s-test", &buf, 1000)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 			assert.NoFileExists(t, filepath.Join(dir, "etc", "x"))
@@ -251,7 +263,7 @@ func TestSnapshotCaptureKeepsInsideLinks(t *testing.T) {
 		}
 	}
 	require.NoError(t, tw.Close())
-	entries, added, err := ss.capture(&buf, 1000)
+	entries, added, err := ss.capture("s-test", &buf, 1000)
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, added)
 	var paths []string

@@ -1,12 +1,17 @@
 package sandbox
 
 // The snapshot store: workspaces kept as content-addressed blobs (one file
-// per distinct content, named by its SHA-256, under DataDir/snapshots/blobs)
-// plus a manifest per snapshot (path, type, mode, size, hash, link target)
-// kept with the snapshot's metadata in the state file (bbolt, like sessions
-// and boxes). Two snapshots of one workspace share every unchanged file, so
-// many snapshots cost little more than their differences. Blobs no manifest
-// names are removed when a snapshot is deleted.
+// per distinct content, named by its SHA-256, under
+// DataDir/snapshots/blobs/SESSION) plus a manifest per snapshot (path,
+// type, mode, size, hash, link target) kept with the snapshot's metadata in
+// the state file (bbolt, like sessions and boxes). Two snapshots of one
+// workspace share every unchanged file, so many snapshots cost little more
+// than their differences. Blobs no manifest names are removed when a
+// snapshot is deleted.
+//
+// Content is shared within a session only: across sessions, "this
+// snapshot added no bytes" would tell one tenant that another holds a
+// file with exactly the content it guessed (a key, a password file).
 //
 // A workspace reaches the store as the agent's tar stream (so it works on
 // every backend, also on remote engines) and leaves it as a tar the agent
@@ -114,15 +119,20 @@ func openSnapStore(db *bolt.DB, dataDir string) (*snapStore, error) {
 
 func (ss *snapStore) tmpDir() string { return filepath.Join(ss.dir, "tmp") }
 
-func (ss *snapStore) blobPath(hash string) string {
-	return filepath.Join(ss.dir, "blobs", hash[:2], hash)
+// blobDir holds the blobs of session.
+func (ss *snapStore) blobDir(session string) string {
+	return filepath.Join(ss.dir, "blobs", session)
+}
+
+func (ss *snapStore) blobPath(session, hash string) string {
+	return filepath.Join(ss.blobDir(session), hash[:2], hash)
 }
 
 // capture reads a tar of the workspace (entries named workspace/...) from
 // r, storing each file's content as a blob, and returns the manifest,
-// sorted by path, and the bytes of blobs it added. maxBytes caps the
-// content. The caller holds ss.gc for reading.
-func (ss *snapStore) capture(r io.Reader, maxBytes int64) ([]snapEntry, int64, error) {
+// sorted by path, and the bytes of blobs it added to session's. maxBytes
+// caps the content. The caller holds ss.gc for reading.
+func (ss *snapStore) capture(session string, r io.Reader, maxBytes int64) ([]snapEntry, int64, error) {
 	top := strings.TrimPrefix(backend.Workspace, "/")
 	tr := tar.NewReader(r)
 	byPath := map[string]snapEntry{}
@@ -153,7 +163,7 @@ func (ss *snapStore) capture(r io.Reader, maxBytes int64) ([]snapEntry, int64, e
 			if total += hdr.Size; hdr.Size < 0 || total > maxBytes {
 				return nil, 0, api.WithCode(api.CodeTooLarge, fmt.Errorf("the workspace holds more than %d bytes, the most a snapshot of this box holds (its disk cap)", maxBytes))
 			}
-			hash, n, err := ss.putBlob(tr, hdr.Size)
+			hash, n, err := ss.putBlob(session, tr, hdr.Size)
 			if err != nil {
 				return nil, 0, fmt.Errorf("snapshot: store %s from the tar stream: %w", rel, err)
 			}
@@ -237,7 +247,7 @@ func linkInside(rel, target string) error {
 
 // putBlob stores size bytes of r as a blob and returns its hash and the
 // bytes it added (0 when the content was there already).
-func (ss *snapStore) putBlob(r io.Reader, size int64) (string, int64, error) {
+func (ss *snapStore) putBlob(session string, r io.Reader, size int64) (string, int64, error) {
 	f, err := os.CreateTemp(ss.tmpDir(), "blob-")
 	if err != nil {
 		return "", 0, err
@@ -255,7 +265,7 @@ func (ss *snapStore) putBlob(r io.Reader, size int64) (string, int64, error) {
 		return "", 0, err
 	}
 	hash := hex.EncodeToString(h.Sum(nil))
-	dst := ss.blobPath(hash)
+	dst := ss.blobPath(session, hash)
 	if _, err := os.Lstat(dst); err == nil {
 		return hash, 0, nil
 	}
@@ -268,10 +278,11 @@ func (ss *snapStore) putBlob(r io.Reader, size int64) (string, int64, error) {
 	return hash, size, nil
 }
 
-// writeTar writes the manifest as a tar with names relative to the
-// workspace, for the agent to extract there: directories and files in
-// path order, then the symlinks (so no file is written through one).
-func (ss *snapStore) writeTar(ctx context.Context, w io.Writer, entries []snapEntry) error {
+// writeTar writes the manifest (of a snapshot of session) as a tar with
+// names relative to the workspace, for the agent to extract there:
+// directories and files in path order, then the symlinks (so no file is
+// written through one).
+func (ss *snapStore) writeTar(ctx context.Context, w io.Writer, session string, entries []snapEntry) error {
 	tw := tar.NewWriter(w)
 	for pass := 0; pass < 2; pass++ {
 		for _, e := range entries {
@@ -294,7 +305,7 @@ func (ss *snapStore) writeTar(ctx context.Context, w io.Writer, entries []snapEn
 			if e.Type != tar.TypeReg {
 				continue
 			}
-			if err := ss.copyBlob(tw, e); err != nil {
+			if err := ss.copyBlob(tw, session, e); err != nil {
 				return err
 			}
 		}
@@ -302,8 +313,8 @@ func (ss *snapStore) writeTar(ctx context.Context, w io.Writer, entries []snapEn
 	return tw.Close()
 }
 
-func (ss *snapStore) copyBlob(w io.Writer, e snapEntry) error {
-	f, err := os.Open(ss.blobPath(e.Hash))
+func (ss *snapStore) copyBlob(w io.Writer, session string, e snapEntry) error {
+	f, err := os.Open(ss.blobPath(session, e.Hash))
 	if err != nil {
 		return fmt.Errorf("snapshot blob of %s: %w (the snapshot store is damaged)", e.Path, err)
 	}
@@ -374,8 +385,8 @@ func (ss *snapStore) list(session string) ([]snapshotRecord, error) {
 	return out, err
 }
 
-// delete removes snapshots (of session) and then the blobs no remaining
-// snapshot references; it returns the bytes freed.
+// delete removes snapshots (of session) and then the session's blobs no
+// remaining snapshot of it references; it returns the bytes freed.
 func (ss *snapStore) delete(session string, ids ...string) (int64, error) {
 	ss.gc.Lock()
 	defer ss.gc.Unlock()
@@ -394,7 +405,15 @@ func (ss *snapStore) delete(session string, ids ...string) (int64, error) {
 				return err
 			}
 		}
-		return fb.ForEach(func(k, v []byte) error {
+		return sb.ForEach(func(k, v []byte) error {
+			var rec snapshotRecord
+			if err := json.Unmarshal(v, &rec); err != nil {
+				return fmt.Errorf("snapshot %s: %w", k, err)
+			}
+			if rec.Session != session {
+				return nil
+			}
+			v = fb.Get(k)
 			var entries []snapEntry
 			if err := json.Unmarshal(v, &entries); err != nil {
 				return fmt.Errorf("snapshot %s: %w", k, err)
@@ -411,7 +430,14 @@ func (ss *snapStore) delete(session string, ids ...string) (int64, error) {
 		return 0, err
 	}
 	var freed int64
-	walkErr := filepath.WalkDir(filepath.Join(ss.dir, "blobs"), func(p string, d fs.DirEntry, err error) error {
+	if len(live) == 0 {
+		freed := ss.bytes(session)
+		if err := os.RemoveAll(ss.blobDir(session)); err != nil {
+			return 0, err
+		}
+		return freed, nil
+	}
+	walkErr := filepath.WalkDir(ss.blobDir(session), func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				return nil
@@ -439,10 +465,10 @@ func (ss *snapStore) sessionIDs(session string) ([]string, error) {
 	return ids, err
 }
 
-// bytes returns the size of every blob of the store.
-func (ss *snapStore) bytes() int64 {
+// bytes returns the size of session's blobs.
+func (ss *snapStore) bytes(session string) int64 {
 	var n int64
-	filepath.WalkDir(filepath.Join(ss.dir, "blobs"), func(p string, d fs.DirEntry, err error) error {
+	filepath.WalkDir(ss.blobDir(session), func(p string, d fs.DirEntry, err error) error {
 		if err == nil && !d.IsDir() {
 			if fi, err := d.Info(); err == nil {
 				n += fi.Size()

@@ -24,6 +24,10 @@ import (
 // maxFork caps the boxes one fork makes.
 const maxFork = 16
 
+// maxSnapshots caps the snapshots of one session (each is bounded by its
+// box's disk cap).
+const maxSnapshots = 256
+
 func snapshotTools() []*Tool {
 	return []*Tool{
 		defineTool("snapshot", ToolMeta{Title: "Snapshot a sandbox's workspace"},
@@ -57,9 +61,14 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 		return api.SnapshotInfo{}, err
 	}
 	ss := c.s.snaps
+	if ids, err := ss.sessionIDs(c.sess.ID); err != nil {
+		return api.SnapshotInfo{}, err
+	} else if len(ids) >= maxSnapshots {
+		return api.SnapshotInfo{}, api.WithCode(api.CodeLimit, fmt.Errorf("this session has %d snapshots, the most a session may keep; delete some with snapshot_delete", len(ids)))
+	}
 	ss.gc.RLock()
 	defer ss.gc.RUnlock()
-	entries, added, err := c.s.captureBox(ctx, l)
+	entries, added, err := c.s.captureBox(ctx, c.sess.ID, l)
 	if err != nil {
 		return api.SnapshotInfo{}, err
 	}
@@ -81,7 +90,7 @@ func snapshotListTool(ctx context.Context, c *call, in api.SnapshotListInput) (a
 	if err != nil {
 		return api.SnapshotListOutput{}, err
 	}
-	out := api.SnapshotListOutput{Snapshots: []api.SnapshotInfo{}, StoreBytes: c.s.snaps.bytes()}
+	out := api.SnapshotListOutput{Snapshots: []api.SnapshotInfo{}, StoreBytes: c.s.snaps.bytes(c.sess.ID)}
 	for _, r := range recs {
 		out.Snapshots = append(out.Snapshots, snapInfo(r))
 	}
@@ -111,7 +120,7 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 	if err := clearWorkspace(ctx, l.client); err != nil {
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: %w", in.Snapshot, l.name, err)
 	}
-	if err := ss.seed(ctx, l.client, entries); err != nil {
+	if err := ss.seed(ctx, l.client, c.sess.ID, entries); err != nil {
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: %w", in.Snapshot, l.name, err)
 	}
 	files, size := countFiles(entries)
@@ -127,7 +136,7 @@ func branchTool(ctx context.Context, c *call, in api.BranchInput) (api.SeedOutpu
 		return api.SeedOutput{}, err
 	}
 	ls, err := c.s.newBoxes(ctx, c, []string{in.Name}, rec.Spec, "", func(ctx context.Context, l *lease) error {
-		return ss.seed(ctx, l.client, entries)
+		return ss.seed(ctx, l.client, c.sess.ID, entries)
 	})
 	if err != nil {
 		return api.SeedOutput{}, fmt.Errorf("branch %s: %w", in.Snapshot, err)
@@ -174,12 +183,12 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 	defer ss.gc.RUnlock()
 	// The portable path: the source's workspace into the store once (what
 	// is there already is not written again), then into every new box.
-	entries, _, err := c.s.captureBox(ctx, src)
+	entries, _, err := c.s.captureBox(ctx, c.sess.ID, src)
 	if err != nil {
 		return out, fmt.Errorf("fork %q: %w", src.name, err)
 	}
 	ls, err := c.s.newBoxes(ctx, c, names, spec, "", func(ctx context.Context, l *lease) error {
-		return ss.seed(ctx, l.client, entries)
+		return ss.seed(ctx, l.client, c.sess.ID, entries)
 	})
 	if err != nil {
 		return out, fmt.Errorf("fork %q: %w", src.name, err)
@@ -192,10 +201,10 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 	return out, nil
 }
 
-// captureBox stores the workspace of the leased box and returns its
-// manifest and the bytes it added; the caller holds c.s.snaps.gc for
-// reading.
-func (s *Service) captureBox(ctx context.Context, l *lease) ([]snapEntry, int64, error) {
+// captureBox stores the workspace of the leased box among session's blobs
+// and returns its manifest and the bytes it added; the caller holds
+// s.snaps.gc for reading.
+func (s *Service) captureBox(ctx context.Context, session string, l *lease) ([]snapEntry, int64, error) {
 	pr, pw := io.Pipe()
 	srcErr := make(chan error, 1)
 	go func() {
@@ -205,7 +214,7 @@ func (s *Service) captureBox(ctx context.Context, l *lease) ([]snapEntry, int64,
 		_, err = l.client.TarOut(ctx, backend.Workspace, pw)
 	}()
 	maxBytes := toBackendLimits(l.b.rec.Limits).Defaults().DiskBytes
-	entries, added, err := s.snaps.capture(pr, maxBytes)
+	entries, added, err := s.snaps.capture(session, pr, maxBytes)
 	pr.Close() // the agent, if still writing, gets io.ErrClosedPipe (pipeError)
 	if err = pipeError(<-srcErr, err); err != nil {
 		return nil, 0, fmt.Errorf("snapshot of %q: %w", l.name, err)
@@ -214,13 +223,13 @@ func (s *Service) captureBox(ctx context.Context, l *lease) ([]snapEntry, int64,
 }
 
 // seed extracts the manifest into cl's workspace.
-func (ss *snapStore) seed(ctx context.Context, cl *agent.Client, entries []snapEntry) error {
+func (ss *snapStore) seed(ctx context.Context, cl *agent.Client, session string, entries []snapEntry) error {
 	pr, pw := io.Pipe()
 	go func() {
 		var err error
 		defer func() { pw.CloseWithError(err) }()
 		defer safe.Recover(nil, "restore", &err)
-		err = ss.writeTar(ctx, pw, entries)
+		err = ss.writeTar(ctx, pw, session, entries)
 	}()
 	_, err := cl.TarIn(ctx, backend.Workspace, pr)
 	pr.Close()

@@ -359,8 +359,8 @@ type SnapshotListInput struct{}
 // SnapshotListOutput is the result of the snapshot_list tool.
 type SnapshotListOutput struct {
 	Snapshots []SnapshotInfo `json:"snapshots"`
-	// StoreBytes is the size of the (deduplicated) content of every
-	// snapshot of the server.
+	// StoreBytes is the size of the (deduplicated) content of the
+	// session's snapshots.
 	StoreBytes int64 `json:"store_bytes"`
 }
 

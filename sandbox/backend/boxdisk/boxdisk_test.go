@@ -76,3 +76,34 @@ func TestRemoveWithCancelledContext(t *testing.T) {
 	assert.NoDirExists(t, d.Dir)
 	assert.NoFileExists(t, d.File)
 }
+
+// A clone of a mounted disk in use has its files (also those written just
+// before, still in the page cache: the freeze flushes them), an empty
+// tmp, and is independent of the source; the source is writable after.
+func TestCloneFrom(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	src := boxdisk.Disk{File: filepath.Join(dir, "src.img"), Dir: filepath.Join(dir, "src")}
+	dst := boxdisk.Disk{File: filepath.Join(dir, "dst.img"), Dir: filepath.Join(dir, "dst")}
+	t.Cleanup(func() { _ = src.Remove(ctx); _ = dst.Remove(ctx) })
+	require.NoError(t, src.Make(ctx, 64<<20, 1234, 1234))
+	require.NoError(t, os.WriteFile(filepath.Join(src.Workspace(), "f"), []byte("before"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(src.Tmp(), "scratch"), []byte("x"), 0o644))
+
+	require.NoError(t, dst.CloneFrom(ctx, src))
+	assert.True(t, dst.Mounted())
+	got, err := os.ReadFile(filepath.Join(dst.Workspace(), "f"))
+	require.NoError(t, err)
+	assert.Equal(t, "before", string(got))
+	assert.NoFileExists(t, filepath.Join(dst.Tmp(), "scratch"), "a clone starts with an empty tmp")
+	assert.FileExists(t, filepath.Join(src.Tmp(), "scratch"), "the source's tmp is untouched")
+
+	require.NoError(t, os.WriteFile(filepath.Join(src.Workspace(), "f"), []byte("after"), 0o644), "the source is thawed")
+	got, err = os.ReadFile(filepath.Join(dst.Workspace(), "f"))
+	require.NoError(t, err)
+	assert.Equal(t, "before", string(got), "the clone is independent")
+
+	assert.ErrorIs(t, dst.CloneFrom(ctx, src), os.ErrExist, "cloning onto an existing disk")
+	assert.FileExists(t, filepath.Join(dst.Workspace(), "f"), "a failed clone leaves the existing disk alone")
+}
