@@ -51,7 +51,7 @@ func (rb *realBox) restart() {
 func TestSnapshots(t *testing.T) {
 	for _, kind := range []string{"local", "docker"} {
 		t.Run(kind, func(t *testing.T) {
-			rb := newRealService(t, kind, nil)
+			rb := newRealService(t, kind, func(cfg *Config) { cfg.MaxBoxesPerSession = 8 })
 			const tree = "mkdir -p src/sub && echo v1 > src/a.txt && echo deep > src/sub/b.txt && ln -s a.txt src/link && chmod 751 src/sub"
 			rb.sh("default", tree)
 			const show = "cat src/a.txt src/sub/b.txt src/link && stat -c %a src/sub && readlink src/link"
@@ -168,6 +168,13 @@ func (rb *realBox) checkFork(method string) {
 	for _, n := range names {
 		rb.ok("sandbox_destroy", map[string]any{"sandbox": n})
 	}
+
+	// All or nothing: a fork beyond the session's cap (8) makes no box.
+	before := len(rb.ok("sandbox_list", nil)["sandboxes"].([]any))
+	m := rb.call("fork", map[string]any{"count": 8})
+	assert.Equal(t, true, m["is_error"])
+	assert.Equal(t, api.CodeLimit, m["code"], "%v", m["error"])
+	assert.Len(t, rb.ok("sandbox_list", nil)["sandboxes"], before)
 }
 
 // noClone hides a backend's backend.Cloner, so that fork takes the
@@ -179,7 +186,10 @@ type noClone struct{ backend.Backend }
 func TestForkThroughAgents(t *testing.T) {
 	for _, kind := range []string{"local", "docker"} {
 		t.Run(kind, func(t *testing.T) {
-			rb := newRealService(t, kind, func(cfg *Config) { cfg.Backend = noClone{cfg.Backend} })
+			rb := newRealService(t, kind, func(cfg *Config) {
+				cfg.Backend = noClone{cfg.Backend}
+				cfg.MaxBoxesPerSession = 8
+			})
 			rb.sh("default", "mkdir -p src/sub && echo changed > src/a.txt && echo deep > src/sub/b.txt && ln -s a.txt src/link && chmod 751 src/sub")
 			rb.checkFork("tar")
 		})

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -271,6 +272,38 @@ func specOf(rec boxRecord) boxSpec {
 	return boxSpec{Image: rec.Image, Env: rec.Env, Limits: rec.Limits, Network: rec.Network, SleepAfterMs: rec.SleepAfterMs}
 }
 
+// cloneInto has the backend (a backend.Cloner) make the backend boxes of
+// the new boxes (named names) with copies of box src's disk, all taken at
+// one instant; the boxes' first use starts them. The caller holds the
+// boxes' life.
+func (s *Service) cloneInto(ctx context.Context, sess *Session, names []string, boxes []*box, src string) error {
+	release, err := s.acquireSlot(ctx, sess)
+	if err != nil {
+		return err
+	}
+	defer release()
+	specs := make([]backend.Spec, len(boxes))
+	for i, b := range boxes {
+		s.setID(b, "cb-"+randomID(8))
+		if specs[i], err = s.backendSpec(b.rec, sess.ID, names[i]); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		_, err = s.be.(backend.Cloner).Clone(ctx, src, specs)
+	}
+	if err != nil {
+		for _, b := range boxes {
+			os.RemoveAll(s.hostDir(b.rec.ID))
+		}
+		return fmt.Errorf("%s backend: clone box %s: %w", s.be.Name(), src, err)
+	}
+	for _, b := range boxes {
+		b.made = true
+	}
+	return nil
+}
+
 // freeNames returns n names base-1, base-2, ... that sess does not use.
 func (s *Service) freeNames(sess *Session, base string, n int) []string {
 	s.mu.Lock()
@@ -322,17 +355,44 @@ func (s *Service) newBoxes(ctx context.Context, c *call, names []string, spec bo
 	boxes := make([]*box, len(names))
 	for i, name := range names {
 		if err := s.checkCapsLocked(sess); err != nil {
-			for _, n := range names[:i] {
+			for j, n := range names[:i] {
 				delete(sess.boxes, n)
+				if cloneOf != "" {
+					boxes[j].life.Unlock()
+				}
 			}
 			s.mu.Unlock()
 			return nil, fmt.Errorf("%d new sandboxes: %w", len(names), err)
 		}
 		boxes[i] = s.newBoxLocked(sess, spec)
-		boxes[i].cloneOf = cloneOf
+		if cloneOf != "" {
+			// Held until the clone made the backend boxes, so that a call
+			// naming one meanwhile waits instead of making it empty. The
+			// box is not published yet: nobody else can hold its life.
+			boxes[i].life.Lock()
+		}
 		sess.boxes[name] = boxes[i]
 	}
 	s.mu.Unlock()
+	if cloneOf != "" {
+		err := s.cloneInto(ctx, sess, names, boxes, cloneOf)
+		if err != nil {
+			s.mu.Lock()
+			for i, name := range names {
+				boxes[i].state, boxes[i].failed = stateRemoved, err
+				if sess.boxes[name] == boxes[i] {
+					delete(sess.boxes, name)
+				}
+			}
+			s.mu.Unlock()
+		}
+		for _, b := range boxes {
+			b.life.Unlock()
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 
 	var mu sync.Mutex // guards notices
 	notice := func(n string) { mu.Lock(); c.notice(n); mu.Unlock() }

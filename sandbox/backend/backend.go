@@ -235,12 +235,13 @@ type Backend interface {
 // fork uses it instead of moving every file through the agents, and falls
 // back to the agents when a backend does not offer it or Clone fails.
 //
-// Clone makes box spec, not started (as Create does, with Create's rules),
-// whose workspace is a copy of box src's taken at one instant: src may be
-// running, its writes wait while its disk is copied, and it is otherwise
-// left as it is. The copy keeps src's disk size (spec.Limits.DiskBytes
-// is not applied) and starts with an empty /tmp; no process is copied. An
+// Clone makes the boxes specs, not started (each as Create does, with
+// Create's rules), whose workspaces are copies of box src's, all taken at
+// one instant: src may be running, its writes wait while its disk is
+// copied, and it is otherwise left as it is. The copies keep src's disk
+// size (Limits.DiskBytes is not applied) and start with an empty /tmp; no
+// process is copied. All or nothing: on error no box of specs is left. An
 // unknown src is an error wrapping ErrNotFound.
 type Cloner interface {
-	Clone(ctx context.Context, src string, spec Spec) (Info, error)
+	Clone(ctx context.Context, src string, specs []Spec) ([]Info, error)
 }

@@ -146,13 +146,16 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 	})
 }
 
-// Clone makes box spec with a copy of box src's disk (backend.Cloner).
-// Every Docker box's user is the same uid, so the files need no chown.
-func (b *Backend) Clone(ctx context.Context, src string, spec backend.Spec) (backend.Info, error) {
+// Clone makes boxes specs with copies of box src's disk
+// (backend.Cloner). Every Docker box's user is the same uid, so the files
+// need no chown.
+func (b *Backend) Clone(ctx context.Context, src string, specs []backend.Spec) ([]backend.Info, error) {
 	if _, err := b.container(ctx, src); err != nil {
-		return backend.Info{}, fmt.Errorf("clone box %s: %w", src, err)
+		return nil, fmt.Errorf("clone box %s: %w", src, err)
 	}
-	return b.create(ctx, spec, func(d boxdisk.Disk) error { return d.CloneFrom(ctx, b.disk(src)) })
+	return backend.CloneAll(ctx, b, b.disk(src), b.disks, specs, func(spec backend.Spec, image string) (backend.Info, error) {
+		return b.create(ctx, spec, func(d boxdisk.Disk) error { return d.Adopt(ctx, image) })
+	})
 }
 
 // create makes a box whose disk makeDisk makes.

@@ -267,22 +267,27 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 	})
 }
 
-// Clone makes box spec with a copy of box src's disk (backend.Cloner).
-// The copy's files are given to the new box's host uid (the box user and
-// its root are other host uids in every box, see userns.go).
-func (b *Backend) Clone(ctx context.Context, src string, spec backend.Spec) (backend.Info, error) {
+// Clone makes boxes specs with copies of box src's disk
+// (backend.Cloner). The copies' files are given to each new box's host
+// uid (the box user and its root are other host uids in every box, see
+// userns.go).
+func (b *Backend) Clone(ctx context.Context, src string, specs []backend.Spec) ([]backend.Info, error) {
 	sbf, _, err := b.load(src)
 	if err != nil {
-		return backend.Info{}, fmt.Errorf("clone box %s: %w", src, err)
+		return nil, fmt.Errorf("clone box %s: %w", src, err)
 	}
 	if sbf.UID == 0 {
-		return backend.Info{}, fmt.Errorf("clone box %s: it has no host uid yet (start it once): %w", src, errors.ErrUnsupported)
+		return nil, fmt.Errorf("clone box %s: it has no host uid yet (start it once): %w", src, errors.ErrUnsupported)
 	}
-	return b.create(ctx, spec, func(d boxdisk.Disk, uid int) error {
-		if err := d.CloneFrom(ctx, diskOf(b.dir(src))); err != nil {
-			return err
-		}
-		return rechown(d.Dir, sbf.UID, uid)
+	// The copies wait in the source's directory (the same filesystem as
+	// the boxes', so Adopt links them into place).
+	return backend.CloneAll(ctx, b, diskOf(b.dir(src)), b.dir(src), specs, func(spec backend.Spec, image string) (backend.Info, error) {
+		return b.create(ctx, spec, func(d boxdisk.Disk, uid int) error {
+			if err := d.Adopt(ctx, image); err != nil {
+				return err
+			}
+			return rechown(d.Dir, sbf.UID, uid)
+		})
 	})
 }
 

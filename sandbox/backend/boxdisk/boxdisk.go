@@ -194,37 +194,77 @@ const (
 // several are bound by the same disk and memory anyway).
 var freezeMu sync.Mutex
 
-// CloneFrom makes d a copy of the disk src, which may be mounted and in
-// use: src's filesystem is frozen for the copy (writes in it wait), so
-// the copy is consistent. The image is copied with cp --reflink=auto
-// --sparse=always: copy-on-write where the host filesystem does reflinks
-// (btrfs, xfs), a copy of the written blocks only otherwise. The copy's
-// tmp/ is emptied; d is mounted. Like Make, an existing d.File is an error
-// wrapping fs.ErrExist, and on error nothing is left.
-func (d Disk) CloneFrom(ctx context.Context, src Disk) (err error) {
+// CopyImages copies the image of disk src, which may be mounted and in
+// use, to each of files (which must not exist), all at one instant: src's
+// filesystem is frozen while the first copy is made (writes in it wait),
+// the others are copies of that first one. Images are copied with cp
+// --reflink=auto --sparse=always: copy-on-write where the host filesystem
+// does reflinks (xfs, btrfs), the written blocks only otherwise. The
+// copies are not mounted: a box's disk takes one with Adopt. On error no
+// file is left.
+func CopyImages(ctx context.Context, src Disk, files []string) (err error) {
+	if len(files) == 0 {
+		return nil
+	}
 	if _, err := os.Stat(src.File); err != nil {
 		return fmt.Errorf("box disk: clone source: %w", err)
 	}
+	var made []string
+	defer func() {
+		if err != nil {
+			for _, f := range made {
+				os.Remove(f)
+			}
+		}
+	}()
+	for _, f := range files {
+		fd, err := os.OpenFile(f, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return fmt.Errorf("box disk: %w", err)
+		}
+		fd.Close()
+		made = append(made, f)
+	}
+	if err := src.copyFrozen(ctx, files[0]); err != nil {
+		return err
+	}
+	errs := make([]error, len(files))
+	var wg sync.WaitGroup
+	for i, f := range files[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = run(ctx, "cp", "--reflink=auto", "--sparse=always", files[0], f)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("box disk: copy %s: %w", src.File, err)
+	}
+	return nil
+}
+
+// Adopt makes the image file (a copy CopyImages made) d's disk: it is
+// moved to d.File (an existing d.File is an error wrapping fs.ErrExist),
+// mounted, and its tmp/ emptied (a clone starts with an empty /tmp). On
+// error d is removed.
+func (d Disk) Adopt(ctx context.Context, file string) (err error) {
 	if err := os.MkdirAll(filepath.Dir(d.File), 0o700); err != nil {
 		return fmt.Errorf("box disk: %w", err)
 	}
-	f, err := os.OpenFile(d.File, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("box disk %s: %w", d.File, err)
+	// A hard link, not a rename: it fails when d.File exists.
+	if err := os.Link(file, d.File); err != nil {
+		return fmt.Errorf("box disk: %w", err)
 	}
-	f.Close()
+	os.Remove(file)
 	defer func() {
 		if err != nil {
 			_ = d.Remove(context.WithoutCancel(ctx))
 		}
 	}()
-	if err := src.copyFrozen(ctx, d.File); err != nil {
-		return err
-	}
 	if err := d.Mount(ctx); err != nil {
 		return err
 	}
-	// /tmp is the box's scratch: a clone starts with an empty one.
 	ents, err := os.ReadDir(d.Tmp())
 	if err != nil {
 		return fmt.Errorf("box disk: %w", err)
