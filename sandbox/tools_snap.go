@@ -122,7 +122,7 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: %w", in.Snapshot, l.name, err)
 	}
 	if err := ss.seed(ctx, l.client, c.sess.ID, entries); err != nil {
-		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: %w", in.Snapshot, l.name, err)
+		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: %w (the workspace holds part of the snapshot; restore again)", in.Snapshot, l.name, err)
 	}
 	files, size := countFiles(entries)
 	return api.SeedOutput{Sandbox: l.name, ID: l.b.rec.ID, Files: files, Bytes: size}, nil
