@@ -546,7 +546,7 @@ func (s *Service) destroyBox(ctx context.Context, sess *Session, name string) er
 	}
 	s.dropPreviewsLocked(b)
 	s.mu.Unlock()
-	if prev != stateNew {
+	if prev != stateNew || b.made { // made: a fork made it before its first use
 		s.removeBox(ctx, id)
 		changes = append(changes, change{delBox: id})
 	}
