@@ -543,6 +543,7 @@ nodes:
 	assert.ErrorContains(t, err, `unknown field "name"`, "a malformed snapshot event is refused when sent")
 
 	r.set("base", fmt.Sprintf("%q", snap.Snapshot))
+	r.settle() // b has the new input before the events
 	r.send("b.destroy", `{}`)
 	r.send("b.run", `{"command": "cat src/keep.txt"}`)
 	r.settle()
@@ -553,6 +554,7 @@ nodes:
 	// A snapshot that does not exist (or is another session's) fails the
 	// box with a clear error.
 	r.set("base", `"snap-0000"`)
+	r.settle()
 	r.send("b.destroy", `{}`)
 	r.send("b.run", `{"command": "true"}`)
 	r.settle()
