@@ -63,6 +63,10 @@ type SandboxSpec struct {
 	// Network is the box's network, as sandbox_create's (nil: closed).
 	// An allow list is applied to a box that already exists too.
 	Network *api.Network
+	// Snapshot, if set, is the id of a snapshot of the session whose
+	// workspace a newly made box starts with (the restore tool), before
+	// the input files are written. Read when the box is made.
+	Snapshot Field
 }
 
 // Sandbox is the sandbox node kind, a runtime.Service: a box that lives
@@ -92,6 +96,11 @@ type SandboxSpec struct {
 //     runs the command (timeout_ms defaults to DefaultRunTimeout) and
 //     appends it to history; pending is true from the event's receipt
 //     until its entry is in. A non-zero exit is history, not a failure.
+//   - snapshot: {"label": "..."} (label optional) saves the box's
+//     workspace as a snapshot of the session (the snapshot tool) and
+//     appends it to history: command "snapshot LABEL", tool "snapshot",
+//     snapshot the id (what a sandbox node's snapshot field, restore or
+//     branch take), stdout the snapshot's description.
 //   - destroy: {} destroys the box; status becomes destroyed and stays so
 //     across restarts. A later run event creates a fresh box (input files
 //     written anew, history kept).
@@ -354,6 +363,14 @@ func (s *Sandbox) start(ctx context.Context) error {
 		}
 	}
 	s.log.Info("sandbox box up", "box", s.box, "created", out.Created, "id", out.ID)
+	if out.Created && s.spec.Snapshot != nil {
+		if err := s.restore(ctx); err != nil {
+			if derr := s.env.Client.DestroyBox(context.WithoutCancel(ctx), s.box); derr != nil {
+				s.log.Warn("destroy the box that failed to start", "box", s.box, "error", derr)
+			}
+			return err
+		}
+	}
 	s.alive, s.image, s.written = true, image, map[string][32]byte{}
 	s.pmu.Lock()
 	s.inputErr, s.previewErr, s.fileErrs = "", "", map[string]string{}

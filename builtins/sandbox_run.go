@@ -37,6 +37,8 @@ type HistoryEntry struct {
 	Tool string `json:"tool,omitempty"`
 	// By is the node that ran it, when not the sandbox node itself.
 	By string `json:"by,omitempty"`
+	// Snapshot is the id of the snapshot a snapshot event took.
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // Record appends entry to the node's history: how an llm node given this
@@ -113,9 +115,13 @@ func (s *Sandbox) Accept(stream string, ev cells.Event, cur json.RawMessage) (an
 		if _, err := decodeRun(ev.Payload); err != nil {
 			return nil, err
 		}
+	case "snapshot":
+		if _, err := decodeSnapshot(ev.Payload); err != nil {
+			return nil, err
+		}
 	case "destroy":
 	default:
-		return nil, fmt.Errorf("sandbox node has no stream %q (streams: run, destroy)", stream)
+		return nil, fmt.Errorf("sandbox node has no stream %q (streams: run, snapshot, destroy)", stream)
 	}
 	return s.edit(cur, func(o *sandboxOutput) { o.Pending = true }), nil
 }
@@ -127,10 +133,13 @@ func (s *Sandbox) CheckEvent(stream string, payload json.RawMessage) error {
 	case "run":
 		_, err := decodeRun(payload)
 		return err
+	case "snapshot":
+		_, err := decodeSnapshot(payload)
+		return err
 	case "destroy":
 		return nil
 	}
-	return fmt.Errorf("sandbox node has no stream %q (streams: run, destroy)", stream)
+	return fmt.Errorf("sandbox node has no stream %q (streams: run, snapshot, destroy)", stream)
 }
 
 // Event handles a run or destroy event.
@@ -138,6 +147,8 @@ func (s *Sandbox) Event(ctx context.Context, stream string, ev cells.Event) erro
 	switch stream {
 	case "run":
 		return s.run(ctx, ev)
+	case "snapshot":
+		return s.snapshot(ctx, ev)
 	case "destroy":
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -153,7 +164,75 @@ func (s *Sandbox) Event(ctx context.Context, stream string, ev cells.Event) erro
 		})
 		return err
 	}
-	return fmt.Errorf("sandbox node has no stream %q (streams: run, destroy)", stream)
+	return fmt.Errorf("sandbox node has no stream %q (streams: run, snapshot, destroy)", stream)
+}
+
+// snapshotEvent is the payload of the snapshot stream.
+type snapshotEvent struct {
+	Label string `json:"label,omitempty"`
+}
+
+func decodeSnapshot(payload json.RawMessage) (snapshotEvent, error) {
+	var ev snapshotEvent
+	if len(bytes.TrimSpace(payload)) == 0 || string(bytes.TrimSpace(payload)) == "null" {
+		return ev, nil
+	}
+	d := json.NewDecoder(bytes.NewReader(payload))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&ev); err != nil {
+		return ev, fmt.Errorf(`snapshot event %s: %w (want {"label": "tests pass"} or {})`, payload, err)
+	}
+	return ev, nil
+}
+
+// snapshot takes a snapshot of the box's workspace and records it in the
+// history. The box must live (a snapshot of a destroyed box is an error
+// entry, not a new box).
+func (s *Sandbox) snapshot(ctx context.Context, ev cells.Event) error {
+	p, err := decodeSnapshot(ev.Payload)
+	started := time.Now()
+	entry := HistoryEntry{Command: strings.TrimSpace("snapshot " + p.Label), Tool: "snapshot", Started: started.UTC(), ExitCode: -1}
+	s.mu.Lock()
+	alive := s.alive
+	s.mu.Unlock()
+	if err == nil && !alive {
+		err = errors.New("the box is destroyed; send a run event to make a new one first")
+	}
+	if err == nil {
+		var raw json.RawMessage
+		raw, err = s.env.Client.Tool(ctx, "snapshot", api.SnapshotInput{Sandbox: s.box, Label: p.Label})
+		var info api.SnapshotInfo
+		if err == nil {
+			err = json.Unmarshal(raw, &info)
+		}
+		if err == nil {
+			entry.Snapshot, entry.ExitCode = info.ID, 0
+			entry.Stdout = fmt.Sprintf("snapshot %s: %d files, %d bytes (%d new in the store)", info.ID, info.Files, info.Size, info.AddedBytes)
+		}
+	}
+	entry.DurationMs = time.Since(started).Milliseconds()
+	if err != nil {
+		err = fmt.Errorf("snapshot of box %q: %w", s.box, err)
+		entry.Error = err.Error()
+	}
+	werr := s.appendHistory(ctx, entry, func(o *sandboxOutput) { o.Pending = false })
+	if werr != nil {
+		err = errors.Join(err, fmt.Errorf("record the snapshot in the history: %w", werr))
+	}
+	return err
+}
+
+// restore fills a newly made box with the spec's snapshot. Callers hold
+// s.mu.
+func (s *Sandbox) restore(ctx context.Context) error {
+	id, err := evalText(s.spec.Snapshot, s.in, "snapshot")
+	if err != nil || id == "" {
+		return err
+	}
+	if _, err := s.env.Client.Tool(ctx, "restore", api.RestoreInput{Sandbox: s.box, Snapshot: id}); err != nil {
+		return fmt.Errorf("start from snapshot %s: %w", id, err)
+	}
+	return nil
 }
 
 func (s *Sandbox) run(ctx context.Context, ev cells.Event) error {

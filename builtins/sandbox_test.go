@@ -587,3 +587,51 @@ nodes:
 	assert.NotEqual(t, 0, got.ExitCode, "the old entry is gone")
 	r.close(runtime.Stopped)
 }
+
+// TestSandboxSnapshots: a snapshot event records a snapshot in the
+// history, and a sandbox node whose snapshot field names it starts its
+// next box with that workspace.
+func TestSandboxSnapshots(t *testing.T) {
+	b := newBox(t)
+	r := b.load(t, `
+name: snaps
+cells:
+  base: {value: ""}
+nodes:
+  a: {sandbox: {}}
+  b: {sandbox: {snapshot: '${base}'}}
+`, nil)
+	r.settle()
+	r.send("a.run", `{"command": "mkdir -p src && echo hello > src/keep.txt"}`)
+	r.send("a.snapshot", `{"label": "first"}`)
+	r.settle()
+	h := r.sandbox("a").History
+	require.Len(t, h, 2)
+	snap := h[1]
+	assert.Equal(t, "snapshot first", snap.Command)
+	assert.Equal(t, "snapshot", snap.Tool)
+	assert.Empty(t, snap.Error)
+	assert.Regexp(t, `^snap-[0-9a-f]+$`, snap.Snapshot)
+	assert.Contains(t, snap.Stdout, "1 files")
+
+	_, err := r.rt.Send(context.Background(), r.addr("a.snapshot"), json.RawMessage(`{"name": "x"}`))
+	assert.ErrorContains(t, err, `unknown field "name"`, "a malformed snapshot event is refused when sent")
+
+	r.set("base", fmt.Sprintf("%q", snap.Snapshot))
+	r.settle() // b has the new input before the events
+	r.send("b.destroy", `{}`)
+	r.send("b.run", `{"command": "cat src/keep.txt"}`)
+	r.settle()
+	hb := r.sandbox("b").History
+	require.Len(t, hb, 1)
+	assert.Equal(t, "hello\n", hb[0].Stdout, "the new box started from the snapshot")
+
+	// A snapshot that does not exist (or is another session's) fails the
+	// box with a clear error.
+	r.set("base", `"snap-0000"`)
+	r.settle()
+	r.send("b.destroy", `{}`)
+	r.send("b.run", `{"command": "true"}`)
+	r.settle()
+	assert.Contains(t, r.sandbox("b").History[1].Error, `no snapshot "snap-0000"`)
+}

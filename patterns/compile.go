@@ -56,7 +56,7 @@ func CompileInstance(p *Pattern, env builtins.Env, space, name string) (runtime.
 			var sb *builtins.Sandbox
 			sb, err = builtins.NewSandbox(env, c.sandbox(addr, n.Sandbox))
 			rn.Kind, boxes[n.Name] = sb, sb
-			rn.Streams = []string{"run", "destroy"}
+			rn.Streams = []string{"run", "destroy", "snapshot"}
 		case KindLLM:
 			llms = append(llms, len(out.Nodes)) // after the sandbox nodes, below
 		default:
@@ -181,12 +181,13 @@ func (c compiler) exec(addr cells.Address, s *ExecSpec) builtins.ExecSpec {
 func (c compiler) sandbox(addr cells.Address, s *SandboxSpec) builtins.SandboxSpec {
 	at := field(c.at, "sandbox")
 	spec := builtins.SandboxSpec{
-		Node:    addr,
-		Image:   c.field(field(at, "image"), s.Image),
-		Env:     c.env(at, s.Env),
-		Files:   c.files(at, s.Files),
-		Ports:   slices.Clone(s.Ports),
-		Network: s.Network,
+		Node:     addr,
+		Image:    c.field(field(at, "image"), s.Image),
+		Env:      c.env(at, s.Env),
+		Files:    c.files(at, s.Files),
+		Ports:    slices.Clone(s.Ports),
+		Network:  s.Network,
+		Snapshot: c.field(field(at, "snapshot"), s.Snapshot),
 	}
 	if s.Start != nil {
 		sat := field(at, "start")

@@ -47,7 +47,7 @@ func TestCompileCSV(t *testing.T) {
 		"big":     {[]string{"clean", "threshold"}, "exec", nil, &builtins.Exec{}},
 		"ok":      {[]string{"big", "clean"}, "computed", nil, &builtins.Computed{}},
 		"summary": {[]string{"big", "threshold"}, "computed", nil, builtins.ComputeFunc(nil)},
-		"repl":    {[]string{"config"}, "sandbox", []string{"run", "destroy"}, &builtins.Sandbox{}},
+		"repl":    {[]string{"config"}, "sandbox", []string{"run", "destroy", "snapshot"}, &builtins.Sandbox{}},
 	}
 	require.Len(t, rp.Nodes, len(want))
 	for _, n := range rp.Nodes {

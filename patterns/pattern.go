@@ -170,6 +170,10 @@ type SandboxSpec struct {
 	// true full, or an allow list through the host's egress proxy, as
 	// sandbox_create's network.
 	Network *api.Network `json:"network,omitempty"`
+	// Snapshot is the id of a snapshot (of the runner's session, e.g. one
+	// a snapshot event of a sandbox node took) whose workspace a newly
+	// made box starts with; a reattached box keeps its own files.
+	Snapshot Value `json:"snapshot,omitzero"`
 }
 
 // StartSpec is a sandbox node's supervised server: a command run whenever

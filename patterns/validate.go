@@ -44,7 +44,7 @@ var (
 		KindLLM:   {"text", "messages", "tool_calls", "usage", "stop_reason", "turns"},
 	}
 	previewFields = []string{"url", "host_url"}
-	streams       = map[Kind][]string{KindSandbox: {"run", "destroy"}}
+	streams       = map[Kind][]string{KindSandbox: {"run", "destroy", "snapshot"}}
 )
 
 // checker validates a Pattern in place: it reads `file:` references from
@@ -180,6 +180,9 @@ func (c *checker) node(n *Node) {
 			if !st.Ready.IsZero() {
 				val(field(sat, "ready"), st.Ready, inputs...)
 			}
+		}
+		if !n.Sandbox.Snapshot.IsZero() {
+			val(field(at, "snapshot"), n.Sandbox.Snapshot, ValueLiteral, ValueExpr, ValueTemplate)
 		}
 	case KindLLM:
 		c.llm(n, field(at, "llm"), reads, val)

@@ -54,7 +54,7 @@ var (
 	cellFields    = []string{"value", "file", "schema", "description"}
 	nodeFields    = append(slices.Clone(kinds), "description")
 	execFields    = []string{"command", "image", "env", "files", "cache", "timeout"}
-	sandboxFields = []string{"image", "env", "files", "ports", "start", "network"}
+	sandboxFields = []string{"image", "env", "files", "ports", "start", "network", "snapshot"}
 	startFields   = []string{"command", "port", "ready"}
 	fetchFields   = []string{"url", "method", "headers", "secret_headers", "body", "format", "cache", "timeout", "max_bytes"}
 	llmFields     = []string{"provider", "model", "system", "prompt", "messages", "tools", "max_tokens", "temperature", "max_turns", "cache", "timeout"}
@@ -340,6 +340,9 @@ func (l *loader) node(e entry) {
 			}
 			if e, ok := f["network"]; ok {
 				n.Sandbox.Network = l.network(e)
+			}
+			if e, ok := f["snapshot"]; ok {
+				n.Sandbox.Snapshot = l.string(e)
 			}
 		}
 	}

@@ -56,6 +56,9 @@ type box struct {
 	saved    int64                         // lastUsed as last written to the store (guarded by Service.mu)
 	previews map[int]string                // port -> preview id (guarded by Service.mu)
 	note     string                        // what the reaper did to the box, for the next call's notice (guarded by Service.mu)
+	// made says the backend box of a new box exists already (a fork's
+	// clone made it), so creating it only starts it (guarded by life).
+	made bool
 }
 
 // record returns b's record for the store; the caller holds Service.mu.
@@ -338,7 +341,7 @@ func (s *Service) create(ctx context.Context, sess *Session, name string, b *box
 	if rec.ID == "" {
 		s.setID(b, "cb-"+randomID(8))
 	}
-	cl, err := s.makeBox(ctx, b.rec, sess.ID, name)
+	cl, err := s.makeBox(ctx, b.rec, sess.ID, name, b.made)
 	if err != nil {
 		return fmt.Errorf("create sandbox %q: %w", name, err)
 	}
@@ -378,7 +381,7 @@ func (s *Service) recreate(ctx context.Context, name string, b *box) error {
 		return fmt.Errorf("recreate sandbox %q: remove old box %s: %w", name, b.rec.ID, err)
 	}
 	session := b.rec.Session
-	cl, err := s.makeBox(ctx, b.rec, session, name)
+	cl, err := s.makeBox(ctx, b.rec, session, name, false)
 	if err != nil {
 		return fmt.Errorf("recreate sandbox %q: %w", name, err)
 	}
@@ -391,18 +394,39 @@ func (s *Service) recreate(ctx context.Context, name string, b *box) error {
 	return s.st.apply(change{box: rec})
 }
 
-// makeBox creates and starts a backend box for rec and waits for its agent.
-func (s *Service) makeBox(ctx context.Context, rec boxRecord, session, name string) (*agent.Client, error) {
+// makeBox creates (unless made says the backend made it already) and
+// starts a backend box for rec and waits for its agent.
+func (s *Service) makeBox(ctx context.Context, rec boxRecord, session, name string, made bool) (*agent.Client, error) {
+	spec, err := s.backendSpec(rec, session, name)
+	if err == nil && !made {
+		_, err = s.be.Create(ctx, spec)
+	}
+	if err != nil {
+		// An interrupted create may still have made the box.
+		s.removeBox(context.WithoutCancel(ctx), rec.ID)
+		return nil, fmt.Errorf("%s backend: create box %s (image %s): %w", s.be.Name(), rec.ID, rec.Image, err)
+	}
+	cl, err := s.wake(ctx, rec.ID)
+	if err != nil {
+		s.removeBox(context.WithoutCancel(ctx), rec.ID)
+		return nil, err
+	}
+	return cl, nil
+}
+
+// backendSpec is the backend's spec of box rec, named name in session; it
+// makes the box's host directory.
+func (s *Service) backendSpec(rec boxRecord, session, name string) (backend.Spec, error) {
 	hostDir := s.hostDir(rec.ID)
 	if err := os.MkdirAll(hostDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create host dir of box %s: %w", rec.ID, err)
+		return backend.Spec{}, fmt.Errorf("create host dir of box %s: %w", rec.ID, err)
 	}
 	if !rec.Network {
 		if err := s.startEgress(rec.ID); err != nil {
-			return nil, err
+			return backend.Spec{}, err
 		}
 	}
-	spec := backend.Spec{
+	return backend.Spec{
 		ID: rec.ID,
 		Labels: map[string]string{
 			backend.LabelManaged: "1",
@@ -418,18 +442,7 @@ func (s *Service) makeBox(ctx context.Context, rec boxRecord, session, name stri
 		AgentBinary: s.cfg.AgentBinary,
 		HostDir:     hostDir,
 		WorkDir:     rec.WorkspaceDir,
-	}
-	if _, err := s.be.Create(ctx, spec); err != nil {
-		// An interrupted create may still have made the box.
-		s.removeBox(context.WithoutCancel(ctx), rec.ID)
-		return nil, fmt.Errorf("%s backend: create box %s (image %s): %w", s.be.Name(), rec.ID, rec.Image, err)
-	}
-	cl, err := s.wake(ctx, rec.ID)
-	if err != nil {
-		s.removeBox(context.WithoutCancel(ctx), rec.ID)
-		return nil, err
-	}
-	return cl, nil
+	}, nil
 }
 
 // wake starts box id (a no-op if it runs) and waits for its agent.
@@ -565,7 +578,7 @@ func (s *Service) destroyBox(ctx context.Context, sess *Session, name string) er
 	}
 	s.dropPreviewsLocked(b)
 	s.mu.Unlock()
-	if prev != stateNew {
+	if prev != stateNew || b.made { // made: a fork made it before its first use
 		s.removeBox(ctx, id)
 		changes = append(changes, change{delBox: id})
 	}

@@ -127,6 +127,7 @@ type Service struct {
 	cfg     Config
 	be      backend.Backend
 	st      *store
+	snaps   *snapStore
 	log     *slog.Logger
 	metrics *metrics
 	global  chan struct{} // global create/wake slots
@@ -208,11 +209,17 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	snaps, err := openSnapStore(st.db, cfg.DataDir)
+	if err != nil {
+		st.close()
+		return nil, err
+	}
 	sctx, cancel := context.WithCancel(context.Background())
 	s := &Service{
 		cfg:      cfg,
 		be:       cfg.Backend,
 		st:       st,
+		snaps:    snaps,
 		log:      cfg.Logger,
 		metrics:  newMetrics(),
 		global:   make(chan struct{}, cfg.GlobalConcurrency),

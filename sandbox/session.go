@@ -132,6 +132,13 @@ func (s *Service) DeleteSession(ctx context.Context, id string) error {
 			errs = append(errs, err)
 		}
 	}
+	if ids, err := s.snaps.sessionIDs(id); err != nil {
+		errs = append(errs, err)
+	} else if len(ids) > 0 {
+		if _, err := s.snaps.delete(id, ids...); err != nil {
+			errs = append(errs, fmt.Errorf("delete the snapshots of session %s: %w", id, err))
+		}
+	}
 	s.mu.Lock()
 	delete(s.sessions, id)
 	s.mu.Unlock()

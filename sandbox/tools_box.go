@@ -27,7 +27,7 @@ const (
 
 // allTools is the registry, in the order tools are listed.
 func allTools() []*Tool {
-	return []*Tool{
+	return append([]*Tool{
 		defineTool("shell", ToolMeta{Title: "Run a shell command", Destructive: true, OpenWorld: true},
 			"Run a shell command in a sandbox and return its stdout, stderr and exit code (each stream capped at 64 KiB; truncated says so). The command is killed with its whole process group after timeout_ms. Every process the command leaves running (`cmd &`, nohup, setsid) is ended when the call returns: start servers and long jobs with background: true and follow them with the process tool. If the sandbox is out of processes (a fork bomb), leftovers and then every other process are ended so the command can run; a notice says so.",
 			shellTool),
@@ -76,7 +76,7 @@ func allTools() []*Tool {
 		defineTool("sandbox_destroy", ToolMeta{Title: "Destroy a sandbox", Destructive: true, Idempotent: true},
 			"Destroy a sandbox of this session and delete its files.",
 			sandboxDestroyTool),
-	}
+	}, snapshotTools()...)
 }
 
 // ShellBackground is the result of shell with background: true.

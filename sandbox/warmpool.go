@@ -77,7 +77,7 @@ func (s *Service) fillOne(p *warmPool) {
 	}
 	defer release()
 	rec := boxRecord{ID: "cb-" + randomID(8), Image: p.image}
-	cl, err := s.makeBox(ctx, rec, "", "")
+	cl, err := s.makeBox(ctx, rec, "", "", false)
 	if err != nil {
 		s.log.Warn("warm pool: create box", "image", p.image, "err", err)
 		return

@@ -32,6 +32,9 @@ import (
 const (
 	targetWarmShell   = 5 * time.Millisecond
 	targetWarmCreate  = 30 * time.Millisecond
+	targetFork        = 200 * time.Millisecond
+	benchForkFiles    = 1000
+	benchForkCount    = 10
 	benchFileSize     = 1 << 20
 	benchPoolSize     = 2
 	benchPoolWait     = 2 * time.Minute
@@ -98,6 +101,7 @@ func benchBoxes(ctx context.Context, o boxesOptions) (rep *benchReport, err erro
 	rep.note("create → first result: sandbox_create of a new name, then shell `true` in it; from the warm pool the bench waits until the pool (%d boxes) is full before each create. Cold: a service without a pool.", benchPoolSize)
 	rep.note("warm shell: the shell tool running `true` in a running box, over HTTP on loopback (JSON in, JSON out).")
 	rep.note("1 MiB file: raw bytes through PUT/GET .../files/PATH; write_file takes it in one call, read_file pages it (at most 256 KiB per call).")
+	rep.note("fork: the fork tool making %d boxes from a box whose workspace holds %d MiB in %d files, then a shell `true` in each (in parallel); the boxes are destroyed between runs, untimed.", benchForkCount, o.treeMiB, benchForkFiles)
 	rep.note("tree transfer: the transfer tool copying a directory of %d files of 1 MiB (random bytes) from one box to another of the session.", o.treeMiB)
 	if slices.Contains(o.backends, "docker") {
 		rep.note("docker baselines use the docker CLI: `docker run --rm` of the box image (%s with the host's /usr), `docker exec` and `docker cp` on a running box.", docker.HostImage)
@@ -203,7 +207,10 @@ func (b *boxesBench) measure(ctx context.Context) error {
 	if err := b.files(ctx, c, w.ID); err != nil {
 		return err
 	}
-	return b.transfer(ctx, c)
+	if err := b.transfer(ctx, c); err != nil {
+		return err
+	}
+	return b.fork(ctx, c)
 }
 
 // startBaselines measures what a create and a warm exec cost without
@@ -415,6 +422,90 @@ func (b *boxesBench) transfer(ctx context.Context, c *sandboxclient.HTTP) error 
 	}
 	p, _, _ := percentiles(baseSamples)
 	b.rep.add(b.name, fmt.Sprintf("transfer %d MiB tree (%d files) box → box", k, k), samples, base, p, 0)
+	return nil
+}
+
+// fork measures the fork tool: a box whose workspace holds treeMiB MiB in
+// benchForkFiles files forked into benchForkCount boxes, until a shell
+// call has returned in each. The baseline is `cp -a` of the same tree on
+// the host.
+func (b *boxesBench) fork(ctx context.Context, c *sandboxclient.HTTP) error {
+	k := b.o.treeMiB
+	fileSize := (k << 20) / benchForkFiles
+	if _, err := c.CreateBox(ctx, api.SandboxCreateInput{Sandbox: "fk"}); err != nil {
+		return err
+	}
+	mk := fmt.Sprintf("mkdir -p tree && head -c %d /dev/urandom > f0 && for i in $(seq 1 %d); do cp f0 tree/f$i && echo $i >> tree/f$i || exit 1; done && rm f0", fileSize, benchForkFiles)
+	if _, err := shell(ctx, c, "fk", mk, 5*time.Minute); err != nil {
+		return fmt.Errorf("make the tree to fork: %w", err)
+	}
+	iters := max(min(b.o.n/10, 5), 1)
+	var method string
+	samples, err := benchLoop(ctx, iters, b.o.budget, func(i int) (time.Duration, error) {
+		names := make([]string, benchForkCount)
+		for j := range names {
+			names[j] = fmt.Sprintf("fk%d-%d", i, j)
+		}
+		d, err := timed(func() error {
+			var out api.ForkOutput
+			res, err := c.Tool(ctx, "fork", api.ForkInput{Sandbox: "fk", Count: benchForkCount, Names: names})
+			if err == nil {
+				err = api.DecodeResult(res, &out)
+			}
+			if err != nil {
+				return err
+			}
+			method = out.Method
+			errs := make(chan error, len(names))
+			for _, n := range names {
+				go func() { errs <- shellTrue(ctx, c, n) }()
+			}
+			for range names {
+				err = errors.Join(err, <-errs)
+			}
+			return err
+		})
+		if err != nil {
+			return 0, err
+		}
+		if _, err := shell(ctx, c, names[len(names)-1], fmt.Sprintf("test $(ls tree | wc -l) = %d", benchForkFiles), time.Minute); err != nil {
+			return 0, fmt.Errorf("a forked box lacks the tree: %w", err)
+		}
+		for _, n := range names {
+			if err := c.DestroyBox(ctx, n); err != nil {
+				return 0, err
+			}
+		}
+		return d, nil
+	})
+	if err != nil {
+		return fmt.Errorf("fork a %d MiB workspace into %d boxes: %w", k, benchForkCount, err)
+	}
+	hostTree := filepath.Join(b.root, "bench-fork-tree")
+	if err := os.MkdirAll(hostTree, 0o755); err != nil {
+		return err
+	}
+	defer os.RemoveAll(hostTree)
+	buf := make([]byte, fileSize)
+	for i := 1; i <= benchForkFiles; i++ {
+		rand.Read(buf)
+		if err := os.WriteFile(filepath.Join(hostTree, "f"+strconv.Itoa(i)), buf, 0o644); err != nil {
+			return err
+		}
+	}
+	baseSamples, err := benchLoop(ctx, iters, b.o.budget, func(int) (time.Duration, error) {
+		to := hostTree + ".copy"
+		d, err := timedCmd(ctx, "cp", "-a", hostTree, to)
+		if err != nil {
+			return 0, err
+		}
+		return d, os.RemoveAll(to)
+	})
+	if err != nil {
+		return fmt.Errorf("fork baseline cp -a: %w", err)
+	}
+	p, _, _ := percentiles(baseSamples)
+	b.rep.add(b.name, fmt.Sprintf("fork a %d MiB / %d-file workspace into %d boxes, all answering (%s)", k, benchForkFiles, benchForkCount, method), samples, "host cp -a of the tree (one copy, no box)", p, targetFork)
 	return nil
 }
 

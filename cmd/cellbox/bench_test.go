@@ -44,6 +44,7 @@ func TestBenchBoxesLocal(t *testing.T) {
 		{"write 1 MiB file (`write_file`)", "host os.WriteFile (no box)", false},
 		{"read 1 MiB file (`read_file`, 4 calls)", "host os.ReadFile (no box)", false},
 		{"transfer 2 MiB tree (2 files) box → box", "host cp -r (no box)", false},
+		{"fork a 2 MiB / 1000-file workspace into 10 boxes, all answering (clone)", "host cp -a of the tree (one copy, no box)", true},
 	}
 	require.Len(t, rows, len(wants), "one row per measurement")
 	for i, w := range wants {

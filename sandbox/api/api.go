@@ -466,6 +466,85 @@ type SandboxDestroyInput struct {
 	Sandbox string `json:"sandbox" desc:"Name of the sandbox to destroy (its files are deleted)."`
 }
 
+// SnapshotInput is the input of the snapshot tool.
+type SnapshotInput struct {
+	Sandbox string `json:"sandbox,omitempty" desc:"Name of the sandbox whose workspace to snapshot." default:"default"`
+	Label   string `json:"label,omitempty" desc:"A label to recognize the snapshot by (e.g. 'tests pass')."`
+}
+
+// SnapshotInfo describes one snapshot (the result of snapshot, an entry of
+// snapshot_list).
+type SnapshotInfo struct {
+	ID         string    `json:"id"`
+	Label      string    `json:"label,omitempty"`
+	Sandbox    string    `json:"sandbox"` // the box it was taken of
+	Created    time.Time `json:"created"`
+	Size       int64     `json:"size"`        // bytes of its files
+	Files      int       `json:"files"`       // regular files
+	AddedBytes int64     `json:"added_bytes"` // store bytes it added (the rest was shared with earlier snapshots)
+}
+
+// SnapshotListInput is the input of the snapshot_list tool.
+type SnapshotListInput struct{}
+
+// SnapshotListOutput is the result of the snapshot_list tool.
+type SnapshotListOutput struct {
+	Snapshots []SnapshotInfo `json:"snapshots"`
+	// StoreBytes is the size of the (deduplicated) content of the
+	// session's snapshots.
+	StoreBytes int64 `json:"store_bytes"`
+}
+
+// SnapshotDeleteInput is the input of the snapshot_delete tool.
+type SnapshotDeleteInput struct {
+	Snapshot string `json:"snapshot" desc:"Id of the snapshot to delete (see snapshot_list)."`
+}
+
+// SnapshotDeleteOutput is the result of the snapshot_delete tool.
+type SnapshotDeleteOutput struct {
+	OK         bool  `json:"ok"`
+	FreedBytes int64 `json:"freed_bytes"` // content no other snapshot shared
+}
+
+// RestoreInput is the input of the restore tool.
+type RestoreInput struct {
+	Sandbox  string `json:"sandbox,omitempty" desc:"Name of the sandbox whose workspace is replaced." default:"default"`
+	Snapshot string `json:"snapshot" desc:"Id of the snapshot to restore (see snapshot_list)."`
+}
+
+// SeedOutput is the result of restore and branch: the box and what was
+// put in its workspace.
+type SeedOutput struct {
+	Sandbox string `json:"sandbox"`
+	ID      string `json:"id"` // the box's id
+	Files   int    `json:"files"`
+	Bytes   int64  `json:"bytes"`
+}
+
+// BranchInput is the input of the branch tool.
+type BranchInput struct {
+	Snapshot string `json:"snapshot" desc:"Id of the snapshot to start from (see snapshot_list)."`
+	Name     string `json:"name" desc:"Name of the NEW sandbox (must not exist in this session)."`
+}
+
+// ForkInput is the input of the fork tool.
+type ForkInput struct {
+	Sandbox string   `json:"sandbox,omitempty" desc:"Name of the running sandbox to fork." default:"default"`
+	Count   int      `json:"count" desc:"Number of new sandboxes (1 to 16, within the session's sandbox cap)." minimum:"1" maximum:"16"`
+	Names   []string `json:"names,omitempty" desc:"Names of the new sandboxes (count of them); default SANDBOX-1, SANDBOX-2, ... (the first free ones)."`
+}
+
+// ForkOutput is the result of the fork tool.
+type ForkOutput struct {
+	Sandboxes []string `json:"sandboxes"`       // the new boxes' names
+	Files     int      `json:"files,omitempty"` // files copied (tar)
+	Bytes     int64    `json:"bytes,omitempty"` // bytes copied (tar)
+	// Method is how the workspace was copied: "clone" (the backend copied
+	// the box's disk, copy-on-write where the filesystem allows) or "tar"
+	// (the files through the sandboxes' agents).
+	Method string `json:"method"`
+}
+
 // OKOutput is a result that only says it worked.
 type OKOutput struct {
 	OK bool `json:"ok"`

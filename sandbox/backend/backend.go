@@ -234,3 +234,19 @@ type Backend interface {
 	// Remove.
 	List(ctx context.Context, labels map[string]string) ([]Info, error)
 }
+
+// Cloner is an optional capability of a Backend that can copy a box's
+// disk whole (copy-on-write where the host filesystem allows): the pool's
+// fork uses it instead of moving every file through the agents, and falls
+// back to the agents when a backend does not offer it or Clone fails.
+//
+// Clone makes the boxes specs, not started (each as Create does, with
+// Create's rules), whose workspaces are copies of box src's, all taken at
+// one instant: src may be running, its writes wait while its disk is
+// copied, and it is otherwise left as it is. The copies keep src's disk
+// size (Limits.DiskBytes is not applied) and start with an empty /tmp; no
+// process is copied. All or nothing: on error no box of specs is left. An
+// unknown src is an error wrapping ErrNotFound.
+type Cloner interface {
+	Clone(ctx context.Context, src string, specs []Spec) ([]Info, error)
+}

@@ -170,6 +170,35 @@ func (b *Backend) Name() string { return "docker" }
 // Create makes the container (not started). See the package doc for what
 // it gets.
 func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, error) {
+	return b.create(ctx, spec, func(d boxdisk.Disk, uid int) error {
+		return d.Make(ctx, spec.Limits.Defaults().DiskBytes, uid, uid)
+	})
+}
+
+// Clone makes boxes specs with copies of box src's disk
+// (backend.Cloner). The copies' files are given to each new box's own
+// host uid.
+func (b *Backend) Clone(ctx context.Context, src string, specs []backend.Spec) ([]backend.Info, error) {
+	c, err := b.container(ctx, src)
+	if err != nil {
+		return nil, fmt.Errorf("clone box %s: %w", src, err)
+	}
+	from, err := strconv.Atoi(c.Config.Labels[labelUID])
+	if err != nil {
+		return nil, fmt.Errorf("clone box %s: it has no host uid of its own (made by an older cellbox): %w", src, errors.ErrUnsupported)
+	}
+	return backend.CloneAll(ctx, b, b.disk(src), b.disks, specs, func(spec backend.Spec, image string) (backend.Info, error) {
+		return b.create(ctx, spec, func(d boxdisk.Disk, uid int) error {
+			if err := d.Adopt(ctx, image); err != nil {
+				return err
+			}
+			return boxdisk.Rechown(d.Dir, map[int]int{from: uid})
+		})
+	})
+}
+
+// create makes a box whose disk makeDisk makes.
+func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d boxdisk.Disk, uid int) error) (backend.Info, error) {
 	if err := spec.Validate(); err != nil {
 		return backend.Info{}, err
 	}
@@ -212,13 +241,13 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 	}
 	lim := spec.Limits.Defaults()
 	disk := b.disk(spec.ID)
-	if err := disk.Make(ctx, lim.DiskBytes, uid, uid); errors.Is(err, fs.ErrExist) {
+	if err := makeDisk(disk, uid); errors.Is(err, fs.ErrExist) {
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, backend.ErrExists)
 	} else if err != nil {
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}
 	etc := filepath.Join(disk.Dir, "etc") // on the disk, out of the box's reach
-	err = os.Mkdir(etc, 0o755)
+	err = os.MkdirAll(etc, 0o755)         // a clone's disk has its source's: rewritten
 	if err == nil {
 		err = os.WriteFile(filepath.Join(etc, "passwd"), withBoxUser(passwd, uid, true), 0o644)
 	}

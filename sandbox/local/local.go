@@ -264,6 +264,37 @@ func (b *Backend) rootfs(img string) (string, error) {
 
 // Create makes the box directory and its workspace.
 func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, error) {
+	return b.create(ctx, spec, func(d boxdisk.Disk, uid int) error {
+		return d.Make(ctx, spec.Limits.Defaults().DiskBytes, uid, uid)
+	})
+}
+
+// Clone makes boxes specs with copies of box src's disk
+// (backend.Cloner). The copies' files are given to each new box's host
+// uid (the box user and its root are other host uids in every box, see
+// userns.go).
+func (b *Backend) Clone(ctx context.Context, src string, specs []backend.Spec) ([]backend.Info, error) {
+	sbf, _, err := b.load(src)
+	if err != nil {
+		return nil, fmt.Errorf("clone box %s: %w", src, err)
+	}
+	if sbf.UID == 0 {
+		return nil, fmt.Errorf("clone box %s: it has no host uid yet (start it once): %w", src, errors.ErrUnsupported)
+	}
+	// The copies wait in the source's directory (the same filesystem as
+	// the boxes', so Adopt links them into place).
+	return backend.CloneAll(ctx, b, diskOf(b.dir(src)), b.dir(src), specs, func(spec backend.Spec, image string) (backend.Info, error) {
+		return b.create(ctx, spec, func(d boxdisk.Disk, uid int) error {
+			if err := d.Adopt(ctx, image); err != nil {
+				return err
+			}
+			return rechown(d.Dir, sbf.UID, uid)
+		})
+	})
+}
+
+// create makes a box whose disk makeDisk makes for the box's host uid.
+func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d boxdisk.Disk, uid int) error) (backend.Info, error) {
 	if err := spec.Validate(); err != nil {
 		return backend.Info{}, err
 	}
@@ -283,7 +314,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, 
 	uid, err := b.allocUID(spec.ID)
 	if err == nil {
 		bf.UID = uid
-		err = diskOf(dir).Make(ctx, spec.Limits.Defaults().DiskBytes, uid, uid)
+		err = makeDisk(diskOf(dir), uid)
 	}
 	if err == nil {
 		err = b.writeBoxFile(bf)

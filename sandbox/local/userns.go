@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/backend/boxdisk"
 	"github.com/cellbox/cellbox/sandbox/backend/boxuid"
 )
 
@@ -70,6 +71,13 @@ func chownOwnedBy(dir string, uid int) error {
 		}
 		return nil
 	})
+}
+
+// rechown gives what the host uids from and from-1 (a box's user and its
+// root) own under dir to to and to-1: a cloned disk's files to their new
+// box.
+func rechown(dir string, from, to int) error {
+	return boxdisk.Rechown(dir, map[int]int{from: to, from - 1: to - 1})
 }
 
 // newUserns makes the user namespace a box runs in, and returns it open

@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -109,6 +110,7 @@ func (d Disk) Mounted() bool {
 // again on Start after a host reboot.
 func (d Disk) Mount(ctx context.Context) error {
 	if d.Mounted() {
+		d.thaw() // a server killed while it copied the disk left it frozen
 		return nil
 	}
 	if _, err := os.Stat(d.File); err != nil {
@@ -179,4 +181,155 @@ func run(ctx context.Context, name string, args ...string) error {
 		return fmt.Errorf("%s %s: %w (%s)", name, strings.Join(args, " "), err, msg)
 	}
 	return nil
+}
+
+// Linux's FIFREEZE and FITHAW ioctls (linux/fs.h: _IOWR('X', 119/120, int)).
+const (
+	ioctlFreeze = 0xC0045877
+	ioctlThaw   = 0xC0045878
+)
+
+// freezeMu serializes the clones of the host: a filesystem frozen twice
+// answers EBUSY, so concurrent clones of one box take turns (copies of
+// several are bound by the same disk and memory anyway).
+var freezeMu sync.Mutex
+
+// CopyImages copies the image of disk src, which may be mounted and in
+// use, to each of files (which must not exist), all at one instant: src's
+// filesystem is frozen while the first copy is made (writes in it wait),
+// the others are copies of that first one. Images are copied with cp
+// --reflink=auto --sparse=always: copy-on-write where the host filesystem
+// does reflinks (xfs, btrfs), the written blocks only otherwise. The
+// copies are not mounted: a box's disk takes one with Adopt. On error no
+// file is left.
+func CopyImages(ctx context.Context, src Disk, files []string) (err error) {
+	if len(files) == 0 {
+		return nil
+	}
+	if _, err := os.Stat(src.File); err != nil {
+		return fmt.Errorf("box disk: clone source: %w", err)
+	}
+	var made []string
+	defer func() {
+		if err != nil {
+			for _, f := range made {
+				os.Remove(f)
+			}
+		}
+	}()
+	for _, f := range files {
+		fd, err := os.OpenFile(f, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return fmt.Errorf("box disk: %w", err)
+		}
+		fd.Close()
+		made = append(made, f)
+	}
+	if err := src.copyFrozen(ctx, files[0]); err != nil {
+		return err
+	}
+	errs := make([]error, len(files))
+	var wg sync.WaitGroup
+	for i, f := range files[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = run(ctx, "cp", "--reflink=auto", "--sparse=always", files[0], f)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("box disk: copy %s: %w", src.File, err)
+	}
+	return nil
+}
+
+// Adopt makes the image file (a copy CopyImages made) d's disk: it is
+// moved to d.File (an existing d.File is an error wrapping fs.ErrExist),
+// mounted, and its tmp/ emptied (a clone starts with an empty /tmp). On
+// error d is removed.
+func (d Disk) Adopt(ctx context.Context, file string) (err error) {
+	if err := os.MkdirAll(filepath.Dir(d.File), 0o700); err != nil {
+		return fmt.Errorf("box disk: %w", err)
+	}
+	// A hard link, not a rename: it fails when d.File exists.
+	if err := os.Link(file, d.File); err != nil {
+		return fmt.Errorf("box disk: %w", err)
+	}
+	os.Remove(file)
+	defer func() {
+		if err != nil {
+			_ = d.Remove(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := d.Mount(ctx); err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(d.Tmp())
+	if err != nil {
+		return fmt.Errorf("box disk: %w", err)
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(d.Tmp(), e.Name())); err != nil {
+			return fmt.Errorf("box disk: empty tmp of the clone: %w", err)
+		}
+	}
+	return nil
+}
+
+// copyFrozen copies d's image to dst, d's filesystem frozen meanwhile if
+// it is mounted.
+func (d Disk) copyFrozen(ctx context.Context, dst string) error {
+	freezeMu.Lock()
+	defer freezeMu.Unlock()
+	if d.Mounted() {
+		dir, err := os.Open(d.Dir)
+		if err != nil {
+			return fmt.Errorf("box disk: %w", err)
+		}
+		defer dir.Close()
+		if _, _, e := syscall.Syscall(syscall.SYS_IOCTL, dir.Fd(), ioctlFreeze, 0); e != 0 {
+			return fmt.Errorf("box disk: freeze %s for a consistent copy: %w", d.Dir, e)
+		}
+		// Thawed whatever happens, also when ctx ends: a frozen disk
+		// hangs every writer of the box (and Mount thaws a disk a killed
+		// server left frozen).
+		defer syscall.Syscall(syscall.SYS_IOCTL, dir.Fd(), ioctlThaw, 0)
+	}
+	if err := run(ctx, "cp", "--reflink=auto", "--sparse=always", d.File, dst); err != nil {
+		return fmt.Errorf("box disk: copy %s: %w", d.File, err)
+	}
+	return nil
+}
+
+// thaw thaws the mounted disk if it is frozen (EINVAL when it is not,
+// ignored).
+func (d Disk) thaw() {
+	if dir, err := os.Open(d.Dir); err == nil {
+		syscall.Syscall(syscall.SYS_IOCTL, dir.Fd(), ioctlThaw, 0)
+		dir.Close()
+	}
+}
+
+// Rechown gives the files under dir (dir included) owned by a host uid in
+// ids to ids[uid] (as owner and group): a cloned disk's files to the host
+// uids of their new box. Links are changed, never followed.
+func Rechown(dir string, ids map[int]int) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return nil
+		}
+		if to, ok := ids[int(st.Uid)]; ok {
+			return os.Lchown(p, to, to)
+		}
+		return nil
+	})
 }

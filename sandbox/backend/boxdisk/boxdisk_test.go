@@ -76,3 +76,51 @@ func TestRemoveWithCancelledContext(t *testing.T) {
 	assert.NoDirExists(t, d.Dir)
 	assert.NoFileExists(t, d.File)
 }
+
+// Clones of a mounted disk in use have its files (also those written
+// just before, still in the page cache: the freeze flushes them), an empty
+// tmp, and are independent of the source and of each other; the source
+// is writable after.
+func TestCopyImagesAndAdopt(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	src := boxdisk.Disk{File: filepath.Join(dir, "src.img"), Dir: filepath.Join(dir, "src")}
+	var dsts []boxdisk.Disk
+	var files []string
+	for _, n := range []string{"a", "b"} {
+		dsts = append(dsts, boxdisk.Disk{File: filepath.Join(dir, n+".img"), Dir: filepath.Join(dir, n)})
+		files = append(files, filepath.Join(dir, "copy-"+n))
+	}
+	t.Cleanup(func() {
+		for _, d := range append(dsts, src) {
+			_ = d.Remove(ctx)
+		}
+	})
+	require.NoError(t, src.Make(ctx, 64<<20, 1234, 1234))
+	require.NoError(t, os.WriteFile(filepath.Join(src.Workspace(), "f"), []byte("before"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(src.Tmp(), "scratch"), []byte("x"), 0o644))
+
+	require.NoError(t, boxdisk.CopyImages(ctx, src, files))
+	for i, d := range dsts {
+		require.NoError(t, d.Adopt(ctx, files[i]))
+		assert.True(t, d.Mounted())
+		assert.NoFileExists(t, files[i], "the copy became the disk")
+		got, err := os.ReadFile(filepath.Join(d.Workspace(), "f"))
+		require.NoError(t, err)
+		assert.Equal(t, "before", string(got))
+		assert.NoFileExists(t, filepath.Join(d.Tmp(), "scratch"), "a clone starts with an empty tmp")
+	}
+	assert.FileExists(t, filepath.Join(src.Tmp(), "scratch"), "the source's tmp is untouched")
+
+	require.NoError(t, os.WriteFile(filepath.Join(src.Workspace(), "f"), []byte("after"), 0o644), "the source is thawed")
+	require.NoError(t, os.WriteFile(filepath.Join(dsts[0].Workspace(), "f"), []byte("a's"), 0o644))
+	got, err := os.ReadFile(filepath.Join(dsts[1].Workspace(), "f"))
+	require.NoError(t, err)
+	assert.Equal(t, "before", string(got), "the clones are independent")
+
+	assert.ErrorIs(t, boxdisk.CopyImages(ctx, src, []string{filepath.Join(dir, "new"), files[0], dsts[0].File}), os.ErrExist, "copying onto an existing file")
+	assert.NoFileExists(t, filepath.Join(dir, "new"), "a failed copy leaves nothing")
+	require.NoError(t, boxdisk.CopyImages(ctx, src, []string{files[0]}))
+	assert.ErrorIs(t, dsts[0].Adopt(ctx, files[0]), os.ErrExist, "adopting onto an existing disk")
+}

@@ -1,0 +1,292 @@
+package sandbox
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
+)
+
+// sh runs a shell command in box that must exit 0 and returns its stdout.
+func (rb *realBox) sh(box, command string) string {
+	rb.t.Helper()
+	m := rb.ok("shell", map[string]any{"sandbox": box, "command": command})
+	require.EqualValues(rb.t, 0, m["exit_code"], "%s in %s: %v", command, box, m["stderr"])
+	return m["stdout"].(string)
+}
+
+// fail runs a tool that must fail and returns its message.
+func (rb *realBox) fail(name string, input any) string {
+	rb.t.Helper()
+	m := rb.call(name, input)
+	require.Equal(rb.t, true, m["is_error"], "%s should fail: %v", name, m)
+	return m["error"].(string)
+}
+
+// restart closes the service and starts a new one over the same data dir
+// and backend (the boxes keep running and are reattached).
+func (rb *realBox) restart() {
+	rb.t.Helper()
+	cfg := rb.s.cfg
+	require.NoError(rb.t, rb.s.Close())
+	s, err := New(context.Background(), cfg)
+	require.NoError(rb.t, err)
+	rb.t.Cleanup(func() { s.Close() })
+	rb.s = s
+}
+
+// TestSnapshots drives snapshot, restore, branch, fork, snapshot_list and
+// snapshot_delete through the tool API on both real backends.
+func TestSnapshots(t *testing.T) {
+	for _, kind := range []string{"local", "docker"} {
+		t.Run(kind, func(t *testing.T) {
+			rb := newRealService(t, kind, func(cfg *Config) { cfg.MaxBoxesPerSession = 8 })
+			const tree = "mkdir -p src/sub && echo v1 > src/a.txt && echo deep > src/sub/b.txt && ln -s a.txt src/link && chmod 751 src/sub"
+			rb.sh("default", tree)
+			const show = "cat src/a.txt src/sub/b.txt src/link && stat -c %a src/sub && readlink src/link"
+			want := "v1\ndeep\nv1\n751\na.txt\n"
+			require.Equal(t, want, rb.sh("default", show))
+
+			// snapshot, modify, restore: the old content is back, the new
+			// file is gone.
+			snap := rb.ok("snapshot", map[string]any{"label": "v1"})
+			id := snap["id"].(string)
+			assert.EqualValues(t, 2, snap["files"])
+			rb.sh("default", "echo v2 > src/a.txt && rm src/sub/b.txt && echo new > added.txt")
+			rb.ok("restore", map[string]any{"snapshot": id})
+			assert.Equal(t, want, rb.sh("default", show))
+			assert.Equal(t, "gone\n", rb.sh("default", "test -e added.txt || echo gone"))
+
+			// branch: a new box with the content; the original unchanged.
+			rb.sh("default", "echo changed > src/a.txt")
+			br := rb.ok("branch", map[string]any{"snapshot": id, "name": "b1"})
+			assert.Equal(t, "b1", br["sandbox"])
+			assert.Equal(t, want, rb.sh("b1", show))
+			assert.Equal(t, "changed\n", rb.sh("default", "cat src/a.txt"))
+			assert.Contains(t, rb.fail("branch", map[string]any{"snapshot": id, "name": "b1"}), "already has sandboxes named b1")
+
+			// fork: N boxes with the running box's files, independent after.
+			rb.checkFork("clone")
+
+			// dedup: two snapshots of one 10 MiB tree cost one tree.
+			rb.sh("default", "mkdir big && for i in 1 2 3 4 5 6 7 8 9 10; do head -c 1048576 /dev/urandom > big/f$i; done")
+			s1 := rb.ok("snapshot", map[string]any{"label": "big1"})
+			before := rb.ok("snapshot_list", nil)["store_bytes"].(float64)
+			s2 := rb.ok("snapshot", map[string]any{"label": "big2"})
+			assert.Greater(t, s1["added_bytes"].(float64), float64(10<<20)-1)
+			assert.EqualValues(t, 0, s2["added_bytes"], "an unchanged tree adds nothing")
+			list := rb.ok("snapshot_list", nil)
+			assert.Equal(t, before, list["store_bytes"].(float64))
+			assert.Len(t, list["snapshots"], 3)
+
+			// deleting one of two sharing snapshots frees nothing; the
+			// last one frees the tree.
+			assert.EqualValues(t, 0, rb.ok("snapshot_delete", map[string]any{"snapshot": s1["id"]})["freed_bytes"])
+			assert.Greater(t, rb.ok("snapshot_delete", map[string]any{"snapshot": s2["id"]})["freed_bytes"].(float64), float64(10<<20)-1)
+			assert.Less(t, rb.ok("snapshot_list", nil)["store_bytes"].(float64), float64(1<<20))
+
+			// survives a restart: restore after the service came back.
+			rb.restart()
+			rb.sh("default", "rm -rf src big")
+			rb.ok("restore", map[string]any{"snapshot": id})
+			assert.Equal(t, want, rb.sh("default", show))
+
+			// another session cannot see, restore, branch from or delete it.
+			other, _, err := rb.s.NewSession(context.Background())
+			require.NoError(t, err)
+			own := rb.sess
+			rb.sess = other
+			assert.Empty(t, rb.ok("snapshot_list", nil)["snapshots"])
+			for _, tc := range []struct {
+				tool  string
+				input map[string]any
+			}{
+				{"restore", map[string]any{"snapshot": id}},
+				{"branch", map[string]any{"snapshot": id, "name": "stolen"}},
+				{"snapshot_delete", map[string]any{"snapshot": id}},
+			} {
+				m := rb.call(tc.tool, tc.input)
+				assert.Equal(t, true, m["is_error"], tc.tool)
+				assert.Equal(t, api.CodeNotFound, m["code"], tc.tool)
+				assert.Contains(t, m["error"], "no snapshot", tc.tool)
+			}
+			// Content is not shared across sessions: the same bytes cost
+			// again, so added_bytes tells nothing of other sessions' files.
+			rb.sh("default", "echo v1 > guess.txt")
+			assert.EqualValues(t, 3, rb.ok("snapshot", nil)["added_bytes"])
+			rb.sess = own
+			assert.Len(t, rb.ok("snapshot_list", nil)["snapshots"], 1)
+
+			// A deleted session's snapshots and content go with it.
+			require.NoError(t, rb.s.DeleteSession(context.Background(), own))
+			assert.NoDirExists(t, rb.s.snaps.blobDir(own))
+			ids, err := rb.s.snaps.sessionIDs(own)
+			require.NoError(t, err)
+			assert.Empty(t, ids)
+			rb.sess = other
+
+			// a symlink out of the workspace is refused at snapshot time.
+			rb.sh("default", "ln -s /etc/passwd escape")
+			assert.Contains(t, rb.fail("snapshot", nil), "outside the workspace")
+		})
+	}
+}
+
+// checkFork forks box default (whose src/a.txt says "changed") into three
+// and checks that each has its files and is independent, and that the fork
+// copied by method.
+func (rb *realBox) checkFork(method string) {
+	t := rb.t
+	t.Helper()
+	fk := rb.ok("fork", map[string]any{"count": 3})
+	assert.Equal(t, method, fk["method"])
+	names := fk["sandboxes"].([]any)
+	require.Len(t, names, 3)
+	for i, n := range names {
+		name := n.(string)
+		assert.Equal(t, "changed\ndeep\n751\n", rb.sh(name, "cat src/a.txt src/sub/b.txt && stat -c %a src/sub"), name)
+		rb.sh(name, fmt.Sprintf("echo fork%d > src/a.txt && touch src/new%d", i, i))
+	}
+	for i, n := range names {
+		assert.Equal(t, fmt.Sprintf("fork%d\n", i), rb.sh(n.(string), "cat src/a.txt"))
+		assert.Equal(t, "src/a.txt\nsrc/link\nsrc/new"+fmt.Sprint(i)+"\n", rb.sh(n.(string), "ls -d src/*[!b]"), "each fork sees only its own new file")
+	}
+	assert.Equal(t, "changed\n", rb.sh("default", "cat src/a.txt"), "the forked box is unchanged")
+	assert.Contains(t, rb.fail("fork", map[string]any{"count": 17}), "count")
+	assert.Contains(t, rb.fail("fork", map[string]any{"count": 2, "names": []string{names[0].(string), "x"}}), "already has sandboxes named")
+	for _, n := range names {
+		rb.ok("sandbox_destroy", map[string]any{"sandbox": n})
+	}
+
+	// All or nothing: a fork beyond the session's cap (8) makes no box.
+	before := len(rb.ok("sandbox_list", nil)["sandboxes"].([]any))
+	m := rb.call("fork", map[string]any{"count": 8})
+	assert.Equal(t, true, m["is_error"])
+	assert.Equal(t, api.CodeLimit, m["code"], "%v", m["error"])
+	assert.Len(t, rb.ok("sandbox_list", nil)["sandboxes"], before)
+}
+
+// noClone hides a backend's backend.Cloner, so that fork takes the
+// portable path through the agents.
+type noClone struct{ backend.Backend }
+
+// TestForkThroughAgents: fork without a copy-on-write backend copies the
+// files through the agents' tar streams, on both backends.
+func TestForkThroughAgents(t *testing.T) {
+	for _, kind := range []string{"local", "docker"} {
+		t.Run(kind, func(t *testing.T) {
+			rb := newRealService(t, kind, func(cfg *Config) {
+				cfg.Backend = noClone{cfg.Backend}
+				cfg.MaxBoxesPerSession = 8
+			})
+			rb.sh("default", "mkdir -p src/sub && echo changed > src/a.txt && echo deep > src/sub/b.txt && ln -s a.txt src/link && chmod 751 src/sub")
+			rb.checkFork("tar")
+		})
+	}
+}
+
+// TestSnapshotHostileTar feeds crafted tar streams (what a compromised
+// agent could send) to the store: each is refused, and nothing is written
+// outside the store.
+func TestSnapshotHostileTar(t *testing.T) {
+	type ent struct {
+		name, link string
+		typ        byte
+		body       string
+		size       int64 // overrides len(body) in the header
+	}
+	cases := []struct {
+		name    string
+		entries []ent
+		want    string
+	}{
+		{"dotdot", []ent{{name: "workspace/../../etc/x", typ: tar.TypeReg, body: "x"}}, "escapes the workspace"},
+		{"absolute", []ent{{name: "/etc/x", typ: tar.TypeReg, body: "x"}}, "absolute name"},
+		{"outside workspace", []ent{{name: "etc/passwd", typ: tar.TypeReg, body: "x"}}, "is not in /workspace"},
+		{"prefix lookalike", []ent{{name: "workspace2/x", typ: tar.TypeReg, body: "x"}}, "is not in /workspace"},
+		{"symlink absolute out", []ent{{name: "workspace/l", typ: tar.TypeSymlink, link: "/etc"}}, "outside the workspace"},
+		{"symlink relative out", []ent{{name: "workspace/a/l", typ: tar.TypeSymlink, link: "../../.."}}, "outside the workspace"},
+		{"symlink to workspace lookalike", []ent{{name: "workspace/l", typ: tar.TypeSymlink, link: "/workspace2"}}, "outside the workspace"},
+		{"hardlink out", []ent{{name: "workspace/h", typ: tar.TypeLink, link: "etc/shadow"}}, "is not in /workspace"},
+		{"hardlink to nothing", []ent{{name: "workspace/h", typ: tar.TypeLink, link: "workspace/none"}}, "not a file earlier"},
+		{"over the cap", []ent{{name: "workspace/a", typ: tar.TypeReg, body: strings.Repeat("a", 600)}, {name: "workspace/b", typ: tar.TypeReg, body: strings.Repeat("b", 600)}}, "more than 1000 bytes"},
+		{"cut short", []ent{{name: "workspace/a", typ: tar.TypeReg, body: "abc", size: 10}}, "from the tar stream: unexpected EOF"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			db := openTestDB(t, dir)
+			ss, err := openSnapStore(db, dir)
+			require.NoError(t, err)
+			var buf bytes.Buffer
+			tw := tar.NewWriter(&buf)
+			for _, e := range tc.entries {
+				hdr := &tar.Header{Name: e.name, Typeflag: e.typ, Linkname: e.link, Mode: 0o644}
+				if e.typ == tar.TypeReg {
+					hdr.Size = int64(len(e.body))
+				}
+				if e.size > 0 {
+					hdr.Size = e.size // a header promising more than the stream holds
+				}
+				require.NoError(t, tw.WriteHeader(hdr))
+				io.WriteString(tw, e.body)
+			}
+			tw.Flush() // no Close: a cut stream has no end marker
+			_, _, err = ss.capture("s-test", &buf, 1000)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.NoFileExists(t, filepath.Join(dir, "etc", "x"))
+		})
+	}
+}
+
+// TestSnapshotCaptureKeepsInsideLinks: the links a real workspace has
+// (relative, absolute into /workspace, hard links) are kept.
+func TestSnapshotCaptureKeepsInsideLinks(t *testing.T) {
+	dir := t.TempDir()
+	ss, err := openSnapStore(openTestDB(t, dir), dir)
+	require.NoError(t, err)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range []*tar.Header{
+		{Name: "workspace/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "workspace/d/", Typeflag: tar.TypeDir, Mode: 0o700},
+		{Name: "workspace/d/f", Typeflag: tar.TypeReg, Mode: 0o600, Size: 2},
+		{Name: "workspace/d/rel", Typeflag: tar.TypeSymlink, Linkname: "../d/f"},
+		{Name: "workspace/abs", Typeflag: tar.TypeSymlink, Linkname: "/workspace/d/f"},
+		{Name: "workspace/hard", Typeflag: tar.TypeLink, Linkname: "workspace/d/f"},
+	} {
+		require.NoError(t, tw.WriteHeader(h))
+		if h.Size > 0 {
+			io.WriteString(tw, "hi")
+		}
+	}
+	require.NoError(t, tw.Close())
+	entries, added, err := ss.capture("s-test", &buf, 1000)
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, added)
+	var paths []string
+	for _, e := range entries {
+		paths = append(paths, e.Path)
+	}
+	assert.Equal(t, []string{"abs", "d", "d/f", "d/rel", "hard"}, paths)
+	assert.Equal(t, entries[2].Hash, entries[4].Hash, "a hard link is a copy of its file")
+}
+
+func openTestDB(t *testing.T, dir string) *bolt.DB {
+	st, err := openStore(filepath.Join(dir, "state.db"), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { st.close() })
+	return st.db
+}

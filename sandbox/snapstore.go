@@ -1,0 +1,480 @@
+package sandbox
+
+// The snapshot store: workspaces kept as content-addressed blobs (one file
+// per distinct content, named by its SHA-256, under
+// DataDir/snapshots/blobs/SESSION) plus a manifest per snapshot (path,
+// type, mode, size, hash, link target) kept with the snapshot's metadata in
+// the state file (bbolt, like sessions and boxes). Two snapshots of one
+// workspace share every unchanged file, so many snapshots cost little more
+// than their differences. Blobs no manifest names are removed when a
+// snapshot is deleted.
+//
+// Content is shared within a session only: across sessions, "this
+// snapshot added no bytes" would tell one tenant that another holds a
+// file with exactly the content it guessed (a key, a password file).
+//
+// A workspace reaches the store as the agent's tar stream (so it works on
+// every backend, also on remote engines) and leaves it as a tar the agent
+// extracts. The stream comes from a box and is hostile: names are checked
+// (no absolute names, no "..", nothing outside the workspace), links must
+// stay inside the workspace, and the bytes and entries are capped.
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
+)
+
+var (
+	bucketSnapshots     = []byte("snapshots")      // id -> snapshotRecord
+	bucketSnapshotFiles = []byte("snapshot_files") // id -> []snapEntry
+)
+
+// Caps on what one snapshot may hold, beside the box's disk cap on bytes.
+const (
+	maxSnapshotEntries = 200_000
+	maxSnapshotPath    = 4096
+)
+
+// snapshotRecord is a snapshot's metadata as stored.
+type snapshotRecord struct {
+	ID      string    `json:"id"`
+	Label   string    `json:"label,omitempty"`
+	Session string    `json:"session"`
+	Sandbox string    `json:"sandbox"` // the box's name in the session
+	BoxID   string    `json:"box_id"`  // the box it was taken of
+	Spec    boxSpec   `json:"spec"`    // the box's settings, for branch
+	Created time.Time `json:"created"` // UTC
+	Size    int64     `json:"size"`    // bytes of the files
+	Files   int       `json:"files"`   // regular files
+	Added   int64     `json:"added"`   // bytes of blobs this snapshot added to the store
+	Entries int       `json:"entries"` // files, dirs and links
+}
+
+// snapEntry is one entry of a manifest. Path is relative to the workspace,
+// slash-separated and clean.
+type snapEntry struct {
+	Path string      `json:"p"`
+	Type byte        `json:"t"` // tar.TypeDir, tar.TypeReg or tar.TypeSymlink
+	Mode fs.FileMode `json:"m"` // permission bits
+	Size int64       `json:"s,omitempty"`
+	Hash string      `json:"h,omitempty"` // hex SHA-256 of a file's content
+	Link string      `json:"l,omitempty"` // a symlink's target
+	Time time.Time   `json:"mt"`
+}
+
+// snapStore is the blob directory and the two buckets.
+type snapStore struct {
+	db  *bolt.DB
+	dir string // DataDir/snapshots
+	// gc is held for reading while blobs are written or a manifest not yet
+	// stored is in use (capture, fork), and for writing while unreferenced
+	// blobs are removed, so a collection never takes a blob about to be
+	// referenced.
+	gc sync.RWMutex
+}
+
+func openSnapStore(db *bolt.DB, dataDir string) (*snapStore, error) {
+	ss := &snapStore{db: db, dir: filepath.Join(dataDir, "snapshots")}
+	if err := os.MkdirAll(ss.tmpDir(), 0o700); err != nil {
+		return nil, fmt.Errorf("snapshot store: %w", err)
+	}
+	// Half-written blobs of an earlier process.
+	if ents, err := os.ReadDir(ss.tmpDir()); err == nil {
+		for _, e := range ents {
+			os.Remove(filepath.Join(ss.tmpDir(), e.Name()))
+		}
+	}
+	err := db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketSnapshots, bucketSnapshotFiles} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("snapshot store: %w", err)
+	}
+	return ss, nil
+}
+
+func (ss *snapStore) tmpDir() string { return filepath.Join(ss.dir, "tmp") }
+
+// blobDir holds the blobs of session.
+func (ss *snapStore) blobDir(session string) string {
+	return filepath.Join(ss.dir, "blobs", session)
+}
+
+func (ss *snapStore) blobPath(session, hash string) string {
+	return filepath.Join(ss.blobDir(session), hash[:2], hash)
+}
+
+// capture reads a tar of the workspace (entries named workspace/...) from
+// r, storing each file's content as a blob, and returns the manifest,
+// sorted by path, and the bytes of blobs it added to session's. maxBytes
+// caps the content. The caller holds ss.gc for reading.
+func (ss *snapStore) capture(session string, r io.Reader, maxBytes int64) ([]snapEntry, int64, error) {
+	top := strings.TrimPrefix(backend.Workspace, "/")
+	tr := tar.NewReader(r)
+	byPath := map[string]snapEntry{}
+	var total, added int64
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, 0, fmt.Errorf("read the workspace's tar stream: %w", err)
+		}
+		rel, err := snapPath(hdr.Name, top)
+		if err != nil {
+			return nil, 0, err
+		}
+		if rel == "" {
+			continue // the workspace itself
+		}
+		if len(byPath) >= maxSnapshotEntries {
+			return nil, 0, api.WithCode(api.CodeTooLarge, fmt.Errorf("the workspace has more than %d entries, the most a snapshot holds; remove build outputs or caches first", maxSnapshotEntries))
+		}
+		e := snapEntry{Path: rel, Type: hdr.Typeflag, Mode: fs.FileMode(hdr.Mode).Perm(), Time: hdr.ModTime.UTC()}
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+		case tar.TypeReg, tar.TypeRegA:
+			e.Type = tar.TypeReg
+			if total += hdr.Size; hdr.Size < 0 || total > maxBytes {
+				return nil, 0, api.WithCode(api.CodeTooLarge, fmt.Errorf("the workspace holds more than %d bytes, the most a snapshot of this box holds (its disk cap)", maxBytes))
+			}
+			hash, n, err := ss.putBlob(session, tr, hdr.Size)
+			if err != nil {
+				return nil, 0, fmt.Errorf("snapshot: store %s from the tar stream: %w", rel, err)
+			}
+			e.Size, e.Hash, added = hdr.Size, hash, added+n
+		case tar.TypeSymlink:
+			if err := linkInside(rel, hdr.Linkname); err != nil {
+				return nil, 0, err
+			}
+			e.Link = hdr.Linkname
+		case tar.TypeLink:
+			// A hard link becomes a copy of the file it names.
+			src, err := snapPath(hdr.Linkname, top)
+			if err != nil {
+				return nil, 0, err
+			}
+			s, ok := byPath[src]
+			if !ok || s.Type != tar.TypeReg {
+				return nil, 0, api.WithCode(api.CodeInvalidInput, fmt.Errorf("snapshot: entry %q is a hard link to %q, which is not a file earlier in the stream", hdr.Name, hdr.Linkname))
+			}
+			if total += s.Size; total > maxBytes {
+				return nil, 0, api.WithCode(api.CodeTooLarge, fmt.Errorf("the workspace holds more than %d bytes, the most a snapshot of this box holds (its disk cap)", maxBytes))
+			}
+			e.Type, e.Size, e.Hash = tar.TypeReg, s.Size, s.Hash
+		default:
+			continue // devices, fifos: not kept
+		}
+		byPath[rel] = e
+	}
+	out := make([]snapEntry, 0, len(byPath))
+	for _, e := range byPath {
+		out = append(out, e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out, added, nil
+}
+
+// snapPath checks a tar entry name of the workspace's stream and returns
+// it relative to the workspace ("" for the workspace itself).
+func snapPath(name, top string) (string, error) {
+	bad := func(why string) error {
+		return api.WithCode(api.CodeOutsideWorkspace, fmt.Errorf("snapshot: tar entry %q %s; the snapshot was not taken", name, why))
+	}
+	if len(name) > maxSnapshotPath || strings.IndexByte(name, 0) >= 0 {
+		return "", bad("is too long or holds a NUL byte")
+	}
+	if strings.HasPrefix(name, "/") {
+		return "", bad("has an absolute name")
+	}
+	clean := path.Clean(name)
+	if clean == ".." || strings.HasPrefix(clean, "../") {
+		return "", bad("escapes the workspace")
+	}
+	rel, ok := strings.CutPrefix(clean, top)
+	if !ok || (rel != "" && rel[0] != '/') {
+		return "", bad("is not in " + backend.Workspace)
+	}
+	return strings.TrimPrefix(rel, "/"), nil
+}
+
+// linkInside refuses a symlink at rel (relative to the workspace) whose
+// target leads out of the workspace: restoring it would give a later
+// entry a way out, and a workspace that links outside itself is not
+// self-contained.
+func linkInside(rel, target string) error {
+	var dest string
+	if strings.HasPrefix(target, "/") {
+		d, ok := strings.CutPrefix(path.Clean(target), backend.Workspace)
+		if !ok || (d != "" && d[0] != '/') {
+			dest = ".."
+		} else {
+			dest = "." + d
+		}
+	} else {
+		dest = path.Join(path.Dir(rel), target)
+	}
+	if target == "" || len(target) > maxSnapshotPath || strings.IndexByte(target, 0) >= 0 || dest == ".." || strings.HasPrefix(dest, "../") {
+		return api.WithCode(api.CodeOutsideWorkspace, fmt.Errorf("snapshot: %s/%s is a symlink to %q, outside the workspace; snapshots keep links that stay inside %s (replace it with a copy or a relative link)", backend.Workspace, rel, target, backend.Workspace))
+	}
+	return nil
+}
+
+// putBlob stores size bytes of r as a blob and returns its hash and the
+// bytes it added (0 when the content was there already).
+func (ss *snapStore) putBlob(session string, r io.Reader, size int64) (string, int64, error) {
+	f, err := os.CreateTemp(ss.tmpDir(), "blob-")
+	if err != nil {
+		return "", 0, err
+	}
+	defer os.Remove(f.Name())
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(r, size))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && n != size {
+		err = fmt.Errorf("tar entry cut short (%d of %d bytes)", n, size)
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	hash := hex.EncodeToString(h.Sum(nil))
+	dst := ss.blobPath(session, hash)
+	if _, err := os.Lstat(dst); err == nil {
+		return hash, 0, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return "", 0, err
+	}
+	if err := os.Rename(f.Name(), dst); err != nil {
+		return "", 0, err
+	}
+	return hash, size, nil
+}
+
+// writeTar writes the manifest (of a snapshot of session) as a tar with
+// names relative to the workspace, for the agent to extract there:
+// directories and files in path order, then the symlinks (so no file is
+// written through one).
+func (ss *snapStore) writeTar(ctx context.Context, w io.Writer, session string, entries []snapEntry) error {
+	tw := tar.NewWriter(w)
+	for pass := 0; pass < 2; pass++ {
+		for _, e := range entries {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if (e.Type == tar.TypeSymlink) != (pass == 1) {
+				continue
+			}
+			hdr := &tar.Header{Name: e.Path, Typeflag: e.Type, Mode: int64(e.Mode), ModTime: e.Time, Linkname: e.Link}
+			if e.Type == tar.TypeDir {
+				hdr.Name += "/"
+			}
+			if e.Type == tar.TypeReg {
+				hdr.Size = e.Size
+			}
+			if err := tw.WriteHeader(hdr); err != nil {
+				return err
+			}
+			if e.Type != tar.TypeReg {
+				continue
+			}
+			if err := ss.copyBlob(tw, session, e); err != nil {
+				return err
+			}
+		}
+	}
+	return tw.Close()
+}
+
+func (ss *snapStore) copyBlob(w io.Writer, session string, e snapEntry) error {
+	f, err := os.Open(ss.blobPath(session, e.Hash))
+	if err != nil {
+		return fmt.Errorf("snapshot blob of %s: %w (the snapshot store is damaged)", e.Path, err)
+	}
+	defer f.Close()
+	_, err = io.CopyN(w, f, e.Size)
+	return err
+}
+
+// put records a snapshot and its manifest.
+func (ss *snapStore) put(rec snapshotRecord, entries []snapEntry) error {
+	files, err := json.Marshal(entries)
+	if err != nil {
+		return err
+	}
+	return ss.db.Update(func(tx *bolt.Tx) error {
+		if err := putJSON(tx.Bucket(bucketSnapshots), rec.ID, rec); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketSnapshotFiles).Put([]byte(rec.ID), files)
+	})
+}
+
+// get returns snapshot id if it belongs to session; any other id is "no
+// such snapshot", whether it exists in another session or not.
+func (ss *snapStore) get(session, id string) (snapshotRecord, []snapEntry, error) {
+	var rec snapshotRecord
+	var entries []snapEntry
+	found := false
+	err := ss.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketSnapshots).Get([]byte(id))
+		if v == nil {
+			return nil
+		}
+		if err := json.Unmarshal(v, &rec); err != nil {
+			return fmt.Errorf("snapshot %s: %w", id, err)
+		}
+		if rec.Session != session {
+			return nil
+		}
+		found = true
+		return json.Unmarshal(tx.Bucket(bucketSnapshotFiles).Get([]byte(id)), &entries)
+	})
+	if err != nil {
+		return rec, nil, err
+	}
+	if !found {
+		return rec, nil, api.WithCode(api.CodeNotFound, fmt.Errorf("no snapshot %q in this session (see snapshot_list)", id))
+	}
+	return rec, entries, nil
+}
+
+// list returns the session's snapshots, oldest first.
+func (ss *snapStore) list(session string) ([]snapshotRecord, error) {
+	var out []snapshotRecord
+	err := ss.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSnapshots).ForEach(func(k, v []byte) error {
+			var rec snapshotRecord
+			if err := json.Unmarshal(v, &rec); err != nil {
+				return fmt.Errorf("snapshot %s: %w", k, err)
+			}
+			if rec.Session == session {
+				out = append(out, rec)
+			}
+			return nil
+		})
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out, err
+}
+
+// delete removes snapshots (of session) and then the session's blobs no
+// remaining snapshot of it references; it returns the bytes freed.
+func (ss *snapStore) delete(session string, ids ...string) (int64, error) {
+	ss.gc.Lock()
+	defer ss.gc.Unlock()
+	live := map[string]bool{}
+	err := ss.db.Update(func(tx *bolt.Tx) error {
+		sb, fb := tx.Bucket(bucketSnapshots), tx.Bucket(bucketSnapshotFiles)
+		for _, id := range ids {
+			var rec snapshotRecord
+			if v := sb.Get([]byte(id)); v == nil || json.Unmarshal(v, &rec) != nil || rec.Session != session {
+				return api.WithCode(api.CodeNotFound, fmt.Errorf("no snapshot %q in this session (see snapshot_list)", id))
+			}
+			if err := sb.Delete([]byte(id)); err != nil {
+				return err
+			}
+			if err := fb.Delete([]byte(id)); err != nil {
+				return err
+			}
+		}
+		return sb.ForEach(func(k, v []byte) error {
+			var rec snapshotRecord
+			if err := json.Unmarshal(v, &rec); err != nil {
+				return fmt.Errorf("snapshot %s: %w", k, err)
+			}
+			if rec.Session != session {
+				return nil
+			}
+			v = fb.Get(k)
+			var entries []snapEntry
+			if err := json.Unmarshal(v, &entries); err != nil {
+				return fmt.Errorf("snapshot %s: %w", k, err)
+			}
+			for _, e := range entries {
+				if e.Hash != "" {
+					live[e.Hash] = true
+				}
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return 0, err
+	}
+	var freed int64
+	if len(live) == 0 {
+		freed := ss.bytes(session)
+		if err := os.RemoveAll(ss.blobDir(session)); err != nil {
+			return 0, err
+		}
+		return freed, nil
+	}
+	walkErr := filepath.WalkDir(ss.blobDir(session), func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if d.IsDir() || live[d.Name()] {
+			return nil
+		}
+		if fi, err := d.Info(); err == nil {
+			freed += fi.Size()
+		}
+		return os.Remove(p)
+	})
+	return freed, walkErr
+}
+
+// sessionIDs returns the ids of session's snapshots.
+func (ss *snapStore) sessionIDs(session string) ([]string, error) {
+	recs, err := ss.list(session)
+	ids := make([]string, len(recs))
+	for i, r := range recs {
+		ids[i] = r.ID
+	}
+	return ids, err
+}
+
+// bytes returns the size of session's blobs.
+func (ss *snapStore) bytes(session string) int64 {
+	var n int64
+	filepath.WalkDir(ss.blobDir(session), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}

@@ -1,0 +1,448 @@
+package sandbox
+
+// The snapshot tools: snapshot, snapshot_list, snapshot_delete, restore,
+// branch and fork. Workspaces move through the agents' tar streams (the
+// portable path, snapstore.go); fork uses a backend's copy-on-write
+// (backend.Cloner) when it has one. Snapshots belong to the session that
+// took them: another session's id is "no such snapshot".
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cellbox/cellbox/internal/safe"
+	"github.com/cellbox/cellbox/sandbox/agent"
+	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
+)
+
+// maxFork caps the boxes one fork makes.
+const maxFork = 16
+
+// maxSnapshots caps the snapshots of one session (each is bounded by its
+// box's disk cap).
+const maxSnapshots = 256
+
+func snapshotTools() []*Tool {
+	return []*Tool{
+		defineTool("snapshot", ToolMeta{Title: "Snapshot a sandbox's workspace"},
+			"Save a sandbox's workspace (/workspace: files, directories, symlinks) as a snapshot of this session and return its id. Snapshots are stored deduplicated (unchanged files cost nothing again) and survive restarts; use them with restore, branch and snapshot_delete.",
+			snapshotTool),
+		defineTool("snapshot_list", ToolMeta{Title: "List snapshots", ReadOnly: true, Idempotent: true},
+			"List the snapshots of this session, oldest first, with label, source sandbox, size, and the bytes each added to the (deduplicated) store.",
+			snapshotListTool),
+		defineTool("snapshot_delete", ToolMeta{Title: "Delete a snapshot", Destructive: true},
+			"Delete a snapshot of this session; content no other snapshot shares is freed.",
+			snapshotDeleteTool),
+		defineTool("restore", ToolMeta{Title: "Restore a snapshot into a sandbox", Destructive: true, Idempotent: true},
+			"Replace a sandbox's workspace with a snapshot's content: everything in /workspace is deleted first. Running processes keep running.",
+			restoreTool),
+		defineTool("branch", ToolMeta{Title: "Start a new sandbox from a snapshot"},
+			"Make a NEW sandbox of this session (same image and settings as the snapshot's sandbox) whose workspace is the snapshot's content; the original sandbox is unchanged.",
+			branchTool),
+		defineTool("fork", ToolMeta{Title: "Fork a sandbox into several"},
+			"Make count NEW sandboxes (up to 16) whose workspaces are copies of a running sandbox's workspace, e.g. to try several fixes in parallel; each is independent afterwards. Processes are not copied.",
+			forkTool),
+	}
+}
+
+func snapInfo(r snapshotRecord) api.SnapshotInfo {
+	return api.SnapshotInfo{ID: r.ID, Label: r.Label, Sandbox: r.Sandbox, Created: r.Created, Size: r.Size, Files: r.Files, AddedBytes: r.Added}
+}
+
+func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.SnapshotInfo, error) {
+	l, err := c.box(ctx, in.Sandbox)
+	if err != nil {
+		return api.SnapshotInfo{}, err
+	}
+	ss := c.s.snaps
+	if ids, err := ss.sessionIDs(c.sess.ID); err != nil {
+		return api.SnapshotInfo{}, err
+	} else if len(ids) >= maxSnapshots {
+		return api.SnapshotInfo{}, api.WithCode(api.CodeLimit, fmt.Errorf("this session has %d snapshots, the most a session may keep; delete some with snapshot_delete", len(ids)))
+	}
+	ss.gc.RLock()
+	defer ss.gc.RUnlock()
+	entries, added, err := c.s.captureBox(ctx, c.sess.ID, l)
+	if err != nil {
+		return api.SnapshotInfo{}, err
+	}
+	rec := snapshotRecord{
+		ID: "snap-" + randomID(8), Label: in.Label, Session: c.sess.ID,
+		Sandbox: l.name, BoxID: l.b.rec.ID, Spec: specOf(l.b.rec),
+		Created: time.Now().UTC(), Added: added, Entries: len(entries),
+	}
+	rec.Files, rec.Size = countFiles(entries)
+	if err := ss.put(rec, entries); err != nil {
+		return api.SnapshotInfo{}, fmt.Errorf("save snapshot of %q: %w", l.name, err)
+	}
+	c.s.log.Info("snapshot taken", "session", c.sess.ID, "sandbox", l.name, "snapshot", rec.ID, "files", rec.Files, "bytes", rec.Size, "added", added)
+	return snapInfo(rec), nil
+}
+
+func snapshotListTool(ctx context.Context, c *call, in api.SnapshotListInput) (api.SnapshotListOutput, error) {
+	recs, err := c.s.snaps.list(c.sess.ID)
+	if err != nil {
+		return api.SnapshotListOutput{}, err
+	}
+	out := api.SnapshotListOutput{Snapshots: []api.SnapshotInfo{}, StoreBytes: c.s.snaps.bytes(c.sess.ID)}
+	for _, r := range recs {
+		out.Snapshots = append(out.Snapshots, snapInfo(r))
+	}
+	return out, nil
+}
+
+func snapshotDeleteTool(ctx context.Context, c *call, in api.SnapshotDeleteInput) (api.SnapshotDeleteOutput, error) {
+	freed, err := c.s.snaps.delete(c.sess.ID, in.Snapshot)
+	if err != nil {
+		return api.SnapshotDeleteOutput{}, err
+	}
+	return api.SnapshotDeleteOutput{OK: true, FreedBytes: freed}, nil
+}
+
+func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOutput, error) {
+	ss := c.s.snaps
+	ss.gc.RLock()
+	defer ss.gc.RUnlock()
+	_, entries, err := ss.get(c.sess.ID, in.Snapshot)
+	if err != nil {
+		return api.SeedOutput{}, err
+	}
+	l, err := c.box(ctx, in.Sandbox)
+	if err != nil {
+		return api.SeedOutput{}, err
+	}
+	if err := clearWorkspace(ctx, l.client); err != nil {
+		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: %w", in.Snapshot, l.name, err)
+	}
+	if err := ss.seed(ctx, l.client, c.sess.ID, entries); err != nil {
+		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: %w (the workspace holds part of the snapshot; restore again)", in.Snapshot, l.name, err)
+	}
+	files, size := countFiles(entries)
+	return api.SeedOutput{Sandbox: l.name, ID: l.b.rec.ID, Files: files, Bytes: size}, nil
+}
+
+func branchTool(ctx context.Context, c *call, in api.BranchInput) (api.SeedOutput, error) {
+	ss := c.s.snaps
+	ss.gc.RLock()
+	defer ss.gc.RUnlock()
+	rec, entries, err := ss.get(c.sess.ID, in.Snapshot)
+	if err != nil {
+		return api.SeedOutput{}, err
+	}
+	ls, err := c.s.newBoxes(ctx, c, []string{in.Name}, rec.Spec, "", func(ctx context.Context, l *lease) error {
+		return ss.seed(ctx, l.client, c.sess.ID, entries)
+	})
+	if err != nil {
+		return api.SeedOutput{}, fmt.Errorf("branch %s: %w", in.Snapshot, err)
+	}
+	files, size := countFiles(entries)
+	return api.SeedOutput{Sandbox: ls[0].name, ID: ls[0].b.rec.ID, Files: files, Bytes: size}, nil
+}
+
+func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, error) {
+	var out api.ForkOutput
+	if in.Count < 1 || in.Count > maxFork {
+		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("fork count %d: want 1 to %d", in.Count, maxFork))
+	}
+	if len(in.Names) > 0 && len(in.Names) != in.Count {
+		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("fork: %d names for count %d; give one name per new sandbox, or none", len(in.Names), in.Count))
+	}
+	src, err := c.box(ctx, in.Sandbox)
+	if err != nil {
+		return out, err
+	}
+	names := in.Names
+	if len(names) == 0 {
+		names = c.s.freeNames(c.sess, src.name, in.Count)
+	}
+	spec := specOf(src.b.rec)
+	if _, ok := c.s.be.(backend.Cloner); ok {
+		ls, err := c.s.newBoxes(ctx, c, names, spec, src.b.rec.ID, nil)
+		switch ErrorCode(err) {
+		case "":
+			for _, l := range ls {
+				out.Sandboxes = append(out.Sandboxes, l.name)
+			}
+			out.Method = "clone"
+			return out, nil
+		case api.CodeInternal:
+			c.s.log.Warn("fork by copying the disk failed; copying through the agents", "sandbox", src.name, "err", err)
+			c.notice(fmt.Sprintf("the %s backend could not copy the disk of %q (%v); the files were copied through the sandboxes instead", c.s.be.Name(), src.name, err))
+		default:
+			return out, fmt.Errorf("fork %q: %w", src.name, err)
+		}
+	}
+	ss := c.s.snaps
+	ss.gc.RLock()
+	defer ss.gc.RUnlock()
+	// The portable path: the source's workspace into the store once (what
+	// is there already is not written again), then into every new box.
+	entries, _, err := c.s.captureBox(ctx, c.sess.ID, src)
+	if err != nil {
+		return out, fmt.Errorf("fork %q: %w", src.name, err)
+	}
+	ls, err := c.s.newBoxes(ctx, c, names, spec, "", func(ctx context.Context, l *lease) error {
+		return ss.seed(ctx, l.client, c.sess.ID, entries)
+	})
+	if err != nil {
+		return out, fmt.Errorf("fork %q: %w", src.name, err)
+	}
+	for _, l := range ls {
+		out.Sandboxes = append(out.Sandboxes, l.name)
+	}
+	out.Files, out.Bytes = countFiles(entries)
+	out.Method = "tar"
+	return out, nil
+}
+
+// captureBox stores the workspace of the leased box among session's blobs
+// and returns its manifest and the bytes it added; the caller holds
+// s.snaps.gc for reading.
+func (s *Service) captureBox(ctx context.Context, session string, l *lease) ([]snapEntry, int64, error) {
+	pr, pw := io.Pipe()
+	srcErr := make(chan error, 1)
+	go func() {
+		var err error
+		defer func() { pw.CloseWithError(err); srcErr <- err }()
+		defer safe.Recover(nil, "snapshot", &err)
+		_, err = l.client.TarOut(ctx, backend.Workspace, pw)
+	}()
+	maxBytes := toBackendLimits(l.b.rec.Limits).Defaults().DiskBytes
+	entries, added, err := s.snaps.capture(session, pr, maxBytes)
+	pr.Close() // the agent, if still writing, gets io.ErrClosedPipe (pipeError)
+	if err = pipeError(<-srcErr, err); err != nil {
+		return nil, 0, fmt.Errorf("snapshot of %q: %w", l.name, err)
+	}
+	return entries, added, nil
+}
+
+// seed extracts the manifest into cl's workspace.
+func (ss *snapStore) seed(ctx context.Context, cl *agent.Client, session string, entries []snapEntry) error {
+	pr, pw := io.Pipe()
+	go func() {
+		var err error
+		defer func() { pw.CloseWithError(err) }()
+		defer safe.Recover(nil, "restore", &err)
+		err = ss.writeTar(ctx, pw, session, entries)
+	}()
+	_, err := cl.TarIn(ctx, backend.Workspace, pr)
+	pr.Close()
+	return err
+}
+
+// clearWorkspace deletes everything in the box's workspace, the workspace
+// itself kept (it is a mount point). It asks the agent, so it works on
+// every backend and never follows a link out.
+func clearWorkspace(ctx context.Context, cl *agent.Client) error {
+	for {
+		root, truncated, err := cl.Tree(ctx, backend.Workspace, 1, 10000)
+		if err != nil {
+			return err
+		}
+		for _, e := range root.Children {
+			if err := cl.Remove(ctx, e.Path, true); err != nil {
+				return fmt.Errorf("clear %s: %w", e.Path, err)
+			}
+		}
+		if !truncated || len(root.Children) == 0 {
+			return nil
+		}
+	}
+}
+
+func countFiles(entries []snapEntry) (files int, size int64) {
+	for _, e := range entries {
+		if e.Hash != "" {
+			files++
+			size += e.Size
+		}
+	}
+	return files, size
+}
+
+// specOf is the spec of a new box made like rec (branch, fork).
+func specOf(rec boxRecord) boxSpec {
+	return boxSpec{Image: rec.Image, Env: rec.Env, Limits: rec.Limits, Network: rec.Network, SleepAfterMs: rec.SleepAfterMs}
+}
+
+// cloneInto has the backend (a backend.Cloner) make the backend boxes of
+// the new boxes (named names) with copies of box src's disk, all taken at
+// one instant; the boxes' first use starts them. The caller holds the
+// boxes' life.
+func (s *Service) cloneInto(ctx context.Context, sess *Session, names []string, boxes []*box, src string) error {
+	release, err := s.acquireSlot(ctx, sess)
+	if err != nil {
+		return err
+	}
+	defer release()
+	specs := make([]backend.Spec, len(boxes))
+	for i, b := range boxes {
+		s.setID(b, "cb-"+randomID(8))
+		if specs[i], err = s.backendSpec(b.rec, sess.ID, names[i]); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		_, err = s.be.(backend.Cloner).Clone(ctx, src, specs)
+	}
+	if err != nil {
+		for _, b := range boxes {
+			os.RemoveAll(s.hostDir(b.rec.ID))
+		}
+		return fmt.Errorf("%s backend: clone box %s: %w", s.be.Name(), src, err)
+	}
+	for _, b := range boxes {
+		b.made = true
+	}
+	return nil
+}
+
+// freeNames returns n names base-1, base-2, ... that sess does not use.
+func (s *Service) freeNames(sess *Session, base string, n int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for i := 1; len(out) < n; i++ {
+		name := fmt.Sprintf("%s-%d", base, i)
+		if len(name) > 63 {
+			name = fmt.Sprintf("fork-%s-%d", randomID(3), i)
+		}
+		if sess.boxes[name] == nil {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// newBoxes makes the new boxes names of the call's session from spec
+// (with a copy of box cloneOf's disk if set), in parallel, and runs fill
+// (if set) on each. All or nothing: if one fails, those
+// made are destroyed. The leases are the call's (released when it ends).
+func (s *Service) newBoxes(ctx context.Context, c *call, names []string, spec boxSpec, cloneOf string, fill func(context.Context, *lease) error) ([]*lease, error) {
+	sess := c.sess
+	seen := map[string]bool{}
+	for _, name := range names {
+		if err := checkName(name); err != nil {
+			return nil, err
+		}
+		if seen[name] {
+			return nil, api.WithCode(api.CodeInvalidInput, fmt.Errorf("name %q given twice", name))
+		}
+		seen[name] = true
+	}
+	s.mu.Lock()
+	if sess.deleted {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("session %s: %w", sess.ID, ErrNoSession)
+	}
+	var taken []string
+	for _, name := range names {
+		if sess.boxes[name] != nil {
+			taken = append(taken, name)
+		}
+	}
+	if len(taken) > 0 {
+		s.mu.Unlock()
+		return nil, api.WithCode(api.CodeExists, fmt.Errorf("this session already has sandboxes named %s; pick other names or destroy them first", strings.Join(taken, ", ")))
+	}
+	boxes := make([]*box, len(names))
+	for i, name := range names {
+		if err := s.checkCapsLocked(sess); err != nil {
+			for j, n := range names[:i] {
+				delete(sess.boxes, n)
+				if cloneOf != "" {
+					boxes[j].life.Unlock()
+				}
+			}
+			s.mu.Unlock()
+			return nil, fmt.Errorf("%d new sandboxes: %w", len(names), err)
+		}
+		boxes[i] = s.newBoxLocked(sess, spec)
+		if cloneOf != "" {
+			// Held until the clone made the backend boxes, so that a call
+			// naming one meanwhile waits instead of making it empty. The
+			// box is not published yet: nobody else can hold its life.
+			boxes[i].life.Lock()
+		}
+		sess.boxes[name] = boxes[i]
+	}
+	s.mu.Unlock()
+	if cloneOf != "" {
+		err := s.cloneInto(ctx, sess, names, boxes, cloneOf)
+		if err != nil {
+			s.mu.Lock()
+			for i, name := range names {
+				boxes[i].state, boxes[i].failed = stateRemoved, err
+				if sess.boxes[name] == boxes[i] {
+					delete(sess.boxes, name)
+				}
+			}
+			s.mu.Unlock()
+		}
+		for _, b := range boxes {
+			b.life.Unlock()
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+
+	var mu sync.Mutex // guards notices
+	notice := func(n string) { mu.Lock(); c.notice(n); mu.Unlock() }
+	leases := make([]*lease, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer safe.Recover(s.log, "new box", &errs[i])
+			l, err := s.use(ctx, sess, name, boxes[i], notice)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			leases[i] = l
+			if fill == nil {
+				return
+			}
+			if err := fill(ctx, l); err != nil {
+				errs[i] = fmt.Errorf("fill sandbox %q: %w", name, err)
+			}
+		}()
+	}
+	wg.Wait()
+	err := errors.Join(errs...)
+	for _, l := range leases {
+		if l == nil {
+			continue
+		}
+		if err != nil {
+			l.release()
+			if derr := s.destroyBox(context.WithoutCancel(ctx), sess, l.name); derr != nil {
+				s.log.Warn("remove a box of a failed branch/fork", "name", l.name, "err", derr)
+			}
+			continue
+		}
+		c.leases = append(c.leases, l)
+	}
+	if err != nil {
+		// Names whose box was never made (a failed use unbinds it itself).
+		s.mu.Lock()
+		for i, name := range names {
+			if leases[i] == nil && sess.boxes[name] == boxes[i] && boxes[i].state == stateNew {
+				delete(sess.boxes, name)
+			}
+		}
+		s.mu.Unlock()
+		return nil, err
+	}
+	return leases, nil
+}
