@@ -3,7 +3,10 @@ package patterns
 import (
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -357,4 +360,45 @@ func TestDescriptionIsJSON(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &back))
 	back.Source = p.Source
 	assert.Equal(t, p, &back, "a description survives a JSON round trip")
+}
+
+// TestLoadRefusesSpecialFiles: a pattern file, or a file it references, that
+// is a device or a FIFO (given by path, or behind a symlink in the pattern
+// folder) is refused; before, Load read /dev/zero until the server ran out
+// of memory and blocked forever opening a FIFO.
+func TestLoadRefusesSpecialFiles(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	folder := func(target string) string {
+		d := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(d, FileName), []byte("name: x\ncells:\n  a: {file: data.txt}\n"), 0o600))
+		require.NoError(t, os.Symlink(target, filepath.Join(d, "data.txt")))
+		return d
+	}
+	linked := func(target string) string {
+		d := t.TempDir()
+		require.NoError(t, os.Symlink(target, filepath.Join(d, FileName)))
+		return d
+	}
+	tests := []struct{ name, path, want string }{
+		{"fifo", fifo, "not a regular file"},
+		{"fifo behind the folder's pattern.yaml", linked(fifo), "not a regular file"},
+		{"fifo as a file: reference", folder(fifo), "not a regular file"},
+		{"device", "/dev/zero", "not a regular file"},
+		{"device as a file: reference", folder("/dev/zero"), "not a regular file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			done := make(chan error, 1)
+			go func() { _, err := Load(tt.path); done <- err }()
+			select {
+			case err := <-done:
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tt.want)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("Load(%s) did not return (a hang guard, not a timing assertion)", tt.path)
+			}
+		})
+	}
 }
