@@ -12,6 +12,7 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
 )
 
 // Tool result caps.
@@ -295,15 +296,24 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 	if in.Limits != nil {
 		spec.Limits = *in.Limits
 	}
+	// Checked here, not only by the backend: a box from the warm pool gets
+	// its env per command and never meets the backend's check, and an
+	// existing name must not hide a bad input behind created: false.
+	if err := backend.ValidEnv(spec.Env); err != nil {
+		return out, api.WithCode(api.CodeInvalidInput, err)
+	}
+	if err := toBackendLimits(spec.Limits).Validate(); err != nil {
+		return out, api.WithCode(api.CodeInvalidInput, err)
+	}
 	s, sess := c.s, c.sess
 	switch {
 	case in.BoxID != "" && !in.ShareAcrossSessions:
-		return out, fmt.Errorf("box_id %q attaches this session to a box that every session naming it shares: what one session writes, the others read. Set share_across_sessions: true if that is intended, or omit box_id for a box private to this session", in.BoxID)
+		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("box_id %q attaches this session to a box that every session naming it shares: what one session writes, the others read. Set share_across_sessions: true if that is intended, or omit box_id for a box private to this session", in.BoxID))
 	case in.BoxID == "" && in.ShareAcrossSessions:
-		return out, errors.New("share_across_sessions needs box_id, the id of the shared box")
+		return out, api.WithCode(api.CodeInvalidInput, errors.New("share_across_sessions needs box_id, the id of the shared box"))
 	case in.BoxID != "":
 		if !boxIDRE.MatchString(in.BoxID) || strings.HasPrefix(in.BoxID, "cb-") {
-			return out, fmt.Errorf("invalid box_id %q: use 1-63 lowercase letters, digits, '.', '_' or '-', not starting with \"cb-\" (reserved for private boxes)", in.BoxID)
+			return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("invalid box_id %q: use 1-63 lowercase letters, digits, '.', '_' or '-', not starting with \"cb-\" (reserved for private boxes)", in.BoxID))
 		}
 		if n := len(socketPath(s.cfg.DataDir, in.BoxID)); n > maxSocketPath {
 			return out, fmt.Errorf("box_id %q is too long for this server's data dir (its agent socket path would have %d bytes, at most %d); use a shorter id", in.BoxID, n, maxSocketPath)
