@@ -14,7 +14,8 @@ import (
 
 // TestToolsOnSpecialFiles: edit, transfer and the download endpoint given a
 // FIFO or a symlink say what the path is, as invalid input. Before:
-// "a other, not a file", and transfer's refusal was an "internal" error.
+// "a other, not a file", and transfer's refusal was an "internal" error;
+// so was process's answer to an unknown id.
 func TestToolsOnSpecialFiles(t *testing.T) {
 	rb := newRealService(t, "local", nil)
 	rb.ok("shell", map[string]any{"command": "mkfifo /workspace/ff && ln -s /etc/passwd /workspace/link"})
@@ -32,6 +33,13 @@ func TestToolsOnSpecialFiles(t *testing.T) {
 		require.Equal(t, true, m["is_error"], "%s: %v", tt.tool, m)
 		assert.Equal(t, api.CodeInvalidInput, m["code"], "%s: %v", tt.tool, m["error"])
 		assert.Contains(t, m["error"], tt.want, tt.tool)
+	}
+	// An unknown process id is not found, not an internal fault.
+	for _, action := range []string{"logs", "kill"} {
+		m := rb.call("process", map[string]any{"action": action, "id": "p99"})
+		require.Equal(t, true, m["is_error"], "%v", m)
+		assert.Equal(t, api.CodeNotFound, m["code"], "%v", m["error"])
+		assert.Contains(t, m["error"], "p99")
 	}
 	sess, err := rb.s.session(rb.sess)
 	require.NoError(t, err)

@@ -222,7 +222,7 @@ func findProcess(ctx context.Context, cl *agent.Client, id string) (agent.Proces
 		}
 		ids = append(ids, p.ID)
 	}
-	return agent.Process{}, fmt.Errorf("no process %q in this sandbox (processes: %s)", id, listOrNone(ids))
+	return agent.Process{}, api.WithCode(api.CodeNotFound, fmt.Errorf("no process %q in this sandbox (processes: %s)", id, listOrNone(ids)))
 }
 
 // killProcess sends SIGTERM to the process group, then SIGKILL if it has
