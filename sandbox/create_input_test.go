@@ -57,3 +57,18 @@ func TestSandboxCreateRefusesBadSpec(t *testing.T) {
 		})
 	}
 }
+
+// TestSandboxCreateExistingSaysWhatItKept: sandbox_create of a name that
+// exists, with other limits or env, says they were left as they are (before:
+// only image and network changes had a notice; new limits vanished silently).
+func TestSandboxCreateExistingSaysWhatItKept(t *testing.T) {
+	rb := newRealService(t, "local", nil)
+	rb.ok("sandbox_create", map[string]any{"sandbox": "a", "env": map[string]string{"A": "1"}})
+	m := rb.ok("sandbox_create", map[string]any{"sandbox": "a", "env": map[string]string{"A": "2"}, "limits": map[string]any{"memory_bytes": 64 << 20}})
+	assert.Equal(t, false, m["created"])
+	assert.Contains(t, m["notice"], `sandbox "a" already exists; its limits were left as they are (destroy it first to change them)`)
+	assert.Contains(t, m["notice"], `sandbox "a" already exists; its env was left as it is (destroy it first to change it, or pass env to each shell call)`)
+	// The same settings again: nothing to say.
+	m = rb.ok("sandbox_create", map[string]any{"sandbox": "a", "env": map[string]string{"A": "1"}})
+	assert.Nil(t, m["notice"])
+}

@@ -382,6 +382,12 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 	if !created && in.Network != nil {
 		c.notice(fmt.Sprintf("sandbox %q already exists; its network was left as it is (change an allow list with network_set)", name))
 	}
+	if !created && in.Limits != nil && *in.Limits != b.rec.Limits {
+		c.notice(fmt.Sprintf("sandbox %q already exists; its limits were left as they are (destroy it first to change them)", name))
+	}
+	if !created && len(in.Env) > 0 && !maps.Equal(in.Env, b.rec.Env) {
+		c.notice(fmt.Sprintf("sandbox %q already exists; its env was left as it is (destroy it first to change it, or pass env to each shell call)", name))
+	}
 	out.Created, out.ID = created, b.rec.ID
 	return out, nil
 }
