@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.yaml.in/yaml/v4"
@@ -31,10 +32,16 @@ func Load(path string) (*Pattern, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load pattern: %w", err)
 	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("load pattern %s: %s, not a regular file; give a pattern file or its folder", file, fileKind(st))
+	// A pipe is read (`cellbox run <(make-pattern)`), opened without
+	// blocking: a FIFO nobody writes to reads as empty instead of hanging.
+	flag := os.O_RDONLY
+	switch {
+	case st.Mode()&fs.ModeNamedPipe != 0:
+		flag |= syscall.O_NONBLOCK
+	case !st.Mode().IsRegular():
+		return nil, fmt.Errorf("load pattern %s: %s, not a regular file or a pipe; give a pattern file or its folder", file, fileKind(st))
 	}
-	f, err := os.Open(file)
+	f, err := os.OpenFile(file, flag, 0)
 	if err != nil {
 		return nil, fmt.Errorf("load pattern: %w", err)
 	}
@@ -61,8 +68,8 @@ func readCapped(r io.Reader, max int64) ([]byte, error) {
 }
 
 // fileKind names what a file that is not a regular file is. Patterns read
-// only regular files: a device never ends and opening a FIFO blocks until
-// someone writes to it.
+// only regular files (and a pattern file from a pipe): a device may never
+// end, and opening a FIFO blocks until someone writes to it.
 func fileKind(st fs.FileInfo) string {
 	switch t := st.Mode().Type(); {
 	case t&fs.ModeNamedPipe != 0:
