@@ -498,11 +498,20 @@ func (c *checker) readFile(at, name string) (string, bool) {
 	case st.IsDir():
 		c.e.add(at, "%q is a folder, not a file", name)
 		return "", false
+	case !st.Mode().IsRegular():
+		c.e.add(at, "%q is %s, not a regular file", name, fileKind(st))
+		return "", false
 	case st.Size() > maxFileSize:
 		c.e.add(at, "file %q is %d bytes, more than the %d a pattern file may have", name, st.Size(), maxFileSize)
 		return "", false
 	}
-	b, err := fs.ReadFile(c.fsys, name)
+	f, err := c.fsys.Open(name)
+	if err != nil {
+		c.e.add(at, "read %q: %v", name, err)
+		return "", false
+	}
+	defer f.Close()
+	b, err := readCapped(f, maxFileSize)
 	if err != nil {
 		c.e.add(at, "read %q: %v", name, err)
 		return "", false

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cellbox/cellbox/sandbox/api"
@@ -30,11 +31,60 @@ func Load(path string) (*Pattern, error) {
 	if st, err := os.Stat(path); err == nil && st.IsDir() {
 		file, dir = filepath.Join(path, FileName), path
 	}
-	src, err := os.ReadFile(file)
+	st, err := os.Stat(file)
 	if err != nil {
 		return nil, fmt.Errorf("load pattern: %w", err)
 	}
+	// A pipe is read (`cellbox run <(make-pattern)`), opened without
+	// blocking: a FIFO nobody writes to reads as empty instead of hanging.
+	flag := os.O_RDONLY
+	switch {
+	case st.Mode()&fs.ModeNamedPipe != 0:
+		flag |= syscall.O_NONBLOCK
+	case !st.Mode().IsRegular():
+		return nil, fmt.Errorf("load pattern %s: %s, not a regular file or a pipe; give a pattern file or its folder", file, fileKind(st))
+	}
+	f, err := os.OpenFile(file, flag, 0)
+	if err != nil {
+		return nil, fmt.Errorf("load pattern: %w", err)
+	}
+	defer f.Close()
+	src, err := readCapped(f, maxFileSize)
+	if err != nil {
+		return nil, fmt.Errorf("load pattern %s: %w", file, err)
+	}
 	return parse(file, dir, src, os.DirFS(dir))
+}
+
+// readCapped reads r to its end, or fails once it passed max bytes: a
+// file that grows while it is read (or a device that Stat called empty)
+// cannot fill the memory.
+func readCapped(r io.Reader, max int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("more than the %d bytes a pattern file may have", max)
+	}
+	return b, nil
+}
+
+// fileKind names what a file that is not a regular file is. Patterns read
+// only regular files (and a pattern file from a pipe): a device may never
+// end, and opening a FIFO blocks until someone writes to it.
+func fileKind(st fs.FileInfo) string {
+	switch t := st.Mode().Type(); {
+	case t&fs.ModeNamedPipe != 0:
+		return "a named pipe (FIFO)"
+	case t&fs.ModeSocket != 0:
+		return "a socket"
+	case t&fs.ModeDevice != 0:
+		return "a device"
+	case t&fs.ModeDir != 0:
+		return "a folder"
+	}
+	return "a special file"
 }
 
 // Parse reads and validates a pattern from YAML source. filename names it in

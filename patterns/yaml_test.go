@@ -3,7 +3,11 @@ package patterns
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -383,4 +387,70 @@ func TestDescriptionIsJSON(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &back))
 	back.Source = p.Source
 	assert.Equal(t, p, &back, "a description survives a JSON round trip")
+}
+
+// TestLoadRefusesSpecialFiles: a pattern file, or a file it references, that
+// is a device (given by path, or behind a symlink in the pattern folder) is
+// refused, and so is a FIFO as a file: reference; a pattern file read from
+// a FIFO nobody writes to is empty. Before, Load read /dev/zero until the
+// server ran out of memory and blocked forever opening a FIFO.
+func TestLoadRefusesSpecialFiles(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	folder := func(target string) string {
+		d := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(d, FileName), []byte("name: x\ncells:\n  a: {file: data.txt}\n"), 0o600))
+		require.NoError(t, os.Symlink(target, filepath.Join(d, "data.txt")))
+		return d
+	}
+	linked := func(target string) string {
+		d := t.TempDir()
+		require.NoError(t, os.Symlink(target, filepath.Join(d, FileName)))
+		return d
+	}
+	tests := []struct{ name, path, want string }{
+		{"fifo without a writer", fifo, "empty pattern"},
+		{"fifo behind the folder's pattern.yaml", linked(fifo), "empty pattern"},
+		{"fifo as a file: reference", folder(fifo), `"data.txt" is a named pipe (FIFO), not a regular file`},
+		{"device", "/dev/zero", "a device, not a regular file or a pipe"},
+		{"device behind the folder's pattern.yaml", linked("/dev/zero"), "a device, not a regular file or a pipe"},
+		{"device as a file: reference", folder("/dev/zero"), `"data.txt" is a device, not a regular file`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := loadOrHang(t, tt.path)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+
+	// A pipe is read, as bash's cellbox run <(make-pattern) passes it.
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	defer r.Close()
+	_, err = w.WriteString("name: piped\n")
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	p, err := loadOrHang(t, fmt.Sprintf("/proc/self/fd/%d", r.Fd()))
+	require.NoError(t, err)
+	assert.Equal(t, "piped", p.Name)
+}
+
+// loadOrHang runs Load, failing the test if it does not return.
+func loadOrHang(t *testing.T, path string) (*Pattern, error) {
+	t.Helper()
+	type result struct {
+		p   *Pattern
+		err error
+	}
+	done := make(chan result, 1)
+	go func() { p, err := Load(path); done <- result{p, err} }()
+	select {
+	case r := <-done:
+		return r.p, r.err
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Load(%s) did not return (a hang guard, not a timing assertion)", path)
+		return nil, nil
+	}
 }

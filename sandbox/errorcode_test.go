@@ -66,4 +66,10 @@ func TestServiceErrorCodes(t *testing.T) {
 	require.True(t, ok)
 	_, err := tool.run(context.Background(), nil, json.RawMessage(`{"path":"x","bogus":1}`))
 	assert.Equal(t, api.CodeInvalidInput, ErrorCode(err))
+	// A port past 65535 is refused by the schema (before: "internal").
+	browse, ok := LookupTool("browse")
+	require.True(t, ok)
+	_, err = browse.run(context.Background(), nil, json.RawMessage(`{"port":70000}`))
+	assert.Equal(t, api.CodeInvalidInput, ErrorCode(err))
+	assert.ErrorContains(t, err, "port: must be <= 65535 (got 70000)")
 }

@@ -70,7 +70,7 @@ func (s *Service) Download(ctx context.Context, sess *Session, box, path string,
 			return 0, err
 		}
 		if fi.Type != "file" {
-			return 0, &agent.Error{Op: "download", Path: fi.Path, Code: agent.CodeIsDir, Message: fmt.Sprintf("download %s: a %s, not a file", fi.Path, fi.Type)}
+			return 0, &agent.Error{Op: "download", Path: fi.Path, Code: agent.CodeIsDir, Message: fmt.Sprintf("download %s: %s, not a file", fi.Path, kindOf(fi.Type))}
 		}
 		if err := start(fi); err != nil {
 			return 0, err

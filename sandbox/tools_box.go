@@ -236,7 +236,7 @@ func findProcess(ctx context.Context, cl *agent.Client, id string) (agent.Proces
 		}
 		ids = append(ids, p.ID)
 	}
-	return agent.Process{}, fmt.Errorf("no process %q in this sandbox (processes: %s)", id, listOrNone(ids))
+	return agent.Process{}, api.WithCode(api.CodeNotFound, fmt.Errorf("no process %q in this sandbox (processes: %s)", id, listOrNone(ids)))
 }
 
 // killProcess sends SIGTERM to the process group, then SIGKILL if it has
@@ -314,15 +314,24 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 	if in.Limits != nil {
 		spec.Limits = *in.Limits
 	}
+	// Checked here, not only by the backend: a box from the warm pool gets
+	// its env per command and never meets the backend's check, and an
+	// existing name must not hide a bad input behind created: false.
+	if err := backend.ValidEnv(spec.Env); err != nil {
+		return out, api.WithCode(api.CodeInvalidInput, err)
+	}
+	if err := toBackendLimits(spec.Limits).Validate(); err != nil {
+		return out, api.WithCode(api.CodeInvalidInput, err)
+	}
 	s, sess := c.s, c.sess
 	switch {
 	case in.BoxID != "" && !in.ShareAcrossSessions:
-		return out, fmt.Errorf("box_id %q attaches this session to a box that every session naming it shares: what one session writes, the others read. Set share_across_sessions: true if that is intended, or omit box_id for a box private to this session", in.BoxID)
+		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("box_id %q attaches this session to a box that every session naming it shares: what one session writes, the others read. Set share_across_sessions: true if that is intended, or omit box_id for a box private to this session", in.BoxID))
 	case in.BoxID == "" && in.ShareAcrossSessions:
-		return out, errors.New("share_across_sessions needs box_id, the id of the shared box")
+		return out, api.WithCode(api.CodeInvalidInput, errors.New("share_across_sessions needs box_id, the id of the shared box"))
 	case in.BoxID != "":
 		if !boxIDRE.MatchString(in.BoxID) || strings.HasPrefix(in.BoxID, "cb-") {
-			return out, fmt.Errorf("invalid box_id %q: use 1-63 lowercase letters, digits, '.', '_' or '-', not starting with \"cb-\" (reserved for private boxes)", in.BoxID)
+			return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("invalid box_id %q: use 1-63 lowercase letters, digits, '.', '_' or '-', not starting with \"cb-\" (reserved for private boxes)", in.BoxID))
 		}
 		if n := len(socketPath(s.cfg.DataDir, in.BoxID)); n > maxSocketPath {
 			return out, fmt.Errorf("box_id %q is too long for this server's data dir (its agent socket path would have %d bytes, at most %d); use a shorter id", in.BoxID, n, maxSocketPath)
@@ -393,6 +402,12 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 	}
 	if have := cmp.Or(b.rec.WorkspaceDir, backend.Workspace); !created && in.WorkspaceDir != "" && in.WorkspaceDir != have {
 		c.notice(fmt.Sprintf("sandbox %q already exists with workspace_dir %s; it was left as it is (destroy it first to change its workspace_dir)", name, have))
+	}
+	if !created && in.Limits != nil && *in.Limits != b.rec.Limits {
+		c.notice(fmt.Sprintf("sandbox %q already exists; its limits were left as they are (destroy it first to change them)", name))
+	}
+	if !created && len(in.Env) > 0 && !maps.Equal(in.Env, b.rec.Env) {
+		c.notice(fmt.Sprintf("sandbox %q already exists; its env was left as it is (destroy it first to change it, or pass env to each shell call)", name))
 	}
 	out.Created, out.ID = created, b.rec.ID
 	return out, nil

@@ -98,7 +98,7 @@ func rewriteFile(ctx context.Context, c *call, box, p string, edit func([]byte) 
 		return out, err
 	}
 	if fi.Type != "file" {
-		return out, fmt.Errorf("%s is a %s, not a file", fi.Path, fi.Type)
+		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("%s is %s, not a file", fi.Path, kindOf(fi.Type)))
 	}
 	if fi.Size > fileToolMaxBytes {
 		return out, fmt.Errorf("%s is %d bytes; edit works on files up to 2 MiB — use shell (sed, patch) for larger ones", fi.Path, fi.Size)
@@ -252,7 +252,7 @@ func transferTool(ctx context.Context, c *call, in api.TransferInput) (api.Trans
 		}
 		out.Bytes = n
 	default:
-		return out, fmt.Errorf("%s is a %s; transfer copies files and directories", fi.Path, fi.Type)
+		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("%s is %s; transfer copies files and directories", fi.Path, kindOf(fi.Type)))
 	}
 	dfi, err := dst.client.Stat(ctx, to)
 	if err != nil {
@@ -347,4 +347,17 @@ func renameTar(r io.Reader, w io.Writer, oldTop, newTop string) (int64, error) {
 			}
 		}
 	}
+}
+
+// kindOf names a type of agent.FileInfo for a message.
+func kindOf(typ string) string {
+	switch typ {
+	case "file":
+		return "a file"
+	case "dir":
+		return "a directory"
+	case "symlink":
+		return "a symlink"
+	}
+	return "a special file (device, FIFO or socket)"
 }

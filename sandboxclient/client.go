@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cellbox/cellbox/sandbox/api"
@@ -251,6 +252,9 @@ func (c *HTTP) request(ctx context.Context, method, path string, body io.Reader)
 // send performs a request and turns a non-2xx answer into an *APIError.
 func (c *HTTP) send(req *http.Request) (*http.Response, error) {
 	resp, err := c.hc.Do(req)
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return nil, fmt.Errorf("no cellbox server answers at %s (start one with `cellbox serve`, or set --server or CELLBOX_SERVER): %w", c.base, err)
+	}
 	if err != nil {
 		return nil, err
 	}

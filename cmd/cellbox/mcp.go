@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,8 +12,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/cellbox/cellbox/sandbox"
@@ -136,7 +141,10 @@ func mcpRemote(ctx context.Context, server, id, token, key, profile string) erro
 
 // serveStdio serves MCP on stdin/stdout until stdin ends or ctx does.
 func serveStdio(ctx context.Context, srv *mcp.Server) error {
-	err := srv.Run(ctx, &mcp.StdioTransport{})
+	out := &lockedWriter{w: os.Stdout}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(jsonLines(os.Stdin, pw, out)) }()
+	err := srv.Run(ctx, &mcp.IOTransport{Reader: pr, Writer: out})
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return nil // interrupted: a normal stop
 	}
@@ -145,6 +153,100 @@ func serveStdio(ctx context.Context, srv *mcp.Server) error {
 	}
 	return err
 }
+
+// jsonLines copies the lines of in that are JSON-RPC messages to to, and
+// answers the others on out with a JSON-RPC error: -32700 for a line that
+// is not JSON, -32600 for JSON that is no message (with the line's id when
+// it has one). The SDK's stdio transport ends the connection, and with it
+// the session and its boxes, at the first such line; MCP's stdio framing
+// is one message per line, so a bad line can be answered and skipped.
+func jsonLines(in io.Reader, to io.Writer, out io.Writer) error {
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 64<<10), mcp.DefaultMaxLineLength)
+	for sc.Scan() {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		if answer := badMessage(line); answer != nil {
+			if _, err := out.Write(answer); err != nil {
+				return err
+			}
+			continue
+		}
+		// A copy: line is the scanner's buffer.
+		if _, err := to.Write(append(slices.Clip(line), '\n')); err != nil {
+			return err
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("read stdin: %w (at most %d bytes a line)", err, mcp.DefaultMaxLineLength)
+	}
+	return nil
+}
+
+// badMessage returns the error answer to line, or nil when line is a
+// JSON-RPC message (or a non-empty batch of them) the SDK can decode.
+func badMessage(line []byte) []byte {
+	if !json.Valid(line) {
+		return rpcError(nil, -32700, "parse error: a line that is not JSON; send one JSON-RPC message per line")
+	}
+	msgs := []json.RawMessage{line}
+	if line[0] == '[' {
+		if json.Unmarshal(line, &msgs) != nil || len(msgs) == 0 {
+			return rpcError(nil, -32600, "invalid request: a batch is a non-empty array of JSON-RPC messages")
+		}
+	}
+	for _, m := range msgs {
+		if _, err := jsonrpc.DecodeMessage(m); err != nil {
+			var probe struct {
+				ID json.RawMessage `json:"id"`
+			}
+			_ = json.Unmarshal(m, &probe)
+			return rpcError(probe.ID, -32600, "invalid request: "+err.Error()+` (want {"jsonrpc": "2.0", "id": …, "method": "…", "params": {…}})`)
+		}
+	}
+	return nil
+}
+
+// rpcError is a JSON-RPC error response line; an id that is not a string
+// or a number becomes null.
+func rpcError(id json.RawMessage, code int, msg string) []byte {
+	var v any
+	if json.Unmarshal(id, &v) != nil {
+		v = nil
+	}
+	switch v.(type) {
+	case string, float64:
+	default:
+		id = json.RawMessage("null")
+	}
+	type rpcErr struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	b, _ := json.Marshal(struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Error   rpcErr          `json:"error"`
+	}{"2.0", id, rpcErr{code, msg}})
+	return append(b, '\n')
+}
+
+// lockedWriter writes whole messages to w, one at a time: the SDK's answers
+// and jsonLines' parse errors share stdout. Close leaves w open.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func (l *lockedWriter) Close() error { return nil }
 
 // remoteTools runs the tools of a server in one of its sessions.
 // remoteTools calls the tools of profile on a server.

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -158,4 +160,50 @@ func TestMCPServeHTTP(t *testing.T) {
 		boxes, err := filepath.Glob(filepath.Join(data, "local", "cb-*"))
 		return err == nil && len(boxes) == 0 && len(mcptest.Sessions(t, srv.url, srv.key)) == before
 	}, 30*time.Second, 50*time.Millisecond, "both MCP sessions ended: no boxes left")
+}
+
+// TestMCPStdioBadLine: a line that is not JSON gets a JSON-RPC parse error
+// (-32700), JSON that is no JSON-RPC message an invalid request (-32600,
+// with its id when it has one), and the server reads on; before,
+// `cellbox mcp` exited at each ("invalid character 'g' looking for
+// beginning of value", "empty batch", "invalid message version tag") and
+// the client lost its session and boxes.
+func TestMCPStdioBadLine(t *testing.T) {
+	testenv.RequireBwrap(t)
+	cmd := exec.Command(testenv.CellboxBinary(t), "mcp", "--data", t.TempDir(), "--backend", "local")
+	cmd.Env = cleanEnv()
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	require.NoError(t, cmd.Start())
+	bad := []struct{ line, want string }{
+		{"garbage", `{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"parse error: a line that is not JSON; send one JSON-RPC message per line"}}`},
+		{"[1,2", `{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"parse error: a line that is not JSON; send one JSON-RPC message per line"}}`},
+		{"[]", `{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"invalid request: a batch is a non-empty array of JSON-RPC messages"}}`},
+		{"5", `"id":null,"error":{"code":-32600,"message":"invalid request: `},
+		{"{}", `"id":null,"error":{"code":-32600,"message":"invalid request: `},
+		{`{"jsonrpc":"2.0","id":7,"method":5}`, `"id":7,"error":{"code":-32600,"message":"invalid request: `},
+	}
+	in := ""
+	for _, b := range bad {
+		in += b.line + "\n"
+	}
+	_, err = io.WriteString(stdin, in+`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`+"\n")
+	require.NoError(t, err)
+	var lines []string
+	sc := bufio.NewScanner(stdout)
+	for len(lines) < len(bad)+1 && sc.Scan() { // ends at EOF if the server quits
+		lines = append(lines, sc.Text())
+	}
+	require.NoError(t, stdin.Close())
+	require.NoError(t, cmd.Wait(), "stderr:\n%s", stderr)
+	require.Len(t, lines, len(bad)+1, "stdout:\n%s\nstderr:\n%s", strings.Join(lines, "\n"), stderr)
+	for i, b := range bad {
+		assert.Contains(t, lines[i], b.want, b.line)
+	}
+	assert.Contains(t, lines[len(bad)], `"id":1,"result":{`)
+	assert.Contains(t, lines[len(bad)], `"serverInfo":{"name":"cellbox"`)
 }

@@ -181,7 +181,7 @@ func collect(e *js.ValidationError, doc any, out *[]Violation) {
 		return
 	}
 	if len(e.Causes) > 0 {
-		for _, c := range e.Causes {
+		for _, c := range valueTypeCauses(e) {
 			collect(c, doc, out)
 		}
 		return
@@ -227,6 +227,30 @@ func altTypes(e *js.ValidationError) []string {
 		types = append(types, t.Want...)
 	}
 	return types
+}
+
+// valueTypeCauses returns the causes of e worth reporting. Of an anyOf or
+// oneOf, the alternatives that failed only because the value has another
+// type say nothing useful when an alternative of the value's own type
+// failed on its content: {"network": {"allow": "x"}} is about allow, not
+// "network: must be boolean (got object)".
+func valueTypeCauses(e *js.ValidationError) []*js.ValidationError {
+	switch e.ErrorKind.(type) {
+	case *kind.AnyOf, *kind.OneOf:
+	default:
+		return e.Causes
+	}
+	var deeper []*js.ValidationError
+	for _, c := range e.Causes {
+		if _, ok := c.ErrorKind.(*kind.Type); ok && len(c.Causes) == 0 && slices.Equal(c.InstanceLocation, e.InstanceLocation) {
+			continue
+		}
+		deeper = append(deeper, c)
+	}
+	if len(deeper) == 0 {
+		return e.Causes
+	}
+	return deeper
 }
 
 // describe says what is wrong, in words an LLM can act on.

@@ -65,6 +65,10 @@ func TestValidate(t *testing.T) {
 			want: []string{"/n: must be >= 1 (got 0)"}},
 		{name: "false schema", schema: `{"properties":{"x":false}}`, value: `{"x":1}`, want: []string{"/x: no value is allowed here"}},
 		{name: "const", schema: `{"const":"on"}`, value: `"off"`, want: []string{`(root): must be "on" (got "off")`}},
+		// A boolean-or-object field given an object with a bad field says
+		// what is wrong in the object, not also "must be boolean (got object)".
+		{name: "anyOf: only the alternative of the value's type", schema: `{"properties":{"network":{"anyOf":[{"type":"boolean"},{"type":"object","properties":{"allow":{"type":"array"}}}]}}}`,
+			value: `{"network":{"allow":"x"}}`, want: []string{"/network/allow: must be array (got string)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

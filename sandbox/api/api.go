@@ -296,7 +296,7 @@ type TransferOutput struct {
 // BrowseInput is the input of the browse tool.
 type BrowseInput struct {
 	Sandbox string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
-	Port    int    `json:"port" desc:"TCP port a server listens on inside the box (on 127.0.0.1 or 0.0.0.0)." minimum:"1"`
+	Port    int    `json:"port" desc:"TCP port a server listens on inside the box (on 127.0.0.1 or 0.0.0.0)." minimum:"1" maximum:"65535"`
 }
 
 // BrowseOutput is the result of the browse tool.

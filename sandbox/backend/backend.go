@@ -67,6 +67,8 @@ const (
 	// MaxDiskBytes is far above any real cap; it only keeps the size of
 	// the sparse disk file sane.
 	MaxDiskBytes = 1 << 44
+	// MaxPids is the kernel's PID_MAX_LIMIT: a cgroup refuses more.
+	MaxPids = 1 << 22
 )
 
 // Defaults fills zero fields with the defaults.
@@ -99,8 +101,8 @@ func (l Limits) Validate() error {
 	if ncpu := runtime.NumCPU(); l.CPUs != 0 && (l.CPUs < MinCPUs || l.CPUs > float64(ncpu) || math.IsNaN(l.CPUs)) {
 		errs = append(errs, fmt.Sprintf("cpus %g: want between %g and %d (this host's CPU count)", l.CPUs, MinCPUs, ncpu))
 	}
-	if l.Pids < 0 {
-		errs = append(errs, fmt.Sprintf("pids %d: want at least 1", l.Pids))
+	if l.Pids < 0 || l.Pids > MaxPids {
+		errs = append(errs, fmt.Sprintf("pids %d: want between 1 and %d (the kernel's most)", l.Pids, MaxPids))
 	}
 	if l.DiskBytes != 0 && (l.DiskBytes < MinDiskBytes || l.DiskBytes > MaxDiskBytes) {
 		errs = append(errs, fmt.Sprintf("disk_bytes %d: want between 64 MiB (%d) and 16 TiB (%d)", l.DiskBytes, int64(MinDiskBytes), int64(MaxDiskBytes)))

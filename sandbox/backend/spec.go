@@ -7,6 +7,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -82,10 +83,8 @@ func (s Spec) Validate() error {
 	} else if !fi.IsDir() {
 		return fmt.Errorf("box %s: host dir %s is not a directory", s.ID, s.HostDir)
 	}
-	for k, v := range s.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
-			return fmt.Errorf("box %s: env %q: names must be non-empty without '=' or NUL, values without NUL", s.ID, k)
-		}
+	if err := ValidEnv(s.Env); err != nil {
+		return fmt.Errorf("box %s: %w", s.ID, err)
 	}
 	if err := s.Limits.Validate(); err != nil {
 		return fmt.Errorf("box %s: %w", s.ID, err)
@@ -124,6 +123,16 @@ func (s Spec) AgentCommand() []string {
 		cmd = append(cmd, "--workspace", s.WorkDir)
 	}
 	return cmd
+}
+
+// ValidEnv checks the environment of a box: what execve can pass on.
+func ValidEnv(env map[string]string) error {
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(env[k], 0) {
+			return fmt.Errorf("env %q: names must be non-empty without '=' or NUL, values without NUL", k)
+		}
+	}
+	return nil
 }
 
 // BoxLabels are the labels a backend stores with the box: Spec.Labels plus

@@ -35,6 +35,11 @@ func TestCompile(t *testing.T) {
 		{allow: []string{"10.0.0.0/33"}, err: "not a CIDR"},
 		{allow: []string{"10.0.0.0/8:x"}, err: "is not 1-65535"},
 		{allow: make([]string, MaxAllow+1), err: "at most 256"},
+		// A URL or a bare wildcard is a mistake to name, not to guess at
+		// (before: `port "//example.org/" is not 1-65535`, and "*." meant "*").
+		{allow: []string{"http://example.org/"}, err: `allow "http://example.org/": a URL; give its host: "example.org"`},
+		{allow: []string{"https://api.example.org:8443/v1"}, err: `a URL; give its host: "api.example.org:8443"`},
+		{allow: []string{"*."}, err: `allow "*.": a wildcard needs a domain (*.example.org), or * for any name`},
 	} {
 		_, err := Compile(tc.allow, nil)
 		if tc.err == "" {

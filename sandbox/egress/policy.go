@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -145,8 +146,16 @@ func parseRule(text string) (rule, error) {
 	bad := func(why string) (rule, error) {
 		return rule{}, fmt.Errorf("allow %q: %s (want example.org, *.example.org, 10.1.2.0/24 or 1.2.3.4, each optionally with :PORT)", text, why)
 	}
-	if s == "" {
+	switch {
+	case s == "":
 		return bad("empty")
+	case strings.Contains(s, "://"):
+		if u, err := url.Parse(strings.TrimSpace(text)); err == nil && u.Host != "" {
+			return bad("a URL; give its host: " + strconv.Quote(u.Host))
+		}
+		return bad("a URL; give its host only")
+	case strings.HasSuffix(strings.TrimSpace(text), "*."):
+		return bad("a wildcard needs a domain (*.example.org), or * for any name")
 	}
 	host := s
 	if h, p, err := net.SplitHostPort(s); err == nil {

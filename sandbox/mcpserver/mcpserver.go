@@ -32,6 +32,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/cellbox/cellbox/internal/jsonschema"
@@ -276,13 +277,25 @@ func (o *outputNotifier) send(stream string, line []byte) {
 	o.session.Log(o.ctx, &mcp.LoggingMessageParams{Level: "debug", Logger: stream, Data: text})
 }
 
+// resourceError is a failed resources/read as a JSON-RPC error: invalid
+// params (-32602, also MCP's "resource not found") for what the client
+// asked wrong, internal error (-32603) for a fault of the server. A plain
+// error would reach the client with code 0.
+func resourceError(code, msg string) error {
+	c := int64(jsonrpc.CodeInvalidParams)
+	if code == "" || code == api.CodeInternal {
+		c = jsonrpc.CodeInternalError
+	}
+	return &jsonrpc.Error{Code: c, Message: msg}
+}
+
 // readBoxResource reads the file a cellbox://box/{sandbox}/{+path} URI
 // names with the read_file tool, window by window, so it follows that
 // tool's rules (paths, sandboxes, binary as base64).
 func readBoxResource(ctx context.Context, caller ToolCaller, uri string) (*mcp.ReadResourceResult, error) {
 	box, path, err := parseBoxURI(uri)
 	if err != nil {
-		return nil, err
+		return nil, resourceError(api.CodeInvalidInput, err.Error())
 	}
 	var (
 		text     strings.Builder
@@ -295,25 +308,26 @@ func readBoxResource(ctx context.Context, caller ToolCaller, uri string) (*mcp.R
 		}
 		raw, err := caller.CallTool(ctx, "read_file", args)
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", uri, err)
+			return nil, resourceError(sandbox.ErrorCode(err), fmt.Sprintf("read %s: %v", uri, err))
 		}
 		var out struct {
 			api.ReadFileOutput
 			IsError bool   `json:"is_error"`
 			Error   string `json:"error"`
+			Code    string `json:"code"`
 		}
 		if err := json.Unmarshal(raw, &out); err != nil {
 			return nil, fmt.Errorf("read %s: %w", uri, err)
 		}
 		if out.IsError {
-			return nil, fmt.Errorf("read %s: %s", uri, out.Error)
+			return nil, resourceError(out.Code, fmt.Sprintf("read %s: %s", uri, out.Error))
 		}
 		if out.Size > sandbox.MaxFileBytes {
-			return nil, fmt.Errorf("read %s: the file has %d bytes, more than a resource may (%d); read it in windows with the read_file tool", uri, out.Size, sandbox.MaxFileBytes)
+			return nil, resourceError(api.CodeTooLarge, fmt.Sprintf("read %s: the file has %d bytes, more than a resource may (%d); read it in windows with the read_file tool", uri, out.Size, sandbox.MaxFileBytes))
 		}
 		encoding = out.Encoding
 		if encoding == "base64" && out.Truncated {
-			return nil, fmt.Errorf("read %s: a binary file of %d bytes is more than read_file returns at once; copy it out with the files endpoint (cellbox tool, or GET /v1/sessions/ID/boxes/BOX/files/PATH)", uri, out.Size)
+			return nil, resourceError(api.CodeTooLarge, fmt.Sprintf("read %s: a binary file of %d bytes is more than read_file returns at once; copy it out with the files endpoint (cellbox tool, or GET /v1/sessions/ID/boxes/BOX/files/PATH)", uri, out.Size))
 		}
 		text.WriteString(out.Content)
 		if out.NextOffset == 0 || encoding == "base64" {

@@ -9,6 +9,7 @@ import (
 	"github.com/cellbox/cellbox/internal/mcptest"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -125,10 +126,23 @@ func TestMCPBoxResources(t *testing.T) {
 	assert.Equal(t, "absolute", res.Contents[0].Text)
 	_, err = c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/default//etc/passwd"})
 	assert.ErrorContains(t, err, "outside the workspace", "the file tools' rules hold")
+	assertRPCCode(t, err, jsonrpc.CodeInvalidParams)
 
 	_, err = c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/default/missing.txt"})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no such file")
+	assertRPCCode(t, err, jsonrpc.CodeInvalidParams) // MCP's "resource not found" (SEP-2164)
+	_, err = c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/no/such/box/../x"})
+	assertRPCCode(t, err, jsonrpc.CodeInvalidParams)
+}
+
+// assertRPCCode checks err is a JSON-RPC error with code: a failed read
+// of a box resource said code 0, which no client can tell apart.
+func assertRPCCode(t *testing.T, err error, code int64) {
+	t.Helper()
+	var we *jsonrpc.Error
+	require.ErrorAs(t, err, &we)
+	assert.Equal(t, code, we.Code, we.Message)
 }
 
 // TestMCPCancelKillsCommand: cancelling a running shell call (the client

@@ -161,7 +161,12 @@ func (s *Server) handleLoad(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req loadRequest
-	if json.Unmarshal(body, &req) != nil || req.Path == "" && req.YAML == "" {
+	var te *json.UnmarshalTypeError
+	if err := json.Unmarshal(body, &req); errors.As(err, &te) {
+		// A JSON request with a field of the wrong type, not YAML.
+		writeErr(w, errorf(400, `%q must be a %s (got %s): send {"path": "/abs/pattern/folder"} or {"yaml": "name: …"}`, te.Field, te.Type, te.Value))
+		return
+	} else if err != nil || req.Path == "" && req.YAML == "" {
 		req = loadRequest{YAML: string(body)}
 	}
 	var p *patterns.Pattern

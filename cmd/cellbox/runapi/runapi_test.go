@@ -150,6 +150,11 @@ func TestLoadErrors(t *testing.T) {
 		{"bad yaml", "name: [", 400, "malformed YAML"},
 		{"unknown reference", "name: bad\nnodes:\n  x: {computed: '${nope + 1}'}\n", 400, `unknown cell or node "nope"`},
 		{"empty", "", 400, "empty body"},
+		// A JSON request whose fields have the wrong type says which (before:
+		// it was parsed as a pattern: `unknown field "yaml"`).
+		{"yaml not a string", `{"yaml": 5}`, 400, `"yaml" must be a string (got number)`},
+		{"path not a string", `{"path": ["/x"]}`, 400, `"path" must be a string (got array)`},
+		{"a device", `{"path": "/dev/zero"}`, 400, "not a regular file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			status, body := f.do(t, "POST", "/v1/patterns", tc.body)

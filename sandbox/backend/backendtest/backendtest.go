@@ -250,7 +250,7 @@ func (s *suite) errors(t *testing.T) {
 		// Limits are checked alike on every backend: bubblewrap used to
 		// take cpus 1000 and enforce nothing, Docker refused it.
 		{"cpus beyond the host", func(sp *backend.Spec) { sp.Limits.CPUs = 1000 }, "cpus 1000: want between 0.01 and"},
-		{"negative pids", func(sp *backend.Spec) { sp.Limits.Pids = -5 }, "pids -5: want at least 1"},
+		{"negative pids", func(sp *backend.Spec) { sp.Limits.Pids = -5 }, "pids -5: want between 1 and 4194304"},
 		{"tiny disk", func(sp *backend.Spec) { sp.Limits.DiskBytes = 1 << 20 }, "disk_bytes 1048576: want between 64 MiB"},
 	}
 	for _, tc := range bad {
