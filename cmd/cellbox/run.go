@@ -26,6 +26,7 @@ import (
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/sandbox/backend"
 )
 
 func init() {
@@ -73,14 +74,9 @@ func runRun(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// The state file first: it is the lock that says this process owns the
-	// data directory.
-	state, err := openState(dataDir)
-	if err != nil {
-		return err
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
 	}
-	defer state.Close()
-	store := state.cells
 	logf, err := os.OpenFile(filepath.Join(dataDir, runLogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("open log: %w", err)
@@ -88,20 +84,12 @@ func runRun(ctx context.Context, args []string) error {
 	defer logf.Close()
 	log := slog.New(slog.NewTextHandler(logf, nil))
 	slog.SetDefault(log) // openBackend and the sandbox log there too, not over the view
-	be, err := openBackend(ctx, *backendName, dataDir)
+	r, err := openRun(ctx, runConfig{dataDir: dataDir, backend: *backendName, log: log})
 	if err != nil {
 		return err
 	}
-	svc, err := sandbox.New(ctx, sandbox.Config{Backend: be, DataDir: dataDir, DB: state.db, Pool: map[string]int{}, Logger: log})
-	if err != nil {
-		return err
-	}
-	defer svc.Close()
-	host, err := newRuntimeHost(ctx, dataDir, store, svc, log, false)
-	if err != nil {
-		return err
-	}
-	defer host.close()
+	defer r.close()
+	svc, host, store, be := r.svc, r.host, r.state.cells, r.be
 	host.opts = *httpOpts
 
 	tty := isTerminal(os.Stdout)
@@ -160,6 +148,66 @@ func runRun(ctx context.Context, args []string) error {
 	finishView()
 	fmt.Fprintln(os.Stderr, "cellbox run: stopping (Ctrl-C again to quit at once)")
 	return nil
+}
+
+// runConfig says how openRun sets up a run.
+type runConfig struct {
+	dataDir     string
+	backend     string // docker, local or auto
+	agentBinary string // "": this executable
+	log         *slog.Logger
+}
+
+// runParts are what `cellbox run` (and `cellbox bench pipeline`, which
+// measures it) runs a pattern on: the data directory's state, the
+// backend, the sandbox service and the runtime host.
+type runParts struct {
+	state *dataState
+	be    backend.Backend
+	svc   *sandbox.Service
+	host  *runtimeHost
+}
+
+// openRun opens the data directory's state (first: it is the lock that
+// says this process owns the directory), the backend, the sandbox service
+// and a runtime host over them.
+func openRun(ctx context.Context, cfg runConfig) (_ *runParts, err error) {
+	r := &runParts{}
+	defer func() {
+		if err != nil {
+			r.close()
+		}
+	}()
+	if r.state, err = openState(cfg.dataDir); err != nil {
+		return nil, err
+	}
+	if r.be, err = openBackend(ctx, cfg.backend, cfg.dataDir); err != nil {
+		return nil, err
+	}
+	r.svc, err = sandbox.New(ctx, sandbox.Config{Backend: r.be, DataDir: cfg.dataDir, DB: r.state.db,
+		AgentBinary: cfg.agentBinary, Pool: map[string]int{}, Logger: cfg.log})
+	if err != nil {
+		return nil, err
+	}
+	if r.host, err = newRuntimeHost(ctx, cfg.dataDir, r.state.cells, r.svc, cfg.log, false); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// close closes what openRun opened, in reverse order.
+func (r *runParts) close() error {
+	var errs []error
+	if r.host != nil {
+		errs = append(errs, r.host.close())
+	}
+	if r.svc != nil {
+		errs = append(errs, r.svc.Close())
+	}
+	if r.state != nil {
+		errs = append(errs, r.state.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // patternsUnder checks a folder given as PATTERN: one without a
