@@ -59,6 +59,7 @@ const (
 	DefaultSleepAfter         = 10 * time.Minute
 	DefaultReapInterval       = 5 * time.Second
 	DefaultReadyTimeout       = 30 * time.Second
+	DefaultPoolIdle           = 30 * time.Second
 	DefaultMaxBoxesPerSession = 32
 	DefaultMaxBoxes           = 256
 	DefaultSessionTTL         = 24 * time.Hour
@@ -91,6 +92,14 @@ type Config struct {
 	// Pool is the number of pre-started boxes kept per image. nil means
 	// {DefaultImage: DefaultPoolSize}; an empty map keeps none.
 	Pool map[string]int
+	// PoolFollowsUse starts each pool empty and lets its size follow use,
+	// up to its Pool size: every box creation that could take a pooled box
+	// grows it by one, every PoolIdle without one shrinks it by one
+	// (cellbox run: exec stages get warm boxes, an idle run keeps none).
+	PoolFollowsUse bool
+	// PoolIdle is how long a use-following pool stays unused before it
+	// shrinks by a box. Default DefaultPoolIdle.
+	PoolIdle time.Duration
 	// SessionConcurrency and GlobalConcurrency bound the box creations and
 	// wakes in flight, per session and in all; more wait their turn.
 	SessionConcurrency int
@@ -136,6 +145,7 @@ type Service struct {
 	boxes    map[string]*box          // by id; boxes that exist (or existed) in the backend
 	previews map[string]previewTarget // preview id -> box and port
 	pools    map[string]*warmPool     // by image
+	filler   chan struct{}            // the one pool fill in flight
 	closed   bool
 }
 
@@ -174,6 +184,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = DefaultReadyTimeout
 	}
+	if cfg.PoolIdle <= 0 {
+		cfg.PoolIdle = DefaultPoolIdle
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -210,6 +223,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		boxes:    map[string]*box{},
 		previews: map[string]previewTarget{},
 		pools:    map[string]*warmPool{},
+		filler:   make(chan struct{}, 1),
 	}
 	s.SetBaseURL(cfg.BaseURL)
 	if err := s.reconcile(ctx); err != nil {
@@ -219,7 +233,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	for image, n := range cfg.Pool {
 		if n > 0 {
-			s.pools[image] = &warmPool{image: image, size: n}
+			s.pools[image] = s.newWarmPool(image, n)
 		}
 	}
 	s.fillPools()

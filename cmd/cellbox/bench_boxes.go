@@ -479,9 +479,14 @@ func newBenchService(ctx context.Context, be backend.Backend, dataDir, agentBina
 	})
 }
 
-// benchLogger logs warnings and errors only, to stderr.
+// benchLogger logs warnings and errors only, to stderr;
+// CELLBOX_BENCH_LOG=debug|info shows more, to see where the time goes.
 func benchLogger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	level := slog.LevelWarn
+	if v := os.Getenv("CELLBOX_BENCH_LOG"); v != "" {
+		_ = level.UnmarshalText([]byte(v))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
 // stopServer stops serving, deletes the server's session (destroying its

@@ -150,6 +150,9 @@ func runRun(ctx context.Context, args []string) error {
 	return nil
 }
 
+// runPool is the most warm boxes `cellbox run` keeps.
+const runPool = 2
+
 // runConfig says how openRun sets up a run.
 type runConfig struct {
 	dataDir     string
@@ -184,8 +187,11 @@ func openRun(ctx context.Context, cfg runConfig) (_ *runParts, err error) {
 	if r.be, err = openBackend(ctx, cfg.backend, cfg.dataDir); err != nil {
 		return nil, err
 	}
+	// Exec stages take fresh boxes from a warm pool of the default image
+	// whose size follows use: none until a stage runs, at most runPool,
+	// shrinking again when the run is idle.
 	r.svc, err = sandbox.New(ctx, sandbox.Config{Backend: r.be, DataDir: cfg.dataDir, DB: r.state.db,
-		AgentBinary: cfg.agentBinary, Pool: map[string]int{}, Logger: cfg.log})
+		AgentBinary: cfg.agentBinary, Pool: map[string]int{backend.DefaultImage: runPool}, PoolFollowsUse: true, Logger: cfg.log})
 	if err != nil {
 		return nil, err
 	}
