@@ -420,6 +420,37 @@ func TestWarmPool(t *testing.T) {
 	assert.Equal(t, 6, be.count())
 }
 
+// TestWarmPoolFollowsUse: a use-following pool (cellbox run) makes no box
+// before one is asked for, grows with use up to its size, and shrinks
+// back to nothing when unused.
+func TestWarmPoolFollowsUse(t *testing.T) {
+	be := newFakeBackend(t)
+	s := newTestService(t, be, "", func(c *Config) {
+		c.Pool = map[string]int{backend.DefaultImage: 2}
+		c.PoolFollowsUse = true
+		c.PoolIdle = 300 * time.Millisecond
+		c.ReapInterval = 10 * time.Millisecond
+	})
+	ready := func() int { s.mu.Lock(); defer s.mu.Unlock(); return len(s.pools[backend.DefaultImage].ready) }
+	h := newSession(t, s)
+	time.Sleep(30 * time.Millisecond) // three reaper rounds
+	assert.Equal(t, 0, be.count(), "no box before one is asked for")
+
+	h.tool("sandbox_create", map[string]any{"sandbox": "a"}) // a miss: the pool grows to 1
+	require.Eventually(t, func() bool { return ready() == 1 }, 5*time.Second, 2*time.Millisecond)
+	h.tool("sandbox_create", map[string]any{"sandbox": "b"}) // a hit: it grows to 2
+	assert.EqualValues(t, 1, s.Metrics().WarmTaken)
+	require.Eventually(t, func() bool { return ready() == 2 }, 5*time.Second, 2*time.Millisecond)
+	h.tool("sandbox_create", map[string]any{"sandbox": "c"}) // a hit; it stays at 2
+	assert.EqualValues(t, 2, s.Metrics().WarmTaken)
+	require.Eventually(t, func() bool { return ready() == 2 }, 5*time.Second, 2*time.Millisecond)
+	assert.Equal(t, 5, be.count(), "three boxes of the session, two warm")
+
+	// Unused, the pool shrinks box by box to nothing.
+	require.Eventually(t, func() bool { return ready() == 0 }, 5*time.Second, 5*time.Millisecond)
+	assert.Equal(t, 3, be.count(), "the warm boxes are removed, the session's stay")
+}
+
 func TestTransferBetweenBoxes(t *testing.T) {
 	s := newTestService(t, newFakeBackend(t), "", nil)
 	h := newSession(t, s)

@@ -292,6 +292,8 @@ type runtimeHost struct {
 	servers  []*http.Server
 	sockPath string
 	opts     httpOptions // of the HTTP server and its limits
+	// teardowns are exec boxes being destroyed after their runs.
+	teardowns *builtins.Teardowns
 }
 
 // newRuntimeHost starts a runtime over store whose exec and sandbox nodes
@@ -303,7 +305,7 @@ func newRuntimeHost(ctx context.Context, dataDir string, store cells.Store, svc 
 	if err != nil {
 		return nil, err
 	}
-	env := builtins.Env{Client: svc.Client(session), Logger: log}
+	env := builtins.Env{Client: svc.Client(session), Logger: log, Teardowns: &builtins.Teardowns{}}
 	// No pattern is loaded yet, so no exec run is live: an exec box in the
 	// session is a killed process's leftover.
 	if _, err := builtins.RemoveLeftoverExecBoxes(ctx, env); err != nil {
@@ -315,7 +317,7 @@ func newRuntimeHost(ctx context.Context, dataDir string, store cells.Store, svc 
 	}
 	rt := runtime.New(store, runtime.Options{Logger: log, MemoLimit: memoLimit})
 	api := runapi.New(runapi.Config{Runtime: rt, Store: store, Env: env, Logger: log, Persist: persist})
-	return &runtimeHost{dataDir: dataDir, rt: rt, api: api, svc: svc, session: session}, nil
+	return &runtimeHost{dataDir: dataDir, rt: rt, api: api, svc: svc, session: session, teardowns: env.Teardowns}, nil
 }
 
 // memoLimitEnv caps the exec memo cache of run and serve (bytes, or with a
@@ -428,7 +430,8 @@ func (h *runtimeHost) close() error {
 	if h.sockPath != "" {
 		os.Remove(h.sockPath)
 	}
-	return errors.Join(h.rt.Close(ctx), h.svc.SleepSession(ctx, h.session))
+	rterr := h.rt.Close(ctx)
+	return errors.Join(rterr, h.teardowns.Wait(ctx), h.svc.SleepSession(ctx, h.session))
 }
 
 // printFinal prints an instance's cells (inputs, then node outputs, in
