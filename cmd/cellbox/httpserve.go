@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
@@ -81,9 +82,18 @@ func (h *runtimeHost) serveHTTP(addr string, svc *sandbox.Service) (base, key st
 	}
 	base = "http://" + net.JoinHostPort(host, port)
 	svc.SetBaseURL(base)
-	boxes := httpapi.Handler(svc) // one handler: its MCP sessions live in it
-	g := newGuard(key, hosts, boxes, withRuntimeAPI(boxes, h.api, webui.Handler()))
+	// One handler of the tool API (its MCP sessions live in it), built on
+	// the first request as the page's is: a run with nothing to do exits
+	// before it would pay for them.
+	boxes := lazyHandler(func() http.Handler { return httpapi.Handler(svc) })
+	g := newGuard(key, hosts, boxes, withRuntimeAPI(boxes, h.api, lazyHandler(webui.Handler)))
 	return base, key, created, h.start(ln, withBodyDeadline(h.opts.bodyTimeout, g)), nil
+}
+
+// lazyHandler is the handler build returns, built on its first request.
+func lazyHandler(build func() http.Handler) http.Handler {
+	get := sync.OnceValue(build)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { get().ServeHTTP(w, r) })
 }
 
 // withRuntimeAPI routes the runtime API's paths to api, the web page's
