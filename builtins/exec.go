@@ -335,6 +335,10 @@ func (x *Exec) createBox(ctx context.Context, image string) (string, error) {
 // execBoxPrefix starts the name of every exec box, and of no other box.
 const execBoxPrefix = "exec-"
 
+// IsExecBox says whether a box name is an exec run's (a fresh box that
+// lives as long as one run).
+func IsExecBox(name string) bool { return strings.HasPrefix(name, execBoxPrefix) }
+
 // RemoveLeftoverExecBoxes destroys the exec boxes of env's session. Call
 // it at start, before any pattern loads: an exec box lives only as long as
 // its run, so one that exists then belongs to no live node — it is left
@@ -357,7 +361,7 @@ func RemoveLeftoverExecBoxes(ctx context.Context, env Env) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, b := range list.Sandboxes {
-		if !strings.HasPrefix(b.Name, execBoxPrefix) {
+		if !IsExecBox(b.Name) {
 			continue
 		}
 		if err := env.Client.DestroyBox(ctx, b.Name); err != nil && !noSuchBox(err) {

@@ -428,7 +428,7 @@ func TestWarmPoolFollowsUse(t *testing.T) {
 	s := newTestService(t, be, "", func(c *Config) {
 		c.Pool = map[string]int{backend.DefaultImage: 2}
 		c.PoolFollowsUse = true
-		c.PoolIdle = 300 * time.Millisecond
+		c.PoolIdle = time.Second
 		c.ReapInterval = 10 * time.Millisecond
 	})
 	ready := func() int { s.mu.Lock(); defer s.mu.Unlock(); return len(s.pools[backend.DefaultImage].ready) }

@@ -11,7 +11,8 @@ package sandbox
 // With Config.PoolFollowsUse (cellbox run) a pool starts empty and its
 // size follows use: each take, hit or miss, grows it by one up to its
 // Config.Pool size, and each PoolIdle without a take shrinks it by one
-// (removing a ready box). Fills run one at a time in the whole service,
+// (removing a ready box). Config.PoolUse says which takes count (cellbox
+// run: its exec stages' boxes, not a sandbox node's long-lived one). Fills run one at a time in the whole service,
 // so that refilling never has more than one box creation competing for
 // the CPU with the stages that run.
 
@@ -49,18 +50,21 @@ func (s *Service) newWarmPool(image string, n int) *warmPool {
 	return p
 }
 
-// takeWarm takes a pre-started box of image, if one is ready. Each call
-// counts as a use of the pool.
-func (s *Service) takeWarm(image string) (string, *agent.Client, bool) {
+// takeWarm takes a pre-started box of image for the box name, if one is
+// ready. Each call for a name that Config.PoolUse accepts counts as a use
+// of the pool.
+func (s *Service) takeWarm(image, name string) (string, *agent.Client, bool) {
 	s.mu.Lock()
 	p := s.pools[image]
 	if p == nil {
 		s.mu.Unlock()
 		return "", nil, false
 	}
-	p.lastUse = time.Now()
-	if s.cfg.PoolFollowsUse && p.size < p.max {
-		p.size++
+	if s.cfg.PoolUse == nil || s.cfg.PoolUse(name) {
+		p.lastUse = time.Now()
+		if s.cfg.PoolFollowsUse && p.size < p.max {
+			p.size++
+		}
 	}
 	if len(p.ready) == 0 {
 		s.mu.Unlock()

@@ -16,6 +16,7 @@ import (
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 	"github.com/cellbox/cellbox/patterns"
+	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/docker"
 )
 
@@ -120,7 +121,7 @@ func benchPipeline(ctx context.Context, o pipelineOptions) (*benchReport, error)
 	}
 	defer os.RemoveAll(root)
 	b := &pipelineBench{o: o, rep: newBenchReport("pipeline"), root: root, peers: map[string]scenarioSamples{}}
-	b.rep.note("csv rerun: the stages of %s (keep, summarize) after the threshold cell (make: the threshold file) flips between 50 and 100, with memoization off (`cache: false`) so that every change reruns them, as under make. cellbox: `cellbox run`'s runtime, backend and sandbox service in this process, from Runtime.Set of the cell until Runtime.Wait returns (the results are in their cells).", o.example)
+	b.rep.note("csv rerun: the stages of %s (keep, summarize) after the threshold cell (make: the threshold file) flips between 50 and 100, with memoization off (`cache: false`) so that every change reruns them, as under make. cellbox: `cellbox run`'s runtime, backend and sandbox service in this process, from Runtime.Set of the cell until Runtime.Wait returns (the results are in their cells); before each change the bench waits, untimed, until run's warm pool (which grows with use, to %d boxes) is full again, as when changes come slower than it refills.", o.example, runPool)
 	b.rep.note("one stage: an exec node running `true` with /workspace/in.txt bound to a cell; make: a rule from in.txt running `true` in the sandbox, then touching its target.")
 	b.rep.note("nothing to do: `cellbox run PATTERN --once` over a data dir where the pattern is settled (a new process), against `make` with everything up to date.")
 	b.rep.note("make + bwrap: bwrap with every namespace unshared, the host's /usr read-only and the folder bound at /workspace; make + docker run: `docker run --rm --network none --user` (this user) of %s with the host's /usr and the folder at /workspace. Each make is `make -s -C DIR` as a new process.", docker.HostImage)
@@ -262,11 +263,33 @@ func (b *pipelineBench) cellbox(ctx context.Context, be string) error {
 			}
 			return d, nil
 		}
+		// warm waits (untimed) until the run's warm pool, grown by the
+		// runs so far, is full again, as in a run whose changes come
+		// slower than its pool refills.
+		warm := func() error {
+			svc, _, err := r.boxes.get(ctx)
+			if err != nil {
+				return err
+			}
+			wctx, cancel := context.WithTimeout(ctx, benchPoolWait)
+			defer cancel()
+			for poolReady(svc) < runPool {
+				select {
+				case <-wctx.Done():
+					return fmt.Errorf("the warm pool did not fill to %d boxes in %s", runPool, benchPoolWait)
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+			return nil
+		}
 		csv, err := load(b.csv)
 		if err != nil {
 			return fmt.Errorf("first run of the csv pipeline: %w", err)
 		}
 		if s.rerun, err = b.loop(ctx, func(i int) (time.Duration, error) {
+			if err := warm(); err != nil {
+				return 0, err
+			}
 			return change(csv, "threshold", thresholdOf(i), "summarize")
 		}); err != nil {
 			return fmt.Errorf("csv rerun: %w", err)
@@ -276,6 +299,9 @@ func (b *pipelineBench) cellbox(ctx context.Context, be string) error {
 			return fmt.Errorf("first run of the one-stage pattern: %w", err)
 		}
 		s.one, err = b.loop(ctx, func(i int) (time.Duration, error) {
+			if err := warm(); err != nil {
+				return 0, err
+			}
 			return change(stage, "x", json.RawMessage(strconv.Quote(strconv.Itoa(i+2))), "stage")
 		})
 		return err
@@ -291,6 +317,15 @@ func (b *pipelineBench) cellbox(ctx context.Context, be string) error {
 	}
 	b.cellboxRuns = append(b.cellboxRuns, s)
 	return nil
+}
+
+// poolReady is the number of warm boxes ready in svc.
+func poolReady(svc *sandbox.Service) int {
+	n := 0
+	for _, c := range svc.Metrics().PoolReady {
+		n += c.N
+	}
+	return n
 }
 
 // thresholdOf is the threshold of iteration i: 100 and 50 in turn (100

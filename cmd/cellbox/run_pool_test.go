@@ -18,7 +18,6 @@ import (
 	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/patterns"
-	"github.com/cellbox/cellbox/sandbox"
 )
 
 // dirtyPattern's stage first shows what its box holds (files in
@@ -64,15 +63,17 @@ func TestRunExecBoxFromPoolIsFresh(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, r.host.rt.Wait(ctx))
 
+	svc, _, err := r.boxes.get(ctx) // opened by the first run
+	require.NoError(t, err)
 	stage := cells.Address{Space: runapi.DefaultSpace, Pattern: p.Name, Name: "stage"}
 	for n := 1; n <= 3; n++ {
 		// The pool grows with use: wait for a ready box, so that this run
 		// takes one.
-		require.Eventually(t, func() bool { return poolReady(r.svc) > 0 }, time.Minute, 5*time.Millisecond, "a warm box for run %d", n)
-		taken := r.svc.Metrics().WarmTaken
+		require.Eventually(t, func() bool { return poolReady(svc) > 0 }, time.Minute, 5*time.Millisecond, "a warm box for run %d", n)
+		taken := svc.Metrics().WarmTaken
 		require.NoError(t, r.host.rt.Set(ctx, cells.Address{Space: runapi.DefaultSpace, Pattern: p.Name, Name: "n"}, json.RawMessage(strconv.Quote(strconv.Itoa(n)))))
 		require.NoError(t, r.host.rt.Wait(ctx))
-		assert.Equal(t, taken+1, r.svc.Metrics().WarmTaken, "run %d took its box from the warm pool", n)
+		assert.Equal(t, taken+1, svc.Metrics().WarmTaken, "run %d took its box from the warm pool", n)
 
 		c, err := r.state.cells.Get(stage)
 		require.NoError(t, err)
@@ -87,11 +88,23 @@ func TestRunExecBoxFromPoolIsFresh(t *testing.T) {
 	}
 }
 
-// poolReady is the number of warm boxes ready in svc.
-func poolReady(svc *sandbox.Service) int {
-	n := 0
-	for _, c := range svc.Metrics().PoolReady {
-		n += c.N
-	}
-	return n
+// TestRunOpensNoBackendWithoutBoxes: a run whose nodes need no box never
+// opens (or probes) its backend — before, `run` opened it first thing,
+// so an unreachable Docker Engine failed a pattern of computed cells and
+// the local backend set up its directory for nothing. Once a node needs
+// a box, an unreachable backend is that node's error.
+func TestRunOpensNoBackendWithoutBoxes(t *testing.T) {
+	t.Setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+	data := t.TempDir()
+	out, errOut, err := cellbox(t, "run", writePattern(t, sumPattern), "--once", "--data", data, "--backend", "docker")
+	require.NoError(t, err, errOut)
+	assert.Equal(t, "a = 1\nb = 2\ntotal = 3\ndouble = 6\n", out)
+
+	_, errOut, err = cellbox(t, "run", writePattern(t, sumPattern), "--once", "--data", data, "--backend", "local")
+	require.NoError(t, err, errOut)
+	assert.NoDirExists(t, filepath.Join(data, "local"), "the local backend was not set up")
+
+	out, errOut, err = cellbox(t, "run", writePattern(t, "name: one\nnodes:\n  stage:\n    exec:\n      command: \"true\"\n"), "--once", "--data", t.TempDir(), "--backend", "docker")
+	require.Error(t, err, "a stage needs the backend")
+	assert.Contains(t, out+errOut, "start the sandbox service")
 }
