@@ -183,8 +183,12 @@ func (s *Service) use(ctx context.Context, sess *Session, name string, b *box, n
 	defer b.life.Unlock()
 	switch b.state {
 	case stateRunning:
-		if err := s.check(ctx, sess, name, b, notice); err != nil {
-			return nil, err
+		// No ping: a request that cannot reach a dead agent heals the box
+		// and is sent again (heal). A box without a client is checked now.
+		if b.client == nil {
+			if err := s.check(ctx, sess, name, b, notice); err != nil {
+				return nil, err
+			}
 		}
 	case stateRemoved:
 		if b.failed != nil {
@@ -424,6 +428,7 @@ func (s *Service) connect(ctx context.Context, id string, timeout time.Duration)
 		rcancel()
 		switch {
 		case err == nil:
+			cl.SetHeal(func(ctx context.Context) error { return s.heal(ctx, id) })
 			return cl, nil
 		case errors.As(err, &pe):
 			cl.Close()

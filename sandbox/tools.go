@@ -308,6 +308,7 @@ func toolNames(tools []*Tool) []string {
 type call struct {
 	s       *Service
 	sess    *Session
+	mu      sync.Mutex // guards notices: a heal may add one from a goroutine of the call
 	notices []string
 	leases  []*lease
 }
@@ -323,7 +324,11 @@ func (c *call) box(ctx context.Context, name string) (*lease, error) {
 	return l, nil
 }
 
-func (c *call) notice(n string) { c.notices = append(c.notices, n) }
+func (c *call) notice(n string) {
+	c.mu.Lock()
+	c.notices = append(c.notices, n)
+	c.mu.Unlock()
+}
 
 func (c *call) done() {
 	for _, l := range c.leases {
@@ -361,7 +366,7 @@ func (s *Service) callTool(ctx context.Context, sess *Session, t *Tool, raw json
 	}
 	start := time.Now()
 	c := &call{s: s, sess: sess}
-	out, err := s.runTool(ctx, t, c, raw)
+	out, err := s.runTool(withCall(ctx, sess, c.notice), t, c, raw)
 	if err != nil {
 		for _, l := range c.leases {
 			err = s.explain(ctx, l, err)

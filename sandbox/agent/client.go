@@ -33,7 +33,35 @@ type Client struct {
 	socket string
 	hc     *http.Client
 	tr     *http.Transport
+	// heal, if set, is called when a request could not reach the agent
+	// (see SetHeal).
+	heal func(ctx context.Context) error
 }
+
+// SetHeal sets what the client does when a request cannot reach the
+// agent at all — its socket is gone or refuses connections, so the
+// request was never sent: heal (which brings the agent back on the same
+// socket, or says why it cannot) runs, and the request is sent once more.
+// This is how the pool checks a box's health only when a call fails,
+// instead of pinging the agent before every call. Call it before the
+// client is shared. A request under a context of WithoutHeal is not
+// healed (the health check itself, which heal runs).
+func (c *Client) SetHeal(heal func(ctx context.Context) error) { c.heal = heal }
+
+type noHealKey struct{}
+
+// WithoutHeal returns ctx under which a failed request does not call the
+// client's heal.
+func WithoutHeal(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noHealKey{}, true)
+}
+
+// undeliveredError is a failure to connect to the agent: nothing of the
+// request was sent.
+type undeliveredError struct{ err error }
+
+func (e *undeliveredError) Error() string { return e.err.Error() }
+func (e *undeliveredError) Unwrap() error { return e.err }
 
 // Dial returns a Client for the agent at socketPath. It does not connect;
 // each call does (or reuses a pooled connection).
@@ -68,7 +96,7 @@ func Dial(socketPath string) *Client {
 func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 	fd, err := unix.Open(c.socket, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("agent socket %s: %w", c.socket, err)
+		return nil, &undeliveredError{fmt.Errorf("agent socket %s: %w", c.socket, err)}
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t
@@ -79,7 +107,11 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 		return nil, fmt.Errorf("agent socket %s is not a unix socket (mode %#o); refusing to connect", c.socket, st.Mode)
 	}
 	var d net.Dialer
-	return d.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
+	conn, err := d.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
+	if err != nil {
+		return nil, &undeliveredError{err}
+	}
+	return conn, nil
 }
 
 // Close drops the pooled connections.
@@ -107,7 +139,24 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
+	// A streamed body is watched: if the request fails before a byte of
+	// it was read, it can go again as it is.
+	var streamed *readWatch
+	if body != nil && req.GetBody == nil {
+		streamed = &readWatch{r: body}
+		req.Body = io.NopCloser(streamed)
+	}
 	resp, err := c.hc.Do(req)
+	var ue *undeliveredError
+	if err != nil && c.heal != nil && errors.As(err, &ue) && ctx.Err() == nil && ctx.Value(noHealKey{}) == nil && (streamed == nil || !streamed.read) {
+		// Not sent: heal the agent and send it again.
+		if herr := c.heal(ctx); herr != nil {
+			return nil, fmt.Errorf("agent %s %s: %w", method, path, herr)
+		}
+		if req, err = retryRequest(req); err == nil {
+			resp, err = c.hc.Do(req)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("agent %s %s: %w", method, path, err)
 	}
@@ -120,6 +169,31 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 		return nil, decodeError(path, resp)
 	}
 	return resp, nil
+}
+
+// retryRequest is req again: with a fresh copy of its body if it has
+// one to make, else with its (unread) body.
+func retryRequest(req *http.Request) (*http.Request, error) {
+	r := req.Clone(req.Context())
+	if req.GetBody != nil {
+		b, err := req.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		r.Body = b
+	}
+	return r, nil
+}
+
+// readWatch is a reader that notes whether it was read from.
+type readWatch struct {
+	r    io.Reader
+	read bool
+}
+
+func (w *readWatch) Read(p []byte) (int, error) {
+	w.read = true
+	return w.r.Read(p)
 }
 
 func checkProtocol(h http.Header) error {
