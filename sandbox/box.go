@@ -101,6 +101,7 @@ type boxSpec struct {
 	SleepAfterMs int64
 	ID           string // preset id (shared boxes)
 	Shared       bool
+	OneShot      bool // Config.OneShot: not stored
 }
 
 // acquire returns a lease on the session's box name, creating it with the
@@ -128,7 +129,7 @@ func (s *Service) acquire(ctx context.Context, sess *Session, name string, notic
 				s.mu.Unlock()
 				return nil, fmt.Errorf("create sandbox %q: %w", name, err)
 			}
-			b = s.newBoxLocked(sess, boxSpec{})
+			b = s.newBoxLocked(sess, boxSpec{OneShot: s.oneShot(name)})
 			sess.boxes[name] = b
 		}
 		s.mu.Unlock()
@@ -148,6 +149,9 @@ const maxRetries = 8
 
 // errRetry says the box changed under the caller; look it up again.
 var errRetry = errors.New("retry")
+
+// oneShot says whether the box name lives for one run (Config.OneShot).
+func (s *Service) oneShot(name string) bool { return s.cfg.OneShot != nil && s.cfg.OneShot(name) }
 
 // newBoxLocked makes a not-yet-created box of sess from spec.
 func (s *Service) newBoxLocked(sess *Session, spec boxSpec) *box {
@@ -169,6 +173,7 @@ func (s *Service) newBoxLocked(sess *Session, spec boxSpec) *box {
 		SleepAfterMs: spec.SleepAfterMs,
 		Created:      now,
 		LastUsed:     now,
+		OneShot:      spec.OneShot,
 	}}
 	if spec.Shared {
 		b.rec.Session = ""
@@ -338,6 +343,9 @@ func (s *Service) adopt(sess *Session, name string, b *box, cl *agent.Client) er
 	rec := b.record()
 	srec := s.sessionRecordLocked(sess)
 	s.mu.Unlock()
+	if rec.OneShot {
+		return nil // not stored: nothing to commit
+	}
 	if err := s.st.apply(change{box: rec}, change{session: &srec}); err != nil {
 		s.mu.Lock()
 		b.state, b.client = stateNew, nil
@@ -519,7 +527,7 @@ func (s *Service) destroyBox(ctx context.Context, sess *Session, name string) er
 	srec := s.sessionRecordLocked(sess)
 	s.mu.Unlock()
 	var changes []change
-	if !sess.deleted {
+	if !sess.deleted && !b.rec.OneShot { // a one-shot box is not in the record
 		changes = append(changes, change{session: &srec})
 	}
 	if used {
@@ -540,7 +548,9 @@ func (s *Service) destroyBox(ctx context.Context, sess *Session, name string) er
 	s.mu.Unlock()
 	if prev != stateNew {
 		s.removeBox(ctx, id)
-		changes = append(changes, change{delBox: id})
+		if !b.rec.OneShot {
+			changes = append(changes, change{delBox: id})
+		}
 	}
 	s.log.Info("box destroyed", "session", sess.ID, "name", name, "box", id)
 	return s.st.apply(changes...)

@@ -451,6 +451,40 @@ func TestWarmPoolFollowsUse(t *testing.T) {
 	require.Eventually(t, func() bool { return be.count() == 3 }, 10*time.Second, 5*time.Millisecond, "the warm boxes are removed, the session's stay")
 }
 
+// TestOneShotBoxesAreNotStored: a box Config.OneShot names (an exec
+// stage's) costs no commit of the state file on its way in or out; one a
+// dead process left behind is removed at the next start as an orphan,
+// while an ordinary box is reattached.
+func TestOneShotBoxesAreNotStored(t *testing.T) {
+	be := newFakeBackend(t)
+	dir := t.TempDir()
+	oneShot := func(c *Config) { c.OneShot = func(name string) bool { return strings.HasPrefix(name, "run-") } }
+	s := newTestService(t, be, dir, oneShot)
+	h := newSession(t, s)
+	h.tool("shell", map[string]any{"sandbox": "keep", "command": "true"})
+	s.flushLastUsed()
+	state := func() []byte {
+		b, err := os.ReadFile(filepath.Join(dir, StateFile))
+		require.NoError(t, err)
+		return b
+	}
+	before := state()
+	h.tool("shell", map[string]any{"sandbox": "run-1", "command": "echo hi > f"})
+	h.tool("sandbox_destroy", map[string]any{"sandbox": "run-1"})
+	h.tool("shell", map[string]any{"sandbox": "run-2", "command": "true"})
+	assert.Equal(t, before, state(), "one-shot boxes: no commit")
+	assert.Equal(t, 2, be.count(), "keep and run-2")
+
+	// The process dies with run-2 alive; the next start removes it.
+	require.NoError(t, s.Close())
+	s2 := newTestService(t, be, dir, oneShot)
+	assert.Equal(t, 1, be.count(), "run-2 was an orphan")
+	l := (&testSession{t: t, s: s2, id: h.id, token: h.token}).tool("sandbox_list", nil)
+	boxes := l["sandboxes"].([]any)
+	require.Len(t, boxes, 1)
+	assert.Equal(t, "keep", boxes[0].(map[string]any)["name"])
+}
+
 func TestTransferBetweenBoxes(t *testing.T) {
 	s := newTestService(t, newFakeBackend(t), "", nil)
 	h := newSession(t, s)

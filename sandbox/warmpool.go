@@ -11,7 +11,7 @@ package sandbox
 // With Config.PoolFollowsUse (cellbox run) a pool starts empty and its
 // size follows use: each take, hit or miss, grows it by one up to its
 // Config.Pool size, and each PoolIdle without a take shrinks it by one
-// (removing a ready box). Config.PoolUse says which takes count (cellbox
+// (removing a ready box). Config.OneShot says which takes count (cellbox
 // run: its exec stages' boxes, not a sandbox node's long-lived one). Fills run one at a time in the whole service,
 // so that refilling never has more than one box creation competing for
 // the CPU with the stages that run.
@@ -51,8 +51,8 @@ func (s *Service) newWarmPool(image string, n int) *warmPool {
 }
 
 // takeWarm takes a pre-started box of image for the box name, if one is
-// ready. Each call for a name that Config.PoolUse accepts counts as a use
-// of the pool.
+// ready. Each call for a name that Config.OneShot accepts (or every
+// call, without OneShot) counts as a use of the pool.
 func (s *Service) takeWarm(image, name string) (string, *agent.Client, bool) {
 	s.mu.Lock()
 	p := s.pools[image]
@@ -60,7 +60,7 @@ func (s *Service) takeWarm(image, name string) (string, *agent.Client, bool) {
 		s.mu.Unlock()
 		return "", nil, false
 	}
-	if s.cfg.PoolUse == nil || s.cfg.PoolUse(name) {
+	if s.cfg.OneShot == nil || s.cfg.OneShot(name) {
 		p.lastUse = time.Now()
 		if s.cfg.PoolFollowsUse && p.size < p.max {
 			p.size++

@@ -193,7 +193,7 @@ func openRun(ctx context.Context, cfg runConfig) (_ *runParts, err error) {
 		// image whose size follows their use: none until a stage runs, at
 		// most runPool, shrinking again when the run is idle.
 		return sandbox.New(ctx, sandbox.Config{Backend: be, DataDir: cfg.dataDir, DB: r.state.db,
-			AgentBinary: cfg.agentBinary, Pool: map[string]int{backend.DefaultImage: runPool}, PoolFollowsUse: true, PoolUse: builtins.IsExecBox,
+			AgentBinary: cfg.agentBinary, Pool: map[string]int{backend.DefaultImage: runPool}, PoolFollowsUse: true, OneShot: builtins.IsExecBox,
 			Logger: cfg.log})
 	})
 	if r.host, err = newRuntimeHost(cfg.dataDir, r.state.cells, r.boxes, cfg.log, false); err != nil {
