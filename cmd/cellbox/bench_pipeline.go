@@ -402,23 +402,43 @@ func (b *pipelineBench) makePeer(ctx context.Context, peer string) error {
 		return err
 	}
 	mk := func(dir string) (time.Duration, error) { return timedCmd(ctx, "make", "-s", "-C", dir) }
-	if _, err := mk(csvDir); err != nil { // the first, full run
+	// change writes an input file and runs make, which must remake target.
+	// It first waits (untimed) for the file clock to move on: file times
+	// come from a coarse clock (a few ms), and an input written in the
+	// same tick as the target was made looks no newer to make.
+	change := func(dir, input, text, target string) (time.Duration, error) {
+		before, err := os.Stat(filepath.Join(dir, target))
+		if err != nil {
+			return 0, err
+		}
+		time.Sleep(20 * time.Millisecond)
+		if err := write(filepath.Join(dir, input), text); err != nil {
+			return 0, err
+		}
+		d, err := mk(dir)
+		if err != nil {
+			return 0, err
+		}
+		after, err := os.Stat(filepath.Join(dir, target))
+		if err == nil && !after.ModTime().After(before.ModTime()) {
+			err = fmt.Errorf("make in %s did not remake %s after %s changed", dir, target, input)
+		}
+		return d, err
+	}
+	if _, err := mk(csvDir); err != nil { // the first, full runs
+		return err
+	}
+	if _, err := mk(stageDir); err != nil {
 		return err
 	}
 	rerun, err := b.loop(ctx, func(i int) (time.Duration, error) {
-		if err := write(filepath.Join(csvDir, "threshold"), string(thresholdOf(i))+"\n"); err != nil {
-			return 0, err
-		}
-		return mk(csvDir)
+		return change(csvDir, "threshold", string(thresholdOf(i))+"\n", "summary.json")
 	})
 	if err != nil {
 		return fmt.Errorf("csv rerun: %w", err)
 	}
 	one, err := b.loop(ctx, func(i int) (time.Duration, error) {
-		if err := write(filepath.Join(stageDir, "in.txt"), strconv.Itoa(i+2)); err != nil {
-			return 0, err
-		}
-		return mk(stageDir)
+		return change(stageDir, "in.txt", strconv.Itoa(i+2), "out")
 	})
 	if err != nil {
 		return fmt.Errorf("one stage: %w", err)
