@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
@@ -305,22 +307,81 @@ func (c *Client) Version(ctx context.Context) (Version, error) {
 	return v, err
 }
 
-// WaitReady polls Version every 2ms until the agent answers or ctx ends. A
-// protocol mismatch is returned at once.
+// WaitReady waits until the agent answers or ctx ends; a protocol
+// mismatch is returned at once. It does not poll blindly: until the
+// agent's socket appears it sleeps on an inotify watch of the socket's
+// directory (woken when the socket is created), and only then tries
+// every millisecond — the moments between bind and listen. Where inotify
+// is not to be had, it tries every 2 ms.
 func (c *Client) WaitReady(ctx context.Context) error {
-	t := time.NewTicker(2 * time.Millisecond)
-	defer t.Stop()
+	w := newDirWatch(filepath.Dir(c.socket))
+	defer w.close()
 	for {
 		_, err := c.Version(ctx)
 		var pe *ProtocolError
 		if err == nil || errors.As(err, &pe) {
 			return err
 		}
+		wait := 2 * time.Millisecond
+		if w != nil {
+			wait = time.Millisecond
+			if _, serr := os.Lstat(c.socket); serr != nil {
+				// No socket yet: sleep until something is created in
+				// its directory (or, in case an event is missed, 50 ms).
+				if werr := w.wait(ctx, 50*time.Millisecond); werr == nil {
+					continue
+				}
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("agent at %s not ready: %w (last error: %v)", c.socket, ctx.Err(), err)
-		case <-t.C:
+		case <-time.After(wait):
 		}
+	}
+}
+
+// dirWatch is an inotify watch of a directory for entries created in it.
+type dirWatch struct{ fd int }
+
+// newDirWatch watches dir, or returns nil if inotify is not to be had.
+func newDirWatch(dir string) *dirWatch {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil
+	}
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE|unix.IN_MOVED_TO); err != nil {
+		unix.Close(fd)
+		return nil
+	}
+	return &dirWatch{fd: fd}
+}
+
+func (w *dirWatch) close() {
+	if w != nil {
+		unix.Close(w.fd)
+	}
+}
+
+// wait returns when an entry was created in the directory since the last
+// call (nil), after limit, or when ctx ends (an error either way).
+func (w *dirWatch) wait(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	buf := make([]byte, 4096)
+	for {
+		if n, _ := unix.Read(w.fd, buf); n > 0 {
+			return nil // drained; what was created is looked at by the caller
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return context.DeadlineExceeded
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		// Poll in slices of at most 10 ms so that ctx is heard.
+		ms := int(min(left, 10*time.Millisecond) / time.Millisecond)
+		_, _ = unix.Poll([]unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}, max(ms, 1))
 	}
 }
 

@@ -52,3 +52,32 @@ func TestClientHealsUndeliveredRequests(t *testing.T) {
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, heals.Load(), "a live agent: no heal")
 }
+
+// TestWaitReadyForALateAgent: WaitReady, begun before the agent's socket
+// exists, sleeps on the socket's directory and returns once an agent
+// serves there; cancelled, it says what it waited for.
+func TestWaitReadyForALateAgent(t *testing.T) {
+	dir, err := os.MkdirTemp("", "cbwr")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "agent.sock")
+	c := Dial(sock)
+	defer c.Close()
+
+	ctx, cancel := context.WithCancel(ctxT(t))
+	done := make(chan error, 1)
+	go func() { done <- c.WaitReady(ctx) }()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "other"), nil, 0o644)) // an unrelated file wakes it; it waits on
+	sctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- Serve(sctx, Options{Socket: sock, Workspace: t.TempDir()}) }()
+	require.NoError(t, <-done)
+	stop()
+	require.NoError(t, <-served)
+
+	cancel()
+	gone := Dial(filepath.Join(dir, "never.sock"))
+	err = gone.WaitReady(ctx)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "never.sock not ready")
+}
