@@ -41,6 +41,31 @@ type counting struct {
 	hold    map[string]chan struct{} // command -> gate
 	reached chan string
 	late    []api.ExecResult
+	// destroyGate, if set, holds every DestroyBox until it is closed.
+	destroyGate chan struct{}
+}
+
+func (c *counting) DestroyBox(ctx context.Context, name string) error {
+	c.mu.Lock()
+	gate := c.destroyGate
+	c.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	return c.Client.DestroyBox(ctx, name)
+}
+
+// holdDestroys makes DestroyBox wait until the function it returns is
+// called (by the test's cleanup at the latest).
+func (c *counting) holdDestroys(t *testing.T) (release func()) {
+	gate := make(chan struct{})
+	c.mu.Lock()
+	c.destroyGate = gate
+	c.mu.Unlock()
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	return release
 }
 
 func (c *counting) Exec(ctx context.Context, box string, req api.ExecRequest, onOutput func(string, []byte)) (api.ExecResult, error) {
@@ -104,6 +129,8 @@ type box struct {
 	session string
 	client  *counting
 	llm     builtins.LLMEnv // for llm nodes
+	// teardowns, if set, is the patterns' builtins.Env.Teardowns.
+	teardowns *builtins.Teardowns
 }
 
 func newBox(t *testing.T) *box { return startBox(t, false) }
@@ -178,7 +205,7 @@ func (b *box) loadOn(t *testing.T, store cells.Store, yaml string, files map[str
 	}
 	p, err := patterns.Parse("pattern.yaml", []byte(yaml), fsys)
 	require.NoError(t, err)
-	rp, err := patterns.Compile(p, builtins.Env{Client: b.client, Logger: quiet(), LLM: b.llm})
+	rp, err := patterns.Compile(p, builtins.Env{Client: b.client, Logger: quiet(), LLM: b.llm, Teardowns: b.teardowns})
 	require.NoError(t, err)
 	rt := runtime.New(store, runtime.Options{Logger: quiet()})
 	r := &run{t: t, box: b, store: store, rt: rt, pat: rp}

@@ -1,8 +1,10 @@
 package builtins
 
 import (
+	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/cellbox/cellbox/sandboxclient"
@@ -18,6 +20,59 @@ type Env struct {
 	Logger *slog.Logger
 	// LLM is where llm nodes find their providers.
 	LLM LLMEnv
+	// Teardowns, if set, takes an exec run's box teardown off the run's
+	// critical path: the result is published while the box is destroyed
+	// in the background; the host waits for them (Teardowns.Wait) before
+	// it lets the session's boxes go. nil: a run destroys its box before
+	// it returns.
+	Teardowns *Teardowns
+}
+
+// Teardowns tracks box teardowns running in the background.
+type Teardowns struct {
+	mu     sync.Mutex
+	wg     sync.WaitGroup
+	closed bool
+}
+
+// do runs fn in the background, or at once once Wait has been called (a
+// host shutting down waits for nothing started after it).
+func (t *Teardowns) do(fn func()) {
+	if t == nil {
+		fn()
+		return
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		fn()
+		return
+	}
+	t.wg.Add(1)
+	t.mu.Unlock()
+	go func() {
+		defer t.wg.Done()
+		fn()
+	}()
+}
+
+// Wait waits for the teardowns in flight (or for ctx to end); teardowns
+// asked for later run before their run returns.
+func (t *Teardowns) Wait(ctx context.Context) error {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		t.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (e Env) logger() *slog.Logger {

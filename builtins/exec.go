@@ -232,12 +232,16 @@ func (x *Exec) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 	if err != nil {
 		return nil, timedOut(err)
 	}
-	defer destroyQuietly(ctx, x.env, box)
+	created := time.Now()
+	// The box goes once the run is over; with Env.Teardowns, after the
+	// result is published.
+	defer x.env.Teardowns.do(func() { destroyQuietly(ctx, x.env, box) })
 	for _, p := range slices.Sorted(maps.Keys(job.Inputs)) {
 		if err := upload(rctx, x.env.Client, box, p, job.Inputs[p]); err != nil {
 			return nil, timedOut(err)
 		}
 	}
+	uploaded := time.Now()
 	res := ExecResult{Files: map[string]any{}}
 	var stdout, stderr strings.Builder
 	var failure string
@@ -279,6 +283,12 @@ func (x *Exec) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 		}
 	}
 	res.Stdout, res.Stderr = stdout.String(), stderr.String()
+	ran := time.Now()
+	defer func() {
+		// Where a run's time goes (CELLBOX_BENCH_LOG=debug shows it).
+		x.log.Debug("exec run", "box", box, "create", created.Sub(start), "upload", uploaded.Sub(created),
+			"commands", ran.Sub(uploaded), "outputs", time.Since(ran))
+	}()
 	for _, p := range slices.Sorted(maps.Keys(job.Outputs)) {
 		v, found, err := readOutput(rctx, x.env.Client, box, p, job.Outputs[p])
 		switch {
@@ -325,6 +335,10 @@ func (x *Exec) createBox(ctx context.Context, image string) (string, error) {
 // execBoxPrefix starts the name of every exec box, and of no other box.
 const execBoxPrefix = "exec-"
 
+// IsExecBox says whether a box name is an exec run's (a fresh box that
+// lives as long as one run).
+func IsExecBox(name string) bool { return strings.HasPrefix(name, execBoxPrefix) }
+
 // RemoveLeftoverExecBoxes destroys the exec boxes of env's session. Call
 // it at start, before any pattern loads: an exec box lives only as long as
 // its run, so one that exists then belongs to no live node — it is left
@@ -347,7 +361,7 @@ func RemoveLeftoverExecBoxes(ctx context.Context, env Env) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, b := range list.Sandboxes {
-		if !strings.HasPrefix(b.Name, execBoxPrefix) {
+		if !IsExecBox(b.Name) {
 			continue
 		}
 		if err := env.Client.DestroyBox(ctx, b.Name); err != nil && !noSuchBox(err) {

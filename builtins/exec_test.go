@@ -49,6 +49,38 @@ nodes:
 	assert.Empty(t, b.list(t), "run boxes are destroyed after the run")
 }
 
+// TestExecPublishesBeforeTeardown: with Env.Teardowns (cellbox run), a
+// run's result is in its cell while its box is still being destroyed (the
+// destroy is held here); the host's Teardowns.Wait waits for the destroy.
+func TestExecPublishesBeforeTeardown(t *testing.T) {
+	b := newBox(t)
+	b.teardowns = &builtins.Teardowns{}
+	release := b.client.holdDestroys(t)
+	r := b.load(t, `
+name: early
+nodes:
+  hello:
+    exec:
+      command: echo hello
+`, nil)
+	r.settle() // before: blocked on the held destroy
+	out := r.exec("hello")
+	require.NotNil(t, out.Result)
+	assert.Equal(t, "hello\n", out.Result.Stdout)
+	assert.Len(t, b.list(t), 1, "the box is still being torn down")
+
+	waited := make(chan error, 1)
+	go func() { waited <- b.teardowns.Wait(context.Background()) }()
+	select {
+	case err := <-waited:
+		t.Fatalf("Teardowns.Wait returned (%v) while a destroy was held", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	release()
+	require.NoError(t, <-waited)
+	assert.Empty(t, b.list(t), "the box is gone once the teardowns are waited for")
+}
+
 func TestExecFiles(t *testing.T) {
 	b := newBox(t)
 	r := b.load(t, `

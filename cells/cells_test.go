@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -529,4 +530,35 @@ func TestWatchEndsWithReason(t *testing.T) {
 	assert.Empty(t, got[1].Changes)
 	require.Error(t, got[1].Err)
 	assert.Contains(t, got[1].Err.Error(), `watch "" after version 1: change log entry 2:`)
+}
+
+// TestBoltUpdateWithoutWrites: a read-write transaction that writes
+// nothing leaves the file alone (no commit and its sync: a run with
+// nothing to do makes several), and one that writes commits as before.
+func TestBoltUpdateWithoutWrites(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cells.db")
+	s, err := OpenBolt(path, Options{})
+	require.NoError(t, err)
+	defer s.Close()
+	a := Address{Space: "s", Pattern: "p", Name: "a"}
+	require.NoError(t, s.Update(func(tx Tx) error { _, err := tx.Set(a, json.RawMessage(`1`)); return err }))
+	before, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	require.NoError(t, s.Update(func(tx Tx) error {
+		_, err := tx.Get(a)
+		_, _ = tx.Meta("m").Get("k")
+		return err
+	}))
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "nothing written, nothing committed")
+
+	require.NoError(t, s.Update(func(tx Tx) error { return tx.Meta("m").Put("k", []byte("v")) }))
+	require.NoError(t, s.View(func(tx Tx) error {
+		v, ok := tx.Meta("m").Get("k")
+		assert.True(t, ok)
+		assert.Equal(t, "v", string(v))
+		return nil
+	}))
 }

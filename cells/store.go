@@ -129,6 +129,11 @@ func (s *db) Update(fn func(Tx) error) (err error) {
 	if err := fn(t); err != nil {
 		return err
 	}
+	if !t.dirty {
+		// Nothing written: no commit, whose sync would cost milliseconds
+		// (a run with nothing to do does several such transactions).
+		return nil
+	}
 	if len(t.changes) > 0 {
 		if err := t.writeLog(); err != nil {
 			return fmt.Errorf("write change log: %w", err)
@@ -160,6 +165,7 @@ type tx struct {
 	db       *db
 	kv       kvTx
 	writable bool
+	dirty    bool // something was written (through write)
 	version  uint64
 	now      int64
 
@@ -190,6 +196,7 @@ func (t *tx) write(name string) (kvBucket, error) {
 	if !t.writable {
 		return nil, ErrReadOnly
 	}
+	t.dirty = true
 	return t.bucket(name)
 }
 

@@ -65,3 +65,36 @@ func BenchmarkReadFile256KiB(b *testing.B) {
 		}
 	}
 }
+
+// TestLongStringsDecodeExactly: a long string field (decoded without a
+// second parse of the input) holds exactly what encoding/json would
+// decode, escapes of every kind included.
+func TestLongStringsDecodeExactly(t *testing.T) {
+	pad := strings.Repeat("x", 5<<10) // over the skeleton's threshold
+	for _, raw := range []string{
+		`"` + pad + `"`,
+		`"` + pad + `\n\t\r\b\f\/\\\"end"`,
+		`"` + pad + `\u00e9\u4e2d\ud83d\ude00 \u0041"`,
+		`"` + pad + `é中😀 raw UTF-8"`,
+		`"\\` + pad + `\\"`,
+	} {
+		var want string
+		require.NoError(t, json.Unmarshal([]byte(raw), &want))
+		got, err := rawString(json.RawMessage(raw))
+		require.NoError(t, err)
+		assert.Equal(t, want, got, raw[len(raw)-40:])
+	}
+
+	s := newTestService(t, newFakeBackend(t), "", nil)
+	id, _, err := s.NewSession(context.Background())
+	require.NoError(t, err)
+	content := pad + "\n\"quoted\" \\ back\tslash 😀 é\n"
+	in, _ := json.Marshal(map[string]any{"path": "exact.txt", "content": content})
+	res, err := s.CallTool(context.Background(), id, "write_file", in)
+	require.NoError(t, err)
+	require.Contains(t, string(res), `"is_error":false`)
+	var sb strings.Builder
+	_, err = s.Client(id).Download(context.Background(), "", "exact.txt", &sb)
+	require.NoError(t, err)
+	assert.Equal(t, content, sb.String())
+}

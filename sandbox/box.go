@@ -112,6 +112,7 @@ type boxSpec struct {
 	WorkspaceDir string // "": the session's default
 	// DestroyOnClose: nil is the session's default.
 	DestroyOnClose *bool
+	OneShot        bool // Config.OneShot: not stored
 }
 
 // acquire returns a lease on the session's box name, creating it with the
@@ -139,7 +140,7 @@ func (s *Service) acquire(ctx context.Context, sess *Session, name string, notic
 				s.mu.Unlock()
 				return nil, fmt.Errorf("create sandbox %q: %w", name, err)
 			}
-			b = s.newBoxLocked(sess, boxSpec{})
+			b = s.newBoxLocked(sess, boxSpec{OneShot: s.oneShot(name)})
 			sess.boxes[name] = b
 		}
 		s.mu.Unlock()
@@ -159,6 +160,9 @@ const maxRetries = 8
 
 // errRetry says the box changed under the caller; look it up again.
 var errRetry = errors.New("retry")
+
+// oneShot says whether the box name lives for one run (Config.OneShot).
+func (s *Service) oneShot(name string) bool { return s.cfg.OneShot != nil && s.cfg.OneShot(name) }
 
 // newBoxLocked makes a not-yet-created box of sess from spec.
 func (s *Service) newBoxLocked(sess *Session, spec boxSpec) *box {
@@ -195,6 +199,7 @@ func (s *Service) newBoxLocked(sess *Session, spec boxSpec) *box {
 		WorkspaceDir: spec.WorkspaceDir,
 		Created:      now,
 		LastUsed:     now,
+		OneShot:      spec.OneShot,
 	}}
 	if spec.Shared {
 		b.rec.Session = ""
@@ -211,8 +216,12 @@ func (s *Service) use(ctx context.Context, sess *Session, name string, b *box, n
 	defer b.life.Unlock()
 	switch b.state {
 	case stateRunning:
-		if err := s.check(ctx, sess, name, b, notice); err != nil {
-			return nil, err
+		// No ping: a request that cannot reach a dead agent heals the box
+		// and is sent again (heal). A box without a client is checked now.
+		if b.client == nil {
+			if err := s.check(ctx, sess, name, b, notice); err != nil {
+				return nil, err
+			}
 		}
 	case stateRemoved:
 		if b.failed != nil {
@@ -323,7 +332,7 @@ func (s *Service) create(ctx context.Context, sess *Session, name string, b *box
 	start := time.Now()
 	rec := b.rec
 	if rec.ID == "" && rec.Limits == (api.Limits{}) && !rec.Network && rec.WorkspaceDir == "" {
-		if id, cl, ok := s.takeWarm(rec.Image); ok {
+		if id, cl, ok := s.takeWarm(rec.Image, name); ok {
 			s.setID(b, id)
 			if err := s.adopt(sess, name, b, cl); err != nil {
 				s.removeBox(context.WithoutCancel(ctx), id)
@@ -362,6 +371,9 @@ func (s *Service) adopt(sess *Session, name string, b *box, cl *agent.Client) er
 	rec := b.record()
 	srec := s.sessionRecordLocked(sess)
 	s.mu.Unlock()
+	if rec.OneShot {
+		return nil // not stored: nothing to commit
+	}
 	if err := s.st.apply(change{box: rec}, change{session: &srec}); err != nil {
 		s.mu.Lock()
 		b.state, b.client = stateNew, nil
@@ -468,6 +480,7 @@ func (s *Service) connect(ctx context.Context, id string, timeout time.Duration)
 		rcancel()
 		switch {
 		case err == nil:
+			cl.SetHeal(func(ctx context.Context) error { return s.heal(ctx, id) })
 			return cl, nil
 		case errors.As(err, &pe):
 			cl.Close()
@@ -559,7 +572,7 @@ func (s *Service) destroyBox(ctx context.Context, sess *Session, name string) er
 	srec := s.sessionRecordLocked(sess)
 	s.mu.Unlock()
 	var changes []change
-	if !sess.deleted {
+	if !sess.deleted && !b.rec.OneShot { // a one-shot box is not in the record
 		changes = append(changes, change{session: &srec})
 	}
 	if used {
@@ -580,7 +593,9 @@ func (s *Service) destroyBox(ctx context.Context, sess *Session, name string) er
 	s.mu.Unlock()
 	if prev != stateNew || b.made { // made: a fork made it before its first use
 		s.removeBox(ctx, id)
-		changes = append(changes, change{delBox: id})
+		if !b.rec.OneShot {
+			changes = append(changes, change{delBox: id})
+		}
 	}
 	s.log.Info("box destroyed", "session", sess.ID, "name", name, "box", id)
 	return s.st.apply(changes...)

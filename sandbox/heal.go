@@ -27,7 +27,7 @@ const pingTimeout = 2 * time.Second
 func (s *Service) check(ctx context.Context, sess *Session, name string, b *box, notice func(string)) error {
 	perr := errors.New("no connection to its agent")
 	if b.client != nil {
-		pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+		pctx, cancel := context.WithTimeout(agent.WithoutHeal(ctx), pingTimeout)
 		_, perr = b.client.Version(pctx)
 		cancel()
 		var pe *agent.ProtocolError
@@ -110,6 +110,58 @@ func (s *Service) revive(ctx context.Context, sess *Session, name string, b *box
 	return nil
 }
 
+// heal is what box id's agent client does when a request cannot reach
+// the agent at all (agent.Client.SetHeal): the box is checked and, dead,
+// restarted (or recreated) as on use; the notice goes to the call the
+// context carries (withCall), else to the box's next call.
+func (s *Service) heal(ctx context.Context, id string) error {
+	s.mu.Lock()
+	b := s.boxes[id]
+	s.mu.Unlock()
+	if b == nil {
+		return fmt.Errorf("box %s is gone", id)
+	}
+	b.life.Lock()
+	defer b.life.Unlock()
+	if b.state != stateRunning {
+		return fmt.Errorf("box %s is %s", id, b.state)
+	}
+	ci, _ := ctx.Value(callKey{}).(callInfo)
+	name := ""
+	s.mu.Lock()
+	if ci.sess != nil {
+		for n, ob := range ci.sess.boxes {
+			if ob == b {
+				name = n
+			}
+		}
+	}
+	s.mu.Unlock()
+	notice := ci.notice
+	if notice == nil {
+		notice = func(n string) {
+			s.mu.Lock()
+			b.note = n
+			s.mu.Unlock()
+		}
+	}
+	return s.check(ctx, ci.sess, name, b, notice)
+}
+
+// callInfo is the session and the notice sink of a call, carried in its
+// context for heal.
+type callInfo struct {
+	sess   *Session
+	notice func(string)
+}
+
+type callKey struct{}
+
+// withCall returns ctx carrying the call's session and notice sink.
+func withCall(ctx context.Context, sess *Session, notice func(string)) context.Context {
+	return context.WithValue(ctx, callKey{}, callInfo{sess: sess, notice: notice})
+}
+
 // boxName names a box in messages: by name and id, or id alone where the
 // name (which is per session) is not known.
 func boxName(name, id string) string {
@@ -127,7 +179,7 @@ func (s *Service) explain(ctx context.Context, l *lease, err error) error {
 		return err
 	}
 	ctx = context.WithoutCancel(ctx)
-	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	pctx, cancel := context.WithTimeout(agent.WithoutHeal(ctx), pingTimeout)
 	_, perr := l.client.Version(pctx)
 	cancel()
 	if perr == nil {

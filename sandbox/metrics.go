@@ -14,6 +14,8 @@ type metrics struct {
 	count map[string]uint64
 	// revived counts the boxes restarted after dying behind the pool's back.
 	revived uint64
+	// warmTaken counts the boxes created from the warm pool.
+	warmTaken uint64
 }
 
 func newMetrics() *metrics {
@@ -32,6 +34,12 @@ func (m *metrics) observeTool(tool string, ok bool, d time.Duration) {
 	m.mu.Unlock()
 }
 
+func (m *metrics) observeWarmTake() {
+	m.mu.Lock()
+	m.warmTaken++
+	m.mu.Unlock()
+}
+
 func (m *metrics) observeRevive() {
 	m.mu.Lock()
 	m.revived++
@@ -46,6 +54,8 @@ type Metrics struct {
 	// Revived counts the boxes restarted after they died behind the pool's
 	// back (agent killed, OOM, container killed).
 	Revived uint64
+	// WarmTaken counts the boxes created from the warm pool.
+	WarmTaken uint64
 	// Boxes counts the boxes of sessions by state (running, sleeping,
 	// lost, dead; in that order).
 	Boxes []Count
@@ -79,6 +89,7 @@ func (s *Service) Metrics() Metrics {
 		out.Tools = append(out.Tools, ToolMetrics{Tool: t, OK: m.calls[[2]string{t, "ok"}], Error: m.calls[[2]string{t, "error"}], Seconds: m.sum[t]})
 	}
 	out.Revived = m.revived
+	out.WarmTaken = m.warmTaken
 	m.mu.Unlock()
 
 	states := map[boxState]int{}

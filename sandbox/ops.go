@@ -35,6 +35,7 @@ func (s *Service) Exec(ctx context.Context, sess *Session, box string, req api.E
 	if err := sess.allowed.check(command, req.Env); err != nil {
 		return api.ExecResult{}, fmt.Errorf("exec: %w", err)
 	}
+	ctx = withCall(ctx, sess, notice)
 	l, err := s.acquire(ctx, sess, box, notice)
 	if err != nil {
 		return api.ExecResult{}, err
@@ -59,6 +60,7 @@ func (s *Service) Exec(ctx context.Context, sess *Session, box string, req api.E
 // Download writes the file path of box to w; start (if not nil) sees the
 // file's info before the first byte, and a directory is refused before.
 func (s *Service) Download(ctx context.Context, sess *Session, box, path string, w io.Writer, start func(agent.FileInfo) error, notice func(string)) (int64, error) {
+	ctx = withCall(ctx, sess, notice)
 	l, err := s.acquire(ctx, sess, box, notice)
 	if err != nil {
 		return 0, err
@@ -83,6 +85,7 @@ func (s *Service) Download(ctx context.Context, sess *Session, box, path string,
 // Upload writes r into the file path of box, creating its parents; mode 0
 // keeps an existing file's mode (or makes it 0644).
 func (s *Service) Upload(ctx context.Context, sess *Session, box, path string, r io.Reader, mode uint32, notice func(string)) (int64, error) {
+	ctx = withCall(ctx, sess, notice)
 	l, err := s.acquire(ctx, sess, box, notice)
 	if err != nil {
 		return 0, err
@@ -96,6 +99,7 @@ func (s *Service) Upload(ctx context.Context, sess *Session, box, path string, r
 // ends (debounce: how long changes are gathered into one batch; 0, the
 // agent's default); the box stays awake meanwhile.
 func (s *Service) Watch(ctx context.Context, sess *Session, box, path string, debounce time.Duration, notice func(string)) (<-chan []api.WatchEvent, error) {
+	ctx = withCall(ctx, sess, notice)
 	l, err := s.acquire(ctx, sess, box, notice)
 	if err != nil {
 		return nil, err

@@ -35,6 +35,7 @@ func (s *Service) tick() {
 	s.expireSessions(s.ctx)
 	s.reap(s.ctx)
 	s.flushLastUsed()
+	s.shrinkPools(s.ctx)
 	s.fillPools()
 }
 

@@ -61,6 +61,7 @@ const (
 	DefaultSleepAfter         = 10 * time.Minute
 	DefaultReapInterval       = 5 * time.Second
 	DefaultReadyTimeout       = 30 * time.Second
+	DefaultPoolIdle           = 30 * time.Second
 	DefaultMaxBoxesPerSession = 32
 	DefaultMaxBoxes           = 256
 	DefaultSessionTTL         = 24 * time.Hour
@@ -93,6 +94,22 @@ type Config struct {
 	// Pool is the number of pre-started boxes kept per image. nil means
 	// {DefaultImage: DefaultPoolSize}; an empty map keeps none.
 	Pool map[string]int
+	// PoolFollowsUse starts each pool empty and lets its size follow use,
+	// up to its Pool size: every box creation that could take a pooled box
+	// grows it by one, every PoolIdle without one shrinks it by one
+	// (cellbox run: exec stages get warm boxes, an idle run keeps none).
+	PoolFollowsUse bool
+	// OneShot, if set, names the boxes that live for one run (cellbox run:
+	// exec stages' boxes). Their creations are the uses a use-following
+	// pool follows (other boxes still take a ready box, but neither grow
+	// the pool nor keep it from shrinking), and they are not stored: no
+	// commit on their way in or out; a process that dies leaves them to
+	// the next start's reconcile, which removes backend boxes the store
+	// does not know.
+	OneShot func(name string) bool
+	// PoolIdle is how long a use-following pool stays unused before it
+	// shrinks by a box. Default DefaultPoolIdle.
+	PoolIdle time.Duration
 	// SessionConcurrency and GlobalConcurrency bound the box creations and
 	// wakes in flight, per session and in all; more wait their turn.
 	SessionConcurrency int
@@ -146,6 +163,7 @@ type Service struct {
 	// egressMu serializes startEgress, so two starts for one box never
 	// both place a socket.
 	egressMu sync.Mutex
+	filler   chan struct{} // the one pool fill in flight
 	closed   bool
 }
 
@@ -183,6 +201,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = DefaultReadyTimeout
+	}
+	if cfg.PoolIdle <= 0 {
+		cfg.PoolIdle = DefaultPoolIdle
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -230,6 +251,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		previews: map[string]previewTarget{},
 		pools:    map[string]*warmPool{},
 		proxies:  map[string]*egress.Proxy{},
+		filler:   make(chan struct{}, 1),
 	}
 	s.SetBaseURL(cfg.BaseURL)
 	if err := s.reconcile(ctx); err != nil {
@@ -239,7 +261,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	for image, n := range cfg.Pool {
 		if n > 0 {
-			s.pools[image] = &warmPool{image: image, size: n}
+			s.pools[image] = s.newWarmPool(image, n)
 		}
 	}
 	s.fillPools()

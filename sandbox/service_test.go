@@ -420,6 +420,71 @@ func TestWarmPool(t *testing.T) {
 	assert.Equal(t, 6, be.count())
 }
 
+// TestWarmPoolFollowsUse: a use-following pool (cellbox run) makes no box
+// before one is asked for, grows with use up to its size, and shrinks
+// back to nothing when unused.
+func TestWarmPoolFollowsUse(t *testing.T) {
+	be := newFakeBackend(t)
+	s := newTestService(t, be, "", func(c *Config) {
+		c.Pool = map[string]int{backend.DefaultImage: 2}
+		c.PoolFollowsUse = true
+		c.PoolIdle = time.Second
+		c.ReapInterval = 10 * time.Millisecond
+	})
+	ready := func() int { s.mu.Lock(); defer s.mu.Unlock(); return len(s.pools[backend.DefaultImage].ready) }
+	h := newSession(t, s)
+	time.Sleep(30 * time.Millisecond) // three reaper rounds
+	assert.Equal(t, 0, be.count(), "no box before one is asked for")
+
+	h.tool("sandbox_create", map[string]any{"sandbox": "a"}) // a miss: the pool grows to 1
+	require.Eventually(t, func() bool { return ready() == 1 }, 5*time.Second, 2*time.Millisecond)
+	h.tool("sandbox_create", map[string]any{"sandbox": "b"}) // a hit: it grows to 2
+	assert.EqualValues(t, 1, s.Metrics().WarmTaken)
+	require.Eventually(t, func() bool { return ready() == 2 }, 5*time.Second, 2*time.Millisecond)
+	h.tool("sandbox_create", map[string]any{"sandbox": "c"}) // a hit; it stays at 2
+	assert.EqualValues(t, 2, s.Metrics().WarmTaken)
+	require.Eventually(t, func() bool { return ready() == 2 }, 5*time.Second, 2*time.Millisecond)
+	assert.Equal(t, 5, be.count(), "three boxes of the session, two warm")
+
+	// Unused, the pool shrinks box by box to nothing.
+	require.Eventually(t, func() bool { return ready() == 0 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return be.count() == 3 }, 10*time.Second, 5*time.Millisecond, "the warm boxes are removed, the session's stay")
+}
+
+// TestOneShotBoxesAreNotStored: a box Config.OneShot names (an exec
+// stage's) costs no commit of the state file on its way in or out; one a
+// dead process left behind is removed at the next start as an orphan,
+// while an ordinary box is reattached.
+func TestOneShotBoxesAreNotStored(t *testing.T) {
+	be := newFakeBackend(t)
+	dir := t.TempDir()
+	oneShot := func(c *Config) { c.OneShot = func(name string) bool { return strings.HasPrefix(name, "run-") } }
+	s := newTestService(t, be, dir, oneShot)
+	h := newSession(t, s)
+	h.tool("shell", map[string]any{"sandbox": "keep", "command": "true"})
+	s.flushLastUsed()
+	state := func() []byte {
+		b, err := os.ReadFile(filepath.Join(dir, StateFile))
+		require.NoError(t, err)
+		return b
+	}
+	before := state()
+	h.tool("shell", map[string]any{"sandbox": "run-1", "command": "echo hi > f"})
+	h.tool("sandbox_destroy", map[string]any{"sandbox": "run-1"})
+	h.tool("shell", map[string]any{"sandbox": "run-2", "command": "true"})
+	assert.Equal(t, before, state(), "one-shot boxes: no commit")
+	assert.Equal(t, 2, be.count(), "keep and run-2")
+
+	// The process dies with run-2 alive; the next start removes it.
+	require.NoError(t, s.Close())
+	s2 := newTestService(t, be, dir, oneShot)
+	assert.Equal(t, 1, be.count(), "run-2 was an orphan")
+	l := (&testSession{t: t, s: s2, id: h.id, token: h.token}).tool("sandbox_list", nil)
+	boxes := l["sandboxes"].([]any)
+	require.Len(t, boxes, 1)
+	assert.Equal(t, "keep", boxes[0].(map[string]any)["name"])
+}
+
 func TestTransferBetweenBoxes(t *testing.T) {
 	s := newTestService(t, newFakeBackend(t), "", nil)
 	h := newSession(t, s)

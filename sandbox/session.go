@@ -250,7 +250,7 @@ func (s *Service) sessionRecordLocked(sess *Session) sessionRecord {
 		Defaults:        sess.defaults,
 	}
 	for name, b := range sess.boxes {
-		if b.rec.ID != "" && b.state != stateNew {
+		if b.rec.ID != "" && b.state != stateNew && !b.rec.OneShot {
 			rec.Boxes[name] = b.rec.ID
 		}
 	}

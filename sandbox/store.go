@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -59,6 +60,9 @@ type boxRecord struct {
 	// next use.
 	Gone     bool           `json:"gone,omitempty"`
 	Previews map[int]string `json:"previews,omitempty"` // port -> preview id
+	// OneShot marks a box that lives for one run (Config.OneShot): its
+	// record is never stored.
+	OneShot bool `json:"-"`
 }
 
 // store keeps sessions and boxes in one bbolt file: the data dir's own,
@@ -156,6 +160,10 @@ type change struct {
 
 // apply writes changes in one transaction.
 func (st *store) apply(changes ...change) error {
+	changes = slices.DeleteFunc(changes, func(c change) bool { return c.box != nil && c.box.OneShot })
+	if len(changes) == 0 {
+		return nil // no commit (and its sync) for nothing
+	}
 	return st.db.Update(func(tx *bolt.Tx) error {
 		sb, bb := tx.Bucket(bucketSessions), tx.Bucket(bucketBoxes)
 		for _, c := range changes {

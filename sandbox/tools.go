@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/cellbox/cellbox/internal/jsonschema"
@@ -48,7 +49,10 @@ type Tool struct {
 
 	fields   []string // property names, sorted
 	required []string
-	run      func(ctx context.Context, c *call, raw json.RawMessage) (any, error)
+	// strings are the input's string fields by JSON name (their index
+	// paths), which decode fills from long raw strings directly.
+	stringIdx map[string][]int
+	run       func(ctx context.Context, c *call, raw json.RawMessage) (any, error)
 }
 
 // ErrUnknownTool is returned (wrapped) by CallTool for a name the registry
@@ -90,6 +94,7 @@ func defineTool[In any, Out any](name string, meta ToolMeta, description string,
 	t := &Tool{Name: name, Description: description, InputSchema: raw, Input: reflect.TypeOf(zero), Output: reflect.TypeOf(out), Profile: DefaultProfile, Meta: meta}
 	t.fields = slices.Sorted(maps.Keys(schema.Properties))
 	t.required = schema.Required
+	t.stringIdx = stringFields(reflect.TypeOf(zero))
 	t.run = func(ctx context.Context, c *call, raw json.RawMessage) (any, error) {
 		var in In
 		if err := t.decode(raw, &in); err != nil {
@@ -139,14 +144,148 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 		}
 		return fmt.Errorf("invalid input of %s: %w", t.Name, err)
 	}
-	if err := json.Unmarshal(raw, in); err != nil {
+	// A long input (write_file's content) is decoded from its skeleton, its
+	// long strings set directly: a second full parse of a megabyte costs
+	// more than the rest of the call.
+	target, long := raw, map[string]json.RawMessage(nil)
+	if sk := skeleton(raw, fields); len(sk) < len(raw) && t.allStrings(raw, fields) {
+		target, long = sk, fields
+	}
+	if err := json.Unmarshal(target, in); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
 			return fmt.Errorf("field %q of %s: expected %s, got %s", te.Field, t.Name, jsonKind(te.Type), te.Value)
 		}
 		return fmt.Errorf("input of %s: %w", t.Name, err)
 	}
+	for k, v := range long {
+		if len(v) <= longField || v[0] != '"' {
+			continue
+		}
+		s, err := rawString(v)
+		if err != nil {
+			return fmt.Errorf("field %q of %s: %w", k, t.Name, err)
+		}
+		reflect.ValueOf(in).Elem().FieldByIndex(t.stringIdx[k]).SetString(s)
+	}
 	return nil
+}
+
+// allStrings reports whether every long string value of the input goes to
+// a string field (so that the skeleton's "" stands for it); otherwise
+// decode parses the whole input.
+func (t *Tool) allStrings(raw json.RawMessage, fields map[string]json.RawMessage) bool {
+	for k, v := range fields {
+		if len(v) > longField && v[0] == '"' {
+			if _, ok := t.stringIdx[k]; !ok {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// rawString is the string a raw JSON string holds. The input was checked
+// whole (valid JSON, and validText: no invalid UTF-8, no lone surrogate)
+// before, so this only unescapes — in one pass, where encoding/json would
+// scan the megabyte again before unquoting it.
+func rawString(v json.RawMessage) (string, error) {
+	v = v[1 : len(v)-1]
+	if bytes.IndexByte(v, '\\') < 0 {
+		return string(v), nil
+	}
+	out := make([]byte, 0, len(v))
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c != '\\' {
+			out = append(out, c)
+			continue
+		}
+		if i+1 >= len(v) {
+			return "", errors.New("a string ends in a lone backslash")
+		}
+		i++
+		switch v[i] {
+		case '"', '\\', '/':
+			out = append(out, v[i])
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r, n := hex4(v[i+1:])
+			if n == 0 {
+				return "", errors.New(`a string holds a bad \u escape`)
+			}
+			i += n
+			if utf16.IsSurrogate(r) {
+				r2, n2 := rune(-1), 0
+				if i+2 < len(v) && v[i+1] == '\\' && v[i+2] == 'u' {
+					r2, n2 = hex4(v[i+3:])
+				}
+				if n2 == 0 {
+					return "", errors.New("a string holds a lone surrogate escape")
+				}
+				r = utf16.DecodeRune(r, r2)
+				i += 2 + n2
+			}
+			out = utf8.AppendRune(out, r)
+		default:
+			return "", fmt.Errorf("a string holds a bad escape \\%c", v[i])
+		}
+	}
+	return string(out), nil
+}
+
+// hex4 reads the four hex digits of a \u escape: the rune and 4, or 0, 0.
+func hex4(b []byte) (rune, int) {
+	if len(b) < 4 {
+		return 0, 0
+	}
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			return 0, 0
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, 4
+}
+
+// stringFields maps the JSON names of a struct type's string fields to
+// their index paths.
+func stringFields(typ reflect.Type) map[string][]int {
+	out := map[string][]int{}
+	if typ == nil || typ.Kind() != reflect.Struct {
+		return out
+	}
+	for _, f := range reflect.VisibleFields(typ) {
+		if !f.IsExported() || f.Anonymous || f.Type.Kind() != reflect.String {
+			continue
+		}
+		name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" || strings.Contains(opts, "string") {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out[name] = f.Index
+	}
+	return out
 }
 
 // base64Hint tells how to send bytes, for the tools that take them.
@@ -209,13 +348,12 @@ func validText(v []byte) bool {
 // strings (file contents) replaced by "". No tool constrains a long
 // string beyond its type, and the schema validator would parse it again.
 func skeleton(raw json.RawMessage, fields map[string]json.RawMessage) json.RawMessage {
-	const long = 4 << 10
-	if len(raw) < long {
+	if len(raw) < longField {
 		return raw
 	}
 	short := make(map[string]json.RawMessage, len(fields))
 	for k, v := range fields {
-		if len(v) > long && v[0] == '"' {
+		if len(v) > longField && v[0] == '"' {
 			v = json.RawMessage(`""`)
 		}
 		short[k] = v
@@ -226,6 +364,9 @@ func skeleton(raw json.RawMessage, fields map[string]json.RawMessage) json.RawMe
 	}
 	return out
 }
+
+// longField is the size above which skeleton elides a string value.
+const longField = 4 << 10
 
 func jsonKind(t reflect.Type) string {
 	switch t.Kind() {
@@ -308,6 +449,7 @@ func toolNames(tools []*Tool) []string {
 type call struct {
 	s       *Service
 	sess    *Session
+	mu      sync.Mutex // guards notices: a heal may add one from a goroutine of the call
 	notices []string
 	leases  []*lease
 }
@@ -323,7 +465,11 @@ func (c *call) box(ctx context.Context, name string) (*lease, error) {
 	return l, nil
 }
 
-func (c *call) notice(n string) { c.notices = append(c.notices, n) }
+func (c *call) notice(n string) {
+	c.mu.Lock()
+	c.notices = append(c.notices, n)
+	c.mu.Unlock()
+}
 
 func (c *call) done() {
 	for _, l := range c.leases {
@@ -361,7 +507,7 @@ func (s *Service) callTool(ctx context.Context, sess *Session, t *Tool, raw json
 	}
 	start := time.Now()
 	c := &call{s: s, sess: sess}
-	out, err := s.runTool(ctx, t, c, raw)
+	out, err := s.runTool(withCall(ctx, sess, c.notice), t, c, raw)
 	if err != nil {
 		for _, l := range c.leases {
 			err = s.explain(ctx, l, err)

@@ -375,6 +375,7 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 			s.mu.Unlock()
 			return out, fmt.Errorf("create sandbox %q: %w", name, err)
 		}
+		spec.OneShot = s.oneShot(name)
 		b = s.newBoxLocked(sess, spec)
 		sess.boxes[name] = b
 		created = true

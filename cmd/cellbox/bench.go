@@ -19,7 +19,7 @@ import (
 func init() {
 	register(command{
 		name:  "bench",
-		usage: "boxes|runtime [--json] [...]  measure box and runtime latencies against baselines (bench boxes -h, bench runtime -h)",
+		usage: "boxes|pipeline|runtime [--json] [...]  measure box, pipeline and runtime latencies against baselines (bench boxes -h, bench pipeline -h, bench runtime -h)",
 		run: func(ctx context.Context, args []string) error {
 			return runBench(ctx, args, os.Stdout)
 		},
@@ -29,7 +29,7 @@ func init() {
 // runBench runs `cellbox bench SUBCOMMAND` and writes its report to w.
 func runBench(ctx context.Context, args []string, w io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("want a subcommand: boxes or runtime")
+		return errors.New("want a subcommand: boxes, pipeline or runtime")
 	}
 	var rep *benchReport
 	var asJSON bool
@@ -37,10 +37,12 @@ func runBench(ctx context.Context, args []string, w io.Writer) error {
 	switch args[0] {
 	case "boxes":
 		rep, asJSON, err = benchBoxesCmd(ctx, args[1:])
+	case "pipeline":
+		rep, asJSON, err = benchPipelineCmd(ctx, args[1:])
 	case "runtime":
 		rep, asJSON, err = benchRuntimeCmd(ctx, args[1:])
 	default:
-		return fmt.Errorf("unknown subcommand %q: want boxes or runtime", args[0])
+		return fmt.Errorf("unknown subcommand %q: want boxes, pipeline or runtime", args[0])
 	}
 	if rep == nil || (err != nil && len(rep.Rows) == 0) {
 		return err
@@ -82,7 +84,7 @@ type benchRow struct {
 
 // benchReport is the output of one bench run.
 type benchReport struct {
-	Bench    string     `json:"bench"` // boxes|runtime
+	Bench    string     `json:"bench"` // boxes|pipeline|runtime
 	Started  time.Time  `json:"started"`
 	Duration string     `json:"duration"`
 	Host     benchHost  `json:"host"`
@@ -193,7 +195,8 @@ func fmtDur(d time.Duration) string {
 		size float64
 	}{{"s", 1e9}, {"ms", 1e6}, {"µs", 1e3}}
 	for _, u := range unit {
-		if f >= u.size {
+		// 999.7 ms prints as 1 s, not as 1e+03 ms.
+		if f >= u.size*0.9995 {
 			return strconv.FormatFloat(f/u.size, 'g', 3, 64) + " " + u.name
 		}
 	}

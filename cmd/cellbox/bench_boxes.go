@@ -220,10 +220,7 @@ func (b *boxesBench) startBaselines(ctx context.Context, boxID string) (createNa
 		return b.baselineP50(ctx, func() error { return runCmd(ctx, argv...) })
 	}
 	if b.name == "local" {
-		bw := []string{"bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
-			"--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-			"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--", "/usr/bin/true"}
-		p, err := p50(bw...)
+		p, err := p50(append(bwrapArgv(), "--", "/usr/bin/true")...)
 		return "bwrap … true", p, "bwrap … true", p, err
 	}
 	run := []string{"docker", "run", "--rm", "--network", "none", "--label", "cellbox.bench=" + b.run,
@@ -233,6 +230,14 @@ func (b *boxesBench) startBaselines(ctx context.Context, boxID string) (createNa
 	}
 	execP50, err = p50("docker", "exec", boxID, "true")
 	return "docker run --rm", createP50, "docker exec", execP50, err
+}
+
+// bwrapArgv is the bwrap baseline's command line up to the command: every
+// namespace unshared, the host's /usr read-only, then extra arguments.
+func bwrapArgv(extra ...string) []string {
+	return append([]string{"bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
+		"--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+		"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"}, extra...)
 }
 
 // baselineP50 runs fn once to warm up (and to fail early), then as many
@@ -573,9 +578,14 @@ func newBenchService(ctx context.Context, be backend.Backend, dataDir, agentBina
 	})
 }
 
-// benchLogger logs warnings and errors only, to stderr.
+// benchLogger logs warnings and errors only, to stderr;
+// CELLBOX_BENCH_LOG=debug|info shows more, to see where the time goes.
 func benchLogger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	level := slog.LevelWarn
+	if v := os.Getenv("CELLBOX_BENCH_LOG"); v != "" {
+		_ = level.UnmarshalText([]byte(v))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
 // stopServer stops serving, deletes the server's session (destroying its

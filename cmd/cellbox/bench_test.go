@@ -123,18 +123,61 @@ func TestBenchRuntime(t *testing.T) {
 	}
 }
 
+// TestBenchPipelineLocal runs the pipeline bench with tiny numbers on the
+// local backend: every scenario under cellbox beside make + bwrap, and
+// make + bwrap beside plain make, with sane numbers and targets.
+func TestBenchPipelineLocal(t *testing.T) {
+	testenv.RequireBwrap(t)
+	bin := testenv.CellboxBinary(t)
+	var out bytes.Buffer
+	err := runBench(context.Background(), []string{"pipeline", "--backend", "local", "--n", "2",
+		"--example", "../../examples/csv-pipeline", "--agent-binary", bin}, &out)
+	require.NoError(t, err, out.String())
+	t.Log("\n" + out.String())
+
+	rows := parseBenchTable(t, out.String())
+	wants := []struct {
+		what, baseline string
+		target         bool
+	}{
+		{"csv rerun after a threshold change (2 stages), `cellbox run`", "make + bwrap", true},
+		{"csv rerun after a threshold change (2 stages), make + bwrap", "make, no sandbox", false},
+		{"one stage running `true` with one input file, `cellbox run`", "make + bwrap", true},
+		{"one stage running `true` with one input file, make + bwrap", "make, no sandbox", false},
+		{"nothing to do, `cellbox run --once`", "`make`, nothing to do", true},
+	}
+	require.Len(t, rows, len(wants), "one row per measurement")
+	for i, w := range wants {
+		t.Run(w.what, func(t *testing.T) {
+			r := rows[i]
+			assert.Equal(t, "local", r["backend"])
+			assert.Equal(t, w.what, r["what"])
+			assert.Equal(t, w.baseline, r["baseline"])
+			checkSaneRow(t, r)
+			if w.target {
+				assert.Regexp(t, `^< [\d.]+ ms [✔✘]$`, r["target p50"])
+			} else {
+				assert.Empty(t, r["target p50"])
+			}
+		})
+	}
+}
+
 func TestBenchBadInput(t *testing.T) {
 	cases := []struct {
 		args []string
 		want string
 	}{
-		{nil, "want a subcommand: boxes or runtime"},
+		{nil, "want a subcommand: boxes, pipeline or runtime"},
 		{[]string{"disks"}, `unknown subcommand "disks"`},
 		{[]string{"boxes", "--backend", "podman"}, `--backend "podman": want docker, local or both`},
 		{[]string{"boxes", "--n", "0"}, "--n 0: want a positive number"},
 		{[]string{"boxes", "--budget", "-1s"}, "--budget -1s: want a positive duration"},
 		{[]string{"boxes", "local"}, `unexpected arguments ["local"]`},
 		{[]string{"runtime", "--nodes", "2"}, "--nodes 2: want at least 3"},
+		{[]string{"pipeline", "--backend", "podman"}, `--backend "podman": want docker, local or both`},
+		{[]string{"pipeline", "--example", "/nonexistent"}, "--example /nonexistent: "},
+		{[]string{"pipeline", "--n", "-1"}, "--n -1: want a positive number"},
 		{[]string{"runtime", "--watch-n", "-5"}, "--watch-n -5: want a positive number"},
 		{[]string{"runtime", "--backend", "k8s"}, `--backend "k8s": want docker, local, both or none`},
 	}
@@ -167,6 +210,7 @@ func TestPercentilesAndFormat(t *testing.T) {
 		45 * time.Millisecond:     "45 ms",
 		208400 * time.Microsecond: "208 ms",
 		2500 * time.Millisecond:   "2.5 s",
+		999700 * time.Microsecond: "1 s",
 	} {
 		assert.Equal(t, want, fmtDur(d))
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
@@ -66,7 +67,7 @@ func addHTTPFlags(fs *flag.FlagSet) *httpOptions {
 // out URLs that reach this server. It returns that URL, the server key,
 // whether the key was just made, and a channel that reports the server
 // stopping on its own; h.close stops it.
-func (h *runtimeHost) serveHTTP(addr string, svc *sandbox.Service) (base, key string, created bool, stopped <-chan error, err error) {
+func (h *runtimeHost) serveHTTP(addr string) (base, key string, created bool, stopped <-chan error, err error) {
 	if key, created, err = serverKey(keyPathOf(h)); err != nil {
 		return "", "", false, nil, err
 	}
@@ -80,10 +81,19 @@ func (h *runtimeHost) serveHTTP(addr string, svc *sandbox.Service) (base, key st
 		host = "127.0.0.1" // listening on all addresses: this machine's browser uses loopback
 	}
 	base = "http://" + net.JoinHostPort(host, port)
-	svc.SetBaseURL(base)
-	boxes := httpapi.Handler(svc) // one handler: its MCP sessions live in it
-	g := newGuard(key, hosts, boxes, withRuntimeAPI(boxes, h.api, webui.Handler()))
+	h.boxes.setBaseURL(base)
+	// One handler of the tool API (its MCP sessions live in it), built on
+	// the first request as the page's is: a run with nothing to do exits
+	// before it would pay for them (or open the sandbox service).
+	boxes := h.boxes.handler(func(svc *sandbox.Service) http.Handler { return httpapi.Handler(svc) })
+	g := newGuard(key, hosts, boxes, withRuntimeAPI(boxes, h.api, lazyHandler(webui.Handler)))
 	return base, key, created, h.start(ln, withBodyDeadline(h.opts.bodyTimeout, g)), nil
+}
+
+// lazyHandler is the handler build returns, built on its first request.
+func lazyHandler(build func() http.Handler) http.Handler {
+	get := sync.OnceValue(build)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { get().ServeHTTP(w, r) })
 }
 
 // withRuntimeAPI routes the runtime API's paths to api, the web page's

@@ -26,6 +26,7 @@ import (
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/sandbox/backend"
 )
 
 func init() {
@@ -73,14 +74,9 @@ func runRun(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// The state file first: it is the lock that says this process owns the
-	// data directory.
-	state, err := openState(dataDir)
-	if err != nil {
-		return err
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
 	}
-	defer state.Close()
-	store := state.cells
 	logf, err := os.OpenFile(filepath.Join(dataDir, runLogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("open log: %w", err)
@@ -88,20 +84,12 @@ func runRun(ctx context.Context, args []string) error {
 	defer logf.Close()
 	log := slog.New(slog.NewTextHandler(logf, nil))
 	slog.SetDefault(log) // openBackend and the sandbox log there too, not over the view
-	be, err := openBackend(ctx, *backendName, dataDir)
+	r, err := openRun(ctx, runConfig{dataDir: dataDir, backend: *backendName, log: log})
 	if err != nil {
 		return err
 	}
-	svc, err := sandbox.New(ctx, sandbox.Config{Backend: be, DataDir: dataDir, DB: state.db, Pool: map[string]int{}, Logger: log})
-	if err != nil {
-		return err
-	}
-	defer svc.Close()
-	host, err := newRuntimeHost(ctx, dataDir, store, svc, log, false)
-	if err != nil {
-		return err
-	}
-	defer host.close()
+	defer r.close()
+	host, store := r.host, r.state.cells
 	host.opts = *httpOpts
 
 	tty := isTerminal(os.Stdout)
@@ -114,7 +102,7 @@ func runRun(ctx context.Context, args []string) error {
 
 	// The base URL of previews is set before the pattern's sandbox nodes
 	// open and ask for theirs.
-	base, key, created, stopped, err := host.serveHTTP(*addr, svc)
+	base, key, created, stopped, err := host.serveHTTP(*addr)
 	if err != nil {
 		finishView()
 		return err
@@ -130,7 +118,7 @@ func runRun(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "cellbox run: %s/%s from %s (backend %s, data %s)\n  page: %s/?token=%s · API: %s (server key needed) · runtime API: unix:%s · log: %s\n",
-		inst.Space, inst.Name, source, be.Name(), dataDir, base, key, base, sock, filepath.Join(dataDir, runLogFile))
+		inst.Space, inst.Name, source, *backendName, dataDir, base, key, base, sock, filepath.Join(dataDir, runLogFile))
 	if created {
 		fmt.Fprintf(os.Stderr, "  made a server key (kept 0600 in %s; clients of this data dir read it there)\n", keyPathOf(host))
 	}
@@ -160,6 +148,73 @@ func runRun(ctx context.Context, args []string) error {
 	finishView()
 	fmt.Fprintln(os.Stderr, "cellbox run: stopping (Ctrl-C again to quit at once)")
 	return nil
+}
+
+// runPool is the most warm boxes `cellbox run` keeps.
+const runPool = 2
+
+// runConfig says how openRun sets up a run.
+type runConfig struct {
+	dataDir     string
+	backend     string // docker, local or auto
+	agentBinary string // "": this executable
+	log         *slog.Logger
+}
+
+// runParts are what `cellbox run` (and `cellbox bench pipeline`, which
+// measures it) runs a pattern on: the data directory's state, the
+// sandboxes (the backend and the sandbox service, opened on first need)
+// and the runtime host.
+type runParts struct {
+	state *dataState
+	boxes *sandboxes
+	host  *runtimeHost
+}
+
+// openRun opens the data directory's state (first: it is the lock that
+// says this process owns the directory) and a runtime host over it whose
+// backend and sandbox service open when a node first needs a box.
+func openRun(ctx context.Context, cfg runConfig) (_ *runParts, err error) {
+	r := &runParts{}
+	defer func() {
+		if err != nil {
+			r.close()
+		}
+	}()
+	if r.state, err = openState(cfg.dataDir); err != nil {
+		return nil, err
+	}
+	r.boxes = lazySandboxes(r.state.cells, cfg.log, func(ctx context.Context) (*sandbox.Service, error) {
+		be, err := openBackend(ctx, cfg.backend, cfg.dataDir)
+		if err != nil {
+			return nil, err
+		}
+		// Exec stages take fresh boxes from a warm pool of the default
+		// image whose size follows their use: none until a stage runs, at
+		// most runPool, shrinking again when the run is idle.
+		return sandbox.New(ctx, sandbox.Config{Backend: be, DataDir: cfg.dataDir, DB: r.state.db,
+			AgentBinary: cfg.agentBinary, Pool: map[string]int{backend.DefaultImage: runPool}, PoolFollowsUse: true, OneShot: builtins.IsExecBox,
+			Logger: cfg.log})
+	})
+	if r.host, err = newRuntimeHost(cfg.dataDir, r.state.cells, r.boxes, cfg.log, false); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// close closes what openRun opened, in reverse order.
+func (r *runParts) close() error {
+	var errs []error
+	if r.host != nil {
+		errs = append(errs, r.host.close())
+	}
+	if r.boxes != nil {
+		errs = append(errs, r.boxes.close())
+	}
+	if r.state != nil {
+		errs = append(errs, r.state.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // patternsUnder checks a folder given as PATTERN: one without a
@@ -233,35 +288,27 @@ type runtimeHost struct {
 	dataDir  string
 	rt       *runtime.Runtime
 	api      *runapi.Server
-	svc      *sandbox.Service
-	session  string // the sandbox session of the runtime's boxes
+	boxes    *sandboxes // the sandbox service and the runtime's session in it
 	servers  []*http.Server
 	sockPath string
 	opts     httpOptions // of the HTTP server and its limits
+	// teardowns are exec boxes being destroyed after their runs.
+	teardowns *builtins.Teardowns
 }
 
 // newRuntimeHost starts a runtime over store whose exec and sandbox nodes
-// drive boxes of svc, in a session kept in the store so that a restart
-// finds its boxes again. persist: the API records loaded patterns for
+// drive boxes of boxes' session (kept in the store so that a restart
+// finds its boxes again). persist: the API records loaded patterns for
 // runapi.Server.Resume (cellbox serve).
-func newRuntimeHost(ctx context.Context, dataDir string, store cells.Store, svc *sandbox.Service, log *slog.Logger, persist bool) (*runtimeHost, error) {
-	session, err := runtimeSession(ctx, store, svc)
-	if err != nil {
-		return nil, err
-	}
-	env := builtins.Env{Client: svc.Client(session), Logger: log}
-	// No pattern is loaded yet, so no exec run is live: an exec box in the
-	// session is a killed process's leftover.
-	if _, err := builtins.RemoveLeftoverExecBoxes(ctx, env); err != nil {
-		log.Warn("remove leftover exec boxes", "error", err)
-	}
+func newRuntimeHost(dataDir string, store cells.Store, boxes *sandboxes, log *slog.Logger, persist bool) (*runtimeHost, error) {
+	env := builtins.Env{Client: boxes.client(), Logger: log, Teardowns: &builtins.Teardowns{}}
 	memoLimit, err := envSize(memoLimitEnv)
 	if err != nil {
 		return nil, err
 	}
 	rt := runtime.New(store, runtime.Options{Logger: log, MemoLimit: memoLimit})
 	api := runapi.New(runapi.Config{Runtime: rt, Store: store, Env: env, Logger: log, Persist: persist})
-	return &runtimeHost{dataDir: dataDir, rt: rt, api: api, svc: svc, session: session}, nil
+	return &runtimeHost{dataDir: dataDir, rt: rt, api: api, boxes: boxes, teardowns: env.Teardowns}, nil
 }
 
 // memoLimitEnv caps the exec memo cache of run and serve (bytes, or with a
@@ -374,7 +421,8 @@ func (h *runtimeHost) close() error {
 	if h.sockPath != "" {
 		os.Remove(h.sockPath)
 	}
-	return errors.Join(h.rt.Close(ctx), h.svc.SleepSession(ctx, h.session))
+	rterr := h.rt.Close(ctx)
+	return errors.Join(rterr, h.teardowns.Wait(ctx), h.boxes.sleep(ctx))
 }
 
 // printFinal prints an instance's cells (inputs, then node outputs, in

@@ -72,7 +72,11 @@ func runServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer svc.Close()
-	host, err := newRuntimeHost(ctx, dataDir, store, svc, slog.Default(), true)
+	boxes, err := openSandboxes(ctx, store, slog.Default(), svc)
+	if err != nil {
+		return err
+	}
+	host, err := newRuntimeHost(dataDir, store, boxes, slog.Default(), true)
 	if err != nil {
 		return err
 	}
@@ -81,7 +85,7 @@ func runServe(ctx context.Context, args []string) error {
 	if _, err := host.serve(); err != nil { // DATA/run.sock, for `cellbox cell` and `cellbox send`
 		return err
 	}
-	base, key, created, errc, err := host.serveHTTP(*addr, svc) // stopped by host.close
+	base, key, created, errc, err := host.serveHTTP(*addr) // stopped by host.close
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
@@ -33,7 +35,35 @@ type Client struct {
 	socket string
 	hc     *http.Client
 	tr     *http.Transport
+	// heal, if set, is called when a request could not reach the agent
+	// (see SetHeal).
+	heal func(ctx context.Context) error
 }
+
+// SetHeal sets what the client does when a request cannot reach the
+// agent at all — its socket is gone or refuses connections, so the
+// request was never sent: heal (which brings the agent back on the same
+// socket, or says why it cannot) runs, and the request is sent once more.
+// This is how the pool checks a box's health only when a call fails,
+// instead of pinging the agent before every call. Call it before the
+// client is shared. A request under a context of WithoutHeal is not
+// healed (the health check itself, which heal runs).
+func (c *Client) SetHeal(heal func(ctx context.Context) error) { c.heal = heal }
+
+type noHealKey struct{}
+
+// WithoutHeal returns ctx under which a failed request does not call the
+// client's heal.
+func WithoutHeal(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noHealKey{}, true)
+}
+
+// undeliveredError is a failure to connect to the agent: nothing of the
+// request was sent.
+type undeliveredError struct{ err error }
+
+func (e *undeliveredError) Error() string { return e.err.Error() }
+func (e *undeliveredError) Unwrap() error { return e.err }
 
 // Dial returns a Client for the agent at socketPath. It does not connect;
 // each call does (or reuses a pooled connection).
@@ -68,7 +98,7 @@ func Dial(socketPath string) *Client {
 func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 	fd, err := unix.Open(c.socket, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("agent socket %s: %w", c.socket, err)
+		return nil, &undeliveredError{fmt.Errorf("agent socket %s: %w", c.socket, err)}
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t
@@ -79,7 +109,11 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 		return nil, fmt.Errorf("agent socket %s is not a unix socket (mode %#o); refusing to connect", c.socket, st.Mode)
 	}
 	var d net.Dialer
-	return d.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
+	conn, err := d.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
+	if err != nil {
+		return nil, &undeliveredError{err}
+	}
+	return conn, nil
 }
 
 // Close drops the pooled connections.
@@ -107,7 +141,24 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
+	// A streamed body is watched: if the request fails before a byte of
+	// it was read, it can go again as it is.
+	var streamed *readWatch
+	if body != nil && req.GetBody == nil {
+		streamed = &readWatch{r: body}
+		req.Body = io.NopCloser(streamed)
+	}
 	resp, err := c.hc.Do(req)
+	var ue *undeliveredError
+	if err != nil && c.heal != nil && errors.As(err, &ue) && ctx.Err() == nil && ctx.Value(noHealKey{}) == nil && (streamed == nil || !streamed.read) {
+		// Not sent: heal the agent and send it again.
+		if herr := c.heal(ctx); herr != nil {
+			return nil, fmt.Errorf("agent %s %s: %w", method, path, herr)
+		}
+		if req, err = retryRequest(req); err == nil {
+			resp, err = c.hc.Do(req)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("agent %s %s: %w", method, path, err)
 	}
@@ -120,6 +171,31 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 		return nil, decodeError(path, resp)
 	}
 	return resp, nil
+}
+
+// retryRequest is req again: with a fresh copy of its body if it has
+// one to make, else with its (unread) body.
+func retryRequest(req *http.Request) (*http.Request, error) {
+	r := req.Clone(req.Context())
+	if req.GetBody != nil {
+		b, err := req.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		r.Body = b
+	}
+	return r, nil
+}
+
+// readWatch is a reader that notes whether it was read from.
+type readWatch struct {
+	r    io.Reader
+	read bool
+}
+
+func (w *readWatch) Read(p []byte) (int, error) {
+	w.read = true
+	return w.r.Read(p)
 }
 
 func checkProtocol(h http.Header) error {
@@ -231,22 +307,81 @@ func (c *Client) Version(ctx context.Context) (Version, error) {
 	return v, err
 }
 
-// WaitReady polls Version every 2ms until the agent answers or ctx ends. A
-// protocol mismatch is returned at once.
+// WaitReady waits until the agent answers or ctx ends; a protocol
+// mismatch is returned at once. It does not poll blindly: until the
+// agent's socket appears it sleeps on an inotify watch of the socket's
+// directory (woken when the socket is created), and only then tries
+// every millisecond — the moments between bind and listen. Where inotify
+// is not to be had, it tries every 2 ms.
 func (c *Client) WaitReady(ctx context.Context) error {
-	t := time.NewTicker(2 * time.Millisecond)
-	defer t.Stop()
+	w := newDirWatch(filepath.Dir(c.socket))
+	defer w.close()
 	for {
 		_, err := c.Version(ctx)
 		var pe *ProtocolError
 		if err == nil || errors.As(err, &pe) {
 			return err
 		}
+		wait := 2 * time.Millisecond
+		if w != nil {
+			wait = time.Millisecond
+			if _, serr := os.Lstat(c.socket); serr != nil {
+				// No socket yet: sleep until something is created in
+				// its directory (or, in case an event is missed, 50 ms).
+				if werr := w.wait(ctx, 50*time.Millisecond); werr == nil {
+					continue
+				}
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("agent at %s not ready: %w (last error: %v)", c.socket, ctx.Err(), err)
-		case <-t.C:
+		case <-time.After(wait):
 		}
+	}
+}
+
+// dirWatch is an inotify watch of a directory for entries created in it.
+type dirWatch struct{ fd int }
+
+// newDirWatch watches dir, or returns nil if inotify is not to be had.
+func newDirWatch(dir string) *dirWatch {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil
+	}
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE|unix.IN_MOVED_TO); err != nil {
+		unix.Close(fd)
+		return nil
+	}
+	return &dirWatch{fd: fd}
+}
+
+func (w *dirWatch) close() {
+	if w != nil {
+		unix.Close(w.fd)
+	}
+}
+
+// wait returns when an entry was created in the directory since the last
+// call (nil), after limit, or when ctx ends (an error either way).
+func (w *dirWatch) wait(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	buf := make([]byte, 4096)
+	for {
+		if n, _ := unix.Read(w.fd, buf); n > 0 {
+			return nil // drained; what was created is looked at by the caller
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return context.DeadlineExceeded
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		// Poll in slices of at most 10 ms so that ctx is heard.
+		ms := int(min(left, 10*time.Millisecond) / time.Millisecond)
+		_, _ = unix.Poll([]unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}, max(ms, 1))
 	}
 }
 
