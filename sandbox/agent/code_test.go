@@ -1,0 +1,111 @@
+package agent
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/internal/testenv"
+)
+
+func runCell(t *testing.T, a *testAgent, id, code string, timeoutMs int) CodeResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := a.c.CodeRun(ctx, id, CodeRunRequest{Code: code, TimeoutMs: timeoutMs})
+	require.NoError(t, err)
+	return res
+}
+
+func newContext(t *testing.T, a *testAgent, lang string) string {
+	t.Helper()
+	cc, err := a.c.CodeCreate(context.Background(), CodeContextRequest{Language: lang})
+	require.NoError(t, err)
+	assert.Equal(t, lang, cc.Language)
+	return cc.ID
+}
+
+func TestCodeContextPython(t *testing.T) {
+	testenv.RequireCommand(t, "python3")
+	a := startAgent(t)
+	id := newContext(t, a, LangPython)
+
+	r := runCell(t, a, id, "import os\nx = 40\nprint('hi'); os.system('echo sub >&2')\nx + 2", 0)
+	require.Nil(t, r.Error)
+	require.NotNil(t, r.Value)
+	assert.Equal(t, "42", *r.Value)
+	assert.Equal(t, "hi\n", r.Stdout)
+	assert.Equal(t, "sub\n", r.Stderr)
+
+	r = runCell(t, a, id, "os.getpid() > 0, x", 0)
+	require.Nil(t, r.Error, "the import and the variable persist")
+	assert.Equal(t, "(True, 40)", *r.Value)
+
+	r = runCell(t, a, id, "def f():\n    return 1/0\nf()", 0)
+	require.NotNil(t, r.Error)
+	assert.Equal(t, "ZeroDivisionError", r.Error.Name)
+	assert.Contains(t, r.Error.Traceback, "return 1/0")
+	assert.NotContains(t, r.Error.Traceback, "_cellbox_main", "the driver's frames are not shown")
+
+	r = runCell(t, a, id, "y = 1\nwhile True: pass", 300)
+	assert.True(t, r.TimedOut)
+	require.NotNil(t, r.Error)
+	assert.Equal(t, "KeyboardInterrupt", r.Error.Name)
+	assert.Empty(t, r.Ended)
+
+	r = runCell(t, a, id, "x + y", 0)
+	require.Nil(t, r.Error, "the context survived the interrupt")
+	assert.Equal(t, "41", *r.Value)
+
+	r = runCell(t, a, id, "None", 0)
+	assert.Nil(t, r.Value)
+
+	list, err := a.c.CodeContexts(context.Background())
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	assert.Equal(t, 6, list[0].Cells)
+
+	require.NoError(t, a.c.CodeDelete(context.Background(), id))
+	_, err = a.c.CodeRun(context.Background(), id, CodeRunRequest{Code: "1"})
+	assert.ErrorContains(t, err, "ended: it was deleted")
+}
+
+func TestCodeContextBashAndJS(t *testing.T) {
+	testenv.RequireCommand(t, "node")
+	a := startAgent(t)
+	sh := newContext(t, a, LangBash)
+	r := runCell(t, a, sh, "mkdir -p sub && cd sub && V=7", 0)
+	require.NotNil(t, r.ExitCode)
+	assert.Equal(t, 0, *r.ExitCode)
+	r = runCell(t, a, sh, "echo $V $(basename $PWD); false", 0)
+	assert.Equal(t, "7 sub\n", r.Stdout)
+	assert.Equal(t, 1, *r.ExitCode)
+	r = runCell(t, a, sh, "sleep 100", 300)
+	assert.True(t, r.TimedOut)
+	assert.Equal(t, 130, *r.ExitCode)
+	r = runCell(t, a, sh, "echo $V", 0)
+	assert.Equal(t, "7\n", r.Stdout)
+
+	js := newContext(t, a, LangJavaScript)
+	r = runCell(t, a, js, "const path = require('path'); let n = 2; console.log('hi'); n * 21", 0)
+	require.Nil(t, r.Error)
+	assert.Equal(t, "42", *r.Value)
+	assert.Equal(t, "hi\n", r.Stdout)
+	r = runCell(t, a, js, "while (true) {}", 300)
+	assert.True(t, r.TimedOut)
+	require.NotNil(t, r.Error)
+	r = runCell(t, a, js, "({n, base: path.basename('/a/b')})", 0)
+	require.Nil(t, r.Error)
+	assert.Equal(t, "{ n: 2, base: 'b' }", *r.Value)
+	r = runCell(t, a, js, "new Promise(r => setTimeout(() => r(5), 10))", 0)
+	require.Nil(t, r.Error, "a promise is awaited: %v", r.Error)
+	assert.Equal(t, "5", *r.Value)
+	r = runCell(t, a, js, "null.x", 0)
+	require.NotNil(t, r.Error)
+	assert.Equal(t, "TypeError", r.Error.Name)
+	assert.Contains(t, r.Error.Traceback, "cell-5.js:1")
+	assert.NotContains(t, r.Error.Traceback, "[eval]", "the driver's frames are not shown")
+}

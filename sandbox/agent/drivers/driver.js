@@ -1,0 +1,100 @@
+// cellbox code-context driver for JavaScript (see sandbox/agent/code.go).
+// Started by the agent as `node -e <this>`: fd 3 brings one JSON request per
+// line ({"file": cell source path, "n": cell number}), fd 4 takes one JSON
+// answer per line; fd 1 and 2 are files the agent reads after each cell.
+// Cells run in this process's global context (vm.runInThisContext, as the
+// node REPL does): var, let, const, function and class declarations and
+// require()d modules persist between cells. SIGINT interrupts a running
+// cell (breakOnSigint) or an awaited promise, and is ignored between cells.
+(function () {
+  const fs = require('fs');
+  const vm = require('vm');
+  const util = require('util');
+  const path = require('path');
+  const Module = require('module');
+  const readline = require('readline');
+
+  const MAX_RICH = 16 << 20;
+  let outputs = [];
+  let richBytes = 0;
+  let interrupt = null; // rejects the awaited promise of a running cell
+
+  process.on('SIGINT', () => { if (interrupt) interrupt(); });
+  process.on('uncaughtException', (e) => { process.stderr.write('Uncaught ' + util.inspect(e) + '\n'); });
+  process.on('unhandledRejection', (e) => { process.stderr.write('Unhandled rejection ' + util.inspect(e) + '\n'); });
+
+  function addOutput(mime, data) {
+    let item;
+    if (Buffer.isBuffer(data) || data instanceof Uint8Array) {
+      item = { mime, data: Buffer.from(data).toString('base64'), encoding: 'base64' };
+    } else {
+      item = { mime, data: typeof data === 'string' ? data : JSON.stringify(data) };
+    }
+    if (richBytes + item.data.length > MAX_RICH) {
+      process.stderr.write(`[cellbox: a ${mime} output was dropped: over ${MAX_RICH >> 20} MiB of rich output in one cell]\n`);
+      return;
+    }
+    richBytes += item.data.length;
+    outputs.push(item);
+  }
+
+  // display(bundle) shows rich outputs: an object of MIME type -> data,
+  // e.g. display({'text/html': '<b>hi</b>'}) or {'image/png': buffer};
+  // display(data, mime) gives the type of one piece of data.
+  global.display = function display(data, mime) {
+    if (mime !== undefined) return addOutput(mime, data);
+    if (data && typeof data === 'object' && !Buffer.isBuffer(data)) {
+      for (const [m, d] of Object.entries(data)) addOutput(m, d);
+      return;
+    }
+    process.stdout.write(util.inspect(data) + '\n');
+  };
+  global.require = Module.createRequire(path.join(process.cwd(), '/'));
+  global.module = { exports: {} };
+  global.exports = global.module.exports;
+
+  function errorOf(e) {
+    if (e instanceof Error || (e && typeof e === 'object' && 'stack' in e)) {
+      // The driver's frames (and node's below them) say nothing about the cell.
+      const stack = String(e.stack || e).split('\n').filter((l) => !/^\s+at (.* \()?(\[eval\]|node:)/.test(l)).join('\n');
+      return { name: e.name || 'Error', message: String(e.message), traceback: stack };
+    }
+    return { name: 'Uncaught', message: util.inspect(e), traceback: 'Uncaught ' + util.inspect(e) };
+  }
+
+  async function run(src, n) {
+    const file = `cell-${n}.js`;
+    let value = vm.runInThisContext(src, { filename: file, breakOnSigint: true });
+    if (value && typeof value.then === 'function') {
+      value = await Promise.race([value, new Promise((_, reject) => {
+        interrupt = () => reject(Object.assign(new Error('Script execution was interrupted by `SIGINT`'), { name: 'Interrupted' }));
+      })]);
+    }
+    return value;
+  }
+
+  const rl = readline.createInterface({ input: fs.createReadStream(null, { fd: 3 }), crlfDelay: Infinity });
+  (async () => {
+    for await (const line of rl) {
+      const r = JSON.parse(line);
+      const src = fs.readFileSync(r.file, 'utf8');
+      const out = {};
+      outputs = [];
+      richBytes = 0;
+      try {
+        const value = await run(src, r.n);
+        if (value !== undefined) {
+          global._ = value;
+          out.value = util.inspect(value, { depth: 4, maxArrayLength: 200, maxStringLength: 100000 });
+        }
+      } catch (e) {
+        out.error = errorOf(e);
+      } finally {
+        interrupt = null;
+      }
+      out.outputs = outputs;
+      fs.writeSync(4, JSON.stringify(out) + '\n');
+    }
+    process.exit(0);
+  })();
+})();
