@@ -138,8 +138,8 @@ type CodeResult struct {
 	Error     *CodeError   `json:"error,omitempty"`
 	ExitCode  *int         `json:"exit_code,omitempty"` // bash: the status of the cell's last command
 	TimedOut  bool         `json:"timed_out,omitempty"`
-	// Ended says the context ended during this cell (the interpreter
-	// exited or was killed) and why; the context is gone.
+	// Ended says why the context ended during this cell (the interpreter
+	// exited or was killed); the context is gone.
 	Ended      string `json:"ended,omitempty"`
 	DurationMs int64  `json:"duration_ms"`
 }
@@ -517,7 +517,7 @@ wait:
 	}
 	if answer == nil {
 		<-c.p.done // ended: c.ended says why
-		res.Ended = fmt.Sprintf("code context %s ended: %s; its state is lost, create a new one", id, c.ended)
+		res.Ended = c.ended
 	} else {
 		var a driverAnswer
 		if err := json.Unmarshal(answer, &a); err != nil {
