@@ -2,20 +2,20 @@ package agent
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	_ "embed"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,11 +32,14 @@ import (
 // passed on the command line, so nothing is installed in the box). The
 // driver reads one JSON request per line on fd 3 and writes one JSON answer
 // per line on fd 4; the code's own stdin is /dev/null. Its stdout and
-// stderr (fd 1 and 2) are files the agent empties before a cell and reads
-// after the answer: what subprocesses of the cell print is caught too, and
-// the end of a cell's output needs no marker in the stream. The cell's
-// source goes through a file as well, so no language has to parse it out
-// of JSON (bash cannot). A timeout sends SIGINT to the interpreter's
+// stderr (fd 1 and 2) are pipes the agent drains all the time, keeping the
+// first MaxOutput bytes of each cell (so a cell printing without end costs
+// neither memory nor disk); what subprocesses of the cell print is caught
+// too. After a cell the driver writes a marker with the cell's number to
+// both (a random token given to the driver only), which tells where the
+// cell's output ends in each stream. The cell's source goes through a file
+// (the answer pipe carries only its path), so no driver has to parse code
+// out of JSON (bash cannot). A timeout sends SIGINT to the interpreter's
 // process group: Python raises KeyboardInterrupt, node's vm stops the
 // script (breakOnSigint), bash returns from the cell; the context lives
 // on. An interpreter that does not answer within codeInterruptGrace of the
@@ -82,6 +85,12 @@ const (
 	// maxCodeAnswer caps one answer line of a driver (rich outputs are
 	// capped at 16 MiB in the drivers; base64 and JSON add a third).
 	maxCodeAnswer = 32 << 20
+	// markerWait bounds the wait for a cell's output markers after its
+	// answer (the cell may have closed its stdout).
+	markerWait = 2 * time.Second
+	// markerEnv passes the marker prefix to the driver, which removes it
+	// from its environment before the code runs.
+	markerEnv = "CELLBOX_CODE_MARK"
 	// maxEndedContexts is how many ended contexts are remembered, to say
 	// why they ended.
 	maxEndedContexts = 64
@@ -160,8 +169,8 @@ type codeCtx struct {
 	created  time.Time
 	req      *os.File      // fd 3 of the driver, our end
 	answers  chan []byte   // one per cell; closed when the driver's fd 4 closes
-	stdout   *os.File      // the driver's fd 1 (O_APPEND), our read/truncate handle
-	stderr   *os.File      //
+	stdout   *cellStream   // the driver's fd 1
+	stderr   *cellStream   // the driver's fd 2
 	turn     chan struct{} // one cell at a time
 	gone     chan struct{} // closed when the table has forgotten it
 	cells    int           // under codeTable.mu
@@ -227,6 +236,10 @@ func (t *codeTable) create(req CodeContextRequest) (*codeCtx, error) {
 		return nil, err
 	}
 	env = withDefaultEnv(env, req.Language)
+	mark := make([]byte, 8)
+	rand.Read(mark)
+	prefix := "\x1bcellbox-" + hex.EncodeToString(mark) + "-"
+	env = append(slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, markerEnv+"=") }), markerEnv+"="+prefix)
 
 	t.mu.Lock()
 	if len(t.byID)+t.starting >= MaxCodeContexts {
@@ -251,7 +264,7 @@ func (t *codeTable) create(req CodeContextRequest) (*codeCtx, error) {
 	t.starting++
 	t.mu.Unlock()
 
-	err = c.start(t.s, argv, dir, env)
+	err = c.start(t.s, argv, dir, env, prefix)
 	t.mu.Lock()
 	t.starting--
 	if err == nil {
@@ -289,7 +302,7 @@ func withDefaultEnv(env []string, lang string) []string {
 	return env
 }
 
-func (c *codeCtx) start(s *server, argv []string, dir string, env []string) (err error) {
+func (c *codeCtx) start(s *server, argv []string, dir string, env []string, prefix string) (err error) {
 	if err := os.MkdirAll(c.dir, 0o700); err != nil {
 		return asError("code context", c.dir, err)
 	}
@@ -303,15 +316,16 @@ func (c *codeCtx) start(s *server, argv []string, dir string, env []string) (err
 			os.RemoveAll(c.dir)
 		}
 	}()
-	open := func(name string) (*os.File, error) {
-		return os.OpenFile(filepath.Join(c.dir, name), os.O_RDWR|os.O_CREATE|os.O_APPEND|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return asError("code context", "", err)
 	}
-	if c.stdout, err = open("stdout"); err != nil {
-		return asError("code context", c.dir, err)
+	toClose = append(toClose, outR, outW)
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return asError("code context", "", err)
 	}
-	if c.stderr, err = open("stderr"); err != nil {
-		return asError("code context", c.dir, err)
-	}
+	toClose = append(toClose, errR, errW)
 	null, err := os.Open(os.DevNull)
 	if err != nil {
 		return asError("code context", "", err)
@@ -328,11 +342,14 @@ func (c *codeCtx) start(s *server, argv []string, dir string, env []string) (err
 		return asError("code context", "", err)
 	}
 	toClose = append(toClose, ansW)
-	c.p, err = s.procs.start(argv, dir, env, []*os.File{null, c.stdout, c.stderr, reqR, ansW}, "code context "+c.id+" ("+argv[0]+")", false)
+	c.p, err = s.procs.start(argv, dir, env, []*os.File{null, outW, errW, reqR, ansW}, "code context "+c.id+" ("+argv[0]+")", false)
 	if err != nil {
 		ansR.Close()
 		return err
 	}
+	toClose = slices.DeleteFunc(toClose, func(f *os.File) bool { return f == outR || f == errR })
+	c.stdout = newCellStream(outR, prefix)
+	c.stderr = newCellStream(errR, prefix)
 	go c.readAnswers(ansR)
 	return nil
 }
@@ -358,10 +375,8 @@ func (c *codeCtx) end(why string) {
 }
 
 func (c *codeCtx) closeFiles() {
-	for _, f := range []*os.File{c.req, c.stdout, c.stderr} {
-		if f != nil {
-			f.Close()
-		}
+	if c.req != nil {
+		c.req.Close()
 	}
 }
 
@@ -453,13 +468,10 @@ func (t *codeTable) run(ctx context.Context, id string, req CodeRunRequest) (Cod
 	maxOut = min(maxOut, maxOutputCap)
 
 	begin := time.Now()
-	for _, f := range []*os.File{c.stdout, c.stderr} {
-		if err := f.Truncate(0); err != nil {
-			return CodeResult{}, asError(op, id, err)
-		}
-	}
+	c.stdout.setMax(maxOut)
+	c.stderr.setMax(maxOut)
 	cell := filepath.Join(c.dir, "cell")
-	if err := os.WriteFile(cell, []byte(req.Code), 0o600); err != nil {
+	if err := writeNoFollow(cell, []byte(req.Code)); err != nil {
 		return CodeResult{}, asError(op, id, err)
 	}
 	line, _ := json.Marshal(map[string]any{"file": cell, "n": n})
@@ -525,23 +537,159 @@ wait:
 		}
 		res.Value, res.Outputs, res.Error, res.ExitCode = a.Value, a.Outputs, a.Error, a.ExitCode
 	}
+	// The markers come before the answer; after an end there are none.
+	wait := time.After(markerWait)
+	if answer == nil {
+		wait = time.After(0)
+	}
 	var cut1, cut2 bool
-	res.Stdout, cut1 = readCapped(c.stdout, maxOut)
-	res.Stderr, cut2 = readCapped(c.stderr, maxOut)
+	res.Stdout, cut1 = c.stdout.cell(n, wait)
+	res.Stderr, cut2 = c.stderr.cell(n, wait)
 	res.Truncated = cut1 || cut2
 	res.DurationMs = time.Since(begin).Milliseconds()
 	return res, nil
 }
 
-// readCapped reads the first max bytes of f as UTF-8.
-func readCapped(f *os.File, max int) (string, bool) {
-	buf := make([]byte, max+1)
-	n, err := f.ReadAt(buf, 0)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return "", false
+// writeNoFollow writes a file the code may have replaced by a link.
+func writeNoFollow(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
 	}
-	cut := n > max
-	return toUTF8(buf[:min(n, max)], cut), cut
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// cellStream drains one output pipe of an interpreter and cuts it into
+// cells at the driver's markers: prefix followed by the cell number in 8
+// digits. Of each cell it keeps the first max bytes and drops the rest.
+// Output between cells (a background job of an earlier cell) counts as
+// the next cell's.
+type cellStream struct {
+	prefix []byte
+
+	mu    sync.Mutex
+	max   int
+	buf   []byte
+	cut   bool
+	ended bool
+	seen  chan struct{} // closed and replaced at each marker and at the end
+	done  map[int]cellOut
+}
+
+type cellOut struct {
+	data []byte
+	cut  bool
+}
+
+const markerDigits = 8
+
+func newCellStream(r *os.File, prefix string) *cellStream {
+	s := &cellStream{prefix: []byte(prefix), max: DefaultMaxOutput, seen: make(chan struct{}), done: map[int]cellOut{}}
+	go s.drain(r)
+	return s
+}
+
+func (s *cellStream) setMax(max int) {
+	s.mu.Lock()
+	s.max = max
+	s.mu.Unlock()
+}
+
+func (s *cellStream) drain(r *os.File) {
+	defer r.Close()
+	chunk := make([]byte, chunkSize)
+	var pending []byte // bytes that may begin a marker
+	for {
+		n, err := r.Read(chunk)
+		pending = append(pending, chunk[:n]...)
+		pending = s.scan(pending)
+		if err != nil {
+			s.mu.Lock()
+			s.keep(pending)
+			s.ended = true
+			close(s.seen)
+			s.mu.Unlock()
+			return
+		}
+	}
+}
+
+// scan takes the output in p up to the last byte that cannot begin a
+// marker, handles whole markers, and returns the rest.
+func (s *cellStream) scan(p []byte) []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	whole := len(s.prefix) + markerDigits
+	for {
+		i := bytes.Index(p, s.prefix)
+		if i < 0 {
+			// Keep back a tail that may be the start of a marker.
+			k := max(len(p)-(len(s.prefix)-1), 0)
+			s.keep(p[:k])
+			return append(p[:0:0], p[k:]...)
+		}
+		if len(p) < i+whole {
+			s.keep(p[:i])
+			return append(p[:0:0], p[i:]...)
+		}
+		s.keep(p[:i])
+		if n, err := strconv.Atoi(string(p[i+len(s.prefix) : i+whole])); err == nil {
+			s.done[n] = cellOut{data: s.buf, cut: s.cut}
+			s.buf, s.cut = nil, false
+			for k := range s.done { // only a late marker is ever left behind
+				if k < n-4 {
+					delete(s.done, k)
+				}
+			}
+			close(s.seen)
+			s.seen = make(chan struct{})
+		}
+		p = p[i+whole:]
+	}
+}
+
+// keep adds b to the current cell's output, up to max bytes. Under mu.
+func (s *cellStream) keep(b []byte) {
+	room := s.max - len(s.buf)
+	if len(b) > room {
+		s.cut = true
+		b = b[:max(room, 0)]
+	}
+	s.buf = append(s.buf, b...)
+}
+
+// cell returns cell n's output once its marker has come, or, when wait
+// fires first (or the stream ended), what has come so far.
+func (s *cellStream) cell(n int, wait <-chan time.Time) (string, bool) {
+	for {
+		s.mu.Lock()
+		if out, ok := s.done[n]; ok {
+			delete(s.done, n)
+			s.mu.Unlock()
+			return toUTF8(out.data, out.cut), out.cut
+		}
+		seen, ended := s.seen, s.ended
+		if ended {
+			out, cut := s.buf, s.cut
+			s.buf, s.cut = nil, false
+			s.mu.Unlock()
+			return toUTF8(out, cut), cut
+		}
+		s.mu.Unlock()
+		select {
+		case <-seen:
+		case <-wait:
+			s.mu.Lock()
+			out, cut := s.buf, s.cut
+			s.buf, s.cut = nil, false
+			s.mu.Unlock()
+			return toUTF8(out, cut), cut
+		}
+	}
 }
 
 // --- handlers ---

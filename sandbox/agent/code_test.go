@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,9 +14,14 @@ import (
 
 func runCell(t *testing.T, a *testAgent, id, code string, timeoutMs int) CodeResult {
 	t.Helper()
+	return runReq(t, a, id, CodeRunRequest{Code: code, TimeoutMs: timeoutMs})
+}
+
+func runReq(t *testing.T, a *testAgent, id string, req CodeRunRequest) CodeResult {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	res, err := a.c.CodeRun(ctx, id, CodeRunRequest{Code: code, TimeoutMs: timeoutMs})
+	res, err := a.c.CodeRun(ctx, id, req)
 	require.NoError(t, err)
 	return res
 }
@@ -63,10 +69,23 @@ func TestCodeContextPython(t *testing.T) {
 	r = runCell(t, a, id, "None", 0)
 	assert.Nil(t, r.Value)
 
+	// A cell that prints without end: the first MaxOutput bytes are kept,
+	// the rest is drained and dropped (neither memory nor disk fill up),
+	// and the next cell's output is its own.
+	r = runReq(t, a, id, CodeRunRequest{Code: "import sys\nfor i in range(50000): sys.stdout.write('y' * 1000)\n'done'", MaxOutput: 1000})
+	require.Nil(t, r.Error)
+	assert.Equal(t, "'done'", *r.Value)
+	assert.True(t, r.Truncated)
+	assert.Equal(t, strings.Repeat("y", 1000), r.Stdout)
+	r = runCell(t, a, id, "import stat\nprint('next')\nstat.S_ISFIFO(os.fstat(1).st_mode)", 0)
+	assert.Equal(t, "next\n", r.Stdout)
+	assert.False(t, r.Truncated)
+	assert.Equal(t, "True", *r.Value, "stdout is a pipe the agent drains, not a file that grows")
+
 	list, err := a.c.CodeContexts(context.Background())
 	require.NoError(t, err)
 	require.Len(t, list, 1)
-	assert.Equal(t, 6, list[0].Cells)
+	assert.Equal(t, 8, list[0].Cells)
 
 	require.NoError(t, a.c.CodeDelete(context.Background(), id))
 	_, err = a.c.CodeRun(context.Background(), id, CodeRunRequest{Code: "1"})

@@ -1,7 +1,9 @@
 // cellbox code-context driver for JavaScript (see sandbox/agent/code.go).
 // Started by the agent as `node -e <this>`: fd 3 brings one JSON request per
 // line ({"file": cell source path, "n": cell number}), fd 4 takes one JSON
-// answer per line; fd 1 and 2 are files the agent reads after each cell.
+// answer per line; fd 1 and 2 are pipes the agent reads, and after a cell
+// the driver writes a marker ($CELLBOX_CODE_MARK and the cell number) to
+// both, before the answer.
 // Cells run in this process's global context (vm.runInThisContext, as the
 // node REPL does): var, let, const, function and class declarations and
 // require()d modules persist between cells. SIGINT interrupts a running
@@ -15,6 +17,8 @@
   const readline = require('readline');
 
   const MAX_RICH = 16 << 20;
+  const MARK = process.env.CELLBOX_CODE_MARK || '';
+  delete process.env.CELLBOX_CODE_MARK;
   let outputs = [];
   let richBytes = 0;
   let interrupt = null; // rejects the awaited promise of a running cell
@@ -93,6 +97,9 @@
         interrupt = null;
       }
       out.outputs = outputs;
+      for (const fd of [1, 2]) {
+        try { fs.writeSync(fd, MARK + String(r.n).padStart(8, '0')); } catch (e) { /* the cell closed it */ }
+      }
       fs.writeSync(4, JSON.stringify(out) + '\n');
     }
     process.exit(0);

@@ -1,9 +1,10 @@
 # cellbox code-context driver for Python (see sandbox/agent/code.go).
 # Started by the agent as `python3 -c <this>`: fd 3 brings one JSON request
 # per line ({"file": cell source path, "n": cell number}), fd 4 takes one
-# JSON answer per line. fd 1 and 2 are files the agent reads after each
-# cell, so output of subprocesses is caught too. SIGINT interrupts a
-# running cell (KeyboardInterrupt) and is ignored between cells.
+# JSON answer per line. fd 1 and 2 are pipes the agent reads; after a cell
+# the driver writes a marker (from $CELLBOX_CODE_MARK and the cell number)
+# to both, before the answer. SIGINT interrupts a running cell
+# (KeyboardInterrupt) and is ignored between cells.
 def _cellbox_main():
     import ast, base64, builtins, inspect, json, linecache, os, signal, sys, traceback, warnings
 
@@ -11,6 +12,7 @@ def _cellbox_main():
     ans = os.fdopen(4, "wb", buffering=0)
     os.set_inheritable(3, False)
     os.set_inheritable(4, False)
+    mark = os.environ.pop("CELLBOX_CODE_MARK", "")
     warnings.filterwarnings("ignore", message=".*non-interactive.*")  # plt.show() under Agg
 
     MAX_RICH = 16 << 20  # bytes of rich outputs per cell
@@ -177,6 +179,11 @@ def _cellbox_main():
             except BaseException:
                 pass
         out["outputs"] = state["outputs"]
+        for fd in (1, 2):
+            try:
+                os.write(fd, ("%s%08d" % (mark, r["n"])).encode())
+            except OSError:
+                pass
         ans.write(json.dumps(out).encode() + b"\n")
 
 _cellbox_main()
