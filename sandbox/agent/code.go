@@ -30,8 +30,8 @@ import (
 // in the process table, killed on shutdown, reaped by PID 1), driven by a
 // small driver program of its own language (drivers/, embedded here and
 // passed on the command line, so nothing is installed in the box). The
-// driver reads one JSON request per line on fd 3 and writes one JSON answer
-// per line on fd 4; the code's own stdin is /dev/null. Its stdout and
+// driver says it is ready on fd 4, then reads one JSON request per line on
+// fd 3 and writes one JSON answer per line on fd 4; the code's own stdin is /dev/null. Its stdout and
 // stderr (fd 1 and 2) are pipes the agent drains all the time, keeping the
 // first MaxOutput bytes of each cell (so a cell printing without end costs
 // neither memory nor disk); what subprocesses of the cell print is caught
@@ -80,6 +80,8 @@ func codeInterpreter(lang string) ([]string, bool) {
 const (
 	// MaxCodeContexts is how many code contexts a box may have at once.
 	MaxCodeContexts = 8
+	// codeStartTimeout bounds an interpreter's start.
+	codeStartTimeout = 30 * time.Second
 	// codeInterruptGrace is how long an interrupted cell may take to stop.
 	codeInterruptGrace = 3 * time.Second
 	// maxCodeAnswer caps one answer line of a driver (rich outputs are
@@ -225,7 +227,7 @@ func (t *codeTable) get(op, id string) (*codeCtx, error) {
 	return nil, codeErr(op, id, CodeNotFound, "no code context %s in this box (list them, or create one)", id)
 }
 
-func (t *codeTable) create(req CodeContextRequest) (*codeCtx, error) {
+func (t *codeTable) create(ctx context.Context, req CodeContextRequest) (*codeCtx, error) {
 	const op = "code context"
 	argv, ok := codeInterpreter(req.Language)
 	if !ok {
@@ -265,6 +267,9 @@ func (t *codeTable) create(req CodeContextRequest) (*codeCtx, error) {
 	t.mu.Unlock()
 
 	err = c.start(t.s, argv, dir, env, prefix)
+	if err == nil {
+		err = c.waitReady(ctx, argv[0])
+	}
 	t.mu.Lock()
 	t.starting--
 	if err == nil {
@@ -279,7 +284,6 @@ func (t *codeTable) create(req CodeContextRequest) (*codeCtx, error) {
 	}
 	go func() {
 		<-c.p.done
-		c.end(fmt.Sprintf("its interpreter exited (exit code %d)", c.p.exitCode))
 		t.forget(c)
 	}()
 	return c, nil
@@ -354,6 +358,38 @@ func (c *codeCtx) start(s *server, argv []string, dir string, env []string, pref
 	return nil
 }
 
+// waitReady waits for the driver's first line, which says it is ready to
+// run cells: a SIGINT before that would kill it rather than interrupt a
+// cell. A driver that is not ready is killed, with what it printed.
+func (c *codeCtx) waitReady(ctx context.Context, interp string) error {
+	tm := time.NewTimer(codeStartTimeout)
+	defer tm.Stop()
+	var why string
+	select {
+	case a, ok := <-c.answers:
+		if ok && string(a) == `{"ready":true}` {
+			return nil
+		}
+		why = fmt.Sprintf("its first answer was %.100q, not ready", a)
+	case <-c.p.done:
+		why = fmt.Sprintf("it exited (exit code %d)", c.p.exitCode)
+	case <-tm.C:
+		why = fmt.Sprintf("it was not ready within %s", codeStartTimeout)
+	case <-ctx.Done():
+		why = ctx.Err().Error()
+	}
+	c.p.kill()
+	<-c.p.done
+	stderr, _ := c.stderr.cell(0, time.After(100*time.Millisecond))
+	c.closeFiles()
+	os.RemoveAll(c.dir)
+	msg := fmt.Sprintf("code context: %s did not start: %s", interp, why)
+	if stderr = strings.TrimSpace(stderr); stderr != "" {
+		msg += "; its stderr: " + stderr[max(len(stderr)-2000, 0):]
+	}
+	return &Error{Op: "code context", Code: CodeInvalid, Message: msg}
+}
+
 // readAnswers hands each answer line of the driver to the running cell.
 func (c *codeCtx) readAnswers(r *os.File) {
 	defer r.Close()
@@ -374,6 +410,12 @@ func (c *codeCtx) end(why string) {
 	c.endOnce.Do(func() { c.ended = why })
 }
 
+// why says why the context ended; call it after the interpreter exited.
+func (c *codeCtx) why() string {
+	c.end(fmt.Sprintf("its interpreter exited (exit code %d)", c.p.exitCode))
+	return c.ended
+}
+
 func (c *codeCtx) closeFiles() {
 	if c.req != nil {
 		c.req.Close()
@@ -385,7 +427,7 @@ func (t *codeTable) forget(c *codeCtx) {
 	t.mu.Lock()
 	if t.byID[c.id] == c {
 		delete(t.byID, c.id)
-		t.ended[c.id] = c.ended
+		t.ended[c.id] = c.why()
 		t.endedList = append(t.endedList, c.id)
 		for len(t.endedList) > maxEndedContexts {
 			delete(t.ended, t.endedList[0])
@@ -449,14 +491,14 @@ func (t *codeTable) run(ctx context.Context, id string, req CodeRunRequest) (Cod
 	select {
 	case c.turn <- struct{}{}:
 	case <-c.p.done:
-		return CodeResult{}, codeErr(op, id, CodeNotFound, "code context %s ended: %s; create a new one", id, c.ended)
+		return CodeResult{}, codeErr(op, id, CodeNotFound, "code context %s ended: %s; create a new one", id, c.why())
 	case <-ctx.Done():
 		return CodeResult{}, codeErr(op, id, CodeTimeout, "code context %s is busy with another cell: %v", id, ctx.Err())
 	}
 	defer func() { <-c.turn }()
 	select {
 	case <-c.p.done:
-		return CodeResult{}, codeErr(op, id, CodeNotFound, "code context %s ended: %s; create a new one", id, c.ended)
+		return CodeResult{}, codeErr(op, id, CodeNotFound, "code context %s ended: %s; create a new one", id, c.why())
 	default:
 	}
 	n := t.setBusy(c, true)
@@ -528,8 +570,8 @@ wait:
 		}
 	}
 	if answer == nil {
-		<-c.p.done // ended: c.ended says why
-		res.Ended = c.ended
+		<-c.p.done
+		res.Ended = c.why()
 	} else {
 		var a driverAnswer
 		if err := json.Unmarshal(answer, &a); err != nil {
@@ -699,7 +741,7 @@ func (s *server) handleCodeCreate(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, "code context", &req) {
 		return
 	}
-	c, err := s.code.create(req)
+	c, err := s.code.create(r.Context(), req)
 	if err != nil {
 		writeError(w, asError("code context", "", err))
 		return

@@ -128,3 +128,76 @@ func TestCodeContextBashAndJS(t *testing.T) {
 	assert.Contains(t, r.Error.Traceback, "cell-5.js:1")
 	assert.NotContains(t, r.Error.Traceback, "[eval]", "the driver's frames are not shown")
 }
+
+func TestCodeContextRichOutputs(t *testing.T) {
+	testenv.RequireCommand(t, "node")
+	a := startAgent(t)
+	py := newContext(t, a, LangPython)
+	r := runCell(t, a, py, `class Pic:
+    def _repr_svg_(self):
+        return '<svg xmlns="http://www.w3.org/2000/svg"/>'
+display('<b>hi</b>', mime='text/html')
+display({'a': 1}, mime='application/json')
+Pic()`, 0)
+	require.Nil(t, r.Error)
+	assert.Equal(t, []CodeOutput{
+		{MIME: "text/html", Data: "<b>hi</b>"},
+		{MIME: "application/json", Data: `{"a": 1}`},
+		{MIME: "image/svg+xml", Data: `<svg xmlns="http://www.w3.org/2000/svg"/>`},
+	}, r.Outputs)
+	r = runCell(t, a, py, "display(b'\\x89PNG', mime='image/png')", 0)
+	assert.Equal(t, []CodeOutput{{MIME: "image/png", Data: "iVBORw==", Encoding: "base64"}}, r.Outputs)
+
+	js := newContext(t, a, LangJavaScript)
+	r = runCell(t, a, js, "display({'text/html': '<i>y</i>'}); display(Buffer.from([137, 80, 78, 71]), 'image/png')", 0)
+	require.Nil(t, r.Error)
+	assert.Equal(t, []CodeOutput{{MIME: "text/html", Data: "<i>y</i>"}, {MIME: "image/png", Data: "iVBORw==", Encoding: "base64"}}, r.Outputs)
+}
+
+func TestCodeContextEnds(t *testing.T) {
+	a := startAgent(t)
+	ctx := context.Background()
+
+	// A cell that ignores the interrupt: the interpreter is killed after
+	// the grace, and the context says why it ended.
+	py := newContext(t, a, LangPython)
+	r := runCell(t, a, py, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('stuck')\nwhile True: pass", 200)
+	assert.True(t, r.TimedOut)
+	assert.Contains(t, r.Ended, "did not stop within 3s of an interrupt (SIGINT) and was killed")
+	assert.Equal(t, "stuck\n", r.Stdout)
+	_, err := a.c.CodeRun(ctx, py, CodeRunRequest{Code: "1"})
+	assert.ErrorContains(t, err, "code context "+py+" ended: the interpreter did not stop")
+	assert.True(t, IsCode(err, CodeNotFound))
+
+	// exit in bash ends the shell, and with it the context; Python's
+	// exit() is an exception like any other.
+	sh := newContext(t, a, LangBash)
+	r = runCell(t, a, sh, "echo bye; exit 3", 0)
+	assert.Equal(t, "its interpreter exited (exit code 3)", r.Ended)
+	assert.Equal(t, "bye\n", r.Stdout)
+	py = newContext(t, a, LangPython)
+	r = runCell(t, a, py, "v = 1\nexit(2)", 0)
+	require.NotNil(t, r.Error)
+	assert.Equal(t, "SystemExit", r.Error.Name)
+	assert.Equal(t, "1", *runCell(t, a, py, "v", 0).Value)
+
+	// Unknown ids and languages.
+	_, err = a.c.CodeRun(ctx, "python-nope", CodeRunRequest{Code: "1"})
+	assert.ErrorContains(t, err, "no code context python-nope in this box")
+	_, err = a.c.CodeRun(ctx, "python-abcdef-1", CodeRunRequest{Code: "1"})
+	assert.ErrorContains(t, err, "ended: the box restarted")
+	_, err = a.c.CodeCreate(ctx, CodeContextRequest{Language: "ruby"})
+	assert.ErrorContains(t, err, `unknown language "ruby": want one of python, javascript, bash`)
+
+	// A box has at most MaxCodeContexts.
+	list, err := a.c.CodeContexts(ctx)
+	require.NoError(t, err)
+	for range MaxCodeContexts - len(list) {
+		newContext(t, a, LangBash)
+	}
+	_, err = a.c.CodeCreate(ctx, CodeContextRequest{Language: LangBash})
+	assert.ErrorContains(t, err, "this box has 8 code contexts, the most it may have")
+	assert.True(t, IsCode(err, CodeTooLarge))
+	require.NoError(t, a.c.CodeDelete(ctx, py))
+	newContext(t, a, LangBash)
+}

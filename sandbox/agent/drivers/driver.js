@@ -1,9 +1,9 @@
 // cellbox code-context driver for JavaScript (see sandbox/agent/code.go).
 // Started by the agent as `node -e <this>`: fd 3 brings one JSON request per
-// line ({"file": cell source path, "n": cell number}), fd 4 takes one JSON
-// answer per line; fd 1 and 2 are pipes the agent reads, and after a cell
-// the driver writes a marker ($CELLBOX_CODE_MARK and the cell number) to
-// both, before the answer.
+// line ({"file": cell source path, "n": cell number}), fd 4 takes
+// {"ready":true} once set up, then one JSON answer per line; fd 1 and 2 are
+// pipes the agent reads, and after a cell the driver writes a marker
+// ($CELLBOX_CODE_MARK and the cell number) to both, before the answer.
 // Cells run in this process's global context (vm.runInThisContext, as the
 // node REPL does): var, let, const, function and class declarations and
 // require()d modules persist between cells. SIGINT interrupts a running
@@ -77,6 +77,7 @@
     return value;
   }
 
+  fs.writeSync(4, '{"ready":true}\n');
   const rl = readline.createInterface({ input: fs.createReadStream(null, { fd: 3 }), crlfDelay: Infinity });
   (async () => {
     for await (const line of rl) {

@@ -1,9 +1,9 @@
 # cellbox code-context driver for Python (see sandbox/agent/code.go).
 # Started by the agent as `python3 -c <this>`: fd 3 brings one JSON request
-# per line ({"file": cell source path, "n": cell number}), fd 4 takes one
-# JSON answer per line. fd 1 and 2 are pipes the agent reads; after a cell
-# the driver writes a marker (from $CELLBOX_CODE_MARK and the cell number)
-# to both, before the answer. SIGINT interrupts a running cell
+# per line ({"file": cell source path, "n": cell number}), fd 4 takes
+# {"ready":true} once set up, then one JSON answer per line. fd 1 and 2
+# are pipes the agent reads; after a cell the driver writes a marker (from
+# $CELLBOX_CODE_MARK and the cell number) to both, before the answer. SIGINT interrupts a running cell
 # (KeyboardInterrupt) and is ignored between cells.
 def _cellbox_main():
     import ast, base64, builtins, inspect, json, linecache, os, signal, sys, traceback, warnings
@@ -142,6 +142,7 @@ def _cellbox_main():
                 value = state["loop"].run_until_complete(value)
         return value if last is not None else None
 
+    ans.write(b'{"ready":true}\n')
     while True:
         try:
             line = req.readline()

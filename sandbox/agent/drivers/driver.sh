@@ -1,7 +1,7 @@
 # cellbox code-context driver for bash (see sandbox/agent/code.go). Started
 # by the agent as `bash -c <this>`: fd 3 brings one JSON request per line
-# ({"file": cell source path, "n": cell number}), fd 4 takes one JSON answer
-# per line; fd 1 and 2 are pipes the agent reads, and after a cell the
+# ({"file": cell source path, "n": cell number}), fd 4 takes {"ready":true}
+# once set up, then one JSON answer per line; fd 1 and 2 are pipes the agent reads, and after a cell the
 # driver writes a marker ($CELLBOX_CODE_MARK and the cell number) to both,
 # before the answer. A cell is sourced in this shell, so cwd, variables, functions and aliases persist.
 # SIGINT returns from the running cell (status 130) and is ignored between
@@ -14,6 +14,7 @@ __cellbox_cell() {
 	trap 'return 130' INT
 	source "$1" </dev/null
 }
+printf '{"ready":true}\n' >&62
 while IFS= read -r __cellbox_req <&63; do
 	__cellbox_file=${__cellbox_req#*\"file\":\"}
 	__cellbox_file=${__cellbox_file%%\"*}
