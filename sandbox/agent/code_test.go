@@ -155,6 +155,7 @@ Pic()`, 0)
 }
 
 func TestCodeContextEnds(t *testing.T) {
+	testenv.RequireCommand(t, "node")
 	a := startAgent(t)
 	ctx := context.Background()
 
@@ -168,6 +169,17 @@ func TestCodeContextEnds(t *testing.T) {
 	_, err := a.c.CodeRun(ctx, py, CodeRunRequest{Code: "1"})
 	assert.ErrorContains(t, err, "code context "+py+" ended: the interpreter did not stop")
 	assert.True(t, IsCode(err, CodeNotFound))
+
+	// A timeout right after the start interrupts the cell, never the
+	// interpreter's start (create waits until the driver is ready).
+	for lang, cell := range map[string]string{LangPython: "2", LangJavaScript: "2", LangBash: "echo 2"} {
+		id := newContext(t, a, lang)
+		r := runCell(t, a, id, cell, 1)
+		assert.Empty(t, r.Ended, lang)
+		r = runCell(t, a, id, cell, 0)
+		assert.Empty(t, r.Ended, lang)
+		require.NoError(t, a.c.CodeDelete(ctx, id))
+	}
 
 	// exit in bash ends the shell, and with it the context; Python's
 	// exit() is an exception like any other.

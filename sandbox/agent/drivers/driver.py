@@ -3,8 +3,9 @@
 # per line ({"file": cell source path, "n": cell number}), fd 4 takes
 # {"ready":true} once set up, then one JSON answer per line. fd 1 and 2
 # are pipes the agent reads; after a cell the driver writes a marker (from
-# $CELLBOX_CODE_MARK and the cell number) to both, before the answer. SIGINT interrupts a running cell
-# (KeyboardInterrupt) and is ignored between cells.
+# $CELLBOX_CODE_MARK and the cell number) to both, before the answer.
+# SIGINT interrupts a running cell (KeyboardInterrupt) and is ignored
+# between cells.
 def _cellbox_main():
     import ast, base64, builtins, inspect, json, linecache, os, signal, sys, traceback, warnings
 
