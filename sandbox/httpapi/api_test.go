@@ -102,7 +102,8 @@ func TestToolsEndpointSchemas(t *testing.T) {
 		assert.Equal(t, "object", schema["type"], tl.Name)
 	}
 	assert.Equal(t, []string{"shell", "process", "read_file", "write_file", "edit", "str_replace", "grep", "glob", "ls",
-		"transfer", "browse", "sandbox_create", "sandbox_list", "sandbox_destroy"}, names)
+		"transfer", "browse", "run_code", "code_context_create", "code_context_list", "code_context_delete",
+		"sandbox_create", "sandbox_list", "sandbox_destroy"}, names)
 	var shell map[string]any
 	require.NoError(t, json.Unmarshal(tools[0].InputSchema, &shell))
 	props := shell["properties"].(map[string]any)
