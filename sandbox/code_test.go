@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/docker"
 	"github.com/cellbox/cellbox/sandbox/image"
@@ -75,6 +76,7 @@ func requirePythonImage(t *testing.T, kind string) {
 // TestRunCode drives run_code and code contexts on both backends, in the
 // default image (the host's python3, node and bash).
 func TestRunCode(t *testing.T) {
+	testenv.RequireCommand(t, "node") // the default image is the host's /usr
 	for _, kind := range []string{"local", "docker"} {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
@@ -145,10 +147,20 @@ func TestRunCode(t *testing.T) {
 				assert.Contains(t, m["error"], e.want, "%s %v", e.tool, inputs[i])
 			}
 
+			// The cap on contexts per box holds for stateless runs too.
+			for range agent.MaxCodeContexts - 2 {
+				rb.ok("code_context_create", map[string]any{"language": "bash"})
+			}
+			m := rb.call("code_context_create", map[string]any{"language": "bash"})
+			assert.Equal(t, api.CodeLimit, m["code"], "%v", m)
+			m = rb.call("run_code", map[string]any{"language": "bash", "code": "true"})
+			assert.Equal(t, api.CodeLimit, m["code"], "%v", m)
+			assert.Contains(t, m["error"], "a run without context needs an interpreter of its own")
+
 			// A box that restarts loses its contexts, and says so.
 			require.NoError(t, syscall.Kill(rb.agentPID(rb.id("default")), syscall.SIGKILL))
 			rb.waitStopped(rb.id("default"))
-			m := rb.call("run_code", map[string]any{"context": py, "code": "v"})
+			m = rb.call("run_code", map[string]any{"context": py, "code": "v"})
 			require.Equal(t, true, m["is_error"], "%v", m)
 			assert.Contains(t, m["error"], "ended: the box restarted")
 			assert.Equal(t, api.CodeNotFound, m["code"])

@@ -98,6 +98,9 @@ func runCodeTool(ctx context.Context, c *call, in api.RunCodeInput) (api.RunCode
 	if id == "" {
 		cc, err := l.client.CodeCreate(ctx, agent.CodeContextRequest{Language: in.Language, Env: l.b.rec.Env})
 		if err != nil {
+			if agent.IsCode(err, agent.CodeTooLarge) {
+				err = fmt.Errorf("a run without context needs an interpreter of its own, and %w (code_context_list shows them)", err)
+			}
 			return out, codeErr(err)
 		}
 		id = cc.ID
