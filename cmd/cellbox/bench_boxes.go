@@ -203,6 +203,9 @@ func (b *boxesBench) measure(ctx context.Context) error {
 	if err := b.files(ctx, c, w.ID); err != nil {
 		return err
 	}
+	if err := b.code(ctx, c); err != nil {
+		return err
+	}
 	return b.transfer(ctx, c)
 }
 

@@ -380,7 +380,9 @@ func (c *codeCtx) waitReady(ctx context.Context, interp string) error {
 	}
 	c.p.kill()
 	<-c.p.done
-	stderr, _ := c.stderr.cell(0, time.After(100*time.Millisecond))
+	wait := make(chan struct{})
+	time.AfterFunc(100*time.Millisecond, func() { close(wait) })
+	stderr, _ := c.stderr.cell(0, wait)
 	c.closeFiles()
 	os.RemoveAll(c.dir)
 	msg := fmt.Sprintf("code context: %s did not start: %s", interp, why)
@@ -579,11 +581,12 @@ wait:
 		}
 		res.Value, res.Outputs, res.Error, res.ExitCode = a.Value, a.Outputs, a.Error, a.ExitCode
 	}
-	// The markers come before the answer; after an end there are none.
-	wait := time.After(markerWait)
-	if answer == nil {
-		wait = time.After(0)
-	}
+	// The markers come before the answer. After an end there are none,
+	// and the output ends when the pipes close (unless something the cell
+	// left running holds them).
+	wait := make(chan struct{}) // closed, so that both streams see it
+	tm := time.AfterFunc(markerWait, func() { close(wait) })
+	defer tm.Stop()
 	var cut1, cut2 bool
 	res.Stdout, cut1 = c.stdout.cell(n, wait)
 	res.Stderr, cut2 = c.stderr.cell(n, wait)
@@ -613,13 +616,14 @@ func writeNoFollow(path string, data []byte) error {
 type cellStream struct {
 	prefix []byte
 
-	mu    sync.Mutex
-	max   int
-	buf   []byte
-	cut   bool
-	ended bool
-	seen  chan struct{} // closed and replaced at each marker and at the end
-	done  map[int]cellOut
+	mu      sync.Mutex
+	max     int
+	buf     []byte
+	cut     bool
+	pending []byte // read but not yet in buf: it may begin a marker
+	ended   bool
+	seen    chan struct{} // closed and replaced at each marker and at the end
+	done    map[int]cellOut
 }
 
 type cellOut struct {
@@ -644,14 +648,13 @@ func (s *cellStream) setMax(max int) {
 func (s *cellStream) drain(r *os.File) {
 	defer r.Close()
 	chunk := make([]byte, chunkSize)
-	var pending []byte // bytes that may begin a marker
 	for {
 		n, err := r.Read(chunk)
-		pending = append(pending, chunk[:n]...)
-		pending = s.scan(pending)
+		s.scan(chunk[:n])
 		if err != nil {
 			s.mu.Lock()
-			s.keep(pending)
+			s.keep(s.pending)
+			s.pending = nil
 			s.ended = true
 			close(s.seen)
 			s.mu.Unlock()
@@ -660,11 +663,12 @@ func (s *cellStream) drain(r *os.File) {
 	}
 }
 
-// scan takes the output in p up to the last byte that cannot begin a
-// marker, handles whole markers, and returns the rest.
-func (s *cellStream) scan(p []byte) []byte {
+// scan adds the output read to the cell up to the last byte that cannot
+// begin a marker, handles whole markers, and keeps the rest pending.
+func (s *cellStream) scan(read []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	p := append(s.pending, read...)
 	whole := len(s.prefix) + markerDigits
 	for {
 		i := bytes.Index(p, s.prefix)
@@ -672,11 +676,13 @@ func (s *cellStream) scan(p []byte) []byte {
 			// Keep back a tail that may be the start of a marker.
 			k := max(len(p)-(len(s.prefix)-1), 0)
 			s.keep(p[:k])
-			return append(p[:0:0], p[k:]...)
+			s.pending = append([]byte(nil), p[k:]...)
+			return
 		}
 		if len(p) < i+whole {
 			s.keep(p[:i])
-			return append(p[:0:0], p[i:]...)
+			s.pending = append([]byte(nil), p[i:]...)
+			return
 		}
 		s.keep(p[:i])
 		if n, err := strconv.Atoi(string(p[i+len(s.prefix) : i+whole])); err == nil {
@@ -706,7 +712,7 @@ func (s *cellStream) keep(b []byte) {
 
 // cell returns cell n's output once its marker has come, or, when wait
 // fires first (or the stream ended), what has come so far.
-func (s *cellStream) cell(n int, wait <-chan time.Time) (string, bool) {
+func (s *cellStream) cell(n int, wait <-chan struct{}) (string, bool) {
 	for {
 		s.mu.Lock()
 		if out, ok := s.done[n]; ok {
@@ -726,8 +732,9 @@ func (s *cellStream) cell(n int, wait <-chan time.Time) (string, bool) {
 		case <-seen:
 		case <-wait:
 			s.mu.Lock()
+			s.keep(s.pending)
 			out, cut := s.buf, s.cut
-			s.buf, s.cut = nil, false
+			s.buf, s.cut, s.pending = nil, false, nil
 			s.mu.Unlock()
 			return toUTF8(out, cut), cut
 		}

@@ -193,6 +193,15 @@ func TestCodeContextEnds(t *testing.T) {
 	assert.Equal(t, "SystemExit", r.Error.Name)
 	assert.Equal(t, "1", *runCell(t, a, py, "v", 0).Value)
 
+	// A cell that sends its stdout and stderr elsewhere while something
+	// it started holds the pipes: no marker comes, and the call still
+	// returns (after markerWait) with what came.
+	held := newContext(t, a, LangPython)
+	r = runCell(t, a, held, "import subprocess, os\nprint('before', flush=True)\nsubprocess.Popen(['sleep', '60'])\nnull = os.open(os.devnull, os.O_WRONLY)\nos.dup2(null, 1); os.dup2(null, 2)\n'back'", 0)
+	assert.Equal(t, "'back'", *r.Value)
+	assert.Equal(t, "before\n", r.Stdout)
+	require.NoError(t, a.c.CodeDelete(ctx, held))
+
 	// Unknown ids and languages.
 	_, err = a.c.CodeRun(ctx, "python-nope", CodeRunRequest{Code: "1"})
 	assert.ErrorContains(t, err, "no code context python-nope in this box")

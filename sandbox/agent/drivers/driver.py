@@ -7,7 +7,8 @@
 # SIGINT interrupts a running cell (KeyboardInterrupt) and is ignored
 # between cells.
 def _cellbox_main():
-    import ast, base64, builtins, inspect, json, linecache, os, signal, sys, traceback, warnings
+    import ast, base64, builtins, json, linecache, os, signal, sys, traceback, warnings
+    CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect (slow)
 
     req = os.fdopen(3, "rb", buffering=0)
     ans = os.fdopen(4, "wb", buffering=0)
@@ -69,7 +70,7 @@ def _cellbox_main():
         for meth, mime in (("_repr_png_", "image/png"), ("_repr_jpeg_", "image/jpeg"), ("_repr_svg_", "image/svg+xml"),
                            ("_repr_html_", "text/html"), ("_repr_markdown_", "text/markdown"), ("_repr_json_", "application/json")):
             f = getattr(obj, meth, None)
-            if f is None or inspect.isclass(obj):
+            if f is None or isinstance(obj, type):
                 continue
             try:
                 data = f()
@@ -136,7 +137,7 @@ def _cellbox_main():
             if code is None:
                 continue
             value = eval(code, ns)
-            if code.co_flags & inspect.CO_COROUTINE:
+            if code.co_flags & CO_COROUTINE:
                 if state["loop"] is None:
                     import asyncio
                     state["loop"] = asyncio.new_event_loop()
