@@ -179,7 +179,7 @@ type codeCtx struct {
 	busy     bool          // under codeTable.mu
 
 	endOnce sync.Once
-	ended   string // why, set before done is closed
+	ended   string // why it ended: see end and why
 }
 
 // codeTable holds the contexts of this agent. Context ids carry the boot id
@@ -399,7 +399,11 @@ func (c *codeCtx) readAnswers(r *os.File) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), maxCodeAnswer)
 	for sc.Scan() {
-		c.answers <- slices.Clone(sc.Bytes())
+		select {
+		case c.answers <- slices.Clone(sc.Bytes()):
+		case <-c.p.done: // nobody will read it (the code wrote to fd 4 itself)
+			return
+		}
 	}
 	if err := sc.Err(); err != nil {
 		c.end(fmt.Sprintf("its interpreter sent a bad answer (%v)", err))
@@ -542,9 +546,11 @@ wait:
 	for {
 		select {
 		case a, ok := <-c.answers:
-			if ok {
-				answer = a
+			if !ok { // the code closed fd 4: no answer can come any more
+				c.end("its interpreter's answer pipe was closed")
+				c.p.kill()
 			}
+			answer = a
 			break wait
 		case <-timeout:
 			res.TimedOut = true
@@ -577,7 +583,10 @@ wait:
 	} else {
 		var a driverAnswer
 		if err := json.Unmarshal(answer, &a); err != nil {
-			return res, codeErr(op, id, "", "code context %s: bad answer from the interpreter: %v", id, err)
+			// Out of step with its driver (the code wrote to fd 4 itself).
+			c.end(fmt.Sprintf("its interpreter sent a bad answer (%v)", err))
+			c.p.kill()
+			return res, codeErr(op, id, "", "code context %s ended: its interpreter sent a bad answer (%v); create a new one", id, err)
 		}
 		res.Value, res.Outputs, res.Error, res.ExitCode = a.Value, a.Outputs, a.Error, a.ExitCode
 	}

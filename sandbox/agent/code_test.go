@@ -222,3 +222,25 @@ func TestCodeContextEnds(t *testing.T) {
 	require.NoError(t, a.c.CodeDelete(ctx, py))
 	newContext(t, a, LangBash)
 }
+
+// TestCodeContextDriverPipes: code that writes to or closes the driver's
+// answer pipe ends its context with a clear error; nothing hangs.
+func TestCodeContextDriverPipes(t *testing.T) {
+	a := startAgent(t)
+	for code, want := range map[string]string{
+		"import os\nos.write(4, b'junk\\n')\nwhile True: pass": "bad answer",
+		"import os\nos.close(4)":                               "answer pipe was closed",
+	} {
+		id := newContext(t, a, LangPython)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		res, err := a.c.CodeRun(ctx, id, CodeRunRequest{Code: code})
+		cancel()
+		if err == nil {
+			assert.Contains(t, res.Ended, want)
+		} else {
+			assert.ErrorContains(t, err, want)
+		}
+		_, err = a.c.CodeRun(context.Background(), id, CodeRunRequest{Code: "1"})
+		assert.ErrorContains(t, err, want)
+	}
+}
