@@ -69,6 +69,10 @@ func TestCodeContextPython(t *testing.T) {
 	r = runCell(t, a, id, "None", 0)
 	assert.Nil(t, r.Value)
 
+	r = runCell(t, a, id, "import asyncio\nawait asyncio.sleep(0)\nx + 1", 0)
+	require.Nil(t, r.Error, "top-level await: %v", r.Error)
+	assert.Equal(t, "41", *r.Value)
+
 	// A cell that prints without end: the first MaxOutput bytes are kept,
 	// the rest is drained and dropped (neither memory nor disk fill up),
 	// and the next cell's output is its own.
@@ -85,7 +89,7 @@ func TestCodeContextPython(t *testing.T) {
 	list, err := a.c.CodeContexts(context.Background())
 	require.NoError(t, err)
 	require.Len(t, list, 1)
-	assert.Equal(t, 8, list[0].Cells)
+	assert.Equal(t, 9, list[0].Cells)
 
 	require.NoError(t, a.c.CodeDelete(context.Background(), id))
 	_, err = a.c.CodeRun(context.Background(), id, CodeRunRequest{Code: "1"})
