@@ -194,13 +194,17 @@ func TestRunCodePlot(t *testing.T) {
 				"code": "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"})
 			assert.Nil(t, r["exception"])
 			got := pngs(r)
-			require.Len(t, got, 1, "plt.show() gives one PNG: %v", r)
+			require.Len(t, got, 1, "plt.show() gives one PNG (stderr %q, exception %v)", r["stderr"], r["exception"])
 			assert.True(t, bytes.HasPrefix(got[0], png), "a PNG: %q", got[0][:min(16, len(got[0]))])
+
+			r = rb.ok("run_code", map[string]any{"language": "python", "timeout_ms": 120000,
+				"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()\nplt.plot([2, 1])\nplt.show()"})
+			require.Len(t, pngs(r), 2, "each plt.show() shows its figures and closes them (stderr %q, exception %v)", r["stderr"], r["exception"])
 
 			r = rb.ok("run_code", map[string]any{"language": "python", "timeout_ms": 120000,
 				"code": "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.bar([1, 2], [3, 4])\nfig"})
 			got = pngs(r)
-			require.Len(t, got, 1, "a figure as last expression gives one PNG: %v", r)
+			require.Len(t, got, 1, "a figure as last expression gives one PNG (value %v, exception %v)", r["value"], r["exception"])
 			assert.True(t, bytes.HasPrefix(got[0], png))
 		})
 	}

@@ -112,6 +112,31 @@ def _cellbox_main():
                 add_output("image/png", figure_png(fig))
         plt.close("all")
 
+    class PyplotHook:
+        """Makes plt.show() show the open figures (as PNG outputs) and close
+        them, as in a notebook: matplotlib.pyplot gets its show replaced
+        right after it is first imported. (MPLBACKEND stays Agg, which
+        programs the code runs inherit.)"""
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            if name != "matplotlib.pyplot":
+                return None
+            for finder in sys.meta_path:
+                if finder is cls or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None and spec.loader is not None:
+                    break
+            else:
+                return None
+            load = spec.loader.exec_module
+            def exec_module(module):
+                load(module)
+                module.show = lambda *args, **kwargs: collect_figures(set())
+            spec.loader.exec_module = exec_module
+            return spec
+    sys.meta_path.insert(0, PyplotHook)
+
     def in_cell(tb):
         while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell-"):
             tb = tb.tb_next
