@@ -546,9 +546,13 @@ wait:
 	for {
 		select {
 		case a, ok := <-c.answers:
-			if !ok { // the code closed fd 4: no answer can come any more
-				c.end("its interpreter's answer pipe was closed")
-				c.p.kill()
+			if !ok { // no answer can come any more
+				select {
+				case <-c.p.done: // it exited, closing the pipe
+				case <-time.After(time.Second): // the code closed fd 4
+					c.end("its interpreter's answer pipe was closed")
+					c.p.kill()
+				}
 			}
 			answer = a
 			break wait

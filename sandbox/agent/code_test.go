@@ -233,7 +233,7 @@ func TestCodeContextDriverPipes(t *testing.T) {
 	a := startAgent(t)
 	for code, want := range map[string]string{
 		"import os\nos.write(4, b'junk\\n')\nwhile True: pass": "bad answer",
-		"import os\nos.close(4)":                               "answer pipe was closed",
+		"import os, time\nos.close(4)\ntime.sleep(30)":         "answer pipe was closed",
 	} {
 		id := newContext(t, a, LangPython)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
