@@ -36,20 +36,20 @@ func testImagesDir() string {
 	return filepath.Join(data, "images")
 }
 
-// requirePythonImage makes sure cellbox/python, with matplotlib, exists
-// for backend kind: built (debootstrap, minutes) and for Docker imported
-// when CI or CELLBOX_TEST_IMAGES=1 is set, else the test is skipped.
-func requirePythonImage(t *testing.T, kind string) {
+// requireImage makes sure image cellbox/NAME, with package pkg, exists for
+// backend kind: built (debootstrap, minutes) and for Docker imported when
+// CI or CELLBOX_TEST_IMAGES=1 is set, else the test is skipped.
+func requireImage(t *testing.T, kind, name, pkg string) {
 	t.Helper()
 	dir := testImagesDir()
-	in, err := image.Read(image.RootfsDir(dir, "python"))
-	fresh := err == nil && slices.Contains(in.Packages, "python3-matplotlib")
+	in, err := image.Read(image.RootfsDir(dir, name))
+	fresh := err == nil && slices.Contains(in.Packages, pkg)
 	var db *docker.Backend
 	if kind == "docker" {
 		db, err = docker.New(context.Background(), docker.Options{})
 		require.NoError(t, err)
 		defer db.Close()
-		id, err := db.ImageID(context.Background(), image.Ref("python"))
+		id, err := db.ImageID(context.Background(), image.Ref(name))
 		require.NoError(t, err)
 		if fresh && id != "" {
 			return
@@ -58,18 +58,18 @@ func requirePythonImage(t *testing.T, kind string) {
 		return
 	}
 	if !testenv.InCI() && os.Getenv("CELLBOX_TEST_IMAGES") != "1" {
-		t.Skipf("cellbox/python with matplotlib is not built for %s in %s: run `cellbox image build python --force --images %s` (or set CELLBOX_TEST_IMAGES=1 to build it here)", kind, dir, dir)
+		t.Skipf("cellbox/%s with %s is not built for %s in %s: run `cellbox image build %s --force --images %s` (or set CELLBOX_TEST_IMAGES=1 to build it here)", name, pkg, kind, dir, name, dir)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	in, _, err = image.Build(ctx, image.BuildOptions{ImagesDir: dir, Name: "python", Force: !fresh})
-	require.NoError(t, err, "build cellbox/python")
+	in, _, err = image.Build(ctx, image.BuildOptions{ImagesDir: dir, Name: name, Force: !fresh})
+	require.NoError(t, err, "build cellbox/%s", name)
 	if db != nil {
 		pr, pw := io.Pipe()
 		go func() { pw.CloseWithError(image.Tar(ctx, in.Rootfs, pw)) }()
-		_, err := db.ImportImage(ctx, image.Ref("python"), pr)
+		_, err := db.ImportImage(ctx, image.Ref(name), pr)
 		pr.CloseWithError(err)
-		require.NoError(t, err, "import cellbox/python into Docker")
+		require.NoError(t, err, "import cellbox/%s into Docker", name)
 	}
 }
 
@@ -173,7 +173,7 @@ func TestRunCode(t *testing.T) {
 func TestRunCodePlot(t *testing.T) {
 	for _, kind := range []string{"local", "docker"} {
 		t.Run(kind, func(t *testing.T) {
-			requirePythonImage(t, kind)
+			requireImage(t, kind, "python", "python3-matplotlib")
 			rb := newRealService(t, kind, nil)
 			rb.ok("sandbox_create", map[string]any{"image": "cellbox/python"})
 			pngs := func(r map[string]any) [][]byte {
@@ -206,6 +206,22 @@ func TestRunCodePlot(t *testing.T) {
 			got = pngs(r)
 			require.Len(t, got, 1, "a figure as last expression gives one PNG (value %v, exception %v)", r["value"], r["exception"])
 			assert.True(t, bytes.HasPrefix(got[0], png))
+		})
+	}
+}
+
+// TestRunCodeNodeImage runs JavaScript in the node image (Debian's node)
+// on both backends, top-level await included.
+func TestRunCodeNodeImage(t *testing.T) {
+	for _, kind := range []string{"local", "docker"} {
+		t.Run(kind, func(t *testing.T) {
+			requireImage(t, kind, "node", "nodejs")
+			rb := newRealService(t, kind, nil)
+			rb.ok("sandbox_create", map[string]any{"image": "cellbox/node"})
+			js := rb.ok("code_context_create", map[string]any{"language": "javascript"})["id"].(string)
+			rb.ok("run_code", map[string]any{"context": js, "code": "const fs = require('fs'); let got = await fs.promises.readdir('/')"})
+			r := rb.ok("run_code", map[string]any{"context": js, "code": "got.includes('workspace')"})
+			assert.Equal(t, "true", r["value"], "%v", r)
 		})
 	}
 }

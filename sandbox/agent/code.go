@@ -70,7 +70,7 @@ func codeInterpreter(lang string) ([]string, bool) {
 	case LangPython:
 		return []string{"python3", "-c", driverPython}, true
 	case LangJavaScript:
-		return []string{"node", "-e", driverJS}, true
+		return []string{"node", "--expose-internals", "-e", driverJS}, true
 	case LangBash:
 		return []string{"bash", "-c", driverBash}, true
 	}

@@ -126,10 +126,16 @@ func TestCodeContextBashAndJS(t *testing.T) {
 	r = runCell(t, a, js, "new Promise(r => setTimeout(() => r(5), 10))", 0)
 	require.Nil(t, r.Error, "a promise is awaited: %v", r.Error)
 	assert.Equal(t, "5", *r.Value)
+	r = runCell(t, a, js, "let later = await new Promise(r => setTimeout(() => r(6), 10)); later + 1", 0)
+	require.Nil(t, r.Error, "top-level await: %v", r.Error)
+	assert.Equal(t, "7", *r.Value)
+	r = runCell(t, a, js, "later", 0)
+	require.Nil(t, r.Error, "a declaration of an awaiting cell persists: %v", r.Error)
+	assert.Equal(t, "6", *r.Value)
 	r = runCell(t, a, js, "null.x", 0)
 	require.NotNil(t, r.Error)
 	assert.Equal(t, "TypeError", r.Error.Name)
-	assert.Contains(t, r.Error.Traceback, "cell-5.js:1")
+	assert.Contains(t, r.Error.Traceback, "cell-7.js:1")
 	assert.NotContains(t, r.Error.Traceback, "[eval]", "the driver's frames are not shown")
 }
 

@@ -66,14 +66,28 @@
     return { name: 'Uncaught', message: util.inspect(e), traceback: 'Uncaught ' + util.inspect(e) };
   }
 
+  // Top-level await as in the node REPL: its own rewrite (node runs with
+  // --expose-internals for it) turns a cell with await into an async
+  // function, keeping its declarations at top level and returning the last
+  // expression's value as {value}.
+  let processTopLevelAwait = null;
+  try {
+    ({ processTopLevelAwait } = require('internal/repl/await'));
+  } catch (e) { /* an older node: no top-level await */ }
+
   async function run(src, n) {
     const file = `cell-${n}.js`;
-    let value = vm.runInThisContext(src, { filename: file, breakOnSigint: true });
+    let wrapped = null;
+    if (processTopLevelAwait && /\bawait\b/.test(src)) {
+      try { wrapped = processTopLevelAwait(src); } catch (e) { wrapped = null; }
+    }
+    let value = vm.runInThisContext(wrapped === null ? src : wrapped, { filename: file, breakOnSigint: true });
     if (value && typeof value.then === 'function') {
       value = await Promise.race([value, new Promise((_, reject) => {
         interrupt = () => reject(Object.assign(new Error('Script execution was interrupted by `SIGINT`'), { name: 'Interrupted' }));
       })]);
     }
+    if (wrapped !== null) value = value ? value.value : undefined;
     return value;
   }
 
