@@ -117,6 +117,7 @@ func TestCodeContextBashAndJS(t *testing.T) {
 	require.Nil(t, r.Error)
 	assert.Equal(t, "42", *r.Value)
 	assert.Equal(t, "hi\n", r.Stdout)
+	assert.Empty(t, r.Stderr)
 	r = runCell(t, a, js, "while (true) {}", 300)
 	assert.True(t, r.TimedOut)
 	require.NotNil(t, r.Error)
