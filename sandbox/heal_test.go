@@ -46,7 +46,7 @@ func newRealService(t *testing.T, kind string, mod func(*Config)) *realBox {
 	case "local":
 		testenv.RequireBwrap(t)
 		rb.local = filepath.Join(dir, "local")
-		lb, err := local.New(local.Options{Root: rb.local})
+		lb, err := local.New(local.Options{Root: rb.local, ImagesDir: testImagesDir()})
 		require.NoError(t, err)
 		rb.be = lb
 	case "docker":

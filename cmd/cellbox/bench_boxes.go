@@ -102,6 +102,7 @@ func benchBoxes(ctx context.Context, o boxesOptions) (rep *benchReport, err erro
 	rep.note("warm shell: the shell tool running `true` in a running box, over HTTP on loopback (JSON in, JSON out).")
 	rep.note("1 MiB file: raw bytes through PUT/GET .../files/PATH; write_file takes it in one call, read_file pages it (at most 256 KiB per call).")
 	rep.note("fork: the fork tool making %d boxes from a box whose workspace holds %d MiB in %d files, then a shell `true` in each (in parallel); the boxes are destroyed between runs, untimed.", benchForkCount, o.treeMiB, benchForkFiles)
+	rep.note("run_code: a Python cell `1 + 1` in a warm code context (its interpreter runs on), and a stateless run_code (an interpreter started, run and ended per call); baseline: the shell tool running `python3 -c 'print(1 + 1)'`.")
 	rep.note("tree transfer: the transfer tool copying a directory of %d files of 1 MiB (random bytes) from one box to another of the session.", o.treeMiB)
 	if slices.Contains(o.backends, "docker") {
 		rep.note("docker baselines use the docker CLI: `docker run --rm` of the box image (%s with the host's /usr), `docker exec` and `docker cp` on a running box.", docker.HostImage)
@@ -205,6 +206,9 @@ func (b *boxesBench) measure(ctx context.Context) error {
 	b.rep.add(b.name, "warm `shell` `true`", shellSamples, shellBase, shellP50, targetWarmShell)
 
 	if err := b.files(ctx, c, w.ID); err != nil {
+		return err
+	}
+	if err := b.code(ctx, c); err != nil {
 		return err
 	}
 	if err := b.transfer(ctx, c); err != nil {

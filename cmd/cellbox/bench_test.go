@@ -43,6 +43,8 @@ func TestBenchBoxesLocal(t *testing.T) {
 		{"read 1 MiB file (download endpoint)", "host os.ReadFile (no box)", false},
 		{"write 1 MiB file (`write_file`)", "host os.WriteFile (no box)", false},
 		{"read 1 MiB file (`read_file`, 4 calls)", "host os.ReadFile (no box)", false},
+		{"`run_code` python `1 + 1` in a context", "`shell` `python3 -c …`", false},
+		{"`run_code` python `1 + 1` stateless", "`shell` `python3 -c …`", false},
 		{"transfer 2 MiB tree (2 files) box → box", "host cp -r (no box)", false},
 		{"fork a 2 MiB / 1000-file workspace into 10 boxes, all answering (clone)", "host cp -a of the tree (one copy, no box)", true},
 	}

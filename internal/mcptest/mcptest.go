@@ -94,14 +94,18 @@ func (c *Client) recorded(list *[]string) []string {
 	return append([]string(nil), *list...)
 }
 
-// Call runs a tool and returns its result object (the text content); a
-// successful call's structuredContent must be the same object, a failed
-// one has none (it would not match the output schema).
+// Call runs a tool and returns its result object (the text content, which
+// image contents may follow); a successful call's structuredContent must
+// be the same object, a failed one has none (it would not match the output
+// schema).
 func (c *Client) Call(t *testing.T, name string, args map[string]any) (res *mcp.CallToolResult, result map[string]any) {
 	t.Helper()
 	res, err := c.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: args})
 	require.NoError(t, err)
-	require.Len(t, res.Content, 1)
+	require.NotEmpty(t, res.Content)
+	for _, extra := range res.Content[1:] { // images among run_code's outputs
+		require.IsType(t, &mcp.ImageContent{}, extra)
+	}
 	text := res.Content[0].(*mcp.TextContent).Text
 	require.NoError(t, json.Unmarshal([]byte(text), &result), text)
 	if res.IsError {

@@ -28,6 +28,7 @@ type server struct {
 	workspace string   // as configured, cleaned
 	roots     []string // allowed roots, symlinks resolved
 	procs     *procTable
+	code      *codeTable
 	ctx       context.Context // ends when Serve is asked to stop
 	tunnels   sync.WaitGroup
 	limits    struct{ Pids, Memory int64 }
@@ -131,6 +132,7 @@ func newServer(ctx context.Context, opts Options) (*server, error) {
 	if s.procs.reaper {
 		reserveThreads(reservedThreads)
 	}
+	s.code = newCodeTable(s)
 	return s, nil
 }
 
@@ -146,6 +148,10 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/proc/{id}/signal", s.handleSignal)
 	mux.HandleFunc("POST /v1/proc/{id}/wait", s.handleWait)
 	mux.HandleFunc("POST /v1/proc/kill-all", s.handleKillAll)
+	mux.HandleFunc("POST /v1/code", s.handleCodeCreate)
+	mux.HandleFunc("GET /v1/code", s.handleCodeList)
+	mux.HandleFunc("DELETE /v1/code/{id}", s.handleCodeDelete)
+	mux.HandleFunc("POST /v1/code/{id}/run", s.handleCodeRun)
 	mux.HandleFunc("POST /v1/fs/stat", s.handleStat)
 	mux.HandleFunc("POST /v1/fs/read", s.handleRead)
 	mux.HandleFunc("POST /v1/fs/write", s.handleWrite)

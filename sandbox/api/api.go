@@ -603,3 +603,82 @@ type UploadResult struct {
 	Path  string `json:"path"`
 	Bytes int64  `json:"bytes"`
 }
+
+// RunCodeInput is the input of the run_code tool.
+type RunCodeInput struct {
+	Sandbox   string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	Language  string `json:"language,omitempty" desc:"python (python3), javascript (node) or bash. Needed without context; with a context it may be left out (it must match the context's)." enum:"python,javascript,bash"`
+	Code      string `json:"code" desc:"The code (a cell). The value of its last expression comes back as value (Python repr, node util.inspect); matplotlib figures as PNG outputs."`
+	Context   string `json:"context,omitempty" desc:"Id of a code context (from code_context_create) to run in: variables, imports and definitions of earlier calls in it are there. Without it the code runs in a fresh interpreter that ends with the call."`
+	TimeoutMs int    `json:"timeout_ms,omitempty" desc:"Interrupt the code after this many milliseconds (SIGINT: KeyboardInterrupt in Python, an interrupted script in node, status 130 in bash); a context keeps its state." default:"30000" minimum:"1"`
+}
+
+// CodeOutput is one rich output of run_code: an image, SVG, HTML, JSON, ...
+type CodeOutput struct {
+	MIME     string `json:"mime"`               // image/png, image/svg+xml, text/html, application/json, ...
+	Data     string `json:"data"`               // the content: text, or base64 when Encoding says so
+	Encoding string `json:"encoding,omitempty"` // "base64" for binary data (PNG, JPEG); absent for text
+}
+
+// CodeException is an exception (error) the code raised.
+type CodeException struct {
+	Name      string `json:"name"`                // ZeroDivisionError, TypeError, KeyboardInterrupt, ...
+	Message   string `json:"message"`             //
+	Traceback string `json:"traceback,omitempty"` // Python traceback / JavaScript stack, the cell's frames only
+}
+
+// RunCodeOutput is the result of the run_code tool.
+type RunCodeOutput struct {
+	Stdout     string         `json:"stdout"`
+	Stderr     string         `json:"stderr"`
+	Value      *string        `json:"value,omitempty"`     // the last expression's repr; absent when there is none (or it is None/undefined)
+	Outputs    []CodeOutput   `json:"outputs,omitempty"`   // rich outputs: plots (PNG), display(...) calls, _repr_html_ ...
+	Exception  *CodeException `json:"exception,omitempty"` // the code raised (or, in bash, see exit_code)
+	ExitCode   *int           `json:"exit_code,omitempty"` // bash: status of the last command
+	Truncated  bool           `json:"truncated"`           // stdout or stderr was cut at 64 KiB
+	TimedOut   bool           `json:"timed_out,omitempty"` // interrupted after timeout_ms
+	Context    string         `json:"context,omitempty"`   // the context it ran in (absent for a stateless run)
+	DurationMs int64          `json:"duration_ms"`
+	Hint       string         `json:"hint,omitempty"`
+}
+
+// CodeContextCreateInput is the input of the code_context_create tool.
+type CodeContextCreateInput struct {
+	Sandbox    string            `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	Language   string            `json:"language" desc:"python (python3), javascript (node) or bash." enum:"python,javascript,bash"`
+	WorkingDir string            `json:"working_dir,omitempty" desc:"Directory the interpreter starts in." default:"/workspace"`
+	Env        map[string]string `json:"env,omitempty" desc:"Extra environment variables of the interpreter."`
+}
+
+// CodeContext describes a code context.
+type CodeContext struct {
+	ID       string    `json:"id"`
+	Language string    `json:"language"`
+	PID      int       `json:"pid"`
+	Created  time.Time `json:"created"`
+	Cells    int       `json:"cells"` // calls of run_code so far
+	Busy     bool      `json:"busy"`  // a call is running
+}
+
+// CodeContextCreateOutput is the result of the code_context_create tool.
+type CodeContextCreateOutput struct {
+	ID       string `json:"id"`
+	Language string `json:"language"`
+	Hint     string `json:"hint"`
+}
+
+// CodeContextListInput is the input of the code_context_list tool.
+type CodeContextListInput struct {
+	Sandbox string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+}
+
+// CodeContextListOutput is the result of the code_context_list tool.
+type CodeContextListOutput struct {
+	Contexts []CodeContext `json:"contexts"`
+}
+
+// CodeContextDeleteInput is the input of the code_context_delete tool.
+type CodeContextDeleteInput struct {
+	Sandbox string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
+	ID      string `json:"id" desc:"Id of the context (from code_context_create or code_context_list)."`
+}

@@ -102,7 +102,8 @@ func TestToolsEndpointSchemas(t *testing.T) {
 		assert.Equal(t, "object", schema["type"], tl.Name)
 	}
 	assert.Equal(t, []string{"shell", "process", "read_file", "write_file", "edit", "str_replace", "grep", "glob", "ls",
-		"transfer", "browse", "wait_port", "sandbox_create", "network_set", "sandbox_list", "sandbox_destroy",
+		"transfer", "browse", "wait_port", "run_code", "code_context_create", "code_context_list", "code_context_delete",
+		"sandbox_create", "network_set", "sandbox_list", "sandbox_destroy",
 		"snapshot", "snapshot_list", "snapshot_delete", "restore", "branch", "fork"}, names)
 	var shell map[string]any
 	require.NoError(t, json.Unmarshal(tools[0].InputSchema, &shell))

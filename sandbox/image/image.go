@@ -33,7 +33,7 @@ var basePackages = []string{"bash", "coreutils", "python3", "ca-certificates"}
 // among them).
 var packages = map[string][]string{
 	"base":   nil,
-	"python": {"python3-pip", "python3-venv"},
+	"python": {"python3-pip", "python3-venv", "python3-matplotlib"}, // matplotlib (with numpy, pillow): run_code plots
 	"node":   {"nodejs", "npm", "node-typescript"},
 }
 

@@ -207,8 +207,35 @@ func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, rt *sandbox.Tool
 	}
 	if !head.IsError {
 		result.StructuredContent = json.RawMessage(compact.Bytes())
+		result.Content = append(result.Content, imageContents(compact.Bytes())...)
 	}
 	return result, nil
+}
+
+// imageContents returns the images among a result's rich outputs
+// (run_code's "outputs": a plot as base64 PNG) as MCP image content, so
+// that a client shows them (and a model sees them) as images.
+func imageContents(result []byte) []mcp.Content {
+	var r struct {
+		Outputs []struct {
+			MIME     string `json:"mime"`
+			Data     string `json:"data"`
+			Encoding string `json:"encoding"`
+		} `json:"outputs"`
+	}
+	if json.Unmarshal(result, &r) != nil {
+		return nil
+	}
+	var out []mcp.Content
+	for _, o := range r.Outputs {
+		if o.Encoding != "base64" || !strings.HasPrefix(o.MIME, "image/") {
+			continue
+		}
+		if b, err := base64.StdEncoding.DecodeString(o.Data); err == nil {
+			out = append(out, &mcp.ImageContent{Data: b, MIMEType: o.MIME})
+		}
+	}
+	return out
 }
 
 // maxNotifiedLine caps the text of one progress or log notification.

@@ -89,6 +89,9 @@ func TestMCPToolMetadata(t *testing.T) {
 		{"transfer", map[string]any{"from_sandbox": "default", "from_path": "a.txt", "to_sandbox": "other", "to_path": "b.txt"}},
 		{"sandbox_list", nil},
 		{"sandbox_destroy", map[string]any{"sandbox": "other"}},
+		{"run_code", map[string]any{"language": "python", "code": "display('<b>x</b>', mime='text/html')\n1"}},
+		{"code_context_create", map[string]any{"language": "bash"}},
+		{"code_context_list", nil},
 	}
 	for _, tc := range calls {
 		res, _ := c.Call(t, tc.tool, tc.args)
@@ -97,6 +100,15 @@ func TestMCPToolMetadata(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(mustMarshal(t, res.StructuredContent)), &instance))
 		assert.NoError(t, schemas[tc.tool].Validate(instance), "%s: %s", tc.tool, mustMarshal(t, res.StructuredContent))
 	}
+
+	// An image among run_code's outputs (a plot) is image content too.
+	res, _ := c.Call(t, "run_code", map[string]any{"language": "python", "code": "display(b'\\x89PNG\\r\\n', mime='image/png')"})
+	require.False(t, res.IsError, "%v", res.Content[0])
+	require.Len(t, res.Content, 2)
+	img, ok := res.Content[1].(*mcp.ImageContent)
+	require.True(t, ok, "%T", res.Content[1])
+	assert.Equal(t, "image/png", img.MIMEType)
+	assert.Equal(t, []byte("\x89PNG\r\n"), img.Data)
 }
 
 // TestMCPBoxResources: box files are resources of a template, read with

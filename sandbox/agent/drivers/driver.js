@@ -1,0 +1,122 @@
+// cellbox code-context driver for JavaScript (see sandbox/agent/code.go).
+// Started by the agent as `node -e <this>`: fd 3 brings one JSON request per
+// line ({"file": cell source path, "n": cell number}), fd 4 takes
+// {"ready":true} once set up, then one JSON answer per line; fd 1 and 2 are
+// pipes the agent reads, and after a cell the driver writes a marker
+// ($CELLBOX_CODE_MARK and the cell number) to both, before the answer.
+// Cells run in this process's global context (vm.runInThisContext, as the
+// node REPL does): var, let, const, function and class declarations and
+// require()d modules persist between cells. SIGINT interrupts a running
+// cell (breakOnSigint) or an awaited promise, and is ignored between cells.
+(function () {
+  const fs = require('fs');
+  const vm = require('vm');
+  const util = require('util');
+  const path = require('path');
+  const Module = require('module');
+  const readline = require('readline');
+
+  const MAX_RICH = 16 << 20;
+  const MARK = process.env.CELLBOX_CODE_MARK || '';
+  delete process.env.CELLBOX_CODE_MARK;
+  let outputs = [];
+  let richBytes = 0;
+  let interrupt = null; // rejects the awaited promise of a running cell
+
+  process.on('SIGINT', () => { if (interrupt) interrupt(); });
+  process.on('uncaughtException', (e) => { process.stderr.write('Uncaught ' + util.inspect(e) + '\n'); });
+  process.on('unhandledRejection', (e) => { process.stderr.write('Unhandled rejection ' + util.inspect(e) + '\n'); });
+
+  function addOutput(mime, data) {
+    let item;
+    if (Buffer.isBuffer(data) || data instanceof Uint8Array) {
+      item = { mime, data: Buffer.from(data).toString('base64'), encoding: 'base64' };
+    } else {
+      item = { mime, data: typeof data === 'string' ? data : JSON.stringify(data) };
+    }
+    if (richBytes + item.data.length > MAX_RICH) {
+      process.stderr.write(`[cellbox: a ${mime} output was dropped: over ${MAX_RICH >> 20} MiB of rich output in one cell]\n`);
+      return;
+    }
+    richBytes += item.data.length;
+    outputs.push(item);
+  }
+
+  // display(bundle) shows rich outputs: an object of MIME type -> data,
+  // e.g. display({'text/html': '<b>hi</b>'}) or {'image/png': buffer};
+  // display(data, mime) gives the type of one piece of data.
+  global.display = function display(data, mime) {
+    if (mime !== undefined) return addOutput(mime, data);
+    if (data && typeof data === 'object' && !Buffer.isBuffer(data)) {
+      for (const [m, d] of Object.entries(data)) addOutput(m, d);
+      return;
+    }
+    process.stdout.write(util.inspect(data) + '\n');
+  };
+  global.require = Module.createRequire(path.join(process.cwd(), '/'));
+  global.module = { exports: {} };
+  global.exports = global.module.exports;
+
+  function errorOf(e) {
+    if (e instanceof Error || (e && typeof e === 'object' && 'stack' in e)) {
+      // The driver's frames (and node's below them) say nothing about the cell.
+      const stack = String(e.stack || e).split('\n').filter((l) => !/^\s+at (.* \()?(\[eval\]|node:)/.test(l)).join('\n');
+      return { name: e.name || 'Error', message: String(e.message), traceback: stack };
+    }
+    return { name: 'Uncaught', message: util.inspect(e), traceback: 'Uncaught ' + util.inspect(e) };
+  }
+
+  // Top-level await as in the node REPL: its own rewrite (node runs with
+  // --expose-internals for it) turns a cell with await into an async
+  // function, keeping its declarations at top level and returning the last
+  // expression's value as {value}.
+  let processTopLevelAwait = null;
+  try {
+    ({ processTopLevelAwait } = require('internal/repl/await'));
+  } catch (e) { /* an older node: no top-level await */ }
+
+  async function run(src, n) {
+    const file = `cell-${n}.js`;
+    let wrapped = null;
+    if (processTopLevelAwait && /\bawait\b/.test(src)) {
+      try { wrapped = processTopLevelAwait(src); } catch (e) { wrapped = null; }
+    }
+    let value = vm.runInThisContext(wrapped === null ? src : wrapped, { filename: file, breakOnSigint: true });
+    if (value && typeof value.then === 'function') {
+      value = await Promise.race([value, new Promise((_, reject) => {
+        interrupt = () => reject(Object.assign(new Error('Script execution was interrupted by `SIGINT`'), { name: 'Interrupted' }));
+      })]);
+    }
+    if (wrapped !== null) value = value ? value.value : undefined;
+    return value;
+  }
+
+  fs.writeSync(4, '{"ready":true}\n');
+  const rl = readline.createInterface({ input: fs.createReadStream(null, { fd: 3 }), crlfDelay: Infinity });
+  (async () => {
+    for await (const line of rl) {
+      const r = JSON.parse(line);
+      const src = fs.readFileSync(r.file, 'utf8');
+      const out = {};
+      outputs = [];
+      richBytes = 0;
+      try {
+        const value = await run(src, r.n);
+        if (value !== undefined) {
+          global._ = value;
+          out.value = util.inspect(value, { depth: 4, maxArrayLength: 200, maxStringLength: 100000 });
+        }
+      } catch (e) {
+        out.error = errorOf(e);
+      } finally {
+        interrupt = null;
+      }
+      out.outputs = outputs;
+      for (const fd of [1, 2]) {
+        try { fs.writeSync(fd, MARK + String(r.n).padStart(8, '0')); } catch (e) { /* the cell closed it */ }
+      }
+      fs.writeSync(4, JSON.stringify(out) + '\n');
+    }
+    process.exit(0);
+  })();
+})();
