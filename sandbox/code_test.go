@@ -111,6 +111,11 @@ func TestRunCode(t *testing.T) {
 			assert.Contains(t, r["hint"], "keeps its state")
 			assert.Equal(t, "11", rb.ok("run_code", map[string]any{"context": py, "code": "v + w"})["value"])
 
+			// A shell call ends what it leaves running, never a context.
+			r = rb.ok("shell", map[string]any{"command": "sleep 100 &"})
+			assert.Contains(t, r["notice"], "ended 1 process the command left running", "%v", r)
+			assert.Equal(t, "11", rb.ok("run_code", map[string]any{"context": py, "code": "v + w"})["value"], "the context outlives the sweep")
+
 			// bash keeps its cwd and variables; javascript its bindings.
 			sh := rb.ok("code_context_create", map[string]any{"language": "bash"})["id"].(string)
 			rb.ok("run_code", map[string]any{"context": sh, "code": "mkdir -p /tmp/here && cd /tmp/here && X=1"})

@@ -40,7 +40,7 @@ func TestShellLeftoversAndKillAll(t *testing.T) {
 
 	out := call("", "shell", map[string]any{"command": "sleep 991 & echo hi"})
 	assert.Equal(t, "hi\n", out["stdout"])
-	assert.Contains(t, out["notice"], "ended 1 processes the command left running")
+	assert.Contains(t, out["notice"], "ended 1 process the command left running")
 	assert.Equal(t, "0\n", sleeps())
 
 	call("deerflow", "bash", map[string]any{"description": "start", "command": "nohup sleep 992 >/dev/null 2>&1 &"})

@@ -5,11 +5,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # Chromium opens a box's preview page in the HTTP attack suite
-# (cmd/cellbox/security_http_test.go); only the tests need it.
-if ! dpkg -s chromium >/dev/null 2>&1; then
-	echo "test: installing chromium"
+# (cmd/cellbox/security_http_test.go); node runs JavaScript code contexts
+# in the default image (the host's /usr, sandbox/code_test.go). Only the
+# tests need them.
+need=()
+dpkg -s chromium >/dev/null 2>&1 || need+=(chromium)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+if [ ${#need[@]} -gt 0 ]; then
+	echo "test: installing ${need[*]}"
 	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 export CI="${CI:-1}"
 

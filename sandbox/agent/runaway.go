@@ -288,7 +288,11 @@ func (s *server) outOfPIDsNotice(ended int) string {
 
 // leftoverNotice says that a foreground command's leftovers were ended.
 func leftoverNotice(n int) string {
-	return fmt.Sprintf("ended %d processes the command left running; a shell call's processes end with it: run servers and long jobs with background: true", n)
+	what := "processes"
+	if n == 1 {
+		what = "process"
+	}
+	return fmt.Sprintf("ended %d %s the command left running; a shell call's processes end with it: run servers and long jobs with background: true", n, what)
 }
 
 // oomKills is the box's count of processes the kernel killed for want of
