@@ -562,3 +562,43 @@ func TestBoltUpdateWithoutWrites(t *testing.T) {
 		return nil
 	}))
 }
+
+// Reopening a settled store and declaring its cells again, schemas
+// included, writes nothing (a run with nothing to do pays no sync), while
+// a changed schema is still stored.
+func TestBoltReopenAndRedeclareWithoutWrites(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cells.db")
+	a := Address{Space: "s", Pattern: "p", Name: "a"}
+	b := Address{Space: "s", Pattern: "p", Name: "b"}
+	schema := json.RawMessage(`{"type":"number"}`)
+	declare := func(s Store, sch json.RawMessage) {
+		require.NoError(t, s.Update(func(tx Tx) error {
+			if err := tx.Declare(a, Spec{Schema: sch}); err != nil {
+				return err
+			}
+			return tx.Declare(b, Spec{})
+		}))
+	}
+	s, err := OpenBolt(path, Options{})
+	require.NoError(t, err)
+	declare(s, schema)
+	require.NoError(t, s.Close())
+	before, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	s, err = OpenBolt(path, Options{})
+	require.NoError(t, err)
+	declare(s, schema)
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "reopened and declared again: nothing written")
+
+	declare(s, json.RawMessage(`{"type":"string"}`))
+	require.NoError(t, s.Update(func(tx Tx) error {
+		_, err := tx.Set(a, json.RawMessage(`1`))
+		var se *SchemaError
+		assert.ErrorAs(t, err, &se, "the changed schema holds")
+		return nil
+	}))
+	require.NoError(t, s.Close())
+}

@@ -44,8 +44,10 @@ func open(k kv, opts Options) (*db, error) {
 	if err != nil {
 		return nil, err
 	}
+	isNew := false
 	switch l := info.get([]byte(keyLayout)); {
 	case l == nil:
+		isNew = true
 		for _, name := range []string{bucketCells, bucketLog} {
 			b, err := t.bucket(name)
 			if err != nil {
@@ -73,6 +75,11 @@ func open(k kv, opts Options) (*db, error) {
 		}
 	}
 	s.version.Store(readU64(info.get([]byte(keyVersion))))
+	if !isNew {
+		// A store made before: nothing was written, so no commit (and no
+		// sync); a run with nothing to do opens it in microseconds.
+		return s, nil
+	}
 	if err := t.commit(); err != nil {
 		return nil, err
 	}
@@ -308,10 +315,6 @@ func (t *tx) Declare(addr Address, spec Spec) error {
 		kinds := map[bool]string{true: "a stream", false: "a value cell"}
 		return fmt.Errorf("declare %s as %s: it is %s", key, kinds[spec.Stream], kinds[!spec.Stream])
 	}
-	schemas, err := t.write(bucketSchemas)
-	if err != nil {
-		return err
-	}
 	var flags byte
 	if spec.Stream {
 		flags |= flagStream
@@ -321,11 +324,27 @@ func (t *tx) Declare(addr Address, spec Spec) error {
 			return fmt.Errorf("declare %s: its schema is not valid JSON", key)
 		}
 		flags |= flagHasSchema
-		if err := schemas.put(key, append([]byte(nil), spec.Schema...)); err != nil {
+		// Unchanged, it is not written again: a pattern loaded over a
+		// settled store then commits nothing (no sync).
+		if cur, err := t.bucket(bucketSchemas); err != nil {
+			return err
+		} else if !bytes.Equal(cur.get([]byte(key)), spec.Schema) {
+			schemas, err := t.write(bucketSchemas)
+			if err != nil {
+				return err
+			}
+			if err := schemas.put(key, append([]byte(nil), spec.Schema...)); err != nil {
+				return err
+			}
+		}
+	} else if found && rec.flags&flagHasSchema != 0 {
+		schemas, err := t.write(bucketSchemas)
+		if err != nil {
 			return err
 		}
-	} else if err := schemas.del([]byte(key)); err != nil {
-		return err
+		if err := schemas.del([]byte(key)); err != nil {
+			return err
+		}
 	}
 	if found {
 		if rec.flags == flags {
