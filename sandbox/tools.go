@@ -17,6 +17,8 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"github.com/cellbox/cellbox/internal/fastjson"
+
 	"github.com/cellbox/cellbox/internal/jsonschema"
 	"github.com/cellbox/cellbox/internal/safe"
 	"github.com/cellbox/cellbox/sandbox/api"
@@ -112,8 +114,8 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 	if len(raw) == 0 || string(raw) == "null" {
 		raw = json.RawMessage("{}")
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &fields); err != nil {
+	fields, err := fastjson.SplitObject(raw) // one fast pass, however long the content
+	if err != nil {
 		return fmt.Errorf("the input of %s must be a JSON object with the fields %s", t.Name, strings.Join(t.fields, ", "))
 	}
 	for _, k := range sortedNames(fields) {
@@ -196,11 +198,14 @@ func rawString(v json.RawMessage) (string, error) {
 	}
 	out := make([]byte, 0, len(v))
 	for i := 0; i < len(v); i++ {
-		c := v[i]
-		if c != '\\' {
-			out = append(out, c)
-			continue
+		// Copy the run up to the next escape at once.
+		j := bytes.IndexByte(v[i:], '\\')
+		if j < 0 {
+			out = append(out, v[i:]...)
+			break
 		}
+		out = append(out, v[i:i+j]...)
+		i += j
 		if i+1 >= len(v) {
 			return "", errors.New("a string ends in a lone backslash")
 		}
@@ -305,25 +310,31 @@ func validText(v []byte) bool {
 		return false
 	}
 	pending := false // the last escape was a high surrogate
-	for i := 0; i < len(v); i++ {
-		if v[i] != '\\' || i+1 >= len(v) {
-			if pending {
-				return false
-			}
-			continue
+	for i := 0; i < len(v); {
+		// Only escapes matter: jump to the next backslash.
+		j := bytes.IndexByte(v[i:], '\\')
+		if j < 0 {
+			break
+		}
+		if j > 0 && pending {
+			return false
+		}
+		i += j
+		if i+1 >= len(v) {
+			break
 		}
 		if v[i+1] != 'u' || i+6 > len(v) {
 			if pending {
 				return false
 			}
-			i++ // an escaped character: skip it (it may be a backslash)
+			i += 2 // an escaped character: skip it (it may be a backslash)
 			continue
 		}
 		r, err := strconv.ParseUint(string(v[i+2:i+6]), 16, 16)
 		if err != nil {
 			return false
 		}
-		i += 5
+		i += 6
 		switch {
 		case r >= 0xd800 && r < 0xdc00:
 			if pending {

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 )
@@ -26,6 +27,11 @@ func MarshalInput(input any) (json.RawMessage, error) {
 // ResultError returns a *ToolError if the result object of tool has
 // is_error: true, else nil.
 func ResultError(tool string, result json.RawMessage) error {
+	// cellbox writes is_error first; a success is known without decoding
+	// what may be a megabyte of content.
+	if bytes.HasPrefix(result, []byte(`{"is_error":false,`)) || string(result) == `{"is_error":false}` {
+		return nil
+	}
 	var head struct {
 		IsError bool   `json:"is_error"`
 		Error   string `json:"error"`

@@ -50,3 +50,15 @@ func TestMarshalInput(t *testing.T) {
 	_, err := MarshalInput(func() {})
 	assert.ErrorContains(t, err, "encode tool input")
 }
+
+// TestResultErrorFastPath: ResultError knows a success by its head, and still reads every error.
+func TestResultErrorFastPath(t *testing.T) {
+	assert.NoError(t, ResultError("t", []byte(`{"is_error":false,"content":"`+string(make([]byte, 10))+`"}`)))
+	assert.NoError(t, ResultError("t", []byte(`{"is_error":false}`)))
+	assert.NoError(t, ResultError("t", []byte(` { "is_error" : false } `)), "any spacing decodes")
+	err := ResultError("read_file", []byte(`{"is_error":true,"error":"no such file","code":"not_found"}`))
+	var te *ToolError
+	require.ErrorAs(t, err, &te)
+	assert.Equal(t, "not_found", te.Code)
+	assert.Error(t, ResultError("t", []byte(`[1]`)), "not an object")
+}
