@@ -56,44 +56,17 @@ func SplitObject(b []byte) (map[string]json.RawMessage, error) {
 	if p.i >= len(b) || b[p.i] != '{' {
 		return nil, p.fail("want a JSON object")
 	}
-	p.i++
 	fields := map[string]json.RawMessage{}
-	p.ws()
-	if p.i < len(b) && b[p.i] == '}' {
-		p.i++
-	} else {
-		for {
-			p.ws()
-			start := p.i
-			if err := p.str(); err != nil {
-				return nil, err
-			}
-			var key string
-			if err := json.Unmarshal(b[start:p.i], &key); err != nil { // a key is short; unquote it exactly
-				return nil, &Error{Offset: start, Msg: "bad object key"}
-			}
-			p.ws()
-			if p.i >= len(b) || b[p.i] != ':' {
-				return nil, p.fail("want ':' after an object key")
-			}
-			p.i++
-			p.ws()
-			vs := p.i
-			if err := p.value(1); err != nil {
-				return nil, err
-			}
-			fields[key] = json.RawMessage(b[vs:p.i])
-			p.ws()
-			if p.i < len(b) && b[p.i] == ',' {
-				p.i++
-				continue
-			}
-			if p.i < len(b) && b[p.i] == '}' {
-				p.i++
-				break
-			}
-			return nil, p.fail("want ',' or '}' in an object")
+	err := p.object(0, func(key, value []byte) error {
+		var k string
+		if err := json.Unmarshal(key, &k); err != nil { // a key is short; unquote it exactly
+			return &Error{Offset: p.i, Msg: "bad object key"}
 		}
+		fields[k] = json.RawMessage(value)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	p.ws()
 	if p.i != len(b) {
@@ -139,37 +112,7 @@ func (p *parser) value(depth int) error {
 	case c == '"':
 		return p.str()
 	case c == '{':
-		p.i++
-		p.ws()
-		if p.i < len(p.b) && p.b[p.i] == '}' {
-			p.i++
-			return nil
-		}
-		for {
-			p.ws()
-			if err := p.str(); err != nil {
-				return err
-			}
-			p.ws()
-			if p.i >= len(p.b) || p.b[p.i] != ':' {
-				return p.fail("want ':' after an object key")
-			}
-			p.i++
-			p.ws()
-			if err := p.value(depth + 1); err != nil {
-				return err
-			}
-			p.ws()
-			if p.i < len(p.b) && p.b[p.i] == ',' {
-				p.i++
-				continue
-			}
-			if p.i < len(p.b) && p.b[p.i] == '}' {
-				p.i++
-				return nil
-			}
-			return p.fail("want ',' or '}' in an object")
-		}
+		return p.object(depth, nil)
 	case c == '[':
 		p.i++
 		p.ws()
@@ -203,6 +146,50 @@ func (p *parser) value(depth int) error {
 		return p.num()
 	}
 	return p.fail("want a value")
+}
+
+// object reads an object starting at its '{', calling field (if set) with
+// each key's and value's text.
+func (p *parser) object(depth int, field func(key, value []byte) error) error {
+	p.i++
+	p.ws()
+	if p.i < len(p.b) && p.b[p.i] == '}' {
+		p.i++
+		return nil
+	}
+	for {
+		p.ws()
+		ks := p.i
+		if err := p.str(); err != nil {
+			return err
+		}
+		ke := p.i
+		p.ws()
+		if p.i >= len(p.b) || p.b[p.i] != ':' {
+			return p.fail("want ':' after an object key")
+		}
+		p.i++
+		p.ws()
+		vs := p.i
+		if err := p.value(depth + 1); err != nil {
+			return err
+		}
+		if field != nil {
+			if err := field(p.b[ks:ke], p.b[vs:p.i]); err != nil {
+				return err
+			}
+		}
+		p.ws()
+		if p.i < len(p.b) && p.b[p.i] == ',' {
+			p.i++
+			continue
+		}
+		if p.i < len(p.b) && p.b[p.i] == '}' {
+			p.i++
+			return nil
+		}
+		return p.fail("want ',' or '}' in an object")
+	}
 }
 
 func (p *parser) lit(word string) error {
