@@ -58,19 +58,7 @@ func (b *Backend) sweepUIDs() {
 // to uid:uid, without following symlinks: the workspace of a box made
 // before boxes had host uids of their own was written as host root.
 func chownOwnedBy(dir string, uid int) error {
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid == 0 {
-			return os.Lchown(p, uid, uid)
-		}
-		return nil
-	})
+	return boxdisk.Rechown(dir, map[int]int{0: uid})
 }
 
 // rechown gives what the host uids from and from-1 (a box's user and its
