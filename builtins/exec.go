@@ -43,6 +43,10 @@ type ExecSpec struct {
 	NoCache bool
 	// Timeout bounds one run, commands and files; 0 is DefaultExecTimeout.
 	Timeout time.Duration
+	// Network is each run's box network, as sandbox_create's (nil:
+	// closed). It is part of the memo key: what a run may reach is part
+	// of what it computes.
+	Network *api.Network
 }
 
 // Exec is the exec node kind, a runtime.Async: each run creates a fresh box
@@ -122,10 +126,11 @@ type execJob struct {
 	Env      map[string]string `json:"env,omitempty"`
 	Inputs   map[string]string `json:"inputs,omitempty"`  // path -> content
 	Outputs  map[string]string `json:"outputs,omitempty"` // path -> format
+	Network  *api.Network      `json:"network,omitempty"`
 }
 
 func (x *Exec) resolve(in runtime.Inputs) (execJob, error) {
-	var job execJob
+	job := execJob{Network: x.spec.Network}
 	var err error
 	if job.Image, err = evalImage(x.spec.Image, in); err != nil {
 		return job, err
@@ -228,7 +233,7 @@ func (x *Exec) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 		}
 		return err
 	}
-	box, err := x.createBox(rctx, job.Image)
+	box, err := x.createBox(rctx, job.Image, job.Network)
 	if err != nil {
 		return nil, timedOut(err)
 	}
@@ -306,10 +311,10 @@ func (x *Exec) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 }
 
 // createBox creates this run's fresh box.
-func (x *Exec) createBox(ctx context.Context, image string) (string, error) {
+func (x *Exec) createBox(ctx context.Context, image string, network *api.Network) (string, error) {
 	name := fmt.Sprintf("%s%s-%d", execBoxPrefix, x.base, x.runs.Add(1))
 	for attempt := 0; ; attempt++ {
-		out, err := x.env.Client.CreateBox(ctx, api.SandboxCreateInput{Sandbox: name, Image: image})
+		out, err := x.env.Client.CreateBox(ctx, api.SandboxCreateInput{Sandbox: name, Image: image, Network: network})
 		if err != nil {
 			if ctx.Err() != nil {
 				// Aborted while the box was being made: it may exist.

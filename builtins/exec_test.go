@@ -3,7 +3,13 @@ package builtins_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +19,7 @@ import (
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/runtime"
+	"github.com/cellbox/cellbox/sandbox/api"
 )
 
 func TestExecBasic(t *testing.T) {
@@ -330,6 +337,10 @@ func TestExecKey(t *testing.T) {
 	withFile.Files = map[string]builtins.File{"/workspace/a": {Input: builtins.ExprField(builtins.MustParse("n"))}}
 	assert.NotEqual(t, key(mk(withFile), runtime.Inputs{"n": "1"}), key(mk(withFile), runtime.Inputs{"n": "2"}), "input files are in the key")
 
+	withNet := base
+	withNet.Network = &api.Network{NetworkRules: api.NetworkRules{Allow: []string{"x.org"}}}
+	assert.NotEqual(t, k1, key(mk(withNet), runtime.Inputs{"n": "1"}), "the network is in the key")
+
 	noCache := base
 	noCache.NoCache = true
 	_, memo, err := mk(noCache).Key(runtime.Inputs{"n": "1"})
@@ -348,4 +359,37 @@ func TestExecKey(t *testing.T) {
 	assert.ErrorContains(t, err, "not a clean absolute path")
 	_, err = builtins.NewExec(env, builtins.ExecSpec{Command: base.Command, Files: map[string]builtins.File{"/x": {Output: "yaml"}}})
 	assert.ErrorContains(t, err, `output format "yaml"`)
+}
+
+// TestExecNetwork: an exec node's `network:` allow list lets each run's box
+// reach what it names; a node without one reaches nothing.
+func TestExecNetwork(t *testing.T) {
+	b := newBox(t)
+	// On 127.0.0.2: the box's NO_PROXY sends 127.0.0.1 to its own loopback.
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	require.NoError(t, err)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "data") }))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	t.Cleanup(srv.Close)
+	get := fmt.Sprintf(`python3 -c 'import urllib.request as u; print(u.urlopen("%s/", timeout=5).read().decode())'`, srv.URL)
+	r := b.load(t, fmt.Sprintf(`
+name: net
+nodes:
+  open:
+    exec:
+      command: %q
+      network: {allow: ["%s"]}
+  closed:
+    exec:
+      command: %q
+`, get, strings.TrimPrefix(srv.URL, "http://"), get), nil)
+	r.settle()
+	open := r.exec("open")
+	require.NotNil(t, open.Result, "%v", open.Error)
+	assert.Equal(t, "data\n", open.Result.Stdout)
+	closed := r.exec("closed")
+	require.NotNil(t, closed.Error, "a box with no network reaches nothing")
+
 }

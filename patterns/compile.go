@@ -171,6 +171,7 @@ func (c compiler) exec(addr cells.Address, s *ExecSpec) builtins.ExecSpec {
 		Files:   c.files(at, s.Files),
 		NoCache: s.NoCache,
 		Timeout: s.Timeout,
+		Network: s.Network,
 	}
 	for i, v := range s.Command {
 		spec.Command = append(spec.Command, c.field(index(field(at, "command"), i), v))

@@ -149,6 +149,9 @@ type ExecSpec struct {
 	NoCache bool `json:"no_cache,omitempty"`
 	// Timeout bounds one run (all commands); 0 means the runner's default.
 	Timeout time.Duration `json:"timeout,omitempty"`
+	// Network is each run's box network (YAML `network:`), as a sandbox
+	// node's: nil or false closed, true full, or an allow list.
+	Network *api.Network `json:"network,omitempty"`
 }
 
 // SandboxSpec describes a sandbox node: a box that lives while the pattern

@@ -103,7 +103,7 @@ var (
 	topFields     = []string{"name", "description", "cells", "nodes"}
 	cellFields    = []string{"value", "file", "schema", "description"}
 	nodeFields    = append(slices.Clone(kinds), "description")
-	execFields    = []string{"command", "image", "env", "files", "cache", "timeout"}
+	execFields    = []string{"command", "image", "env", "files", "cache", "timeout", "network"}
 	sandboxFields = []string{"image", "env", "files", "ports", "start", "network", "snapshot"}
 	startFields   = []string{"command", "port", "ready"}
 	fetchFields   = []string{"url", "method", "headers", "secret_headers", "body", "format", "cache", "timeout", "max_bytes"}
@@ -368,6 +368,9 @@ func (l *loader) node(e entry) {
 		}
 		n.Exec.NoCache, n.Exec.Timeout = l.noCache(f), l.timeout(f)
 		n.Exec.Image, n.Exec.Env, n.Exec.Files = l.box(f)
+		if e, ok := f["network"]; ok {
+			n.Exec.Network = l.network(e)
+		}
 	case KindFetch:
 		n.Fetch = l.fetch(s)
 	case KindLLM:

@@ -141,6 +141,9 @@ func TestParseValid(t *testing.T) {
 			assert.Equal(t, Literal("test -f /tmp/up"), p.Nodes[2].Sandbox.Start.Ready)
 			assert.Equal(t, []string{"a", "b"}, p.Nodes[3].Reads)
 		}},
+		{"exec network", "name: c\nnodes:\n  e: {exec: {command: pip download x, network: {allow: [pypi.org]}}}\n", func(t *testing.T, p *Pattern) {
+			assert.Equal(t, []string{"pypi.org"}, p.Nodes[0].Exec.Network.Allow)
+		}},
 		{"network", "name: c\nnodes:\n  a: {sandbox: {network: true}}\n  b: {sandbox: {network: false}}\n  c:\n    sandbox:\n      network:\n        allow: [pypi.org, '*.internal', 10.1.2.0/24]\n        inject: [{host: pypi.org, header: X-Key, secret: PYPI}]\n", func(t *testing.T, p *Pattern) {
 			assert.Equal(t, &api.Network{Full: true}, p.Nodes[0].Sandbox.Network)
 			assert.Equal(t, &api.Network{}, p.Nodes[1].Sandbox.Network, "false is closed")
@@ -202,7 +205,7 @@ func TestParseErrors(t *testing.T) {
 		{"a let binds its name within the let only", "name: x\ncells: {a: 1}\nnodes:\n  b: {computed: '${(let zzz = 1; zzz) + zzz}'}\n", []string{
 			`p.yaml:4: nodes.b.computed: unknown cell or node "zzz" (cells: a; nodes: b)`}},
 		{"unknown field with suggestion", "name: x\nnodes:\n  clean:\n    exec:\n      comand: echo\n", []string{
-			`p.yaml:5: nodes.clean.exec.comand: unknown field "comand" (did you mean "command"?) (fields: command, image, env, files, cache, timeout)`}},
+			`p.yaml:5: nodes.clean.exec.comand: unknown field "comand" (did you mean "command"?) (fields: command, image, env, files, cache, timeout, network)`}},
 		{"missing command", "name: x\nnodes:\n  e:\n    exec: {image: x}\n", []string{
 			`p.yaml:4: nodes.e.exec.command: missing: an exec node needs a command (a string or a list of strings)`}},
 		{"unknown node kind", "name: x\nnodes:\n  a: {exce: {command: x}}\n  c: {}\n", []string{
