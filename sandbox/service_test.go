@@ -145,6 +145,7 @@ func TestToolInputErrors(t *testing.T) {
 		{"read_file", `{"path":"missing.txt"}`, []string{"missing.txt", "no such file"}},
 		{"sandbox_create", `{"sandbox":"bad name!"}`, []string{"invalid sandbox name"}},
 		{"write_file", `{"path":"x","content":"%%%","encoding":"base64"}`, []string{"not valid base64"}},
+		{"shell", `{"command":null}`, []string{"command: must be string (got null)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.tool+" "+tt.input, func(t *testing.T) {
@@ -155,6 +156,20 @@ func TestToolInputErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNullMeansNotGiven: null for an optional field is as if the field
+// were left out, as models send it; a required field stays required.
+func TestNullMeansNotGiven(t *testing.T) {
+	s := newTestService(t, newFakeBackend(t), "", nil)
+	h := newSession(t, s)
+	m := h.raw("shell", `{"command":"echo hi","sandbox":null,"timeout_ms":null,"env":null,"background":null,"working_dir":null}`)
+	require.Equal(t, false, m["is_error"], m)
+	assert.Equal(t, "hi\n", m["stdout"])
+	m = h.raw("sandbox_create", `{"sandbox":"n","limits":null,"network":null,"env":null}`)
+	require.Equal(t, false, m["is_error"], m)
+	m = h.raw("write_file", `{"path":"a.txt","content":"x","append":null,"encoding":null}`)
+	require.Equal(t, false, m["is_error"], m)
 }
 
 func TestFileTools(t *testing.T) {

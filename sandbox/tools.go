@@ -130,6 +130,20 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 			return fmt.Errorf("unknown field %q in the input of %s; %s", k, t.Name, valid)
 		}
 	}
+	// null for an optional field means "not given": models send it for
+	// every field they leave out.
+	dropped := false
+	for k, v := range fields {
+		if string(v) == "null" && !contains(t.required, k) {
+			delete(fields, k)
+			dropped = true
+		}
+	}
+	if dropped {
+		if raw, err = json.Marshal(fields); err != nil {
+			return fmt.Errorf("input of %s: %w", t.Name, err)
+		}
+	}
 	for _, k := range t.required {
 		if _, ok := fields[k]; !ok {
 			return fmt.Errorf("missing required field %q in the input of %s (required: %s)", k, t.Name, strings.Join(t.required, ", "))
