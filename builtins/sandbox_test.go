@@ -236,8 +236,12 @@ nodes:
 
 	r.send("sh.run", `{"command": "sleep 30", "timeout_ms": 300}`)
 	r.settle()
+	// The node may still be backing off its writes: wait for the entry.
 	var o sandboxOut
-	r.get("sh", &o)
+	waitFor(t, 5*time.Second, "the timed-out command in the history", func() bool {
+		r.get("sh", &o)
+		return o.History[len(o.History)-1].Command == "sleep 30"
+	})
 	assert.True(t, o.History[len(o.History)-1].TimedOut)
 }
 

@@ -72,3 +72,23 @@ func TestSandboxCreateExistingSaysWhatItKept(t *testing.T) {
 	m = rb.ok("sandbox_create", map[string]any{"sandbox": "a", "env": map[string]string{"A": "1"}})
 	assert.Nil(t, m["notice"])
 }
+
+// TestImageErrorCodes: an image name that is no image reference is the
+// caller's mistake (invalid_input, before any backend call); an image the
+// backend does not have is not_found, saying how to get it; on both
+// backends.
+func TestImageErrorCodes(t *testing.T) {
+	for _, kind := range []string{"local", "docker"} {
+		t.Run(kind, func(t *testing.T) {
+			rb := newRealService(t, kind, nil)
+			m := rb.call("sandbox_create", map[string]any{"sandbox": "a", "image": "HOST"})
+			require.Equal(t, true, m["is_error"], "%v", m)
+			assert.Equal(t, api.CodeInvalidInput, m["code"], "%v", m)
+			assert.Contains(t, m["error"], "cellbox/python")
+			m = rb.call("sandbox_create", map[string]any{"sandbox": "b", "image": "cellbox/no-such-image"})
+			require.Equal(t, true, m["is_error"], "%v", m)
+			assert.Equal(t, api.CodeNotFound, m["code"], "%v", m)
+			assert.Contains(t, m["error"], "cellbox image build no-such-image")
+		})
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/cellbox/cellbox/internal/safe"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
 )
 
 // The streaming operations behind the HTTP endpoints and the in-process
@@ -166,6 +167,9 @@ func ErrorCode(err error) string {
 	}
 	if errors.Is(err, ErrUnknownTool) || errors.Is(err, ErrUnknownProfile) {
 		return api.CodeInvalidInput
+	}
+	if errors.Is(err, backend.ErrNoImage) {
+		return api.CodeNotFound
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return api.CodeTimeout

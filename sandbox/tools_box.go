@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/distribution/reference"
+
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
@@ -311,6 +313,9 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 	if err := backend.ValidWorkDir(in.WorkspaceDir); err != nil {
 		return out, api.WithCode(api.CodeInvalidInput, err)
 	}
+	if err := validImage(in.Image); err != nil {
+		return out, api.WithCode(api.CodeInvalidInput, err)
+	}
 	spec := boxSpec{Image: in.Image, Env: in.Env, SleepAfterMs: in.SleepAfterMs,
 		WorkspaceDir: in.WorkspaceDir, DestroyOnClose: in.DestroyOnClose}
 	if n := in.Network; n != nil && n.Full {
@@ -523,4 +528,17 @@ func (a allowList) refusal(command string, env map[string]string) error {
 		}
 	}
 	return fmt.Errorf("command %q is not allowed in this session: a command must start with one of %s (allowed_commands, set when the session was made)", cmd, allowed)
+}
+
+// validImage checks an image name: "" or the default, or a Docker
+// reference (cellbox/python, registry.example/x:tag), as both backends
+// name images.
+func validImage(img string) error {
+	if img == "" || img == backend.DefaultImage {
+		return nil
+	}
+	if _, err := reference.ParseNormalizedNamed(img); err != nil {
+		return fmt.Errorf("image %q: %v; give an image such as cellbox/python (built with `cellbox image build python`) or %q", img, err, backend.DefaultImage)
+	}
+	return nil
 }

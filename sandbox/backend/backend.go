@@ -24,6 +24,11 @@ var ErrNotFound = errors.New("box not found")
 // ErrExists is returned (wrapped) by Create for an ID that is taken.
 var ErrExists = errors.New("box already exists")
 
+// ErrNoImage is returned (wrapped) by Create for an image the backend
+// does not have (not loaded into the engine, not built); the message says
+// how to get it.
+var ErrNoImage = errors.New("no such image")
+
 // Paths inside every box.
 const (
 	// AgentPath is where the cellbox binary is mounted read-only.

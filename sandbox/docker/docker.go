@@ -323,7 +323,7 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d
 		if name, ok := strings.CutPrefix(strings.TrimSuffix(ref, ":latest"), image.Ref("")); ok && !strings.Contains(name, ":") {
 			hint = "build it: `cellbox image build " + name + "`" // Docker's images are the engine's: no --images
 		}
-		return backend.Info{}, fmt.Errorf("create box %s: image %s not found (%s): %w", spec.ID, ref, hint, err)
+		return backend.Info{}, fmt.Errorf("create box %s: image %s not found (%s): %w: %w", spec.ID, ref, hint, backend.ErrNoImage, err)
 	case err != nil:
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}

@@ -248,15 +248,15 @@ func (b *Backend) rootfs(img string) (string, error) {
 	}
 	m := imageName.FindStringSubmatch(img)
 	if m == nil {
-		return "", fmt.Errorf("image %q: the local backend runs %q or cellbox/NAME built by `cellbox image build NAME`", img, backend.DefaultImage)
+		return "", fmt.Errorf("image %q: the local backend runs %q or cellbox/NAME built by `cellbox image build NAME`: %w", img, backend.DefaultImage, backend.ErrNoImage)
 	}
 	if b.images == "" {
-		return "", fmt.Errorf("image %q: this local backend has no images directory", img)
+		return "", fmt.Errorf("image %q: this local backend has no images directory: %w", img, backend.ErrNoImage)
 	}
 	dir := image.RootfsDir(b.images, m[1])
 	for _, p := range []string{"usr", strings.TrimPrefix(backend.Workspace, "/"), strings.TrimPrefix(backend.SocketDir, "/"), strings.TrimPrefix(backend.AgentPath, "/")} {
 		if _, err := os.Lstat(filepath.Join(dir, p)); err != nil {
-			return "", fmt.Errorf("image %q: %s is not a cellbox image rootfs (%v); build it: `cellbox image build %s --images %s`", img, dir, err, m[1], b.images)
+			return "", fmt.Errorf("image %q: %s is not a cellbox image rootfs (%v); build it: `cellbox image build %s --images %s`: %w", img, dir, err, m[1], b.images, backend.ErrNoImage)
 		}
 	}
 	return dir, nil
