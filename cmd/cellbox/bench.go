@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -282,6 +283,56 @@ func loadAverage() string {
 
 // parseBackends parses a --backend flag: docker, local, both, or (if
 // allowed) none.
+// benchCommon are the flags every bench takes; each bench's options
+// embed them.
+type benchCommon struct {
+	n           int
+	budget      time.Duration
+	backends    []string
+	agentBinary string
+	asJSON      bool
+
+	backend   string
+	allowNone bool
+}
+
+// flags declares the common flags on fs, with the bench's defaults and
+// help texts.
+func (c *benchCommon) flags(fs *flag.FlagSet, n int, nHelp string, budget time.Duration, backendHelp, agentHelp string, allowNone bool) {
+	c.allowNone = allowNone
+	fs.StringVar(&c.backend, "backend", "both", backendHelp)
+	fs.IntVar(&c.n, "n", n, nHelp)
+	fs.DurationVar(&c.budget, "budget", budget, "time limit of each measurement loop")
+	fs.StringVar(&c.agentBinary, "agent-binary", "", agentHelp)
+	fs.BoolVar(&c.asJSON, "json", false, "print JSON instead of a Markdown table")
+}
+
+// parse parses args and checks the common flags, then more: checks of
+// the bench's own flags (nil when fine).
+func (c *benchCommon) parse(fs *flag.FlagSet, args []string, more ...func() error) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var err error
+	if c.backends, err = parseBackends(c.backend, c.allowNone); err != nil {
+		return err
+	}
+	errs := []error{positive("n", c.n)}
+	for _, check := range more {
+		errs = append(errs, check())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if c.budget <= 0 {
+		return fmt.Errorf("--budget %s: want a positive duration", c.budget)
+	}
+	return nil
+}
+
 func parseBackends(v string, allowNone bool) ([]string, error) {
 	switch {
 	case v == "docker" || v == "local":

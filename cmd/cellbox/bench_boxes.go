@@ -43,42 +43,23 @@ const (
 
 // boxesOptions are the flags of `cellbox bench boxes`.
 type boxesOptions struct {
-	backends    []string
-	n           int
-	data        string
-	agentBinary string
-	budget      time.Duration
-	treeMiB     int
+	benchCommon
+	data    string
+	treeMiB int
 }
 
 func benchBoxesCmd(ctx context.Context, args []string) (*benchReport, bool, error) {
 	fs := flag.NewFlagSet("bench boxes", flag.ContinueOnError)
-	be := fs.String("backend", "both", "box backend to measure: docker, local (bubblewrap) or both")
-	n := fs.Int("n", 50, "iterations of each measurement (creates at most 20, the tree transfer n/10 between 1 and 5)")
-	data := fs.String("data", "", "directory for the bench's state and boxes (default: a temporary directory, removed at the end)")
-	agentBinary := fs.String("agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
-	budget := fs.Duration("budget", 20*time.Second, "time limit of each measurement loop")
-	treeMiB := fs.Int("tree-mib", 100, "size of the tree copied between two boxes, in files of 1 MiB")
-	asJSON := fs.Bool("json", false, "print JSON instead of a Markdown table")
-	if err := fs.Parse(args); err != nil {
+	var o boxesOptions
+	o.flags(fs, 50, "iterations of each measurement (creates at most 20, the tree transfer n/10 between 1 and 5)", 20*time.Second,
+		"box backend to measure: docker, local (bubblewrap) or both", "static cellbox binary run as the agent in every box (default: this executable)", false)
+	fs.StringVar(&o.data, "data", "", "directory for the bench's state and boxes (default: a temporary directory, removed at the end)")
+	fs.IntVar(&o.treeMiB, "tree-mib", 100, "size of the tree copied between two boxes, in files of 1 MiB")
+	if err := o.parse(fs, args, func() error { return positive("tree-mib", o.treeMiB) }); err != nil {
 		return nil, false, err
-	}
-	if fs.NArg() > 0 {
-		return nil, false, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	o := boxesOptions{n: *n, data: *data, agentBinary: *agentBinary, budget: *budget, treeMiB: *treeMiB}
-	var err error
-	if o.backends, err = parseBackends(*be, false); err != nil {
-		return nil, false, err
-	}
-	if err := errors.Join(positive("n", o.n), positive("tree-mib", o.treeMiB)); err != nil {
-		return nil, false, err
-	}
-	if o.budget <= 0 {
-		return nil, false, fmt.Errorf("--budget %s: want a positive duration", o.budget)
 	}
 	rep, err := benchBoxes(ctx, o)
-	return rep, *asJSON, err
+	return rep, o.asJSON, err
 }
 
 // benchBoxes measures each backend of o in turn.

@@ -40,43 +40,27 @@ const (
 
 // pipelineOptions are the flags of `cellbox bench pipeline`.
 type pipelineOptions struct {
-	backends    []string
-	n           int
-	budget      time.Duration
-	example     string // the csv-pipeline example's folder
-	agentBinary string
+	benchCommon
+	example string // the csv-pipeline example's folder
 }
 
 func benchPipelineCmd(ctx context.Context, args []string) (*benchReport, bool, error) {
 	fs := flag.NewFlagSet("bench pipeline", flag.ContinueOnError)
-	o := pipelineOptions{}
-	be := fs.String("backend", "both", "box backend to measure: docker, local (bubblewrap) or both")
-	fs.IntVar(&o.n, "n", 20, "iterations of each measurement")
-	fs.DurationVar(&o.budget, "budget", 30*time.Second, "time limit of each measurement loop")
+	var o pipelineOptions
+	o.flags(fs, 20, "iterations of each measurement", 30*time.Second,
+		"box backend to measure: docker, local (bubblewrap) or both", "static cellbox binary run as the agent in every box, and as `cellbox run --once` (default: this executable)", false)
 	fs.StringVar(&o.example, "example", "examples/csv-pipeline", "folder of the csv-pipeline example, whose stages are measured")
-	fs.StringVar(&o.agentBinary, "agent-binary", "", "static cellbox binary run as the agent in every box, and as `cellbox run --once` (default: this executable)")
-	asJSON := fs.Bool("json", false, "print JSON instead of a Markdown table")
-	if err := fs.Parse(args); err != nil {
+	err := o.parse(fs, args, func() error {
+		if _, err := os.Stat(filepath.Join(o.example, patterns.FileName)); err != nil {
+			return fmt.Errorf("--example %s: %w (give the folder of examples/csv-pipeline)", o.example, err)
+		}
+		return nil
+	})
+	if err != nil {
 		return nil, false, err
-	}
-	if fs.NArg() > 0 {
-		return nil, false, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	var err error
-	if o.backends, err = parseBackends(*be, false); err != nil {
-		return nil, false, err
-	}
-	if err := positive("n", o.n); err != nil {
-		return nil, false, err
-	}
-	if o.budget <= 0 {
-		return nil, false, fmt.Errorf("--budget %s: want a positive duration", o.budget)
-	}
-	if _, err := os.Stat(filepath.Join(o.example, patterns.FileName)); err != nil {
-		return nil, false, fmt.Errorf("--example %s: %w (give the folder of examples/csv-pipeline)", o.example, err)
 	}
 	rep, err := benchPipeline(ctx, o)
-	return rep, *asJSON, err
+	return rep, o.asJSON, err
 }
 
 // pipelineBench is one run of the pipeline bench: its folders (under a

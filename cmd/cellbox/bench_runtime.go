@@ -30,45 +30,29 @@ const (
 
 // runtimeOptions are the flags of `cellbox bench runtime`.
 type runtimeOptions struct {
+	benchCommon     // n: propagations per graph; backends: of the file-binding rows
 	nodes       int // nodes of each graph
-	n           int // propagations per graph
 	watchN      int // writes of the watch measurement
-	budget      time.Duration
-	backends    []string // box backends of the file-binding rows
-	agentBinary string
 }
 
 func benchRuntimeCmd(ctx context.Context, args []string) (*benchReport, bool, error) {
 	fs := flag.NewFlagSet("bench runtime", flag.ContinueOnError)
-	o := runtimeOptions{}
+	var o runtimeOptions
+	o.flags(fs, 50, "propagations through each graph", 20*time.Second,
+		"box backend of the file-binding measurements: docker, local, both or none", "static cellbox binary run as the agent in every box (default: this executable)", true)
 	fs.IntVar(&o.nodes, "nodes", 10000, "nodes of each computed graph")
-	fs.IntVar(&o.n, "n", 50, "propagations through each graph")
 	fs.IntVar(&o.watchN, "watch-n", 200, "cell writes of the watcher measurement")
-	fs.DurationVar(&o.budget, "budget", 20*time.Second, "time limit of each measurement loop")
-	be := fs.String("backend", "both", "box backend of the file-binding measurements: docker, local, both or none")
-	fs.StringVar(&o.agentBinary, "agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
-	asJSON := fs.Bool("json", false, "print JSON instead of a Markdown table")
-	if err := fs.Parse(args); err != nil {
+	err := o.parse(fs, args, func() error { return positive("watch-n", o.watchN) }, func() error {
+		if o.nodes < 3 {
+			return fmt.Errorf("--nodes %d: want at least 3 (one diamond)", o.nodes)
+		}
+		return nil
+	})
+	if err != nil {
 		return nil, false, err
-	}
-	if fs.NArg() > 0 {
-		return nil, false, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	var err error
-	if o.backends, err = parseBackends(*be, true); err != nil {
-		return nil, false, err
-	}
-	if err := errors.Join(positive("n", o.n), positive("watch-n", o.watchN)); err != nil {
-		return nil, false, err
-	}
-	if o.nodes < 3 {
-		return nil, false, fmt.Errorf("--nodes %d: want at least 3 (one diamond)", o.nodes)
-	}
-	if o.budget <= 0 {
-		return nil, false, fmt.Errorf("--budget %s: want a positive duration", o.budget)
 	}
 	rep, err := benchRuntime(ctx, o)
-	return rep, *asJSON, err
+	return rep, o.asJSON, err
 }
 
 // graphShape is a computed graph over the input cell "root".
