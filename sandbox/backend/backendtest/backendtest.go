@@ -695,7 +695,10 @@ func (s *suite) oomSparesAgent(t *testing.T) {
 	spec.Limits.MemoryBytes = 128 << 20
 	c := s.up(t, spec)
 
-	adj := strings.Fields(ok(t, c, `cat /proc/1/oom_score_adj /proc/self/oom_score_adj`))
+	// The agent holds 1000 itself for the instant of each fork, so that
+	// the child inherits it (a child that forks at once cannot escape);
+	// read its own value once this command's fork is over.
+	adj := strings.Fields(ok(t, c, `sleep 0.2; cat /proc/1/oom_score_adj /proc/self/oom_score_adj`))
 	require.Len(t, adj, 2)
 	assert.Equal(t, "1000", adj[1], "commands are the OOM killer's first choice")
 	agentAdj, err := strconv.Atoi(adj[0])
