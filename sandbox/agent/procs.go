@@ -283,16 +283,7 @@ func (t *procTable) list() []Process {
 // shutdown sends SIGTERM to every running process group, waits up to grace,
 // then SIGKILLs the ones left.
 func (t *procTable) shutdown(grace time.Duration) {
-	t.mu.Lock()
-	var running []*proc
-	for _, p := range t.byID {
-		select {
-		case <-p.done:
-		default:
-			running = append(running, p)
-		}
-	}
-	t.mu.Unlock()
+	running := t.running()
 	for _, p := range running {
 		p.signal(syscall.SIGTERM)
 	}
