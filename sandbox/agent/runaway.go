@@ -215,11 +215,7 @@ func (s *server) start(argv []string, dir string, env []string, files []*os.File
 			return nil, nil, err
 		}
 	}
-	lim := s.pidsLimit()
-	if lim != "" {
-		lim = " (pids limit " + lim + ")"
-	}
-	return nil, nil, &Error{Op: "exec", Code: CodeInvalid, Message: fmt.Sprintf("exec %s: the box is out of processes%s even after ending %d processes: %v; destroy and recreate the box", argv[0], lim, ended, err)}
+	return nil, nil, &Error{Op: "exec", Code: CodeInvalid, Message: fmt.Sprintf("exec %s: the box is out of processes%s even after ending %d processes: %v; destroy and recreate the box", argv[0], s.pidsLimitNote(), ended, err)}
 }
 
 // killAll ends every process of the box but the agent (the process tool's
@@ -279,11 +275,16 @@ func (s *server) pidsLimit() string {
 // outOfPIDsNotice says what the agent did to start a command in a box that
 // was out of processes.
 func (s *server) outOfPIDsNotice(ended int) string {
-	lim := s.pidsLimit()
-	if lim != "" {
-		lim = " (pids limit " + lim + ")"
+	return fmt.Sprintf("the box was out of processes%s: ended %d processes left running (a fork bomb or runaway job) to run this command", s.pidsLimitNote(), ended)
+}
+
+// pidsLimitNote is " (pids limit N)" for the messages of a box out of
+// processes, or "" when the limit is unknown.
+func (s *server) pidsLimitNote() string {
+	if lim := s.pidsLimit(); lim != "" {
+		return " (pids limit " + lim + ")"
 	}
-	return fmt.Sprintf("the box was out of processes%s: ended %d processes left running (a fork bomb or runaway job) to run this command", lim, ended)
+	return ""
 }
 
 // leftoverNotice says that a foreground command's leftovers were ended.
