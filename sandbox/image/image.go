@@ -19,7 +19,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cellbox/cellbox/sandbox/backend"
@@ -317,15 +316,11 @@ func runLogged(ctx context.Context, out io.Writer, name string, args ...string) 
 }
 
 // tailWriter keeps the last 4 KiB written to it, for error messages. It is
-// safe for concurrent use.
-type tailWriter struct {
-	mu sync.Mutex
-	b  []byte
-}
+// written by one goroutine at a time (runLogged gives a command's two
+// streams one writer).
+type tailWriter struct{ b []byte }
 
 func (t *tailWriter) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	t.b = append(t.b, p...)
 	if len(t.b) > 4096 {
 		t.b = slices.Clone(t.b[len(t.b)-4096:])
@@ -333,8 +328,4 @@ func (t *tailWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (t *tailWriter) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return strings.TrimSpace(string(t.b))
-}
+func (t *tailWriter) String() string { return strings.TrimSpace(string(t.b)) }
