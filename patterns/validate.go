@@ -46,7 +46,9 @@ var (
 	previewFields = []string{"url", "host_url"}
 	// inputKinds are the kinds of value a node's input field may be.
 	inputKinds = []ValueKind{ValueLiteral, ValueExpr, ValueTemplate}
-	streams    = map[Kind][]string{KindSandbox: {"run", "destroy", "snapshot"}}
+	// streams are each kind's event streams: what a read may name, and
+	// the compiled node's Streams.
+	streams = map[Kind][]string{KindSandbox: {"run", "destroy", "snapshot"}}
 )
 
 // checker validates a Pattern in place: it reads `file:` references from
