@@ -80,7 +80,6 @@ type LLMTools struct {
 // a URL: a restart or a revert does not repeat a finished call.
 type LLM struct {
 	env  Env
-	lenv LLMEnv
 	spec LLMSpec
 	log  *slog.Logger
 }
@@ -123,7 +122,10 @@ func NewLLM(env Env, spec LLMSpec) (*LLM, error) {
 			return nil, fmt.Errorf("llm node %s: the sandbox client cannot list tools", spec.Node.Name)
 		}
 	}
-	return &LLM{env: env, lenv: env.LLM, spec: spec, log: env.logger().With("node", spec.Node.String())}, nil
+	if env.LLM.Getenv == nil {
+		env.LLM.Getenv = os.Getenv
+	}
+	return &LLM{env: env, spec: spec, log: env.logger().With("node", spec.Node.String())}, nil
 }
 
 // llmJob is one run resolved from the inputs; its JSON is the memo key's.
@@ -139,11 +141,7 @@ type llmJob struct {
 func (l *LLM) resolve(in runtime.Inputs) (llmJob, error) {
 	job := llmJob{Provider: l.spec.Provider}
 	if job.Provider == "" {
-		getenv := l.lenv.Getenv
-		if getenv == nil {
-			getenv = os.Getenv
-		}
-		if job.Provider = getenv(DefaultProviderEnv); job.Provider == "" {
+		if job.Provider = l.env.LLM.Getenv(DefaultProviderEnv); job.Provider == "" {
 			return job, fmt.Errorf("no provider: set provider in the node (%s) or %s in the runner's environment", strings.Join(llm.Providers, ", "), DefaultProviderEnv)
 		}
 	}
@@ -292,7 +290,7 @@ func (l *LLM) Key(in runtime.Inputs) (string, bool, error) {
 	if err != nil {
 		return "", false, err
 	}
-	if _, err := llm.New(job.Provider, l.lenv.Getenv, l.lenv.HTTP); err != nil {
+	if _, err := llm.New(job.Provider, l.env.LLM.Getenv, l.env.LLM.HTTP); err != nil {
 		return "", false, err
 	}
 	return memoKey("llm/v1", job, !l.spec.NoCache)
@@ -304,7 +302,7 @@ func (l *LLM) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := llm.New(job.Provider, l.lenv.Getenv, l.lenv.HTTP)
+	p, err := llm.New(job.Provider, l.env.LLM.Getenv, l.env.LLM.HTTP)
 	if err != nil {
 		return nil, err
 	}

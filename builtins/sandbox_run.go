@@ -107,21 +107,11 @@ func decodeRun(payload json.RawMessage) (runEvent, error) {
 	return ev, nil
 }
 
-// Accept marks the node pending in the transaction that takes a run or
-// destroy event, refusing a malformed run event.
+// Accept marks the node pending in the transaction that takes an event,
+// refusing a malformed one (CheckEvent).
 func (s *Sandbox) Accept(stream string, ev cells.Event, cur json.RawMessage) (any, error) {
-	switch stream {
-	case "run":
-		if _, err := decodeRun(ev.Payload); err != nil {
-			return nil, err
-		}
-	case "snapshot":
-		if _, err := decodeSnapshot(ev.Payload); err != nil {
-			return nil, err
-		}
-	case "destroy":
-	default:
-		return nil, fmt.Errorf("sandbox node has no stream %q (streams: run, snapshot, destroy)", stream)
+	if err := s.CheckEvent(stream, ev.Payload); err != nil {
+		return nil, err
 	}
 	return s.edit(cur, func(o *sandboxOutput) { o.Pending = true }), nil
 }

@@ -42,7 +42,7 @@ func TestCodingAgent(t *testing.T) {
 
 	assert.Equal(t, "calc.add works and test_calc.py passes.", in.str("answer"))
 	fixed := "def add(a, b):\n    return a + b\n"
-	waitUntil(t, "calc.py read back into the workspace's files", func() bool { return in.str("code") == fixed })
+	eventually(t, 10*time.Second, "calc.py read back into the workspace's files", func() bool { return in.str("code") == fixed })
 	var tools []string
 	in.get("tool_calls", &tools)
 	assert.Equal(t, []string{"write_file", "write_file", "shell", "edit", "shell"}, tools)
@@ -64,16 +64,4 @@ func TestCodingAgent(t *testing.T) {
 	require.Len(t, reqs, 5)
 	assert.Equal(t, "llama3.1", reqs[0].Body["model"])
 	assert.Contains(t, reqs[3].Raw, "AssertionError", "the model saw the failure")
-}
-
-// waitUntil polls cond (a file watch in the box reports asynchronously).
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }

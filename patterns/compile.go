@@ -56,7 +56,7 @@ func CompileInstance(p *Pattern, env builtins.Env, space, name string) (runtime.
 			var sb *builtins.Sandbox
 			sb, err = builtins.NewSandbox(env, c.sandbox(addr, n.Sandbox))
 			rn.Kind, boxes[n.Name] = sb, sb
-			rn.Streams = []string{"run", "destroy", "snapshot"}
+			rn.Streams = slices.Clone(streams[KindSandbox])
 		case KindLLM:
 			llms = append(llms, len(out.Nodes)) // after the sandbox nodes, below
 		default:

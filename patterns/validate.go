@@ -44,7 +44,11 @@ var (
 		KindLLM:   {"text", "messages", "tool_calls", "usage", "stop_reason", "turns"},
 	}
 	previewFields = []string{"url", "host_url"}
-	streams       = map[Kind][]string{KindSandbox: {"run", "destroy", "snapshot"}}
+	// inputKinds are the kinds of value a node's input field may be.
+	inputKinds = []ValueKind{ValueLiteral, ValueExpr, ValueTemplate}
+	// streams are each kind's event streams: what a read may name, and
+	// the compiled node's Streams.
+	streams = map[Kind][]string{KindSandbox: {"run", "destroy", "snapshot"}}
 )
 
 // checker validates a Pattern in place: it reads `file:` references from
@@ -134,7 +138,6 @@ func (c *checker) node(n *Node) {
 	val := func(at string, v Value, allowed ...ValueKind) {
 		c.value(n, reads, at, v, allowed...)
 	}
-	inputs := []ValueKind{ValueLiteral, ValueExpr, ValueTemplate}
 	switch n.Kind {
 	case KindComputed:
 		at = field(at, "computed")
@@ -150,7 +153,7 @@ func (c *checker) node(n *Node) {
 			c.e.add(field(at, "command"), "missing: an exec node needs a command (a string or a list of strings)")
 		}
 		for i, v := range s.Command {
-			val(index(field(at, "command"), i), v, inputs...)
+			val(index(field(at, "command"), i), v, inputKinds...)
 		}
 		if s.Timeout < 0 {
 			c.e.add(field(at, "timeout"), "negative timeout %s", s.Timeout)
@@ -164,11 +167,10 @@ func (c *checker) node(n *Node) {
 		c.ports(field(at, "ports"), n.Sandbox.Ports)
 		if st := n.Sandbox.Start; st != nil {
 			sat := field(at, "start")
-			inputs := []ValueKind{ValueLiteral, ValueExpr, ValueTemplate}
 			if st.Command.IsZero() && st.Command.err == nil {
 				c.e.add(field(sat, "command"), "missing: the command that starts the server (e.g. python3 server.py)")
 			} else {
-				val(field(sat, "command"), st.Command, inputs...)
+				val(field(sat, "command"), st.Command, inputKinds...)
 			}
 			switch {
 			case st.Port == portReported:
@@ -178,11 +180,11 @@ func (c *checker) node(n *Node) {
 				c.e.add(field(sat, "ready"), "give port or ready, not both: the server is ready when its port accepts connections (port) or when the ready command exits 0 (ready)")
 			}
 			if !st.Ready.IsZero() {
-				val(field(sat, "ready"), st.Ready, inputs...)
+				val(field(sat, "ready"), st.Ready, inputKinds...)
 			}
 		}
 		if !n.Sandbox.Snapshot.IsZero() {
-			val(field(at, "snapshot"), n.Sandbox.Snapshot, ValueLiteral, ValueExpr, ValueTemplate)
+			val(field(at, "snapshot"), n.Sandbox.Snapshot, inputKinds...)
 		}
 	case KindLLM:
 		c.llm(n, field(at, "llm"), reads, val)
@@ -210,7 +212,7 @@ func (c *checker) llm(n *Node, at string, reads map[string]bool, val func(string
 		if x.v.IsZero() {
 			continue
 		}
-		val(field(at, x.name), *x.v, ValueLiteral, ValueExpr, ValueTemplate)
+		val(field(at, x.name), *x.v, inputKinds...)
 		if x.v.Kind != ValueLiteral {
 			continue
 		}
@@ -249,15 +251,14 @@ func (c *checker) edge(from, to, at string) {
 
 // box checks what exec and sandbox nodes share: image, env and files.
 func (c *checker) box(n *Node, at string, image Value, env, files map[string]Value, val func(string, Value, ...ValueKind)) {
-	inputs := []ValueKind{ValueLiteral, ValueExpr, ValueTemplate}
 	if !image.IsZero() {
-		val(field(at, "image"), image, inputs...)
+		val(field(at, "image"), image, inputKinds...)
 	}
 	for _, k := range sortedKeys(env) {
 		if !identRE.MatchString(k) {
 			c.e.add(field(field(at, "env"), k), "%q is not a valid environment variable name", k)
 		}
-		val(field(field(at, "env"), k), env[k], inputs...)
+		val(field(field(at, "env"), k), env[k], inputKinds...)
 	}
 	for _, k := range sortedKeys(files) {
 		fat := field(field(at, "files"), k)
@@ -277,23 +278,22 @@ func (c *checker) box(n *Node, at string, image Value, env, files map[string]Val
 
 // fetch checks a fetch node: a url, header and variable names, the format.
 func (c *checker) fetch(at string, s *FetchSpec, val func(string, Value, ...ValueKind)) {
-	inputs := []ValueKind{ValueLiteral, ValueExpr, ValueTemplate}
 	if s.URL.IsZero() {
 		c.e.add(field(at, "url"), "missing: a fetch node needs a url (http or https)")
 	} else {
-		val(field(at, "url"), s.URL, inputs...)
+		val(field(at, "url"), s.URL, inputKinds...)
 	}
 	if !s.Method.IsZero() {
-		val(field(at, "method"), s.Method, inputs...)
+		val(field(at, "method"), s.Method, inputKinds...)
 	}
 	if !s.Body.IsZero() {
-		val(field(at, "body"), s.Body, inputs...)
+		val(field(at, "body"), s.Body, inputKinds...)
 	}
 	for _, k := range sortedKeys(s.Headers) {
 		if !headerRE.MatchString(k) {
 			c.e.add(field(field(at, "headers"), k), "%q is not a valid HTTP header name", k)
 		}
-		val(field(field(at, "headers"), k), s.Headers[k], inputs...)
+		val(field(field(at, "headers"), k), s.Headers[k], inputKinds...)
 	}
 	for _, k := range sortedKeys(s.SecretHeaders) {
 		hat := field(field(at, "secret_headers"), k)
