@@ -11,7 +11,6 @@ type metrics struct {
 	mu    sync.Mutex
 	calls map[[2]string]uint64 // tool, outcome (ok|error)
 	sum   map[string]float64   // tool -> seconds
-	count map[string]uint64
 	// revived counts the boxes restarted after dying behind the pool's back.
 	revived uint64
 	// warmTaken counts the boxes created from the warm pool.
@@ -19,7 +18,7 @@ type metrics struct {
 }
 
 func newMetrics() *metrics {
-	return &metrics{calls: map[[2]string]uint64{}, sum: map[string]float64{}, count: map[string]uint64{}}
+	return &metrics{calls: map[[2]string]uint64{}, sum: map[string]float64{}}
 }
 
 func (m *metrics) observeTool(tool string, ok bool, d time.Duration) {
@@ -30,7 +29,6 @@ func (m *metrics) observeTool(tool string, ok bool, d time.Duration) {
 	m.mu.Lock()
 	m.calls[[2]string{tool, outcome}]++
 	m.sum[tool] += d.Seconds()
-	m.count[tool]++
 	m.mu.Unlock()
 }
 
@@ -85,7 +83,7 @@ func (s *Service) Metrics() Metrics {
 	var out Metrics
 	m := s.metrics
 	m.mu.Lock()
-	for _, t := range sortedNames(m.count) {
+	for _, t := range sortedNames(m.sum) {
 		out.Tools = append(out.Tools, ToolMetrics{Tool: t, OK: m.calls[[2]string{t, "ok"}], Error: m.calls[[2]string{t, "error"}], Seconds: m.sum[t]})
 	}
 	out.Revived = m.revived

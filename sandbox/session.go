@@ -103,11 +103,21 @@ func (s *Service) Authenticate(id, token string) (*Session, error) {
 func (s *Service) session(id string) (*Session, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	sess, err := s.liveSessionLocked(id)
+	if err != nil {
+		return nil, err
+	}
+	sess.lastUsed.Store(time.Now().UnixNano())
+	return sess, nil
+}
+
+// liveSessionLocked returns session id unless it is unknown or deleted;
+// the caller holds s.mu.
+func (s *Service) liveSessionLocked(id string) (*Session, error) {
 	sess := s.sessions[id]
 	if sess == nil || sess.deleted {
 		return nil, fmt.Errorf("session %q: %w", id, ErrNoSession)
 	}
-	sess.lastUsed.Store(time.Now().UnixNano())
 	return sess, nil
 }
 
@@ -115,10 +125,10 @@ func (s *Service) session(id string) (*Session, error) {
 // no other session uses them) and forgets the session.
 func (s *Service) DeleteSession(ctx context.Context, id string) error {
 	s.mu.Lock()
-	sess := s.sessions[id]
-	if sess == nil || sess.deleted {
+	sess, err := s.liveSessionLocked(id)
+	if err != nil {
 		s.mu.Unlock()
-		return fmt.Errorf("session %q: %w", id, ErrNoSession)
+		return err
 	}
 	sess.deleted = true
 	names := make([]string, 0, len(sess.boxes))
@@ -154,10 +164,10 @@ func (s *Service) DeleteSession(ctx context.Context, id string) error {
 // the others are kept (they sleep when idle) for the next connection.
 func (s *Service) CloseSession(ctx context.Context, id string) error {
 	s.mu.Lock()
-	sess := s.sessions[id]
-	if sess == nil || sess.deleted {
+	sess, err := s.liveSessionLocked(id)
+	if err != nil {
 		s.mu.Unlock()
-		return fmt.Errorf("session %q: %w", id, ErrNoSession)
+		return err
 	}
 	var names []string
 	for name, b := range sess.boxes {

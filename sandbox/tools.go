@@ -149,7 +149,8 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 			return fmt.Errorf("missing required field %q in the input of %s (required: %s)", k, t.Name, strings.Join(t.required, ", "))
 		}
 	}
-	if err := jsonschema.Validate(t.InputSchema, skeleton(raw, fields)); err != nil {
+	sk := skeleton(raw, fields)
+	if err := jsonschema.Validate(t.InputSchema, sk); err != nil {
 		var ve *jsonschema.ValidationError
 		if errors.As(err, &ve) {
 			problems := make([]string, len(ve.Violations))
@@ -164,7 +165,7 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 	// long strings set directly: a second full parse of a megabyte costs
 	// more than the rest of the call.
 	target, long := raw, map[string]json.RawMessage(nil)
-	if sk := skeleton(raw, fields); len(sk) < len(raw) && t.allStrings(raw, fields) {
+	if len(sk) < len(raw) && t.allStrings(fields) {
 		target, long = sk, fields
 	}
 	if err := json.Unmarshal(target, in); err != nil {
@@ -190,7 +191,7 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 // allStrings reports whether every long string value of the input goes to
 // a string field (so that the skeleton's "" stands for it); otherwise
 // decode parses the whole input.
-func (t *Tool) allStrings(raw json.RawMessage, fields map[string]json.RawMessage) bool {
+func (t *Tool) allStrings(fields map[string]json.RawMessage) bool {
 	for k, v := range fields {
 		if len(v) > longField && v[0] == '"' {
 			if _, ok := t.stringIdx[k]; !ok {

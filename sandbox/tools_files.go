@@ -264,20 +264,31 @@ func transferTool(ctx context.Context, c *call, in api.TransferInput) (api.Trans
 
 // copyFile streams one file from src to dst, keeping its mode.
 func copyFile(ctx context.Context, src, dst *agent.Client, fi agent.FileInfo, to string) (int64, error) {
-	pr, pw := io.Pipe()
-	srcErr := make(chan error, 1)
-	go func() {
-		var err error
-		defer func() { pw.CloseWithError(err); srcErr <- err }()
-		defer safe.Recover(nil, "transfer", &err)
-		_, err = src.Download(ctx, fi.Path, pw)
-	}()
+	pr, srcErr := pipeFrom("transfer", func(w io.Writer) error {
+		_, err := src.Download(ctx, fi.Path, w)
+		return err
+	})
 	n, err := dst.Upload(ctx, to, pr, fi.Mode)
 	pr.CloseWithError(err)
 	if err = pipeError(<-srcErr, err); err != nil {
 		return n, fmt.Errorf("transfer %s to %s: %w", fi.Path, to, err)
 	}
 	return n, nil
+}
+
+// pipeFrom runs src in a goroutine, writing into a pipe, and returns the
+// pipe's reader and the channel src's error (a panic's, as an error)
+// arrives on; the error also closes the pipe, so the reader sees it.
+func pipeFrom(what string, src func(w io.Writer) error) (*io.PipeReader, <-chan error) {
+	pr, pw := io.Pipe()
+	srcErr := make(chan error, 1)
+	go func() {
+		var err error
+		defer func() { pw.CloseWithError(err); srcErr <- err }()
+		defer safe.Recover(nil, what, &err)
+		err = src(pw)
+	}()
+	return pr, srcErr
 }
 
 // pipeError picks the error to report of a copy from a source to a sink:
@@ -293,15 +304,11 @@ func pipeError(srcErr, dstErr error) error {
 // rewriter that renames its top to path.Base(to), into dst under
 // path.Dir(to). It returns the bytes of the files copied.
 func copyTree(ctx context.Context, src, dst *agent.Client, from, to string) (int64, error) {
-	outR, outW := io.Pipe()
+	outR, srcErr := pipeFrom("transfer", func(w io.Writer) error {
+		_, err := src.TarOut(ctx, from, w)
+		return err
+	})
 	inR, inW := io.Pipe()
-	srcErr := make(chan error, 1)
-	go func() {
-		var err error
-		defer func() { outW.CloseWithError(err); srcErr <- err }()
-		defer safe.Recover(nil, "transfer", &err)
-		_, err = src.TarOut(ctx, from, outW)
-	}()
 	done := make(chan int64, 1)
 	go func() {
 		var n int64

@@ -206,14 +206,10 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 // and returns its manifest and the bytes it added; the caller holds
 // s.snaps.gc for reading.
 func (s *Service) captureBox(ctx context.Context, session string, l *lease) ([]snapEntry, int64, error) {
-	pr, pw := io.Pipe()
-	srcErr := make(chan error, 1)
-	go func() {
-		var err error
-		defer func() { pw.CloseWithError(err); srcErr <- err }()
-		defer safe.Recover(nil, "snapshot", &err)
-		_, err = l.client.TarOut(ctx, backend.Workspace, pw)
-	}()
+	pr, srcErr := pipeFrom("snapshot", func(w io.Writer) error {
+		_, err := l.client.TarOut(ctx, backend.Workspace, w)
+		return err
+	})
 	maxBytes := toBackendLimits(l.b.rec.Limits).Defaults().DiskBytes
 	entries, added, err := s.snaps.capture(session, pr, maxBytes)
 	pr.Close() // the agent, if still writing, gets io.ErrClosedPipe (pipeError)
@@ -225,13 +221,9 @@ func (s *Service) captureBox(ctx context.Context, session string, l *lease) ([]s
 
 // seed extracts the manifest into cl's workspace.
 func (ss *snapStore) seed(ctx context.Context, cl *agent.Client, session string, entries []snapEntry) error {
-	pr, pw := io.Pipe()
-	go func() {
-		var err error
-		defer func() { pw.CloseWithError(err) }()
-		defer safe.Recover(nil, "restore", &err)
-		err = ss.writeTar(ctx, pw, session, entries)
-	}()
+	pr, _ := pipeFrom("restore", func(w io.Writer) error {
+		return ss.writeTar(ctx, w, session, entries)
+	})
 	_, err := cl.TarIn(ctx, backend.Workspace, pr)
 	pr.Close()
 	return err
