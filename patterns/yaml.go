@@ -595,15 +595,13 @@ func (l *loader) network(e entry) *api.Network {
 		l.errAt(n, e.path, "%v", err)
 		return nil
 	}
-	var hs []egress.Header
 	for i, in := range nw.Inject {
 		if in.Value != "" {
 			l.errAt(n, e.path, "inject[%d]: a pattern names a server secret (secret: NAME, the server's CELLBOX_SECRET_NAME), never a value: the file would carry the key", i)
 			return nil
 		}
-		hs = append(hs, egress.Header{Host: in.Host, Header: in.Header, Secret: in.Secret, TLS: in.TLS})
 	}
-	if _, err := egress.Compile(nw.Allow, hs); err != nil {
+	if _, err := egress.CompileRules(nw.NetworkRules); err != nil {
 		l.errAt(n, e.path, "%v", err)
 		return nil
 	}

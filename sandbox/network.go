@@ -27,7 +27,7 @@ func compileNetwork(r *api.NetworkRules) (*egress.Policy, error) {
 	if r == nil {
 		return nil, nil
 	}
-	pol, err := compileRules(*r)
+	pol, err := egress.CompileRules(*r)
 	if err != nil {
 		return nil, api.WithCode(api.CodeInvalidInput, err)
 	}
@@ -37,21 +37,13 @@ func compileNetwork(r *api.NetworkRules) (*egress.Policy, error) {
 	return pol, nil
 }
 
-func compileRules(r api.NetworkRules) (*egress.Policy, error) {
-	hs := make([]egress.Header, len(r.Inject))
-	for i, in := range r.Inject {
-		hs[i] = egress.Header{Host: in.Host, Header: in.Header, Value: in.Value, Secret: in.Secret, TLS: in.TLS}
-	}
-	return egress.Compile(r.Allow, hs)
-}
-
 // loadPolicy compiles a stored box's rules (at reconcile). Rules that no
 // longer compile leave the box closed, which the log says.
 func (s *Service) loadPolicy(b *box) {
 	if b.rec.Egress == nil {
 		return
 	}
-	pol, err := compileRules(*b.rec.Egress)
+	pol, err := egress.CompileRules(*b.rec.Egress)
 	if err != nil {
 		s.log.Warn("stored network rules of a box do not compile; its network is closed until network_set", "box", b.rec.ID, "err", err)
 		return

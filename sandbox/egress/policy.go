@@ -20,6 +20,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/cellbox/cellbox/sandbox/api"
 )
 
 // Where the two halves meet.
@@ -97,6 +99,16 @@ var (
 	headerRE = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 	secretRE = regexp.MustCompile(`^[A-Za-z0-9_]{1,64}$`)
 )
+
+// CompileRules compiles the rules of a box's network as the tools and
+// patterns give them (api.NetworkRules).
+func CompileRules(r api.NetworkRules) (*Policy, error) {
+	hs := make([]Header, len(r.Inject))
+	for i, in := range r.Inject {
+		hs[i] = Header{Host: in.Host, Header: in.Header, Value: in.Value, Secret: in.Secret, TLS: in.TLS}
+	}
+	return Compile(r.Allow, hs)
+}
 
 // Compile checks an allow list and its headers and compiles them. Allow
 // entries are a name ("example.org"), a wildcard ("*.example.org": its
