@@ -281,8 +281,6 @@ func loadAverage() string {
 	return strings.Join(f[:3], " ")
 }
 
-// parseBackends parses a --backend flag: docker, local, both, or (if
-// allowed) none.
 // benchCommon are the flags every bench takes; each bench's options
 // embed them.
 type benchCommon struct {
@@ -333,6 +331,8 @@ func (c *benchCommon) parse(fs *flag.FlagSet, args []string, more ...func() erro
 	return nil
 }
 
+// parseBackends parses a --backend flag: docker, local, both, or (if
+// allowed) none.
 func parseBackends(v string, allowNone bool) ([]string, error) {
 	switch {
 	case v == "docker" || v == "local":

@@ -349,12 +349,9 @@ func (b *boxesBench) transfer(ctx context.Context, c *sandboxclient.HTTP) error 
 	samples, err := benchLoop(ctx, iters, b.o.budget, func(i int) (time.Duration, error) {
 		to := fmt.Sprintf("t%d", i)
 		var out api.TransferOutput
-		d, err := timed(func() error {
-			res, err := c.Tool(ctx, "transfer", api.TransferInput{FromSandbox: "src", FromPath: "tree", ToSandbox: "dst", ToPath: to, Recursive: true})
-			if err != nil {
-				return err
-			}
-			return api.DecodeResult(res, &out)
+		d, err := timed(func() (err error) {
+			out, err = callTool[api.TransferOutput](ctx, c, "transfer", api.TransferInput{FromSandbox: "src", FromPath: "tree", ToSandbox: "dst", ToPath: to, Recursive: true})
+			return err
 		})
 		if err != nil {
 			return 0, err
@@ -437,11 +434,7 @@ func (b *boxesBench) fork(ctx context.Context, c *sandboxclient.HTTP) error {
 			names[j] = fmt.Sprintf("fk%d-%d", i, j)
 		}
 		d, err := timed(func() error {
-			var out api.ForkOutput
-			res, err := c.Tool(ctx, "fork", api.ForkInput{Sandbox: "fk", Count: benchForkCount, Names: names})
-			if err == nil {
-				err = api.DecodeResult(res, &out)
-			}
+			out, err := callTool[api.ForkOutput](ctx, c, "fork", api.ForkInput{Sandbox: "fk", Count: benchForkCount, Names: names})
 			if err != nil {
 				return err
 			}
@@ -621,13 +614,19 @@ func shellTrue(ctx context.Context, c *sandboxclient.HTTP, box string) error {
 
 // shell runs command in box with the shell tool and fails unless it exits 0.
 func shell(ctx context.Context, c *sandboxclient.HTTP, box, command string, timeout time.Duration) (api.ShellOutput, error) {
-	var out api.ShellOutput
-	res, err := c.Tool(ctx, "shell", api.ShellInput{Sandbox: box, Command: command, TimeoutMs: int(timeout.Milliseconds())})
-	if err == nil {
-		err = api.DecodeResult(res, &out)
-	}
+	out, err := callTool[api.ShellOutput](ctx, c, "shell", api.ShellInput{Sandbox: box, Command: command, TimeoutMs: int(timeout.Milliseconds())})
 	if err == nil && out.ExitCode != 0 {
 		err = fmt.Errorf("shell %q in %s: exit code %d: %s", command, box, out.ExitCode, out.Stderr)
+	}
+	return out, err
+}
+
+// callTool calls the tool name with input and decodes its result into a T.
+func callTool[T any](ctx context.Context, c *sandboxclient.HTTP, name string, input any) (T, error) {
+	var out T
+	res, err := c.Tool(ctx, name, input)
+	if err == nil {
+		err = api.DecodeResult(res, &out)
 	}
 	return out, err
 }
@@ -637,11 +636,7 @@ func shell(ctx context.Context, c *sandboxclient.HTTP, box, command string, time
 func readFilePaged(ctx context.Context, c *sandboxclient.HTTP, box, path string, w io.Writer) (int, error) {
 	offset := 0
 	for calls := 1; ; calls++ {
-		var out api.ReadFileOutput
-		res, err := c.Tool(ctx, "read_file", api.ReadFileInput{Sandbox: box, Path: path, Offset: offset})
-		if err == nil {
-			err = api.DecodeResult(res, &out)
-		}
+		out, err := callTool[api.ReadFileOutput](ctx, c, "read_file", api.ReadFileInput{Sandbox: box, Path: path, Offset: offset})
 		if err != nil {
 			return calls, err
 		}

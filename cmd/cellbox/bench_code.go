@@ -15,21 +15,13 @@ import (
 // shell tool starting python3 for the same line.
 func (b *boxesBench) code(ctx context.Context, c *sandboxclient.HTTP) error {
 	runCode := func(in api.RunCodeInput) error {
-		var out api.RunCodeOutput
-		res, err := c.Tool(ctx, "run_code", in)
-		if err == nil {
-			err = api.DecodeResult(res, &out)
-		}
+		out, err := callTool[api.RunCodeOutput](ctx, c, "run_code", in)
 		if err == nil && (out.Exception != nil || out.Value == nil || *out.Value != "2") {
 			err = fmt.Errorf("run_code 1+1: got value %v, exception %v", out.Value, out.Exception)
 		}
 		return err
 	}
-	var cc api.CodeContextCreateOutput
-	res, err := c.Tool(ctx, "code_context_create", api.CodeContextCreateInput{Sandbox: "w", Language: "python"})
-	if err == nil {
-		err = api.DecodeResult(res, &cc)
-	}
+	cc, err := callTool[api.CodeContextCreateOutput](ctx, c, "code_context_create", api.CodeContextCreateInput{Sandbox: "w", Language: "python"})
 	if err != nil {
 		return fmt.Errorf("code context: %w", err)
 	}

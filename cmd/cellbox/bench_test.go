@@ -31,11 +31,7 @@ func TestBenchBoxesLocal(t *testing.T) {
 	require.NoError(t, err, out.String())
 	t.Log("\n" + out.String())
 
-	rows := parseBenchTable(t, out.String())
-	wants := []struct {
-		what, baseline string
-		target         bool
-	}{
+	checkBenchRows(t, out.String(), "local", `^< \d+ ms [✔✘]$`, []benchRowWant{
 		{"create → first result, warm pool", "bwrap … true", true},
 		{"create → first result, cold (no pool)", "bwrap … true", false},
 		{"warm `shell` `true`", "bwrap … true", true},
@@ -47,22 +43,7 @@ func TestBenchBoxesLocal(t *testing.T) {
 		{"`run_code` python `1 + 1` stateless", "`shell` `python3 -c …`", false},
 		{"transfer 2 MiB tree (2 files) box → box", "host cp -r (no box)", false},
 		{"fork a 2 MiB / 1000-file workspace into 10 boxes, all answering (clone)", "host cp -a of the tree (one copy, no box)", true},
-	}
-	require.Len(t, rows, len(wants), "one row per measurement")
-	for i, w := range wants {
-		t.Run(w.what, func(t *testing.T) {
-			r := rows[i]
-			assert.Equal(t, "local", r["backend"])
-			assert.Equal(t, w.what, r["what"])
-			assert.Equal(t, w.baseline, r["baseline"])
-			checkSaneRow(t, r)
-			if w.target {
-				assert.Regexp(t, `^< \d+ ms [✔✘]$`, r["target p50"])
-			} else {
-				assert.Empty(t, r["target p50"])
-			}
-		})
-	}
+	})
 	assert.Contains(t, out.String(), "load average")
 	assertNoBoxesLeft(t, data)
 }
@@ -137,32 +118,13 @@ func TestBenchPipelineLocal(t *testing.T) {
 	require.NoError(t, err, out.String())
 	t.Log("\n" + out.String())
 
-	rows := parseBenchTable(t, out.String())
-	wants := []struct {
-		what, baseline string
-		target         bool
-	}{
+	checkBenchRows(t, out.String(), "local", `^< [\d.]+ ms [✔✘]$`, []benchRowWant{
 		{"csv rerun after a threshold change (2 stages), `cellbox run`", "make + bwrap", true},
 		{"csv rerun after a threshold change (2 stages), make + bwrap", "make, no sandbox", false},
 		{"one stage running `true` with one input file, `cellbox run`", "make + bwrap", true},
 		{"one stage running `true` with one input file, make + bwrap", "make, no sandbox", false},
 		{"nothing to do, `cellbox run --once`", "`make`, nothing to do", true},
-	}
-	require.Len(t, rows, len(wants), "one row per measurement")
-	for i, w := range wants {
-		t.Run(w.what, func(t *testing.T) {
-			r := rows[i]
-			assert.Equal(t, "local", r["backend"])
-			assert.Equal(t, w.what, r["what"])
-			assert.Equal(t, w.baseline, r["baseline"])
-			checkSaneRow(t, r)
-			if w.target {
-				assert.Regexp(t, `^< [\d.]+ ms [✔✘]$`, r["target p50"])
-			} else {
-				assert.Empty(t, r["target p50"])
-			}
-		})
-	}
+	})
 }
 
 func TestBenchBadInput(t *testing.T) {
@@ -215,6 +177,36 @@ func TestPercentilesAndFormat(t *testing.T) {
 		999700 * time.Microsecond: "1 s",
 	} {
 		assert.Equal(t, want, fmtDur(d))
+	}
+}
+
+// benchRowWant is a table row a bench test expects: its measurement, its
+// baseline, and whether it has a target.
+type benchRowWant struct {
+	what, baseline string
+	target         bool
+}
+
+// checkBenchRows checks that out's table has exactly the rows of wants, in
+// order, on backend, with sane numbers, and a target p50 matching
+// targetRe where one is wanted (and none elsewhere).
+func checkBenchRows(t *testing.T, out, backend, targetRe string, wants []benchRowWant) {
+	t.Helper()
+	rows := parseBenchTable(t, out)
+	require.Len(t, rows, len(wants), "one row per measurement")
+	for i, w := range wants {
+		t.Run(w.what, func(t *testing.T) {
+			r := rows[i]
+			assert.Equal(t, backend, r["backend"])
+			assert.Equal(t, w.what, r["what"])
+			assert.Equal(t, w.baseline, r["baseline"])
+			checkSaneRow(t, r)
+			if w.target {
+				assert.Regexp(t, targetRe, r["target p50"])
+			} else {
+				assert.Empty(t, r["target p50"])
+			}
+		})
 	}
 }
 

@@ -129,14 +129,17 @@ func runCell(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if (sub == "ls" || sub == "watch") && arg(0) != "" {
+	if sub == "ls" || (sub == "watch" && arg(0) != "") {
 		list, err := c.Cells(ctx, arg(0))
 		if err != nil {
 			return err
 		}
-		if len(list.Cells) == 0 {
+		if arg(0) != "" && len(list.Cells) == 0 {
 			_, err := c.Get(ctx, arg(0)) // its 404 says what there is
 			return matchesNothing(arg(0), err)
+		}
+		if sub == "ls" {
+			return printList(list, *asJSON)
 		}
 	}
 	switch sub {
@@ -156,12 +159,6 @@ func runCell(ctx context.Context, args []string) error {
 		}
 		fmt.Printf("%s = %s  (version %d)\n", cell.Address, cell.Value, cell.Version)
 		return nil
-	case "ls":
-		list, err := c.Cells(ctx, arg(0))
-		if err != nil {
-			return err
-		}
-		return printList(list, *asJSON)
 	}
 	err = c.Watch(ctx, arg(0), since, func(b runapi.Batch) error { return printBatch(b, *asJSON) })
 	switch {
@@ -187,12 +184,13 @@ func cellOffline(ctx context.Context, af apiFlags, sub, arg string, since *uint6
 	if err != nil {
 		return err
 	}
-	if arg != "" && sub != "get" {
-		snap, err := runapi.Snapshot(store, prefix)
-		if err != nil {
+	// What ls prints, a watch from now shows, and a PREFIX must match.
+	var snap cells.Batch
+	if sub != "get" && (arg != "" || since == nil) {
+		if snap, err = runapi.Snapshot(store, prefix); err != nil {
 			return err
 		}
-		if len(snap.Changes) == 0 {
+		if arg != "" && len(snap.Changes) == 0 {
 			_, err := runapi.Lookup(store, nil, arg)
 			return matchesNothing(arg, err)
 		}
@@ -205,10 +203,6 @@ func cellOffline(ctx context.Context, af apiFlags, sub, arg string, since *uint6
 		}
 		return printCell(runapi.CellOf(c), asJSON)
 	case "ls":
-		snap, err := runapi.Snapshot(store, prefix)
-		if err != nil {
-			return err
-		}
 		b := runapi.BatchOf(snap)
 		list := runapi.CellList{Version: b.Version, Cells: []runapi.Cell{}}
 		for _, c := range b.Changes {
@@ -218,10 +212,6 @@ func cellOffline(ctx context.Context, af apiFlags, sub, arg string, since *uint6
 	}
 	fmt.Fprintf(os.Stderr, "cellbox cell watch: %v; showing what is stored\n", errNoRun{*af.data})
 	if since == nil {
-		snap, err := runapi.Snapshot(store, prefix)
-		if err != nil {
-			return err
-		}
 		return printBatch(runapi.BatchOf(snap), asJSON)
 	}
 	end := store.Version()

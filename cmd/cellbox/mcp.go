@@ -248,8 +248,8 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 
 func (l *lockedWriter) Close() error { return nil }
 
-// remoteTools runs the tools of a server in one of its sessions.
-// remoteTools calls the tools of profile on a server.
+// remoteTools calls the tools of profile on a server, in one of its
+// sessions.
 type remoteTools struct {
 	c       *sandboxclient.HTTP
 	profile string

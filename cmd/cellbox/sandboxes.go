@@ -25,8 +25,8 @@ import (
 type sandboxes struct {
 	store cells.Store
 	log   *slog.Logger
-	open  func(ctx context.Context) (*sandbox.Service, error) // nil: svc was given
-	owned bool                                                // close closes svc
+	open  func(ctx context.Context) (*sandbox.Service, error) // opens the service, or returns the one given
+	owned bool                                                // close closes svc (false: the service was given)
 
 	once    sync.Once
 	mu      sync.Mutex
