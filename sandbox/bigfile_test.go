@@ -76,6 +76,7 @@ func TestLongStringsDecodeExactly(t *testing.T) {
 		`"` + pad + `\n\t\r\b\f\/\\\"end"`,
 		`"` + pad + `\u00e9\u4e2d\ud83d\ude00 \u0041"`,
 		`"` + pad + `é中😀 raw UTF-8"`,
+		`"` + strings.Repeat(`ab\n`, 3000) + strings.Repeat("y", 100) + `\"` + strings.Repeat("z", 31) + `\\` + strings.Repeat("w", 33) + `\t"`,
 		`"\\` + pad + `\\"`,
 	} {
 		var want string

@@ -118,9 +118,16 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 	if err != nil {
 		return fmt.Errorf("the input of %s must be a JSON object with the fields %s", t.Name, strings.Join(t.fields, ", "))
 	}
+	// A long string that rawString decodes below has its escapes checked
+	// there, in the same pass; here only its UTF-8.
+	viaRaw := t.allStrings(fields)
 	for _, k := range sortedNames(fields) {
-		if !validText(fields[k]) {
-			return fmt.Errorf("field %q of %s is not valid UTF-8 (or holds a lone surrogate escape such as \\udc80); send text as UTF-8%s", k, t.Name, t.base64Hint())
+		check := validText
+		if viaRaw && isLong(fields[k]) {
+			check = utf8.Valid
+		}
+		if !check(fields[k]) {
+			return t.badText(k)
 		}
 		if !contains(t.fields, k) {
 			valid := "it takes no fields"
@@ -165,8 +172,15 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 	// long strings set directly: a second full parse of a megabyte costs
 	// more than the rest of the call.
 	target, long := raw, map[string]json.RawMessage(nil)
-	if len(sk) < len(raw) && t.allStrings(fields) {
+	switch {
+	case viaRaw && len(sk) < len(raw):
 		target, long = sk, fields
+	case viaRaw: // no skeleton after all: the escapes are checked here
+		for k, v := range fields {
+			if isLong(v) && !validText(v) {
+				return t.badText(k)
+			}
+		}
 	}
 	if err := json.Unmarshal(target, in); err != nil {
 		var te *json.UnmarshalTypeError
@@ -176,10 +190,13 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 		return fmt.Errorf("input of %s: %w", t.Name, err)
 	}
 	for k, v := range long {
-		if len(v) <= longField || v[0] != '"' {
+		if !isLong(v) {
 			continue
 		}
 		s, err := rawString(v)
+		if errors.Is(err, errLoneSurrogate) {
+			return t.badText(k)
+		}
 		if err != nil {
 			return fmt.Errorf("field %q of %s: %w", k, t.Name, err)
 		}
@@ -193,7 +210,7 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 // decode parses the whole input.
 func (t *Tool) allStrings(fields map[string]json.RawMessage) bool {
 	for k, v := range fields {
-		if len(v) > longField && v[0] == '"' {
+		if isLong(v) {
 			if _, ok := t.stringIdx[k]; !ok {
 				return false
 			}
@@ -203,41 +220,60 @@ func (t *Tool) allStrings(fields map[string]json.RawMessage) bool {
 }
 
 // rawString is the string a raw JSON string holds. The input was checked
-// whole (valid JSON, and validText: no invalid UTF-8, no lone surrogate)
-// before, so this only unescapes — in one pass, where encoding/json would
-// scan the megabyte again before unquoting it.
+// whole before (valid JSON, valid UTF-8), so this only unescapes — in one
+// pass, where encoding/json would scan the megabyte again before unquoting
+// it — and refuses a lone surrogate escape (errLoneSurrogate), which
+// encoding/json would turn into U+FFFD.
 func rawString(v json.RawMessage) (string, error) {
 	v = v[1 : len(v)-1]
-	if bytes.IndexByte(v, '\\') < 0 {
+	first := bytes.IndexByte(v, '\\')
+	if first < 0 {
 		return string(v), nil
 	}
-	out := make([]byte, 0, len(v))
-	for i := 0; i < len(v); i++ {
-		// Copy the run up to the next escape at once.
-		j := bytes.IndexByte(v[i:], '\\')
-		if j < 0 {
-			out = append(out, v[i:]...)
-			break
+	// Unescaping only shrinks: out never outgrows v.
+	out := make([]byte, len(v))
+	k := copy(out, v[:first])
+	for i := first; i < len(v); {
+		if c := v[i]; c != '\\' {
+			// Copy the run up to the next escape. Text escapes a newline
+			// every few dozen bytes: a byte loop copies a short run sooner
+			// than IndexByte and copy, which take over past 32 bytes.
+			out[k] = c
+			k++
+			i++
+			for n := 0; i < len(v) && v[i] != '\\'; n++ {
+				if n == 32 {
+					n = bytes.IndexByte(v[i:], '\\')
+					if n < 0 {
+						n = len(v) - i
+					}
+					k += copy(out[k:], v[i:i+n])
+					i += n
+					break
+				}
+				out[k] = v[i]
+				k++
+				i++
+			}
+			continue
 		}
-		out = append(out, v[i:i+j]...)
-		i += j
 		if i+1 >= len(v) {
 			return "", errors.New("a string ends in a lone backslash")
 		}
 		i++
-		switch v[i] {
+		switch c := v[i]; c {
 		case '"', '\\', '/':
-			out = append(out, v[i])
+			out[k] = c
 		case 'b':
-			out = append(out, '\b')
+			out[k] = '\b'
 		case 'f':
-			out = append(out, '\f')
+			out[k] = '\f'
 		case 'n':
-			out = append(out, '\n')
+			out[k] = '\n'
 		case 'r':
-			out = append(out, '\r')
+			out[k] = '\r'
 		case 't':
-			out = append(out, '\t')
+			out[k] = '\t'
 		case 'u':
 			r, n := hex4(v[i+1:])
 			if n == 0 {
@@ -246,21 +282,37 @@ func rawString(v json.RawMessage) (string, error) {
 			i += n
 			if utf16.IsSurrogate(r) {
 				r2, n2 := rune(-1), 0
-				if i+2 < len(v) && v[i+1] == '\\' && v[i+2] == 'u' {
+				if r < 0xdc00 && i+2 < len(v) && v[i+1] == '\\' && v[i+2] == 'u' {
 					r2, n2 = hex4(v[i+3:])
 				}
-				if n2 == 0 {
-					return "", errors.New("a string holds a lone surrogate escape")
+				if n2 == 0 || r2 < 0xdc00 || r2 >= 0xe000 {
+					return "", errLoneSurrogate
 				}
 				r = utf16.DecodeRune(r, r2)
 				i += 2 + n2
 			}
-			out = utf8.AppendRune(out, r)
+			k += utf8.EncodeRune(out[k:], r) // at most 4 bytes for 6 or 12 read
+			i++
+			continue
 		default:
-			return "", fmt.Errorf("a string holds a bad escape \\%c", v[i])
+			return "", fmt.Errorf("a string holds a bad escape \\%c", c)
 		}
+		k++
+		i++
 	}
-	return string(out), nil
+	return string(out[:k]), nil
+}
+
+// errLoneSurrogate is rawString's error for a \ud800-\udfff escape that is
+// not half of a pair.
+var errLoneSurrogate = errors.New("a string holds a lone surrogate escape")
+
+// isLong reports whether v is a string value skeleton elides.
+func isLong(v json.RawMessage) bool { return len(v) > longField && v[0] == '"' }
+
+// badText is decode's error for a field that is not valid text.
+func (t *Tool) badText(field string) error {
+	return fmt.Errorf("field %q of %s is not valid UTF-8 (or holds a lone surrogate escape such as \\udc80); send text as UTF-8%s", field, t.Name, t.base64Hint())
 }
 
 // hex4 reads the four hex digits of a \u escape: the rune and 4, or 0, 0.
@@ -379,7 +431,7 @@ func skeleton(raw json.RawMessage, fields map[string]json.RawMessage) json.RawMe
 	}
 	short := make(map[string]json.RawMessage, len(fields))
 	for k, v := range fields {
-		if len(v) > longField && v[0] == '"' {
+		if isLong(v) {
 			v = json.RawMessage(`""`)
 		}
 		short[k] = v

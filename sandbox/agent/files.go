@@ -374,8 +374,9 @@ func (s *server) handleWrite(w http.ResponseWriter, r *http.Request) {
 	if limit <= 0 {
 		limit = DefaultWriteBytes
 	}
-	// One byte over the limit is enough for write to refuse it.
-	if req.Data, err = io.ReadAll(io.LimitReader(r.Body, limit+1)); err != nil {
+	// One byte over the limit is enough for write to refuse it. The body
+	// is read into a buffer of its announced size, not grown by doubling.
+	if req.Data, err = readAllSized(r.Body, r.ContentLength, limit+1); err != nil {
 		writeError(w, asError("write", req.Path, err))
 		return
 	}
@@ -385,6 +386,17 @@ func (s *server) handleWrite(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, res)
+}
+
+// readAllSized reads at most limit bytes of r, whose length is size (-1
+// when unknown), into one allocation when size is known.
+func readAllSized(r io.Reader, size, limit int64) ([]byte, error) {
+	if size < 0 || size >= limit {
+		return io.ReadAll(io.LimitReader(r, limit))
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size+1)) // +1: ReadFrom wants room to see EOF
+	_, err := buf.ReadFrom(io.LimitReader(r, limit))
+	return buf.Bytes(), err
 }
 
 func (s *server) write(req WriteRequest) (WriteResult, error) {
