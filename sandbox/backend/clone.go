@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/cellbox/cellbox/sandbox/backend/boxdisk"
 )
@@ -23,7 +25,7 @@ func CloneAll(ctx context.Context, be Backend, src boxdisk.Disk, dir string, spe
 		if err := spec.Validate(); err != nil {
 			return nil, err
 		}
-		images[i] = filepath.Join(dir, ".clone-"+spec.ID+".img")
+		images[i] = filepath.Join(dir, clonePrefix+spec.ID+".img")
 	}
 	if err := boxdisk.CopyImages(ctx, src, images); err != nil {
 		return nil, fmt.Errorf("clone: %w", err)
@@ -55,4 +57,38 @@ func CloneAll(ctx context.Context, be Backend, src boxdisk.Disk, dir string, spe
 		return nil, err
 	}
 	return infos, nil
+}
+
+// clonePrefix names the images CloneAll copies before the new boxes adopt
+// them.
+const clonePrefix = ".clone-"
+
+// StaleClone is how old a copy CloneAll left in a directory must be for
+// SweepClones to remove it: far longer than any clone takes, so that a
+// clone in flight (of another server sharing the directory) is never
+// removed.
+const StaleClone = time.Hour
+
+// SweepClones removes the images CloneAll left in dir (a server killed
+// in the middle of a fork leaves a full-size copy per new box) that are
+// older than age, and returns their paths.
+func SweepClones(dir string, age time.Duration) []string {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var removed []string
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || !strings.HasPrefix(name, clonePrefix) || !strings.HasSuffix(name, ".img") {
+			continue
+		}
+		if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < age {
+			continue
+		}
+		if f := filepath.Join(dir, name); os.Remove(f) == nil {
+			removed = append(removed, f)
+		}
+	}
+	return removed
 }

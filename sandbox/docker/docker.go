@@ -149,6 +149,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		disks = DefaultDiskDir
 	}
 	b := &Backend{cli: cli, log: log, disks: disks}
+	for _, f := range backend.SweepClones(disks, backend.StaleClone) {
+		log.Warn("docker backend: removed the copy of a disk a fork left", "file", f)
+	}
 	// Free the uids of boxes a killed Create reserved but never made: the
 	// disk goes last on Remove and is made right after the reservation.
 	b.uids().Sweep(func(id string) bool {

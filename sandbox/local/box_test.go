@@ -211,6 +211,30 @@ func TestHalfMadeBoxDirsAreSwept(t *testing.T) {
 	assert.DirExists(t, fresh)
 }
 
+// The disk copies a fork left in a source box's directory (a server killed
+// mid-fork) are removed by the next backend once an hour old; the box's
+// own disk and a copy of a fork in flight stay.
+func TestForkLeftoversAreSwept(t *testing.T) {
+	testenv.RequireBwrap(t)
+	root := t.TempDir()
+	dir := filepath.Join(root, "cb-forked")
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	files := map[string]time.Time{
+		".clone-cb-old.img": time.Now().Add(-2 * backend.StaleClone),
+		".clone-cb-new.img": time.Now(),
+		"disk.img":          time.Now().Add(-2 * backend.StaleClone),
+	}
+	for name, mtime := range files {
+		f := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(f, []byte("x"), 0o600))
+		require.NoError(t, os.Chtimes(f, mtime, mtime))
+	}
+	newLocal(t, root)
+	assert.NoFileExists(t, filepath.Join(dir, ".clone-cb-old.img"))
+	assert.FileExists(t, filepath.Join(dir, ".clone-cb-new.img"))
+	assert.FileExists(t, filepath.Join(dir, "disk.img"))
+}
+
 // The box user is a host uid of the box's own, not root: what it writes
 // is owned on the host by that uid, and two boxes do not share one.
 func TestBoxUserIsUnprivilegedHostUID(t *testing.T) {

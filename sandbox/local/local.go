@@ -789,7 +789,8 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 	return nil
 }
 
-// sweepHalfMade removes box directories that have no spec.json and are
+// sweepHalfMade removes the disk copies a fork left in box directories
+// (backend.SweepClones), box directories that have no spec.json and are
 // older than age, then the host uid reservations of boxes that have no
 // directory.
 //
@@ -805,6 +806,9 @@ func (b *Backend) sweepHalfMade(age time.Duration) {
 			continue
 		}
 		dir := b.dir(e.Name())
+		for _, f := range backend.SweepClones(dir, backend.StaleClone) {
+			b.log.Warn("local backend: removed the copy of a disk a fork left", "file", f)
+		}
 		if _, err := os.Lstat(filepath.Join(dir, "spec.json")); !errors.Is(err, os.ErrNotExist) {
 			continue
 		}
