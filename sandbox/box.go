@@ -309,8 +309,17 @@ func (s *Service) bringUp(ctx context.Context, sess *Session, name string, b *bo
 			s.log.Warn("box lost while asleep; recreating it", "box", b.rec.ID, "err", err)
 			notice(fmt.Sprintf("sandbox %q (%s) had been lost by the %s backend; it was recreated with an empty workspace", name, b.rec.ID, s.be.Name()))
 		case errors.As(err, &pe):
-			s.log.Warn("box agent speaks another protocol; recreating it", "box", b.rec.ID, "protocol", pe.Got, "want", agent.ProtocolVersion)
-			notice(fmt.Sprintf("sandbox %q (%s) ran an agent of protocol %d, this server speaks %d; it was recreated with an empty workspace", name, b.rec.ID, pe.Got, agent.ProtocolVersion))
+			// A box left running by an older cellbox: restarted, it runs
+			// this server's agent on the same disk.
+			s.log.Warn("box agent speaks another protocol; restarting it", "box", b.rec.ID, "protocol", pe.Got, "want", agent.ProtocolVersion)
+			cl, rerr := s.restart(ctx, b.rec.ID)
+			if rerr == nil {
+				s.setRunning(b, cl)
+				notice(fmt.Sprintf("sandbox %q (%s) ran an agent of protocol %d, this server speaks %d; it was restarted with this server's agent, its workspace kept (its processes ended)", name, b.rec.ID, pe.Got, agent.ProtocolVersion))
+				return nil
+			}
+			s.log.Warn("restarted box still cannot serve this server; recreating it", "box", b.rec.ID, "err", rerr)
+			notice(fmt.Sprintf("sandbox %q (%s) ran an agent of protocol %d, this server speaks %d, even once restarted; it was recreated with an empty workspace", name, b.rec.ID, pe.Got, agent.ProtocolVersion))
 		default:
 			return fmt.Errorf("wake sandbox %q (%s): %w", name, b.rec.ID, err)
 		}
@@ -458,6 +467,15 @@ func (s *Service) backendSpec(rec boxRecord, session, name string) (backend.Spec
 }
 
 // wake starts box id (a no-op if it runs) and waits for its agent.
+// restart stops box id and wakes it again: its processes end, its disk
+// stays.
+func (s *Service) restart(ctx context.Context, id string) (*agent.Client, error) {
+	if err := s.be.Stop(ctx, id); err != nil {
+		return nil, fmt.Errorf("%s backend: stop box %s: %w", s.be.Name(), id, err)
+	}
+	return s.wake(ctx, id)
+}
+
 func (s *Service) wake(ctx context.Context, id string) (*agent.Client, error) {
 	if _, err := s.be.Start(ctx, id); err != nil {
 		return nil, fmt.Errorf("%s backend: start box %s: %w", s.be.Name(), id, err)

@@ -32,7 +32,8 @@ type fakeBackend struct {
 	starts  int
 	stops   int
 	delay   time.Duration   // added to Create
-	old     map[string]bool // boxes whose agent speaks protocol 99
+	old     map[string]bool // boxes whose running agent speaks protocol 99 (an older cellbox's; a restart runs the current one)
+	stale   map[string]bool // boxes whose agent speaks protocol 99 even once restarted
 	active  int             // creates in flight
 	peak    int
 }
@@ -45,7 +46,7 @@ type fakeBox struct {
 }
 
 func newFakeBackend(t *testing.T) *fakeBackend {
-	f := &fakeBackend{root: t.TempDir(), boxes: map[string]*fakeBox{}, old: map[string]bool{}}
+	f := &fakeBackend{root: t.TempDir(), boxes: map[string]*fakeBox{}, old: map[string]bool{}, stale: map[string]bool{}}
 	t.Cleanup(func() {
 		f.mu.Lock()
 		ids := make([]string, 0, len(f.boxes))
@@ -103,7 +104,7 @@ func (f *fakeBackend) Start(ctx context.Context, id string) (backend.Info, error
 	opts := agent.Options{Socket: filepath.Join(b.info.HostDir, backend.SocketName), Workspace: b.ws,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	serve := func() { agent.Serve(ctx, opts) }
-	if f.old[id] {
+	if f.old[id] || f.stale[id] {
 		serve = func() { serveOldAgent(ctx, opts.Socket) }
 	}
 	go func() {
@@ -127,6 +128,7 @@ func (f *fakeBackend) Stop(ctx context.Context, id string) error {
 	}
 	f.stops++
 	b.info.State = backend.StateStopped
+	delete(f.old, id) // the next start runs the current agent
 	cancel, done := b.cancel, b.done
 	f.mu.Unlock()
 	cancel()
@@ -142,6 +144,7 @@ func (f *fakeBackend) Remove(ctx context.Context, id string) error {
 	b := f.boxes[id]
 	delete(f.boxes, id)
 	delete(f.old, id)
+	delete(f.stale, id)
 	f.mu.Unlock()
 	return os.RemoveAll(filepath.Dir(b.ws))
 }

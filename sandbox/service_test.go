@@ -521,30 +521,42 @@ func TestTransferBetweenBoxes(t *testing.T) {
 	assert.Contains(t, h.toolErr("transfer", map[string]any{"from_sandbox": "builder", "from_path": "nope", "to_sandbox": "web", "to_path": "x"}), "no such file")
 }
 
-func TestProtocolMismatchRecreates(t *testing.T) {
-	be := newFakeBackend(t)
-	dir := t.TempDir()
-	s1 := newTestService(t, be, dir, nil)
-	h := newSession(t, s1)
-	id := h.tool("sandbox_create", map[string]any{"sandbox": "x"})["id"].(string)
-	h.tool("write_file", map[string]any{"sandbox": "x", "path": "f", "content": "old"})
-	require.NoError(t, s1.Close())
+// A box left running by an older cellbox (its agent speaks another
+// protocol) is restarted with this server's agent, its workspace kept; only
+// a box whose agent is still another protocol once restarted is recreated.
+func TestProtocolMismatchRestarts(t *testing.T) {
+	for _, stale := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stale=%v", stale), func(t *testing.T) {
+			be := newFakeBackend(t)
+			dir := t.TempDir()
+			s1 := newTestService(t, be, dir, nil)
+			h := newSession(t, s1)
+			id := h.tool("sandbox_create", map[string]any{"sandbox": "x"})["id"].(string)
+			h.tool("write_file", map[string]any{"sandbox": "x", "path": "f", "content": "old"})
+			require.NoError(t, s1.Close())
 
-	// The box now runs an agent of another protocol (an older cellbox).
-	require.NoError(t, be.Stop(context.Background(), id))
-	be.mu.Lock()
-	be.old[id] = true
-	be.mu.Unlock()
-	_, err := be.Start(context.Background(), id)
-	require.NoError(t, err)
+			// The box now runs an agent of another protocol (an older cellbox).
+			require.NoError(t, be.Stop(context.Background(), id))
+			be.mu.Lock()
+			be.old[id], be.stale[id] = true, stale
+			be.mu.Unlock()
+			_, err := be.Start(context.Background(), id)
+			require.NoError(t, err)
 
-	s2 := newTestService(t, be, dir, nil)
-	h.s = s2
-	sh := h.tool("shell", map[string]any{"sandbox": "x", "command": "ls"})
-	assert.Contains(t, sh["notice"], "ran an agent of protocol 99")
-	assert.Contains(t, sh["notice"], "recreated")
-	assert.Equal(t, "", sh["stdout"], "the recreated box is empty")
-	assert.Equal(t, backend.StateRunning, be.state(id), "same id, new box")
+			s2 := newTestService(t, be, dir, nil)
+			h.s = s2
+			sh := h.tool("shell", map[string]any{"sandbox": "x", "command": "cat f || true"})
+			assert.Contains(t, sh["notice"], "ran an agent of protocol 99")
+			if stale {
+				assert.Contains(t, sh["notice"], "recreated with an empty workspace")
+				assert.Equal(t, "", sh["stdout"], "the recreated box is empty")
+			} else {
+				assert.Contains(t, sh["notice"], "restarted with this server's agent, its workspace kept")
+				assert.Equal(t, "old", sh["stdout"], "the workspace is kept")
+			}
+			assert.Equal(t, backend.StateRunning, be.state(id), "same id")
+		})
+	}
 }
 
 // SleepSession stops the session's running boxes, keeping their files, and

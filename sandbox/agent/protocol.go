@@ -16,8 +16,11 @@ import (
 )
 
 // ProtocolVersion is the version of the wire protocol between Client and
-// server. A mismatch means the box runs an older cellbox binary.
-const ProtocolVersion = 1
+// server. A mismatch means the box runs an older cellbox binary: the host
+// restarts the box (its workspace kept), so that it runs the host's agent.
+//
+// 2: process kill_all, code contexts, the egress forwarder.
+const ProtocolVersion = 2
 
 // ProtocolHeader is the response header that carries ProtocolVersion.
 const ProtocolHeader = "Cellbox-Agent-Protocol"
@@ -251,14 +254,14 @@ type Event struct {
 
 // ProtocolError is returned (wrapped) by every Client call when the agent
 // speaks another protocol version than ProtocolVersion: the box runs another
-// cellbox binary and must be recreated.
+// cellbox binary and must be restarted (to run this host's agent).
 type ProtocolError struct {
 	Got int // 0 when the agent sent no (or a bad) protocol header
 }
 
 func (e *ProtocolError) Error() string {
 	if e.Got == 0 {
-		return fmt.Sprintf("agent sent no valid %s header: not a cellbox agent or too old (host expects protocol %d): recreate the box", ProtocolHeader, ProtocolVersion)
+		return fmt.Sprintf("agent sent no valid %s header: not a cellbox agent or too old (host expects protocol %d): restart the box to run this host's agent", ProtocolHeader, ProtocolVersion)
 	}
-	return fmt.Sprintf("agent speaks protocol %d, host expects %d: recreate the box", e.Got, ProtocolVersion)
+	return fmt.Sprintf("agent speaks protocol %d, host expects %d: restart the box to run this host's agent", e.Got, ProtocolVersion)
 }

@@ -262,8 +262,8 @@ func TestProtocolMismatch(t *testing.T) {
 		got    int
 		msg    string
 	}{
-		{"2", 2, "agent speaks protocol 2, host expects 1: recreate the box"},
-		{"", 0, "agent sent no valid Cellbox-Agent-Protocol header: not a cellbox agent or too old (host expects protocol 1): recreate the box"},
+		{"1", 1, "agent speaks protocol 1, host expects 2: restart the box to run this host's agent"},
+		{"", 0, "agent sent no valid Cellbox-Agent-Protocol header: not a cellbox agent or too old (host expects protocol 2): restart the box to run this host's agent"},
 	} {
 		sock := filepath.Join(dir, "s"+tt.header+".sock")
 		ln, err := net.Listen("unix", sock)
