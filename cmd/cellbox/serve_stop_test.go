@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,8 +18,9 @@ import (
 
 // TestServeStopSleepsBoxes stops `cellbox serve` as a user would (SIGTERM)
 // while a tool API session's box runs: no process of the box is left (its
-// bwrap, or its container) and its disk is unmounted — nothing holds the
-// data dir — and the next serve over the data dir wakes the box, with its
+// bwrap, or its container), its disk is unmounted and no box of the data
+// dir runs (the warm pool's are removed) — nothing holds the data dir —
+// and the next serve over the data dir wakes the box, with its
 // files, on its next call. Before, the box ran on after its server with
 // nobody left to put it to sleep, and its mounted disk made removing the
 // data dir fail with EBUSY.
@@ -36,7 +38,7 @@ func TestServeStopSleepsBoxes(t *testing.T) {
 			be, err := openBackend(ctx, name, data)
 			require.NoError(t, err)
 
-			srv := startServe(t, data, "--pool", "0", "--backend", name)
+			srv := startServe(t, data, "--pool", "1", "--backend", name)
 			c, err := sandboxclient.NewSessionWithKey(ctx, srv.url, srv.key)
 			require.NoError(t, err)
 			sess, token := c.Session()
@@ -59,6 +61,13 @@ func TestServeStopSleepsBoxes(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, backend.StateStopped, info.State, "no process of the box runs on")
 			assert.Empty(t, testenv.Mounts(t, id), "the box's disk is unmounted")
+			listed, err := be.List(ctx, map[string]string{backend.LabelManaged: "1"})
+			require.NoError(t, err)
+			for _, in := range listed {
+				if strings.HasPrefix(in.HostDir, data+"/") {
+					assert.NotEqual(t, backend.StateRunning, in.State, "no box of the data dir runs (warm pool boxes are removed): %s", in.ID)
+				}
+			}
 
 			srv = startServe(t, data, "--pool", "0", "--backend", name)
 			c = sandboxclient.New(srv.url, sess, token)
