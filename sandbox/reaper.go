@@ -2,11 +2,18 @@ package sandbox
 
 // The reaper: every ReapInterval it expires idle sessions, puts idle boxes
 // to sleep (keeping their workspaces), checks the health of the others,
-// saves last-used times and refills the warm pool. SleepSession is the same
-// sleep on demand.
+// saves last-used times and refills the warm pool. SleepSession and
+// SleepAll are the same sleep on demand, for a session or for every box.
 
 import (
+	"cmp"
 	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/cellbox/cellbox/internal/safe"
@@ -62,7 +69,7 @@ func (s *Service) reapOne(ctx context.Context, b *box, now time.Time) {
 	idle := now.Sub(time.Unix(0, b.lastUsed.Load()))
 	if b.state == stateRunning && b.inflight.Load() == 0 {
 		if idle > sleepAfter(b.rec.SleepAfterMs) {
-			s.sleep(ctx, b, idle)
+			_ = s.sleep(ctx, b, idle) // logged; the next round tries again
 		} else {
 			s.checkIdle(ctx, b)
 		}
@@ -82,17 +89,19 @@ func (s *Service) checkIdle(ctx context.Context, b *box) {
 	}
 }
 
-// sleep stops b, keeping its workspace; the caller holds b.life.
-func (s *Service) sleep(ctx context.Context, b *box, idle time.Duration) {
+// sleep stops b, keeping its workspace; the caller holds b.life. A
+// failure is logged and returned; the box stays running.
+func (s *Service) sleep(ctx context.Context, b *box, idle time.Duration) error {
 	if err := s.be.Stop(ctx, b.rec.ID); err != nil {
-		s.log.Warn("stop idle box", "box", b.rec.ID, "err", err)
-		return
+		s.log.Warn("stop box to put it to sleep", "box", b.rec.ID, "err", err)
+		return fmt.Errorf("put box %s to sleep: %w", b.rec.ID, err)
 	}
 	s.closeClient(b)
 	s.mu.Lock()
 	b.state = stateSleeping
 	s.mu.Unlock()
 	s.log.Info("box put to sleep", "box", b.rec.ID, "idle", idle.Round(time.Second))
+	return nil
 }
 
 // flushLastUsed saves the last-used times that changed.
@@ -116,9 +125,7 @@ func (s *Service) flushLastUsed() {
 }
 
 // SleepSession stops every running box of a session, keeping each
-// workspace; the next call on a box wakes it. A runner that owns a session
-// (cellbox run, the runtime of cellbox serve) calls it as it shuts down, so
-// that no box runs on with nobody left to use it.
+// workspace; the next call on a box wakes it.
 func (s *Service) SleepSession(ctx context.Context, id string) error {
 	sess, err := s.session(id)
 	if err != nil {
@@ -130,12 +137,102 @@ func (s *Service) SleepSession(ctx context.Context, id string) error {
 		boxes = append(boxes, b)
 	}
 	s.mu.Unlock()
-	for _, b := range boxes {
-		b.life.Lock()
-		if b.state == stateRunning {
-			s.sleep(ctx, b, time.Since(time.Unix(0, b.lastUsed.Load())))
-		}
-		b.life.Unlock()
+	return s.sleepBoxes(ctx, boxes)
+}
+
+// SleepAll stops every running box of every session, keeping each
+// workspace; the next call on a box (of this service or of the next one
+// over the data directory) wakes it. The process that owns the data
+// directory (cellbox serve, cellbox run) calls it as it shuts down, after
+// its APIs stopped, so that no box runs on with nobody left to put it to
+// sleep. Close does not: a service closed and opened again in one process
+// reattaches to the boxes that run. Warm pool boxes are not sessions'
+// boxes: Close removes them.
+func (s *Service) SleepAll(ctx context.Context) error {
+	s.mu.Lock()
+	boxes := make([]*box, 0, len(s.boxes))
+	for _, b := range s.boxes {
+		boxes = append(boxes, b)
 	}
-	return nil
+	s.mu.Unlock()
+	return s.sleepBoxes(ctx, boxes)
+}
+
+// sleepConcurrency is how many boxes sleepBoxes stops at once: a stop
+// mostly waits (for an agent to exit, a disk to unmount, the engine), so
+// stopping in parallel shortens a shutdown, while a bound keeps a server
+// with hundreds of boxes from starting hundreds of unmounts at once.
+const sleepConcurrency = 8
+
+// sleepBoxes puts the running ones of boxes to sleep, sleepConcurrency at
+// once, and returns when each is done or when ctx ends. A box still
+// busy then (its stop hangs, or a call holds it in a transition) is named
+// in the error and not waited for: its stop goes on in the background,
+// and if the process exits first, the next start reattaches the box or
+// finds it stopped (as after a kill).
+func (s *Service) sleepBoxes(ctx context.Context, boxes []*box) error {
+	// The boxes that may run: running ones, and those in a transition
+	// (a wake, a create) that may leave them running. TryLock never
+	// blocks, so taking it under s.mu cannot deadlock.
+	s.mu.Lock()
+	pending := map[*box]string{} // the boxes not done yet, with their IDs
+	for _, b := range boxes {
+		if b.state == stateRunning || !b.life.TryLock() {
+			pending[b] = cmp.Or(b.rec.ID, "(a box being made)")
+		} else {
+			b.life.Unlock()
+		}
+	}
+	s.mu.Unlock()
+	var (
+		mu   sync.Mutex // guards pending and errs
+		errs []error
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, sleepConcurrency)
+	)
+	for _, b := range slices.Collect(maps.Keys(pending)) { // not pending itself: the goroutines delete from it
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			select {
+			case sem <- struct{}{}:
+				err = s.sleepIfRunning(ctx, b)
+				<-sem
+			case <-ctx.Done():
+				return // left pending: named below
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			delete(pending, b)
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(pending) > 0 {
+		ids := slices.Sorted(maps.Values(pending))
+		s.log.Warn("boxes not put to sleep in time; the next start reattaches them", "boxes", ids, "err", ctx.Err())
+		errs = append(errs, fmt.Errorf("put boxes to sleep: %s did not stop in time: %w", strings.Join(ids, ", "), ctx.Err()))
+	}
+	return errors.Join(errs...)
+}
+
+// sleepIfRunning puts b to sleep if it runs, waiting for a transition in
+// progress (a wake, a create) to end first.
+func (s *Service) sleepIfRunning(ctx context.Context, b *box) error {
+	b.life.Lock()
+	defer b.life.Unlock()
+	if b.state != stateRunning || ctx.Err() != nil {
+		return nil
+	}
+	return s.sleep(ctx, b, time.Since(time.Unix(0, b.lastUsed.Load())))
 }

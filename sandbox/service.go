@@ -284,7 +284,8 @@ func (s *Service) Backend() backend.Backend { return s.be }
 
 // Close stops the reaper and the warm pool, removes the pooled boxes and
 // saves the state. Boxes of sessions keep running; a new Service over the
-// same data directory reattaches to them.
+// same data directory reattaches to them. A process that shuts down for
+// good calls SleepAll first, so that none runs on without it.
 func (s *Service) Close() error {
 	s.mu.Lock()
 	if s.closed {

@@ -576,3 +576,63 @@ func TestSleepSession(t *testing.T) {
 	assert.Equal(t, backend.StateRunning, be.state(a), "woken by the next call")
 	assert.ErrorIs(t, s.SleepSession(context.Background(), "s-nope"), ErrNoSession)
 }
+
+// SleepAll stops the running boxes of every session (more of them than
+// it stops at once), keeping their files; a box already asleep stays so;
+// the next call wakes a box.
+func TestSleepAll(t *testing.T) {
+	be := newFakeBackend(t)
+	s := newTestService(t, be, "", nil)
+	var ids []string
+	var last *testSession
+	for i := range sleepConcurrency + 2 {
+		last = newSession(t, s)
+		ids = append(ids, last.tool("sandbox_create", map[string]any{"sandbox": "a"})["id"].(string))
+		last.tool("write_file", map[string]any{"sandbox": "a", "path": "f", "content": fmt.Sprint("kept ", i)})
+	}
+	require.NoError(t, s.SleepSession(context.Background(), last.id))
+	stops := be.stops
+
+	require.NoError(t, s.SleepAll(context.Background()))
+	for _, id := range ids {
+		assert.Equal(t, backend.StateStopped, be.state(id), id)
+	}
+	assert.Equal(t, stops+len(ids)-1, be.stops, "each running box stopped once, the sleeping one not again")
+	assert.Equal(t, fmt.Sprint("kept ", len(ids)-1), last.tool("read_file", map[string]any{"sandbox": "a", "path": "f"})["content"])
+	assert.Equal(t, backend.StateRunning, be.state(ids[len(ids)-1]), "woken by the next call")
+	require.NoError(t, s.SleepAll(context.Background()), "again, with nothing else running")
+}
+
+// stuckStop is a backend whose Stop of one box never returns until the
+// test ends (an engine that hangs).
+type stuckStop struct {
+	*fakeBackend
+	id      string
+	release chan struct{}
+}
+
+func (b *stuckStop) Stop(ctx context.Context, id string) error {
+	if id == b.id {
+		<-b.release
+	}
+	return b.fakeBackend.Stop(ctx, id)
+}
+
+// SleepAll does not wait beyond its context for a box that does not stop:
+// it names the box in its error, and the other boxes are asleep.
+func TestSleepAllStuckBox(t *testing.T) {
+	be := &stuckStop{fakeBackend: newFakeBackend(t), release: make(chan struct{})}
+	t.Cleanup(func() { close(be.release) })
+	s := newTestService(t, be, "", nil)
+	h := newSession(t, s)
+	be.id = h.tool("sandbox_create", map[string]any{"sandbox": "stuck"})["id"].(string)
+	other := h.tool("sandbox_create", map[string]any{"sandbox": "fine"})["id"].(string)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err := s.SleepAll(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.ErrorContains(t, err, be.id+" did not stop in time")
+	assert.NotContains(t, err.Error(), other)
+	assert.Equal(t, backend.StateStopped, be.state(other))
+}

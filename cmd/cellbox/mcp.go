@@ -98,6 +98,12 @@ func mcpLocal(ctx context.Context, data, backendName, agentBinary string, pool i
 		if err := svc.DeleteSession(dctx, id); err != nil {
 			slog.Error("delete the MCP session", "session", id, "err", err)
 		}
+		// Other sessions of the data dir (a killed serve's, reattached
+		// at start) are not this process's to delete, but nothing is
+		// left to put their boxes to sleep once it exits.
+		if err := svc.SleepAll(dctx); err != nil {
+			slog.Error("put the data dir's other boxes to sleep", "err", err)
+		}
 	}()
 	srv, err := mcpserver.ForSession(svc, id, profile)
 	if err != nil {

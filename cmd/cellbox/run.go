@@ -406,7 +406,8 @@ const shutdownGrace = 10 * time.Second
 // finish for up to shutdownGrace) and shuts the runtime down: runs in
 // flight are cancelled and resume on the next start; patterns are not
 // stopped, so sandbox boxes are kept, put to sleep (files kept, processes
-// ended) and found again by the next start. Stopping a pattern (DELETE
+// ended, disks unmounted) — every box, the tool API's sessions' too — and
+// found again by the next start. Stopping a pattern (DELETE
 // /v1/patterns/NAME, `cellbox stop NAME`) is what destroys its boxes.
 func (h *runtimeHost) close() error {
 	sctx, scancel := context.WithTimeout(context.Background(), shutdownGrace)
@@ -422,8 +423,17 @@ func (h *runtimeHost) close() error {
 		os.Remove(h.sockPath)
 	}
 	rterr := h.rt.Close(ctx)
-	return errors.Join(rterr, h.teardowns.Wait(ctx), h.boxes.sleep(ctx))
+	twerr := h.teardowns.Wait(ctx)
+	// The boxes get their own bound: a runtime slow to close does not
+	// leave them running.
+	bctx, bcancel := context.WithTimeout(context.Background(), sleepGrace)
+	defer bcancel()
+	return errors.Join(rterr, twerr, h.boxes.sleep(bctx))
 }
+
+// sleepGrace bounds putting the boxes to sleep at shutdown; a box not
+// stopped by then is logged and left to the next start's reconcile.
+const sleepGrace = 30 * time.Second
 
 // printFinal prints an instance's cells (inputs, then node outputs, in
 // declaration order; streams left out) and fails naming the nodes that

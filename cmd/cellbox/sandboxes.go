@@ -112,10 +112,14 @@ func (s *sandboxes) setBaseURL(u string) {
 	}
 }
 
-// sleep puts the session's boxes to sleep, if the service was opened.
+// sleep puts every box of the service to sleep, if it was opened: those
+// of the runtime's session and those of the tool API's sessions. The host
+// calls it as the process shuts down, once its APIs stopped: nothing is
+// left to put a box to sleep after that (the reaper lives in this
+// process), and a running box holds a mounted disk.
 func (s *sandboxes) sleep(ctx context.Context) error {
-	if svc, session := s.opened(); svc != nil {
-		return svc.SleepSession(ctx, session)
+	if svc, _ := s.opened(); svc != nil {
+		return svc.SleepAll(ctx)
 	}
 	return nil
 }

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/cellbox/cellbox/sandbox"
@@ -108,6 +110,9 @@ func runServe(ctx context.Context, args []string) error {
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
+	// The deferred closes stop the APIs and put every box to sleep.
+	signal.Reset(os.Interrupt, syscall.SIGTERM) // a second Ctrl-C quits at once
+	fmt.Fprintln(os.Stderr, "cellbox serve: stopping, putting the boxes to sleep (Ctrl-C again to quit at once)")
 	return nil
 }
 

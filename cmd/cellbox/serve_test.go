@@ -136,7 +136,7 @@ func startServe(t *testing.T, data string, args ...string) *serveProc {
 	}()
 	t.Cleanup(func() {
 		p.stop(t)
-		boxtest.RemoveBoxes(t, data) // boxes outlive their server (to be reattached)
+		boxtest.RemoveBoxes(t, data) // boxes a killed server left running, or asleep
 	})
 	select {
 	case u := <-urls:

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -125,3 +126,22 @@ type buildError struct {
 }
 
 func (e *buildError) Error() string { return e.err.Error() + "\n" + e.out }
+
+// Mounts returns the lines of this thread's mount table that contain s
+// (a box ID: its mounted disk). The thread's, not /proc/self's: that is
+// the process's first thread's, which a box launcher of the local backend
+// may have left in a mount namespace of its own (local.startStaged).
+func Mounts(t testing.TB, s string) []string {
+	t.Helper()
+	data, err := os.ReadFile("/proc/thread-self/mountinfo")
+	if err != nil {
+		t.Fatalf("read the mount table: %v", err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.Contains(line, s) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
