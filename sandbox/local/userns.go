@@ -130,6 +130,15 @@ type stageBind struct {
 
 func staged(name string) string { return filepath.Join(stageDir, name) }
 
+// init locks the main goroutine to the main thread, for the life of the
+// process: startStaged's goroutine then never runs on the main thread.
+// Go ends a thread whose goroutine exits locked — except the main thread,
+// which it parks forever instead. Left in a launch's mount namespace, the
+// main thread would keep that box's disk binds, and with them its
+// filesystem, mounted after the host unmounts the disk; a second mount of
+// the image when the box wakes would then corrupt it.
+func init() { runtime.LockOSThread() }
+
 // startStaged starts cmd in a new mount namespace (a slave of the
 // host's: host mounts reach it, none of its mounts reach the host) in
 // which binds are mounted under stageDir.
