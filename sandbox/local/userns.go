@@ -130,15 +130,6 @@ type stageBind struct {
 
 func staged(name string) string { return filepath.Join(stageDir, name) }
 
-// init locks the main goroutine to the main thread, for the life of the
-// process: startStaged's goroutine then never runs on the main thread.
-// Go ends a thread whose goroutine exits locked — except the main thread,
-// which it parks forever instead. Left in a launch's mount namespace, the
-// main thread would keep that box's disk binds, and with them its
-// filesystem, mounted after the host unmounts the disk; a second mount of
-// the image when the box wakes would then corrupt it.
-func init() { runtime.LockOSThread() }
-
 // startStaged starts cmd in a new mount namespace (a slave of the
 // host's: host mounts reach it, none of its mounts reach the host) in
 // which binds are mounted under stageDir.
@@ -148,37 +139,55 @@ func init() { runtime.LockOSThread() }
 // That thread is never unlocked, so the Go runtime ends it when the
 // goroutine returns instead of running other goroutines in that
 // namespace.
+//
+// Except the main thread: Go cannot end it, and parks it for good instead,
+// in that namespace, where it would keep the box's disk binds (and so its
+// filesystem) mounted after the host unmounted the disk; a second mount of
+// the image when the box wakes would then corrupt it. A goroutine that
+// finds itself on the main thread keeps it (so that no other goroutine
+// runs there) while another thread does the work.
 func startStaged(cmd *exec.Cmd, binds []stageBind) error {
 	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		errc <- func() error {
-			if err := syscall.Unshare(syscall.CLONE_NEWNS); err != nil {
-				return fmt.Errorf("unshare mount namespace: %w", err)
-			}
-			if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_SLAVE, ""); err != nil {
-				return fmt.Errorf("make / a slave mount: %w", err)
-			}
-			if err := syscall.Mount("cellbox-stage", stageDir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, "mode=0711,size=64k"); err != nil {
-				return fmt.Errorf("mount tmpfs at %s: %w", stageDir, err)
-			}
-			for _, bd := range binds {
-				dst := staged(bd.name)
-				var err error
-				if bd.file {
-					err = os.WriteFile(dst, nil, 0o600)
-				} else {
-					err = os.Mkdir(dst, 0o700)
-				}
-				if err == nil {
-					err = syscall.Mount(bd.src, dst, "", syscall.MS_BIND|syscall.MS_REC, "")
-				}
-				if err != nil {
-					return fmt.Errorf("stage %s at %s: %w", bd.src, dst, err)
-				}
-			}
-			return cmd.Start()
-		}()
-	}()
+	go stage(cmd, binds, errc)
 	return <-errc
+}
+
+// stage is startStaged's goroutine.
+func stage(cmd *exec.Cmd, binds []stageBind, errc chan<- error) {
+	runtime.LockOSThread()
+	if syscall.Gettid() == syscall.Getpid() { // the main thread
+		inner := make(chan error, 1)
+		go stage(cmd, binds, inner)
+		err := <-inner
+		runtime.UnlockOSThread() // nothing changed on this thread
+		errc <- err
+		return
+	}
+	errc <- func() error {
+		if err := syscall.Unshare(syscall.CLONE_NEWNS); err != nil {
+			return fmt.Errorf("unshare mount namespace: %w", err)
+		}
+		if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_SLAVE, ""); err != nil {
+			return fmt.Errorf("make / a slave mount: %w", err)
+		}
+		if err := syscall.Mount("cellbox-stage", stageDir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, "mode=0711,size=64k"); err != nil {
+			return fmt.Errorf("mount tmpfs at %s: %w", stageDir, err)
+		}
+		for _, bd := range binds {
+			dst := staged(bd.name)
+			var err error
+			if bd.file {
+				err = os.WriteFile(dst, nil, 0o600)
+			} else {
+				err = os.Mkdir(dst, 0o700)
+			}
+			if err == nil {
+				err = syscall.Mount(bd.src, dst, "", syscall.MS_BIND|syscall.MS_REC, "")
+			}
+			if err != nil {
+				return fmt.Errorf("stage %s at %s: %w", bd.src, dst, err)
+			}
+		}
+		return cmd.Start()
+	}()
 }
