@@ -53,7 +53,7 @@ func (s *Service) Exec(ctx context.Context, sess *Session, box string, req api.E
 		Follow:    req.Follow && onOutput != nil,
 	}, onOutput)
 	if err != nil {
-		return api.ExecResult{}, s.explain(ctx, l, err)
+		return api.ExecResult{}, s.explain(ctx, sess, l, err)
 	}
 	return api.ExecResult(res), nil
 }
@@ -80,7 +80,7 @@ func (s *Service) Download(ctx context.Context, sess *Session, box, path string,
 		}
 	}
 	n, err := l.client.Download(ctx, path, w)
-	return n, s.explain(ctx, l, err)
+	return n, s.explain(ctx, sess, l, err)
 }
 
 // Upload writes r into the file path of box, creating its parents; mode 0
@@ -93,7 +93,7 @@ func (s *Service) Upload(ctx context.Context, sess *Session, box, path string, r
 	}
 	defer l.release()
 	n, err := l.client.Upload(ctx, path, r, mode)
-	return n, s.explain(ctx, l, err)
+	return n, s.explain(ctx, sess, l, err)
 }
 
 // Watch delivers batches of file changes under path in box until ctx
