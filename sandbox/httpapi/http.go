@@ -355,27 +355,51 @@ func (s *server) handleExec(w http.ResponseWriter, r *http.Request, sess *sandbo
 	if !ok {
 		return
 	}
-	var req api.ExecRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		writeError(w, http.StatusBadRequest, "exec request: "+err.Error())
+	req, err := sandbox.DecodeExecRequest(body)
+	if err != nil {
+		writeBoxError(w, err)
 		return
 	}
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(http.StatusOK)
+	// The stream (200) begins when the command starts or a frame comes,
+	// whichever is first: a failure before it (a bad box name, a refused
+	// command, no box to be had) is answered with its code's status, as
+	// the other box endpoints do; one after ends the stream with a frame.
 	rc := http.NewResponseController(w)
 	var mu sync.Mutex
+	begun := false
 	enc := json.NewEncoder(w)
+	begin := func() { // mu held
+		if !begun {
+			begun = true
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			w.WriteHeader(http.StatusOK)
+		}
+	}
 	send := func(f api.ExecFrame) {
 		mu.Lock()
 		defer mu.Unlock()
+		begin()
 		enc.Encode(f)
 		rc.Flush()
 	}
-	res, err := s.svc.Exec(r.Context(), sess, r.PathValue("box"), req,
+	started := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		begin()
+		rc.Flush()
+	}
+	res, err := s.svc.Exec(r.Context(), sess, r.PathValue("box"), req, started,
 		func(stream string, data []byte) { send(api.ExecFrame{Stream: stream, Data: data}) },
 		func(n string) { send(api.ExecFrame{Notice: n}) })
 	if err != nil {
+		mu.Lock()
+		early := !begun
+		mu.Unlock()
+		if early {
+			writeBoxError(w, err)
+			return
+		}
 		send(api.ExecFrame{Error: err.Error(), Code: sandbox.ErrorCode(err)})
 		return
 	}
