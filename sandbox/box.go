@@ -600,15 +600,15 @@ func (s *Service) destroyBox(ctx context.Context, sess *Session, name string) er
 	b.life.Lock()
 	defer b.life.Unlock()
 	prev := b.state
-	s.closeClient(b)
 	s.mu.Lock()
-	b.state = stateRemoved
+	b.state = stateRemoved // before its client closes: a call it breaks sees why (explain)
 	id := b.rec.ID
 	if id != "" && s.boxes[id] == b {
 		delete(s.boxes, id)
 	}
 	s.dropPreviewsLocked(b)
 	s.mu.Unlock()
+	s.closeClient(b)
 	if prev != stateNew || b.made { // made: a fork made it before its first use
 		s.removeBox(ctx, id)
 		if !b.rec.OneShot {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cellbox/cellbox/sandbox/agent"
+	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
 )
 
@@ -171,11 +172,29 @@ func boxName(name, id string) string {
 	return fmt.Sprintf("%q (%s)", name, id)
 }
 
-// explain turns err, the failure of a call on l's box, into one that says
-// the box died during the call, when it did. The next call restarts it.
-func (s *Service) explain(ctx context.Context, l *lease, err error) error {
+// explain turns err, the failure of a call of session sess on l's box,
+// into one that says what happened to the box: it was destroyed during the
+// call (sandbox_destroy, or the session's deletion: nothing restarts it),
+// or it died during the call (the next call restarts it).
+func (s *Service) explain(ctx context.Context, sess *Session, l *lease, err error) error {
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	s.mu.Lock()
+	removed, sessGone := l.b.state == stateRemoved, sess.deleted
+	s.mu.Unlock()
+	if removed {
+		// The transport error (EOF from the killed agent) says nothing
+		// the caller can use: it goes to the log, not the message.
+		s.log.Debug("box destroyed during a call", "session", sess.ID, "box", l.b.rec.ID, "err", err)
+		what := boxName(l.name, l.b.rec.ID)
+		if sessGone {
+			return api.WithCode(api.CodeNoSession, fmt.Errorf("session %s was deleted while this call ran: sandbox %s and the session's other sandboxes were destroyed; create a new session to go on", sess.ID, what))
+		}
+		return api.WithCode(api.CodeNoBox, fmt.Errorf("sandbox %s was destroyed (sandbox_destroy) while this call ran: its processes and files are gone; a call that names it makes a new, empty sandbox", what))
+	}
 	var ae *agent.Error
-	if err == nil || errors.As(err, &ae) || ctx.Err() != nil {
+	if errors.As(err, &ae) {
 		return err
 	}
 	ctx = context.WithoutCancel(ctx)

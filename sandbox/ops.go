@@ -1,11 +1,13 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strings"
 	"time"
 
@@ -24,8 +26,11 @@ import (
 // lost and recreated, it died and was restarted).
 
 // Exec runs a command in box, passing its output to onOutput (if not nil)
-// as it comes. allowed_commands applies.
-func (s *Service) Exec(ctx context.Context, sess *Session, box string, req api.ExecRequest, onOutput func(stream string, data []byte), notice func(string)) (api.ExecResult, error) {
+// as it comes. allowed_commands applies. started (if not nil) is called
+// once the request passed its checks and the box is up, just before the
+// command starts: an error before it is about the request or the box (the
+// HTTP endpoint answers it with its status), one after is the command's.
+func (s *Service) Exec(ctx context.Context, sess *Session, box string, req api.ExecRequest, started func(), onOutput func(stream string, data []byte), notice func(string)) (api.ExecResult, error) {
 	if req.Command == "" && len(req.Argv) == 0 {
 		return api.ExecResult{}, api.WithCode(api.CodeInvalidInput, errors.New("exec: give a command or an argv"))
 	}
@@ -42,6 +47,9 @@ func (s *Service) Exec(ctx context.Context, sess *Session, box string, req api.E
 		return api.ExecResult{}, err
 	}
 	defer l.release()
+	if started != nil {
+		started()
+	}
 	res, err := l.client.Exec(ctx, agent.ExecRequest{
 		Command:   req.Command,
 		Argv:      req.Argv,
@@ -53,9 +61,42 @@ func (s *Service) Exec(ctx context.Context, sess *Session, box string, req api.E
 		Follow:    req.Follow && onOutput != nil,
 	}, onOutput)
 	if err != nil {
-		return api.ExecResult{}, s.explain(ctx, l, err)
+		return api.ExecResult{}, s.explain(ctx, sess, l, err)
 	}
 	return api.ExecResult(res), nil
+}
+
+// DecodeExecRequest decodes the body of an exec request with the errors a
+// tool's input gets (invalid_input): a wrong type names the field and the
+// type it takes, an unknown field lists the valid ones.
+func DecodeExecRequest(body []byte) (api.ExecRequest, error) {
+	var req api.ExecRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&req)
+	var te *json.UnmarshalTypeError
+	switch {
+	case err == nil:
+		return req, nil
+	case errors.As(err, &te):
+		err = fmt.Errorf("field %q of the exec request: expected %s, got %s", te.Field, jsonKind(te.Type), te.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "): // encoding/json has no type for it
+		err = fmt.Errorf("%s in the exec request; valid fields: %s", strings.TrimPrefix(err.Error(), "json: "), strings.Join(jsonFields(reflect.TypeFor[api.ExecRequest]()), ", "))
+	default:
+		err = fmt.Errorf("exec request: %w", err)
+	}
+	return api.ExecRequest{}, api.WithCode(api.CodeInvalidInput, err)
+}
+
+// jsonFields lists the JSON names of struct type t's fields.
+func jsonFields(t reflect.Type) []string {
+	var names []string
+	for f := range t.Fields() {
+		if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" && name != "-" {
+			names = append(names, name)
+		}
+	}
+	return names
 }
 
 // Download writes the file path of box to w; start (if not nil) sees the
@@ -80,7 +121,7 @@ func (s *Service) Download(ctx context.Context, sess *Session, box, path string,
 		}
 	}
 	n, err := l.client.Download(ctx, path, w)
-	return n, s.explain(ctx, l, err)
+	return n, s.explain(ctx, sess, l, err)
 }
 
 // Upload writes r into the file path of box, creating its parents; mode 0
@@ -93,7 +134,7 @@ func (s *Service) Upload(ctx context.Context, sess *Session, box, path string, r
 	}
 	defer l.release()
 	n, err := l.client.Upload(ctx, path, r, mode)
-	return n, s.explain(ctx, l, err)
+	return n, s.explain(ctx, sess, l, err)
 }
 
 // Watch delivers batches of file changes under path in box until ctx
@@ -249,7 +290,7 @@ func (c *LocalClient) Exec(ctx context.Context, box string, req api.ExecRequest,
 	if err != nil {
 		return api.ExecResult{}, coded(err)
 	}
-	res, err := c.s.Exec(ctx, sess, box, req, onOutput, c.logNotice)
+	res, err := c.s.Exec(ctx, sess, box, req, nil, onOutput, c.logNotice)
 	return res, coded(err)
 }
 

@@ -299,7 +299,7 @@ func TestAllowedCommands(t *testing.T) {
 		// The streaming exec behind the exec endpoint and sandboxclient.
 		sess, err := rb.s.Authenticate(h.id, h.token)
 		require.NoError(t, err)
-		_, err = rb.s.Exec(context.Background(), sess, "default", api.ExecRequest{Command: "touch /workspace/ran"}, nil, func(string) {})
+		_, err = rb.s.Exec(context.Background(), sess, "default", api.ExecRequest{Command: "touch /workspace/ran"}, nil, nil, func(string) {})
 		assert.ErrorContains(t, err, "is not allowed")
 	})
 

@@ -588,7 +588,7 @@ func (s *Service) callTool(ctx context.Context, sess *Session, t *Tool, raw json
 	out, err := s.runTool(withCall(ctx, sess, c.notice), t, c, raw)
 	if err != nil {
 		for _, l := range c.leases {
-			err = s.explain(ctx, l, err)
+			err = s.explain(ctx, sess, l, err)
 		}
 	}
 	c.done()

@@ -49,11 +49,11 @@ func writeFileTool(ctx context.Context, c *call, in api.WriteFileInput) (api.Wri
 	if in.Encoding == "base64" {
 		var err error
 		if data, err = base64.StdEncoding.DecodeString(in.Content); err != nil {
-			return api.WriteFileOutput{}, fmt.Errorf("content is not valid base64 (encoding: base64): %w", err)
+			return api.WriteFileOutput{}, api.WithCode(api.CodeInvalidInput, fmt.Errorf("content is not valid base64 (encoding: base64): %w", err))
 		}
 	}
 	if len(data) > fileToolMaxBytes {
-		return api.WriteFileOutput{}, fmt.Errorf("content is %d bytes; write_file takes at most %d (2 MiB). Write it in parts with append: true, change a large file with edit, or upload it through the files endpoint", len(data), fileToolMaxBytes)
+		return api.WriteFileOutput{}, api.WithCode(api.CodeTooLarge, fmt.Errorf("content is %d bytes; write_file takes at most %d (2 MiB). Write it in parts with append: true, change a large file with edit, or upload it through the files endpoint", len(data), fileToolMaxBytes))
 	}
 	l, err := c.box(ctx, in.Sandbox)
 	if err != nil {
@@ -68,7 +68,7 @@ func writeFileTool(ctx context.Context, c *call, in api.WriteFileInput) (api.Wri
 
 func editTool(ctx context.Context, c *call, in api.EditInput) (api.EditOutput, error) {
 	if len(in.Edits) == 0 {
-		return api.EditOutput{}, errors.New("edits is empty; give at least one {oldText, newText}")
+		return api.EditOutput{}, api.WithCode(api.CodeInvalidInput, errors.New("edits is empty; give at least one {oldText, newText}"))
 	}
 	edits := make([]textedit.Replacement, len(in.Edits))
 	for i, e := range in.Edits {
@@ -101,15 +101,15 @@ func rewriteFile(ctx context.Context, c *call, box, p string, edit func([]byte) 
 		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("%s is %s, not a file", fi.Path, kindOf(fi.Type)))
 	}
 	if fi.Size > fileToolMaxBytes {
-		return out, fmt.Errorf("%s is %d bytes; edit works on files up to 2 MiB — use shell (sed, patch) for larger ones", fi.Path, fi.Size)
+		return out, api.WithCode(api.CodeTooLarge, fmt.Errorf("%s is %d bytes; edit works on files up to 2 MiB — use shell (sed, patch) for larger ones", fi.Path, fi.Size))
 	}
 	var buf bytes.Buffer
 	if _, err := l.client.Download(ctx, p, &buf); err != nil {
 		return out, err
 	}
 	res, err := edit(buf.Bytes())
-	if err != nil {
-		return out, fmt.Errorf("%s: %w", fi.Path, err)
+	if err != nil { // old text missing, ambiguous, overlapping: the input's fault
+		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("%s: %w", fi.Path, err))
 	}
 	if _, err := l.client.WriteFile(ctx, agent.WriteRequest{Path: p, Data: res.Content, MaxBytes: fileToolMaxBytes + int64(len(res.Content))}); err != nil {
 		return out, err
@@ -158,7 +158,7 @@ func lsTool(ctx context.Context, c *call, in api.LsInput) (api.LsOutput, error) 
 		return api.LsOutput{}, err
 	}
 	if root.Type != "dir" {
-		return api.LsOutput{}, fmt.Errorf("ls %s: not a directory (it is a %s); use read_file to read a file", root.Path, root.Type)
+		return api.LsOutput{}, api.WithCode(api.CodeInvalidInput, fmt.Errorf("ls %s: not a directory (it is a %s); use read_file to read a file", root.Path, root.Type))
 	}
 	var b strings.Builder
 	b.WriteString(root.Path + "/\n")
@@ -244,7 +244,7 @@ func transferTool(ctx context.Context, c *call, in api.TransferInput) (api.Trans
 		out.Bytes = n
 	case "dir":
 		if !in.Recursive {
-			return out, fmt.Errorf("%s is a directory; set recursive: true to copy the tree", fi.Path)
+			return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("%s is a directory; set recursive: true to copy the tree", fi.Path))
 		}
 		n, err := copyTree(ctx, src.client, dst.client, fi.Path, to)
 		if err != nil {

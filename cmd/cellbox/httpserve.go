@@ -125,7 +125,7 @@ func withRuntimeAPI(h, api, page http.Handler) http.Handler {
 //     the page's cookie), MCP's /v1/mcp included (a session of boxes per
 //     MCP session), except /healthz, GET /v1/tools, and the session
 //     routes /v1/sessions/{id}/... (MCP's too), which check their
-//     session's token.
+//     session's token (DELETE /v1/sessions/{id} takes the key too).
 //     Missing: 401; wrong: 403. GET /?token=KEY trades the key for an
 //     HttpOnly SameSite=Strict cookie, as a notebook server does.
 type guard struct {
@@ -168,6 +168,12 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if open(r) {
+		// A session route checks its session's token; the server key, when
+		// sent instead, is checked here and passed on, so that the operator
+		// may delete any session (httpapi.WithServerKey).
+		if key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && g.match(key) {
+			r = httpapi.WithServerKey(r)
+		}
 		g.api.ServeHTTP(w, r)
 		return
 	}

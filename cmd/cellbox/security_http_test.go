@@ -234,6 +234,67 @@ func TestHTTPServerKey(t *testing.T) {
 	assert.Contains(t, string(out), "export CELLBOX_TOKEN=")
 }
 
+// TestHTTPServerKeyDeletesSession: the operator's server key deletes any
+// session and destroys its boxes (a session whose token is lost would
+// otherwise keep them until it expires), over HTTP and with `cellbox
+// session rm ID --data DIR`; a wrong key or another session's token still
+// cannot, and a session's own token still deletes it.
+func TestHTTPServerKeyDeletesSession(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	srv := startServe(t, data, "--pool", "0")
+	a := newAttacker(t, srv.url, data)
+	idA, tokA := a.newSession()
+	idB, tokB := a.newSession()
+	idC, tokC := a.newSession()
+	status, body := a.do("POST", "/v1/sessions/"+idA+"/tools/shell", "", `{"command":"echo up"}`, bearer(tokA))
+	require.Equal(t, http.StatusOK, status, body)
+	boxDirs := func() []string {
+		dirs, err := filepath.Glob(filepath.Join(data, "local", "cb-*"))
+		require.NoError(t, err)
+		return dirs
+	}
+	require.Len(t, boxDirs(), 1, "session A has its default box")
+
+	for _, tc := range []struct {
+		name, auth string
+		want       int
+	}{
+		{"wrong key", wrong(a.key), http.StatusForbidden},
+		{"another session's token", tokB, http.StatusForbidden},
+		{"the server key", a.key, http.StatusOK},
+		{"the server key, again", a.key, http.StatusNotFound},
+	} {
+		status, body := a.do("DELETE", "/v1/sessions/"+idA, "", "", bearer(tc.auth))
+		assert.Equal(t, tc.want, status, "%s: %s", tc.name, body)
+	}
+	assert.NotContains(t, a.sessions(), idA)
+	assert.Empty(t, boxDirs(), "the server key's delete destroyed the session's box")
+	status, body = a.do("POST", "/v1/sessions/"+idA+"/tools/shell", "", `{"command":"true"}`, bearer(tokA))
+	assert.Equal(t, http.StatusNotFound, status, body)
+	assert.Contains(t, body, "no_session")
+	status, body = a.do("POST", "/v1/sessions/"+idB+"/tools/shell", "", `{"command":"true"}`, bearer(a.key))
+	assert.Equal(t, http.StatusForbidden, status, "the server key is still no session token on other routes: %s", body)
+
+	// The CLI: --data finds the key, even with another session's token in
+	// the environment; a session's own token still deletes it.
+	rm := func(env []string, args ...string) (string, error) {
+		cmd := exec.Command(testenv.CellboxBinary(t), append([]string{"session", "rm", "--server", srv.url}, args...)...)
+		cmd.Env = append(cleanEnv(), env...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := rm(nil, idB, "--data", t.TempDir())
+	require.Error(t, err, "no key in that data dir: %s", out)
+	assert.Contains(t, out, "CELLBOX_KEY")
+	out, err = rm([]string{"CELLBOX_TOKEN=" + tokC}, idB, "--data", data)
+	require.NoError(t, err, "%s", out)
+	assert.NotContains(t, a.sessions(), idB)
+	out, err = rm([]string{"CELLBOX_TOKEN=" + tokC}, idC)
+	require.NoError(t, err, "%s", out)
+	assert.NotContains(t, a.sessions(), idC)
+}
+
 // TestHTTPRebinding: a page of evil.example.com whose name resolves to
 // 127.0.0.1 (DNS rebinding), a page of another origin, and a page a box
 // serves (a preview origin) try every face: the tool API, MCP, the runtime

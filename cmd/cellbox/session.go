@@ -15,7 +15,7 @@ import (
 func init() {
 	register(command{
 		name:  "session",
-		usage: "new [--server URL] [--data DIR] [--env K=V]... [--workspace-dir DIR] [--destroy-on-close] | rm [--server URL] [--token T] ID  create a session (prints export lines) or delete one",
+		usage: "new [--server URL] [--data DIR] [--env K=V]... [--workspace-dir DIR] [--destroy-on-close] | rm [--server URL] [--token T | --data DIR] ID  create a session (prints export lines) or delete one (with its token, or the server key of --data / CELLBOX_KEY)",
 		run:   runSession,
 	})
 }
@@ -72,16 +72,25 @@ func runSession(ctx context.Context, args []string) error {
 		return nil
 	case "rm":
 		cf := addClientFlags(fs, false)
-		if err := fs.Parse(args[1:]); err != nil {
+		data := fs.String("data", defaultDataDir(), "data directory of the server, where its key is (DATA/"+keyFile+"; env "+keyEnv+" overrides): the server key deletes any session, e.g. one whose token is lost")
+		pos, err := parseArgs(fs, args[1:]) // session rm ID --data DIR
+		if err != nil {
 			return err
 		}
-		if fs.NArg() != 1 {
+		if len(pos) != 1 {
 			return errors.New("want the id of the session to delete")
 		}
-		if *cf.token == "" {
-			return errors.New("no token: pass --token or set CELLBOX_TOKEN")
+		// The session's own token unless --data asks for the server key,
+		// or no token is at hand.
+		dataGiven := false
+		fs.Visit(func(f *flag.Flag) { dataGiven = dataGiven || f.Name == "data" })
+		cred := *cf.token
+		if dataGiven || cred == "" {
+			if cred = clientKey(*data); cred == "" {
+				return fmt.Errorf("no token and no server key: pass the session's --token (or set CELLBOX_TOKEN), or the server's --data DIR (its key is DATA/%s) or set %s", keyFile, keyEnv)
+			}
 		}
-		return sandboxclient.New(*cf.server, fs.Arg(0), *cf.token).DeleteSession(ctx)
+		return sandboxclient.New(*cf.server, pos[0], cred).DeleteSession(ctx)
 	}
 	return fmt.Errorf("unknown subcommand %q: want new or rm", args[0])
 }

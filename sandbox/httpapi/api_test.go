@@ -244,6 +244,8 @@ func TestAllowedCommandsOverHTTP(t *testing.T) {
 	defer resp.Body.Close()
 	var f api.ExecFrame
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&f))
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode, "the refused code's status, before any stream")
+	assert.Equal(t, api.CodeRefused, f.Code)
 	assert.Contains(t, f.Error, "is not allowed")
 	assert.Nil(t, f.Result)
 	assert.Equal(t, 0, boxes(s), "refused before it reaches a box")
@@ -252,17 +254,59 @@ func TestAllowedCommandsOverHTTP(t *testing.T) {
 // TestBoxEndpointStatusFollowsCode: a box endpoint's HTTP status says what
 // its error code says (a bad box name is the caller's 400, not a 502 that
 // blames the server), so a client that reads only the status acts right.
+// The exec endpoint too: a bad box name (was 200 with an error frame) and
+// a body of the wrong shape (was a raw Go unmarshal message, no code) are
+// 400 invalid_input with a message naming the field; a good request
+// streams frames with 200.
 func TestBoxEndpointStatusFollowsCode(t *testing.T) {
 	s, _ := boxtest.Service(t, boxtest.Options{})
 	h := newHTTPSession(t, startHTTP(t, s))
-	req, err := http.NewRequest(http.MethodGet, h.url+"/v1/sessions/"+h.id+"/boxes/no%20such%20name!/files/x", nil)
+	for _, tc := range []struct {
+		name, method, path, body string
+		msg                      []string
+	}{
+		{"files, bad box name", http.MethodGet, "/boxes/no%20such%20name!/files/x", "", []string{"invalid sandbox name"}},
+		{"exec, bad box name", http.MethodPost, "/boxes/..%2F..%2Fx/exec", `{"command":"true"}`, []string{"invalid sandbox name"}},
+		{"exec, argv a string", http.MethodPost, "/boxes/default/exec", `{"argv":"ls"}`, []string{`field "argv" of the exec request`, "expected an array, got string"}},
+		{"exec, timeout_ms a string", http.MethodPost, "/boxes/default/exec", `{"command":"true","timeout_ms":"5"}`, []string{`field "timeout_ms"`, "expected an integer"}},
+		{"exec, unknown field", http.MethodPost, "/boxes/default/exec", `{"cmd":"ls"}`, []string{`unknown field "cmd"`, "valid fields: command, argv"}},
+		{"exec, no command", http.MethodPost, "/boxes/default/exec", `{}`, []string{"give a command or an argv"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequest(tc.method, h.url+"/v1/sessions/"+h.id+tc.path, strings.NewReader(tc.body))
+			require.NoError(t, err)
+			req.Header.Set("Authorization", "Bearer "+h.token)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			var e api.ErrorBody
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
+			assert.Equal(t, api.CodeInvalidInput, e.Code, e.Error)
+			assert.Equal(t, http.StatusBadRequest, resp.StatusCode, e.Error)
+			assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+			for _, m := range tc.msg {
+				assert.Contains(t, e.Error, m)
+			}
+		})
+	}
+	req, err := http.NewRequest(http.MethodPost, h.url+"/v1/sessions/"+h.id+"/boxes/default/exec", strings.NewReader(`{"argv":["echo","hi"]}`))
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+h.token)
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	var e api.ErrorBody
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
-	assert.Equal(t, api.CodeInvalidInput, e.Code, e.Error)
-	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, e.Error)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "application/x-ndjson", resp.Header.Get("Content-Type"))
+	dec := json.NewDecoder(resp.Body)
+	var out string
+	for {
+		var f api.ExecFrame
+		require.NoError(t, dec.Decode(&f))
+		require.Empty(t, f.Error)
+		out += string(f.Data)
+		if f.Result != nil {
+			break
+		}
+	}
+	assert.Equal(t, "hi\n", out)
 }

@@ -8,7 +8,7 @@
 //
 //	POST   /v1/sessions  body: {"allowed_commands"} or none -> 201 {"id","token"}   server key
 //	GET    /v1/sessions                                   -> [{"id","created","boxes"}]  server key
-//	DELETE /v1/sessions/{id}                              session token
+//	DELETE /v1/sessions/{id}                              session token, or the server key (any session)
 //	GET    /v1/tools?profile=                             -> [{"name","description","input_schema"}]  none
 //	POST   /v1/sessions/{id}/tools/{name}?profile=        session token; body: input -> 200 result object
 //	POST   /v1/sessions/{id}/boxes/{box}/exec             session token; body: api.ExecRequest -> NDJSON api.ExecFrame
@@ -27,7 +27,10 @@
 // server key is NOT: the routes marked with it are open in Handler, and
 // the server in front of it guards them — cmd/cellbox asks for the key,
 // and checks Host and Origin on every request against DNS rebinding and
-// cross-site pages (docs/api.md "Who may call", docs/security.md).
+// cross-site pages (docs/api.md "Who may call", docs/security.md). That
+// server marks a request that carried the right key (WithServerKey), and
+// DELETE /v1/sessions/{id} takes that instead of the session's token, so
+// an operator can remove a session whose token is lost.
 //
 // File paths in URLs are relative to /workspace; an absolute path is
 // written with its leading slash escaped (files/%2Ftmp/x). Errors are JSON
@@ -36,6 +39,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -63,7 +67,7 @@ func Handler(svc *sandbox.Service) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/sessions", s.handleNewSession)
 	mux.HandleFunc("GET /v1/sessions", s.handleListSessions)
-	mux.HandleFunc("DELETE /v1/sessions/{id}", s.authed(s.handleDeleteSession))
+	mux.HandleFunc("DELETE /v1/sessions/{id}", s.handleDeleteSession)
 	mux.HandleFunc("GET /v1/tools", s.handleTools)
 	mux.HandleFunc("POST /v1/sessions/{id}/tools/{name}", s.authed(s.handleTool))
 	m := newMCPHTTP(svc) // mcp.go
@@ -133,25 +137,55 @@ func writeBoxError(w http.ResponseWriter, err error) {
 	writeJSON(w, errorStatus(err), api.ErrorBody{Error: err.Error(), Code: sandbox.ErrorCode(err)})
 }
 
+// serverKeyCtx marks a request context whose server key the server in
+// front checked (WithServerKey).
+type serverKeyCtx struct{}
+
+// WithServerKey returns r marked as carrying the right server key. Only
+// the server that checks the key calls it (cmd/cellbox's guard); a client
+// cannot set a context value. Of the session routes, only
+// DELETE /v1/sessions/{id} honours it.
+func WithServerKey(r *http.Request) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), serverKeyCtx{}, true))
+}
+
+func hasServerKey(r *http.Request) bool {
+	ok, _ := r.Context().Value(serverKeyCtx{}).(bool)
+	return ok
+}
+
 // authed checks the bearer token against the session in the path.
 func (s *server) authed(h func(http.ResponseWriter, *http.Request, *sandbox.Session)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || token == "" {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="cellbox"`)
-			writeError(w, http.StatusUnauthorized, "missing bearer token: send Authorization: Bearer TOKEN (the token of POST /v1/sessions)")
-			return
-		}
-		sess, err := s.svc.Authenticate(r.PathValue("id"), token)
-		switch {
-		case errors.Is(err, sandbox.ErrNoSession):
-			writeJSON(w, http.StatusNotFound, api.ErrorBody{Error: err.Error(), Code: api.CodeNoSession})
-		case err != nil:
-			writeError(w, http.StatusForbidden, fmt.Sprintf("session %s: %v", r.PathValue("id"), err))
-		default:
+		if sess, ok := s.authenticate(w, r); ok {
 			h(w, r, sess)
 		}
 	}
+}
+
+// authenticate returns the session in the path if the request's bearer
+// token is its token; otherwise it answers 401, 403 or 404 itself.
+func (s *server) authenticate(w http.ResponseWriter, r *http.Request) (*sandbox.Session, bool) {
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || token == "" {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="cellbox"`)
+		writeError(w, http.StatusUnauthorized, "missing bearer token: send Authorization: Bearer TOKEN (the token of POST /v1/sessions)")
+		return nil, false
+	}
+	sess, err := s.svc.Authenticate(r.PathValue("id"), token)
+	switch {
+	case errors.Is(err, sandbox.ErrNoSession):
+		writeNoSession(w, err)
+	case err != nil:
+		writeError(w, http.StatusForbidden, fmt.Sprintf("session %s: %v", r.PathValue("id"), err))
+	default:
+		return sess, true
+	}
+	return nil, false
+}
+
+func writeNoSession(w http.ResponseWriter, err error) {
+	writeJSON(w, http.StatusNotFound, api.ErrorBody{Error: err.Error(), Code: api.CodeNoSession})
 }
 
 func (s *server) handleNewSession(w http.ResponseWriter, r *http.Request) {
@@ -182,8 +216,20 @@ func (s *server) handleListSessions(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.svc.Sessions())
 }
 
-func (s *server) handleDeleteSession(w http.ResponseWriter, r *http.Request, sess *sandbox.Session) {
-	if err := s.svc.DeleteSession(r.Context(), sess.ID); err != nil {
+// handleDeleteSession deletes the session in the path, with its token or
+// the server key (an operator removing a session whose token is lost).
+func (s *server) handleDeleteSession(w http.ResponseWriter, r *http.Request) {
+	if !hasServerKey(r) {
+		if _, ok := s.authenticate(w, r); !ok {
+			return
+		}
+	}
+	err := s.svc.DeleteSession(r.Context(), r.PathValue("id"))
+	switch {
+	case errors.Is(err, sandbox.ErrNoSession):
+		writeNoSession(w, err)
+		return
+	case err != nil:
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
@@ -309,27 +355,51 @@ func (s *server) handleExec(w http.ResponseWriter, r *http.Request, sess *sandbo
 	if !ok {
 		return
 	}
-	var req api.ExecRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		writeError(w, http.StatusBadRequest, "exec request: "+err.Error())
+	req, err := sandbox.DecodeExecRequest(body)
+	if err != nil {
+		writeBoxError(w, err)
 		return
 	}
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(http.StatusOK)
+	// The stream (200) begins when the command starts or a frame comes,
+	// whichever is first: a failure before it (a bad box name, a refused
+	// command, no box to be had) is answered with its code's status, as
+	// the other box endpoints do; one after ends the stream with a frame.
 	rc := http.NewResponseController(w)
 	var mu sync.Mutex
+	begun := false
 	enc := json.NewEncoder(w)
+	begin := func() { // mu held
+		if !begun {
+			begun = true
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			w.WriteHeader(http.StatusOK)
+		}
+	}
 	send := func(f api.ExecFrame) {
 		mu.Lock()
 		defer mu.Unlock()
+		begin()
 		enc.Encode(f)
 		rc.Flush()
 	}
-	res, err := s.svc.Exec(r.Context(), sess, r.PathValue("box"), req,
+	started := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		begin()
+		rc.Flush()
+	}
+	res, err := s.svc.Exec(r.Context(), sess, r.PathValue("box"), req, started,
 		func(stream string, data []byte) { send(api.ExecFrame{Stream: stream, Data: data}) },
 		func(n string) { send(api.ExecFrame{Notice: n}) })
 	if err != nil {
+		mu.Lock()
+		early := !begun
+		mu.Unlock()
+		if early {
+			writeBoxError(w, err)
+			return
+		}
 		send(api.ExecFrame{Error: err.Error(), Code: sandbox.ErrorCode(err)})
 		return
 	}
