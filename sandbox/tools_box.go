@@ -121,7 +121,7 @@ func shellTool(ctx context.Context, c *call, in api.ShellInput) (any, error) {
 // and leases its box.
 func shellRequest(ctx context.Context, c *call, in api.ShellInput, maxOutput int) (*lease, agent.ExecRequest, error) {
 	if strings.TrimSpace(in.Command) == "" {
-		return nil, agent.ExecRequest{}, errors.New("command is empty")
+		return nil, agent.ExecRequest{}, api.WithCode(api.CodeInvalidInput, errors.New("command is empty"))
 	}
 	if err := c.sess.allowed.check(in.Command, in.Env); err != nil {
 		return nil, agent.ExecRequest{}, err
@@ -188,7 +188,7 @@ func mergeEnv(base, extra map[string]string) map[string]string {
 func processTool(ctx context.Context, c *call, in api.ProcessInput) (api.ProcessOutput, error) {
 	var out api.ProcessOutput
 	if in.Action != "list" && in.Action != "kill_all" && in.ID == "" {
-		return out, fmt.Errorf("process %s needs the id of a process (see process {\"action\":\"list\"})", in.Action)
+		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("process %s needs the id of a process (see process {\"action\":\"list\"})", in.Action))
 	}
 	l, err := c.box(ctx, in.Sandbox)
 	if err != nil {
@@ -307,7 +307,7 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 			return out, c.sess.allowed.check("", in.Env)
 		}
 		if in.BoxID != "" {
-			return out, fmt.Errorf("box_id refused: this session runs only allowed_commands %q, and a box shared with other sessions may be set up to run other code; use a box of this session", []string(c.sess.allowed))
+			return out, api.WithCode(api.CodeRefused, fmt.Errorf("box_id refused: this session runs only allowed_commands %q, and a box shared with other sessions may be set up to run other code; use a box of this session", []string(c.sess.allowed)))
 		}
 	}
 	if err := backend.ValidWorkDir(in.WorkspaceDir); err != nil {
@@ -351,7 +351,7 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 			return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("invalid box_id %q: use 1-63 lowercase letters, digits, '.', '_' or '-', not starting with \"cb-\" (reserved for private boxes)", in.BoxID))
 		}
 		if n := len(socketPath(s.cfg.DataDir, in.BoxID)); n > maxSocketPath {
-			return out, fmt.Errorf("box_id %q is too long for this server's data dir (its agent socket path would have %d bytes, at most %d); use a shorter id", in.BoxID, n, maxSocketPath)
+			return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("box_id %q is too long for this server's data dir (its agent socket path would have %d bytes, at most %d); use a shorter id", in.BoxID, n, maxSocketPath))
 		}
 		spec.ID, spec.Shared = in.BoxID, true
 	}
@@ -365,7 +365,7 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 	switch {
 	case b != nil && spec.Shared && b.rec.ID != spec.ID:
 		s.mu.Unlock()
-		return out, fmt.Errorf("this session already has a sandbox named %q (%s); destroy it first or pick another name", name, b.rec.ID)
+		return out, api.WithCode(api.CodeExists, fmt.Errorf("this session already has a sandbox named %q (%s); destroy it first or pick another name", name, b.rec.ID))
 	case b != nil:
 		if b.state == stateNew {
 			created = true // being made by a concurrent call
@@ -374,7 +374,7 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 		b = s.boxes[spec.ID]
 		if b != nil && !b.rec.Shared {
 			s.mu.Unlock()
-			return out, fmt.Errorf("box_id %q is in use by a private box; pick another id", spec.ID)
+			return out, api.WithCode(api.CodeExists, fmt.Errorf("box_id %q is in use by a private box; pick another id", spec.ID))
 		}
 		if err := s.checkCapsLocked(sess); err != nil {
 			s.mu.Unlock()
