@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"unicode/utf8"
 )
 
 // Error is one problem in a pattern: where, which field, what.
@@ -74,63 +73,6 @@ func (e *errs) err() error {
 		return nil
 	}
 	return e.list.sort()
-}
-
-// suggest returns ` (did you mean "x"?)` for the candidate nearest to name,
-// or "" when none is near enough to be a likely typo.
-func suggest(name string, candidates []string) string {
-	if s := nearest(name, candidates); s != "" {
-		return fmt.Sprintf(" (did you mean %q?)", s)
-	}
-	return ""
-}
-
-// nearest returns the candidate nearest to name by edit distance (a
-// case-insensitive match first), or "" when none is within a third of the
-// name's length (at least 1).
-func nearest(name string, candidates []string) string {
-	if len(name) > 100 {
-		return ""
-	}
-	for _, c := range candidates {
-		if strings.EqualFold(c, name) && c != name {
-			return c
-		}
-	}
-	best, bestD := "", max(utf8.RuneCountInString(name)/3, 1)+1
-	for _, c := range candidates {
-		if d := distance(name, c); d < bestD && c != name {
-			best, bestD = c, d
-		}
-	}
-	return best
-}
-
-// distance is the edit distance between a and b in runes, counting a
-// transposition of neighbours as one edit (optimal string alignment).
-func distance(a, b string) int {
-	ra, rb := []rune(a), []rune(b)
-	d := make([][]int, len(ra)+1)
-	for i := range d {
-		d[i] = make([]int, len(rb)+1)
-		d[i][0] = i
-	}
-	for j := range d[0] {
-		d[0][j] = j
-	}
-	for i := 1; i <= len(ra); i++ {
-		for j := 1; j <= len(rb); j++ {
-			cost := 1
-			if ra[i-1] == rb[j-1] {
-				cost = 0
-			}
-			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
-			if i > 1 && j > 1 && ra[i-1] == rb[j-2] && ra[i-2] == rb[j-1] {
-				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
-			}
-		}
-	}
-	return d[len(ra)][len(rb)]
 }
 
 // list renders names as "a, b, c", capped at 12 names.

@@ -45,19 +45,3 @@ func TestParseString(t *testing.T) {
 		})
 	}
 }
-
-func TestSuggest(t *testing.T) {
-	names := []string{"threshold", "command", "clean", "exec", "files"}
-	for in, want := range map[string]string{
-		"treshold":  "threshold",
-		"Threshold": "threshold",
-		"comand":    "command",
-		"commnad":   "command",
-		"exce":      "exec",
-		"clen":      "clean",
-		"zzz":       "",
-		"fil":       "",
-	} {
-		assert.Equal(t, want, nearest(in, names), in)
-	}
-}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/builtins/llm"
+	"github.com/cellbox/cellbox/internal/suggest"
 	"github.com/expr-lang/expr/builtin"
 )
 
@@ -200,7 +201,7 @@ func (c *checker) llm(n *Node, at string, reads map[string]bool, val func(string
 		return // the loader reported it
 	}
 	if s.Provider != "" && !slices.Contains(llm.Providers, s.Provider) {
-		c.e.add(field(at, "provider"), "unknown provider %q%s (providers: %s)", s.Provider, suggest(s.Provider, llm.Providers), list(llm.Providers))
+		c.e.add(field(at, "provider"), "unknown provider %q%s (providers: %s)", s.Provider, suggest.DidYouMean(s.Provider, llm.Providers), list(llm.Providers))
 	}
 	if s.Model.IsZero() {
 		c.e.add(field(at, "model"), "missing: an llm node needs a model (e.g. gpt-4o, claude-sonnet-4-5, llama3.1)")
@@ -384,7 +385,7 @@ func (c *checker) ref(r builtins.Read) string {
 		if isBuiltin(r.Name) {
 			return ""
 		}
-		return fmt.Sprintf("unknown function %q%s", r.Name, suggest(r.Name, builtin.Names))
+		return fmt.Sprintf("unknown function %q%s", r.Name, suggest.DidYouMean(r.Name, builtin.Names))
 	}
 	switch c.names[r.Name] {
 	case "cell":
@@ -403,7 +404,7 @@ func (c *checker) ref(r builtins.Read) string {
 	}
 	sort.Strings(cells)
 	sort.Strings(nodes)
-	if s := nearest(r.Name, append(slices.Clone(cells), nodes...)); s != "" {
+	if s := suggest.Nearest(r.Name, append(slices.Clone(cells), nodes...)); s != "" {
 		return fmt.Sprintf("unknown %s %q (did you mean %q?)", c.names[s], r.Name, s)
 	}
 	return fmt.Sprintf("unknown cell or node %q (cells: %s; nodes: %s)", r.Name, orNone(cells), orNone(nodes))
@@ -419,14 +420,14 @@ func checkOutput(n *Node, p []string) string {
 		return fmt.Sprintf("%s.%s is a stream of %s node %q: send events to it, expressions cannot read it", n.Name, p[0], n.Kind, n.Name)
 	}
 	if !slices.Contains(outs, p[0]) {
-		return fmt.Sprintf("%s node %q has no output %q%s (outputs: %s)", n.Kind, n.Name, p[0], suggest(p[0], outs), list(outs))
+		return fmt.Sprintf("%s node %q has no output %q%s (outputs: %s)", n.Kind, n.Name, p[0], suggest.DidYouMean(p[0], outs), list(outs))
 	}
 	var files map[string]Value
 	var rest []string
 	switch {
 	case p[0] == "result" && len(p) > 1 && results[n.Kind] != nil:
 		if r := results[n.Kind]; !slices.Contains(r, p[1]) {
-			return fmt.Sprintf("%s node %q has no output \"result.%s\"%s (result has: %s)", n.Kind, n.Name, p[1], suggest(p[1], r), list(r))
+			return fmt.Sprintf("%s node %q has no output \"result.%s\"%s (result has: %s)", n.Kind, n.Name, p[1], suggest.DidYouMean(p[1], r), list(r))
 		}
 		if n.Kind == KindExec && p[1] == "files" {
 			files, rest = n.Exec.Files, p[2:]
@@ -451,7 +452,7 @@ func checkOutput(n *Node, p []string) string {
 	if v, ok := files[rest[0]]; ok {
 		return fmt.Sprintf("file %q of %s node %q is an input (%s), not an output: declare it as text or json to read it back", rest[0], n.Kind, n.Name, v.Kind)
 	}
-	return fmt.Sprintf("%s node %q has no output file %q%s (output files: %s)", n.Kind, n.Name, rest[0], suggest(rest[0], outFiles), orNone(outFiles))
+	return fmt.Sprintf("%s node %q has no output file %q%s (output files: %s)", n.Kind, n.Name, rest[0], suggest.DidYouMean(rest[0], outFiles), orNone(outFiles))
 }
 
 // checkPreview checks a path read from a sandbox node's previews: a
@@ -465,9 +466,9 @@ func checkPreview(n *Node, p []string) string {
 	case len(ports) == 0:
 		return fmt.Sprintf("sandbox node %q declares no ports, so it has no previews (add ports: [%s])", n.Name, p[0])
 	case !slices.Contains(ports, p[0]):
-		return fmt.Sprintf("sandbox node %q has no preview of port %q%s (ports: %s)", n.Name, p[0], suggest(p[0], ports), list(ports))
+		return fmt.Sprintf("sandbox node %q has no preview of port %q%s (ports: %s)", n.Name, p[0], suggest.DidYouMean(p[0], ports), list(ports))
 	case len(p) > 1 && !slices.Contains(previewFields, p[1]):
-		return fmt.Sprintf("a preview of sandbox node %q has no field %q%s (fields: %s)", n.Name, p[1], suggest(p[1], previewFields), list(previewFields))
+		return fmt.Sprintf("a preview of sandbox node %q has no field %q%s (fields: %s)", n.Name, p[1], suggest.DidYouMean(p[1], previewFields), list(previewFields))
 	}
 	return ""
 }
@@ -490,7 +491,7 @@ func (c *checker) readFile(at, name string) (string, bool) {
 		for _, e := range ents {
 			siblings = append(siblings, path.Join(path.Dir(name), e.Name()))
 		}
-		c.e.add(at, "file %q not found in the pattern folder %s%s", name, c.dirName(), suggest(name, siblings))
+		c.e.add(at, "file %q not found in the pattern folder %s%s", name, c.dirName(), suggest.DidYouMean(name, siblings))
 		return "", false
 	case err != nil:
 		c.e.add(at, "read %q: %v", name, err)

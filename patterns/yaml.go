@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cellbox/cellbox/internal/suggest"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/egress"
 
@@ -242,7 +243,7 @@ func (l *loader) fields(n *yaml.Node, path string, names []string, hint string) 
 	out := map[string]entry{}
 	for _, e := range l.pairs(n, path, "fields") {
 		if !slices.Contains(names, e.key.Value) {
-			l.errAt(e.key, e.path, "unknown field %q%s (fields: %s)%s", e.key.Value, suggest(e.key.Value, names), list(names), hint)
+			l.errAt(e.key, e.path, "unknown field %q%s (fields: %s)%s", e.key.Value, suggest.DidYouMean(e.key.Value, names), list(names), hint)
 			continue
 		}
 		out[e.key.Value] = e
@@ -331,7 +332,7 @@ func (l *loader) node(e entry) {
 			n.Kind = Kind(k) // known but unavailable: check skips it
 			return
 		default:
-			l.errAt(f.key, f.path, "unknown node kind %q%s (kinds: %s)", k, suggest(k, nodeFields), list(kinds))
+			l.errAt(f.key, f.path, "unknown node kind %q%s (kinds: %s)", k, suggest.DidYouMean(k, nodeFields), list(kinds))
 		}
 	}
 	switch len(specs) {

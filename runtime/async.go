@@ -73,7 +73,14 @@ func (b *batch) decideAsync(n *node, in Inputs, inErr string, waiting bool) {
 	})
 }
 
+// failAsync fails n without running it (an input failed, or Key did). A
+// node that already stands failed this way with the same message is left
+// as it is: an input that changes again (a sandbox node going from
+// starting to running) must not report the same failure once per change.
 func (b *batch) failAsync(n *node, msg string) {
+	if n.key == "" && !n.pending && n.cur == 0 && n.err == msg {
+		return
+	}
 	b.writeAsync(n, envelope{Error: &msg}, "", false)
 	b.status = append(b.status, Status{Node: n.addr, Kind: Failed, Err: msg})
 	b.then(func() {

@@ -34,7 +34,8 @@ type node struct {
 	runs, hits int
 	last       time.Duration
 	// waiting: an input (or its inputs, transitively) is an async node
-	// with no first result yet; see batch.inputs.
+	// with no first result yet, or a service with no output yet; see
+	// batch.inputs.
 	waiting bool
 	// failedUp: an input (or its inputs, transitively) is an async node
 	// whose last run failed; the reason, or "". See batch.inputs.
@@ -218,7 +219,9 @@ func (b *batch) enqueue(n *node) {
 // A compute gets the batch's scratch map; others keep theirs.
 //
 // waiting is true when an input is an async node that has no first result
-// yet (never run, or its first run still pending), or is itself waiting.
+// yet (never run, or its first run still pending), a service whose output
+// is still null (not opened yet: a sandbox node before its box is asked
+// for), or is itself waiting.
 // A waiting compute still runs (it may show job.pending) but a failure is
 // not an error: reading result.files of a null result is just early. A
 // waiting async node does not run at all: it would run on inputs that are
@@ -248,7 +251,7 @@ func (b *batch) inputs(n *node) (in Inputs, inErr string, waiting bool, failedUp
 		if p == nil {
 			continue
 		}
-		if p.waiting || p.shape == shapeAsync && noResultYet(in[i.name]) {
+		if p.waiting || p.shape == shapeAsync && noResultYet(in[i.name]) || p.shape == shapeService && in[i.name] == nil {
 			waiting = true
 		}
 		if failedUp == "" {

@@ -821,3 +821,46 @@ func TestMemoLimitIndexesOldEntries(t *testing.T) {
 	}))
 	assert.Equal(t, []string{"1", "old2"}, keys)
 }
+
+// noKey is an async kind whose Key fails, the way an llm node's does with
+// no API key, naming its "why" input; it also reads "box".
+type noKey struct{}
+
+func (noKey) Key(in runtime.Inputs) (string, bool, error) {
+	return "", false, fmt.Errorf("no API key (%v)", in["why"])
+}
+func (noKey) Run(ctx context.Context, in runtime.Inputs) (any, error) { return nil, nil }
+
+// A node that fails before running, again and again for the same reason as
+// an input keeps changing (a sandbox node going starting, running, ...),
+// reports that failure once; a different reason is reported again.
+func TestSameFailureReportedOnce(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		rt := runtime.New(s, runtime.Options{})
+		defer rt.Close(context.Background())
+		st := watchStatus(t, rt)
+		require.NoError(t, rt.Load(context.Background(), runtime.Pattern{Space: space, Name: pat,
+			Cells: []runtime.Cell{{Name: "box", Initial: json.RawMessage(`"starting"`)}, {Name: "why", Initial: json.RawMessage(`"a"`)}},
+			Nodes: []runtime.Node{{Name: "agent", Inputs: []string{"box", "why"}, Kind: noKey{}, Builtin: "llm"}}}))
+		settle(t, rt)
+		for _, v := range []string{`"running"`, `"busy"`, `"running"`} {
+			set(t, rt, "box", v)
+			settle(t, rt)
+		}
+		assert.JSONEq(t, `{"pending":false,"result":null,"error":"no API key (a)"}`, string(get(t, s, "agent").Value))
+		set(t, rt, "why", `"b"`)
+		settle(t, rt)
+		assert.JSONEq(t, `{"pending":false,"result":null,"error":"no API key (b)"}`, string(get(t, s, "agent").Value))
+		// Statuses arrive in order: once b's is in, a's are all in.
+		require.Eventually(t, func() bool { return st.count("agent", runtime.Failed) >= 2 }, 5*time.Second, time.Millisecond)
+		st.mu.Lock()
+		var errs []string
+		for _, x := range st.all {
+			if x.Node.Name == "agent" && x.Kind == runtime.Failed {
+				errs = append(errs, x.Err)
+			}
+		}
+		st.mu.Unlock()
+		assert.Equal(t, []string{"no API key (a)", "no API key (b)"}, errs, "each distinct failure once")
+	})
+}

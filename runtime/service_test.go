@@ -332,3 +332,54 @@ func TestSendRefusesMalformedEvents(t *testing.T) {
 		assert.Equal(t, []uint64{ev.ID}, out(t, s).Done, "only the good event was queued and handled")
 	})
 }
+
+// late is a service whose Open waits for release before it writes its
+// output, the way a sandbox node's box takes a while to be asked for.
+type late struct{ release chan struct{} }
+
+func (l *late) Open(ctx context.Context, h runtime.Handle, in runtime.Inputs) error {
+	select {
+	case <-l.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return h.Modify(ctx, func(json.RawMessage) (any, error) {
+		return map[string]any{"files": map[string]any{"/a": "hello"}}, nil
+	})
+}
+func (*late) Update(context.Context, runtime.Inputs) error     { return nil }
+func (*late) Event(context.Context, string, cells.Event) error { return nil }
+func (*late) Close(context.Context, runtime.CloseReason) error { return nil }
+
+// Readers of a service that has no output yet wait for it: a computed
+// reading workspace.files does not fail on the null output ("cannot fetch
+// files from <nil>"), and an async node does not run, until the service
+// writes its output.
+func TestWaitsForServiceOutput(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		l, f := &late{release: make(chan struct{})}, &follow{}
+		rt := runtime.New(s, runtime.Options{})
+		defer rt.Close(context.Background())
+		st := watchStatus(t, rt)
+		require.NoError(t, rt.Load(context.Background(), runtime.Pattern{Space: space, Name: pat,
+			Nodes: []runtime.Node{
+				{Name: "workspace", Kind: l, Builtin: "sandbox"},
+				{Name: "code", Inputs: []string{"workspace"}, Kind: mustComputed(`workspace.files["/a"]`)},
+				{Name: "job", Inputs: []string{"code"}, Kind: mustComputed(`{pending: false, result: {out: code}}`)},
+				{Name: "next", Inputs: []string{"job"}, Kind: f, Builtin: "follow"},
+			}}))
+		for _, n := range []string{"code", "job", "next"} {
+			if c, err := s.Get(at(n)); err == nil {
+				assert.Empty(t, c.Error, "%s waits for the service's output", n)
+			}
+		}
+		assert.Zero(t, f.runs.Load(), "no async run on a service with no output yet")
+		close(l.release)
+		settle(t, rt)
+		assert.Equal(t, `"hello"`, string(get(t, s, "code").Value))
+		assert.JSONEq(t, `{"pending":false,"result":"ok","error":null}`, string(get(t, s, "next").Value))
+		for _, n := range []string{"code", "job", "next"} {
+			assert.Zero(t, st.count(n, runtime.Failed), "%s never failed on the way", n)
+		}
+	})
+}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/cellbox/cellbox/internal/suggest"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 )
@@ -111,7 +112,8 @@ func LookupToolIn(profile, name string) (*Tool, error) {
 	}
 	t, ok := p.byName[name]
 	if !ok {
-		return nil, fmt.Errorf("%w %q in profile %s; tools: %s", ErrUnknownTool, name, p.Name, strings.Join(toolNames(p.tools), ", "))
+		names := toolNames(p.tools)
+		return nil, fmt.Errorf("%w %q in profile %s%s; tools: %s", ErrUnknownTool, name, p.Name, suggest.DidYouMean(name, names), strings.Join(names, ", "))
 	}
 	return t, nil
 }

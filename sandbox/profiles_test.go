@@ -249,6 +249,12 @@ func TestProfileCallsInRealBox(t *testing.T) {
 		assert.ErrorIs(t, err, ErrUnknownTool)
 		assert.ErrorContains(t, err, `unknown tool "read" in profile cloudflare; tools: browse, glob, read_file`)
 	})
+
+	t.Run("a typo of a tool gets a suggestion", func(t *testing.T) {
+		_, err := h.rawIn("", "shel", `{}`)
+		assert.ErrorIs(t, err, ErrUnknownTool)
+		assert.ErrorContains(t, err, `unknown tool "shel" in profile cellbox (did you mean "shell"?); tools: `)
+	})
 }
 
 func TestAllowedCommands(t *testing.T) {

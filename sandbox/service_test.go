@@ -143,6 +143,8 @@ func TestToolInputErrors(t *testing.T) {
 		{"shell", `[1,2]`, []string{"must be a JSON object"}},
 		{"sandbox_list", `{"x":1}`, []string{`unknown field "x"`, "it takes no fields"}},
 		{"read_file", `{"path":"missing.txt"}`, []string{"missing.txt", "no such file"}},
+		// The error names the tool called, not the agent's op (tree).
+		{"ls", `{"path":"missing"}`, []string{"ls /", "/workspace/missing: no such file"}},
 		{"sandbox_create", `{"sandbox":"bad name!"}`, []string{"invalid sandbox name"}},
 		{"write_file", `{"path":"x","content":"%%%","encoding":"base64"}`, []string{"not valid base64"}},
 		{"shell", `{"command":null}`, []string{"command: must be string (got null)"}},

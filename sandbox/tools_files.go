@@ -155,7 +155,7 @@ func lsTool(ctx context.Context, c *call, in api.LsInput) (api.LsOutput, error) 
 	}
 	root, truncated, err := l.client.Tree(ctx, in.Path, 2, lsMax)
 	if err != nil {
-		return api.LsOutput{}, err
+		return api.LsOutput{}, renameOp(err, "tree", "ls")
 	}
 	if root.Type != "dir" {
 		return api.LsOutput{}, api.WithCode(api.CodeInvalidInput, fmt.Errorf("ls %s: not a directory (it is a %s); use read_file to read a file", root.Path, root.Type))
@@ -170,6 +170,23 @@ func lsTool(ctx context.Context, c *call, in api.LsInput) (api.LsOutput, error) 
 		fmt.Fprintf(&b, "… (listing cut at %d entries; ls a subdirectory or use glob)\n", lsMax)
 	}
 	return api.LsOutput{Tree: b.String(), Entries: toEntries(root.Children), Truncated: truncated}, nil
+}
+
+// renameOp names the tool the user called in an agent error whose message
+// names the agent's own op (ls is the agent's tree), keeping its code.
+func renameOp(err error, op, tool string) error {
+	var e *agent.Error
+	if !errors.As(err, &e) || e.Op != op {
+		return err
+	}
+	r := *e
+	r.Op = tool
+	if rest, ok := strings.CutPrefix(e.Message, op+" "); ok {
+		r.Message = tool + " " + rest
+	} else if rest, ok := strings.CutPrefix(e.Message, op+":"); ok {
+		r.Message = tool + ":" + rest
+	}
+	return &r
 }
 
 func renderTree(b *strings.Builder, entries []agent.TreeEntry, indent string) {

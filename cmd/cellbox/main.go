@@ -14,7 +14,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
+	"github.com/cellbox/cellbox/internal/suggest"
 )
 
 // command is one subcommand. Each lives in a file of its own and registers
@@ -62,10 +62,7 @@ func main() {
 	}
 	c, ok := commands[os.Args[1]]
 	if !ok {
-		msg := fmt.Sprintf("cellbox: unknown command %q", os.Args[1])
-		if s := runapi.Nearest(os.Args[1], commandNames()); s != "" {
-			msg += fmt.Sprintf(" (did you mean %q?)", s)
-		}
+		msg := fmt.Sprintf("cellbox: unknown command %q%s", os.Args[1], suggest.DidYouMean(os.Args[1], commandNames()))
 		fmt.Fprintf(os.Stderr, "%s\nthe commands: %s; `cellbox --help` says what each does\n", msg, strings.Join(commandNames(), ", "))
 		os.Exit(2)
 	}

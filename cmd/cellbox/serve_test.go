@@ -66,6 +66,9 @@ func TestServeSessionTool(t *testing.T) {
 	out, err = run(env, "tool", "nosuchtool", `{}`)
 	require.Error(t, err)
 	assert.Contains(t, out, `unknown tool "nosuchtool"`)
+	out, err = run(env, "tool", "shel", `{}`)
+	require.Error(t, err)
+	assert.Contains(t, out, `unknown tool "shel" in profile cellbox (did you mean "shell"?)`, "a typo gets the suggestion cellbox runn gets")
 
 	out, err = run(env, "tool")
 	require.NoError(t, err, out)

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -156,7 +157,8 @@ func TestProxy(t *testing.T) {
 
 	code, body = get("http://127.0.0.1:1/")
 	assert.Equal(t, http.StatusForbidden, code, "same IP, other port")
-	assert.Contains(t, body, `add "127.0.0.1"`)
+	assert.Contains(t, body, `add "127.0.0.1:1"`, "loopback: the hint names the port")
+	assert.NotContains(t, body, `add "127.0.0.1"`, "never the whole loopback address: that opens cellbox's API too")
 
 	// A name allowed that resolves to loopback is refused: the rebinding
 	// guard. Allowing the address too admits it.
@@ -335,5 +337,49 @@ func TestInternal(t *testing.T) {
 		"93.184.215.14": false, "2606:4700::1": false, "8.8.8.8": false,
 	} {
 		assert.Equal(t, want, internal(netip.MustParseAddr(addr)), addr)
+	}
+}
+
+// TestAllowEntryHint: the entry a refusal proposes is one Compile accepts,
+// admits the refused destination, and for a loopback, private or
+// link-local address admits only that port (allowing all of 127.0.0.1
+// would open cellbox's own API to the box).
+func TestAllowEntryHint(t *testing.T) {
+	for _, tc := range []struct {
+		host, want string
+		port       int
+		narrow     string // the host:port also offered
+	}{
+		{"127.0.0.1", "127.0.0.1:7306", 7306, ""},
+		{"::1", "[::1]:80", 80, ""},
+		{"::ffff:127.0.0.1", "127.0.0.1:8080", 8080, ""},
+		{"10.1.2.3", "10.1.2.3:5432", 5432, ""},
+		{"169.254.169.254", "169.254.169.254:80", 80, ""},
+		{"fe80::1%eth0", "[fe80::1]:22", 22, ""},
+		{"8.8.8.8", "8.8.8.8", 53, "8.8.8.8:53"},
+		{"2001:4860:4860::8888", "2001:4860:4860::8888", 443, "[2001:4860:4860::8888]:443"},
+		{"example.org", "example.org", 443, "example.org:443"},
+	} {
+		t.Run(tc.host, func(t *testing.T) {
+			e := allowEntry(tc.host, tc.port)
+			require.Equal(t, tc.want, e)
+			pol, err := Compile([]string{e}, nil)
+			require.NoError(t, err, "the hint is a valid allow entry")
+			if addr, err := netip.ParseAddr(tc.host); err == nil {
+				addr = addr.WithZone("")
+				assert.True(t, pol.addrAllowed(addr, tc.port), "the hint admits the refused destination")
+				assert.Equal(t, !internal(addr), pol.addrAllowed(addr, tc.port+1), "an internal address is proposed with its port only")
+			} else {
+				assert.True(t, pol.nameAllowed(tc.host, tc.port))
+			}
+			h := addHint(tc.host, tc.port)
+			assert.Contains(t, h, strconv.Quote(e))
+			if tc.narrow != "" {
+				// A name or public address: the narrower host:port is offered too, and compiles.
+				assert.Contains(t, h, strconv.Quote(tc.narrow))
+				_, err := Compile([]string{tc.narrow}, nil)
+				require.NoError(t, err)
+			}
+		})
 	}
 }

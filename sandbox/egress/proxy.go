@@ -150,16 +150,16 @@ func (p *Proxy) decide(ctx context.Context, pol *Policy, host string, port int) 
 	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
 	dest := net.JoinHostPort(host, strconv.Itoa(port))
 	if pol == nil || len(pol.rules) == 0 {
-		return netip.AddrPort{}, &denied{fmt.Sprintf("cellbox egress: %s refused: box %q has no network access (its allow list is empty); allow it with network_set {\"allow\": [%q]}", dest, p.opts.Box, host)}
+		return netip.AddrPort{}, &denied{fmt.Sprintf("cellbox egress: %s refused: box %q has no network access (its allow list is empty); allow it with network_set {\"allow\": [%q]}", dest, p.opts.Box, allowEntry(host, port))}
 	}
 	if addr, err := netip.ParseAddr(host); err == nil {
 		if !pol.addrAllowed(addr, port) {
-			return netip.AddrPort{}, &denied{fmt.Sprintf("cellbox egress: %s refused: no rule of box %q allows this address (allow: %q); add %q or a CIDR holding it with network_set", dest, p.opts.Box, pol.Allow(), host)}
+			return netip.AddrPort{}, &denied{fmt.Sprintf("cellbox egress: %s refused: no rule of box %q allows this address (allow: %q); %s with network_set", dest, p.opts.Box, pol.Allow(), addHint(host, port))}
 		}
 		return netip.AddrPortFrom(addr.Unmap(), uint16(port)), nil
 	}
 	if !pol.nameAllowed(host, port) {
-		return netip.AddrPort{}, &denied{fmt.Sprintf("cellbox egress: %s refused: no rule of box %q allows this name (allow: %q); add %q (or %q for this port only) with network_set", dest, p.opts.Box, pol.Allow(), host, dest)}
+		return netip.AddrPort{}, &denied{fmt.Sprintf("cellbox egress: %s refused: no rule of box %q allows this name (allow: %q); %s with network_set", dest, p.opts.Box, pol.Allow(), addHint(host, port))}
 	}
 	lctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
@@ -179,7 +179,37 @@ func (p *Proxy) decide(ctx context.Context, pol *Policy, host string, port int) 
 	if len(inner) == 0 {
 		return netip.AddrPort{}, fmt.Errorf("cellbox egress: %s has no address", host)
 	}
-	return netip.AddrPort{}, &denied{fmt.Sprintf("cellbox egress: %s refused: %s resolves to %s, a loopback, private or link-local address; an allowed name may reach such an address only if the address is allowed too (else any name's DNS could point the box at this host's own services): add %q or its CIDR with network_set", dest, host, strings.Join(inner, ", "), inner[0])}
+	return netip.AddrPort{}, &denied{fmt.Sprintf("cellbox egress: %s refused: %s resolves to %s, a loopback, private or link-local address; an allowed name may reach such an address only if the address is allowed too (else any name's DNS could point the box at this host's own services): %s with network_set", dest, host, strings.Join(inner, ", "), addHint(inner[0], port))}
+}
+
+// allowEntry is the allow-list entry a refusal proposes for host:port (a
+// valid Compile entry, tested): a loopback, private or link-local address
+// only with its port, since allowing a whole 127.0.0.1 opens every service
+// of the host, cellbox's own API among them (docs/security.md); a public
+// address or a name without one.
+func allowEntry(host string, port int) string {
+	if addr, err := netip.ParseAddr(host); err == nil {
+		addr = addr.Unmap().WithZone("")
+		if internal(addr) {
+			return net.JoinHostPort(addr.String(), strconv.Itoa(port))
+		}
+		return addr.String()
+	}
+	return host
+}
+
+// addHint is the "add …" part of a refusal: the entry of allowEntry, and
+// for a name or a public address the narrower host:port too.
+func addHint(host string, port int) string {
+	e := allowEntry(host, port)
+	if _, _, err := net.SplitHostPort(e); err == nil {
+		return fmt.Sprintf("add %q (with its port: the whole address would open every service there, on loopback cellbox's own API too)", e)
+	}
+	cidr := ""
+	if _, err := netip.ParseAddr(e); err == nil {
+		cidr = " or a CIDR holding it"
+	}
+	return fmt.Sprintf("add %q%s, or %q for this port only,", e, cidr, net.JoinHostPort(e, strconv.Itoa(port)))
 }
 
 // refuse answers a request the proxy will not forward.

@@ -3,10 +3,10 @@ package runapi
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/internal/suggest"
 )
 
 // Loaded names a loaded pattern instance, for address resolution.
@@ -179,7 +179,7 @@ func notFound(store cells.Store, a cells.Address) *Error {
 		if len(stored) == 0 {
 			e.Message += ": the store is empty; run a pattern first (`cellbox run PATTERN`)"
 		}
-		if s := Nearest(a.Name, names); s != "" {
+		if s := suggest.Nearest(a.Name, names); s != "" {
 			e.Suggestion = s
 			e.Message += fmt.Sprintf(" (did you mean %q?)", s)
 		}
@@ -194,51 +194,17 @@ func notFound(store cells.Store, a cells.Address) *Error {
 		if len(keys) > 0 {
 			e.Message += " (instances: " + strings.Join(keys, ", ") + ")"
 		}
-		if s := Nearest(a.Space+"/"+a.Pattern, keys); s != "" {
+		if s := suggest.Nearest(a.Space+"/"+a.Pattern, keys); s != "" {
 			e.Suggestion = s + "/" + a.Name
 		}
 		return e
 	}
 	e := errorf(404, "no cell %q in pattern %s/%s", a.Name, a.Space, a.Pattern)
-	if s := Nearest(a.Name, names); s != "" {
+	if s := suggest.Nearest(a.Name, names); s != "" {
 		e.Suggestion = s
 		e.Message += fmt.Sprintf(" (did you mean %q?)", s)
 	} else {
 		e.Message += " (cells: " + strings.Join(names, ", ") + ")"
 	}
 	return e
-}
-
-// Nearest returns the candidate closest to name by edit distance, if it is
-// close enough to be a plausible typo.
-func Nearest(name string, candidates []string) string {
-	best, bestD := "", max(2, len(name)/3)+1
-	for _, c := range slices.Compact(slices.Sorted(slices.Values(candidates))) {
-		if d := distance(strings.ToLower(name), strings.ToLower(c)); d < bestD {
-			best, bestD = c, d
-		}
-	}
-	return best
-}
-
-// distance is the Levenshtein distance between a and b.
-func distance(a, b string) int {
-	ra, rb := []rune(a), []rune(b)
-	prev := make([]int, len(rb)+1)
-	cur := make([]int, len(rb)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(ra); i++ {
-		cur[0] = i
-		for j := 1; j <= len(rb); j++ {
-			cost := 1
-			if ra[i-1] == rb[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(rb)]
 }
