@@ -1,16 +1,11 @@
-package sandbox_test
+package sandbox
 
 import (
-	"context"
-	"encoding/json"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/sandbox/api"
 )
 
@@ -19,23 +14,9 @@ import (
 // too_large (it was internal, "a fault of the service"), a bad request is
 // invalid_input, a missing file not_found, an escape outside_workspace.
 func TestFileToolErrorCodes(t *testing.T) {
-	svc, _ := boxtest.Service(t, boxtest.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	id, _, err := svc.NewSession(ctx)
-	require.NoError(t, err)
-	call := func(tool string, in map[string]any) map[string]any {
-		t.Helper()
-		raw, err := json.Marshal(in)
-		require.NoError(t, err)
-		res, err := svc.CallTool(ctx, id, tool, raw)
-		require.NoError(t, err)
-		var out map[string]any
-		require.NoError(t, json.Unmarshal(res, &out))
-		return out
-	}
-	out := call("shell", map[string]any{"command": "head -c 3000000 /dev/zero | tr '\\0' a > big.txt && echo hello > small.txt && mkdir d"})
-	require.Equal(t, false, out["is_error"], "%v", out)
+	rb := newRealService(t, "local", nil)
+	h := newSession(t, rb.s)
+	h.tool("shell", map[string]any{"command": "head -c 3000000 /dev/zero | tr '\\0' a > big.txt && echo hello > small.txt && mkdir d"})
 
 	tests := []struct {
 		name, tool string
@@ -58,7 +39,7 @@ func TestFileToolErrorCodes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			out := call(tt.tool, tt.in)
+			out := h.call(tt.tool, tt.in)
 			assert.Equal(t, true, out["is_error"], "%v", out)
 			assert.Equal(t, tt.code, out["code"], "%v", out["error"])
 			assert.Contains(t, out["error"], tt.msg)

@@ -2,8 +2,8 @@ package sandbox
 
 // The reaper: every ReapInterval it expires idle sessions, puts idle boxes
 // to sleep (keeping their workspaces), checks the health of the others,
-// saves last-used times and refills the warm pool. SleepSession and
-// SleepAll are the same sleep on demand, for a session or for every box.
+// saves last-used times and refills the warm pool. SleepAll is the same
+// sleep on demand, for every box.
 
 import (
 	"cmp"
@@ -122,22 +122,6 @@ func (s *Service) flushLastUsed() {
 			s.log.Warn("save last-used times", "err", err)
 		}
 	}
-}
-
-// SleepSession stops every running box of a session, keeping each
-// workspace; the next call on a box wakes it.
-func (s *Service) SleepSession(ctx context.Context, id string) error {
-	sess, err := s.session(id)
-	if err != nil {
-		return err
-	}
-	s.mu.Lock()
-	boxes := make([]*box, 0, len(sess.boxes))
-	for _, b := range sess.boxes {
-		boxes = append(boxes, b)
-	}
-	s.mu.Unlock()
-	return s.sleepBoxes(ctx, boxes)
 }
 
 // SleepAll stops every running box of every session, keeping each

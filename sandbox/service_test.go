@@ -561,24 +561,6 @@ func TestProtocolMismatchRestarts(t *testing.T) {
 	}
 }
 
-// SleepSession stops the session's running boxes, keeping their files, and
-// leaves other sessions' boxes alone; the next call wakes a box.
-func TestSleepSession(t *testing.T) {
-	be := newFakeBackend(t)
-	s := newTestService(t, be, "", nil)
-	mine, other := newSession(t, s), newSession(t, s)
-	a := mine.tool("sandbox_create", map[string]any{"sandbox": "a"})["id"].(string)
-	mine.tool("write_file", map[string]any{"sandbox": "a", "path": "f", "content": "kept"})
-	b := other.tool("sandbox_create", map[string]any{"sandbox": "b"})["id"].(string)
-
-	require.NoError(t, s.SleepSession(context.Background(), mine.id))
-	assert.Equal(t, backend.StateStopped, be.state(a))
-	assert.Equal(t, backend.StateRunning, be.state(b), "another session's box runs on")
-	assert.Equal(t, "kept", mine.tool("read_file", map[string]any{"sandbox": "a", "path": "f"})["content"])
-	assert.Equal(t, backend.StateRunning, be.state(a), "woken by the next call")
-	assert.ErrorIs(t, s.SleepSession(context.Background(), "s-nope"), ErrNoSession)
-}
-
 // SleepAll stops the running boxes of every session (more of them than
 // it stops at once), keeping their files; a box already asleep stays so;
 // the next call wakes a box.
@@ -592,7 +574,10 @@ func TestSleepAll(t *testing.T) {
 		ids = append(ids, last.tool("sandbox_create", map[string]any{"sandbox": "a"})["id"].(string))
 		last.tool("write_file", map[string]any{"sandbox": "a", "path": "f", "content": fmt.Sprint("kept ", i)})
 	}
-	require.NoError(t, s.SleepSession(context.Background(), last.id))
+	s.mu.Lock()
+	asleep := s.boxes[ids[len(ids)-1]]
+	s.mu.Unlock()
+	require.NoError(t, s.sleepBoxes(context.Background(), []*box{asleep}))
 	stops := be.stops
 
 	require.NoError(t, s.SleepAll(context.Background()))
