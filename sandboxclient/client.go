@@ -12,7 +12,6 @@
 package sandboxclient
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -25,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cellbox/cellbox/internal/sse"
 	"github.com/cellbox/cellbox/sandbox/api"
 )
 
@@ -430,31 +430,23 @@ func (c *HTTP) Watch(ctx context.Context, box, path string) (<-chan []api.WatchE
 	go func() {
 		defer close(ch)
 		defer resp.Body.Close()
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 64<<10), 16<<20)
-		event := ""
-		for sc.Scan() {
-			line := sc.Text()
-			switch {
-			case strings.HasPrefix(line, "event: "):
-				event = strings.TrimPrefix(line, "event: ")
-			case strings.HasPrefix(line, "data: ") && event == "changes":
+		_ = sse.Read(resp.Body, 16<<20, func(event string, data []byte) error {
+			switch event {
+			case "end":
+				return sse.Stop
+			case "changes":
 				var evs []api.WatchEvent
-				if json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &evs) != nil {
-					continue
+				if json.Unmarshal(data, &evs) != nil {
+					return nil
 				}
 				select {
 				case ch <- evs:
 				case <-ctx.Done():
-					return
+					return ctx.Err()
 				}
-			case line == "":
-				if event == "end" {
-					return
-				}
-				event = ""
 			}
-		}
+			return nil
+		})
 	}()
 	return ch, nil
 }

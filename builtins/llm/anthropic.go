@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/cellbox/cellbox/internal/sse"
 )
 
 // anthropic speaks the Messages API (POST /v1/messages, stream: true).
@@ -81,7 +83,7 @@ func (a *anthropic) Stream(ctx context.Context, req Request, onText func(string)
 	blocks := map[int]*open{}
 	var order []int
 	stopped := false
-	err = readSSE(resp.Body, func(event string, data []byte) error {
+	err = sse.Read(resp.Body, maxEventLine, func(event string, data []byte) error {
 		var ev struct {
 			Type    string `json:"type"`
 			Index   int    `json:"index"`

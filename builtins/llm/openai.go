@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+
+	"github.com/cellbox/cellbox/internal/sse"
 )
 
 // openAI speaks Chat Completions (POST {base}/chat/completions, stream:
@@ -126,7 +128,7 @@ func (o *openAI) Stream(ctx context.Context, req Request, onText func(string)) (
 	calls := map[int]*ToolCall{}
 	args := map[int]*strings.Builder{}
 	done := false
-	err = readSSE(resp.Body, func(_ string, data []byte) error {
+	err = sse.Read(resp.Body, maxEventLine, func(_ string, data []byte) error {
 		if string(data) == "[DONE]" {
 			done = true
 			return nil

@@ -1,7 +1,6 @@
 package llm
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,6 +12,9 @@ import (
 	"strings"
 	"time"
 )
+
+// maxEventLine bounds one line of a provider's event stream.
+const maxEventLine = 8 << 20
 
 // MaxRetryAfter bounds the wait before the one retry of a 429: a longer
 // Retry-After fails the call at once with the provider's message.
@@ -116,48 +118,4 @@ func streamError(ctx context.Context, err error) error {
 		return ctx.Err()
 	}
 	return err
-}
-
-// readSSE calls fn with each server-sent event of r (its event name, ""
-// when none, and its data lines joined) until r ends or fn fails.
-func readSSE(r io.Reader, fn func(event string, data []byte) error) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 8<<20)
-	var event string
-	var data bytes.Buffer
-	dispatch := func() error {
-		if data.Len() == 0 && event == "" {
-			return nil
-		}
-		d := bytes.TrimSuffix(data.Bytes(), []byte("\n"))
-		err := fn(event, d)
-		event = ""
-		data.Reset()
-		return err
-	}
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" {
-			if err := dispatch(); err != nil {
-				return err
-			}
-			continue
-		}
-		if strings.HasPrefix(line, ":") {
-			continue // comment / keep-alive
-		}
-		field, value, _ := strings.Cut(line, ":")
-		value = strings.TrimPrefix(value, " ")
-		switch field {
-		case "event":
-			event = value
-		case "data":
-			data.WriteString(value)
-			data.WriteByte('\n')
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return err
-	}
-	return dispatch()
 }

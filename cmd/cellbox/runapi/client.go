@@ -1,7 +1,6 @@
 package runapi
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,6 +12,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/cellbox/cellbox/internal/sse"
 )
 
 // Client is a client of the runtime API.
@@ -187,32 +188,22 @@ func (c *Client) Watch(ctx context.Context, prefix string, from *uint64, fn func
 		return err
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), maxBody)
-	var data []byte
-	for sc.Scan() {
-		line := sc.Bytes()
-		switch {
-		case len(line) == 0:
-			if len(data) == 0 {
-				continue
-			}
-			var b Batch
-			if err := json.Unmarshal(data, &b); err != nil {
-				return fmt.Errorf("watch: bad event: %w", err)
-			}
-			data = data[:0]
-			if b.Error != "" {
-				return fmt.Errorf("the server ended the watch: %s", b.Error)
-			}
-			if err := fn(b); err != nil {
-				return err
-			}
-		case bytes.HasPrefix(line, []byte("data:")):
-			data = append(data, bytes.TrimPrefix(bytes.TrimPrefix(line, []byte("data:")), []byte(" "))...)
+	var fnErr error // an event's error, or fn's: returned as it is
+	err = sse.Read(resp.Body, maxBody, func(_ string, data []byte) error {
+		var b Batch
+		if err := json.Unmarshal(data, &b); err != nil {
+			fnErr = fmt.Errorf("watch: bad event: %w", err)
+		} else if b.Error != "" {
+			fnErr = fmt.Errorf("the server ended the watch: %s", b.Error)
+		} else {
+			fnErr = fn(b)
 		}
+		return fnErr
+	})
+	if fnErr != nil {
+		return fnErr
 	}
-	if err := sc.Err(); err != nil && !errors.Is(err, context.Canceled) {
+	if err != nil && !errors.Is(err, context.Canceled) {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
