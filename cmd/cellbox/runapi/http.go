@@ -21,12 +21,15 @@ const maxBody = 64 << 20
 
 // paths are the path prefixes the API answers; Owns tells a server that
 // mounts it next to other handlers which requests are its.
-var paths = []string{"/v1/patterns", "/v1/cells", "/v1/watch", "/v1/send/", "/v1/graph/"}
+var paths = []string{"/v1/patterns", "/v1/cells", "/v1/watch", "/v1/send", "/v1/retry", "/v1/graph"}
+
+// endpoints lists the API's routes, for the answer to a path it has not.
+const endpoints = "POST/GET /v1/patterns, GET/DELETE /v1/patterns/{name}, GET /v1/cells, GET/PUT /v1/cells/{addr}, GET /v1/watch, POST /v1/send/{node}.{stream}, POST /v1/retry/{node}, GET /v1/graph/{name}"
 
 // Owns reports whether path is one of the API's.
 func Owns(path string) bool {
 	for _, p := range paths {
-		if path == p || strings.HasPrefix(path, strings.TrimSuffix(p, "/")+"/") {
+		if path == p || strings.HasPrefix(path, p+"/") {
 			return true
 		}
 	}
@@ -47,12 +50,9 @@ func (s *Server) routes() *http.ServeMux {
 	m.HandleFunc("POST /v1/retry/{addr...}", s.handleRetry)
 	m.HandleFunc("GET /v1/graph/{name...}", s.handleGraph)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		const endpoints = "POST/GET /v1/patterns, GET/DELETE /v1/patterns/{name}, GET /v1/cells, GET/PUT /v1/cells/{addr}, GET /v1/watch, POST /v1/send/{node}.{stream}, GET /v1/graph/{name}"
 		status, what := 404, "no endpoint"
-		for _, root := range []string{"/v1/patterns", "/v1/cells", "/v1/watch", "/v1/send", "/v1/graph"} {
-			if r.URL.Path == root || strings.HasPrefix(r.URL.Path, root+"/") {
-				status, what = 405, "method not allowed:"
-			}
+		if Owns(r.URL.Path) {
+			status, what = 405, "method not allowed:"
 		}
 		writeErr(w, errorf(status, "%s %s %s; the runtime API has: %s", what, r.Method, r.URL.Path, endpoints))
 	})

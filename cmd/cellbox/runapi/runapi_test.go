@@ -412,7 +412,8 @@ func TestStop(t *testing.T) {
 func TestOwns(t *testing.T) {
 	for path, want := range map[string]bool{
 		"/v1/patterns": true, "/v1/patterns/x": true, "/v1/cells": true, "/v1/cells/a/b": true, "/v1/watch": true,
-		"/v1/send/a.run": true, "/v1/graph/p": true, "/v1/sessions": false, "/v1/tools": false, "/v1/cellsx": false, "/healthz": false,
+		"/v1/send/a.run": true, "/v1/graph/p": true, "/v1/retry/p/fail": true, "/v1/sessions": false, "/v1/tools": false, "/v1/cellsx": false,
+		"/v1/retryx": false, "/healthz": false,
 	} {
 		assert.Equal(t, want, runapi.Owns(path), path)
 	}
