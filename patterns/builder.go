@@ -50,7 +50,7 @@ func (b *Builder) Describe(description string) *Builder {
 // Dir sets the pattern folder that FromFile and CellFile read from.
 func (b *Builder) Dir(dir string) *Builder {
 	b.p.Dir = dir
-	b.fsys = os.DirFS(dir)
+	b.fsys = folderFS(dir)
 	return b
 }
 

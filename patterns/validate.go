@@ -485,6 +485,9 @@ func (c *checker) readFile(at, name string) (string, bool) {
 	}
 	st, err := fs.Stat(c.fsys, name)
 	switch {
+	case err != nil && strings.Contains(err.Error(), "path escapes from parent"): // os.Root's refusal
+		c.e.add(at, "%q links out of the pattern folder %s; a file: reference reads only files inside it (copy the file in)", name, c.dirName())
+		return "", false
 	case errors.Is(err, fs.ErrNotExist):
 		var siblings []string
 		ents, _ := fs.ReadDir(c.fsys, path.Dir(name))

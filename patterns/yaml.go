@@ -54,7 +54,7 @@ func Load(path string) (*Pattern, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load pattern %s: %w", file, err)
 	}
-	return parse(file, dir, src, os.DirFS(dir))
+	return parse(file, dir, src, folderFS(dir))
 }
 
 // readCapped reads r to its end, or fails once it passed max bytes: a

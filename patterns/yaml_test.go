@@ -407,6 +407,12 @@ func TestLoadRefusesSpecialFiles(t *testing.T) {
 		require.NoError(t, os.Symlink(target, filepath.Join(d, "data.txt")))
 		return d
 	}
+	fifoFolder := func() string {
+		d := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(d, FileName), []byte("name: x\ncells:\n  a: {file: data.txt}\n"), 0o600))
+		require.NoError(t, syscall.Mkfifo(filepath.Join(d, "data.txt"), 0o600))
+		return d
+	}
 	linked := func(target string) string {
 		d := t.TempDir()
 		require.NoError(t, os.Symlink(target, filepath.Join(d, FileName)))
@@ -415,10 +421,13 @@ func TestLoadRefusesSpecialFiles(t *testing.T) {
 	tests := []struct{ name, path, want string }{
 		{"fifo without a writer", fifo, "empty pattern"},
 		{"fifo behind the folder's pattern.yaml", linked(fifo), "empty pattern"},
-		{"fifo as a file: reference", folder(fifo), `"data.txt" is a named pipe (FIFO), not a regular file`},
+		{"fifo as a file: reference", fifoFolder(), `"data.txt" is a named pipe (FIFO), not a regular file`},
+		{"a link out of the folder to a fifo", folder(fifo), `"data.txt" links out of the pattern folder`},
 		{"device", "/dev/zero", "a device, not a regular file or a pipe"},
 		{"device behind the folder's pattern.yaml", linked("/dev/zero"), "a device, not a regular file or a pipe"},
-		{"device as a file: reference", folder("/dev/zero"), `"data.txt" is a device, not a regular file`},
+		{"a link out of the folder to a device", folder("/dev/zero"), `"data.txt" links out of the pattern folder`},
+		{"a link out of the folder to a file", folder("/etc/hostname"), `"data.txt" links out of the pattern folder`},
+		{"a relative link out of the folder", folder("../outside.txt"), `"data.txt" links out of the pattern folder`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -428,6 +437,16 @@ func TestLoadRefusesSpecialFiles(t *testing.T) {
 		})
 	}
 
+	// A link inside the folder is followed.
+	in := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(in, FileName), []byte("name: x\ncells:\n  a: {file: data.txt}\n"), 0o600))
+	require.NoError(t, os.Mkdir(filepath.Join(in, "sub"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(in, "sub", "real.txt"), []byte("inside"), 0o600))
+	require.NoError(t, os.Symlink("sub/real.txt", filepath.Join(in, "data.txt")))
+	p, err := loadOrHang(t, in)
+	require.NoError(t, err)
+	assert.JSONEq(t, `"inside"`, string(p.Cells[0].Value))
+
 	// A pipe is read, as bash's cellbox run <(make-pattern) passes it.
 	r, w, err := os.Pipe()
 	require.NoError(t, err)
@@ -435,7 +454,7 @@ func TestLoadRefusesSpecialFiles(t *testing.T) {
 	_, err = w.WriteString("name: piped\n")
 	require.NoError(t, err)
 	require.NoError(t, w.Close())
-	p, err := loadOrHang(t, fmt.Sprintf("/proc/self/fd/%d", r.Fd()))
+	p, err = loadOrHang(t, fmt.Sprintf("/proc/self/fd/%d", r.Fd()))
 	require.NoError(t, err)
 	assert.Equal(t, "piped", p.Name)
 }
