@@ -167,7 +167,7 @@ func TestRunCode(t *testing.T) {
 			rb.waitStopped(rb.id("default"))
 			m = rb.call("run_code", map[string]any{"context": py, "code": "v"})
 			require.Equal(t, true, m["is_error"], "%v", m)
-			assert.Contains(t, m["error"], "ended: the box restarted")
+			assert.Contains(t, m["error"], "before it restarted (or slept and woke)")
 			assert.Equal(t, api.CodeNotFound, m["code"])
 		})
 	}

@@ -45,6 +45,9 @@ func runChat(ctx context.Context, args []string) error {
 	if *model == "" {
 		return errors.New("no model: pass --model (or set CELLBOX_LLM_MODEL)")
 	}
+	if *maxTurns < 1 {
+		return fmt.Errorf("--max-turns %d: give at least 1 (model calls per message)", *maxTurns)
+	}
 	if *cf.session == "" || *cf.token == "" {
 		return errors.New("no session: run `eval \"$(cellbox session new)\"` or pass --session and --token")
 	}

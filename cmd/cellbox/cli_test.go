@@ -40,6 +40,7 @@ func TestCLIFirstSteps(t *testing.T) {
 		{"version", []string{"version"}, 0, []string{"cellbox ", "commit", "go1."}, nil},
 		{"--version", []string{"--version"}, 0, []string{"cellbox ", "commit", "go1."}, nil},
 		{"typo", []string{"runn"}, 2, nil, []string{`unknown command "runn" (did you mean "run"?)`}},
+		{"chat with no turns", []string{"chat", "--model", "m", "--max-turns", "0"}, 1, nil, []string{"--max-turns 0: give at least 1"}},
 		{"run a folder of patterns", []string{"run", "../../examples"}, 1, nil,
 			[]string{"../../examples is not a pattern (it holds no pattern.yaml); the patterns in it:", "\n  cellbox run ../../examples/repl\n"}},
 	} {

@@ -222,7 +222,7 @@ func (t *codeTable) get(op, id string) (*codeCtx, error) {
 	}
 	parts := strings.Split(id, "-")
 	if len(parts) == 3 && slices.Contains(CodeLanguages, parts[0]) && parts[1] != t.boot {
-		return nil, codeErr(op, id, CodeNotFound, "code context %s ended: the box restarted (or slept and woke) since it was made, and interpreter state does not survive that; create a new one", id)
+		return nil, codeErr(op, id, CodeNotFound, "no code context %s in this box: it was made in another box, or in this one before it restarted (or slept and woke), and interpreter state does not survive that; create a new one", id)
 	}
 	return nil, codeErr(op, id, CodeNotFound, "no code context %s in this box (list them, or create one)", id)
 }

@@ -217,7 +217,7 @@ func TestCodeContextEnds(t *testing.T) {
 	_, err = a.c.CodeRun(ctx, "python-nope", CodeRunRequest{Code: "1"})
 	assert.ErrorContains(t, err, "no code context python-nope in this box")
 	_, err = a.c.CodeRun(ctx, "python-abcdef-1", CodeRunRequest{Code: "1"})
-	assert.ErrorContains(t, err, "ended: the box restarted")
+	assert.ErrorContains(t, err, "before it restarted (or slept and woke)")
 	_, err = a.c.CodeCreate(ctx, CodeContextRequest{Language: "ruby"})
 	assert.ErrorContains(t, err, `unknown language "ruby": want one of python, javascript, bash`)
 
