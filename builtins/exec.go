@@ -127,10 +127,16 @@ type execJob struct {
 	Inputs   map[string]string `json:"inputs,omitempty"`  // path -> content
 	Outputs  map[string]string `json:"outputs,omitempty"` // path -> format
 	Network  *api.Network      `json:"network,omitempty"`
+	// Timeout is the run's bound when it is not the default: a run that
+	// timed out runs again once the pattern gives it more time.
+	Timeout string `json:"timeout,omitempty"`
 }
 
 func (x *Exec) resolve(in runtime.Inputs) (execJob, error) {
 	job := execJob{Network: x.spec.Network}
+	if x.spec.Timeout != DefaultExecTimeout {
+		job.Timeout = x.spec.Timeout.String()
+	}
 	var err error
 	if job.Image, err = evalImage(x.spec.Image, in); err != nil {
 		return job, err

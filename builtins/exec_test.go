@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -392,4 +393,28 @@ nodes:
 	closed := r.exec("closed")
 	require.NotNil(t, closed.Error, "a box with no network reaches nothing")
 
+}
+
+// A run that failed on its timeout runs again when the pattern is loaded
+// with more time: the timeout is part of what the run is.
+func TestExecRerunsWithMoreTime(t *testing.T) {
+	b := newBox(t)
+	store, err := cells.OpenBolt(filepath.Join(t.TempDir(), "cells.db"), cells.Options{NoSync: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	pattern := func(timeout string) string {
+		return "name: more-time\nnodes:\n  e:\n    exec:\n      command: echo hi\n      timeout: " + timeout + "\n"
+	}
+	r := b.loadOn(t, store, pattern("1ns"), nil)
+	r.settle()
+	out := r.exec("e")
+	require.NotNil(t, out.Error)
+	assert.Contains(t, *out.Error, "timeout (1ns) is spent")
+	r.close(runtime.Stopped)
+
+	r = b.loadOn(t, store, pattern("1m"), nil)
+	r.settle()
+	out = r.exec("e")
+	require.Nil(t, out.Error, "%v", out.Error)
+	assert.Equal(t, "hi\n", out.Result.Stdout)
 }
