@@ -30,8 +30,10 @@ func Compile(p *Pattern, env builtins.Env) (runtime.Pattern, error) {
 // they then require.
 func CompileInstance(p *Pattern, env builtins.Env, space, name string) (runtime.Pattern, error) {
 	out := runtime.Pattern{Space: space, Name: name}
-	if err := (cells.Address{Space: space, Pattern: name, Name: "x"}).Valid(); err != nil {
-		return out, fmt.Errorf("compile pattern %s: instance: %w", p.Name, err)
+	for _, part := range []struct{ what, v string }{{"space", space}, {"instance name", name}} {
+		if !patternNameRE.MatchString(part.v) {
+			return out, fmt.Errorf("compile pattern %s: %s %q: use letters, digits, '-', '_' and '.' (not starting with '.', '-' or '_')", p.Name, part.what, part.v)
+		}
 	}
 	for _, c := range p.Cells {
 		out.Cells = append(out.Cells, runtime.Cell{Name: c.Name, Initial: c.Value, Schema: c.Schema})

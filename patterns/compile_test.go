@@ -73,8 +73,10 @@ func TestCompileErrors(t *testing.T) {
 	assert.Contains(t, err.Error(), "pattern.yaml:15: nodes.clean: exec node clean: no sandbox client")
 	assert.Contains(t, err.Error(), "nodes.repl: sandbox node repl: no sandbox client")
 
-	_, err = patterns.CompileInstance(p, builtins.Env{Client: noBoxes{}}, "a/b", "x")
-	assert.ErrorContains(t, err, `space "a/b" contains '/'`)
+	for _, bad := range [][2]string{{"a/b", "x"}, {"team", "a b"}, {"team", "../x"}, {"", "x"}, {"team", ""}} {
+		_, err = patterns.CompileInstance(p, builtins.Env{Client: noBoxes{}}, bad[0], bad[1])
+		assert.ErrorContains(t, err, "use letters, digits", "%q", bad)
+	}
 }
 
 // TestCompileValues runs computed nodes: expressions keep their JSON type,
