@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
 	"strings"
 
@@ -83,6 +84,9 @@ func (a *anthropic) Stream(ctx context.Context, req Request, onText func(string)
 	blocks := map[int]*open{}
 	var order []int
 	stopped := false
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "" && mt != "text/event-stream" {
+		return out, fmt.Errorf("anthropic: the server answered %s, not an event stream (text/event-stream): it ignored \"stream\": true; give the base URL of a Messages API that streams", mt)
+	}
 	err = sse.Read(resp.Body, maxEventLine, func(event string, data []byte) error {
 		var ev struct {
 			Type    string `json:"type"`

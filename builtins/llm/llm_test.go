@@ -3,6 +3,9 @@ package llm_test
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -178,4 +181,40 @@ func TestAbortMidStream(t *testing.T) {
 			require.ErrorIs(t, err, context.Canceled)
 		})
 	}
+}
+
+// A server that ignores "stream": true: an OpenAI-compatible one's whole
+// chat.completion is read as the answer; any other kind of body is an
+// error saying what came back, not "the stream ended".
+func TestAnswerThatIsNotAStream(t *testing.T) {
+	serve := func(contentType, body string) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", contentType)
+			io.WriteString(w, body)
+		}))
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	call := func(provider, url string) (llm.Response, error) {
+		env := map[string]string{"OPENAI_BASE_URL": url, "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "k", "OPENAI_API_KEY": "k"}
+		p, err := llm.New(provider, func(k string) string { return env[k] }, nil)
+		require.NoError(t, err)
+		return p.Stream(context.Background(), llm.Request{Model: "m", Messages: []llm.Message{llm.Text("user", "hi")}, Tools: []llm.Tool{echoTool}}, nil)
+	}
+	completion := `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"on it",
+		"tool_calls":[{"id":"c1","type":"function","function":{"name":"echo","arguments":"{\"text\":\"hi\"}"}}]},"finish_reason":"tool_calls"}],
+		"usage":{"prompt_tokens":3,"completion_tokens":4}}`
+	r, err := call("openai", serve("application/json; charset=utf-8", completion))
+	require.NoError(t, err)
+	assert.Equal(t, "on it", r.Text)
+	require.Len(t, r.ToolCalls, 1)
+	assert.Equal(t, "echo", r.ToolCalls[0].Name)
+	assert.JSONEq(t, `{"text":"hi"}`, string(r.ToolCalls[0].Input))
+	assert.Equal(t, "tool_calls", r.StopReason)
+	assert.Equal(t, llm.Usage{InputTokens: 3, OutputTokens: 4}, r.Usage)
+
+	_, err = call("openai", serve("text/plain", "garbage"))
+	assert.ErrorContains(t, err, "the server answered text/plain, neither an event stream nor JSON")
+	_, err = call("anthropic", serve("application/json", `{"type":"message"}`))
+	assert.ErrorContains(t, err, "the server answered application/json, not an event stream")
 }

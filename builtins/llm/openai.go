@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
 	"sort"
 	"strings"
@@ -105,6 +106,12 @@ func openAIMessages(req Request) []oMessage {
 	return out
 }
 
+// oDelta is a streamed chunk's delta, or a whole answer's message.
+type oDelta struct {
+	Content   string      `json:"content"`
+	ToolCalls []oToolCall `json:"tool_calls"`
+}
+
 func (o *openAI) Stream(ctx context.Context, req Request, onText func(string)) (Response, error) {
 	body := oRequest{Model: req.Model, Messages: openAIMessages(req), MaxTokens: req.MaxTokens, Temperature: req.Temperature, Stream: true}
 	body.StreamOptions.IncludeUsage = true
@@ -128,17 +135,18 @@ func (o *openAI) Stream(ctx context.Context, req Request, onText func(string)) (
 	calls := map[int]*ToolCall{}
 	args := map[int]*strings.Builder{}
 	done := false
-	err = sse.Read(resp.Body, maxEventLine, func(_ string, data []byte) error {
+	chunk := func(data []byte) error {
 		if string(data) == "[DONE]" {
 			done = true
 			return nil
 		}
+		// A chunk's choices carry a delta; a server that ignores
+		// "stream": true answers one chat.completion whose choices carry
+		// the whole message: read as one chunk.
 		var chunk struct {
 			Choices []struct {
-				Delta struct {
-					Content   string      `json:"content"`
-					ToolCalls []oToolCall `json:"tool_calls"`
-				} `json:"delta"`
+				Delta        oDelta  `json:"delta"`
+				Message      *oDelta `json:"message"`
 				FinishReason *string `json:"finish_reason"`
 			} `json:"choices"`
 			Usage *struct {
@@ -160,6 +168,9 @@ func (o *openAI) Stream(ctx context.Context, req Request, onText func(string)) (
 			out.Usage = Usage{InputTokens: chunk.Usage.PromptTokens, OutputTokens: chunk.Usage.CompletionTokens}
 		}
 		for _, c := range chunk.Choices {
+			if c.Message != nil {
+				c.Delta = *c.Message
+			}
 			if c.Delta.Content != "" {
 				out.Text += c.Delta.Content
 				if onText != nil {
@@ -189,7 +200,19 @@ func (o *openAI) Stream(ctx context.Context, req Request, onText func(string)) (
 			}
 		}
 		return nil
-	})
+	}
+	switch mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt {
+	case "application/json":
+		var body []byte
+		if body, err = readAnswer(resp.Body); err == nil {
+			err = chunk(body)
+		}
+		done = err == nil
+	case "", "text/event-stream":
+		err = sse.Read(resp.Body, maxEventLine, func(_ string, data []byte) error { return chunk(data) })
+	default:
+		return out, fmt.Errorf("openai: the server answered %s, neither an event stream nor JSON: give the base URL of a Chat Completions API", mt)
+	}
 	if err != nil {
 		return out, streamError(ctx, err)
 	}

@@ -13,8 +13,19 @@ import (
 	"time"
 )
 
-// maxEventLine bounds one line of a provider's event stream.
+// maxEventLine bounds one line of a provider's event stream, and a whole
+// answer that is not a stream (readAnswer).
 const maxEventLine = 8 << 20
+
+// readAnswer reads a provider's answer that is one JSON document, not an
+// event stream, capped at maxEventLine.
+func readAnswer(r io.Reader) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, maxEventLine+1))
+	if err == nil && len(b) > maxEventLine {
+		err = fmt.Errorf("an answer of more than %d bytes", maxEventLine)
+	}
+	return b, err
+}
 
 // MaxRetryAfter bounds the wait before the one retry of a 429: a longer
 // Retry-After fails the call at once with the provider's message.
