@@ -585,6 +585,29 @@ func unbindSandbox(schema json.RawMessage) (json.RawMessage, bool, error) {
 	return raw, true, err
 }
 
+// madeBoxes are the boxes a successful fork or branch made (from its
+// result), which go with the sandbox node's box.
+func madeBoxes(tool, result string, isErr bool) []string {
+	if isErr {
+		return nil
+	}
+	var r struct {
+		Sandboxes []string `json:"sandboxes"` // fork
+		Sandbox   string   `json:"sandbox"`   // branch
+	}
+	switch tool {
+	case "fork":
+		if json.Unmarshal([]byte(result), &r) == nil {
+			return r.Sandboxes
+		}
+	case "branch":
+		if json.Unmarshal([]byte(result), &r) == nil && r.Sandbox != "" {
+			return []string{r.Sandbox}
+		}
+	}
+	return nil
+}
+
 // runTool is ts's Runner recording each call in the sandbox node's
 // history.
 func (l *LLM) runTool(ts *BoxToolSet, box string) llm.ToolRunner {
@@ -602,6 +625,11 @@ func (l *LLM) runTool(ts *BoxToolSet, box string) llm.ToolRunner {
 		if ctx.Err() == nil {
 			if err := l.spec.Tools.Sandbox.Record(ctx, entry); err != nil {
 				l.log.Warn("record a tool call in the sandbox history", "tool", call.Name, "error", err)
+			}
+		}
+		if made := madeBoxes(call.Name, out, isErr); len(made) > 0 {
+			if err := l.spec.Tools.Sandbox.Adopt(ctx, made); err != nil {
+				l.log.Warn("record the boxes a model made", "tool", call.Name, "boxes", made, "error", err)
 			}
 		}
 		return out, isErr

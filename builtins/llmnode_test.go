@@ -481,3 +481,29 @@ func TestLLMBoxToolsWithheld(t *testing.T) {
 		})
 	}
 }
+
+// TestLLMMadeBoxesGoWithThePattern: boxes a model allowed to fork and
+// branch makes are listed in the sandbox node's output (made) and
+// destroyed when the pattern stops, with the node's own box.
+func TestLLMMadeBoxesGoWithThePattern(t *testing.T) {
+	b := newBox(t)
+	s := llmtest.New(t,
+		llmtest.Turn{Calls: []llmtest.Call{{ID: "f", Name: "fork", Input: `{"count":2}`}, {ID: "s", Name: "snapshot", Input: `{}`}}},
+		llmtest.Turn{Text: "forked"},
+	)
+	withServer(b, s)
+	pattern := strings.NewReplacer("PROVIDER", "anthropic", "allow: [shell, read_file, write_file, edit]", "allow: [shell, fork, snapshot]").Replace(agentPattern)
+	r := b.load(t, pattern, nil)
+	r.settle()
+	r.set("task", `"fork yourself"`)
+	r.settle()
+	out := r.llm("agent")
+	require.Nil(t, out.Error, "%v", out.Error)
+	box := r.sandbox("box")
+	require.Len(t, box.Made, 2, "the forks are recorded: %v", box.History)
+	assert.ElementsMatch(t, append([]string{box.Box}, box.Made...), b.list(t))
+
+	r.close(runtime.Stopped)
+	assert.Empty(t, b.list(t), "the forks went with the pattern's box")
+	assert.Empty(t, r.sandbox("box").Made)
+}
