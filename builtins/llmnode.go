@@ -66,7 +66,7 @@ type LLMTools struct {
 	// records each call.
 	Sandbox *Sandbox
 	// Allow lists the tools the model gets (by registry name); empty is
-	// all of them.
+	// the default set (BoxTools).
 	Allow []string
 }
 
