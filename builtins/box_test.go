@@ -15,6 +15,7 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/builtins"
@@ -283,23 +284,51 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
-// TestBoxToolsNetworkOptIn: a model gets network_set (which opens its
-// box's network) only when the node's allow names it.
-func TestBoxToolsNetworkOptIn(t *testing.T) {
+// TestBoxToolsDefaultSet: a model bound to a box gets, without an allow
+// list, no tool that makes, removes or re-makes boxes or changes a
+// network (network_set, sandbox_create, sandbox_destroy, fork, branch),
+// and no default tool takes a network, box id, image or limits (a tool
+// added to the registry later with such a field must be withheld too);
+// the allow list offers them; branch (whose box takes the network of the
+// snapshot's box) needs network_set beside it.
+func TestBoxToolsDefaultSet(t *testing.T) {
 	svc, _ := boxtest.Service(t, boxtest.Options{Logger: quiet()})
 	id, _, err := svc.NewSession(context.Background())
 	require.NoError(t, err)
-	names := func(allow []string) []string {
-		tools, err := builtins.BoxTools(context.Background(), svc.Client(id), allow)
-		require.NoError(t, err)
+	bind := func(allow ...string) (*builtins.BoxToolSet, error) {
+		return builtins.BoxTools(context.Background(), svc.Client(id), allow)
+	}
+	names := func(ts *builtins.BoxToolSet) []string {
 		var out []string
-		for _, tl := range tools {
+		for _, tl := range ts.Tools {
 			out = append(out, tl.Name)
 		}
 		return out
 	}
-	all := names(nil)
+	def, err := bind()
+	require.NoError(t, err)
+	all := names(def)
 	require.Contains(t, all, "shell")
-	require.NotContains(t, all, "network_set")
-	require.Equal(t, []string{"network_set"}, names([]string{"network_set"}))
+	require.Contains(t, all, "snapshot")
+	for _, w := range []string{"network_set", "sandbox_create", "sandbox_destroy", "fork", "branch", "sandbox_list", "transfer"} {
+		assert.NotContains(t, all, w)
+	}
+	for _, tl := range def.Tools {
+		var schema struct{ Properties map[string]any }
+		require.NoError(t, json.Unmarshal(tl.InputSchema, &schema))
+		for _, field := range []string{"network", "box_id", "image", "limits", "names", "name"} {
+			assert.NotContains(t, schema.Properties, field, "tool %s is in the default set but takes %s", tl.Name, field)
+		}
+	}
+
+	only, err := bind("network_set")
+	require.NoError(t, err)
+	require.Equal(t, []string{"network_set"}, names(only))
+	create, err := bind("sandbox_create", "sandbox_destroy", "fork")
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"sandbox_create", "sandbox_destroy", "fork"}, names(create))
+	_, err = bind("shell", "branch")
+	require.ErrorContains(t, err, "allow names branch but not network_set")
+	_, err = bind("branch", "network_set")
+	require.NoError(t, err)
 }

@@ -27,13 +27,13 @@ func BenchmarkToolTurnInBox(b *testing.B) {
 	client := svc.Client(id)
 	_, err = client.Tool(ctx, "shell", map[string]any{"sandbox": "bench", "command": "true"})
 	require.NoError(b, err, "the box is up before the clock starts")
-	tools, err := builtins.BoxTools(ctx, client, []string{"shell"})
+	ts, err := builtins.BoxTools(ctx, client, []string{"shell"})
 	require.NoError(b, err)
 	for _, tc := range []struct {
 		name string
 		run  llm.ToolRunner
 	}{
-		{"box", builtins.BoxToolRunner(client, "bench")},
+		{"box", ts.Runner(client, "bench")},
 		{"no-op tool", func(context.Context, llm.ToolCall) (string, bool) { return `{"exit_code":0}`, false }},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
@@ -47,7 +47,7 @@ func BenchmarkToolTurnInBox(b *testing.B) {
 			env := s.Env()
 			p, err := llm.New("openai", func(k string) string { return env[k] }, s.Client())
 			require.NoError(b, err)
-			req := llm.Request{Model: "m", Messages: []llm.Message{llm.Text("user", "go")}, Tools: tools}
+			req := llm.Request{Model: "m", Messages: []llm.Message{llm.Text("user", "go")}, Tools: ts.Tools}
 			b.ResetTimer()
 			for range b.N {
 				if _, err := llm.Loop(ctx, p, req, tc.run, 4, llm.LoopHooks{}); err != nil {

@@ -66,7 +66,7 @@ type LLMTools struct {
 	// records each call.
 	Sandbox *Sandbox
 	// Allow lists the tools the model gets (by registry name); empty is
-	// all of them.
+	// the default set (BoxTools).
 	Allow []string
 }
 
@@ -309,14 +309,17 @@ func (l *LLM) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 	ctx, cancel := context.WithTimeout(ctx, job.Timeout)
 	defer cancel()
 	var run llm.ToolRunner
+	hooks := l.progress(ctx)
 	if l.spec.Tools != nil {
-		if job.Request.Tools, err = BoxTools(ctx, l.env.Client, l.spec.Tools.Allow); err != nil {
+		ts, err := BoxTools(ctx, l.env.Client, l.spec.Tools.Allow)
+		if err != nil {
 			return nil, err
 		}
-		run = l.runTool(job.Box)
+		job.Request.Tools, hooks.Unknown = ts.Tools, ts.Unknown
+		run = l.runTool(ts, job.Box)
 	}
 	p, run = resumable(job, p, run)
-	res, err := llm.Loop(ctx, p, job.Request, run, job.MaxTurns, l.progress(ctx))
+	res, err := llm.Loop(ctx, p, job.Request, run, job.MaxTurns, hooks)
 	if err != nil {
 		if ctx.Err() == context.DeadlineExceeded {
 			err = fmt.Errorf("timed out after %s (timeout): %w", job.Timeout, err)
@@ -425,11 +428,36 @@ func (l *LLM) progress(ctx context.Context) llm.LoopHooks {
 	}
 }
 
-// BoxTools returns the registry's tools (those of allow, all when empty)
-// as model tools bound to one box: the sandbox parameter is left out of
-// their schemas (BoxToolRunner sets it). optInTools are offered only when
-// allow names them.
-func BoxTools(ctx context.Context, c sandboxclient.Client, allow []string) ([]llm.Tool, error) {
+// BoxToolSet is what a model bound to one box gets (an llm node's tools,
+// cellbox chat): the tools it is offered and the rules its calls are
+// checked against. It is the one place those rules live.
+type BoxToolSet struct {
+	// Tools are the offered tools, without their sandbox parameter.
+	Tools []llm.Tool
+	// allow is the allow list as given (nil: the default set).
+	allow []string
+	// all names every tool of the registry.
+	all []string
+}
+
+// withheldTools are the box tools a model gets only when its allow list
+// names them: they make, remove or re-make boxes, or change a box's
+// network. sandbox_destroy then sandbox_create {"network": true} would
+// give the model's box the full network (network_set, an allow list);
+// re-made boxes lose the pattern's limits; fork and branch make boxes
+// the pattern does not know. The other tools not about one box
+// (sandbox_list, transfer, snapshot_list, snapshot_delete) are left out
+// of the default set too.
+var withheldTools = []string{"sandbox_create", "sandbox_destroy", "fork", "branch", "network_set"}
+
+// BoxTools returns the tool set of a model bound to one box: the
+// registry's tools that allow names, or when allow is empty every tool
+// about one box except withheldTools. A model that may not call
+// network_set may not give a box a network another way either: allow
+// naming branch (whose box takes the network of the snapshot's box)
+// without network_set is an error, and sandbox_create's network field is
+// refused at the call (Runner).
+func BoxTools(ctx context.Context, c sandboxclient.Client, allow []string) (*BoxToolSet, error) {
 	lister, ok := c.(sandboxclient.ToolLister)
 	if !ok {
 		return nil, errors.New("the sandbox client cannot list tools")
@@ -438,10 +466,9 @@ func BoxTools(ctx context.Context, c sandboxclient.Client, allow []string) ([]ll
 	if err != nil {
 		return nil, fmt.Errorf("list the sandbox tools: %w", err)
 	}
-	var names []string
-	var out []llm.Tool
+	ts := &BoxToolSet{allow: allow}
 	for _, ti := range infos {
-		names = append(names, ti.Name)
+		ts.all = append(ts.all, ti.Name)
 		if len(allow) > 0 && !slices.Contains(allow, ti.Name) {
 			continue
 		}
@@ -449,23 +476,95 @@ func BoxTools(ctx context.Context, c sandboxclient.Client, allow []string) ([]ll
 		if err != nil {
 			return nil, fmt.Errorf("tool %s: %w", ti.Name, err)
 		}
-		if len(allow) == 0 && (!bound || slices.Contains(optInTools, ti.Name)) {
-			continue // a tool not about one box (sandbox_list, ...), or opt-in
+		if len(allow) == 0 && (!bound || slices.Contains(withheldTools, ti.Name)) {
+			continue
 		}
-		out = append(out, llm.Tool{Name: ti.Name, Description: ti.Description, InputSchema: schema})
+		ts.Tools = append(ts.Tools, llm.Tool{Name: ti.Name, Description: ti.Description, InputSchema: schema})
 	}
 	for _, a := range allow {
-		if !slices.Contains(names, a) {
-			return nil, fmt.Errorf("allow names tool %q, which the sandbox service does not have (tools: %s)", a, strings.Join(names, ", "))
+		if !slices.Contains(ts.all, a) {
+			return nil, fmt.Errorf("allow names tool %q, which the sandbox service does not have (tools: %s)", a, strings.Join(ts.all, ", "))
 		}
 	}
-	return out, nil
+	if ts.offers("branch") && !ts.offers("network_set") {
+		return nil, errors.New("allow names branch but not network_set: branch gives its new box the network of the snapshot's box, which may be another box's full network; name network_set too, or leave branch out")
+	}
+	return ts, nil
 }
 
-// optInTools are the box tools a model gets only when the node's allow
-// names them: network_set would let a model (or a page it read that told
-// it to) open its own box's network to any host.
-var optInTools = []string{"network_set"}
+func (ts *BoxToolSet) offers(name string) bool {
+	return slices.ContainsFunc(ts.Tools, func(t llm.Tool) bool { return t.Name == name })
+}
+
+func (ts *BoxToolSet) names() string {
+	var out []string
+	for _, t := range ts.Tools {
+		out = append(out, t.Name)
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
+}
+
+// Unknown is the tool error of a call of a tool the set does not offer
+// (llm.LoopHooks.Unknown): it says why, and which allow list would offer it.
+func (ts *BoxToolSet) Unknown(name string) string {
+	switch {
+	case !slices.Contains(ts.all, name):
+		return fmt.Sprintf("unknown tool %q: the tools you may call are %s", name, ts.names())
+	case len(ts.allow) > 0:
+		return fmt.Sprintf("tool %q is not in this model's allow list (%s): the tools you may call are %s", name, strings.Join(ts.allow, ", "), ts.names())
+	case slices.Contains(withheldTools, name):
+		return fmt.Sprintf("tool %q is withheld from this model: it makes, removes or re-makes boxes or changes a box's network, so a model gets it only when its allow list names it (the llm node's tools.allow, cellbox chat --allow); the tools you may call are %s", name, ts.names())
+	}
+	return fmt.Sprintf("tool %q is not about this model's one box, so a model gets it only when its allow list names it (the llm node's tools.allow, cellbox chat --allow); the tools you may call are %s", name, ts.names())
+}
+
+// refuse says why call may not run, "" if it may: a tool the set does not
+// offer; a network for a new box without network_set; a box shared
+// across sessions, which is the pattern's to attach, never a model's.
+func (ts *BoxToolSet) refuse(call llm.ToolCall, input map[string]any) string {
+	if !ts.offers(call.Name) {
+		return ts.Unknown(call.Name)
+	}
+	if call.Name != "sandbox_create" {
+		return ""
+	}
+	if v := input["network"]; v != nil && v != false && !ts.offers("network_set") {
+		return "sandbox_create with network is refused: this model may not change a box's network (its allow list does not name network_set); leave network out"
+	}
+	if id, _ := input["box_id"].(string); id != "" || input["share_across_sessions"] == true {
+		return "sandbox_create with box_id or share_across_sessions is refused: a model cannot attach its box to a box shared across sessions; leave them out"
+	}
+	return ""
+}
+
+// Runner runs a model's tool calls in box through the registry: a call
+// the set refuses goes back as a tool error, the sandbox field is set to
+// box (whatever the model put there), a tool error goes back as the
+// result text with isError.
+func (ts *BoxToolSet) Runner(c sandboxclient.Client, box string) llm.ToolRunner {
+	return func(ctx context.Context, call llm.ToolCall) (string, bool) {
+		var input map[string]any
+		if err := json.Unmarshal(call.Input, &input); err != nil || input == nil {
+			return fmt.Sprintf("the input of %s is not a JSON object: %s", call.Name, call.Input), true
+		}
+		if why := ts.refuse(call, input); why != "" {
+			return why, true
+		}
+		input["sandbox"] = box
+		res, err := c.Tool(ctx, call.Name, input)
+		if err != nil {
+			var te *sandboxclient.ToolError
+			if errors.As(err, &te) && len(res) > 0 {
+				return string(res), true
+			}
+			return err.Error(), true
+		}
+		return string(res), false
+	}
+}
 
 // unbindSandbox removes the sandbox property from a tool's input schema;
 // bound says the tool had one.
@@ -486,32 +585,33 @@ func unbindSandbox(schema json.RawMessage) (json.RawMessage, bool, error) {
 	return raw, true, err
 }
 
-// BoxToolRunner runs a model's tool calls in box through the registry:
-// the sandbox field is set to box (whatever the model put there), a tool
-// error goes back as the result text with isError.
-func BoxToolRunner(c sandboxclient.Client, box string) llm.ToolRunner {
-	return func(ctx context.Context, call llm.ToolCall) (string, bool) {
-		var input map[string]any
-		if err := json.Unmarshal(call.Input, &input); err != nil || input == nil {
-			return fmt.Sprintf("the input of %s is not a JSON object: %s", call.Name, call.Input), true
-		}
-		input["sandbox"] = box
-		res, err := c.Tool(ctx, call.Name, input)
-		if err != nil {
-			var te *sandboxclient.ToolError
-			if errors.As(err, &te) && len(res) > 0 {
-				return string(res), true
-			}
-			return err.Error(), true
-		}
-		return string(res), false
+// madeBoxes are the boxes a successful fork or branch made (from its
+// result), which go with the sandbox node's box.
+func madeBoxes(tool, result string, isErr bool) []string {
+	if isErr {
+		return nil
 	}
+	var r struct {
+		Sandboxes []string `json:"sandboxes"` // fork
+		Sandbox   string   `json:"sandbox"`   // branch
+	}
+	switch tool {
+	case "fork":
+		if json.Unmarshal([]byte(result), &r) == nil {
+			return r.Sandboxes
+		}
+	case "branch":
+		if json.Unmarshal([]byte(result), &r) == nil && r.Sandbox != "" {
+			return []string{r.Sandbox}
+		}
+	}
+	return nil
 }
 
-// runTool is BoxToolRunner recording each call in the sandbox node's
+// runTool is ts's Runner recording each call in the sandbox node's
 // history.
-func (l *LLM) runTool(box string) llm.ToolRunner {
-	inner := BoxToolRunner(l.env.Client, box)
+func (l *LLM) runTool(ts *BoxToolSet, box string) llm.ToolRunner {
+	inner := ts.Runner(l.env.Client, box)
 	return func(ctx context.Context, call llm.ToolCall) (string, bool) {
 		started := time.Now()
 		out, isErr := inner(ctx, call)
@@ -525,6 +625,11 @@ func (l *LLM) runTool(box string) llm.ToolRunner {
 		if ctx.Err() == nil {
 			if err := l.spec.Tools.Sandbox.Record(ctx, entry); err != nil {
 				l.log.Warn("record a tool call in the sandbox history", "tool", call.Name, "error", err)
+			}
+		}
+		if made := madeBoxes(call.Name, out, isErr); len(made) > 0 {
+			if err := l.spec.Tools.Sandbox.Adopt(ctx, made); err != nil {
+				l.log.Warn("record the boxes a model made", "tool", call.Name, "boxes", made, "error", err)
 			}
 		}
 		return out, isErr

@@ -1,6 +1,7 @@
 package builtins_test
 
 import (
+	"context"
 	"encoding/json"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/internal/llmtest"
 	"github.com/cellbox/cellbox/runtime"
+	"github.com/cellbox/cellbox/sandbox/api"
 )
 
 // agentPattern gives an llm node the tools of a sandbox node.
@@ -264,7 +266,7 @@ func TestLLMUnknownToolAndMaxTurns(t *testing.T) {
 	require.NotNil(t, out.Result, "the conversation so far is kept beside the error")
 	assert.Len(t, out.Result.ToolCalls, 3)
 	assert.Contains(t, s.Requests()[1].Raw, `unknown tool \"launch_missiles\"`)
-	assert.Contains(t, s.Requests()[1].Raw, `unknown tool \"sandbox_destroy\"`)
+	assert.Contains(t, s.Requests()[1].Raw, `tool \"sandbox_destroy\" is not in this model's allow list (shell, read_file, write_file, edit)`)
 	assert.Equal(t, "running", r.sandbox("box").Status, "the box was not destroyed")
 	hist := r.sandbox("box").History
 	require.Len(t, hist, 1, "the invented tool never reached the box")
@@ -401,4 +403,107 @@ nodes:
 	assert.Contains(t, *out.Error, "timed out after 1s")
 	require.NotNil(t, out.Result)
 	assert.Equal(t, "neve", out.Result.Text, "what streamed before the timeout is kept")
+}
+
+// boxNetwork is the network mode of a box (sandbox_list) and the
+// interfaces its commands see (/proc/net/dev of the box's namespace).
+func (b *box) boxNetwork(t *testing.T, name string) (mode, ifaces string) {
+	t.Helper()
+	raw, err := b.client.Tool(context.Background(), "sandbox_list", nil)
+	require.NoError(t, err)
+	var out api.SandboxListOutput
+	require.NoError(t, json.Unmarshal(raw, &out))
+	for _, s := range out.Sandboxes {
+		if s.Name == name {
+			mode = s.Network.Mode
+		}
+	}
+	res, err := b.client.Exec(context.Background(), name, api.ExecRequest{Command: "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"}, nil)
+	require.NoError(t, err)
+	return mode, res.Stdout
+}
+
+// TestLLMBoxToolsWithheld: a model bound to a box cannot give it a
+// network. Without an allow list, sandbox_destroy, sandbox_create and fork
+// (which make, remove or re-make boxes) go back to it as tool errors that
+// name the allow list; with an allow list naming sandbox_create but not
+// network_set, sandbox_create's network is refused. The box keeps no
+// network (only loopback in its namespace) and no box is made.
+func TestLLMBoxToolsWithheld(t *testing.T) {
+	for _, tc := range []struct {
+		name, allow string
+		calls       []llmtest.Call
+		want        []string // in the tool results the model got
+	}{
+		{
+			name: "default set",
+			calls: []llmtest.Call{
+				{ID: "d", Name: "sandbox_destroy", Input: `{}`},
+				{ID: "c", Name: "sandbox_create", Input: `{"network":true}`},
+				{ID: "f", Name: "fork", Input: `{"count":3}`},
+			},
+			want: []string{`tool \"sandbox_destroy\" is withheld`, `tool \"sandbox_create\" is withheld`, `tool \"fork\" is withheld`, "allow list names it"},
+		},
+		{
+			name:  "sandbox_create allowed, network_set not",
+			allow: ", allow: [shell, sandbox_create]",
+			calls: []llmtest.Call{
+				{ID: "c", Name: "sandbox_create", Input: `{"network":true}`},
+				{ID: "a", Name: "sandbox_create", Input: `{"network":{"allow":["*"]}}`},
+				{ID: "s", Name: "sandbox_create", Input: `{"box_id":"other","share_across_sessions":true}`},
+			},
+			want: []string{"sandbox_create with network is refused", "does not name network_set", "sandbox_create with box_id or share_across_sessions is refused"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBox(t)
+			s := llmtest.New(t, llmtest.Turn{Calls: tc.calls}, llmtest.Turn{Text: "done"})
+			withServer(b, s)
+			pattern := strings.NewReplacer("PROVIDER", "openai", ", allow: [shell, read_file, write_file, edit]", tc.allow).Replace(agentPattern)
+			r := b.load(t, pattern, nil)
+			r.settle()
+			r.set("task", `"open your network"`)
+			r.settle()
+			out := r.llm("agent")
+			require.Nil(t, out.Error, "%v", out.Error)
+			reqs := s.Requests()
+			require.Len(t, reqs, 2)
+			for _, w := range tc.want {
+				assert.Contains(t, reqs[1].Raw, w)
+			}
+			assert.Equal(t, len(tc.calls), strings.Count(reqs[1].Raw, `"role":"tool"`), "each call came back as a tool result")
+			box := r.sandbox("box")
+			assert.Equal(t, "running", box.Status)
+			assert.Equal(t, []string{box.Box}, b.list(t), "no box was made or re-made")
+			mode, ifaces := b.boxNetwork(t, box.Box)
+			assert.Equal(t, "none", mode)
+			assert.Equal(t, "lo\n", ifaces, "the box sees only its loopback")
+		})
+	}
+}
+
+// TestLLMMadeBoxesGoWithThePattern: boxes a model allowed to fork and
+// branch makes are listed in the sandbox node's output (made) and
+// destroyed when the pattern stops, with the node's own box.
+func TestLLMMadeBoxesGoWithThePattern(t *testing.T) {
+	b := newBox(t)
+	s := llmtest.New(t,
+		llmtest.Turn{Calls: []llmtest.Call{{ID: "f", Name: "fork", Input: `{"count":2}`}, {ID: "s", Name: "snapshot", Input: `{}`}}},
+		llmtest.Turn{Text: "forked"},
+	)
+	withServer(b, s)
+	pattern := strings.NewReplacer("PROVIDER", "anthropic", "allow: [shell, read_file, write_file, edit]", "allow: [shell, fork, snapshot]").Replace(agentPattern)
+	r := b.load(t, pattern, nil)
+	r.settle()
+	r.set("task", `"fork yourself"`)
+	r.settle()
+	out := r.llm("agent")
+	require.Nil(t, out.Error, "%v", out.Error)
+	box := r.sandbox("box")
+	require.Len(t, box.Made, 2, "the forks are recorded: %v", box.History)
+	assert.ElementsMatch(t, append([]string{box.Box}, box.Made...), b.list(t))
+
+	r.close(runtime.Stopped)
+	assert.Empty(t, b.list(t), "the forks went with the pattern's box")
+	assert.Empty(t, r.sandbox("box").Made)
 }

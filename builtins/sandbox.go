@@ -170,6 +170,9 @@ type sandboxOutput struct {
 	Previews map[string]Preview `json:"previews,omitzero"`
 	// Server is the supervised server's state, when the spec has one.
 	Server *ServerStatus `json:"server,omitempty"`
+	// Made are the boxes an llm node's model made from this box (fork,
+	// branch): they go with it (destroyMade).
+	Made []string `json:"made,omitempty"`
 }
 
 // Preview is where a browser on the runner's machine reaches a port of a
@@ -401,6 +404,45 @@ func (s *Sandbox) down(ctx context.Context) error {
 	return nil
 }
 
+// Adopt records boxes a model made from this node's box (fork, branch),
+// so that they are destroyed with it.
+func (s *Sandbox) Adopt(ctx context.Context, boxes []string) error {
+	s.mu.Lock()
+	open := s.h != nil
+	s.mu.Unlock()
+	if !open {
+		return fmt.Errorf("sandbox node %s is not open: boxes made from its box cannot be recorded", s.spec.Node.Name)
+	}
+	return s.modify(context.WithoutCancel(ctx), func(o *sandboxOutput) {
+		for _, b := range boxes {
+			if !slices.Contains(o.Made, b) {
+				o.Made = append(o.Made, b)
+			}
+		}
+	})
+}
+
+// destroyMade destroys the boxes a model made from this node's box
+// (Adopt); those that could not be destroyed stay listed. Callers hold
+// s.mu.
+func (s *Sandbox) destroyMade(ctx context.Context) error {
+	var made []string
+	s.modify(ctx, func(o *sandboxOutput) { made = o.Made })
+	var errs []error
+	var left []string
+	for _, b := range made {
+		if err := s.env.Client.DestroyBox(ctx, b); err != nil && !noSuchBox(err) {
+			errs = append(errs, fmt.Errorf("destroy box %q (made by a model from box %q): %w", b, s.box, err))
+			left = append(left, b)
+		}
+	}
+	if len(made) > 0 {
+		s.log.Info("destroyed the boxes a model made from the node's box", "boxes", made, "left", left)
+		s.modify(ctx, func(o *sandboxOutput) { o.Made = left })
+	}
+	return errors.Join(errs...)
+}
+
 // Close destroys the box when the pattern stopped; on shutdown it keeps it
 // for the next Open to reattach.
 func (s *Sandbox) Close(ctx context.Context, reason runtime.CloseReason) error {
@@ -413,7 +455,7 @@ func (s *Sandbox) Close(ctx context.Context, reason runtime.CloseReason) error {
 		s.stopWatches()
 		return nil
 	}
-	err := s.down(context.WithoutCancel(ctx))
+	err := errors.Join(s.down(context.WithoutCancel(ctx)), s.destroyMade(context.WithoutCancel(ctx)))
 	s.modify(context.WithoutCancel(ctx), func(o *sandboxOutput) { o.Status, o.Pending, o.Previews = StatusDestroyed, false, nil })
 	if serr := s.h.SaveState(nil); serr != nil {
 		err = errors.Join(err, fmt.Errorf("save sandbox state: %w", serr))

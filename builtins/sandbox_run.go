@@ -142,7 +142,7 @@ func (s *Sandbox) Event(ctx context.Context, stream string, ev cells.Event) erro
 	case "destroy":
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		err := s.down(ctx)
+		err := errors.Join(s.down(ctx), s.destroyMade(ctx))
 		if serr := s.h.SaveState(sandboxState{Destroyed: true}); serr != nil {
 			err = errors.Join(err, fmt.Errorf("save sandbox state: %w", serr))
 		}

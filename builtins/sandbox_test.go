@@ -52,6 +52,7 @@ type sandboxOut struct {
 	History  []builtins.HistoryEntry     `json:"history"`
 	Files    map[string]json.RawMessage  `json:"files"`
 	Previews map[string]builtins.Preview `json:"previews"`
+	Made     []string                    `json:"made"`
 }
 
 func (r *run) sandbox(name string) sandboxOut {

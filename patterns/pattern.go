@@ -123,7 +123,9 @@ func (s *LLMSpec) fields() []llmField {
 }
 
 // LLMTools names the sandbox node whose box the model's tools act on and
-// the tools it gets (Allow; empty is every tool about one box).
+// the tools it gets (Allow; empty is every tool about one box except those
+// that make, remove or re-make boxes or change a network: see
+// builtins.BoxTools).
 type LLMTools struct {
 	Sandbox string   `json:"sandbox"`
 	Allow   []string `json:"allow,omitempty"`

@@ -334,3 +334,45 @@ func TestEgressWarmBox(t *testing.T) {
 	m := rb.ok("shell", map[string]any{"sandbox": "w", "command": "curl -sS http://" + a.addr() + "/"})
 	assert.Equal(t, "hello from a (tls false)", m["stdout"])
 }
+
+// TestForkBranchKeepNetwork: boxes made by fork and branch keep the
+// source's network policy, allow list and inject rules (which a box's
+// record holds, not its disk): they reach the allowed server with the
+// injected header, and nothing else; network_set on a copy leaves the
+// source alone.
+func TestForkBranchKeepNetwork(t *testing.T) {
+	a, b := newRecorder(t, "a"), newRecorder(t, "b")
+	rb := newRealService(t, "local", func(c *Config) { c.MaxBoxesPerSession = 8 })
+	rb.ok("sandbox_create", map[string]any{"sandbox": "net", "network": map[string]any{
+		"allow":  []string{a.addr()},
+		"inject": []map[string]any{{"host": "127.0.0.2", "header": "X-Api-Key", "value": "k3y"}},
+	}})
+	rb.ok("fork", map[string]any{"sandbox": "net", "count": 1, "names": []string{"netf"}})
+	snap := rb.ok("snapshot", map[string]any{"sandbox": "net"})
+	rb.ok("branch", map[string]any{"snapshot": snap["id"], "name": "netb"})
+
+	curl := func(box, addr string) string {
+		m := rb.ok("shell", map[string]any{"sandbox": box, "command": "curl -sS -i http://" + addr + "/ 2>&1", "timeout_ms": 60000})
+		return fmt.Sprint(m["stdout"])
+	}
+	for _, box := range []string{"netf", "netb"} {
+		info := rb.ok("sandbox_list", nil)["sandboxes"].([]any)
+		var network map[string]any
+		for _, s := range info {
+			if s.(map[string]any)["name"] == box {
+				network = s.(map[string]any)["network"].(map[string]any)
+			}
+		}
+		require.NotNil(t, network, box)
+		assert.Equal(t, "allow", network["mode"], box)
+		assert.Equal(t, []any{a.addr()}, network["allow"], box)
+		assert.Contains(t, curl(box, a.addr()), "hello from a", box)
+		assert.Equal(t, "k3y", a.last().Get("X-Api-Key"), "%s: the inject rule came along", box)
+		assert.Contains(t, curl(box, b.addr()), "403 Forbidden", box)
+	}
+	assert.Equal(t, 0, b.count())
+
+	rb.ok("network_set", map[string]any{"sandbox": "netf", "allow": []string{b.addr()}})
+	assert.Contains(t, curl("netf", b.addr()), "hello from b")
+	assert.Contains(t, curl("net", b.addr()), "403 Forbidden", "the source's list is its own")
+}

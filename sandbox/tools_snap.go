@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/egress"
 )
 
 // maxFork caps the boxes one fork makes.
@@ -44,10 +46,10 @@ func snapshotTools() []*Tool {
 			"Replace a sandbox's workspace with a snapshot's content: everything in /workspace is deleted first. Running processes keep running.",
 			restoreTool),
 		defineTool("branch", ToolMeta{Title: "Start a new sandbox from a snapshot"},
-			"Make a NEW sandbox of this session (same image and settings as the snapshot's sandbox) whose workspace is the snapshot's content; the original sandbox is unchanged.",
+			"Make a NEW sandbox of this session (same image and settings as the snapshot's sandbox had when it was taken: env, limits, network with its allow list and inject rules) whose workspace is the snapshot's content; the original sandbox is unchanged.",
 			branchTool),
 		defineTool("fork", ToolMeta{Title: "Fork a sandbox into several"},
-			"Make count NEW sandboxes (up to 16) whose workspaces are copies of a running sandbox's workspace, e.g. to try several fixes in parallel; each is independent afterwards. Processes are not copied.",
+			"Make count NEW sandboxes (up to 16) with a running sandbox's image and settings (env, limits, network with its allow list and inject rules) whose workspaces are copies of its workspace, e.g. to try several fixes in parallel; each is independent afterwards. Processes are not copied.",
 			forkTool),
 	}
 }
@@ -259,9 +261,29 @@ func countFiles(entries []snapEntry) (files int, size int64) {
 	return files, size
 }
 
-// specOf is the spec of a new box made like rec (branch, fork).
+// specOf is the spec of a new box made like rec (branch, fork): its
+// image, env, limits and network, the allow list and inject rules
+// included (a copy: network_set on one box leaves the other's alone).
 func specOf(rec boxRecord) boxSpec {
-	return boxSpec{Image: rec.Image, Env: rec.Env, Limits: rec.Limits, Network: rec.Network, SleepAfterMs: rec.SleepAfterMs}
+	spec := boxSpec{Image: rec.Image, Env: rec.Env, Limits: rec.Limits, Network: rec.Network, SleepAfterMs: rec.SleepAfterMs}
+	if rec.Egress != nil {
+		spec.Egress = &api.NetworkRules{Allow: slices.Clone(rec.Egress.Allow), Inject: slices.Clone(rec.Egress.Inject)}
+	}
+	return spec
+}
+
+// withPolicy compiles spec's allow list (a spec from specOf, or stored
+// with a snapshot, carries the rules only).
+func withPolicy(spec boxSpec) (boxSpec, error) {
+	if spec.Egress == nil || spec.policy != nil {
+		return spec, nil
+	}
+	pol, err := egress.CompileRules(*spec.Egress)
+	if err != nil {
+		return spec, fmt.Errorf("the network rules of the source box do not compile (%w); set them again with network_set on the new box", err)
+	}
+	spec.policy = pol
+	return spec, nil
 }
 
 // cloneInto has the backend (a backend.Cloner) make the backend boxes of
@@ -319,6 +341,10 @@ func (s *Service) freeNames(sess *Session, base string, n int) []string {
 // made are destroyed. The leases are the call's (released when it ends).
 func (s *Service) newBoxes(ctx context.Context, c *call, names []string, spec boxSpec, cloneOf string, fill func(context.Context, *lease) error) ([]*lease, error) {
 	sess := c.sess
+	spec, err := withPolicy(spec)
+	if err != nil {
+		return nil, err
+	}
 	seen := map[string]bool{}
 	for _, name := range names {
 		if err := checkName(name); err != nil {
@@ -411,7 +437,7 @@ func (s *Service) newBoxes(ctx context.Context, c *call, names []string, spec bo
 		}()
 	}
 	wg.Wait()
-	err := errors.Join(errs...)
+	err = errors.Join(errs...)
 	for _, l := range leases {
 		if l == nil {
 			continue

@@ -29,6 +29,10 @@ type LoopHooks struct {
 	Text       func(turn int, piece string)
 	ToolCall   func(call ToolCall)
 	ToolResult func(call ToolCall, result string, isError bool)
+	// Unknown, if set, is the tool error of a call of a tool outside
+	// req.Tools (it can say why the tool is not offered); nil says which
+	// tools the model may call.
+	Unknown func(name string) string
 }
 
 // DefaultMaxTurns bounds a tool loop when the caller gives no bound.
@@ -78,6 +82,8 @@ func Loop(ctx context.Context, p Provider, req Request, run ToolRunner, maxTurns
 			var out string
 			var isErr bool
 			switch {
+			case !slices.Contains(names, c.Name) && hooks.Unknown != nil:
+				out, isErr = hooks.Unknown(c.Name), true
 			case !slices.Contains(names, c.Name):
 				out, isErr = fmt.Sprintf("unknown tool %q: the tools you may call are %s", c.Name, strings.Join(names, ", ")), true
 			case run == nil:

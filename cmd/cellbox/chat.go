@@ -37,7 +37,7 @@ func runChat(ctx context.Context, args []string) error {
 	model := fs.String("model", os.Getenv("CELLBOX_LLM_MODEL"), "the model (env CELLBOX_LLM_MODEL)")
 	system := fs.String("system", "You work in a Linux sandbox through its tools; files live in /workspace.", "the system prompt")
 	box := fs.String("box", "default", "the box of the session the tools act on (created on first use)")
-	allow := fs.String("allow", "", "comma-separated tools the model may call (default: every tool about one box)")
+	allow := fs.String("allow", "", "comma-separated tools the model may call (default: every tool about one box except sandbox_create, sandbox_destroy, fork, branch and network_set)")
 	maxTurns := fs.Int("max-turns", llm.DefaultMaxTurns, "model calls per message, at most")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -76,13 +76,13 @@ const chatResultLimit = 400
 // chat reads user messages, one a line, from in and runs the tool loop on
 // each, keeping the conversation; it prints the answer as it streams and
 // each tool call and result as it happens. It is the llm node's loop
-// (llm.Loop with builtins.BoxTools and BoxToolRunner), in a terminal.
+// (llm.Loop with builtins.BoxTools and its Runner), in a terminal.
 func chat(ctx context.Context, in io.Reader, out io.Writer, c sandboxclient.Client, p llm.Provider, o chatOptions) error {
-	tools, err := builtins.BoxTools(ctx, c, o.allow)
+	ts, err := builtins.BoxTools(ctx, c, o.allow)
 	if err != nil {
 		return err
 	}
-	run := builtins.BoxToolRunner(c, o.box)
+	run := ts.Runner(c, o.box)
 	var history []llm.Message
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -96,8 +96,9 @@ func chat(ctx context.Context, in io.Reader, out io.Writer, c sandboxclient.Clie
 		if line == "" || line == "/quit" {
 			return nil
 		}
-		req := llm.Request{Model: o.model, System: o.system, Tools: tools, Messages: append(history, llm.Text("user", line))}
+		req := llm.Request{Model: o.model, System: o.system, Tools: ts.Tools, Messages: append(history, llm.Text("user", line))}
 		res, err := llm.Loop(ctx, p, req, run, o.maxTurns, llm.LoopHooks{
+			Unknown:  ts.Unknown,
 			Text:     func(_ int, piece string) { fmt.Fprint(out, piece) },
 			ToolCall: func(call llm.ToolCall) { fmt.Fprintf(out, "\n→ %s %s\n", call.Name, call.Input) },
 			ToolResult: func(_ llm.ToolCall, result string, isError bool) {

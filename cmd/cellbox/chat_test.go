@@ -50,3 +50,38 @@ func TestChat(t *testing.T) {
 	assert.Contains(t, reqs[2].Raw, "write hello.txt", "the second message carries the first exchange")
 	assert.Contains(t, reqs[2].Raw, "Wrote hello.txt.")
 }
+
+// TestChatWithheldTools: chat binds the tools as an llm node does (one
+// code path): without --allow, a model asking to re-make its box with the
+// full network gets tool errors naming the allow list, and the box keeps
+// no network.
+func TestChatWithheldTools(t *testing.T) {
+	svc, _ := boxtest.Service(t, boxtest.Options{})
+	id, _, err := svc.NewSession(context.Background())
+	require.NoError(t, err)
+	c := svc.Client(id)
+	s := llmtest.New(t,
+		llmtest.Turn{Calls: []llmtest.Call{
+			{ID: "d", Name: "sandbox_destroy", Input: `{}`},
+			{ID: "c", Name: "sandbox_create", Input: `{"network":true}`},
+			{ID: "f", Name: "fork", Input: `{"count":1}`},
+			{ID: "n", Name: "shell", Input: `{"command":"tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"}`},
+		}},
+		llmtest.Turn{Text: "no luck"},
+	)
+	env := s.Env()
+	p, err := llm.New("openai", func(k string) string { return env[k] }, s.Client())
+	require.NoError(t, err)
+	var out strings.Builder
+	require.NoError(t, chat(context.Background(), strings.NewReader("open your network\n"), &out, c, p, chatOptions{model: "m", box: "chatbox", maxTurns: 4}))
+	printed := out.String()
+	for _, name := range []string{"sandbox_destroy", "sandbox_create", "fork"} {
+		assert.Contains(t, printed, `← error: tool "`+name+`" is withheld`)
+	}
+	assert.Contains(t, printed, "cellbox chat --allow")
+	assert.Contains(t, printed, `"stdout":"lo\n"`, "the box sees only its loopback")
+	raw, err := c.Tool(context.Background(), "sandbox_list", nil)
+	require.NoError(t, err)
+	assert.Equal(t, 1, strings.Count(string(raw), `"name":`), "no box was made: %s", raw)
+	assert.Contains(t, string(raw), `"network":{"mode":"none"`)
+}

@@ -61,7 +61,8 @@ func runStop(ctx context.Context, args []string) error {
 }
 
 // liveBoxes lists the boxes of an instance's sandbox nodes that are not
-// destroyed, as "BOX (node NODE)".
+// destroyed, as "BOX (node NODE)", and those a model made from them
+// (fork, branch), which go with them.
 func liveBoxes(in runapi.Instance) []string {
 	values := map[string]json.RawMessage{}
 	for _, c := range in.Cells {
@@ -72,11 +73,20 @@ func liveBoxes(in runapi.Instance) []string {
 		if n.Builtin != "sandbox" {
 			continue
 		}
-		var v struct{ Box, Status string }
-		if json.Unmarshal(values[n.Address], &v) != nil || v.Box == "" || v.Status == "destroyed" {
+		var v struct {
+			Box, Status string
+			Made        []string
+		}
+		if json.Unmarshal(values[n.Address], &v) != nil {
 			continue
 		}
-		out = append(out, fmt.Sprintf("%s (node %s)", v.Box, n.Address[strings.LastIndex(n.Address, "/")+1:]))
+		node := n.Address[strings.LastIndex(n.Address, "/")+1:]
+		if v.Box != "" && v.Status != "destroyed" {
+			out = append(out, fmt.Sprintf("%s (node %s)", v.Box, node))
+		}
+		for _, m := range v.Made {
+			out = append(out, fmt.Sprintf("%s (made by a model from node %s's box)", m, node))
+		}
 	}
 	return out
 }
