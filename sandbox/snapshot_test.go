@@ -290,3 +290,20 @@ func openTestDB(t *testing.T, dir string) *bolt.DB {
 	t.Cleanup(func() { st.close() })
 	return st.db
 }
+
+// TestRestoreTooLargeKeepsWorkspace: restoring a snapshot larger than the
+// box's disk cap is refused before the workspace is cleared (it used to
+// delete the workspace, then run out of space part way).
+func TestRestoreTooLargeKeepsWorkspace(t *testing.T) {
+	rb := newRealService(t, "local", nil)
+	rb.sh("default", "head -c 70000000 /dev/zero > r.bin")
+	id := rb.ok("snapshot", nil)["id"]
+	rb.ok("sandbox_create", map[string]any{"sandbox": "small", "limits": map[string]any{"disk_bytes": backend.MinDiskBytes}})
+	rb.sh("small", "echo keep > precious.txt")
+	m := rb.call("restore", map[string]any{"sandbox": "small", "snapshot": id})
+	require.Equal(t, true, m["is_error"], "%v", m)
+	assert.Equal(t, api.CodeTooLarge, m["code"])
+	assert.Contains(t, m["error"], "70000000 bytes, more than the sandbox's disk cap of 67108864 bytes")
+	assert.Equal(t, "keep\n", rb.sh("small", "cat precious.txt"))
+	assert.Equal(t, "gone\n", rb.sh("small", "test -e r.bin || echo gone"))
+}

@@ -41,7 +41,7 @@ func snapshotTools() []*Tool {
 			"Delete a snapshot of this session; content no other snapshot shares is freed.",
 			snapshotDeleteTool),
 		defineTool("restore", ToolMeta{Title: "Restore a snapshot into a sandbox", Destructive: true, Idempotent: true},
-			"Replace a sandbox's workspace with a snapshot's content: everything in /workspace is deleted first. Running processes keep running.",
+			"Replace a sandbox's workspace with a snapshot's content: everything in /workspace is deleted first. A snapshot larger than the sandbox's disk cap (limits.disk_bytes) is refused before anything is deleted; use branch for it instead. Running processes keep running.",
 			restoreTool),
 		defineTool("branch", ToolMeta{Title: "Start a new sandbox from a snapshot"},
 			"Make a NEW sandbox of this session (same image and settings as the snapshot's sandbox) whose workspace is the snapshot's content; the original sandbox is unchanged.",
@@ -118,13 +118,19 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 	if err != nil {
 		return api.SeedOutput{}, err
 	}
+	files, size := countFiles(entries)
+	// Checked before anything is deleted: a snapshot larger than the box's
+	// disk can never fit, and finding that out by running out of space
+	// would cost the workspace.
+	if disk := toBackendLimits(l.b.rec.Limits).Defaults().DiskBytes; size > disk {
+		return api.SeedOutput{}, api.WithCode(api.CodeTooLarge, fmt.Errorf("restore %s into %q: the snapshot holds %d bytes, more than the sandbox's disk cap of %d bytes; nothing was changed. Branch the snapshot into a new sandbox (branch), or use a sandbox with a larger limits.disk_bytes", in.Snapshot, l.name, size, disk))
+	}
 	if err := clearWorkspace(ctx, l.client); err != nil {
-		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: %w", in.Snapshot, l.name, err)
+		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: %w (some of the workspace's files may be deleted already)", in.Snapshot, l.name, err)
 	}
 	if err := ss.seed(ctx, l.client, c.sess.ID, entries); err != nil {
-		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: %w (the workspace holds part of the snapshot; restore again)", in.Snapshot, l.name, err)
+		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: the copy stopped part way: %w; /workspace now holds part of the snapshot and none of its earlier files (they were deleted first). Free space in /tmp if the disk is full, then restore again", in.Snapshot, l.name, err)
 	}
-	files, size := countFiles(entries)
 	return api.SeedOutput{Sandbox: l.name, ID: l.b.rec.ID, Files: files, Bytes: size}, nil
 }
 
