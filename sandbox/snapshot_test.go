@@ -307,3 +307,17 @@ func TestRestoreTooLargeKeepsWorkspace(t *testing.T) {
 	assert.Equal(t, "keep\n", rb.sh("small", "cat precious.txt"))
 	assert.Equal(t, "gone\n", rb.sh("small", "test -e r.bin || echo gone"))
 }
+
+// TestForkOverCapCount: a fork past the session's cap says how many
+// sandboxes the session has and how many the fork asked for (it used to
+// count the fork's own boxes as already there).
+func TestForkOverCapCount(t *testing.T) {
+	rb := newRealService(t, "local", func(cfg *Config) { cfg.MaxBoxesPerSession = 4 })
+	rb.sh("default", "true")
+	rb.ok("sandbox_create", map[string]any{"sandbox": "other"})
+	m := rb.call("fork", map[string]any{"count": 3})
+	require.Equal(t, true, m["is_error"], "%v", m)
+	assert.Equal(t, api.CodeLimit, m["code"])
+	assert.Contains(t, m["error"], "has 2 sandboxes; 3 more would pass 4, the most")
+	assert.Len(t, rb.ok("sandbox_list", nil)["sandboxes"], 2, "a refused fork leaves no names behind")
+}

@@ -350,18 +350,12 @@ func (s *Service) newBoxes(ctx context.Context, c *call, names []string, spec bo
 		s.mu.Unlock()
 		return nil, api.WithCode(api.CodeExists, fmt.Errorf("this session already has sandboxes named %s; pick other names or destroy them first", strings.Join(taken, ", ")))
 	}
+	if err := s.checkCapsLocked(sess, len(names)); err != nil {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%d new sandboxes: %w", len(names), err)
+	}
 	boxes := make([]*box, len(names))
 	for i, name := range names {
-		if err := s.checkCapsLocked(sess); err != nil {
-			for j, n := range names[:i] {
-				delete(sess.boxes, n)
-				if cloneOf != "" {
-					boxes[j].life.Unlock()
-				}
-			}
-			s.mu.Unlock()
-			return nil, fmt.Errorf("%d new sandboxes: %w", len(names), err)
-		}
 		boxes[i] = s.newBoxLocked(sess, spec)
 		if cloneOf != "" {
 			// Held until the clone made the backend boxes, so that a call
