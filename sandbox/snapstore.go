@@ -16,8 +16,13 @@ package sandbox
 // A workspace reaches the store as the agent's tar stream (so it works on
 // every backend, also on remote engines) and leaves it as a tar the agent
 // extracts. The stream comes from a box and is hostile: names are checked
-// (no absolute names, no "..", nothing outside the workspace), links must
-// stay inside the workspace, and the bytes and entries are capped.
+// (no absolute names, no "..", nothing outside the workspace, nothing
+// under a symlink), hard links must name a file of the stream, and the
+// bytes and entries are capped. A symlink is kept whatever it points to
+// (a venv's bin/python -> /usr/bin/python3): it is only a string here,
+// never made or followed on the host, and a restore makes it inside a
+// box, where it resolves in that box's own filesystem; the agent writes
+// no entry through a link that leaves the workspace.
 
 import (
 	"archive/tar"
@@ -169,7 +174,7 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes int64) ([]sna
 			}
 			e.Size, e.Hash, added = hdr.Size, hash, added+n
 		case tar.TypeSymlink:
-			if err := linkInside(rel, hdr.Linkname); err != nil {
+			if err := checkLink(rel, hdr.Linkname); err != nil {
 				return nil, 0, err
 			}
 			e.Link = hdr.Linkname
@@ -194,6 +199,13 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes int64) ([]sna
 	}
 	out := make([]snapEntry, 0, len(byPath))
 	for _, e := range byPath {
+		// A real tree has nothing under a symlink (the agent does not
+		// descend into links); a restore would write it through the link.
+		for dir := path.Dir(e.Path); dir != "."; dir = path.Dir(dir) {
+			if byPath[dir].Type == tar.TypeSymlink {
+				return nil, 0, api.WithCode(api.CodeOutsideWorkspace, fmt.Errorf("snapshot: tar entry %q goes through the symlink %s; the snapshot was not taken", e.Path, dir))
+			}
+		}
 		out = append(out, e)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
@@ -223,24 +235,12 @@ func snapPath(name, top string) (string, error) {
 	return strings.TrimPrefix(rel, "/"), nil
 }
 
-// linkInside refuses a symlink at rel (relative to the workspace) whose
-// target leads out of the workspace: restoring it would give a later
-// entry a way out, and a workspace that links outside itself is not
-// self-contained.
-func linkInside(rel, target string) error {
-	var dest string
-	if strings.HasPrefix(target, "/") {
-		d, ok := strings.CutPrefix(path.Clean(target), backend.Workspace)
-		if !ok || (d != "" && d[0] != '/') {
-			dest = ".."
-		} else {
-			dest = "." + d
-		}
-	} else {
-		dest = path.Join(path.Dir(rel), target)
-	}
-	if target == "" || len(target) > maxSnapshotPath || strings.IndexByte(target, 0) >= 0 || dest == ".." || strings.HasPrefix(dest, "../") {
-		return api.WithCode(api.CodeOutsideWorkspace, fmt.Errorf("snapshot: %s/%s is a symlink to %q, outside the workspace; snapshots keep links that stay inside %s (replace it with a copy or a relative link)", backend.Workspace, rel, target, backend.Workspace))
+// checkLink refuses a symlink target that no real workspace has (empty,
+// over-long, with a NUL byte). Where it points is not checked: see the
+// file comment.
+func checkLink(rel, target string) error {
+	if target == "" || len(target) > maxSnapshotPath || strings.IndexByte(target, 0) >= 0 {
+		return api.WithCode(api.CodeInvalidInput, fmt.Errorf("snapshot: %s/%s is a symlink with an empty, over-long or NUL-holding target; the snapshot was not taken", backend.Workspace, rel))
 	}
 	return nil
 }
