@@ -6,9 +6,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -239,7 +241,7 @@ func TestSnapshotHostileTar(t *testing.T) {
 				io.WriteString(tw, e.body)
 			}
 			tw.Flush() // no Close: a cut stream has no end marker
-			_, _, err = ss.capture("s-test", &buf, 1000)
+			_, _, err = ss.capture("s-test", &buf, 1000, math.MaxInt64)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 			assert.NoFileExists(t, filepath.Join(dir, "etc", "x"))
@@ -272,7 +274,7 @@ func TestSnapshotCaptureKeepsLinks(t *testing.T) {
 		}
 	}
 	require.NoError(t, tw.Close())
-	entries, added, err := ss.capture("s-test", &buf, 1000)
+	entries, added, err := ss.capture("s-test", &buf, 1000, math.MaxInt64)
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, added)
 	var paths []string
@@ -344,4 +346,35 @@ func TestSnapshotLinksOutAndUnreadable(t *testing.T) {
 	require.Equal(t, true, m["is_error"], "%v", m)
 	assert.Equal(t, api.CodeInvalidInput, m["code"])
 	assert.Contains(t, m["error"], "/workspace/sub/priv cannot be read (permission denied); make it readable")
+}
+
+// TestSnapshotKeepsNonUTF8Names: a file name and a link target that are
+// not UTF-8 come back byte for byte (the manifest's JSON used to turn
+// them into U+FFFD).
+func TestSnapshotKeepsNonUTF8Names(t *testing.T) {
+	rb := newRealService(t, "local", nil)
+	rb.sh("default", `echo x > "$(printf 'bad\377\376')" && ln -s "$(printf 'to\377')" "$(printf 'ln\376')"`)
+	id := rb.ok("snapshot", nil)["id"]
+	rb.ok("branch", map[string]any{"snapshot": id, "name": "b"})
+	const show = `ls | od -An -c | tr -s ' ' && readlink "$(printf 'ln\376')" | od -An -c | tr -s ' '`
+	assert.Equal(t, rb.sh("default", show), rb.sh("b", show))
+	assert.Contains(t, rb.sh("b", show), `b a d 377 376`)
+}
+
+// TestSnapshotStoreCap: a session's snapshots stop at MaxSnapshotBytes
+// (the store used to have no byte cap beyond 256 snapshots of a disk
+// cap each); the refused snapshot's blobs are freed.
+func TestSnapshotStoreCap(t *testing.T) {
+	rb := newRealService(t, "local", func(cfg *Config) { cfg.MaxSnapshotBytes = 3 << 20 })
+	rb.sh("default", "head -c 2000000 /dev/urandom > a.bin")
+	rb.ok("snapshot", nil)
+	rb.ok("snapshot", nil) // unchanged: adds nothing
+	rb.sh("default", "head -c 2000000 /dev/urandom > b.bin")
+	m := rb.call("snapshot", nil)
+	require.Equal(t, true, m["is_error"], "%v", m)
+	assert.Equal(t, api.CodeLimit, m["code"])
+	assert.Contains(t, m["error"], "more than 3145728 bytes (2000000 in use), the most a session may store: delete some with snapshot_delete, or raise the limit (cellbox serve --max-snapshot-bytes)")
+	list := rb.ok("snapshot_list", nil)
+	assert.Len(t, list["snapshots"], 2)
+	require.Eventually(t, func() bool { return rb.s.snaps.bytes(rb.sess) == 2000000 }, 10*time.Second, 10*time.Millisecond, "the refused snapshot's blobs are freed")
 }

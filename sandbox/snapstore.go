@@ -41,6 +41,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -84,6 +85,45 @@ type snapEntry struct {
 	Hash string      `json:"h,omitempty"` // hex SHA-256 of a file's content
 	Link string      `json:"l,omitempty"` // a symlink's target
 	Time time.Time   `json:"mt"`
+}
+
+// MarshalJSON keeps a name or link target that is not UTF-8 (a file named
+// in Latin-1, say) byte for byte: JSON strings would turn its bytes into
+// U+FFFD, so such a one is stored as bytes (base64) beside an empty string.
+func (e snapEntry) MarshalJSON() ([]byte, error) {
+	type plain snapEntry // without this method
+	w := struct {
+		plain
+		RawPath []byte `json:"pb,omitempty"`
+		RawLink []byte `json:"lb,omitempty"`
+	}{plain: plain(e)}
+	if !utf8.ValidString(e.Path) {
+		w.RawPath, w.plain.Path = []byte(e.Path), ""
+	}
+	if !utf8.ValidString(e.Link) {
+		w.RawLink, w.plain.Link = []byte(e.Link), ""
+	}
+	return json.Marshal(w)
+}
+
+func (e *snapEntry) UnmarshalJSON(b []byte) error {
+	type plain snapEntry
+	var w struct {
+		plain
+		RawPath []byte `json:"pb,omitempty"`
+		RawLink []byte `json:"lb,omitempty"`
+	}
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	*e = snapEntry(w.plain)
+	if w.RawPath != nil {
+		e.Path = string(w.RawPath)
+	}
+	if w.RawLink != nil {
+		e.Link = string(w.RawLink)
+	}
+	return nil
 }
 
 // snapStore is the blob directory and the two buckets.
@@ -136,8 +176,10 @@ func (ss *snapStore) blobPath(session, hash string) string {
 // capture reads a tar of the workspace (entries named workspace/...) from
 // r, storing each file's content as a blob, and returns the manifest,
 // sorted by path, and the bytes of blobs it added to session's. maxBytes
-// caps the content. The caller holds ss.gc for reading.
-func (ss *snapStore) capture(session string, r io.Reader, maxBytes int64) ([]snapEntry, int64, error) {
+// caps the content, maxAdded the bytes it may add to the store (what it
+// added before failing stays until the next collection). The caller holds
+// ss.gc for reading.
+func (ss *snapStore) capture(session string, r io.Reader, maxBytes, maxAdded int64) ([]snapEntry, int64, error) {
 	top := strings.TrimPrefix(backend.Workspace, "/")
 	tr := tar.NewReader(r)
 	byPath := map[string]snapEntry{}
@@ -173,6 +215,9 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes int64) ([]sna
 				return nil, 0, fmt.Errorf("snapshot: store %s from the tar stream: %w", rel, err)
 			}
 			e.Size, e.Hash, added = hdr.Size, hash, added+n
+			if added > maxAdded {
+				return nil, 0, errStoreFull
+			}
 		case tar.TypeSymlink:
 			if err := checkLink(rel, hdr.Linkname); err != nil {
 				return nil, 0, err
@@ -211,6 +256,10 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes int64) ([]sna
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out, added, nil
 }
+
+// errStoreFull is capture's error past maxAdded; the caller says which
+// cap it was.
+var errStoreFull = errors.New("the snapshot store of this session is full")
 
 // snapPath checks a tar entry name of the workspace's stream and returns
 // it relative to the workspace ("" for the workspace itself).

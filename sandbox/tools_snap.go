@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -32,7 +33,7 @@ const maxSnapshots = 256
 func snapshotTools() []*Tool {
 	return []*Tool{
 		defineTool("snapshot", ToolMeta{Title: "Snapshot a sandbox's workspace"},
-			"Save a sandbox's workspace (/workspace: files, directories, symlinks) as a snapshot of this session and return its id. Snapshots are stored deduplicated (unchanged files cost nothing again) and survive restarts; use them with restore, branch and snapshot_delete.",
+			"Save a sandbox's workspace (/workspace) as a snapshot of this session and return its id; use it with restore, branch and snapshot_delete. Kept: files, directories and symlinks (wherever they point), names byte for byte, permission bits, modification times. Not kept: FIFOs, sockets and devices (left out), hard links (each name becomes its own copy), owners, /tmp, processes. A file the sandbox cannot read fails the snapshot, naming it. Snapshots survive restarts and are stored deduplicated by whole file (an unchanged file costs nothing again; no compression); a session may keep 256, taking at most 16 GiB of store by default (cellbox serve --max-snapshot-bytes).",
 			snapshotTool),
 		defineTool("snapshot_list", ToolMeta{Title: "List snapshots", ReadOnly: true, Idempotent: true},
 			"List the snapshots of this session, oldest first, with label, source sandbox, size, and the bytes each added to the (deduplicated) store.",
@@ -67,9 +68,27 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 	} else if len(ids) >= maxSnapshots {
 		return api.SnapshotInfo{}, api.WithCode(api.CodeLimit, fmt.Errorf("this session has %d snapshots, the most a session may keep; delete some with snapshot_delete", len(ids)))
 	}
+	most := c.s.cfg.MaxSnapshotBytes
+	used := ss.bytes(c.sess.ID)
+	full := func() error {
+		return api.WithCode(api.CodeLimit, fmt.Errorf("snapshot of %q: this session's snapshots would take more than %d bytes (%d in use), the most a session may store: delete some with snapshot_delete, or raise the limit (cellbox serve --max-snapshot-bytes)", l.name, most, used))
+	}
+	if used >= most {
+		return api.SnapshotInfo{}, full()
+	}
 	ss.gc.RLock()
 	defer ss.gc.RUnlock()
-	entries, added, err := c.s.captureBox(ctx, c.sess.ID, l)
+	entries, added, err := c.s.captureBox(ctx, c.sess.ID, l, most-used)
+	if errors.Is(err, errStoreFull) {
+		// What it stored so far is referenced by no snapshot: freed once
+		// the capture's hold on the store is gone.
+		go func() {
+			if _, err := ss.delete(c.sess.ID); err != nil {
+				c.s.log.Warn("free the blobs of a refused snapshot", "session", c.sess.ID, "err", err)
+			}
+		}()
+		return api.SnapshotInfo{}, full()
+	}
 	if err != nil {
 		return api.SnapshotInfo{}, err
 	}
@@ -190,7 +209,7 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 	defer ss.gc.RUnlock()
 	// The portable path: the source's workspace into the store once (what
 	// is there already is not written again), then into every new box.
-	entries, _, err := c.s.captureBox(ctx, c.sess.ID, src)
+	entries, _, err := c.s.captureBox(ctx, c.sess.ID, src, math.MaxInt64) // transient: not counted against the snapshot cap
 	if err != nil {
 		return out, fmt.Errorf("fork %q: %w", src.name, err)
 	}
@@ -209,15 +228,16 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 }
 
 // captureBox stores the workspace of the leased box among session's blobs
-// and returns its manifest and the bytes it added; the caller holds
-// s.snaps.gc for reading.
-func (s *Service) captureBox(ctx context.Context, session string, l *lease) ([]snapEntry, int64, error) {
+// (adding at most maxAdded bytes, else errStoreFull) and returns its
+// manifest and the bytes it added; the caller holds s.snaps.gc for
+// reading.
+func (s *Service) captureBox(ctx context.Context, session string, l *lease, maxAdded int64) ([]snapEntry, int64, error) {
 	pr, srcErr := pipeFrom("snapshot", func(w io.Writer) error {
 		_, err := l.client.TarOut(ctx, backend.Workspace, w)
 		return err
 	})
 	maxBytes := toBackendLimits(l.b.rec.Limits).Defaults().DiskBytes
-	entries, added, err := s.snaps.capture(session, pr, maxBytes)
+	entries, added, err := s.snaps.capture(session, pr, maxBytes, maxAdded)
 	pr.Close() // the agent, if still writing, gets io.ErrClosedPipe (pipeError)
 	if err = pipeError(<-srcErr, err); err != nil {
 		return nil, 0, fmt.Errorf("snapshot of %q: %w", l.name, err)
