@@ -348,17 +348,18 @@ func TestSnapshotLinksOutAndUnreadable(t *testing.T) {
 	assert.Contains(t, m["error"], "/workspace/sub/priv cannot be read (permission denied); make it readable")
 }
 
-// TestSnapshotKeepsNonUTF8Names: a file name and a link target that are
+// TestSnapshotKeepsOddEntries: a file name and a link target that are
 // not UTF-8 come back byte for byte (the manifest's JSON used to turn
-// them into U+FFFD).
-func TestSnapshotKeepsNonUTF8Names(t *testing.T) {
+// them into U+FFFD), and a FIFO comes back as a FIFO (it was left out).
+func TestSnapshotKeepsOddEntries(t *testing.T) {
 	rb := newRealService(t, "local", nil)
-	rb.sh("default", `echo x > "$(printf 'bad\377\376')" && ln -s "$(printf 'to\377')" "$(printf 'ln\376')"`)
+	rb.sh("default", `echo x > "$(printf 'bad\377\376')" && ln -s "$(printf 'to\377')" "$(printf 'ln\376')" && mkfifo -m 640 pipe`)
 	id := rb.ok("snapshot", nil)["id"]
 	rb.ok("branch", map[string]any{"snapshot": id, "name": "b"})
-	const show = `ls | od -An -c | tr -s ' ' && readlink "$(printf 'ln\376')" | od -An -c | tr -s ' '`
+	const show = `ls | od -An -c | tr -s ' ' && readlink "$(printf 'ln\376')" | od -An -c | tr -s ' ' && stat -c '%F %a' pipe`
 	assert.Equal(t, rb.sh("default", show), rb.sh("b", show))
 	assert.Contains(t, rb.sh("b", show), `b a d 377 376`)
+	assert.Contains(t, rb.sh("b", show), "fifo 640")
 }
 
 // TestSnapshotStoreCap: a session's snapshots stop at MaxSnapshotBytes

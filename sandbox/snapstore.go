@@ -79,7 +79,7 @@ type snapshotRecord struct {
 // slash-separated and clean.
 type snapEntry struct {
 	Path string      `json:"p"`
-	Type byte        `json:"t"` // tar.TypeDir, tar.TypeReg or tar.TypeSymlink
+	Type byte        `json:"t"` // tar.TypeDir, tar.TypeReg, tar.TypeSymlink or tar.TypeFifo
 	Mode fs.FileMode `json:"m"` // permission bits
 	Size int64       `json:"s,omitempty"`
 	Hash string      `json:"h,omitempty"` // hex SHA-256 of a file's content
@@ -204,7 +204,7 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes, maxAdded int
 		}
 		e := snapEntry{Path: rel, Type: hdr.Typeflag, Mode: fs.FileMode(hdr.Mode).Perm(), Time: hdr.ModTime.UTC()}
 		switch hdr.Typeflag {
-		case tar.TypeDir:
+		case tar.TypeDir, tar.TypeFifo:
 		case tar.TypeReg, tar.TypeRegA:
 			e.Type = tar.TypeReg
 			if total += hdr.Size; hdr.Size < 0 || total > maxBytes {
@@ -238,7 +238,7 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes, maxAdded int
 			}
 			e.Type, e.Size, e.Hash = tar.TypeReg, s.Size, s.Hash
 		default:
-			continue // devices, fifos: not kept
+			continue // devices: not kept
 		}
 		byPath[rel] = e
 	}

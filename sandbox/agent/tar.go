@@ -86,8 +86,8 @@ func writeTar(r *http.Request, w io.Writer, real, display string) error {
 				return failed(p, err)
 			}
 		}
-		if !fi.Mode().IsRegular() && !fi.IsDir() && link == "" {
-			return nil // devices, sockets, fifos: skipped
+		if !fi.Mode().IsRegular() && !fi.IsDir() && link == "" && fi.Mode()&fs.ModeNamedPipe == 0 {
+			return nil // devices, sockets: skipped
 		}
 		var f *os.File // opened before its header goes out, so that a refusal leaves no half entry
 		if fi.Mode().IsRegular() {
@@ -139,8 +139,8 @@ func (s *server) handleTarIn(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, struct{}{})
 }
 
-// extractTar extracts regular files, directories, symlinks and hard links
-// under dir. An entry whose name or hard link would leave dir, or whose
+// extractTar extracts regular files, directories, symlinks, hard links and
+// FIFOs under dir. An entry whose name or hard link would leave dir, or whose
 // path goes through a symlink that leaves dir, fails the extraction
 // (entries before it stay extracted). Symlinks themselves may point
 // anywhere: they are made, never followed.
@@ -246,8 +246,16 @@ func extractTar(r io.Reader, dir, display string) error {
 			if err := os.Link(rs, target); err != nil {
 				return err
 			}
+		case tar.TypeFifo:
+			if err := replaceable(target); err != nil {
+				return err
+			}
+			if err := syscall.Mkfifo(target, uint32(mode)); err != nil {
+				return &os.PathError{Op: "mkfifo", Path: target, Err: err}
+			}
+			os.Chmod(target, mode) // past the umask
 		default:
-			// devices, fifos, pax/gnu metadata entries handled by the reader: skip
+			// devices, pax/gnu metadata entries handled by the reader: skip
 		}
 	}
 	for i := len(dirTimes) - 1; i >= 0; i-- {
