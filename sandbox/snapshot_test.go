@@ -282,7 +282,7 @@ func TestSnapshotCaptureKeepsLinks(t *testing.T) {
 		paths = append(paths, e.Path)
 	}
 	assert.Equal(t, []string{"abs", "d", "d/f", "d/rel", "d/up", "hard", "py"}, paths)
-	assert.Equal(t, entries[2].Hash, entries[5].Hash, "a hard link is a copy of its file")
+	assert.Equal(t, snapEntry{Path: "hard", Type: tar.TypeLink, Link: "d/f", Time: entries[5].Time}, entries[5], "a hard link names its file")
 	assert.Equal(t, "/usr/bin/python3", entries[6].Link)
 	assert.Equal(t, "../../etc", entries[4].Link)
 }
@@ -350,16 +350,18 @@ func TestSnapshotLinksOutAndUnreadable(t *testing.T) {
 
 // TestSnapshotKeepsOddEntries: a file name and a link target that are
 // not UTF-8 come back byte for byte (the manifest's JSON used to turn
-// them into U+FFFD), and a FIFO comes back as a FIFO (it was left out).
+// them into U+FFFD), a FIFO comes back as a FIFO (it was left out), and
+// hard links as hard links (they became copies).
 func TestSnapshotKeepsOddEntries(t *testing.T) {
 	rb := newRealService(t, "local", nil)
-	rb.sh("default", `echo x > "$(printf 'bad\377\376')" && ln -s "$(printf 'to\377')" "$(printf 'ln\376')" && mkfifo -m 640 pipe`)
+	rb.sh("default", `echo x > "$(printf 'bad\377\376')" && ln -s "$(printf 'to\377')" "$(printf 'ln\376')" && mkfifo -m 640 pipe && echo h > h1 && mkdir d && ln h1 d/h2`)
 	id := rb.ok("snapshot", nil)["id"]
 	rb.ok("branch", map[string]any{"snapshot": id, "name": "b"})
-	const show = `ls | od -An -c | tr -s ' ' && readlink "$(printf 'ln\376')" | od -An -c | tr -s ' ' && stat -c '%F %a' pipe`
+	const show = `ls | od -An -c | tr -s ' ' && readlink "$(printf 'ln\376')" | od -An -c | tr -s ' ' && stat -c '%F %a' pipe && stat -c %h h1 d/h2`
 	assert.Equal(t, rb.sh("default", show), rb.sh("b", show))
 	assert.Contains(t, rb.sh("b", show), `b a d 377 376`)
-	assert.Contains(t, rb.sh("b", show), "fifo 640")
+	assert.Contains(t, rb.sh("b", show), "fifo 640\n2\n2\n", "a hard link stays one")
+	assert.Equal(t, rb.sh("b", "stat -c %i h1"), rb.sh("b", "stat -c %i d/h2"))
 }
 
 // TestSnapshotStoreCap: a session's snapshots stop at MaxSnapshotBytes

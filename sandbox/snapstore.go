@@ -79,11 +79,11 @@ type snapshotRecord struct {
 // slash-separated and clean.
 type snapEntry struct {
 	Path string      `json:"p"`
-	Type byte        `json:"t"` // tar.TypeDir, tar.TypeReg, tar.TypeSymlink or tar.TypeFifo
+	Type byte        `json:"t"` // tar.TypeDir, tar.TypeReg, tar.TypeSymlink, tar.TypeLink or tar.TypeFifo
 	Mode fs.FileMode `json:"m"` // permission bits
 	Size int64       `json:"s,omitempty"`
 	Hash string      `json:"h,omitempty"` // hex SHA-256 of a file's content
-	Link string      `json:"l,omitempty"` // a symlink's target
+	Link string      `json:"l,omitempty"` // a symlink's target; a hard link's file (a Path of the manifest)
 	Time time.Time   `json:"mt"`
 }
 
@@ -224,19 +224,16 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes, maxAdded int
 			}
 			e.Link = hdr.Linkname
 		case tar.TypeLink:
-			// A hard link becomes a copy of the file it names.
+			// Another name of a file earlier in the stream: no content
+			// of its own, made as a hard link again on restore.
 			src, err := snapPath(hdr.Linkname, top)
 			if err != nil {
 				return nil, 0, err
 			}
-			s, ok := byPath[src]
-			if !ok || s.Type != tar.TypeReg {
+			if s, ok := byPath[src]; !ok || s.Type != tar.TypeReg {
 				return nil, 0, api.WithCode(api.CodeInvalidInput, fmt.Errorf("snapshot: entry %q is a hard link to %q, which is not a file earlier in the stream", hdr.Name, hdr.Linkname))
 			}
-			if total += s.Size; total > maxBytes {
-				return nil, 0, api.WithCode(api.CodeTooLarge, fmt.Errorf("the workspace holds more than %d bytes, the most a snapshot of this box holds (its disk cap)", maxBytes))
-			}
-			e.Type, e.Size, e.Hash = tar.TypeReg, s.Size, s.Hash
+			e.Link = src
 		default:
 			continue // devices: not kept
 		}
@@ -329,16 +326,17 @@ func (ss *snapStore) putBlob(session string, r io.Reader, size int64) (string, i
 
 // writeTar writes the manifest (of a snapshot of session) as a tar with
 // names relative to the workspace, for the agent to extract there:
-// directories and files in path order, then the symlinks (so no file is
-// written through one).
+// directories, files and FIFOs in path order, then the hard links (their
+// files are there), then the symlinks (so no file is written through one).
 func (ss *snapStore) writeTar(ctx context.Context, w io.Writer, session string, entries []snapEntry) error {
 	tw := tar.NewWriter(w)
-	for pass := 0; pass < 2; pass++ {
+	passOf := map[byte]int{tar.TypeLink: 1, tar.TypeSymlink: 2}
+	for pass := 0; pass < 3; pass++ {
 		for _, e := range entries {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if (e.Type == tar.TypeSymlink) != (pass == 1) {
+			if passOf[e.Type] != pass {
 				continue
 			}
 			hdr := &tar.Header{Name: e.Path, Typeflag: e.Type, Mode: int64(e.Mode), ModTime: e.Time, Linkname: e.Link}

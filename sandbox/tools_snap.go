@@ -33,7 +33,7 @@ const maxSnapshots = 256
 func snapshotTools() []*Tool {
 	return []*Tool{
 		defineTool("snapshot", ToolMeta{Title: "Snapshot a sandbox's workspace"},
-			"Save a sandbox's workspace (/workspace) as a snapshot of this session and return its id; use it with restore, branch and snapshot_delete. Kept: files, directories, FIFOs and symlinks (wherever they point), names byte for byte, permission bits, modification times. Not kept: sockets and devices (left out), hard links (each name becomes its own copy), owners, /tmp, processes. A file the sandbox cannot read fails the snapshot, naming it. Snapshots survive restarts and are stored deduplicated by whole file (an unchanged file costs nothing again; no compression); a session may keep 256, taking at most 16 GiB of store by default (cellbox serve --max-snapshot-bytes).",
+			"Save a sandbox's workspace (/workspace) as a snapshot of this session and return its id; use it with restore, branch and snapshot_delete. Kept: files, directories, hard links, FIFOs and symlinks (wherever they point), names byte for byte, permission bits, modification times. Not kept: sockets and devices (left out), owners, /tmp, processes. A file the sandbox cannot read fails the snapshot, naming it. Snapshots survive restarts and are stored deduplicated by whole file (an unchanged file costs nothing again; no compression); a session may keep 256, taking at most 16 GiB of store by default (cellbox serve --max-snapshot-bytes).",
 			snapshotTool),
 		defineTool("snapshot_list", ToolMeta{Title: "List snapshots", ReadOnly: true, Idempotent: true},
 			"List the snapshots of this session, oldest first, with label, source sandbox, size, and the bytes each added to the (deduplicated) store.",

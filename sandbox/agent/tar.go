@@ -51,6 +51,10 @@ func (s *server) handleTarOut(w http.ResponseWriter, r *http.Request) {
 func writeTar(r *http.Request, w io.Writer, real, display string) error {
 	tw := tar.NewWriter(w)
 	parent := filepath.Dir(real)
+	// The first name of each file with more than one (a hard link), by
+	// device and inode: the later names go out as links to it.
+	type inode struct{ dev, ino uint64 }
+	firstName := map[inode]string{}
 	// failed says which entry could not be read and what to do about it.
 	failed := func(p string, err error) error {
 		rel, _ := filepath.Rel(real, p)
@@ -89,6 +93,15 @@ func writeTar(r *http.Request, w io.Writer, real, display string) error {
 		if !fi.Mode().IsRegular() && !fi.IsDir() && link == "" && fi.Mode()&fs.ModeNamedPipe == 0 {
 			return nil // devices, sockets: skipped
 		}
+		rel, _ := filepath.Rel(parent, p)
+		name := filepath.ToSlash(rel)
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.Mode().IsRegular() && st.Nlink > 1 {
+			id := inode{uint64(st.Dev), st.Ino}
+			if first, ok := firstName[id]; ok {
+				return tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeLink, Linkname: first, Mode: int64(fi.Mode().Perm()), ModTime: fi.ModTime()})
+			}
+			firstName[id] = name
+		}
 		var f *os.File // opened before its header goes out, so that a refusal leaves no half entry
 		if fi.Mode().IsRegular() {
 			if f, err = os.Open(p); err != nil {
@@ -100,8 +113,7 @@ func writeTar(r *http.Request, w io.Writer, real, display string) error {
 		if err != nil {
 			return err
 		}
-		rel, _ := filepath.Rel(parent, p)
-		hdr.Name = filepath.ToSlash(rel)
+		hdr.Name = name
 		if fi.IsDir() {
 			hdr.Name += "/"
 		}
