@@ -136,7 +136,7 @@ func (s *Service) acquire(ctx context.Context, sess *Session, name string, notic
 		}
 		b := sess.boxes[name]
 		if b == nil {
-			if err := s.checkCapsLocked(sess); err != nil {
+			if err := s.checkCapsLocked(sess, 1); err != nil {
 				s.mu.Unlock()
 				return nil, fmt.Errorf("create sandbox %q: %w", name, err)
 			}

@@ -60,8 +60,8 @@ func TestServiceErrorCodes(t *testing.T) {
 	assert.Equal(t, api.CodeInvalidInput, ErrorCode(checkName("no/slash")))
 	s := &Service{cfg: Config{MaxBoxesPerSession: 1, MaxBoxes: 10}}
 	full := &Session{ID: "s", boxes: map[string]*box{"a": {}}}
-	assert.Equal(t, api.CodeLimit, ErrorCode(s.checkCapsLocked(full)))
-	assert.NoError(t, s.checkCapsLocked(&Session{ID: "t", boxes: map[string]*box{}}))
+	assert.Equal(t, api.CodeLimit, ErrorCode(s.checkCapsLocked(full, 1)))
+	assert.NoError(t, s.checkCapsLocked(&Session{ID: "t", boxes: map[string]*box{}}, 1))
 	tool, ok := LookupTool("read_file")
 	require.True(t, ok)
 	_, err := tool.run(context.Background(), nil, json.RawMessage(`{"path":"x","bogus":1}`))

@@ -65,6 +65,7 @@ const (
 	DefaultMaxBoxesPerSession = 32
 	DefaultMaxBoxes           = 256
 	DefaultSessionTTL         = 24 * time.Hour
+	DefaultMaxSnapshotBytes   = 16 << 30
 )
 
 // labelInstance marks the backend boxes of one data directory, so that two
@@ -124,6 +125,11 @@ type Config struct {
 	// serve sets them with --max-boxes-per-session and --max-boxes.
 	MaxBoxesPerSession int
 	MaxBoxes           int
+	// MaxSnapshotBytes caps the bytes one session's snapshots take in the
+	// store (deduplicated); a snapshot past it is refused. Default
+	// DefaultMaxSnapshotBytes; cellbox serve sets it with
+	// --max-snapshot-bytes.
+	MaxSnapshotBytes int64
 	// SessionTTL is how long a session may stay idle (no call) before the
 	// reaper deletes it with its boxes. 0 means DefaultSessionTTL, a
 	// negative value never; cellbox serve sets it with --session-ttl.
@@ -213,6 +219,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if cfg.MaxBoxes <= 0 {
 		cfg.MaxBoxes = DefaultMaxBoxes
+	}
+	if cfg.MaxSnapshotBytes <= 0 {
+		cfg.MaxSnapshotBytes = DefaultMaxSnapshotBytes
 	}
 	if cfg.SessionTTL == 0 {
 		cfg.SessionTTL = DefaultSessionTTL

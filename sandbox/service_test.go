@@ -505,14 +505,14 @@ func TestOneShotBoxesAreNotStored(t *testing.T) {
 func TestTransferBetweenBoxes(t *testing.T) {
 	s := newTestService(t, newFakeBackend(t), "", nil)
 	h := newSession(t, s)
-	h.tool("shell", map[string]any{"sandbox": "builder", "command": "mkdir -p app/dist/assets && echo '<h1>hi</h1>' > app/dist/index.html && head -c 3000 /dev/urandom > app/dist/assets/blob.bin && chmod 755 app/dist/index.html"})
+	h.tool("shell", map[string]any{"sandbox": "builder", "command": "mkdir -p app/dist/assets && echo '<h1>hi</h1>' > app/dist/index.html && head -c 3000 /dev/urandom > app/dist/assets/blob.bin && chmod 755 app/dist/index.html && ln app/dist/index.html app/dist/same.html"})
 	sum := h.tool("shell", map[string]any{"sandbox": "builder", "command": "cd app/dist && sha256sum index.html assets/blob.bin"})["stdout"]
 
 	tr := h.tool("transfer", map[string]any{"from_sandbox": "builder", "from_path": "app/dist", "to_sandbox": "web", "to_path": "site/static", "recursive": true})
 	assert.EqualValues(t, 3012, tr["bytes"])
 	assert.True(t, strings.HasSuffix(tr["path"].(string), "/site/static"), tr["path"])
-	got := h.tool("shell", map[string]any{"sandbox": "web", "command": "cd site/static && sha256sum index.html assets/blob.bin && stat -c %a index.html"})["stdout"]
-	assert.Equal(t, sum.(string)+"755\n", got)
+	got := h.tool("shell", map[string]any{"sandbox": "web", "command": "cd site/static && sha256sum index.html assets/blob.bin && stat -c %a index.html && stat -c %h same.html"})["stdout"]
+	assert.Equal(t, sum.(string)+"755\n2\n", got, "a hard link stays one (renamed with its tree)")
 
 	// A single file into an existing directory lands inside it.
 	tr = h.tool("transfer", map[string]any{"from_sandbox": "builder", "from_path": "app/dist/assets/blob.bin", "to_sandbox": "web", "to_path": "site"})

@@ -188,15 +188,23 @@ func (s *Service) CloseSession(ctx context.Context, id string) error {
 	return errors.Join(errs...)
 }
 
-// checkCapsLocked refuses a new box of sess beyond MaxBoxesPerSession or
+// checkCapsLocked refuses n new boxes of sess beyond MaxBoxesPerSession or
 // MaxBoxes (the error has the code limit); the caller holds s.mu.
-func (s *Service) checkCapsLocked(sess *Session) error {
-	return api.WithCode(api.CodeLimit, s.capsExceededLocked(sess))
+func (s *Service) checkCapsLocked(sess *Session, n int) error {
+	return api.WithCode(api.CodeLimit, s.capsExceededLocked(sess, n))
 }
 
-func (s *Service) capsExceededLocked(sess *Session) error {
-	if n := len(sess.boxes); n >= s.cfg.MaxBoxesPerSession {
-		return fmt.Errorf("session %s already has %d sandboxes, the most a session may have: destroy one with sandbox_destroy, or raise the limit (cellbox serve --max-boxes-per-session)", sess.ID, n)
+func (s *Service) capsExceededLocked(sess *Session, n int) error {
+	// A call for several boxes (fork, branch) is told what it has and what
+	// it asked for: the count alone can be far from the cap.
+	over := func(have, most int, who, flag string) error {
+		if n > 1 {
+			return fmt.Errorf("%s has %d sandboxes; %d more would pass %d, the most %s may have: ask for fewer, destroy some with sandbox_destroy, or raise the limit (cellbox serve %s)", who, have, n, most, who, flag)
+		}
+		return fmt.Errorf("%s already has %d sandboxes, the most %s may have: destroy one with sandbox_destroy, or raise the limit (cellbox serve %s)", who, have, who, flag)
+	}
+	if have := len(sess.boxes); have+n > s.cfg.MaxBoxesPerSession {
+		return over(have, s.cfg.MaxBoxesPerSession, "session "+sess.ID, "--max-boxes-per-session")
 	}
 	all := map[*box]bool{}
 	for _, other := range s.sessions {
@@ -204,8 +212,8 @@ func (s *Service) capsExceededLocked(sess *Session) error {
 			all[b] = true
 		}
 	}
-	if n := len(all); n >= s.cfg.MaxBoxes {
-		return fmt.Errorf("this server already has %d sandboxes in all sessions, the most it may have: destroy some with sandbox_destroy, or raise the limit (cellbox serve --max-boxes)", n)
+	if have := len(all); have+n > s.cfg.MaxBoxes {
+		return over(have, s.cfg.MaxBoxes, "this server", "--max-boxes")
 	}
 	return nil
 }

@@ -6,9 +6,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -135,10 +137,6 @@ func TestSnapshots(t *testing.T) {
 			require.NoError(t, err)
 			assert.Empty(t, ids)
 			rb.sess = other
-
-			// a symlink out of the workspace is refused at snapshot time.
-			rb.sh("default", "ln -s /etc/passwd escape")
-			assert.Contains(t, rb.fail("snapshot", nil), "outside the workspace")
 		})
 	}
 }
@@ -215,9 +213,9 @@ func TestSnapshotHostileTar(t *testing.T) {
 		{"absolute", []ent{{name: "/etc/x", typ: tar.TypeReg, body: "x"}}, "absolute name"},
 		{"outside workspace", []ent{{name: "etc/passwd", typ: tar.TypeReg, body: "x"}}, "is not in /workspace"},
 		{"prefix lookalike", []ent{{name: "workspace2/x", typ: tar.TypeReg, body: "x"}}, "is not in /workspace"},
-		{"symlink absolute out", []ent{{name: "workspace/l", typ: tar.TypeSymlink, link: "/etc"}}, "outside the workspace"},
-		{"symlink relative out", []ent{{name: "workspace/a/l", typ: tar.TypeSymlink, link: "../../.."}}, "outside the workspace"},
-		{"symlink to workspace lookalike", []ent{{name: "workspace/l", typ: tar.TypeSymlink, link: "/workspace2"}}, "outside the workspace"},
+		{"entry under a symlink", []ent{{name: "workspace/l", typ: tar.TypeSymlink, link: "/etc"}, {name: "workspace/l/x", typ: tar.TypeReg, body: "x"}}, `"l/x" goes through the symlink l`},
+		{"entry under a symlink, link last", []ent{{name: "workspace/l/d/", typ: tar.TypeDir}, {name: "workspace/l", typ: tar.TypeSymlink, link: "/etc"}}, `"l/d" goes through the symlink l`},
+		{"symlink to nothing", []ent{{name: "workspace/l", typ: tar.TypeSymlink, link: ""}}, "empty, over-long or NUL-holding target"},
 		{"hardlink out", []ent{{name: "workspace/h", typ: tar.TypeLink, link: "etc/shadow"}}, "is not in /workspace"},
 		{"hardlink to nothing", []ent{{name: "workspace/h", typ: tar.TypeLink, link: "workspace/none"}}, "not a file earlier"},
 		{"over the cap", []ent{{name: "workspace/a", typ: tar.TypeReg, body: strings.Repeat("a", 600)}, {name: "workspace/b", typ: tar.TypeReg, body: strings.Repeat("b", 600)}}, "more than 1000 bytes"},
@@ -243,7 +241,7 @@ func TestSnapshotHostileTar(t *testing.T) {
 				io.WriteString(tw, e.body)
 			}
 			tw.Flush() // no Close: a cut stream has no end marker
-			_, _, err = ss.capture("s-test", &buf, 1000)
+			_, _, err = ss.capture("s-test", &buf, 1000, math.MaxInt64)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 			assert.NoFileExists(t, filepath.Join(dir, "etc", "x"))
@@ -251,9 +249,10 @@ func TestSnapshotHostileTar(t *testing.T) {
 	}
 }
 
-// TestSnapshotCaptureKeepsInsideLinks: the links a real workspace has
-// (relative, absolute into /workspace, hard links) are kept.
-func TestSnapshotCaptureKeepsInsideLinks(t *testing.T) {
+// TestSnapshotCaptureKeepsLinks: the links a real workspace has (relative,
+// absolute into /workspace, hard links, and symlinks out of it such as a
+// venv's bin/python) are kept.
+func TestSnapshotCaptureKeepsLinks(t *testing.T) {
 	dir := t.TempDir()
 	ss, err := openSnapStore(openTestDB(t, dir), dir)
 	require.NoError(t, err)
@@ -266,6 +265,8 @@ func TestSnapshotCaptureKeepsInsideLinks(t *testing.T) {
 		{Name: "workspace/d/rel", Typeflag: tar.TypeSymlink, Linkname: "../d/f"},
 		{Name: "workspace/abs", Typeflag: tar.TypeSymlink, Linkname: "/workspace/d/f"},
 		{Name: "workspace/hard", Typeflag: tar.TypeLink, Linkname: "workspace/d/f"},
+		{Name: "workspace/py", Typeflag: tar.TypeSymlink, Linkname: "/usr/bin/python3"},
+		{Name: "workspace/d/up", Typeflag: tar.TypeSymlink, Linkname: "../../etc"},
 	} {
 		require.NoError(t, tw.WriteHeader(h))
 		if h.Size > 0 {
@@ -273,15 +274,17 @@ func TestSnapshotCaptureKeepsInsideLinks(t *testing.T) {
 		}
 	}
 	require.NoError(t, tw.Close())
-	entries, added, err := ss.capture("s-test", &buf, 1000)
+	entries, added, err := ss.capture("s-test", &buf, 1000, math.MaxInt64)
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, added)
 	var paths []string
 	for _, e := range entries {
 		paths = append(paths, e.Path)
 	}
-	assert.Equal(t, []string{"abs", "d", "d/f", "d/rel", "hard"}, paths)
-	assert.Equal(t, entries[2].Hash, entries[4].Hash, "a hard link is a copy of its file")
+	assert.Equal(t, []string{"abs", "d", "d/f", "d/rel", "d/up", "hard", "py"}, paths)
+	assert.Equal(t, snapEntry{Path: "hard", Type: tar.TypeLink, Link: "d/f", Time: entries[5].Time}, entries[5], "a hard link names its file")
+	assert.Equal(t, "/usr/bin/python3", entries[6].Link)
+	assert.Equal(t, "../../etc", entries[4].Link)
 }
 
 func openTestDB(t *testing.T, dir string) *bolt.DB {
@@ -289,4 +292,92 @@ func openTestDB(t *testing.T, dir string) *bolt.DB {
 	require.NoError(t, err)
 	t.Cleanup(func() { st.close() })
 	return st.db
+}
+
+// TestRestoreTooLargeKeepsWorkspace: restoring a snapshot larger than the
+// box's disk cap is refused before the workspace is cleared (it used to
+// delete the workspace, then run out of space part way).
+func TestRestoreTooLargeKeepsWorkspace(t *testing.T) {
+	rb := newRealService(t, "local", nil)
+	rb.sh("default", "head -c 70000000 /dev/zero > r.bin")
+	id := rb.ok("snapshot", nil)["id"]
+	rb.ok("sandbox_create", map[string]any{"sandbox": "small", "limits": map[string]any{"disk_bytes": backend.MinDiskBytes}})
+	rb.sh("small", "echo keep > precious.txt")
+	m := rb.call("restore", map[string]any{"sandbox": "small", "snapshot": id})
+	require.Equal(t, true, m["is_error"], "%v", m)
+	assert.Equal(t, api.CodeTooLarge, m["code"])
+	assert.Contains(t, m["error"], "70000000 bytes, more than the sandbox's disk cap of 67108864 bytes")
+	assert.Equal(t, "keep\n", rb.sh("small", "cat precious.txt"))
+	assert.Equal(t, "gone\n", rb.sh("small", "test -e r.bin || echo gone"))
+}
+
+// TestForkOverCapCount: a fork past the session's cap says how many
+// sandboxes the session has and how many the fork asked for (it used to
+// count the fork's own boxes as already there).
+func TestForkOverCapCount(t *testing.T) {
+	rb := newRealService(t, "local", func(cfg *Config) { cfg.MaxBoxesPerSession = 4 })
+	rb.sh("default", "true")
+	rb.ok("sandbox_create", map[string]any{"sandbox": "other"})
+	m := rb.call("fork", map[string]any{"count": 3})
+	require.Equal(t, true, m["is_error"], "%v", m)
+	assert.Equal(t, api.CodeLimit, m["code"])
+	assert.Contains(t, m["error"], "has 2 sandboxes; 3 more would pass 4, the most")
+	assert.Len(t, rb.ok("sandbox_list", nil)["sandboxes"], 2, "a refused fork leaves no names behind")
+}
+
+// TestSnapshotLinksOutAndUnreadable: a workspace with symlinks out of it
+// (a venv's bin/python) is snapshotted and restored with its links, which
+// resolve in the new box's own filesystem; an unreadable file fails the
+// snapshot with its name and what to do (before: "tar /workspace:
+// permission denied", and links out failed every snapshot).
+func TestSnapshotLinksOutAndUnreadable(t *testing.T) {
+	rb := newRealService(t, "local", nil)
+	rb.sh("default", "mkdir -p venv/bin && ln -s /etc/hostname venv/bin/python && ln -s ../../../etc venv/up && echo hi > a.txt")
+	id := rb.ok("snapshot", nil)["id"]
+	rb.ok("branch", map[string]any{"snapshot": id, "name": "b"})
+	assert.Equal(t, "/etc/hostname\n../../../etc\nhi\n", rb.sh("b", "readlink venv/bin/python venv/up && cat a.txt"))
+	assert.Equal(t, rb.sh("b", "cat /etc/hostname"), rb.sh("b", "cat venv/bin/python"), "the link resolves in the new box")
+	rb.sh("default", "rm -rf venv a.txt")
+	rb.ok("restore", map[string]any{"snapshot": id})
+	assert.Equal(t, "/etc/hostname\n", rb.sh("default", "readlink venv/bin/python"))
+
+	rb.sh("default", "mkdir -p sub && echo x > sub/priv && chmod 000 sub/priv")
+	m := rb.call("snapshot", nil)
+	require.Equal(t, true, m["is_error"], "%v", m)
+	assert.Equal(t, api.CodeInvalidInput, m["code"])
+	assert.Contains(t, m["error"], "/workspace/sub/priv cannot be read (permission denied); make it readable")
+}
+
+// TestSnapshotKeepsOddEntries: a file name and a link target that are
+// not UTF-8 come back byte for byte (the manifest's JSON used to turn
+// them into U+FFFD), a FIFO comes back as a FIFO (it was left out), and
+// hard links as hard links (they became copies).
+func TestSnapshotKeepsOddEntries(t *testing.T) {
+	rb := newRealService(t, "local", nil)
+	rb.sh("default", `echo x > "$(printf 'bad\377\376')" && ln -s "$(printf 'to\377')" "$(printf 'ln\376')" && mkfifo -m 640 pipe && echo h > h1 && mkdir d && ln h1 d/h2`)
+	id := rb.ok("snapshot", nil)["id"]
+	rb.ok("branch", map[string]any{"snapshot": id, "name": "b"})
+	const show = `ls | od -An -c | tr -s ' ' && readlink "$(printf 'ln\376')" | od -An -c | tr -s ' ' && stat -c '%F %a' pipe && stat -c %h h1 d/h2`
+	assert.Equal(t, rb.sh("default", show), rb.sh("b", show))
+	assert.Contains(t, rb.sh("b", show), `b a d 377 376`)
+	assert.Contains(t, rb.sh("b", show), "fifo 640\n2\n2\n", "a hard link stays one")
+	assert.Equal(t, rb.sh("b", "stat -c %i h1"), rb.sh("b", "stat -c %i d/h2"))
+}
+
+// TestSnapshotStoreCap: a session's snapshots stop at MaxSnapshotBytes
+// (the store used to have no byte cap beyond 256 snapshots of a disk
+// cap each); the refused snapshot's blobs are freed.
+func TestSnapshotStoreCap(t *testing.T) {
+	rb := newRealService(t, "local", func(cfg *Config) { cfg.MaxSnapshotBytes = 3 << 20 })
+	rb.sh("default", "head -c 2000000 /dev/urandom > a.bin")
+	rb.ok("snapshot", nil)
+	rb.ok("snapshot", nil) // unchanged: adds nothing
+	rb.sh("default", "head -c 2000000 /dev/urandom > b.bin")
+	m := rb.call("snapshot", nil)
+	require.Equal(t, true, m["is_error"], "%v", m)
+	assert.Equal(t, api.CodeLimit, m["code"])
+	assert.Contains(t, m["error"], "more than 3145728 bytes (2000000 in use), the most a session may store: delete some with snapshot_delete, or raise the limit (cellbox serve --max-snapshot-bytes)")
+	list := rb.ok("snapshot_list", nil)
+	assert.Len(t, list["snapshots"], 2)
+	require.Eventually(t, func() bool { return rb.s.snaps.bytes(rb.sess) == 2000000 }, 10*time.Second, 10*time.Millisecond, "the refused snapshot's blobs are freed")
 }

@@ -16,8 +16,13 @@ package sandbox
 // A workspace reaches the store as the agent's tar stream (so it works on
 // every backend, also on remote engines) and leaves it as a tar the agent
 // extracts. The stream comes from a box and is hostile: names are checked
-// (no absolute names, no "..", nothing outside the workspace), links must
-// stay inside the workspace, and the bytes and entries are capped.
+// (no absolute names, no "..", nothing outside the workspace, nothing
+// under a symlink), hard links must name a file of the stream, and the
+// bytes and entries are capped. A symlink is kept whatever it points to
+// (a venv's bin/python -> /usr/bin/python3): it is only a string here,
+// never made or followed on the host, and a restore makes it inside a
+// box, where it resolves in that box's own filesystem; the agent writes
+// no entry through a link that leaves the workspace.
 
 import (
 	"archive/tar"
@@ -36,6 +41,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -73,12 +79,51 @@ type snapshotRecord struct {
 // slash-separated and clean.
 type snapEntry struct {
 	Path string      `json:"p"`
-	Type byte        `json:"t"` // tar.TypeDir, tar.TypeReg or tar.TypeSymlink
+	Type byte        `json:"t"` // tar.TypeDir, tar.TypeReg, tar.TypeSymlink, tar.TypeLink or tar.TypeFifo
 	Mode fs.FileMode `json:"m"` // permission bits
 	Size int64       `json:"s,omitempty"`
 	Hash string      `json:"h,omitempty"` // hex SHA-256 of a file's content
-	Link string      `json:"l,omitempty"` // a symlink's target
+	Link string      `json:"l,omitempty"` // a symlink's target; a hard link's file (a Path of the manifest)
 	Time time.Time   `json:"mt"`
+}
+
+// MarshalJSON keeps a name or link target that is not UTF-8 (a file named
+// in Latin-1, say) byte for byte: JSON strings would turn its bytes into
+// U+FFFD, so such a one is stored as bytes (base64) beside an empty string.
+func (e snapEntry) MarshalJSON() ([]byte, error) {
+	type plain snapEntry // without this method
+	w := struct {
+		plain
+		RawPath []byte `json:"pb,omitempty"`
+		RawLink []byte `json:"lb,omitempty"`
+	}{plain: plain(e)}
+	if !utf8.ValidString(e.Path) {
+		w.RawPath, w.plain.Path = []byte(e.Path), ""
+	}
+	if !utf8.ValidString(e.Link) {
+		w.RawLink, w.plain.Link = []byte(e.Link), ""
+	}
+	return json.Marshal(w)
+}
+
+func (e *snapEntry) UnmarshalJSON(b []byte) error {
+	type plain snapEntry
+	var w struct {
+		plain
+		RawPath []byte `json:"pb,omitempty"`
+		RawLink []byte `json:"lb,omitempty"`
+	}
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	*e = snapEntry(w.plain)
+	if w.RawPath != nil {
+		e.Path = string(w.RawPath)
+	}
+	if w.RawLink != nil {
+		e.Link = string(w.RawLink)
+	}
+	return nil
 }
 
 // snapStore is the blob directory and the two buckets.
@@ -131,8 +176,10 @@ func (ss *snapStore) blobPath(session, hash string) string {
 // capture reads a tar of the workspace (entries named workspace/...) from
 // r, storing each file's content as a blob, and returns the manifest,
 // sorted by path, and the bytes of blobs it added to session's. maxBytes
-// caps the content. The caller holds ss.gc for reading.
-func (ss *snapStore) capture(session string, r io.Reader, maxBytes int64) ([]snapEntry, int64, error) {
+// caps the content, maxAdded the bytes it may add to the store (what it
+// added before failing stays until the next collection). The caller holds
+// ss.gc for reading.
+func (ss *snapStore) capture(session string, r io.Reader, maxBytes, maxAdded int64) ([]snapEntry, int64, error) {
 	top := strings.TrimPrefix(backend.Workspace, "/")
 	tr := tar.NewReader(r)
 	byPath := map[string]snapEntry{}
@@ -157,7 +204,7 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes int64) ([]sna
 		}
 		e := snapEntry{Path: rel, Type: hdr.Typeflag, Mode: fs.FileMode(hdr.Mode).Perm(), Time: hdr.ModTime.UTC()}
 		switch hdr.Typeflag {
-		case tar.TypeDir:
+		case tar.TypeDir, tar.TypeFifo:
 		case tar.TypeReg, tar.TypeRegA:
 			e.Type = tar.TypeReg
 			if total += hdr.Size; hdr.Size < 0 || total > maxBytes {
@@ -168,37 +215,48 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes int64) ([]sna
 				return nil, 0, fmt.Errorf("snapshot: store %s from the tar stream: %w", rel, err)
 			}
 			e.Size, e.Hash, added = hdr.Size, hash, added+n
+			if added > maxAdded {
+				return nil, 0, errStoreFull
+			}
 		case tar.TypeSymlink:
-			if err := linkInside(rel, hdr.Linkname); err != nil {
+			if err := checkLink(rel, hdr.Linkname); err != nil {
 				return nil, 0, err
 			}
 			e.Link = hdr.Linkname
 		case tar.TypeLink:
-			// A hard link becomes a copy of the file it names.
+			// Another name of a file earlier in the stream: no content
+			// of its own, made as a hard link again on restore.
 			src, err := snapPath(hdr.Linkname, top)
 			if err != nil {
 				return nil, 0, err
 			}
-			s, ok := byPath[src]
-			if !ok || s.Type != tar.TypeReg {
+			if s, ok := byPath[src]; !ok || s.Type != tar.TypeReg {
 				return nil, 0, api.WithCode(api.CodeInvalidInput, fmt.Errorf("snapshot: entry %q is a hard link to %q, which is not a file earlier in the stream", hdr.Name, hdr.Linkname))
 			}
-			if total += s.Size; total > maxBytes {
-				return nil, 0, api.WithCode(api.CodeTooLarge, fmt.Errorf("the workspace holds more than %d bytes, the most a snapshot of this box holds (its disk cap)", maxBytes))
-			}
-			e.Type, e.Size, e.Hash = tar.TypeReg, s.Size, s.Hash
+			e.Link = src
 		default:
-			continue // devices, fifos: not kept
+			continue // devices: not kept
 		}
 		byPath[rel] = e
 	}
 	out := make([]snapEntry, 0, len(byPath))
 	for _, e := range byPath {
+		// A real tree has nothing under a symlink (the agent does not
+		// descend into links); a restore would write it through the link.
+		for dir := path.Dir(e.Path); dir != "."; dir = path.Dir(dir) {
+			if byPath[dir].Type == tar.TypeSymlink {
+				return nil, 0, api.WithCode(api.CodeOutsideWorkspace, fmt.Errorf("snapshot: tar entry %q goes through the symlink %s; the snapshot was not taken", e.Path, dir))
+			}
+		}
 		out = append(out, e)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out, added, nil
 }
+
+// errStoreFull is capture's error past maxAdded; the caller says which
+// cap it was.
+var errStoreFull = errors.New("the snapshot store of this session is full")
 
 // snapPath checks a tar entry name of the workspace's stream and returns
 // it relative to the workspace ("" for the workspace itself).
@@ -223,24 +281,12 @@ func snapPath(name, top string) (string, error) {
 	return strings.TrimPrefix(rel, "/"), nil
 }
 
-// linkInside refuses a symlink at rel (relative to the workspace) whose
-// target leads out of the workspace: restoring it would give a later
-// entry a way out, and a workspace that links outside itself is not
-// self-contained.
-func linkInside(rel, target string) error {
-	var dest string
-	if strings.HasPrefix(target, "/") {
-		d, ok := strings.CutPrefix(path.Clean(target), backend.Workspace)
-		if !ok || (d != "" && d[0] != '/') {
-			dest = ".."
-		} else {
-			dest = "." + d
-		}
-	} else {
-		dest = path.Join(path.Dir(rel), target)
-	}
-	if target == "" || len(target) > maxSnapshotPath || strings.IndexByte(target, 0) >= 0 || dest == ".." || strings.HasPrefix(dest, "../") {
-		return api.WithCode(api.CodeOutsideWorkspace, fmt.Errorf("snapshot: %s/%s is a symlink to %q, outside the workspace; snapshots keep links that stay inside %s (replace it with a copy or a relative link)", backend.Workspace, rel, target, backend.Workspace))
+// checkLink refuses a symlink target that no real workspace has (empty,
+// over-long, with a NUL byte). Where it points is not checked: see the
+// file comment.
+func checkLink(rel, target string) error {
+	if target == "" || len(target) > maxSnapshotPath || strings.IndexByte(target, 0) >= 0 {
+		return api.WithCode(api.CodeInvalidInput, fmt.Errorf("snapshot: %s/%s is a symlink with an empty, over-long or NUL-holding target; the snapshot was not taken", backend.Workspace, rel))
 	}
 	return nil
 }
@@ -280,16 +326,17 @@ func (ss *snapStore) putBlob(session string, r io.Reader, size int64) (string, i
 
 // writeTar writes the manifest (of a snapshot of session) as a tar with
 // names relative to the workspace, for the agent to extract there:
-// directories and files in path order, then the symlinks (so no file is
-// written through one).
+// directories, files and FIFOs in path order, then the hard links (their
+// files are there), then the symlinks (so no file is written through one).
 func (ss *snapStore) writeTar(ctx context.Context, w io.Writer, session string, entries []snapEntry) error {
 	tw := tar.NewWriter(w)
-	for pass := 0; pass < 2; pass++ {
+	passOf := map[byte]int{tar.TypeLink: 1, tar.TypeSymlink: 2}
+	for pass := 0; pass < 3; pass++ {
 		for _, e := range entries {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if (e.Type == tar.TypeSymlink) != (pass == 1) {
+			if passOf[e.Type] != pass {
 				continue
 			}
 			hdr := &tar.Header{Name: e.Path, Typeflag: e.Type, Mode: int64(e.Mode), ModTime: e.Time, Linkname: e.Link}

@@ -376,7 +376,7 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 			s.mu.Unlock()
 			return out, api.WithCode(api.CodeExists, fmt.Errorf("box_id %q is in use by a private box; pick another id", spec.ID))
 		}
-		if err := s.checkCapsLocked(sess); err != nil {
+		if err := s.checkCapsLocked(sess, 1); err != nil {
 			s.mu.Unlock()
 			return out, fmt.Errorf("create sandbox %q: %w", name, err)
 		}
@@ -388,7 +388,7 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 		sess.boxes[name] = b
 		s.log.Warn("session attaches a box shared across sessions", "session", sess.ID, "name", name, "box", spec.ID)
 	default:
-		if err := s.checkCapsLocked(sess); err != nil {
+		if err := s.checkCapsLocked(sess, 1); err != nil {
 			s.mu.Unlock()
 			return out, fmt.Errorf("create sandbox %q: %w", name, err)
 		}

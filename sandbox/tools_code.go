@@ -139,7 +139,7 @@ func runCodeTool(ctx context.Context, c *call, in api.RunCodeInput) (api.RunCode
 	case res.TimedOut:
 		out.Hint = fmt.Sprintf("the code was interrupted after %d ms; raise timeout_ms for longer work, or run it in the background with the shell tool.", timeout)
 	case res.Truncated:
-		out.Hint = fmt.Sprintf("output was cut at %d KiB per stream; write big output to a file and read it with read_file or grep", shellOutputCap>>10)
+		out.Hint = fmt.Sprintf("output was cut at %d KiB (each of stdout, stderr and value); write big output to a file and read it with read_file or grep", shellOutputCap>>10)
 	}
 	return out, nil
 }

@@ -356,9 +356,16 @@ func renameTar(r io.Reader, w io.Writer, oldTop, newTop string) (int64, error) {
 		if err != nil {
 			return n, fmt.Errorf("read tar: %w", err)
 		}
-		name := strings.TrimPrefix(h.Name, "./")
-		if rest, ok := strings.CutPrefix(name, oldTop); ok && (rest == "" || rest[0] == '/') {
-			h.Name = newTop + rest
+		rename := func(name string) string {
+			name = strings.TrimPrefix(name, "./")
+			if rest, ok := strings.CutPrefix(name, oldTop); ok && (rest == "" || rest[0] == '/') {
+				return newTop + rest
+			}
+			return name
+		}
+		h.Name = rename(h.Name)
+		if h.Typeflag == tar.TypeLink { // names a file of the tree, by its name in the tree
+			h.Linkname = rename(h.Linkname)
 		}
 		if err := tw.WriteHeader(h); err != nil {
 			return n, fmt.Errorf("write tar: %w", err)

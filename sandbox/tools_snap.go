@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -34,7 +35,7 @@ const maxSnapshots = 256
 func snapshotTools() []*Tool {
 	return []*Tool{
 		defineTool("snapshot", ToolMeta{Title: "Snapshot a sandbox's workspace"},
-			"Save a sandbox's workspace (/workspace: files, directories, symlinks) as a snapshot of this session and return its id. Snapshots are stored deduplicated (unchanged files cost nothing again) and survive restarts; use them with restore, branch and snapshot_delete.",
+			"Save a sandbox's workspace (/workspace) as a snapshot of this session and return its id; use it with restore, branch and snapshot_delete. Kept: files, directories, hard links, FIFOs and symlinks (wherever they point), names byte for byte, permission bits, modification times. Not kept: sockets and devices (left out), owners, /tmp, processes. A file the sandbox cannot read fails the snapshot, naming it. Snapshots survive restarts and are stored deduplicated by whole file (an unchanged file costs nothing again; no compression); a session may keep 256, taking at most 16 GiB of store by default (cellbox serve --max-snapshot-bytes).",
 			snapshotTool),
 		defineTool("snapshot_list", ToolMeta{Title: "List snapshots", ReadOnly: true, Idempotent: true},
 			"List the snapshots of this session, oldest first, with label, source sandbox, size, and the bytes each added to the (deduplicated) store.",
@@ -43,7 +44,7 @@ func snapshotTools() []*Tool {
 			"Delete a snapshot of this session; content no other snapshot shares is freed.",
 			snapshotDeleteTool),
 		defineTool("restore", ToolMeta{Title: "Restore a snapshot into a sandbox", Destructive: true, Idempotent: true},
-			"Replace a sandbox's workspace with a snapshot's content: everything in /workspace is deleted first. Running processes keep running.",
+			"Replace a sandbox's workspace with a snapshot's content: everything in /workspace is deleted first. A snapshot larger than the sandbox's disk cap (limits.disk_bytes) is refused before anything is deleted; use branch for it instead. Running processes keep running.",
 			restoreTool),
 		defineTool("branch", ToolMeta{Title: "Start a new sandbox from a snapshot"},
 			"Make a NEW sandbox of this session (same image and settings as the snapshot's sandbox had when it was taken: env, limits, network with its allow list and inject rules) whose workspace is the snapshot's content; the original sandbox is unchanged.",
@@ -69,9 +70,27 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 	} else if len(ids) >= maxSnapshots {
 		return api.SnapshotInfo{}, api.WithCode(api.CodeLimit, fmt.Errorf("this session has %d snapshots, the most a session may keep; delete some with snapshot_delete", len(ids)))
 	}
+	most := c.s.cfg.MaxSnapshotBytes
+	used := ss.bytes(c.sess.ID)
+	full := func() error {
+		return api.WithCode(api.CodeLimit, fmt.Errorf("snapshot of %q: this session's snapshots would take more than %d bytes (%d in use), the most a session may store: delete some with snapshot_delete, or raise the limit (cellbox serve --max-snapshot-bytes)", l.name, most, used))
+	}
+	if used >= most {
+		return api.SnapshotInfo{}, full()
+	}
 	ss.gc.RLock()
 	defer ss.gc.RUnlock()
-	entries, added, err := c.s.captureBox(ctx, c.sess.ID, l)
+	entries, added, err := c.s.captureBox(ctx, c.sess.ID, l, most-used)
+	if errors.Is(err, errStoreFull) {
+		// What it stored so far is referenced by no snapshot: freed once
+		// the capture's hold on the store is gone.
+		go func() {
+			if _, err := ss.delete(c.sess.ID); err != nil {
+				c.s.log.Warn("free the blobs of a refused snapshot", "session", c.sess.ID, "err", err)
+			}
+		}()
+		return api.SnapshotInfo{}, full()
+	}
 	if err != nil {
 		return api.SnapshotInfo{}, err
 	}
@@ -120,13 +139,19 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 	if err != nil {
 		return api.SeedOutput{}, err
 	}
+	files, size := countFiles(entries)
+	// Checked before anything is deleted: a snapshot larger than the box's
+	// disk can never fit, and finding that out by running out of space
+	// would cost the workspace.
+	if disk := toBackendLimits(l.b.rec.Limits).Defaults().DiskBytes; size > disk {
+		return api.SeedOutput{}, api.WithCode(api.CodeTooLarge, fmt.Errorf("restore %s into %q: the snapshot holds %d bytes, more than the sandbox's disk cap of %d bytes; nothing was changed. Branch the snapshot into a new sandbox (branch), or use a sandbox with a larger limits.disk_bytes", in.Snapshot, l.name, size, disk))
+	}
 	if err := clearWorkspace(ctx, l.client); err != nil {
-		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: %w", in.Snapshot, l.name, err)
+		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: %w (some of the workspace's files may be deleted already)", in.Snapshot, l.name, err)
 	}
 	if err := ss.seed(ctx, l.client, c.sess.ID, entries); err != nil {
-		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: %w (the workspace holds part of the snapshot; restore again)", in.Snapshot, l.name, err)
+		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: the copy stopped part way: %w; /workspace now holds part of the snapshot and none of its earlier files (they were deleted first). Free space in /tmp if the disk is full, then restore again", in.Snapshot, l.name, err)
 	}
-	files, size := countFiles(entries)
 	return api.SeedOutput{Sandbox: l.name, ID: l.b.rec.ID, Files: files, Bytes: size}, nil
 }
 
@@ -186,7 +211,7 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 	defer ss.gc.RUnlock()
 	// The portable path: the source's workspace into the store once (what
 	// is there already is not written again), then into every new box.
-	entries, _, err := c.s.captureBox(ctx, c.sess.ID, src)
+	entries, _, err := c.s.captureBox(ctx, c.sess.ID, src, math.MaxInt64) // transient: not counted against the snapshot cap
 	if err != nil {
 		return out, fmt.Errorf("fork %q: %w", src.name, err)
 	}
@@ -205,15 +230,16 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 }
 
 // captureBox stores the workspace of the leased box among session's blobs
-// and returns its manifest and the bytes it added; the caller holds
-// s.snaps.gc for reading.
-func (s *Service) captureBox(ctx context.Context, session string, l *lease) ([]snapEntry, int64, error) {
+// (adding at most maxAdded bytes, else errStoreFull) and returns its
+// manifest and the bytes it added; the caller holds s.snaps.gc for
+// reading.
+func (s *Service) captureBox(ctx context.Context, session string, l *lease, maxAdded int64) ([]snapEntry, int64, error) {
 	pr, srcErr := pipeFrom("snapshot", func(w io.Writer) error {
 		_, err := l.client.TarOut(ctx, backend.Workspace, w)
 		return err
 	})
 	maxBytes := toBackendLimits(l.b.rec.Limits).Defaults().DiskBytes
-	entries, added, err := s.snaps.capture(session, pr, maxBytes)
+	entries, added, err := s.snaps.capture(session, pr, maxBytes, maxAdded)
 	pr.Close() // the agent, if still writing, gets io.ErrClosedPipe (pipeError)
 	if err = pipeError(<-srcErr, err); err != nil {
 		return nil, 0, fmt.Errorf("snapshot of %q: %w", l.name, err)
@@ -370,18 +396,12 @@ func (s *Service) newBoxes(ctx context.Context, c *call, names []string, spec bo
 		s.mu.Unlock()
 		return nil, api.WithCode(api.CodeExists, fmt.Errorf("this session already has sandboxes named %s; pick other names or destroy them first", strings.Join(taken, ", ")))
 	}
+	if err := s.checkCapsLocked(sess, len(names)); err != nil {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%d new sandboxes: %w", len(names), err)
+	}
 	boxes := make([]*box, len(names))
 	for i, name := range names {
-		if err := s.checkCapsLocked(sess); err != nil {
-			for j, n := range names[:i] {
-				delete(sess.boxes, n)
-				if cloneOf != "" {
-					boxes[j].life.Unlock()
-				}
-			}
-			s.mu.Unlock()
-			return nil, fmt.Errorf("%d new sandboxes: %w", len(names), err)
-		}
 		boxes[i] = s.newBoxLocked(sess, spec)
 		if cloneOf != "" {
 			// Held until the clone made the backend boxes, so that a call

@@ -122,7 +122,7 @@ type CodeContext struct {
 type CodeRunRequest struct {
 	Code      string `json:"code"`
 	TimeoutMs int    `json:"timeout_ms,omitempty"` // 0 = none; on timeout the cell is interrupted (SIGINT)
-	MaxOutput int    `json:"max_output,omitempty"` // bytes kept per stream (default 1 MiB)
+	MaxOutput int    `json:"max_output,omitempty"` // bytes kept per stream, and of the value (default 1 MiB)
 }
 
 // CodeOutput is one rich output of a cell: an image, SVG, HTML, JSON, ...
@@ -143,8 +143,8 @@ type CodeError struct {
 type CodeResult struct {
 	Stdout    string       `json:"stdout"`
 	Stderr    string       `json:"stderr"`
-	Truncated bool         `json:"truncated,omitempty"`
-	Value     *string      `json:"value,omitempty"` // repr / util.inspect of the last expression; nil when none (or None/undefined)
+	Truncated bool         `json:"truncated,omitempty"` // stdout, stderr or the value was cut at MaxOutput
+	Value     *string      `json:"value,omitempty"`     // repr / util.inspect of the last expression; nil when none (or None/undefined)
 	Outputs   []CodeOutput `json:"outputs,omitempty"`
 	Error     *CodeError   `json:"error,omitempty"`
 	ExitCode  *int         `json:"exit_code,omitempty"` // bash: the status of the cell's last command
@@ -161,6 +161,8 @@ type driverAnswer struct {
 	Outputs  []CodeOutput `json:"outputs"`
 	Error    *CodeError   `json:"error"`
 	ExitCode *int         `json:"exit_code"`
+	// Truncated: the value was cut (at the request's max, as the streams).
+	Truncated bool `json:"truncated"`
 }
 
 // codeCtx is one running context.
@@ -522,7 +524,7 @@ func (t *codeTable) run(ctx context.Context, id string, req CodeRunRequest) (Cod
 	if err := writeNoFollow(cell, []byte(req.Code)); err != nil {
 		return CodeResult{}, asError(op, id, err)
 	}
-	line, _ := json.Marshal(map[string]any{"file": cell, "n": n})
+	line, _ := json.Marshal(map[string]any{"file": cell, "n": n, "max": maxOut})
 	if _, err := c.req.Write(append(line, '\n')); err != nil {
 		return CodeResult{}, codeErr(op, id, CodeNotFound, "code context %s ended: its interpreter stopped reading (%v); create a new one", id, err)
 	}
@@ -592,7 +594,7 @@ wait:
 			c.p.kill()
 			return res, codeErr(op, id, "", "code context %s ended: its interpreter sent a bad answer (%v); create a new one", id, err)
 		}
-		res.Value, res.Outputs, res.Error, res.ExitCode = a.Value, a.Outputs, a.Error, a.ExitCode
+		res.Value, res.Outputs, res.Error, res.ExitCode, res.Truncated = a.Value, a.Outputs, a.Error, a.ExitCode, a.Truncated
 	}
 	// The markers come before the answer. After an end there are none,
 	// and the output ends when the pipes close (unless something the cell
@@ -603,7 +605,7 @@ wait:
 	var cut1, cut2 bool
 	res.Stdout, cut1 = c.stdout.cell(n, wait)
 	res.Stderr, cut2 = c.stderr.cell(n, wait)
-	res.Truncated = cut1 || cut2
+	res.Truncated = res.Truncated || cut1 || cut2
 	res.DurationMs = time.Since(begin).Milliseconds()
 	return res, nil
 }

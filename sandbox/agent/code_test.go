@@ -255,3 +255,57 @@ func TestCodeContextDriverPipes(t *testing.T) {
 		assert.ErrorContains(t, err, want)
 	}
 }
+
+// TestCodeContextBigAnswers: a huge value, exception or rich output is cut
+// in the driver (the value at MaxOutput, as the streams, and marked
+// truncated) and the context survives; before, an answer line past the
+// agent's 32 MiB limit ended the context ("token too long") and a value
+// under it came back whole.
+func TestCodeContextBigAnswers(t *testing.T) {
+	testenv.RequireCommand(t, "node")
+	a := startAgent(t)
+	const max = 64 << 10
+	ctxs := map[string]string{LangPython: newContext(t, a, LangPython), LangJavaScript: newContext(t, a, LangJavaScript)}
+	for _, tc := range []struct {
+		name, lang, code string
+		cutValue         bool // the value is cut to max bytes
+		cutError         bool // the exception's message is cut to 1 MiB
+		stderr           string
+	}{
+		{"py value 40 MB", LangPython, `"v" * 40_000_000`, true, false, ""},
+		{"py value escaped", LangPython, `"\x01" * 3_000_000`, true, false, ""},
+		{"py non-ASCII value", LangPython, `"é" * 20_000_000`, true, false, ""},
+		{"py exception 40 MB", LangPython, `raise ValueError("x" * 40_000_000)`, false, true, ""},
+		{"py rich output 60 MB as JSON", LangPython, `display("\u2028" * 10_000_000, mime="text/html")`, false, false, "a text/html output was dropped"},
+		{"js value", LangJavaScript, `'v'.repeat(90000) + 'w'.repeat(90000)`, true, false, ""},
+		{"js exception 40 MB", LangJavaScript, `throw new Error('x'.repeat(40000000))`, false, true, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := ctxs[tc.lang]
+			r := runReq(t, a, id, CodeRunRequest{Code: tc.code, MaxOutput: max})
+			require.Empty(t, r.Ended, "the context survives")
+			if tc.cutValue {
+				require.NotNil(t, r.Value)
+				assert.True(t, r.Truncated)
+				assert.Greater(t, len(*r.Value), max/8)
+				assert.LessOrEqual(t, len(*r.Value), max)
+			} else {
+				assert.Nil(t, r.Value)
+			}
+			if tc.cutError {
+				require.NotNil(t, r.Error)
+				assert.LessOrEqual(t, len(r.Error.Message), 1<<20)
+				assert.Greater(t, len(r.Error.Message), 1<<19)
+				assert.LessOrEqual(t, len(r.Error.Traceback), 1<<20)
+			}
+			assert.Empty(t, r.Outputs)
+			if tc.stderr != "" {
+				assert.Contains(t, r.Stderr, tc.stderr)
+			}
+			r = runCell(t, a, id, "1 + 1", 0)
+			require.NotNil(t, r.Value, "the context still runs cells: %+v", r)
+			assert.Equal(t, "2", *r.Value)
+			assert.False(t, r.Truncated)
+		})
+	}
+}

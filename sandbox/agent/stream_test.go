@@ -84,8 +84,8 @@ func TestTarInRejectsEscapes(t *testing.T) {
 		{"dotdot", []entry{{name: "../evil", typ: tar.TypeReg}}},
 		{"nested dotdot", []entry{{name: "a/../../evil", typ: tar.TypeReg}}},
 		{"absolute", []entry{{name: filepath.Join(a.outside, "evil"), typ: tar.TypeReg}}},
-		{"symlink out absolute", []entry{{name: "l", link: a.outside, typ: tar.TypeSymlink}}},
-		{"symlink out relative", []entry{{name: "l", link: "../../outside", typ: tar.TypeSymlink}}},
+		{"through a symlink of the stream", []entry{{name: "l", link: a.outside, typ: tar.TypeSymlink}, {name: "l/evil", typ: tar.TypeReg}}},
+		{"hardlink through a symlink of the stream", []entry{{name: "l", link: a.outside, typ: tar.TypeSymlink}, {name: "h", link: "l/secret", typ: tar.TypeLink}}},
 		{"hardlink out", []entry{{name: "h", link: "../../outside/secret", typ: tar.TypeLink}}},
 		{"hardlink absolute", []entry{{name: "h", link: filepath.Join(a.outside, "secret"), typ: tar.TypeLink}}},
 		{"through a symlink already there", []entry{{name: "planted/evil", typ: tar.TypeReg}}},
@@ -119,6 +119,39 @@ func TestTarInRejectsEscapes(t *testing.T) {
 	}
 	_, err := a.c.TarIn(ctx, "garbage", bytes.NewReader([]byte("this is not a tar stream, not at all, no.................................")))
 	requireCode(t, err, CodeInvalid)
+}
+
+// TestTarInKeepsLinksOut: symlinks are made as they are, wherever they
+// point (a venv's bin/python -> /usr/bin/python3), and never followed: a
+// directory entry over one replaces it instead of chmodding its target.
+func TestTarInKeepsLinksOut(t *testing.T) {
+	a := startAgent(t)
+	before, err := os.Stat(a.outside)
+	require.NoError(t, err)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range []*tar.Header{
+		{Name: "py", Linkname: "/usr/bin/python3", Typeflag: tar.TypeSymlink},
+		{Name: "up", Linkname: "../../outside", Typeflag: tar.TypeSymlink},
+		{Name: "d", Linkname: a.outside, Typeflag: tar.TypeSymlink},
+		{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o777},
+	} {
+		require.NoError(t, tw.WriteHeader(h))
+	}
+	require.NoError(t, tw.Close())
+	_, err = a.c.TarIn(ctxT(t), "links", &buf)
+	require.NoError(t, err)
+	for name, want := range map[string]string{"py": "/usr/bin/python3", "up": "../../outside"} {
+		got, err := os.Readlink(a.path("links/" + name))
+		require.NoError(t, err)
+		assert.Equal(t, want, got)
+	}
+	fi, err := os.Lstat(a.path("links/d"))
+	require.NoError(t, err)
+	assert.True(t, fi.IsDir(), "the directory replaced the link")
+	after, err := os.Stat(a.outside)
+	require.NoError(t, err)
+	assert.Equal(t, before.Mode(), after.Mode(), "the link's target was not chmodded")
 }
 
 func TestWatch(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -39,42 +40,80 @@ func (s *server) handleTarOut(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Trailer", errorTrailer)
 	w.Header().Set("Content-Type", "application/x-tar")
 	cw := &countingWriter{w: w}
-	if err := writeTar(r, cw, real); err != nil {
+	if err := writeTar(r, cw, real, display); err != nil {
 		streamError(w, cw.started, asError("tar", display, err))
 	}
 }
 
-// writeTar writes real (a file or a tree) as a tar whose entries are named
-// relative to real's parent. Symlinks are stored, not followed.
-func writeTar(r *http.Request, w io.Writer, real string) error {
+// writeTar writes real (a file or a tree, display as the caller named it)
+// as a tar whose entries are named relative to real's parent. Symlinks are
+// stored, not followed. An error names the entry it is about.
+func writeTar(r *http.Request, w io.Writer, real, display string) error {
 	tw := tar.NewWriter(w)
 	parent := filepath.Dir(real)
+	// The first name of each file with more than one (a hard link), by
+	// device and inode: the later names go out as links to it.
+	type inode struct{ dev, ino uint64 }
+	firstName := map[inode]string{}
+	// failed says which entry could not be read and what to do about it.
+	failed := func(p string, err error) error {
+		rel, _ := filepath.Rel(real, p)
+		shown := filepath.Join(display, rel)
+		switch {
+		case errors.Is(err, fs.ErrPermission):
+			return &Error{Op: "tar", Path: shown, Code: CodeInvalid, Message: fmt.Sprintf("tar %s: %s cannot be read (permission denied); make it readable (chmod u+r, or u+rx for a directory) or remove it, then try again", display, shown)}
+		case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+			return &Error{Op: "tar", Path: shown, Message: fmt.Sprintf("tar %s: %s got shorter while it was read (something is writing it); try again when it is not being written", display, shown)}
+		}
+		return asError("tar", shown, err)
+	}
 	err := filepath.WalkDir(real, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) && p != real {
+			return nil // removed since its directory was listed
+		}
 		if err != nil {
-			return err
+			return failed(p, err)
 		}
 		if err := r.Context().Err(); err != nil {
 			return err
 		}
 		fi, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
 		if err != nil {
-			return err
+			return failed(p, err)
 		}
 		link := ""
 		if fi.Mode()&fs.ModeSymlink != 0 {
 			if link, err = os.Readlink(p); err != nil {
-				return err
+				return failed(p, err)
 			}
 		}
-		if !fi.Mode().IsRegular() && !fi.IsDir() && link == "" {
-			return nil // devices, sockets, fifos: skipped
+		if !fi.Mode().IsRegular() && !fi.IsDir() && link == "" && fi.Mode()&fs.ModeNamedPipe == 0 {
+			return nil // devices, sockets: skipped
+		}
+		rel, _ := filepath.Rel(parent, p)
+		name := filepath.ToSlash(rel)
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.Mode().IsRegular() && st.Nlink > 1 {
+			id := inode{uint64(st.Dev), st.Ino}
+			if first, ok := firstName[id]; ok {
+				return tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeLink, Linkname: first, Mode: int64(fi.Mode().Perm()), ModTime: fi.ModTime()})
+			}
+			firstName[id] = name
+		}
+		var f *os.File // opened before its header goes out, so that a refusal leaves no half entry
+		if fi.Mode().IsRegular() {
+			if f, err = os.Open(p); err != nil {
+				return failed(p, err)
+			}
+			defer f.Close()
 		}
 		hdr, err := tar.FileInfoHeader(fi, link)
 		if err != nil {
 			return err
 		}
-		rel, _ := filepath.Rel(parent, p)
-		hdr.Name = filepath.ToSlash(rel)
+		hdr.Name = name
 		if fi.IsDir() {
 			hdr.Name += "/"
 		}
@@ -82,15 +121,13 @@ func writeTar(r *http.Request, w io.Writer, real string) error {
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
-		if !fi.Mode().IsRegular() {
+		if f == nil {
 			return nil
 		}
-		f, err := os.Open(p)
-		if err != nil {
-			return err
+		n, err := io.Copy(tw, io.LimitReader(f, hdr.Size))
+		if err == nil && n < hdr.Size {
+			return failed(p, io.ErrUnexpectedEOF)
 		}
-		defer f.Close()
-		_, err = io.CopyN(tw, f, hdr.Size)
 		return err
 	})
 	if err != nil {
@@ -114,9 +151,11 @@ func (s *server) handleTarIn(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, struct{}{})
 }
 
-// extractTar extracts regular files, directories, symlinks and hard links
-// under dir. An entry whose name or link target would leave dir fails the
-// extraction (entries before it stay extracted).
+// extractTar extracts regular files, directories, symlinks, hard links and
+// FIFOs under dir. An entry whose name or hard link would leave dir, or whose
+// path goes through a symlink that leaves dir, fails the extraction
+// (entries before it stay extracted). Symlinks themselves may point
+// anywhere: they are made, never followed.
 func extractTar(r io.Reader, dir, display string) error {
 	tr := tar.NewReader(r)
 	type dirTime struct {
@@ -161,6 +200,13 @@ func extractTar(r io.Reader, dir, display string) error {
 		mode := fs.FileMode(hdr.Mode).Perm()
 		switch hdr.Typeflag {
 		case tar.TypeDir:
+			// A symlink already there (an earlier entry) is replaced,
+			// not followed by the chmod below.
+			if fi, err := os.Lstat(target); err == nil && !fi.IsDir() {
+				if err := os.Remove(target); err != nil {
+					return err
+				}
+			}
 			if err := os.MkdirAll(target, 0o755); err != nil {
 				return err
 			}
@@ -170,26 +216,26 @@ func extractTar(r io.Reader, dir, display string) error {
 			if err := replaceable(target); err != nil {
 				return err
 			}
-			f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+			f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, mode)
 			if err != nil {
 				return err
 			}
 			_, err = io.Copy(f, tr)
+			f.Chmod(mode)
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}
 			if err != nil {
 				return err
 			}
-			os.Chmod(target, mode)
 			os.Chtimes(target, hdr.ModTime, hdr.ModTime)
 		case tar.TypeSymlink:
-			dest := hdr.Linkname
-			if !filepath.IsAbs(dest) {
-				dest = filepath.Join(filepath.Dir(target), dest)
-			}
-			if rd, err := resolveExisting(filepath.Clean(dest)); err != nil || !inside(rd) {
-				return outside(name, "is a symlink pointing outside the target directory")
+			// Kept as it is, wherever it points: a link is only a name,
+			// resolved in this box's own filesystem (as one the box's
+			// code makes with ln -s), and no later entry is written
+			// through it (the parent check above).
+			if hdr.Linkname == "" || strings.IndexByte(hdr.Linkname, 0) >= 0 {
+				return &Error{Op: "untar", Path: display, Code: CodeInvalid, Message: fmt.Sprintf("untar into %s: entry %q is a symlink with an empty target or a NUL byte; nothing after it was extracted", display, name)}
 			}
 			if err := replaceable(target); err != nil {
 				return err
@@ -212,8 +258,16 @@ func extractTar(r io.Reader, dir, display string) error {
 			if err := os.Link(rs, target); err != nil {
 				return err
 			}
+		case tar.TypeFifo:
+			if err := replaceable(target); err != nil {
+				return err
+			}
+			if err := syscall.Mkfifo(target, uint32(mode)); err != nil {
+				return &os.PathError{Op: "mkfifo", Path: target, Err: err}
+			}
+			os.Chmod(target, mode) // past the umask
 		default:
-			// devices, fifos, pax/gnu metadata entries handled by the reader: skip
+			// devices, pax/gnu metadata entries handled by the reader: skip
 		}
 	}
 	for i := len(dirTimes) - 1; i >= 0; i-- {

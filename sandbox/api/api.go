@@ -635,7 +635,7 @@ type RunCodeOutput struct {
 	Outputs    []CodeOutput   `json:"outputs,omitempty"`   // rich outputs: plots (PNG), display(...) calls, _repr_html_ ...
 	Exception  *CodeException `json:"exception,omitempty"` // the code raised (or, in bash, see exit_code)
 	ExitCode   *int           `json:"exit_code,omitempty"` // bash: status of the last command
-	Truncated  bool           `json:"truncated"`           // stdout or stderr was cut at 64 KiB
+	Truncated  bool           `json:"truncated"`           // stdout, stderr or value was cut at 64 KiB
 	TimedOut   bool           `json:"timed_out,omitempty"` // interrupted after timeout_ms
 	Context    string         `json:"context,omitempty"`   // the context it ran in (absent for a stateless run)
 	DurationMs int64          `json:"duration_ms"`

@@ -1,6 +1,7 @@
 // cellbox code-context driver for JavaScript (see sandbox/agent/code.go).
 // Started by the agent as `node -e <this>`: fd 3 brings one JSON request per
-// line ({"file": cell source path, "n": cell number}), fd 4 takes
+// line ({"file": cell source path, "n": cell number, "max": bytes kept of the
+// value}), fd 4 takes
 // {"ready":true} once set up, then one JSON answer per line; fd 1 and 2 are
 // pipes the agent reads, and after a cell the driver writes a marker
 // ($CELLBOX_CODE_MARK and the cell number) to both, before the answer.
@@ -16,7 +17,23 @@
   const Module = require('module');
   const readline = require('readline');
 
-  const MAX_RICH = 16 << 20;
+  // The answer line must stay under the agent's limit for it (maxCodeAnswer,
+  // 32 MiB), or the context ends: rich outputs, the value and the error are
+  // each cut to a share of it, measured as JSON.
+  const MAX_RICH = 16 << 20; // bytes of rich outputs per cell
+  const MAX_VALUE = 8 << 20; // bytes of the value (the request's max, the streams' cap, is used when lower)
+  const MAX_ERROR = 1 << 20; // bytes of an error's message, and of its stack
+  const jsonBytes = (s) => Buffer.byteLength(JSON.stringify(s));
+  // fit returns [s cut to at most limit bytes as JSON, whether it was cut].
+  function fit(s, limit) {
+    let n = jsonBytes(s);
+    if (n <= limit) return [s, false];
+    while (n > limit) {
+      s = s.slice(0, Math.max(Math.floor(s.length * limit / n) - 1, 0));
+      n = jsonBytes(s);
+    }
+    return [s, true];
+  }
   const MARK = process.env.CELLBOX_CODE_MARK || '';
   delete process.env.CELLBOX_CODE_MARK;
   let outputs = [];
@@ -34,11 +51,12 @@
     } else {
       item = { mime, data: typeof data === 'string' ? data : JSON.stringify(data) };
     }
-    if (richBytes + item.data.length > MAX_RICH) {
+    const size = jsonBytes(item.data);
+    if (richBytes + size > MAX_RICH) {
       process.stderr.write(`[cellbox: a ${mime} output was dropped: over ${MAX_RICH >> 20} MiB of rich output in one cell]\n`);
       return;
     }
-    richBytes += item.data.length;
+    richBytes += size;
     outputs.push(item);
   }
 
@@ -61,9 +79,10 @@
     if (e instanceof Error || (e && typeof e === 'object' && 'stack' in e)) {
       // The driver's frames (and node's below them) say nothing about the cell.
       const stack = String(e.stack || e).split('\n').filter((l) => !/^\s+at (.* \()?(\[eval\]|node:)/.test(l)).join('\n');
-      return { name: e.name || 'Error', message: String(e.message), traceback: stack };
+      return { name: String(e.name || 'Error'), message: fit(String(e.message), MAX_ERROR)[0], traceback: fit(stack, MAX_ERROR)[0] };
     }
-    return { name: 'Uncaught', message: util.inspect(e), traceback: 'Uncaught ' + util.inspect(e) };
+    const shown = fit(util.inspect(e), MAX_ERROR)[0];
+    return { name: 'Uncaught', message: shown, traceback: 'Uncaught ' + shown };
   }
 
   // Top-level await as in the node REPL: its own rewrite (node runs with
@@ -104,7 +123,9 @@
         const value = await run(src, r.n);
         if (value !== undefined) {
           global._ = value;
-          out.value = util.inspect(value, { depth: 4, maxArrayLength: 200, maxStringLength: 100000 });
+          const [shown, cut] = fit(util.inspect(value, { depth: 4, maxArrayLength: 200, maxStringLength: 100000 }), Math.min(r.max || MAX_VALUE, MAX_VALUE));
+          out.value = shown;
+          if (cut) out.truncated = true;
         }
       } catch (e) {
         out.error = errorOf(e);

@@ -1,6 +1,7 @@
 # cellbox code-context driver for Python (see sandbox/agent/code.go).
 # Started by the agent as `python3 -c <this>`: fd 3 brings one JSON request
-# per line ({"file": cell source path, "n": cell number}), fd 4 takes
+# per line ({"file": cell source path, "n": cell number, "max": bytes kept
+# of the value}), fd 4 takes
 # {"ready":true} once set up, then one JSON answer per line. fd 1 and 2
 # are pipes the agent reads; after a cell the driver writes a marker (from
 # $CELLBOX_CODE_MARK and the cell number) to both, before the answer.
@@ -17,7 +18,22 @@ def _cellbox_main():
     mark = os.environ.pop("CELLBOX_CODE_MARK", "")
     warnings.filterwarnings("ignore", message=".*non-interactive.*")  # plt.show() under Agg
 
+    # The answer line must stay under the agent's limit for it (maxCodeAnswer,
+    # 32 MiB), or the context ends: rich outputs, the value and the error
+    # are each cut to a share of it, measured as JSON.
     MAX_RICH = 16 << 20  # bytes of rich outputs per cell
+    MAX_VALUE = 8 << 20  # bytes of the value (the request's "max", the streams' cap, is used when lower)
+    MAX_ERROR = 1 << 20  # bytes of an error's message, and of its traceback
+
+    def fit(s, limit):
+        """s, cut so that it is at most limit bytes as JSON; and whether it was cut."""
+        n = len(json.dumps(s))
+        if n <= limit:
+            return s, False
+        while n > limit:
+            s = s[:max(len(s) * limit // n - 1, 0)]
+            n = len(json.dumps(s))
+        return s, True
     state = {"running": False, "outputs": [], "rich_bytes": 0, "loop": None}
 
     def on_sigint(signum, frame):
@@ -32,7 +48,7 @@ def _cellbox_main():
             if not isinstance(data, str):
                 data = json.dumps(data)
             item = {"mime": mime, "data": data}
-        size = len(item["data"])
+        size = len(json.dumps(item["data"]))
         if state["rich_bytes"] + size > MAX_RICH:
             print("[cellbox: a %s output was dropped: over %d MiB of rich output in one cell]" % (mime, MAX_RICH >> 20), file=sys.stderr)
             return
@@ -147,7 +163,7 @@ def _cellbox_main():
             lines = traceback.format_exception_only(type(e), e)
         else:
             lines = traceback.format_exception(type(e), e, in_cell(e.__traceback__))
-        return {"name": type(e).__name__, "message": str(e), "traceback": "".join(lines)}
+        return {"name": type(e).__name__, "message": fit(str(e), MAX_ERROR)[0], "traceback": fit("".join(lines), MAX_ERROR)[0]}
 
     def run(src, n):
         fname = "<cell-%d>" % n
@@ -191,7 +207,9 @@ def _cellbox_main():
                 state["running"] = False
             if value is not None:
                 ns["_"] = value
-                out["value"] = repr(value)
+                out["value"], cut = fit(repr(value), min(r.get("max") or MAX_VALUE, MAX_VALUE))
+                if cut:
+                    out["truncated"] = True
                 if rich(value):
                     seen.add(id(value))
         except BaseException as e:  # SystemExit too: the context survives
