@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cellbox/cellbox/internal/readall"
 	"io"
 	"io/fs"
 	"net/http"
@@ -376,7 +377,7 @@ func (s *server) handleWrite(w http.ResponseWriter, r *http.Request) {
 	}
 	// One byte over the limit is enough for write to refuse it. The body
 	// is read into a buffer of its announced size, not grown by doubling.
-	if req.Data, err = readAllSized(r.Body, r.ContentLength, limit+1); err != nil {
+	if req.Data, err = readall.Sized(r.Body, r.ContentLength, limit+1); err != nil {
 		writeError(w, asError("write", req.Path, err))
 		return
 	}
@@ -386,17 +387,6 @@ func (s *server) handleWrite(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, res)
-}
-
-// readAllSized reads at most limit bytes of r, whose length is size (-1
-// when unknown), into one allocation when size is known.
-func readAllSized(r io.Reader, size, limit int64) ([]byte, error) {
-	if size < 0 || size >= limit {
-		return io.ReadAll(io.LimitReader(r, limit))
-	}
-	buf := bytes.NewBuffer(make([]byte, 0, size+1)) // +1: ReadFrom wants room to see EOF
-	_, err := buf.ReadFrom(io.LimitReader(r, limit))
-	return buf.Bytes(), err
 }
 
 func (s *server) write(req WriteRequest) (WriteResult, error) {
