@@ -492,45 +492,41 @@ func (s *Service) runTool(ctx context.Context, t *Tool, c *call, raw json.RawMes
 }
 
 // toolResult renders a result object: {"is_error":..., ["error", "code"], ["notice"], output fields...}.
+// It is written into one buffer: the output is most often one long
+// content, which fastjson quotes straight into it.
 func toolResult(out any, err error, notices []string) json.RawMessage {
-	var body []byte
-	if err == nil {
-		var b bytes.Buffer
-		enc := json.NewEncoder(&b)
-		enc.SetEscapeHTML(false)
-		if merr := enc.Encode(out); merr != nil {
-			err = fmt.Errorf("encode result: %w", merr)
-		} else if body = bytes.TrimSpace(b.Bytes()); len(body) < 2 || body[0] != '{' {
-			err = errors.New("tool result is not an object")
+	var buf []byte
+	head := func(isError bool) {
+		buf = append(buf[:0], `{"is_error":`...)
+		buf = strconv.AppendBool(buf, isError)
+		if isError {
+			buf = append(buf, `,"error":`...)
+			buf = fastjson.AppendString(buf, err.Error(), false)
+			buf = append(buf, `,"code":`...)
+			buf = fastjson.AppendString(buf, ErrorCode(err), false)
+		}
+		if len(notices) > 0 {
+			buf = append(buf, `,"notice":`...)
+			buf = fastjson.AppendString(buf, strings.Join(notices, "; "), false)
 		}
 	}
-	var buf bytes.Buffer
-	buf.WriteString(`{"is_error":`)
-	if err != nil {
-		buf.WriteString(`true,"error":`)
-		buf.Write(jsonString(err.Error()))
-		buf.WriteString(`,"code":`)
-		buf.Write(jsonString(ErrorCode(err)))
-	} else {
-		buf.WriteString("false")
+	if err == nil {
+		head(false)
+		n := len(buf)
+		var merr error
+		buf, merr = fastjson.AppendMarshal(buf, out, false)
+		switch body := buf[n:]; {
+		case merr != nil:
+			err = fmt.Errorf("encode result: %w", merr)
+		case len(body) < 2 || body[0] != '{':
+			err = errors.New("tool result is not an object")
+		case len(body) == 2: // {}: no output fields
+			return append(buf[:n], '}')
+		default: // the output's fields follow the head's
+			body[0] = ','
+			return buf
+		}
 	}
-	if len(notices) > 0 {
-		buf.WriteString(`,"notice":`)
-		buf.Write(jsonString(strings.Join(notices, "; ")))
-	}
-	if err == nil && len(body) > 2 {
-		buf.WriteByte(',')
-		buf.Write(body[1:])
-	} else {
-		buf.WriteByte('}')
-	}
-	return buf.Bytes()
-}
-
-func jsonString(s string) []byte {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	enc.Encode(s)
-	return bytes.TrimSpace(b.Bytes())
+	head(true)
+	return append(buf, '}')
 }

@@ -5,6 +5,7 @@ import (
 	"encoding"
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -19,7 +20,11 @@ const LongString = 4 << 10
 // with SetEscapeHTML(false) without its newline (escapeHTML false), byte
 // for byte. A struct's long top-level string fields (a file's content) are
 // quoted by AppendString; the rest, a few hundred bytes, by encoding/json.
-func Marshal(v any, escapeHTML bool) ([]byte, error) {
+func Marshal(v any, escapeHTML bool) ([]byte, error) { return AppendMarshal(nil, v, escapeHTML) }
+
+// AppendMarshal is Marshal appending to dst (on an error, dst is returned
+// as it was).
+func AppendMarshal(dst []byte, v any, escapeHTML bool) ([]byte, error) {
 	rv := reflect.ValueOf(v)
 	if rv.Kind() == reflect.Pointer && !rv.IsNil() {
 		rv = rv.Elem()
@@ -35,7 +40,7 @@ func Marshal(v any, escapeHTML bool) ([]byte, error) {
 		}
 	}
 	if len(long) == 0 {
-		return marshal(v, escapeHTML)
+		return appendMarshal(dst, v, escapeHTML)
 	}
 	// The same value with each long string as "0": a short skeleton whose
 	// fields encoding/json writes, then copied with the long ones spliced
@@ -47,9 +52,9 @@ func Marshal(v any, escapeHTML bool) ([]byte, error) {
 	}
 	sk, err := marshal(cp.Interface(), escapeHTML)
 	if err != nil {
-		return nil, err
+		return dst, err
 	}
-	out := make([]byte, 0, len(sk)+sumLen+sumLen/16+16)
+	out := slices.Grow(dst, len(sk)+sumLen+sumLen/16+16)
 	last, spliced := 0, 0
 	err = walkObject(sk, func(key []byte, vs, ve int) {
 		for _, l := range long {
@@ -63,7 +68,7 @@ func Marshal(v any, escapeHTML bool) ([]byte, error) {
 		}
 	})
 	if err != nil || spliced != len(long) { // not the shape expected: let encoding/json do it all
-		return marshal(v, escapeHTML)
+		return appendMarshal(dst, v, escapeHTML)
 	}
 	return append(out, sk[last:]...), nil
 }
@@ -71,6 +76,14 @@ func Marshal(v any, escapeHTML bool) ([]byte, error) {
 type longField struct {
 	stringField
 	s string
+}
+
+func appendMarshal(dst []byte, v any, escapeHTML bool) ([]byte, error) {
+	b, err := marshal(v, escapeHTML)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, b...), nil
 }
 
 func marshal(v any, escapeHTML bool) ([]byte, error) {

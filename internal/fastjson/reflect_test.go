@@ -49,8 +49,14 @@ func TestMarshalAgreesWithEncodingJSON(t *testing.T) {
 			got, err := Marshal(v, html)
 			require.NoError(t, err)
 			assert.Equal(t, string(want), string(got), "%T html=%v", v, html)
+			got, err = AppendMarshal([]byte("prefix"), v, html)
+			require.NoError(t, err)
+			assert.Equal(t, "prefix"+string(want), string(got), "%T html=%v", v, html)
 		}
 	}
+	got, err := AppendMarshal([]byte("prefix"), map[string]any{"f": func() {}}, false)
+	assert.Error(t, err)
+	assert.Equal(t, "prefix", string(got), "dst as it was on an error")
 }
 
 func TestUnmarshalAgreesWithEncodingJSON(t *testing.T) {

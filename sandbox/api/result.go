@@ -18,7 +18,7 @@ func MarshalInput(input any) (json.RawMessage, error) {
 	case []byte:
 		return v, nil
 	}
-	raw, err := json.Marshal(input)
+	raw, err := fastjson.Marshal(input, true) // json.Marshal's bytes; a long content quoted faster
 	if err != nil {
 		return nil, fmt.Errorf("encode tool input: %w", err)
 	}
