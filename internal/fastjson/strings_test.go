@@ -115,3 +115,11 @@ func BenchmarkUnquote1MiB(b *testing.B) {
 		Unquote(q)
 	}
 }
+
+func BenchmarkUnquoteShortLines1MiB(b *testing.B) {
+	q := AppendString(nil, strings.Repeat(strings.Repeat("x", 39)+"\n", 1<<15), false)
+	b.SetBytes(int64(len(q)))
+	for b.Loop() {
+		Unquote(q)
+	}
+}

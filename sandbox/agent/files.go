@@ -164,6 +164,9 @@ func (s *server) handleRead(w http.ResponseWriter, r *http.Request) {
 	meta, _ := json.Marshal(res)
 	w.Header().Set(readResultHeader, string(meta))
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	// Announced: sent in one piece, not chunked, and read by the host
+	// into one buffer of its size.
+	w.Header().Set("Content-Length", strconv.Itoa(len(content)))
 	io.WriteString(w, content)
 }
 
@@ -262,9 +265,19 @@ func readLines(f *os.File, res ReadResult, req ReadRequest, maxBytes int) (ReadR
 	const keep = MaxReadLineChars * utf8.UTFMax // bytes kept of one line: enough for MaxReadLineChars runes
 	br := bufio.NewReaderSize(f, 64<<10)
 	var out strings.Builder
+	out.Grow(int(min(int64(maxBytes), res.Size))) // a window is at most maxBytes (but its first line): no regrowth
 	var cur []byte
 	line, taken, done, lineCut := 0, 0, false, false
 	for {
+		if done && res.NextOffset != 0 {
+			// The window is taken: only count the lines left.
+			n, err := countLines(br)
+			if err != nil {
+				return res, err
+			}
+			line += n
+			break
+		}
 		inWindow := !done && line+1 >= start
 		cur = cur[:0]
 		long, got := false, false
@@ -318,8 +331,34 @@ func readLines(f *os.File, res ReadResult, req ReadRequest, maxBytes int) (ReadR
 		return res, &Error{Op: "read", Code: CodeInvalid, Message: fmt.Sprintf("read: offset %d is past the end of the file (%d lines)", start, line)}
 	}
 	res.Truncated = lineCut || capped && res.NextOffset != 0
-	res.Content = strings.ToValidUTF8(out.String(), "\uFFFD")
+	res.Content = out.String()
+	if !utf8.ValidString(res.Content) { // (ToValidUTF8 alone decodes every rune to find out)
+		res.Content = strings.ToValidUTF8(res.Content, "\uFFFD")
+	}
 	return res, nil
+}
+
+// countLines counts the lines left in br, as readLines does: each newline
+// ends one, and bytes after the last newline are one more.
+func countLines(br *bufio.Reader) (int, error) {
+	n, last := 0, byte('\n')
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if len(chunk) > 0 {
+			n += bytes.Count(chunk, []byte{'\n'})
+			last = chunk[len(chunk)-1]
+		}
+		switch err {
+		case nil, bufio.ErrBufferFull:
+		case io.EOF:
+			if last != '\n' {
+				n++
+			}
+			return n, nil
+		default:
+			return n, err
+		}
+	}
 }
 
 // renderLine returns a line with its terminator, cut to MaxReadLineChars

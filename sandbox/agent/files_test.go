@@ -498,3 +498,29 @@ func TestSpecialFilesRefused(t *testing.T) {
 	require.NoError(t, err, "grep skips the FIFO")
 	assert.Zero(t, res.FilesSearched)
 }
+
+// TestReadCountsTheLinesLeft: after its window, a read counts the file's
+// remaining lines in bulk; the count is the same as line by line, however
+// the file ends (a line longer than the read buffer included).
+func TestReadCountsTheLinesLeft(t *testing.T) {
+	a := startAgent(t)
+	huge := strings.Repeat("h", 200<<10)
+	for _, tc := range []struct {
+		name, content string
+		lines         int
+	}{
+		{"newline at the end", "a\nb\nc\n", 3},
+		{"no newline at the end", "a\nb\nc", 3},
+		{"crlf and empty lines", "a\r\n\r\n\n\nb", 5},
+		{"a huge line in the middle", "a\nb\n" + huge + "\nc\n", 4},
+		{"a huge last line", "a\nb\n" + huge, 3},
+		{"the window's line ends the file", "a\nb", 2},
+	} {
+		require.NoError(t, os.WriteFile(a.path("f.txt"), []byte(tc.content), 0o644))
+		res, err := a.c.ReadFile(ctxT(t), ReadRequest{Path: "f.txt", Limit: 1})
+		require.NoError(t, err, tc.name)
+		assert.Equal(t, tc.lines, res.TotalLines, tc.name)
+		assert.Equal(t, "a", strings.TrimRight(res.Content, "\r\n"), tc.name)
+		assert.Equal(t, 2, res.NextOffset, tc.name)
+	}
+}
