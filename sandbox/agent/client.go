@@ -564,7 +564,9 @@ func (c *Client) WriteFile(ctx context.Context, req WriteRequest) (WriteResult, 
 	if req.Mode != 0 {
 		q.Set("mode", strconv.FormatUint(uint64(req.Mode), 8))
 	}
-	resp, err := c.do(ctx, http.MethodPost, "/v1/fs/write", q, io.NopCloser(bytes.NewReader(req.Data)), "application/octet-stream")
+	// A *bytes.Reader as it is: the request announces its length (the agent
+	// reads it into one buffer of that size) and can be sent again.
+	resp, err := c.do(ctx, http.MethodPost, "/v1/fs/write", q, bytes.NewReader(req.Data), "application/octet-stream")
 	if err != nil {
 		return WriteResult{}, err
 	}

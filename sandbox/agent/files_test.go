@@ -6,8 +6,11 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -523,4 +526,25 @@ func TestReadCountsTheLinesLeft(t *testing.T) {
 		assert.Equal(t, "a", strings.TrimRight(res.Content, "\r\n"), tc.name)
 		assert.Equal(t, 2, res.NextOffset, tc.name)
 	}
+}
+
+// TestWriteAnnouncesItsLength: a write's body goes with its length, so
+// the agent reads it into one buffer of that size (not chunked, grown by
+// doubling as it comes).
+func TestWriteAnnouncesItsLength(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "a.sock")
+	l, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	var got int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = r.ContentLength
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set(ProtocolHeader, strconv.Itoa(ProtocolVersion))
+		writeJSON(w, WriteResult{Path: "/workspace/f", Size: r.ContentLength})
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	_, err = Dial(sock).WriteFile(ctxT(t), WriteRequest{Path: "f", Data: make([]byte, 100<<10)})
+	require.NoError(t, err)
+	assert.EqualValues(t, 100<<10, got)
 }
