@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -311,7 +312,7 @@ func readLines(f *os.File, res ReadResult, req ReadRequest, maxBytes int) (ReadR
 				done, capped, res.NextOffset = true, true, line
 				break
 			}
-			out.WriteString(text)
+			out.Write(text)
 			lineCut = lineCut || cut
 			taken++
 			if res.StartLine == 0 {
@@ -362,32 +363,33 @@ func countLines(br *bufio.Reader) (int, error) {
 }
 
 // renderLine returns a line with its terminator, cut to MaxReadLineChars
-// characters and marked if it is longer (long: bytes were dropped already).
-func renderLine(b []byte, long, newline bool) (string, bool) {
-	s, nl := string(b), ""
+// characters and marked if it is longer (long: bytes were dropped
+// already). A line that needs no cut is b itself: no copy.
+func renderLine(b []byte, long, newline bool) ([]byte, bool) {
+	s, nl := b, ""
 	switch {
 	case long:
 		if newline {
 			nl = "\n"
 		}
-	case strings.HasSuffix(s, "\r\n"):
+	case bytes.HasSuffix(s, []byte("\r\n")):
 		s, nl = s[:len(s)-2], "\r\n"
-	case strings.HasSuffix(s, "\n"):
+	case bytes.HasSuffix(s, []byte("\n")):
 		s, nl = s[:len(s)-1], "\n"
 	}
 	if !long && len(s) <= MaxReadLineChars {
-		return s + nl, false
+		return b, false
 	}
 	i, n := 0, 0
 	for i < len(s) && n < MaxReadLineChars {
-		_, size := utf8.DecodeRuneInString(s[i:])
+		_, size := utf8.DecodeRune(s[i:])
 		i += size
 		n++
 	}
 	if i == len(s) && !long {
-		return s + nl, false
+		return b, false
 	}
-	return s[:i] + LineCutMarker + nl, true
+	return slices.Concat(s[:i:i], []byte(LineCutMarker), []byte(nl)), true
 }
 
 // --- write ---
