@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"unicode/utf8"
 )
@@ -155,27 +156,48 @@ func (s *server) handleRead(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, "read", &req) {
 		return
 	}
-	res, err := s.read(req)
+	out := windowBufs.Get().(*bytes.Buffer)
+	defer putWindowBuf(out)
+	out.Reset()
+	res, err := s.read(req, out)
 	if err != nil {
 		writeError(w, asError("read", s.abs(req.Path), err))
 		return
 	}
-	content := res.Content
-	res.Content = ""
 	meta, _ := json.Marshal(res)
 	w.Header().Set(readResultHeader, string(meta))
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	// Announced: sent in one piece, not chunked, and read by the host
 	// into one buffer of its size.
-	w.Header().Set("Content-Length", strconv.Itoa(len(content)))
-	io.WriteString(w, content)
+	w.Header().Set("Content-Length", strconv.Itoa(out.Len()))
+	w.Write(out.Bytes())
+}
+
+// A read's window and line reader are kept for the next read: the agent's
+// heap is small, so a fresh 256 KiB window per read set off a collection
+// every few reads and the runtime gave the pages back to the kernel and
+// faulted them in again (madvise and page faults on every read).
+var (
+	windowBufs  = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+	lineReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+)
+
+// putWindowBuf keeps b for another read unless it grew past what reads
+// usually need (a default window, base64 included): a rare 8 MiB read
+// is not held on to.
+func putWindowBuf(b *bytes.Buffer) {
+	if b.Cap() <= 4*DefaultReadBytes {
+		windowBufs.Put(b)
+	}
 }
 
 // readResultHeader carries a read's ReadResult but its Content, which is
 // the body.
 const readResultHeader = "Cellbox-Read-Result"
 
-func (s *server) read(req ReadRequest) (ReadResult, error) {
+// read reads a window of a file: its content into out, the rest into the
+// result (whose Content stays empty).
+func (s *server) read(req ReadRequest, out *bytes.Buffer) (ReadResult, error) {
 	display, real, err := s.resolve("read", req.Path, false)
 	if err != nil {
 		return ReadResult{}, err
@@ -198,7 +220,7 @@ func (s *server) read(req ReadRequest) (ReadResult, error) {
 	maxBytes = min(maxBytes, maxReadBytesCap)
 	res := ReadResult{Size: fi.Size(), Encoding: "utf-8"}
 	if req.ByteLimit > 0 {
-		return readBytes(f, res, req.ByteOffset, min(req.ByteLimit, int64(maxBytes)), req.ByteLimit > int64(maxBytes))
+		return readBytes(f, res, req.ByteOffset, min(req.ByteLimit, int64(maxBytes)), req.ByteLimit > int64(maxBytes), out)
 	}
 	head := make([]byte, binarySniff)
 	n, err := io.ReadFull(f, head)
@@ -206,12 +228,12 @@ func (s *server) read(req ReadRequest) (ReadResult, error) {
 		return res, err
 	}
 	if isBinary(head[:n], n < binarySniff) {
-		return readBytes(f, res, req.ByteOffset, int64(maxBytes), true)
+		return readBytes(f, res, req.ByteOffset, int64(maxBytes), true, out)
 	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return res, err
 	}
-	return readLines(f, res, req, maxBytes)
+	return readLines(f, res, req, maxBytes, out)
 }
 
 // isBinary: a NUL byte, or invalid UTF-8 (a rune cut at the end of a sniff
@@ -234,7 +256,7 @@ func isBinary(b []byte, whole bool) bool {
 // readBytes returns a raw byte window; text when it is valid UTF-8 without
 // NUL bytes, base64 otherwise. It is truncated when the window was capped
 // (not the caller's own limit) and the file goes on.
-func readBytes(f *os.File, res ReadResult, off, limit int64, capped bool) (ReadResult, error) {
+func readBytes(f *os.File, res ReadResult, off, limit int64, capped bool, out *bytes.Buffer) (ReadResult, error) {
 	buf := make([]byte, limit)
 	n, err := f.ReadAt(buf, off)
 	if err != nil && err != io.EOF {
@@ -242,9 +264,10 @@ func readBytes(f *os.File, res ReadResult, off, limit int64, capped bool) (ReadR
 	}
 	buf = buf[:n]
 	if isBinary(buf, true) {
-		res.Encoding, res.Content = "base64", base64.StdEncoding.EncodeToString(buf)
+		res.Encoding = "base64"
+		out.Write(base64.StdEncoding.AppendEncode(out.AvailableBuffer(), buf))
 	} else {
-		res.Content = string(buf)
+		out.Write(buf)
 	}
 	res.Truncated = capped && off+int64(n) < res.Size
 	return res, nil
@@ -253,7 +276,7 @@ func readBytes(f *os.File, res ReadResult, off, limit int64, capped bool) (ReadR
 // readLines streams the file and keeps the requested line window; lines
 // longer than MaxReadLineChars characters are cut and marked with
 // LineCutMarker. It scans to the end to count the lines.
-func readLines(f *os.File, res ReadResult, req ReadRequest, maxBytes int) (ReadResult, error) {
+func readLines(f *os.File, res ReadResult, req ReadRequest, maxBytes int, out *bytes.Buffer) (ReadResult, error) {
 	start := max(req.Offset, 1)
 	maxLines := req.MaxLines
 	if maxLines <= 0 {
@@ -264,8 +287,9 @@ func readLines(f *os.File, res ReadResult, req ReadRequest, maxBytes int) (ReadR
 		limit, capped = req.Limit, false
 	}
 	const keep = MaxReadLineChars * utf8.UTFMax // bytes kept of one line: enough for MaxReadLineChars runes
-	br := bufio.NewReaderSize(f, 64<<10)
-	var out strings.Builder
+	br := lineReaders.Get().(*bufio.Reader)
+	br.Reset(f)
+	defer func() { br.Reset(nil); lineReaders.Put(br) }()
 	out.Grow(int(min(int64(maxBytes), res.Size))) // a window is at most maxBytes (but its first line): no regrowth
 	var cur []byte
 	line, taken, done, lineCut := 0, 0, false, false
@@ -332,9 +356,10 @@ func readLines(f *os.File, res ReadResult, req ReadRequest, maxBytes int) (ReadR
 		return res, &Error{Op: "read", Code: CodeInvalid, Message: fmt.Sprintf("read: offset %d is past the end of the file (%d lines)", start, line)}
 	}
 	res.Truncated = lineCut || capped && res.NextOffset != 0
-	res.Content = out.String()
-	if !utf8.ValidString(res.Content) { // (ToValidUTF8 alone decodes every rune to find out)
-		res.Content = strings.ToValidUTF8(res.Content, "\uFFFD")
+	if !utf8.Valid(out.Bytes()) { // (ToValidUTF8 alone decodes every rune to find out)
+		valid := bytes.ToValidUTF8(out.Bytes(), []byte("\uFFFD"))
+		out.Reset()
+		out.Write(valid)
 	}
 	return res, nil
 }

@@ -548,3 +548,38 @@ func TestWriteAnnouncesItsLength(t *testing.T) {
 	require.NoError(t, err)
 	assert.EqualValues(t, 100<<10, got)
 }
+
+// TestReadsShareNoWindow: reads reuse their window buffers; one read's
+// content never shows in the next (big then small, binary then text,
+// cut lines and invalid UTF-8 between).
+func TestReadsShareNoWindow(t *testing.T) {
+	a := startAgent(t)
+	files := map[string]string{
+		"big.txt":   strings.Repeat(strings.Repeat("b", 99)+"\n", 5000),
+		"small.txt": "s\n",
+		"bin":       "\x00\x01\x02",
+		"long.txt":  strings.Repeat("l", MaxReadLineChars+5) + "\n",
+		"bad.txt":   strings.Repeat("x", 10) + "\xff\n",
+	}
+	for name, content := range files {
+		require.NoError(t, os.WriteFile(a.path(name), []byte(content), 0o644))
+	}
+	want := map[string]string{
+		"big.txt":   strings.Repeat(strings.Repeat("b", 99)+"\n", 2000),
+		"small.txt": "s\n",
+		"bin":       base64.StdEncoding.EncodeToString([]byte("\x00\x01\x02")),
+		"long.txt":  strings.Repeat("l", MaxReadLineChars) + LineCutMarker + "\n",
+		"bad.txt":   strings.Repeat("x", 10) + "\xff\n",
+	}
+	for range 3 {
+		for _, name := range []string{"big.txt", "small.txt", "bin", "long.txt", "big.txt", "bad.txt", "small.txt"} {
+			res, err := a.c.ReadFile(ctxT(t), ReadRequest{Path: name})
+			require.NoError(t, err, name)
+			if name == "bad.txt" { // not text: sent as bytes
+				assert.Equal(t, "base64", res.Encoding, name)
+				continue
+			}
+			assert.Equal(t, want[name], res.Content, name)
+		}
+	}
+}
