@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/cellbox/cellbox/internal/readall"
 	"io"
 	"io/fs"
 	"net/http"
@@ -156,8 +155,8 @@ func (s *server) handleRead(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, "read", &req) {
 		return
 	}
-	out := windowBufs.Get().(*bytes.Buffer)
-	defer putWindowBuf(out)
+	out := bufs.Get().(*bytes.Buffer)
+	defer putBuf(out)
 	out.Reset()
 	res, err := s.read(req, out)
 	if err != nil {
@@ -173,21 +172,22 @@ func (s *server) handleRead(w http.ResponseWriter, r *http.Request) {
 	w.Write(out.Bytes())
 }
 
-// A read's window and line reader are kept for the next read: the agent's
-// heap is small, so a fresh 256 KiB window per read set off a collection
-// every few reads and the runtime gave the pages back to the kernel and
-// faulted them in again (madvise and page faults on every read).
+// A read's window, a write's body and the line reader are kept for the
+// next call: the agent's heap is small, so a fresh buffer of a megabyte
+// per call set off a collection every few calls, and the runtime gave the
+// pages back to the kernel and faulted them in again (madvise and page
+// faults on every call).
 var (
-	windowBufs  = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+	bufs        = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 	lineReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
 )
 
-// putWindowBuf keeps b for another read unless it grew past what reads
-// usually need (a default window, base64 included): a rare 8 MiB read
-// is not held on to.
-func putWindowBuf(b *bytes.Buffer) {
-	if b.Cap() <= 4*DefaultReadBytes {
-		windowBufs.Put(b)
+// putBuf keeps b for another call unless it grew past what the file tools
+// send and take (a default window, a write of the default limit): a rare
+// 8 MiB read is not held on to.
+func putBuf(b *bytes.Buffer) {
+	if b.Cap() <= DefaultWriteBytes+bytes.MinRead {
+		bufs.Put(b)
 	}
 }
 
@@ -442,11 +442,19 @@ func (s *server) handleWrite(w http.ResponseWriter, r *http.Request) {
 		limit = DefaultWriteBytes
 	}
 	// One byte over the limit is enough for write to refuse it. The body
-	// is read into a buffer of its announced size, not grown by doubling.
-	if req.Data, err = readall.Sized(r.Body, r.ContentLength, limit+1); err != nil {
+	// is read into a kept buffer (see bufs), grown to its announced size
+	// at once, not by doubling.
+	body := bufs.Get().(*bytes.Buffer)
+	defer putBuf(body)
+	body.Reset()
+	if r.ContentLength > 0 && r.ContentLength <= limit {
+		body.Grow(int(r.ContentLength) + bytes.MinRead) // room for ReadFrom to see EOF
+	}
+	if _, err = body.ReadFrom(io.LimitReader(r.Body, limit+1)); err != nil {
 		writeError(w, asError("write", req.Path, err))
 		return
 	}
+	req.Data = body.Bytes()
 	res, err := s.write(req)
 	if err != nil {
 		writeError(w, asError("write", s.abs(req.Path), err))

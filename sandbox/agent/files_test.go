@@ -583,3 +583,28 @@ func TestReadsShareNoWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestWritesShareNoBody: writes reuse their body buffers (with reads'
+// windows); each file holds exactly its own bytes, a small write after a
+// big one and a write over the limit between included.
+func TestWritesShareNoBody(t *testing.T) {
+	a := startAgent(t)
+	big := bytes.Repeat([]byte("B"), 1<<20)
+	for range 2 {
+		for _, w := range []struct {
+			name string
+			data []byte
+		}{{"big", big}, {"small", []byte("s")}, {"empty", nil}, {"big2", big[:300<<10]}} {
+			_, err := a.c.WriteFile(ctxT(t), WriteRequest{Path: w.name, Data: w.data})
+			require.NoError(t, err, w.name)
+			got, err := os.ReadFile(a.path(w.name))
+			require.NoError(t, err)
+			assert.Equal(t, len(w.data), len(got), w.name)
+			assert.True(t, bytes.Equal(w.data, got), w.name)
+			_, err = a.c.ReadFile(ctxT(t), ReadRequest{Path: w.name})
+			require.NoError(t, err)
+		}
+		_, err := a.c.WriteFile(ctxT(t), WriteRequest{Path: "over", Data: big, MaxBytes: 1000})
+		requireCode(t, err, CodeTooLarge)
+	}
+}
