@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cellbox/cellbox/internal/fastjson"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -81,7 +82,7 @@ func TestLongStringsDecodeExactly(t *testing.T) {
 	} {
 		var want string
 		require.NoError(t, json.Unmarshal([]byte(raw), &want))
-		got, err := rawString(json.RawMessage(raw))
+		got, err := fastjson.Unquote([]byte(raw))
 		require.NoError(t, err)
 		assert.Equal(t, want, got, raw[len(raw)-40:])
 	}

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/cellbox/cellbox/internal/fastjson"
@@ -118,7 +117,7 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 	if err != nil {
 		return fmt.Errorf("the input of %s must be a JSON object with the fields %s", t.Name, strings.Join(t.fields, ", "))
 	}
-	// A long string that rawString decodes below has its escapes checked
+	// A long string that fastjson.Unquote decodes below has its escapes checked
 	// there, in the same pass; here only its UTF-8.
 	viaRaw := t.allStrings(fields)
 	for _, k := range sortedNames(fields) {
@@ -193,8 +192,8 @@ func (t *Tool) decode(raw json.RawMessage, in any) error {
 		if !isLong(v) {
 			continue
 		}
-		s, err := rawString(v)
-		if errors.Is(err, errLoneSurrogate) {
+		s, err := fastjson.Unquote(v)
+		if errors.Is(err, fastjson.ErrLoneSurrogate) {
 			return t.badText(k)
 		}
 		if err != nil {
@@ -219,122 +218,12 @@ func (t *Tool) allStrings(fields map[string]json.RawMessage) bool {
 	return true
 }
 
-// rawString is the string a raw JSON string holds. The input was checked
-// whole before (valid JSON, valid UTF-8), so this only unescapes — in one
-// pass, where encoding/json would scan the megabyte again before unquoting
-// it — and refuses a lone surrogate escape (errLoneSurrogate), which
-// encoding/json would turn into U+FFFD.
-func rawString(v json.RawMessage) (string, error) {
-	v = v[1 : len(v)-1]
-	first := bytes.IndexByte(v, '\\')
-	if first < 0 {
-		return string(v), nil
-	}
-	// Unescaping only shrinks: out never outgrows v.
-	out := make([]byte, len(v))
-	k := copy(out, v[:first])
-	for i := first; i < len(v); {
-		if c := v[i]; c != '\\' {
-			// Copy the run up to the next escape. Text escapes a newline
-			// every few dozen bytes: a byte loop copies a short run sooner
-			// than IndexByte and copy, which take over past 32 bytes.
-			out[k] = c
-			k++
-			i++
-			for n := 0; i < len(v) && v[i] != '\\'; n++ {
-				if n == 32 {
-					n = bytes.IndexByte(v[i:], '\\')
-					if n < 0 {
-						n = len(v) - i
-					}
-					k += copy(out[k:], v[i:i+n])
-					i += n
-					break
-				}
-				out[k] = v[i]
-				k++
-				i++
-			}
-			continue
-		}
-		if i+1 >= len(v) {
-			return "", errors.New("a string ends in a lone backslash")
-		}
-		i++
-		switch c := v[i]; c {
-		case '"', '\\', '/':
-			out[k] = c
-		case 'b':
-			out[k] = '\b'
-		case 'f':
-			out[k] = '\f'
-		case 'n':
-			out[k] = '\n'
-		case 'r':
-			out[k] = '\r'
-		case 't':
-			out[k] = '\t'
-		case 'u':
-			r, n := hex4(v[i+1:])
-			if n == 0 {
-				return "", errors.New(`a string holds a bad \u escape`)
-			}
-			i += n
-			if utf16.IsSurrogate(r) {
-				r2, n2 := rune(-1), 0
-				if r < 0xdc00 && i+2 < len(v) && v[i+1] == '\\' && v[i+2] == 'u' {
-					r2, n2 = hex4(v[i+3:])
-				}
-				if n2 == 0 || r2 < 0xdc00 || r2 >= 0xe000 {
-					return "", errLoneSurrogate
-				}
-				r = utf16.DecodeRune(r, r2)
-				i += 2 + n2
-			}
-			k += utf8.EncodeRune(out[k:], r) // at most 4 bytes for 6 or 12 read
-			i++
-			continue
-		default:
-			return "", fmt.Errorf("a string holds a bad escape \\%c", c)
-		}
-		k++
-		i++
-	}
-	return string(out[:k]), nil
-}
-
-// errLoneSurrogate is rawString's error for a \ud800-\udfff escape that is
-// not half of a pair.
-var errLoneSurrogate = errors.New("a string holds a lone surrogate escape")
-
 // isLong reports whether v is a string value skeleton elides.
-func isLong(v json.RawMessage) bool { return len(v) > longField && v[0] == '"' }
+func isLong(v json.RawMessage) bool { return len(v) > fastjson.LongString && v[0] == '"' }
 
 // badText is decode's error for a field that is not valid text.
 func (t *Tool) badText(field string) error {
 	return fmt.Errorf("field %q of %s is not valid UTF-8 (or holds a lone surrogate escape such as \\udc80); send text as UTF-8%s", field, t.Name, t.base64Hint())
-}
-
-// hex4 reads the four hex digits of a \u escape: the rune and 4, or 0, 0.
-func hex4(b []byte) (rune, int) {
-	if len(b) < 4 {
-		return 0, 0
-	}
-	var r rune
-	for _, c := range b[:4] {
-		switch {
-		case '0' <= c && c <= '9':
-			c -= '0'
-		case 'a' <= c && c <= 'f':
-			c = c - 'a' + 10
-		case 'A' <= c && c <= 'F':
-			c = c - 'A' + 10
-		default:
-			return 0, 0
-		}
-		r = r<<4 | rune(c)
-	}
-	return r, 4
 }
 
 // stringFields maps the JSON names of a struct type's string fields to
@@ -426,7 +315,7 @@ func validText(v []byte) bool {
 // strings (file contents) replaced by "". No tool constrains a long
 // string beyond its type, and the schema validator would parse it again.
 func skeleton(raw json.RawMessage, fields map[string]json.RawMessage) json.RawMessage {
-	if len(raw) < longField {
+	if len(raw) < fastjson.LongString {
 		return raw
 	}
 	short := make(map[string]json.RawMessage, len(fields))
@@ -442,9 +331,6 @@ func skeleton(raw json.RawMessage, fields map[string]json.RawMessage) json.RawMe
 	}
 	return out
 }
-
-// longField is the size above which skeleton elides a string value.
-const longField = 4 << 10
 
 func jsonKind(t reflect.Type) string {
 	switch t.Kind() {
@@ -606,45 +492,41 @@ func (s *Service) runTool(ctx context.Context, t *Tool, c *call, raw json.RawMes
 }
 
 // toolResult renders a result object: {"is_error":..., ["error", "code"], ["notice"], output fields...}.
+// It is written into one buffer: the output is most often one long
+// content, which fastjson quotes straight into it.
 func toolResult(out any, err error, notices []string) json.RawMessage {
-	var body []byte
-	if err == nil {
-		var b bytes.Buffer
-		enc := json.NewEncoder(&b)
-		enc.SetEscapeHTML(false)
-		if merr := enc.Encode(out); merr != nil {
-			err = fmt.Errorf("encode result: %w", merr)
-		} else if body = bytes.TrimSpace(b.Bytes()); len(body) < 2 || body[0] != '{' {
-			err = errors.New("tool result is not an object")
+	var buf []byte
+	head := func(isError bool) {
+		buf = append(buf[:0], `{"is_error":`...)
+		buf = strconv.AppendBool(buf, isError)
+		if isError {
+			buf = append(buf, `,"error":`...)
+			buf = fastjson.AppendString(buf, err.Error(), false)
+			buf = append(buf, `,"code":`...)
+			buf = fastjson.AppendString(buf, ErrorCode(err), false)
+		}
+		if len(notices) > 0 {
+			buf = append(buf, `,"notice":`...)
+			buf = fastjson.AppendString(buf, strings.Join(notices, "; "), false)
 		}
 	}
-	var buf bytes.Buffer
-	buf.WriteString(`{"is_error":`)
-	if err != nil {
-		buf.WriteString(`true,"error":`)
-		buf.Write(jsonString(err.Error()))
-		buf.WriteString(`,"code":`)
-		buf.Write(jsonString(ErrorCode(err)))
-	} else {
-		buf.WriteString("false")
+	if err == nil {
+		head(false)
+		n := len(buf)
+		var merr error
+		buf, merr = fastjson.AppendMarshal(buf, out, false)
+		switch body := buf[n:]; {
+		case merr != nil:
+			err = fmt.Errorf("encode result: %w", merr)
+		case len(body) < 2 || body[0] != '{':
+			err = errors.New("tool result is not an object")
+		case len(body) == 2: // {}: no output fields
+			return append(buf[:n], '}')
+		default: // the output's fields follow the head's
+			body[0] = ','
+			return buf
+		}
 	}
-	if len(notices) > 0 {
-		buf.WriteString(`,"notice":`)
-		buf.Write(jsonString(strings.Join(notices, "; ")))
-	}
-	if err == nil && len(body) > 2 {
-		buf.WriteByte(',')
-		buf.Write(body[1:])
-	} else {
-		buf.WriteByte('}')
-	}
-	return buf.Bytes()
-}
-
-func jsonString(s string) []byte {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	enc.Encode(s)
-	return bytes.TrimSpace(b.Bytes())
+	head(true)
+	return append(buf, '}')
 }

@@ -22,7 +22,7 @@ func TestInvalidUTF8Refused(t *testing.T) {
 		{"high surrogate before a plain escape", "write_file", `{"path":"c.txt","content":"\ud800\n"}`, "content"},
 		{"truncated UTF-8 in an env value", "shell", "{\"command\":\"true\",\"env\":{\"A\":\"\xe2\x82\"}}", "env"},
 	}
-	// The same in contents long enough to take the fast path (rawString).
+	// The same in contents long enough to take the fast path (fastjson.Unquote).
 	pad := strings.Repeat("line\\n", 2<<10)
 	for _, tail := range []string{`\udc80`, `\ud800`, `\ud800\n`, `\ud800\ud800`, `\udc80\ud800x`} {
 		bad = append(bad, struct{ name, tool, body, field string }{"long content ending " + tail, "write_file", `{"path":"e.txt","content":"` + pad + tail + `"}`, "content"})

@@ -17,7 +17,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cellbox/cellbox/internal/readall"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strings"
@@ -270,6 +272,10 @@ func (c *HTTP) send(req *http.Request) (*http.Response, error) {
 	return nil, &APIError{Status: resp.StatusCode, Code: eb.Code, Message: eb.Error}
 }
 
+// maxPrealloc is the largest announced answer read into a buffer of its
+// size (a tool result is at most a few MiB).
+const maxPrealloc = 64 << 20
+
 // do sends in as JSON (if not nil) and decodes the answer into out (if not nil).
 func (c *HTTP) do(ctx context.Context, method, path string, in any, out any) error {
 	var body io.Reader
@@ -296,7 +302,11 @@ func (c *HTTP) do(ctx context.Context, method, path string, in any, out any) err
 		return nil
 	}
 	if raw, ok := out.(*json.RawMessage); ok {
-		*raw, err = io.ReadAll(resp.Body)
+		size := resp.ContentLength
+		if size > maxPrealloc { // not believed that far: grown as it comes
+			size = -1
+		}
+		*raw, err = readall.Sized(resp.Body, size, math.MaxInt64)
 		return err
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cellbox/cellbox/internal/readall"
 	"io"
 	"net"
 	"net/http"
@@ -536,14 +537,14 @@ func (c *Client) ReadFile(ctx context.Context, req ReadRequest) (ReadResult, err
 	if err := json.Unmarshal([]byte(resp.Header.Get(readResultHeader)), &res); err != nil {
 		return ReadResult{}, fmt.Errorf("agent read: bad %s header: %w", readResultHeader, err)
 	}
-	content, err := io.ReadAll(io.LimitReader(resp.Body, maxJSONResponse+1))
+	content, err := readall.String(resp.Body, resp.ContentLength, maxJSONResponse+1)
 	if err != nil {
 		return ReadResult{}, fmt.Errorf("agent read: read response: %w", err)
 	}
 	if len(content) > maxJSONResponse {
 		return ReadResult{}, fmt.Errorf("agent read: response over %d bytes", maxJSONResponse)
 	}
-	res.Content = string(content)
+	res.Content = content
 	return res, nil
 }
 
@@ -563,7 +564,9 @@ func (c *Client) WriteFile(ctx context.Context, req WriteRequest) (WriteResult, 
 	if req.Mode != 0 {
 		q.Set("mode", strconv.FormatUint(uint64(req.Mode), 8))
 	}
-	resp, err := c.do(ctx, http.MethodPost, "/v1/fs/write", q, io.NopCloser(bytes.NewReader(req.Data)), "application/octet-stream")
+	// A *bytes.Reader as it is: the request announces its length (the agent
+	// reads it into one buffer of that size) and can be sent again.
+	resp, err := c.do(ctx, http.MethodPost, "/v1/fs/write", q, bytes.NewReader(req.Data), "application/octet-stream")
 	if err != nil {
 		return WriteResult{}, err
 	}

@@ -12,9 +12,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"unicode/utf8"
 )
@@ -153,24 +155,49 @@ func (s *server) handleRead(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, "read", &req) {
 		return
 	}
-	res, err := s.read(req)
+	out := bufs.Get().(*bytes.Buffer)
+	defer putBuf(out)
+	out.Reset()
+	res, err := s.read(req, out)
 	if err != nil {
 		writeError(w, asError("read", s.abs(req.Path), err))
 		return
 	}
-	content := res.Content
-	res.Content = ""
 	meta, _ := json.Marshal(res)
 	w.Header().Set(readResultHeader, string(meta))
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	io.WriteString(w, content)
+	// Announced: sent in one piece, not chunked, and read by the host
+	// into one buffer of its size.
+	w.Header().Set("Content-Length", strconv.Itoa(out.Len()))
+	w.Write(out.Bytes())
+}
+
+// A read's window, a write's body and the line reader are kept for the
+// next call: the agent's heap is small, so a fresh buffer of a megabyte
+// per call set off a collection every few calls, and the runtime gave the
+// pages back to the kernel and faulted them in again (madvise and page
+// faults on every call).
+var (
+	bufs        = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+	lineReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+)
+
+// putBuf keeps b for another call unless it grew past what the file tools
+// send and take (a default window, a write of the default limit): a rare
+// 8 MiB read is not held on to.
+func putBuf(b *bytes.Buffer) {
+	if b.Cap() <= DefaultWriteBytes+bytes.MinRead {
+		bufs.Put(b)
+	}
 }
 
 // readResultHeader carries a read's ReadResult but its Content, which is
 // the body.
 const readResultHeader = "Cellbox-Read-Result"
 
-func (s *server) read(req ReadRequest) (ReadResult, error) {
+// read reads a window of a file: its content into out, the rest into the
+// result (whose Content stays empty).
+func (s *server) read(req ReadRequest, out *bytes.Buffer) (ReadResult, error) {
 	display, real, err := s.resolve("read", req.Path, false)
 	if err != nil {
 		return ReadResult{}, err
@@ -193,7 +220,7 @@ func (s *server) read(req ReadRequest) (ReadResult, error) {
 	maxBytes = min(maxBytes, maxReadBytesCap)
 	res := ReadResult{Size: fi.Size(), Encoding: "utf-8"}
 	if req.ByteLimit > 0 {
-		return readBytes(f, res, req.ByteOffset, min(req.ByteLimit, int64(maxBytes)), req.ByteLimit > int64(maxBytes))
+		return readBytes(f, res, req.ByteOffset, min(req.ByteLimit, int64(maxBytes)), req.ByteLimit > int64(maxBytes), out)
 	}
 	head := make([]byte, binarySniff)
 	n, err := io.ReadFull(f, head)
@@ -201,12 +228,12 @@ func (s *server) read(req ReadRequest) (ReadResult, error) {
 		return res, err
 	}
 	if isBinary(head[:n], n < binarySniff) {
-		return readBytes(f, res, req.ByteOffset, int64(maxBytes), true)
+		return readBytes(f, res, req.ByteOffset, int64(maxBytes), true, out)
 	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return res, err
 	}
-	return readLines(f, res, req, maxBytes)
+	return readLines(f, res, req, maxBytes, out)
 }
 
 // isBinary: a NUL byte, or invalid UTF-8 (a rune cut at the end of a sniff
@@ -229,7 +256,7 @@ func isBinary(b []byte, whole bool) bool {
 // readBytes returns a raw byte window; text when it is valid UTF-8 without
 // NUL bytes, base64 otherwise. It is truncated when the window was capped
 // (not the caller's own limit) and the file goes on.
-func readBytes(f *os.File, res ReadResult, off, limit int64, capped bool) (ReadResult, error) {
+func readBytes(f *os.File, res ReadResult, off, limit int64, capped bool, out *bytes.Buffer) (ReadResult, error) {
 	buf := make([]byte, limit)
 	n, err := f.ReadAt(buf, off)
 	if err != nil && err != io.EOF {
@@ -237,9 +264,10 @@ func readBytes(f *os.File, res ReadResult, off, limit int64, capped bool) (ReadR
 	}
 	buf = buf[:n]
 	if isBinary(buf, true) {
-		res.Encoding, res.Content = "base64", base64.StdEncoding.EncodeToString(buf)
+		res.Encoding = "base64"
+		out.Write(base64.StdEncoding.AppendEncode(out.AvailableBuffer(), buf))
 	} else {
-		res.Content = string(buf)
+		out.Write(buf)
 	}
 	res.Truncated = capped && off+int64(n) < res.Size
 	return res, nil
@@ -248,7 +276,7 @@ func readBytes(f *os.File, res ReadResult, off, limit int64, capped bool) (ReadR
 // readLines streams the file and keeps the requested line window; lines
 // longer than MaxReadLineChars characters are cut and marked with
 // LineCutMarker. It scans to the end to count the lines.
-func readLines(f *os.File, res ReadResult, req ReadRequest, maxBytes int) (ReadResult, error) {
+func readLines(f *os.File, res ReadResult, req ReadRequest, maxBytes int, out *bytes.Buffer) (ReadResult, error) {
 	start := max(req.Offset, 1)
 	maxLines := req.MaxLines
 	if maxLines <= 0 {
@@ -259,11 +287,22 @@ func readLines(f *os.File, res ReadResult, req ReadRequest, maxBytes int) (ReadR
 		limit, capped = req.Limit, false
 	}
 	const keep = MaxReadLineChars * utf8.UTFMax // bytes kept of one line: enough for MaxReadLineChars runes
-	br := bufio.NewReaderSize(f, 64<<10)
-	var out strings.Builder
+	br := lineReaders.Get().(*bufio.Reader)
+	br.Reset(f)
+	defer func() { br.Reset(nil); lineReaders.Put(br) }()
+	out.Grow(int(min(int64(maxBytes), res.Size))) // a window is at most maxBytes (but its first line): no regrowth
 	var cur []byte
 	line, taken, done, lineCut := 0, 0, false, false
 	for {
+		if done && res.NextOffset != 0 {
+			// The window is taken: only count the lines left.
+			n, err := countLines(br)
+			if err != nil {
+				return res, err
+			}
+			line += n
+			break
+		}
 		inWindow := !done && line+1 >= start
 		cur = cur[:0]
 		long, got := false, false
@@ -297,7 +336,7 @@ func readLines(f *os.File, res ReadResult, req ReadRequest, maxBytes int) (ReadR
 				done, capped, res.NextOffset = true, true, line
 				break
 			}
-			out.WriteString(text)
+			out.Write(text)
 			lineCut = lineCut || cut
 			taken++
 			if res.StartLine == 0 {
@@ -317,37 +356,65 @@ func readLines(f *os.File, res ReadResult, req ReadRequest, maxBytes int) (ReadR
 		return res, &Error{Op: "read", Code: CodeInvalid, Message: fmt.Sprintf("read: offset %d is past the end of the file (%d lines)", start, line)}
 	}
 	res.Truncated = lineCut || capped && res.NextOffset != 0
-	res.Content = strings.ToValidUTF8(out.String(), "\uFFFD")
+	if !utf8.Valid(out.Bytes()) { // (ToValidUTF8 alone decodes every rune to find out)
+		valid := bytes.ToValidUTF8(out.Bytes(), []byte("\uFFFD"))
+		out.Reset()
+		out.Write(valid)
+	}
 	return res, nil
 }
 
+// countLines counts the lines left in br, as readLines does: each newline
+// ends one, and bytes after the last newline are one more.
+func countLines(br *bufio.Reader) (int, error) {
+	n, last := 0, byte('\n')
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if len(chunk) > 0 {
+			n += bytes.Count(chunk, []byte{'\n'})
+			last = chunk[len(chunk)-1]
+		}
+		switch err {
+		case nil, bufio.ErrBufferFull:
+		case io.EOF:
+			if last != '\n' {
+				n++
+			}
+			return n, nil
+		default:
+			return n, err
+		}
+	}
+}
+
 // renderLine returns a line with its terminator, cut to MaxReadLineChars
-// characters and marked if it is longer (long: bytes were dropped already).
-func renderLine(b []byte, long, newline bool) (string, bool) {
-	s, nl := string(b), ""
+// characters and marked if it is longer (long: bytes were dropped
+// already). A line that needs no cut is b itself: no copy.
+func renderLine(b []byte, long, newline bool) ([]byte, bool) {
+	s, nl := b, ""
 	switch {
 	case long:
 		if newline {
 			nl = "\n"
 		}
-	case strings.HasSuffix(s, "\r\n"):
+	case bytes.HasSuffix(s, []byte("\r\n")):
 		s, nl = s[:len(s)-2], "\r\n"
-	case strings.HasSuffix(s, "\n"):
+	case bytes.HasSuffix(s, []byte("\n")):
 		s, nl = s[:len(s)-1], "\n"
 	}
 	if !long && len(s) <= MaxReadLineChars {
-		return s + nl, false
+		return b, false
 	}
 	i, n := 0, 0
 	for i < len(s) && n < MaxReadLineChars {
-		_, size := utf8.DecodeRuneInString(s[i:])
+		_, size := utf8.DecodeRune(s[i:])
 		i += size
 		n++
 	}
 	if i == len(s) && !long {
-		return s + nl, false
+		return b, false
 	}
-	return s[:i] + LineCutMarker + nl, true
+	return slices.Concat(s[:i:i], []byte(LineCutMarker), []byte(nl)), true
 }
 
 // --- write ---
@@ -375,28 +442,25 @@ func (s *server) handleWrite(w http.ResponseWriter, r *http.Request) {
 		limit = DefaultWriteBytes
 	}
 	// One byte over the limit is enough for write to refuse it. The body
-	// is read into a buffer of its announced size, not grown by doubling.
-	if req.Data, err = readAllSized(r.Body, r.ContentLength, limit+1); err != nil {
+	// is read into a kept buffer (see bufs), grown to its announced size
+	// at once, not by doubling.
+	body := bufs.Get().(*bytes.Buffer)
+	defer putBuf(body)
+	body.Reset()
+	if r.ContentLength > 0 && r.ContentLength <= limit {
+		body.Grow(int(r.ContentLength) + bytes.MinRead) // room for ReadFrom to see EOF
+	}
+	if _, err = body.ReadFrom(io.LimitReader(r.Body, limit+1)); err != nil {
 		writeError(w, asError("write", req.Path, err))
 		return
 	}
+	req.Data = body.Bytes()
 	res, err := s.write(req)
 	if err != nil {
 		writeError(w, asError("write", s.abs(req.Path), err))
 		return
 	}
 	writeJSON(w, res)
-}
-
-// readAllSized reads at most limit bytes of r, whose length is size (-1
-// when unknown), into one allocation when size is known.
-func readAllSized(r io.Reader, size, limit int64) ([]byte, error) {
-	if size < 0 || size >= limit {
-		return io.ReadAll(io.LimitReader(r, limit))
-	}
-	buf := bytes.NewBuffer(make([]byte, 0, size+1)) // +1: ReadFrom wants room to see EOF
-	_, err := buf.ReadFrom(io.LimitReader(r, limit))
-	return buf.Bytes(), err
 }
 
 func (s *server) write(req WriteRequest) (WriteResult, error) {

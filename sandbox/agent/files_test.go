@@ -6,8 +6,11 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -497,4 +500,111 @@ func TestSpecialFilesRefused(t *testing.T) {
 	res, err := a.c.Grep(ctx, GrepRequest{Pattern: "x", Path: "fifo"})
 	require.NoError(t, err, "grep skips the FIFO")
 	assert.Zero(t, res.FilesSearched)
+}
+
+// TestReadCountsTheLinesLeft: after its window, a read counts the file's
+// remaining lines in bulk; the count is the same as line by line, however
+// the file ends (a line longer than the read buffer included).
+func TestReadCountsTheLinesLeft(t *testing.T) {
+	a := startAgent(t)
+	huge := strings.Repeat("h", 200<<10)
+	for _, tc := range []struct {
+		name, content string
+		lines         int
+	}{
+		{"newline at the end", "a\nb\nc\n", 3},
+		{"no newline at the end", "a\nb\nc", 3},
+		{"crlf and empty lines", "a\r\n\r\n\n\nb", 5},
+		{"a huge line in the middle", "a\nb\n" + huge + "\nc\n", 4},
+		{"a huge last line", "a\nb\n" + huge, 3},
+		{"the window's line ends the file", "a\nb", 2},
+	} {
+		require.NoError(t, os.WriteFile(a.path("f.txt"), []byte(tc.content), 0o644))
+		res, err := a.c.ReadFile(ctxT(t), ReadRequest{Path: "f.txt", Limit: 1})
+		require.NoError(t, err, tc.name)
+		assert.Equal(t, tc.lines, res.TotalLines, tc.name)
+		assert.Equal(t, "a", strings.TrimRight(res.Content, "\r\n"), tc.name)
+		assert.Equal(t, 2, res.NextOffset, tc.name)
+	}
+}
+
+// TestWriteAnnouncesItsLength: a write's body goes with its length, so
+// the agent reads it into one buffer of that size (not chunked, grown by
+// doubling as it comes).
+func TestWriteAnnouncesItsLength(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "a.sock")
+	l, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	var got int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = r.ContentLength
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set(ProtocolHeader, strconv.Itoa(ProtocolVersion))
+		writeJSON(w, WriteResult{Path: "/workspace/f", Size: r.ContentLength})
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	_, err = Dial(sock).WriteFile(ctxT(t), WriteRequest{Path: "f", Data: make([]byte, 100<<10)})
+	require.NoError(t, err)
+	assert.EqualValues(t, 100<<10, got)
+}
+
+// TestReadsShareNoWindow: reads reuse their window buffers; one read's
+// content never shows in the next (big then small, binary then text,
+// cut lines and invalid UTF-8 between).
+func TestReadsShareNoWindow(t *testing.T) {
+	a := startAgent(t)
+	files := map[string]string{
+		"big.txt":   strings.Repeat(strings.Repeat("b", 99)+"\n", 5000),
+		"small.txt": "s\n",
+		"bin":       "\x00\x01\x02",
+		"long.txt":  strings.Repeat("l", MaxReadLineChars+5) + "\n",
+		"bad.txt":   strings.Repeat("x", 10) + "\xff\n",
+	}
+	for name, content := range files {
+		require.NoError(t, os.WriteFile(a.path(name), []byte(content), 0o644))
+	}
+	want := map[string]string{
+		"big.txt":   strings.Repeat(strings.Repeat("b", 99)+"\n", 2000),
+		"small.txt": "s\n",
+		"bin":       base64.StdEncoding.EncodeToString([]byte("\x00\x01\x02")),
+		"long.txt":  strings.Repeat("l", MaxReadLineChars) + LineCutMarker + "\n",
+		"bad.txt":   strings.Repeat("x", 10) + "\xff\n",
+	}
+	for range 3 {
+		for _, name := range []string{"big.txt", "small.txt", "bin", "long.txt", "big.txt", "bad.txt", "small.txt"} {
+			res, err := a.c.ReadFile(ctxT(t), ReadRequest{Path: name})
+			require.NoError(t, err, name)
+			if name == "bad.txt" { // not text: sent as bytes
+				assert.Equal(t, "base64", res.Encoding, name)
+				continue
+			}
+			assert.Equal(t, want[name], res.Content, name)
+		}
+	}
+}
+
+// TestWritesShareNoBody: writes reuse their body buffers (with reads'
+// windows); each file holds exactly its own bytes, a small write after a
+// big one and a write over the limit between included.
+func TestWritesShareNoBody(t *testing.T) {
+	a := startAgent(t)
+	big := bytes.Repeat([]byte("B"), 1<<20)
+	for range 2 {
+		for _, w := range []struct {
+			name string
+			data []byte
+		}{{"big", big}, {"small", []byte("s")}, {"empty", nil}, {"big2", big[:300<<10]}} {
+			_, err := a.c.WriteFile(ctxT(t), WriteRequest{Path: w.name, Data: w.data})
+			require.NoError(t, err, w.name)
+			got, err := os.ReadFile(a.path(w.name))
+			require.NoError(t, err)
+			assert.Equal(t, len(w.data), len(got), w.name)
+			assert.True(t, bytes.Equal(w.data, got), w.name)
+			_, err = a.c.ReadFile(ctxT(t), ReadRequest{Path: w.name})
+			require.NoError(t, err)
+		}
+		_, err := a.c.WriteFile(ctxT(t), WriteRequest{Path: "over", Data: big, MaxBytes: 1000})
+		requireCode(t, err, CodeTooLarge)
+	}
 }

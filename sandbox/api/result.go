@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/cellbox/cellbox/internal/fastjson"
 )
 
 // MarshalInput encodes a tool input: json.RawMessage and []byte are taken
@@ -17,7 +18,7 @@ func MarshalInput(input any) (json.RawMessage, error) {
 	case []byte:
 		return v, nil
 	}
-	raw, err := json.Marshal(input)
+	raw, err := fastjson.Marshal(input, true) // json.Marshal's bytes; a long content quoted faster
 	if err != nil {
 		return nil, fmt.Errorf("encode tool input: %w", err)
 	}
@@ -46,9 +47,10 @@ func ResultError(tool string, result json.RawMessage) error {
 	return &ToolError{Tool: tool, Code: head.Code, Message: head.Error, Result: result}
 }
 
-// DecodeResult decodes a result object into out.
+// DecodeResult decodes a result object into out: json.Unmarshal's result,
+// with a long content unquoted in one pass (fastjson.Unmarshal).
 func DecodeResult(result json.RawMessage, out any) error {
-	if err := json.Unmarshal(result, out); err != nil {
+	if err := fastjson.Unmarshal(result, out); err != nil {
 		return fmt.Errorf("decode tool result: %w", err)
 	}
 	return nil

@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -61,4 +62,28 @@ func TestResultErrorFastPath(t *testing.T) {
 	require.ErrorAs(t, err, &te)
 	assert.Equal(t, "not_found", te.Code)
 	assert.Error(t, ResultError("t", []byte(`[1]`)), "not an object")
+}
+
+// TestDecodeResultAsEncodingJSON: a result with a long content decodes
+// (fast path) to what json.Unmarshal gives, whatever the content holds.
+func TestDecodeResultAsEncodingJSON(t *testing.T) {
+	pad := strings.Repeat("x", 5000)
+	for _, content := range []string{
+		pad + `\n\t\"\\\u00e9\ud83d\ude00 é中`,
+		pad + `\udc80 lone surrogate`,
+		pad + "\xff invalid UTF-8",
+	} {
+		for _, res := range []string{
+			`{"is_error":false,"content":"` + content + `","encoding":"utf-8","total_lines":3,"start_line":1,"end_line":3,"next_offset":2,"truncated":true,"size":5}`,
+			`{"is_error":false,"Content":"` + content + `"}`,
+			`{"is_error":false,"content":"` + content + `","CONTENT":"later"}`,
+		} {
+			var want, got ReadFileOutput
+			require.NoError(t, json.Unmarshal([]byte(res), &want))
+			require.NoError(t, DecodeResult(json.RawMessage(res), &got))
+			assert.Equal(t, want, got, res[len(res)-40:])
+		}
+	}
+	var out ReadFileOutput
+	assert.ErrorContains(t, DecodeResult(json.RawMessage(`{"content":"`+pad+`","size":"big"}`), &out), "decode tool result: json: cannot unmarshal string into Go struct field ReadFileOutput.size of type int64")
 }

@@ -318,6 +318,9 @@ func (s *server) handleTool(w http.ResponseWriter, r *http.Request, sess *sandbo
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
+	// Announced, so that a large result is not sent in chunks and the
+	// client reads it into one buffer of its size.
+	w.Header().Set("Content-Length", strconv.Itoa(len(res)+1))
 	w.Write(res)
 	w.Write([]byte("\n"))
 }
