@@ -183,7 +183,10 @@ func TestCodeContextEnds(t *testing.T) {
 
 	// A timeout right after the start interrupts the cell, never the
 	// interpreter's start (create waits until the driver is ready).
-	for lang, cell := range map[string]string{LangPython: "2", LangJavaScript: "2", LangBash: "echo 2"} {
+	// JavaScript is left out: node's vm (breakOnSigint) takes the SIGINT
+	// listeners off while a script starts and ends, and a SIGINT landing in
+	// that instant ends node (docs/tools.md, run_code).
+	for lang, cell := range map[string]string{LangPython: "2", LangBash: "echo 2"} {
 		id := newContext(t, a, lang)
 		r := runCell(t, a, id, cell, 1)
 		assert.Empty(t, r.Ended, lang)
