@@ -152,6 +152,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	for _, f := range backend.SweepClones(disks, backend.StaleClone) {
 		log.Warn("docker backend: removed the copy of a disk a fork left", "file", f)
 	}
+	b.sweepOrphanDisks(ctx, OrphanDiskAge)
 	// Free the uids of boxes a killed Create reserved but never made: the
 	// disk goes last on Remove and is made right after the reservation.
 	b.uids().Sweep(func(id string) bool {
@@ -162,6 +163,52 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return errors.Is(err, fs.ErrNotExist)
 	})
 	return b, nil
+}
+
+// OrphanDiskAge is how old a disk with no container must be for New to
+// remove it: far longer than the instant between a Create's disk and its
+// container, so that a Create in flight (of another server on this
+// engine) keeps its disk.
+const OrphanDiskAge = 10 * time.Minute
+
+// sweepOrphanDisks removes the disks in the disk directory whose box's
+// container no longer exists and that are older than age: a `docker rm -f`
+// behind cellbox's back, or a data directory deleted with its boxes
+// asleep, leaves a disk mounted that no server would ever reconcile. The
+// containers of every instance are listed, so only disks no box on this
+// engine has are removed.
+func (b *Backend) sweepOrphanDisks(ctx context.Context, age time.Duration) {
+	ents, err := os.ReadDir(b.disks)
+	if err != nil {
+		return
+	}
+	res, err := b.cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: client.Filters{}.Add("label", backend.LabelManaged+"=1")})
+	if err != nil {
+		b.log.Warn("docker backend: list boxes to find orphan disks", "err", err)
+		return
+	}
+	live := map[string]bool{}
+	for _, c := range res.Items {
+		live[c.Labels[backend.LabelID]] = true
+	}
+	seen := map[string]bool{}
+	for _, e := range ents {
+		// A disk is its image (ID.img) and its mount point (ID); either
+		// may be left alone (an image deleted under its mount).
+		id := strings.TrimSuffix(e.Name(), ".img")
+		if seen[id] || live[id] || backend.ValidID(id) != nil || id == e.Name() && !e.IsDir() {
+			continue
+		}
+		seen[id] = true
+		if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < age {
+			continue
+		}
+		if err := b.disk(id).Remove(ctx); err != nil {
+			b.log.Warn("docker backend: remove the disk of a box whose container is gone", "box", id, "err", err)
+			continue
+		}
+		b.log.Warn("docker backend: removed the disk of a box whose container is gone", "box", id)
+	}
 }
 
 // Close releases the client's connections.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/backend/backendtest"
+	"github.com/cellbox/cellbox/sandbox/backend/boxdisk"
 	"github.com/cellbox/cellbox/sandbox/backend/boxuid"
 	"github.com/cellbox/cellbox/sandbox/backend/seccomp"
 	"github.com/cellbox/cellbox/sandbox/docker"
@@ -146,4 +148,45 @@ func TestForeignContainerIsNotABox(t *testing.T) {
 	for _, in := range all {
 		assert.NotEqual(t, name, in.ID)
 	}
+}
+
+// A disk whose container is gone (a `docker rm -f` behind cellbox's back)
+// is unmounted and removed by the next backend once it is old enough; a
+// fresh one (a Create in flight) and a box's disk stay.
+func TestOrphanDisksAreSwept(t *testing.T) {
+	testenv.RequireDocker(t)
+	testenv.RequireRoot(t, "box disks")
+	ctx := context.Background()
+	dir := t.TempDir()
+	b, err := docker.New(ctx, docker.Options{DiskDir: dir})
+	require.NoError(t, err)
+	defer b.Close()
+	sp := spec(t, b, "cbd-kept-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+	_, err = b.Create(ctx, sp)
+	require.NoError(t, err)
+	t.Cleanup(func() { b.Remove(context.Background(), sp.ID) })
+
+	old := time.Now().Add(-2 * docker.OrphanDiskAge)
+	disk := func(id string) boxdisk.Disk {
+		return boxdisk.Disk{File: filepath.Join(dir, id+".img"), Dir: filepath.Join(dir, id)}
+	}
+	orphan, fresh := disk("cb-orphan"), disk("cb-fresh")
+	for _, d := range []boxdisk.Disk{orphan, fresh} {
+		require.NoError(t, d.Make(ctx, 64<<20, 0, 0))
+		t.Cleanup(func() { d.Remove(context.Background()) })
+	}
+	for _, p := range []string{orphan.File, orphan.Dir, disk(sp.ID).File, disk(sp.ID).Dir} {
+		require.NoError(t, os.Chtimes(p, old, old))
+	}
+
+	b2, err := docker.New(ctx, docker.Options{DiskDir: dir})
+	require.NoError(t, err)
+	defer b2.Close()
+	assert.False(t, orphan.Mounted(), "the orphan disk is unmounted")
+	assert.NoFileExists(t, orphan.File)
+	assert.NoDirExists(t, orphan.Dir)
+	assert.True(t, fresh.Mounted(), "a fresh disk may be a Create in flight")
+	assert.FileExists(t, disk(sp.ID).File, "a box's disk stays")
+	_, err = b2.Start(ctx, sp.ID)
+	require.NoError(t, err, "the box still starts")
 }
