@@ -5,6 +5,7 @@ package builtins
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -30,6 +31,7 @@ type Expr struct {
 	src     string
 	refs    []string
 	program *vm.Program
+	steps   bool // it has predicates, which count their steps (countSteps)
 }
 
 // nondeterministic builtins, refused at compile time with the reason.
@@ -50,7 +52,8 @@ func Parse(src string) (*Expr, error) {
 	if a.err != nil {
 		return nil, fmt.Errorf("expression %q: %w", src, a.err)
 	}
-	program, err := expr.Compile(src, exprOptions...)
+	counter := &countSteps{}
+	program, err := expr.Compile(src, append(exprOptions, expr.Patch(counter))...)
 	if err != nil {
 		return nil, fmt.Errorf("expression %q: %w", src, err)
 	}
@@ -61,7 +64,7 @@ func Parse(src string) (*Expr, error) {
 		}
 	}
 	slices.Sort(refs)
-	return &Expr{src: src, refs: slices.Compact(refs), program: program}, nil
+	return &Expr{src: src, refs: slices.Compact(refs), program: program, steps: counter.found}, nil
 }
 
 // A Read is something an expression reads by name: a cell or a node with
@@ -128,6 +131,12 @@ func (e *Expr) Eval(env map[string]any) (any, error) {
 	if env == nil {
 		env = map[string]any{}
 	}
+	if e.steps { // a counter of its own, in a copy: callers may share env
+		with := make(map[string]any, len(env)+1)
+		maps.Copy(with, env)
+		with[stepsName] = new(int)
+		env = with
+	}
 	m := vms.Get().(*vm.VM)
 	defer vms.Put(m)
 	out, err := m.Run(e.program, env)
@@ -137,7 +146,50 @@ func (e *Expr) Eval(env map[string]any) (any, error) {
 	return out, nil
 }
 
+// MaxSteps bounds the predicate steps (one run of the body of all, any,
+// map, filter, ... for one element) of one evaluation: predicates nested
+// over big lists take n^depth steps, and a compute holds up the runtime
+// while it runs. Ten million take about a second here.
+const MaxSteps = 10_000_000
+
+// stepsName and stepName are the counter and the function countSteps adds:
+// names a source cannot write ("$" starts no identifier), so they are
+// neither reads nor calls of the expression.
+const (
+	stepsName = "$steps"
+	stepName  = "$step"
+)
+
+// countSteps (an ast.Visitor for expr.Patch) makes each predicate count a
+// step before its body: {body} becomes {$step($steps) ?? body}, where
+// $step returns nil, or an error past MaxSteps. Hand-written because expr
+// has a memory budget but no bound on time.
+type countSteps struct{ found bool }
+
+func (c *countSteps) Visit(node *ast.Node) {
+	p, ok := (*node).(*ast.PredicateNode)
+	if !ok {
+		return
+	}
+	c.found = true
+	step := &ast.CallNode{Callee: &ast.IdentifierNode{Value: stepName}, Arguments: []ast.Node{&ast.IdentifierNode{Value: stepsName}}}
+	p.Node = &ast.BinaryNode{Operator: "??", Left: step, Right: p.Node}
+}
+
+// step is $step: it counts a step of the evaluation whose counter n is.
+func step(args ...any) (any, error) {
+	n, ok := args[0].(*int)
+	if !ok {
+		return nil, nil
+	}
+	if *n++; *n > MaxSteps {
+		return nil, fmt.Errorf("more than %d steps of all/any/map/filter/...: predicates nested over big lists; filter the list first, or split the work into computed cells", MaxSteps)
+	}
+	return nil, nil
+}
+
 var exprOptions = []expr.Option{
+	expr.Function(stepName, step),
 	// Env of map[string]any makes every name a direct map read (expr's
 	// OpLoadFast) instead of a reflect lookup that allocates per read;
 	// names are checked by Parse's own analysis, so undefined ones are

@@ -60,6 +60,11 @@ func TestExprEval(t *testing.T) {
 		{`toPairs(m)`, map[string]any{"m": map[string]any{"b": 1, "a": 2}}, []any{[]any{"a", 2}, []any{"b", 1}}},
 		{`date("2024-03-01").Hour()`, nil, 0},
 		{`missing ?? "default"`, nil, "default"},
+		{`map(filter(rows, # > 1), # * 2)`, map[string]any{"rows": []any{1, 2, 3}}, []any{4, 6}},
+		{`all(rows, # > 0) && any(rows, # == 3) && count(rows, # >= 2) == 2 && none(rows, # > 9)`, map[string]any{"rows": []any{1, 2, 3}}, true},
+		{`sortBy(rows, -#)`, map[string]any{"rows": []any{1, 3, 2}}, []any{3, 2, 1}},
+		{`reduce(rows, #acc + #, 0)`, map[string]any{"rows": []any{1, 2, 3}}, 6},
+		{`map(rows, map(rows, # * #))[1]`, map[string]any{"rows": []any{1, 2}}, []any{1, 4}},
 	} {
 		e, err := Parse(tc.src)
 		require.NoError(t, err, tc.src)
@@ -73,6 +78,26 @@ func TestExprEval(t *testing.T) {
 	require.NoError(t, err)
 	_, err = e.Eval(map[string]any{"a": nil})
 	assert.ErrorContains(t, err, `expression "a.b": cannot fetch b from <nil>`)
+}
+
+// Predicates nested over a list take n^depth steps: past MaxSteps the
+// evaluation fails (saying what to do) instead of holding up the runtime
+// for minutes; the env it was given is left as it was.
+func TestExprStepBudget(t *testing.T) {
+	l := make([]any, 200)
+	for i := range l {
+		l[i] = i + 1
+	}
+	e, err := Parse(`all(l, {all(l, {all(l, {all(l, {# > 0})})})})`)
+	require.NoError(t, err)
+	env := map[string]any{"l": l}
+	_, err = e.Eval(env)
+	assert.ErrorContains(t, err, "more than 10000000 steps of all/any/map/filter")
+	assert.Equal(t, map[string]any{"l": l}, env)
+
+	got, err := MustParse(`all(l, {all(l, {# > 0})})`).Eval(env) // 40,000 steps
+	require.NoError(t, err)
+	assert.Equal(t, true, got)
 }
 
 func TestComputed(t *testing.T) {
