@@ -511,11 +511,7 @@ func (t *codeTable) run(ctx context.Context, id string, req CodeRunRequest) (Cod
 	}
 	n := t.setBusy(c, true)
 	defer t.setBusy(c, false)
-	maxOut := req.MaxOutput
-	if maxOut <= 0 {
-		maxOut = DefaultMaxOutput
-	}
-	maxOut = min(maxOut, maxOutputCap)
+	maxOut := outputLimit(req.MaxOutput)
 
 	begin := time.Now()
 	c.stdout.setMax(maxOut)

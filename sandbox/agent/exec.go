@@ -164,6 +164,15 @@ func (c *collector) finish() {
 	<-c.done
 }
 
+// outputLimit is the bytes kept per stream for a request's MaxOutput:
+// DefaultMaxOutput when unset, at most maxOutputCap.
+func outputLimit(n int) int {
+	if n <= 0 {
+		n = DefaultMaxOutput
+	}
+	return min(n, maxOutputCap)
+}
+
 // toUTF8 converts output to valid UTF-8; a rune cut by truncation is dropped.
 func toUTF8(b []byte, truncated bool) string {
 	if truncated {
@@ -192,11 +201,7 @@ func (s *server) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, asError("exec", "", err))
 		return
 	}
-	max := req.MaxOutput
-	if max <= 0 {
-		max = DefaultMaxOutput
-	}
-	max = min(max, maxOutputCap)
+	max := outputLimit(req.MaxOutput)
 	var frames *frameWriter
 	var emit func(string, []byte)
 	if r.URL.Query().Get("stream") == "1" {
