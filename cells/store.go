@@ -44,10 +44,9 @@ func open(k kv, opts Options) (*db, error) {
 	if err != nil {
 		return nil, err
 	}
-	isNew := false
+	s.version.Store(readU64(info.get([]byte(keyVersion))))
 	switch l := info.get([]byte(keyLayout)); {
 	case l == nil:
-		isNew = true
 		for _, name := range []string{bucketCells, bucketLog} {
 			b, err := t.bucket(name)
 			if err != nil {
@@ -65,6 +64,12 @@ func open(k kv, opts Options) (*db, error) {
 		if err := info.put(keyLogStart, u64(1)); err != nil {
 			return nil, err
 		}
+		// Only a new store is written, so only its open commits: a store
+		// made before opens without a commit (and its sync), in
+		// microseconds for a run with nothing to do.
+		if err := t.commit(); err != nil {
+			return nil, err
+		}
 	default:
 		v, err := strconv.Atoi(string(l))
 		if err != nil {
@@ -73,15 +78,6 @@ func open(k kv, opts Options) (*db, error) {
 		if v > layoutVersion {
 			return nil, fmt.Errorf("the store has layout version %d, newer than this cellbox understands (%d): use a newer cellbox", v, layoutVersion)
 		}
-	}
-	s.version.Store(readU64(info.get([]byte(keyVersion))))
-	if !isNew {
-		// A store made before: nothing was written, so no commit (and no
-		// sync); a run with nothing to do opens it in microseconds.
-		return s, nil
-	}
-	if err := t.commit(); err != nil {
-		return nil, err
 	}
 	return s, nil
 }

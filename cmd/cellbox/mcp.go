@@ -195,12 +195,12 @@ func jsonLines(in io.Reader, to io.Writer, out io.Writer) error {
 // JSON-RPC message (or a non-empty batch of them) the SDK can decode.
 func badMessage(line []byte) []byte {
 	if !json.Valid(line) {
-		return rpcError(nil, -32700, "parse error: a line that is not JSON; send one JSON-RPC message per line")
+		return rpcError(nil, jsonrpc.CodeParseError, "parse error: a line that is not JSON; send one JSON-RPC message per line")
 	}
 	msgs := []json.RawMessage{line}
 	if line[0] == '[' {
 		if json.Unmarshal(line, &msgs) != nil || len(msgs) == 0 {
-			return rpcError(nil, -32600, "invalid request: a batch is a non-empty array of JSON-RPC messages")
+			return rpcError(nil, jsonrpc.CodeInvalidRequest, "invalid request: a batch is a non-empty array of JSON-RPC messages")
 		}
 	}
 	for _, m := range msgs {
@@ -209,7 +209,7 @@ func badMessage(line []byte) []byte {
 				ID json.RawMessage `json:"id"`
 			}
 			_ = json.Unmarshal(m, &probe)
-			return rpcError(probe.ID, -32600, "invalid request: "+err.Error()+` (want {"jsonrpc": "2.0", "id": …, "method": "…", "params": {…}})`)
+			return rpcError(probe.ID, jsonrpc.CodeInvalidRequest, "invalid request: "+err.Error()+` (want {"jsonrpc": "2.0", "id": …, "method": "…", "params": {…}})`)
 		}
 	}
 	return nil
@@ -217,7 +217,7 @@ func badMessage(line []byte) []byte {
 
 // rpcError is a JSON-RPC error response line; an id that is not a string
 // or a number becomes null.
-func rpcError(id json.RawMessage, code int, msg string) []byte {
+func rpcError(id json.RawMessage, code int64, msg string) []byte {
 	var v any
 	if json.Unmarshal(id, &v) != nil {
 		v = nil
@@ -227,15 +227,11 @@ func rpcError(id json.RawMessage, code int, msg string) []byte {
 	default:
 		id = json.RawMessage("null")
 	}
-	type rpcErr struct {
-		Code    int    `json:"code"`
-		Message string `json:"message"`
-	}
 	b, _ := json.Marshal(struct {
 		JSONRPC string          `json:"jsonrpc"`
 		ID      json.RawMessage `json:"id"`
-		Error   rpcErr          `json:"error"`
-	}{"2.0", id, rpcErr{code, msg}})
+		Error   jsonrpc.Error   `json:"error"`
+	}{"2.0", id, jsonrpc.Error{Code: code, Message: msg}})
 	return append(b, '\n')
 }
 
