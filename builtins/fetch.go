@@ -18,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/internal/readall"
 	"github.com/cellbox/cellbox/runtime"
 )
 
@@ -288,12 +289,12 @@ func (f *Fetch) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 		return nil, failed(err)
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, f.spec.MaxBytes+1))
+	raw, err := readall.Capped(resp.Body, f.spec.MaxBytes)
+	if errors.Is(err, readall.ErrTooLarge) {
+		return nil, fmt.Errorf("%s: response larger than %d bytes (raise the node's max_bytes to fetch it)", what, f.spec.MaxBytes)
+	}
 	if err != nil {
 		return nil, failed(err)
-	}
-	if int64(len(raw)) > f.spec.MaxBytes {
-		return nil, fmt.Errorf("%s: response larger than %d bytes (raise the node's max_bytes to fetch it)", what, f.spec.MaxBytes)
 	}
 	res := FetchResult{Status: resp.StatusCode, Headers: map[string]string{}, Body: string(raw)}
 	for _, h := range fetchHeaders {

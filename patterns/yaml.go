@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cellbox/cellbox/internal/readall"
 	"github.com/cellbox/cellbox/internal/suggest"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/egress"
@@ -61,14 +62,11 @@ func Load(path string) (*Pattern, error) {
 // file that grows while it is read (or a device that Stat called empty)
 // cannot fill the memory.
 func readCapped(r io.Reader, max int64) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, max+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > max {
+	b, err := readall.Capped(r, max)
+	if errors.Is(err, readall.ErrTooLarge) {
 		return nil, fmt.Errorf("more than the %d bytes a pattern file may have", max)
 	}
-	return b, nil
+	return b, err
 }
 
 // fileKind names what a file that is not a regular file is. Patterns read

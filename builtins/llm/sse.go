@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cellbox/cellbox/internal/readall"
 )
 
 // maxEventLine bounds one line of a provider's event stream, and a whole
@@ -20,8 +22,8 @@ const maxEventLine = 8 << 20
 // readAnswer reads a provider's answer that is one JSON document, not an
 // event stream, capped at maxEventLine.
 func readAnswer(r io.Reader) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, maxEventLine+1))
-	if err == nil && len(b) > maxEventLine {
+	b, err := readall.Capped(r, maxEventLine)
+	if errors.Is(err, readall.ErrTooLarge) {
 		err = fmt.Errorf("an answer of more than %d bytes", maxEventLine)
 	}
 	return b, err

@@ -6,10 +6,25 @@ package readall
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"strings"
 	"sync"
 )
+
+// ErrTooLarge is Capped's error for a reader holding more than its max.
+var ErrTooLarge = errors.New("more bytes than the limit")
+
+// Capped reads r to its end, reading at most max+1 bytes: more than max
+// fails with ErrTooLarge, so a source that grows while it is read, or
+// lies about its size, cannot fill the memory.
+func Capped(r io.Reader, max int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, max+1))
+	if err == nil && int64(len(b)) > max {
+		return nil, ErrTooLarge
+	}
+	return b, err
+}
 
 // Sized reads at most limit bytes of r, whose length is size (-1 when
 // unknown), into one allocation when size is known and under limit.
