@@ -466,7 +466,6 @@ func (s *Service) backendSpec(rec boxRecord, session, name string) (backend.Spec
 	}, nil
 }
 
-// wake starts box id (a no-op if it runs) and waits for its agent.
 // restart stops box id and wakes it again: its processes end, its disk
 // stays.
 func (s *Service) restart(ctx context.Context, id string) (*agent.Client, error) {
@@ -476,6 +475,7 @@ func (s *Service) restart(ctx context.Context, id string) (*agent.Client, error)
 	return s.wake(ctx, id)
 }
 
+// wake starts box id (a no-op if it runs) and waits for its agent.
 func (s *Service) wake(ctx context.Context, id string) (*agent.Client, error) {
 	if _, err := s.be.Start(ctx, id); err != nil {
 		return nil, fmt.Errorf("%s backend: start box %s: %w", s.be.Name(), id, err)

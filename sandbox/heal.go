@@ -140,11 +140,7 @@ func (s *Service) heal(ctx context.Context, id string) error {
 	s.mu.Unlock()
 	notice := ci.notice
 	if notice == nil {
-		notice = func(n string) {
-			s.mu.Lock()
-			b.note = n
-			s.mu.Unlock()
-		}
+		notice = s.noteFor(b)
 	}
 	return s.check(ctx, ci.sess, name, b, notice)
 }

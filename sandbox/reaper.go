@@ -79,13 +79,18 @@ func (s *Service) reapOne(ctx context.Context, b *box, now time.Time) {
 // checkIdle is the reaper's health check of the running box b: a dead box
 // is restarted now, and the next call on it gets the notice.
 func (s *Service) checkIdle(ctx context.Context, b *box) {
-	err := s.check(ctx, nil, "", b, func(n string) {
+	if err := s.check(ctx, nil, "", b, s.noteFor(b)); err != nil {
+		s.log.Warn("health check", "box", b.rec.ID, "err", err)
+	}
+}
+
+// noteFor is a notice sink that keeps a notice for b's next call (b.note),
+// for a check made outside any call.
+func (s *Service) noteFor(b *box) func(string) {
+	return func(n string) {
 		s.mu.Lock()
 		b.note = n
 		s.mu.Unlock()
-	})
-	if err != nil {
-		s.log.Warn("health check", "box", b.rec.ID, "err", err)
 	}
 }
 

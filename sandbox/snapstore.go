@@ -408,9 +408,15 @@ func (ss *snapStore) get(session, id string) (snapshotRecord, []snapEntry, error
 		return rec, nil, err
 	}
 	if !found {
-		return rec, nil, api.WithCode(api.CodeNotFound, fmt.Errorf("no snapshot %q in this session (see snapshot_list)", id))
+		return rec, nil, errNoSnapshot(id)
 	}
 	return rec, entries, nil
+}
+
+// errNoSnapshot is get's and delete's answer for an id that is not a
+// snapshot of the session, whether another session has it or not.
+func errNoSnapshot(id string) error {
+	return api.WithCode(api.CodeNotFound, fmt.Errorf("no snapshot %q in this session (see snapshot_list)", id))
 }
 
 // list returns the session's snapshots, oldest first.
@@ -443,7 +449,7 @@ func (ss *snapStore) delete(session string, ids ...string) (int64, error) {
 		for _, id := range ids {
 			var rec snapshotRecord
 			if v := sb.Get([]byte(id)); v == nil || json.Unmarshal(v, &rec) != nil || rec.Session != session {
-				return api.WithCode(api.CodeNotFound, fmt.Errorf("no snapshot %q in this session (see snapshot_list)", id))
+				return errNoSnapshot(id)
 			}
 			if err := sb.Delete([]byte(id)); err != nil {
 				return err

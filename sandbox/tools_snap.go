@@ -432,8 +432,6 @@ func (s *Service) newBoxes(ctx context.Context, c *call, names []string, spec bo
 		}
 	}
 
-	var mu sync.Mutex // guards notices
-	notice := func(n string) { mu.Lock(); c.notice(n); mu.Unlock() }
 	leases := make([]*lease, len(names))
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
@@ -442,7 +440,7 @@ func (s *Service) newBoxes(ctx context.Context, c *call, names []string, spec bo
 		go func() {
 			defer wg.Done()
 			defer safe.Recover(s.log, "new box", &errs[i])
-			l, err := s.use(ctx, sess, name, boxes[i], notice)
+			l, err := s.use(ctx, sess, name, boxes[i], c.notice) // c.notice is safe for concurrent use
 			if err != nil {
 				errs[i] = err
 				return

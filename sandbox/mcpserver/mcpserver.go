@@ -183,8 +183,9 @@ func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, rt *sandbox.Tool
 		return nil, fmt.Errorf("tool %s: %w", name, err)
 	}
 	var head struct {
-		IsError bool   `json:"is_error"`
-		Notice  string `json:"notice"`
+		IsError bool            `json:"is_error"`
+		Notice  string          `json:"notice"`
+		Outputs json.RawMessage `json:"outputs"` // for imageContents: the result is parsed once
 	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, res); err != nil || json.Unmarshal(res, &head) != nil {
@@ -207,27 +208,26 @@ func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, rt *sandbox.Tool
 	}
 	if !head.IsError {
 		result.StructuredContent = json.RawMessage(compact.Bytes())
-		result.Content = append(result.Content, imageContents(compact.Bytes())...)
+		result.Content = append(result.Content, imageContents(head.Outputs)...)
 	}
 	return result, nil
 }
 
-// imageContents returns the images among a result's rich outputs
-// (run_code's "outputs": a plot as base64 PNG) as MCP image content, so
-// that a client shows them (and a model sees them) as images.
-func imageContents(result []byte) []mcp.Content {
-	var r struct {
-		Outputs []struct {
-			MIME     string `json:"mime"`
-			Data     string `json:"data"`
-			Encoding string `json:"encoding"`
-		} `json:"outputs"`
+// imageContents returns the images among a result's rich outputs (its
+// "outputs" field as raw JSON: run_code's, a plot as base64 PNG) as MCP
+// image content, so that a client shows them (and a model sees them) as
+// images.
+func imageContents(outputs json.RawMessage) []mcp.Content {
+	var r []struct {
+		MIME     string `json:"mime"`
+		Data     string `json:"data"`
+		Encoding string `json:"encoding"`
 	}
-	if json.Unmarshal(result, &r) != nil {
+	if len(outputs) == 0 || json.Unmarshal(outputs, &r) != nil {
 		return nil
 	}
 	var out []mcp.Content
-	for _, o := range r.Outputs {
+	for _, o := range r {
 		if o.Encoding != "base64" || !strings.HasPrefix(o.MIME, "image/") {
 			continue
 		}
