@@ -17,7 +17,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/cellbox/cellbox/internal/readall"
 	"io"
 	"math"
 	"net/http"
@@ -26,6 +25,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cellbox/cellbox/internal/readall"
 	"github.com/cellbox/cellbox/internal/sse"
 	"github.com/cellbox/cellbox/sandbox/api"
 )

@@ -128,9 +128,8 @@ type buildError struct {
 func (e *buildError) Error() string { return e.err.Error() + "\n" + e.out }
 
 // Mounts returns the lines of this thread's mount table that contain s
-// (a box ID: its mounted disk). The thread's, not /proc/self's: that is
-// the process's first thread's, which a box launcher of the local backend
-// may have left in a mount namespace of its own (local.startStaged).
+// (a box ID: its mounted disk): the table of the namespace the test runs
+// in, whichever thread it runs on.
 func Mounts(t testing.TB, s string) []string {
 	t.Helper()
 	data, err := os.ReadFile("/proc/thread-self/mountinfo")

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/cellbox/cellbox/internal/readall"
 	"io"
 	"net"
 	"net/http"
@@ -18,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cellbox/cellbox/internal/readall"
 	"golang.org/x/sys/unix"
 )
 
