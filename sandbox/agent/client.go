@@ -17,8 +17,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cellbox/cellbox/internal/readall"
 	"golang.org/x/sys/unix"
+
+	"github.com/cellbox/cellbox/internal/readall"
 )
 
 const (
