@@ -376,9 +376,13 @@ func TestIdleSleepAndWake(t *testing.T) {
 	c := h.tool("sandbox_create", map[string]any{"sandbox": "nap", "sleep_after_ms": 100})
 	id := c["id"].(string)
 	h.tool("write_file", map[string]any{"sandbox": "nap", "path": "f", "content": "still here"})
-	require.Eventually(t, func() bool { return be.state(id) == backend.StateStopped }, 5*time.Second, 10*time.Millisecond)
-	l := h.tool("sandbox_list", nil)["sandboxes"].([]any)
-	assert.Equal(t, "sleeping", l[0].(map[string]any)["status"])
+	// The reaper marks the box sleeping once the backend stopped it: wait
+	// for what sandbox_list shows, then check the backend agrees.
+	status := func() string {
+		return h.tool("sandbox_list", nil)["sandboxes"].([]any)[0].(map[string]any)["status"].(string)
+	}
+	require.Eventually(t, func() bool { return status() == "sleeping" }, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, backend.StateStopped, be.state(id))
 
 	r := h.tool("read_file", map[string]any{"sandbox": "nap", "path": "f"})
 	assert.Equal(t, "still here", r["content"])
