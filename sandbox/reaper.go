@@ -19,10 +19,12 @@ import (
 	"github.com/cellbox/cellbox/internal/safe"
 )
 
-// reaper puts idle boxes to sleep, saves last-used times and refills the
-// warm pool, every ReapInterval until Close.
+// reaper frees the snapshot blobs no snapshot names (sweep), then puts
+// idle boxes to sleep, saves last-used times and refills the warm pool,
+// every ReapInterval until Close.
 func (s *Service) reaper() {
 	defer s.wg.Done()
+	s.snaps.sweep(s.ctx, s.log)
 	t := time.NewTicker(s.cfg.ReapInterval)
 	defer t.Stop()
 	for {
