@@ -427,4 +427,11 @@ func TestSnapshotStoreCap(t *testing.T) {
 	list := rb.ok("snapshot_list", nil)
 	assert.Len(t, list["snapshots"], 2)
 	require.Eventually(t, func() bool { return rb.s.snaps.bytes(rb.sess) == 2000000 }, 10*time.Second, 10*time.Millisecond, "the refused snapshot's blobs are freed")
+
+	// A label is a label: a megabyte of one is refused (it was kept, and
+	// shown by every snapshot_list).
+	m = rb.call("snapshot", map[string]any{"label": strings.Repeat("x", 1<<20)})
+	require.Equal(t, true, m["is_error"], "%v", m)
+	assert.Equal(t, api.CodeInvalidInput, m["code"])
+	assert.Contains(t, m["error"], "snapshot label of 1048576 bytes: at most 256")
 }

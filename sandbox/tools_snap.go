@@ -59,7 +59,13 @@ func snapInfo(r snapshotRecord) api.SnapshotInfo {
 	return api.SnapshotInfo{ID: r.ID, Label: r.Label, Sandbox: r.Sandbox, Created: r.Created, Size: r.Size, Files: r.Files, AddedBytes: r.Added}
 }
 
+// maxSnapshotLabel caps a snapshot's label, in bytes.
+const maxSnapshotLabel = 256
+
 func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.SnapshotInfo, error) {
+	if len(in.Label) > maxSnapshotLabel {
+		return api.SnapshotInfo{}, api.WithCode(api.CodeInvalidInput, fmt.Errorf("snapshot label of %d bytes: at most %d; say more in a file of the workspace", len(in.Label), maxSnapshotLabel))
+	}
 	l, err := c.box(ctx, in.Sandbox)
 	if err != nil {
 		return api.SnapshotInfo{}, err

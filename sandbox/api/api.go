@@ -469,7 +469,7 @@ type SandboxDestroyInput struct {
 // SnapshotInput is the input of the snapshot tool.
 type SnapshotInput struct {
 	Sandbox string `json:"sandbox,omitempty" desc:"Name of the sandbox whose workspace to snapshot." default:"default"`
-	Label   string `json:"label,omitempty" desc:"A label to recognize the snapshot by (e.g. 'tests pass')."`
+	Label   string `json:"label,omitempty" desc:"A label to recognize the snapshot by (e.g. 'tests pass'), at most 256 bytes."`
 }
 
 // SnapshotInfo describes one snapshot (the result of snapshot, an entry of
