@@ -18,8 +18,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Code contexts: a long-running interpreter (python3, node or bash) per
@@ -182,6 +185,9 @@ type codeCtx struct {
 
 	endOnce sync.Once
 	ended   string // why it ended: see end and why
+
+	s         *server
+	oomBefore atomic.Int64 // the box's oom_kill count before the latest cell (oomKills)
 }
 
 // codeTable holds the contexts of this agent. Context ids carry the boot id
@@ -264,7 +270,8 @@ func (t *codeTable) create(ctx context.Context, req CodeContextRequest) (*codeCt
 	t.next++
 	id := fmt.Sprintf("%s-%s-%d", req.Language, t.boot, t.next)
 	c := &codeCtx{id: id, lang: req.Language, dir: filepath.Join(t.dir, id), created: time.Now(),
-		answers: make(chan []byte, 1), turn: make(chan struct{}, 1), gone: make(chan struct{})}
+		answers: make(chan []byte, 1), turn: make(chan struct{}, 1), gone: make(chan struct{}), s: t.s}
+	c.oomBefore.Store(t.s.oomKills())
 	t.starting++
 	t.mu.Unlock()
 
@@ -419,8 +426,17 @@ func (c *codeCtx) end(why string) {
 }
 
 // why says why the context ended; call it after the interpreter exited.
+// An interpreter the kernel killed for want of memory says so, as a shell
+// command does (it said "exit code -1").
 func (c *codeCtx) why() string {
-	c.end(fmt.Sprintf("its interpreter exited (exit code %d)", c.p.exitCode))
+	reason := fmt.Sprintf("its interpreter exited (exit code %d)", c.p.exitCode)
+	if c.p.killedBy != 0 {
+		reason = fmt.Sprintf("its interpreter was killed by %s", unix.SignalName(c.p.killedBy))
+	}
+	if note := c.s.oomNotice(c.p, c.oomBefore.Load()); note != "" {
+		reason += ": " + note
+	}
+	c.end(reason)
 	return c.ended
 }
 
@@ -514,6 +530,7 @@ func (t *codeTable) run(ctx context.Context, id string, req CodeRunRequest) (Cod
 	maxOut := outputLimit(req.MaxOutput)
 
 	begin := time.Now()
+	c.oomBefore.Store(t.s.oomKills())
 	c.stdout.setMax(maxOut)
 	c.stderr.setMax(maxOut)
 	cell := filepath.Join(c.dir, "cell")
