@@ -166,7 +166,16 @@ type driverAnswer struct {
 	ExitCode *int         `json:"exit_code"`
 	// Truncated: the value was cut (at the request's max, as the streams).
 	Truncated bool `json:"truncated"`
+	// TimedOut: the driver stopped the cell at the request's timeout
+	// (JavaScript's does; see selfTimeout).
+	TimedOut bool `json:"timed_out"`
 }
+
+// selfTimeout is how long the agent lets a driver that times its cells out
+// itself (JavaScript's: node's vm takes its SIGINT listeners off while a
+// script starts and ends, and a SIGINT then ends node) answer after the
+// cell's timeout, before it interrupts it with SIGINT as it does the others.
+var selfTimeout = map[string]time.Duration{LangJavaScript: time.Second}
 
 // codeCtx is one running context.
 type codeCtx struct {
@@ -537,7 +546,7 @@ func (t *codeTable) run(ctx context.Context, id string, req CodeRunRequest) (Cod
 	if err := writeNoFollow(cell, []byte(req.Code)); err != nil {
 		return CodeResult{}, asError(op, id, err)
 	}
-	line, _ := json.Marshal(map[string]any{"file": cell, "n": n, "max": maxOut})
+	line, _ := json.Marshal(map[string]any{"file": cell, "n": n, "max": maxOut, "timeout": max(req.TimeoutMs, 0)})
 	if _, err := c.req.Write(append(line, '\n')); err != nil {
 		return CodeResult{}, codeErr(op, id, CodeNotFound, "code context %s ended: its interpreter stopped reading (%v); create a new one", id, err)
 	}
@@ -557,6 +566,7 @@ func (t *codeTable) run(ctx context.Context, id string, req CodeRunRequest) (Cod
 	}
 	quit := ctx.Done()
 	serverDone := t.s.ctx.Done()
+	selfGrace := selfTimeout[c.lang]
 wait:
 	for {
 		select {
@@ -574,6 +584,10 @@ wait:
 		case <-timeout:
 			res.TimedOut = true
 			timeout = nil
+			if selfGrace > 0 { // the driver stops the cell; SIGINT if it has not within the grace
+				timeout, selfGrace = time.After(selfGrace), 0
+				continue
+			}
 			interrupt()
 		case <-quit:
 			quit = nil
@@ -608,6 +622,7 @@ wait:
 			return res, codeErr(op, id, "", "code context %s ended: its interpreter sent a bad answer (%v); create a new one", id, err)
 		}
 		res.Value, res.Outputs, res.Error, res.ExitCode, res.Truncated = a.Value, a.Outputs, a.Error, a.ExitCode, a.Truncated
+		res.TimedOut = res.TimedOut || a.TimedOut
 	}
 	// The markers come before the answer. After an end there are none,
 	// and the output ends when the pipes close (unless something the cell
