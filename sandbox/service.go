@@ -178,6 +178,9 @@ type Service struct {
 	egressMu sync.Mutex
 	filler   chan struct{} // the one pool fill in flight
 	closed   bool
+	// asleep is set by SleepAll: the process is shutting down, and no box
+	// starts again (wake refuses) to run on after it exits.
+	asleep atomic.Bool
 }
 
 // New opens (or creates) the state in cfg.DataDir, reconciles it with the
