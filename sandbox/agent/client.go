@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -604,15 +605,18 @@ func (c *Client) Download(ctx context.Context, path string, w io.Writer) (int64,
 	return copyStream("download "+path, resp, w)
 }
 
-// countingReader counts the bytes read through it.
+// countingReader counts the bytes read through it. The count is atomic:
+// when the agent answers before the whole body is sent (an extraction that
+// fails on a full disk), the transport may still be reading while the
+// caller reads the count.
 type countingReader struct {
 	r io.Reader
-	n int64
+	n atomic.Int64
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
-	c.n += int64(n)
+	c.n.Add(int64(n))
 	return n, err
 }
 
@@ -627,12 +631,12 @@ func (c *Client) Upload(ctx context.Context, path string, r io.Reader, mode uint
 	}
 	resp, err := c.do(ctx, http.MethodPut, "/v1/fs/upload", q, io.NopCloser(cr), "application/octet-stream")
 	if err != nil {
-		return cr.n, err
+		return cr.n.Load(), err
 	}
 	defer resp.Body.Close()
 	var res WriteResult
 	if err := decodeBody("/v1/fs/upload", resp.Body, &res); err != nil {
-		return cr.n, err
+		return cr.n.Load(), err
 	}
 	return res.Size, nil
 }
@@ -712,10 +716,10 @@ func (c *Client) TarIn(ctx context.Context, dir string, r io.Reader) (int64, err
 	cr := &countingReader{r: r}
 	resp, err := c.do(ctx, http.MethodPut, "/v1/fs/tar", url.Values{"dir": {dir}}, io.NopCloser(cr), "application/x-tar")
 	if err != nil {
-		return cr.n, err
+		return cr.n.Load(), err
 	}
 	defer resp.Body.Close()
-	return cr.n, decodeBody("/v1/fs/tar", resp.Body, nil)
+	return cr.n.Load(), decodeBody("/v1/fs/tar", resp.Body, nil)
 }
 
 // watchFrame is one NDJSON frame of a watch stream.
