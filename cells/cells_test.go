@@ -1,6 +1,7 @@
 package cells
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -601,4 +602,22 @@ func TestBoltReopenAndRedeclareWithoutWrites(t *testing.T) {
 		return nil
 	}))
 	require.NoError(t, s.Close())
+}
+
+// compactValue's integer shortcut accepts exactly the integers json.Valid
+// does and leaves everything else (bad JSON too) to the full check.
+func TestCompactValueShortcut(t *testing.T) {
+	for _, in := range []string{"0", "-0", "7", "-12", "1234567890123", "01", "-", "--1", "1-", "+1", "1.5", "1e3", "-01", " 1", "1 ", "", "0x1"} {
+		t.Run(in, func(t *testing.T) {
+			got, err := compactValue(json.RawMessage(in))
+			if !json.Valid([]byte(in)) {
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			var buf bytes.Buffer
+			require.NoError(t, json.Compact(&buf, []byte(in)))
+			assert.Equal(t, buf.String(), string(got))
+		})
+	}
 }

@@ -21,11 +21,12 @@ type kvTx interface {
 }
 
 // kvBucket values returned by get and scan are valid only during the
-// transaction and must not be modified. put keeps v: do not reuse it. Its
-// key is a string: the memory store keys its maps by string, and the
-// cells bucket, written once per changed cell, has its key as one.
+// transaction and must not be modified. put keeps v: do not reuse it. get
+// and put take a string key: the memory store keys its maps by string, and
+// the cells bucket, read and written once per changed cell, has its key as
+// one (a []byte would cost a copy per call).
 type kvBucket interface {
-	get(k []byte) []byte
+	get(k string) []byte
 	put(k string, v []byte) error
 	del(k []byte) error
 	// scan calls fn for each key >= from in order until fn returns false.
@@ -35,7 +36,7 @@ type kvBucket interface {
 // emptyBucket is a missing bucket in a read-only transaction.
 type emptyBucket struct{}
 
-func (emptyBucket) get([]byte) []byte                   { return nil }
+func (emptyBucket) get(string) []byte                   { return nil }
 func (emptyBucket) put(string, []byte) error            { return ErrReadOnly }
 func (emptyBucket) del([]byte) error                    { return ErrReadOnly }
 func (emptyBucket) scan([]byte, func(k, v []byte) bool) {}
@@ -45,6 +46,10 @@ func (emptyBucket) scan([]byte, func(k, v []byte) bool) {}
 type memKV struct {
 	mu      sync.RWMutex
 	buckets map[string]*memBucket
+	// spare is the undo log's array, kept (emptied) for the next writable
+	// transaction: a batch writing thousands of cells would otherwise grow
+	// a new one, by doubling, on every commit. Guarded by mu (writers).
+	spare []memUndo
 }
 
 func newMemKV() *memKV { return &memKV{buckets: map[string]*memBucket{}} }
@@ -57,7 +62,11 @@ func (m *memKV) begin(writable bool) (kvTx, error) {
 	} else {
 		m.mu.RLock()
 	}
-	return &memTx{kv: m, writable: writable}, nil
+	t := &memTx{kv: m, writable: writable}
+	if writable {
+		t.undo, m.spare = m.spare, nil
+	}
+	return t, nil
 }
 
 type memTx struct {
@@ -111,8 +120,9 @@ func (t *memTx) end() {
 		return
 	}
 	t.done = true
-	t.undo = nil
 	if t.writable {
+		clear(t.undo) // let old values be collected
+		t.kv.spare, t.undo = t.undo[:0], nil
 		t.kv.mu.Unlock()
 	} else {
 		t.kv.mu.RUnlock()
@@ -124,7 +134,7 @@ type memTxBucket struct {
 	b *memBucket
 }
 
-func (tb *memTxBucket) get(k []byte) []byte { return tb.b.m[string(k)] }
+func (tb *memTxBucket) get(k string) []byte { return tb.b.m[k] }
 
 func (tb *memTxBucket) put(key string, v []byte) error {
 	if !tb.t.writable {
@@ -132,7 +142,7 @@ func (tb *memTxBucket) put(key string, v []byte) error {
 	}
 	old, existed := tb.b.m[key]
 	tb.t.undo = append(tb.t.undo, memUndo{tb.b, key, old, existed})
-	tb.b.set(key, v)
+	tb.b.store(key, v, existed)
 	return nil
 }
 
@@ -164,7 +174,13 @@ type memBucket struct {
 }
 
 func (b *memBucket) set(k string, v []byte) {
-	if _, ok := b.m[k]; !ok {
+	_, existed := b.m[k]
+	b.store(k, v, existed)
+}
+
+// store is set for a caller that has looked k up already.
+func (b *memBucket) store(k string, v []byte, existed bool) {
+	if !existed {
 		if n := len(b.keys); n > b.head && b.keys[n-1] >= k {
 			b.dirty = true
 		}

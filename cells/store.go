@@ -28,6 +28,10 @@ type db struct {
 
 	watchMu  sync.Mutex
 	watchers map[*watcher]struct{}
+
+	// spare is the change list's array, kept (emptied) for the next
+	// Update, as memKV keeps its undo log's. Guarded by mu.
+	spare []logChange
 }
 
 func open(k kv, opts Options) (*db, error) {
@@ -44,8 +48,8 @@ func open(k kv, opts Options) (*db, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.version.Store(readU64(info.get([]byte(keyVersion))))
-	switch l := info.get([]byte(keyLayout)); {
+	s.version.Store(readU64(info.get(keyVersion)))
+	switch l := info.get(keyLayout); {
 	case l == nil:
 		for _, name := range []string{bucketCells, bucketLog} {
 			b, err := t.bucket(name)
@@ -108,7 +112,7 @@ func (s *db) View(fn func(Tx) error) error {
 	if err != nil {
 		return err
 	}
-	t.version = readU64(info.get([]byte(keyVersion)))
+	t.version = readU64(info.get(keyVersion))
 	return fn(t)
 }
 
@@ -128,7 +132,11 @@ func (s *db) Update(fn func(Tx) error) (err error) {
 			k.rollback()
 		}
 	}()
-	t := &tx{db: s, kv: k, writable: true, version: s.version.Load() + 1, now: time.Now().UnixNano()}
+	t := &tx{db: s, kv: k, writable: true, version: s.version.Load() + 1, now: time.Now().UnixNano(), changes: s.spare}
+	defer func() {
+		clear(t.changes) // let the records be collected
+		s.spare = t.changes[:0]
+	}()
 	if err := fn(t); err != nil {
 		return err
 	}
@@ -212,7 +220,7 @@ func (t *tx) load(addr Address) (key string, rec record, found bool, err error) 
 	if err != nil {
 		return key, rec, false, err
 	}
-	raw := b.get([]byte(key))
+	raw := b.get(key)
 	if raw == nil {
 		return key, rec, false, nil
 	}
@@ -324,7 +332,7 @@ func (t *tx) Declare(addr Address, spec Spec) error {
 		// settled store then commits nothing (no sync).
 		if cur, err := t.bucket(bucketSchemas); err != nil {
 			return err
-		} else if !bytes.Equal(cur.get([]byte(key)), spec.Schema) {
+		} else if !bytes.Equal(cur.get(key), spec.Schema) {
 			schemas, err := t.write(bucketSchemas)
 			if err != nil {
 				return err
@@ -366,7 +374,7 @@ func (t *tx) Spec(addr Address) (Spec, error) {
 		if err != nil {
 			return spec, err
 		}
-		spec.Schema = append(json.RawMessage(nil), b.get([]byte(key))...)
+		spec.Schema = append(json.RawMessage(nil), b.get(key)...)
 	}
 	return spec, nil
 }
@@ -394,7 +402,7 @@ func (t *tx) Set(addr Address, value json.RawMessage) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if err := jsonschema.Validate(b.get([]byte(key)), v); err != nil {
+		if err := jsonschema.Validate(b.get(key), v); err != nil {
 			return false, &SchemaError{Addr: addr, Err: err}
 		}
 	}
@@ -408,6 +416,9 @@ func (t *tx) Set(addr Address, value json.RawMessage) (bool, error) {
 // computes): it is
 // returned as it is, without the copy json.Compact makes.
 func compactValue(value json.RawMessage) ([]byte, error) {
+	if plainInt(value) {
+		return value, nil
+	}
 	if n := len(value); n > 0 && !bytes.ContainsAny(value[:1], " \t\r\n[{") && !bytes.ContainsAny(value[n-1:], " \t\r\n") && json.Valid(value) {
 		return value, nil
 	}
@@ -420,6 +431,24 @@ func compactValue(value json.RawMessage) ([]byte, error) {
 		return nil, errors.New("empty value (write null for none)")
 	}
 	return buf.Bytes(), nil
+}
+
+// plainInt reports whether b is a JSON integer with no sign but '-' and
+// no leading zero, so valid and compact: the value most computes write,
+// checked without json.Valid's scanner.
+func plainInt(b []byte) bool {
+	if len(b) > 0 && b[0] == '-' {
+		b = b[1:]
+	}
+	if len(b) == 0 || len(b) > 1 && b[0] == '0' {
+		return false
+	}
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func (t *tx) SetError(addr Address, msg string) (bool, error) {
@@ -524,7 +553,7 @@ func (t *tx) Send(addr Address, payload json.RawMessage) (Event, error) {
 	if err != nil {
 		return Event{}, err
 	}
-	ev := Event{ID: readU64(info.get([]byte(keyEvent))) + 1, Payload: buf.Bytes(), Sent: time.Unix(0, t.now)}
+	ev := Event{ID: readU64(info.get(keyEvent)) + 1, Payload: buf.Bytes(), Sent: time.Unix(0, t.now)}
 	if err := info.put(keyEvent, u64(ev.ID)); err != nil {
 		return Event{}, err
 	}
@@ -573,7 +602,7 @@ func (t *tx) Ack(addr Address, id uint64) error {
 	if err != nil {
 		return err
 	}
-	if last := readU64(acks.get([]byte(key))); id <= last {
+	if last := readU64(acks.get(key)); id <= last {
 		return fmt.Errorf("ack event %d on %s (handled up to %d): %w", id, key, last, ErrHandled)
 	}
 	evs, err := t.write(bucketEvents)
@@ -616,7 +645,7 @@ func (t *tx) writeLog() error {
 	if err := info.put(keyVersion, u64(t.version)); err != nil {
 		return err
 	}
-	start := readU64(info.get([]byte(keyLogStart)))
+	start := readU64(info.get(keyLogStart))
 	if start == 0 {
 		start = 1
 	}
@@ -642,7 +671,7 @@ func (m *metaBucket) Get(key string) ([]byte, bool) {
 	if err != nil {
 		return nil, false
 	}
-	v := b.get([]byte(key))
+	v := b.get(key)
 	if v == nil {
 		return nil, false
 	}
