@@ -201,6 +201,45 @@ func TestRollback(t *testing.T) {
 	})
 }
 
+// A cell set, deleted and set again in one transaction ends with the last
+// value, once; rolled back, with its value from before.
+func TestSetDeleteSetInOneTransaction(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		s, _ := b.open(t, Options{})
+		set(t, s, "a", `1`)
+		setDeleteSet := func(last string) func(tx Tx) error {
+			return func(tx Tx) error {
+				_, err := tx.Set(addr("a"), json.RawMessage(`2`))
+				require.NoError(t, err)
+				require.NoError(t, tx.Delete(addr("a")))
+				_, err = tx.Set(addr("a"), json.RawMessage(last))
+				return err
+			}
+		}
+		boom := errors.New("boom")
+		err := s.Update(func(tx Tx) error {
+			require.NoError(t, setDeleteSet(`3`)(tx))
+			return boom
+		})
+		require.ErrorIs(t, err, boom)
+		a, err := s.Get(addr("a"))
+		require.NoError(t, err)
+		assert.Equal(t, "1", string(a.Value), "rolled back")
+
+		require.NoError(t, s.Update(setDeleteSet(`4`)))
+		a, err = s.Get(addr("a"))
+		require.NoError(t, err)
+		assert.Equal(t, "4", string(a.Value))
+		var all []Cell
+		require.NoError(t, s.View(func(tx Tx) error {
+			all, err = tx.List("s/p/")
+			return err
+		}))
+		require.Len(t, all, 1)
+		assert.Equal(t, "4", string(all[0].Value))
+	})
+}
+
 func TestSchema(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		s, _ := b.open(t, Options{})

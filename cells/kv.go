@@ -76,11 +76,14 @@ type memTx struct {
 	undo     []memUndo
 }
 
+// memUndo undoes one write: an entry put for the first time is removed,
+// any other gets its old value back, in the map again if it was deleted.
 type memUndo struct {
-	b       *memBucket
-	key     string
-	old     []byte
-	existed bool
+	b     *memBucket
+	key   string
+	e     *memEntry
+	old   []byte
+	added bool
 }
 
 func (t *memTx) bucket(name string) (kvBucket, error) {
@@ -89,7 +92,7 @@ func (t *memTx) bucket(name string) (kvBucket, error) {
 		if !t.writable {
 			return emptyBucket{}, nil
 		}
-		b = &memBucket{m: map[string][]byte{}}
+		b = &memBucket{m: map[string]*memEntry{}}
 		t.kv.buckets[name] = b
 	}
 	return &memTxBucket{t: t, b: b}, nil
@@ -106,10 +109,14 @@ func (t *memTx) rollback() {
 	}
 	for i := len(t.undo) - 1; i >= 0; i-- {
 		u := t.undo[i]
-		if u.existed {
-			u.b.set(u.key, u.old)
-		} else {
+		switch {
+		case u.added:
 			u.b.remove(u.key)
+		case u.b.m[u.key] != u.e: // deleted
+			u.e.v = u.old
+			u.b.add(u.key, u.e)
+		default:
+			u.e.v = u.old
 		}
 	}
 	t.end()
@@ -129,20 +136,43 @@ func (t *memTx) end() {
 	}
 }
 
+// memTxBucket remembers the entry of its last get: a cell write reads
+// the cell's record and then puts the new one under the same key, which
+// then costs no second hash and probe of a map of every cell.
 type memTxBucket struct {
-	t *memTx
-	b *memBucket
+	t       *memTx
+	b       *memBucket
+	lastKey string
+	last    *memEntry
+	lastGen uint64 // b.removals when last was looked up
 }
 
-func (tb *memTxBucket) get(k string) []byte { return tb.b.m[k] }
+func (tb *memTxBucket) get(k string) []byte {
+	e := tb.b.m[k]
+	if e == nil {
+		return nil
+	}
+	if tb.t.writable {
+		tb.lastKey, tb.last, tb.lastGen = k, e, tb.b.removals
+	}
+	return e.v
+}
 
 func (tb *memTxBucket) put(key string, v []byte) error {
 	if !tb.t.writable {
 		return ErrReadOnly
 	}
-	old, existed := tb.b.m[key]
-	tb.t.undo = append(tb.t.undo, memUndo{tb.b, key, old, existed})
-	tb.b.store(key, v, existed)
+	e := tb.last
+	if e == nil || tb.lastGen != tb.b.removals || tb.lastKey != key {
+		e = tb.b.m[key]
+	}
+	if e == nil {
+		tb.t.undo = append(tb.t.undo, memUndo{b: tb.b, key: key, added: true})
+		tb.b.add(key, &memEntry{v: v})
+		return nil
+	}
+	tb.t.undo = append(tb.t.undo, memUndo{b: tb.b, key: key, e: e, old: e.v})
+	e.v = v
 	return nil
 }
 
@@ -151,11 +181,11 @@ func (tb *memTxBucket) del(k []byte) error {
 		return ErrReadOnly
 	}
 	key := string(k)
-	old, existed := tb.b.m[key]
-	if !existed {
+	e := tb.b.m[key]
+	if e == nil {
 		return nil
 	}
-	tb.t.undo = append(tb.t.undo, memUndo{tb.b, key, old, true})
+	tb.t.undo = append(tb.t.undo, memUndo{b: tb.b, key: key, e: e, old: e.v})
 	tb.b.remove(key)
 	return nil
 }
@@ -165,28 +195,26 @@ func (tb *memTxBucket) scan(from []byte, fn func(k, v []byte) bool) { tb.b.scan(
 // memBucket keeps keys[head:] sorted when !dirty. Appending in order
 // (the change log) and deleting from the front (its compaction) stay O(1);
 // anything else marks the slice dirty and the next scan rebuilds it.
+// Values live in entries, so a put of an existing key changes its entry in
+// place, without a map write.
 type memBucket struct {
-	sortMu sync.Mutex // readers may rebuild keys concurrently
-	m      map[string][]byte
-	keys   []string
-	head   int
-	dirty  bool
+	sortMu   sync.Mutex // readers may rebuild keys concurrently
+	m        map[string]*memEntry
+	keys     []string
+	head     int
+	dirty    bool
+	removals uint64 // counts removes: a remembered entry may be stale
 }
 
-func (b *memBucket) set(k string, v []byte) {
-	_, existed := b.m[k]
-	b.store(k, v, existed)
-}
+type memEntry struct{ v []byte }
 
-// store is set for a caller that has looked k up already.
-func (b *memBucket) store(k string, v []byte, existed bool) {
-	if !existed {
-		if n := len(b.keys); n > b.head && b.keys[n-1] >= k {
-			b.dirty = true
-		}
-		b.keys = append(b.keys, k)
+// add inserts an entry under a key that has none.
+func (b *memBucket) add(k string, e *memEntry) {
+	if n := len(b.keys); n > b.head && b.keys[n-1] >= k {
+		b.dirty = true
 	}
-	b.m[k] = v
+	b.keys = append(b.keys, k)
+	b.m[k] = e
 }
 
 func (b *memBucket) remove(k string) {
@@ -194,6 +222,7 @@ func (b *memBucket) remove(k string) {
 		return
 	}
 	delete(b.m, k)
+	b.removals++
 	if !b.dirty && b.head < len(b.keys) && b.keys[b.head] == k {
 		b.keys[b.head] = ""
 		b.head++
@@ -220,7 +249,7 @@ func (b *memBucket) scan(from []byte, fn func(k, v []byte) bool) {
 	b.sortMu.Unlock()
 	i, _ := slices.BinarySearch(keys, string(from))
 	for ; i < len(keys); i++ {
-		if !fn([]byte(keys[i]), b.m[keys[i]]) {
+		if !fn([]byte(keys[i]), b.m[keys[i]].v) {
 			return
 		}
 	}
