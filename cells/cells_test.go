@@ -240,6 +240,65 @@ func TestSetDeleteSetInOneTransaction(t *testing.T) {
 	})
 }
 
+// SetRef writes what Set writes, across transactions, through deletes,
+// re-creations and rollbacks of its cell (the memory store's remembered
+// entry must not outlive the cell).
+func TestSetRef(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		s, _ := b.open(t, Options{})
+		_, err := NewRef(Address{"s", "p", "a/b"})
+		require.ErrorContains(t, err, "contains '/'")
+		r, err := NewRef(addr("a"))
+		require.NoError(t, err)
+		assert.Equal(t, addr("a"), r.Addr())
+		setRef := func(v string) (changed bool) {
+			require.NoError(t, s.Update(func(tx Tx) error {
+				changed, err = tx.SetRef(r, json.RawMessage(v))
+				return err
+			}))
+			return changed
+		}
+		value := func() string {
+			c, err := s.Get(addr("a"))
+			if errors.Is(err, ErrNotFound) {
+				return "(none)"
+			}
+			require.NoError(t, err)
+			return string(c.Value)
+		}
+		assert.True(t, setRef(`1`))
+		assert.False(t, setRef(`1`), "unchanged")
+		set(t, s, "a", `2`)
+		assert.False(t, setRef(`2`), "sees Set's write")
+		assert.True(t, setRef(`3`))
+		assert.Equal(t, "3", value())
+
+		require.NoError(t, s.Update(func(tx Tx) error { return tx.Delete(addr("a")) }))
+		assert.Equal(t, "(none)", value())
+		assert.True(t, setRef(`4`), "a new cell")
+		assert.Equal(t, "4", value())
+
+		boom := errors.New("boom")
+		require.NoError(t, s.Update(func(tx Tx) error { return tx.Delete(addr("a")) }))
+		require.ErrorIs(t, s.Update(func(tx Tx) error {
+			_, err := tx.SetRef(r, json.RawMessage(`5`))
+			require.NoError(t, err)
+			return boom
+		}), boom)
+		assert.Equal(t, "(none)", value(), "rolled back")
+		assert.True(t, setRef(`6`))
+		assert.Equal(t, "6", value())
+
+		require.NoError(t, s.Update(func(tx Tx) error { return tx.Declare(addr("ev"), Spec{Stream: true}) }))
+		ev, err := NewRef(addr("ev"))
+		require.NoError(t, err)
+		require.ErrorContains(t, s.Update(func(tx Tx) error {
+			_, err := tx.SetRef(ev, json.RawMessage(`1`))
+			return err
+		}), "it is a stream")
+	})
+}
+
 func TestSchema(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		s, _ := b.open(t, Options{})

@@ -33,6 +33,20 @@ type kvBucket interface {
 	scan(from []byte, fn func(k, v []byte) bool)
 }
 
+// hintedBucket is a bucket that can find a key again without looking it
+// up, through what it noted in a kvHint the last time (see Ref).
+type hintedBucket interface {
+	getHinted(k string, h *kvHint) []byte
+}
+
+// kvHint is where the memory kv found a key: its entry, valid while its
+// bucket has removed nothing since (gen).
+type kvHint struct {
+	b   *memBucket
+	e   *memEntry
+	gen uint64
+}
+
 // emptyBucket is a missing bucket in a read-only transaction.
 type emptyBucket struct{}
 
@@ -156,6 +170,19 @@ func (tb *memTxBucket) get(k string) []byte {
 		tb.lastKey, tb.last, tb.lastGen = k, e, tb.b.removals
 	}
 	return e.v
+}
+
+func (tb *memTxBucket) getHinted(k string, h *kvHint) []byte {
+	if h.b != tb.b || h.gen != tb.b.removals || h.e == nil {
+		h.b, h.e, h.gen = tb.b, tb.b.m[k], tb.b.removals
+	}
+	if h.e == nil {
+		return nil
+	}
+	if tb.t.writable {
+		tb.lastKey, tb.last, tb.lastGen = k, h.e, tb.b.removals
+	}
+	return h.e.v
 }
 
 func (tb *memTxBucket) put(key string, v []byte) error {

@@ -216,19 +216,31 @@ func (t *tx) load(addr Address) (key string, rec record, found bool, err error) 
 		return "", rec, false, err
 	}
 	key = addr.String()
+	rec, found, err = t.loadKey(key, nil)
+	return key, rec, found, err
+}
+
+// loadKey reads the record under a valid cell key, through the kv's hint
+// of the key if given.
+func (t *tx) loadKey(key string, hint *kvHint) (rec record, found bool, err error) {
 	b, err := t.bucket(bucketCells)
 	if err != nil {
-		return key, rec, false, err
+		return rec, false, err
 	}
-	raw := b.get(key)
+	var raw []byte
+	if hb, ok := b.(hintedBucket); ok && hint != nil {
+		raw = hb.getHinted(key, hint)
+	} else {
+		raw = b.get(key)
+	}
 	if raw == nil {
-		return key, rec, false, nil
+		return rec, false, nil
 	}
 	rec, err = decodeRecord(raw)
 	if err != nil {
-		return key, rec, false, fmt.Errorf("cell %s: %w", key, err)
+		return rec, false, fmt.Errorf("cell %s: %w", key, err)
 	}
-	return key, rec, true, nil
+	return rec, true, nil
 }
 
 func (t *tx) Get(addr Address) (Cell, error) {
@@ -383,7 +395,21 @@ func (t *tx) Set(addr Address, value json.RawMessage) (bool, error) {
 	if !t.writable {
 		return false, ErrReadOnly
 	}
-	key, rec, found, err := t.load(addr)
+	if err := addr.Valid(); err != nil {
+		return false, err
+	}
+	return t.set(addr, addr.String(), nil, value)
+}
+
+func (t *tx) SetRef(r *Ref, value json.RawMessage) (bool, error) {
+	return t.set(r.addr, r.key, &r.hint, value)
+}
+
+func (t *tx) set(addr Address, key string, hint *kvHint, value json.RawMessage) (bool, error) {
+	if !t.writable {
+		return false, ErrReadOnly
+	}
+	rec, found, err := t.loadKey(key, hint)
 	if err != nil {
 		return false, err
 	}

@@ -180,7 +180,14 @@ func (b *batch) setValue(s *slot, v value) (bool, error) {
 	if !cur.missing && cur.err == "" && bytes.Equal(cur.raw, raw) {
 		return false, nil // early cutoff
 	}
-	changed, err := b.tx.Set(s.addr, raw)
+	if s.ref == nil {
+		ref, err := cells.NewRef(s.addr)
+		if err != nil {
+			return false, err
+		}
+		s.ref = ref
+	}
+	changed, err := b.tx.SetRef(s.ref, raw)
 	if err != nil || !changed {
 		return changed, err
 	}

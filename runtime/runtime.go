@@ -73,6 +73,7 @@ type slot struct {
 	known    bool  // val was read or written
 	next     value // the value in batch nextID
 	nextID   uint64
+	ref      *cells.Ref // for writes; nil until the first
 }
 
 // slotFor returns the graph's slot of a cell, or a new unregistered one.
