@@ -253,22 +253,24 @@ func (b *batch) inputs(n *node) (in Inputs, inErr string, waiting bool, failedUp
 	} else {
 		in = make(Inputs, len(n.inputs))
 	}
-	for _, i := range n.inputs {
+	for k := range n.inputs {
+		i := &n.inputs[k]
 		v := b.get(i.slot)
 		if v.err != "" {
-			return nil, upstream(i, v.err), false, ""
+			return nil, upstream(*i, v.err), false, ""
 		}
-		in[i.name] = v.get()
+		x := v.get()
+		in[i.name] = x
 		p := i.slot.producer
 		if p == nil {
 			continue
 		}
-		if p.waiting || p.shape == shapeAsync && noResultYet(in[i.name]) || p.shape == shapeService && in[i.name] == nil {
+		if p.waiting || p.shape == shapeAsync && noResultYet(x) || p.shape == shapeService && x == nil {
 			waiting = true
 		}
 		if failedUp == "" {
-			if msg, ok := runError(p, in[i.name]); ok {
-				failedUp = upstream(i, msg)
+			if msg, ok := runError(p, x); ok {
+				failedUp = upstream(*i, msg)
 			} else if p.failedUp != "" {
 				failedUp = p.failedUp
 			}
