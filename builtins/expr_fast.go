@@ -1,6 +1,8 @@
 package builtins
 
 import (
+	"slices"
+
 	"github.com/expr-lang/expr/vm"
 	"github.com/expr-lang/expr/vm/runtime"
 )
@@ -39,78 +41,116 @@ var binaryOps = map[vm.Opcode]func(a, b any) any{
 	vm.OpFetch:       runtime.Fetch,
 }
 
+// operand is a value on compileFast's stack: its closure, and what it is
+// when that is simpler (a constant; a name read, dereferenced or not), so
+// the opcode that takes it can read it inline instead of calling a closure
+// (a + 1 is one closure, not four).
+type operand struct {
+	f    fast
+	kind operandKind
+	c    any    // constant
+	name string // read, deref
+}
+
+type operandKind int
+
+const (
+	computed operandKind = iota
+	constant
+	read  // env[name]
+	deref // plain(env[name])
+)
+
 // compileFast returns p as closures, or nil if p uses an opcode they do
 // not cover.
 func compileFast(p *vm.Program) fast {
-	var stack []fast
-	push := func(f fast) { stack = append(stack, f) }
-	constant := func(c any) { push(func(map[string]any) any { return c }) }
+	var stack []operand
+	push := func(o operand) { stack = append(stack, o) }
+	pushConst := func(c any) { push(operand{f: func(map[string]any) any { return c }, kind: constant, c: c}) }
 	for i, op := range p.Bytecode {
 		arg := p.Arguments[i]
-		// The operands an opcode pops, in push order.
-		pop := func(n int) []fast {
+		// pop returns the operands an opcode takes, in push order.
+		pop := func(n int) ([]operand, bool) {
 			if len(stack) < n {
-				return nil
+				return nil, false
 			}
-			args := stack[len(stack)-n:]
+			args := slices.Clone(stack[len(stack)-n:])
 			stack = stack[:len(stack)-n]
-			return args
+			return args, true
 		}
 		switch op {
 		case vm.OpPush:
-			constant(p.Constants[arg])
+			pushConst(p.Constants[arg])
 		case vm.OpInt:
-			constant(arg)
+			pushConst(arg)
 		case vm.OpTrue:
-			constant(true)
+			pushConst(true)
 		case vm.OpFalse:
-			constant(false)
+			pushConst(false)
 		case vm.OpNil:
-			constant(nil)
+			pushConst(nil)
 		case vm.OpLoadFast:
 			name, ok := p.Constants[arg].(string)
 			if !ok {
 				return nil
 			}
-			push(func(env map[string]any) any { return env[name] })
+			push(operand{f: func(env map[string]any) any { return env[name] }, kind: read, name: name})
 		case vm.OpDeref:
-			a := pop(1)
-			if a == nil {
+			a, ok := pop(1)
+			if !ok {
 				return nil
 			}
-			x := a[0]
-			push(func(env map[string]any) any { return plain(x(env)) })
+			if name := a[0].name; a[0].kind == read {
+				push(operand{f: func(env map[string]any) any { return plain(env[name]) }, kind: deref, name: name})
+				break
+			}
+			x := a[0].f
+			push(operand{f: func(env map[string]any) any { return plain(x(env)) }})
 		case vm.OpNegate:
-			a := pop(1)
-			if a == nil {
+			a, ok := pop(1)
+			if !ok {
 				return nil
 			}
-			x := a[0]
-			push(func(env map[string]any) any { return runtime.Negate(x(env)) })
+			x := a[0].f
+			push(operand{f: func(env map[string]any) any { return runtime.Negate(x(env)) }})
 		case vm.OpNot:
-			a := pop(1)
-			if a == nil {
+			a, ok := pop(1)
+			if !ok {
 				return nil
 			}
-			x := a[0]
-			push(func(env map[string]any) any { return !x(env).(bool) })
+			x := a[0].f
+			push(operand{f: func(env map[string]any) any { return !x(env).(bool) }})
 		default:
 			f, ok := binaryOps[op]
 			if !ok {
 				return nil
 			}
-			ab := pop(2)
-			if ab == nil {
+			ab, ok := pop(2)
+			if !ok {
 				return nil
 			}
-			x, y := ab[0], ab[1]
-			push(func(env map[string]any) any { return f(x(env), y(env)) })
+			push(operand{f: binary(f, ab[0], ab[1])})
 		}
 	}
 	if len(stack) != 1 {
 		return nil
 	}
-	return stack[0]
+	return stack[0].f
+}
+
+// binary returns the closure of f(a, b), reading a dereferenced name and
+// a constant inline.
+func binary(f func(a, b any) any, a, b operand) fast {
+	switch {
+	case a.kind == deref && b.kind == constant:
+		name, c := a.name, b.c
+		return func(env map[string]any) any { return f(plain(env[name]), c) }
+	case a.kind == deref && b.kind == deref:
+		x, y := a.name, b.name
+		return func(env map[string]any) any { return f(plain(env[x]), plain(env[y])) }
+	}
+	x, y := a.f, b.f
+	return func(env map[string]any) any { return f(x(env), y(env)) }
 }
 
 // plain is OpDeref of a decoded JSON value, which has nothing to
