@@ -19,9 +19,10 @@
 //
 // Watch replays every committed Batch after a version from the change log
 // and then follows live, so a client that reconnects with the last version it
-// saw misses nothing. The log is bounded (Options.LogLimit commits); a watch
-// from a version older than the log's start first gets a Snapshot batch with
-// the current state of every cell under its prefix.
+// saw misses nothing. The log is bounded (Options.LogLimit commits and
+// Options.LogBytes bytes); a watch from a version older than the log's start
+// first gets a Snapshot batch with the current state of every cell under its
+// prefix.
 //
 // Two implementations share one code path over a small ordered key/value
 // layer: OpenBolt (go.etcd.io/bbolt, one file, the default) and NewMemory
@@ -251,6 +252,9 @@ type Bucket interface {
 type Options struct {
 	// LogLimit is how many commits the change log keeps (default 10000).
 	LogLimit int
+	// LogBytes caps the bytes of the change log's entries (default 64 MiB;
+	// the newest entry stays whatever its size).
+	LogBytes int
 	// NoSync skips fsync on commit (bbolt only; for tests and benchmarks).
 	NoSync bool
 }

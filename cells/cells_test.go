@@ -458,6 +458,58 @@ func TestWatchCompacted(t *testing.T) {
 	})
 }
 
+// TestLogBytes: the change log keeps at most LogBytes of entries (it kept
+// LogLimit commits whatever their size: 10,000 commits of a 10 MB value
+// would be 100 GB), the newest always, and counts a store's log from
+// before the count once; a watch from before the log's start gets a
+// snapshot, as past LogLimit.
+func TestLogBytes(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		s, _ := b.open(t, Options{LogBytes: 1 << 20})
+		big := func(c byte) string { return `"` + string(bytes.Repeat([]byte{c}, 300<<10)) + `"` }
+		for i := range 10 {
+			set(t, s, "a", big(byte('a'+i)))
+		}
+		logStart := func() (start, size uint64) {
+			require.NoError(t, s.View(func(x Tx) error {
+				info, err := x.(*tx).bucket(bucketInfo)
+				require.NoError(t, err)
+				start, size = readU64(info.get(keyLogStart)), readU64(info.get(keyLogBytes))
+				return nil
+			}))
+			return start, size
+		}
+		start, size := logStart()
+		assert.Equal(t, uint64(8), start, "3 entries of 300 KiB pass 1 MiB: versions 8-10 stay")
+		assert.LessOrEqual(t, size, uint64(1<<20))
+		assert.Greater(t, size, uint64(600<<10))
+
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		w, err := s.Watch(ctx, "", 3)
+		require.NoError(t, err)
+		snap := collect(t, w, 1)[0]
+		assert.True(t, snap.Snapshot)
+		assert.Equal(t, big('j'), string(snap.Changes[0].Cell.Value))
+
+		// A value larger than the cap stays as the newest entry.
+		set(t, s, "a", `"`+string(bytes.Repeat([]byte{'z'}, 2<<20))+`"`)
+		start, _ = logStart()
+		assert.Equal(t, uint64(11), start)
+
+		// A store from before the count: it is counted at the next commit.
+		require.NoError(t, s.Update(func(x Tx) error {
+			info, err := x.(*tx).write(bucketInfo)
+			require.NoError(t, err)
+			return info.del([]byte(keyLogBytes))
+		}))
+		set(t, s, "b", `1`)
+		start, size = logStart()
+		assert.Equal(t, uint64(12), start, "the 2 MiB entry was counted, and so dropped")
+		assert.Less(t, size, uint64(100))
+	})
+}
+
 func TestStreams(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		s, reopen := b.open(t, Options{})

@@ -10,6 +10,8 @@ package cells
 //	           "version"  -> uint64 BE: the last commit's version
 //	           "event"    -> uint64 BE: the last event id
 //	           "logstart" -> uint64 BE: the oldest version still in "log"
+//	           "logbytes" -> uint64 BE: the bytes of the entries in "log"
+//	                         (counted at the first commit if missing)
 //	"cells"    address "space/pattern/name" -> cell record
 //	"schemas"  address -> the cell's JSON Schema
 //	"events"   address 0x00 id (uint64 BE) -> event record (queued events)
@@ -45,4 +47,5 @@ const (
 	keyVersion  = "version"
 	keyEvent    = "event"
 	keyLogStart = "logstart"
+	keyLogBytes = "logbytes"
 )

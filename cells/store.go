@@ -16,10 +16,17 @@ import (
 
 const defaultLogLimit = 10000
 
+// defaultLogBytes caps the bytes of the change log's entries: each holds
+// the records it changed, values included, so 10,000 commits of a 50 MB
+// fetch result would keep 500 GB. Past it the oldest entries go (a watch
+// from before the log's start gets a Snapshot, as past LogLimit).
+const defaultLogBytes = 64 << 20
+
 // db is the Store over a kv.
 type db struct {
 	kv       kv
 	logLimit uint64
+	logBytes uint64
 
 	mu      sync.Mutex // serializes Update
 	version atomic.Uint64
@@ -35,9 +42,12 @@ type db struct {
 }
 
 func open(k kv, opts Options) (*db, error) {
-	s := &db{kv: k, logLimit: defaultLogLimit, done: make(chan struct{}), watchers: map[*watcher]struct{}{}}
+	s := &db{kv: k, logLimit: defaultLogLimit, logBytes: defaultLogBytes, done: make(chan struct{}), watchers: map[*watcher]struct{}{}}
 	if opts.LogLimit > 0 {
 		s.logLimit = uint64(opts.LogLimit)
+	}
+	if opts.LogBytes > 0 {
+		s.logBytes = uint64(opts.LogBytes)
 	}
 	t, err := k.begin(true)
 	if err != nil {
@@ -654,8 +664,9 @@ func (t *tx) Ack(addr Address, id uint64) error {
 
 func (t *tx) Meta(name string) Bucket { return &metaBucket{t: t, name: metaPrefix + name} }
 
-// writeLog appends the commit's log entry and drops entries beyond the
-// limit.
+// writeLog appends the commit's log entry and drops the oldest entries
+// beyond the limits: more than logLimit commits, or more than logBytes of
+// entries (the newest entry always stays).
 func (t *tx) writeLog() error {
 	info, err := t.write(bucketInfo)
 	if err != nil {
@@ -665,7 +676,8 @@ func (t *tx) writeLog() error {
 	if err != nil {
 		return err
 	}
-	if err := lg.put(string(u64(t.version)), encodeLog(t.now, t.changes)); err != nil {
+	entry := encodeLog(t.now, t.changes)
+	if err := lg.put(string(u64(t.version)), entry); err != nil {
 		return err
 	}
 	if err := info.put(keyVersion, u64(t.version)); err != nil {
@@ -675,16 +687,25 @@ func (t *tx) writeLog() error {
 	if start == 0 {
 		start = 1
 	}
-	if t.version >= start+t.db.logLimit {
-		newStart := t.version - t.db.logLimit + 1
-		for v := start; v < newStart; v++ {
-			if err := lg.del(u64(v)); err != nil {
-				return err
-			}
-		}
-		return info.put(keyLogStart, u64(newStart))
+	var size uint64
+	if b := info.get(keyLogBytes); b != nil {
+		size = readU64(b) + uint64(len(entry))
+	} else { // a store from before the key: count the log once
+		lg.scan(nil, func(_, v []byte) bool { size += uint64(len(v)); return true })
 	}
-	return nil
+	v := start
+	for ; v < t.version && (v+t.db.logLimit <= t.version || size > t.db.logBytes); v++ {
+		size -= min(uint64(len(lg.get(string(u64(v))))), size)
+		if err := lg.del(u64(v)); err != nil {
+			return err
+		}
+	}
+	if v != start {
+		if err := info.put(keyLogStart, u64(v)); err != nil {
+			return err
+		}
+	}
+	return info.put(keyLogBytes, u64(size))
 }
 
 type metaBucket struct {

@@ -477,6 +477,9 @@ func (s *Service) restart(ctx context.Context, id string) (*agent.Client, error)
 
 // wake starts box id (a no-op if it runs) and waits for its agent.
 func (s *Service) wake(ctx context.Context, id string) (*agent.Client, error) {
+	if s.asleep.Load() {
+		return nil, fmt.Errorf("box %s was not started: the server is shutting down and has put its boxes to sleep; call again once it is back", id)
+	}
 	if _, err := s.be.Start(ctx, id); err != nil {
 		return nil, fmt.Errorf("%s backend: start box %s: %w", s.be.Name(), id, err)
 	}

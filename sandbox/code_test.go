@@ -173,6 +173,27 @@ func TestRunCode(t *testing.T) {
 	}
 }
 
+// TestRunCodeOutOfMemory: a context whose interpreter the kernel kills
+// for want of memory says so, on both backends (it said "its interpreter
+// exited (exit code -1)").
+func TestRunCodeOutOfMemory(t *testing.T) {
+	for _, kind := range []string{"local", "docker"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			rb := newRealService(t, kind, nil)
+			rb.ok("sandbox_create", map[string]any{"sandbox": "small", "limits": map[string]any{"memory_bytes": 64 << 20}})
+			py := rb.ok("code_context_create", map[string]any{"sandbox": "small", "language": "python"})["id"].(string)
+			r := rb.ok("run_code", map[string]any{"sandbox": "small", "context": py, "code": "b = b'x' * (512 << 20)"})
+			exc := r["exception"].(map[string]any)
+			assert.Equal(t, "ContextEnded", exc["name"])
+			msg := exc["message"].(string)
+			assert.Contains(t, msg, "code context "+py+" ended: its interpreter was killed by SIGKILL")
+			assert.Regexp(t, "out.of.memory", msg) // Docker's boxes see the OOM counter; bubblewrap's infer it from the SIGKILL
+			assert.Contains(t, msg, "memory limit 64 MiB")
+		})
+	}
+}
+
 // TestRunCodePlot checks that a matplotlib plot comes back as a PNG, in
 // the python image on both backends.
 func TestRunCodePlot(t *testing.T) {

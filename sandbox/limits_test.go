@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
 )
 
@@ -190,4 +191,24 @@ func callResult(ctx context.Context, s *Service, session, name string, input any
 		m = map[string]any{"go error": err.Error()}
 	}
 	return m
+}
+
+// TestSessionCap: sessions stop at MaxSessions, refused as limit with a
+// message naming the flag; deleting one makes room. There was no cap, and
+// each session may keep its own 16 GiB of snapshots.
+func TestSessionCap(t *testing.T) {
+	s := newTestService(t, newFakeBackend(t), "", func(c *Config) { c.MaxSessions = 2 })
+	ctx := context.Background()
+	a, _, err := s.NewSession(ctx)
+	require.NoError(t, err)
+	_, _, err = s.NewSession(ctx)
+	require.NoError(t, err)
+	_, _, err = s.NewSession(ctx)
+	require.Error(t, err)
+	assert.Equal(t, api.CodeLimit, ErrorCode(err))
+	assert.Contains(t, err.Error(), "this server has 2 sessions, the most it keeps at once")
+	assert.Contains(t, err.Error(), "cellbox serve --max-sessions")
+	require.NoError(t, s.DeleteSession(ctx, a))
+	_, _, err = s.NewSession(ctx)
+	require.NoError(t, err)
 }

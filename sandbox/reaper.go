@@ -19,10 +19,12 @@ import (
 	"github.com/cellbox/cellbox/internal/safe"
 )
 
-// reaper puts idle boxes to sleep, saves last-used times and refills the
-// warm pool, every ReapInterval until Close.
+// reaper frees the snapshot blobs no snapshot names (sweep), then puts
+// idle boxes to sleep, saves last-used times and refills the warm pool,
+// every ReapInterval until Close.
 func (s *Service) reaper() {
 	defer s.wg.Done()
+	s.snaps.sweep(s.ctx, s.log)
 	t := time.NewTicker(s.cfg.ReapInterval)
 	defer t.Stop()
 	for {
@@ -134,10 +136,12 @@ func (s *Service) flushLastUsed() {
 // over the data directory) wakes it. The process that owns the data
 // directory (cellbox serve, cellbox run) calls it as it shuts down, after
 // its APIs stopped, so that no box runs on with nobody left to put it to
-// sleep. Close does not: a service closed and opened again in one process
-// reattaches to the boxes that run. Warm pool boxes are not sessions'
-// boxes: Close removes them.
+// sleep; from then on no box of this service starts (a call still in
+// flight that would wake or create one fails, saying why). Close does not:
+// a service closed and opened again in one process reattaches to the boxes
+// that run. Warm pool boxes are not sessions' boxes: Close removes them.
 func (s *Service) SleepAll(ctx context.Context) error {
+	s.asleep.Store(true)
 	s.mu.Lock()
 	boxes := make([]*box, 0, len(s.boxes))
 	for _, b := range s.boxes {

@@ -64,8 +64,11 @@ const (
 	DefaultPoolIdle           = 30 * time.Second
 	DefaultMaxBoxesPerSession = 32
 	DefaultMaxBoxes           = 256
-	DefaultSessionTTL         = 24 * time.Hour
-	DefaultMaxSnapshotBytes   = 16 << 30
+	// DefaultMaxSessions caps the sessions of a server: each may keep
+	// DefaultMaxSnapshotBytes of snapshots, so the number bounds the disk.
+	DefaultMaxSessions      = 1024
+	DefaultSessionTTL       = 24 * time.Hour
+	DefaultMaxSnapshotBytes = 16 << 30
 )
 
 // labelInstance marks the backend boxes of one data directory, so that two
@@ -125,6 +128,10 @@ type Config struct {
 	// serve sets them with --max-boxes-per-session and --max-boxes.
 	MaxBoxesPerSession int
 	MaxBoxes           int
+	// MaxSessions caps the sessions that exist at once; a new one past it
+	// is refused (limit). Default DefaultMaxSessions; cellbox serve sets
+	// it with --max-sessions.
+	MaxSessions int
 	// MaxSnapshotBytes caps the bytes one session's snapshots take in the
 	// store (deduplicated); a snapshot past it is refused. Default
 	// DefaultMaxSnapshotBytes; cellbox serve sets it with
@@ -171,6 +178,9 @@ type Service struct {
 	egressMu sync.Mutex
 	filler   chan struct{} // the one pool fill in flight
 	closed   bool
+	// asleep is set by SleepAll: the process is shutting down, and no box
+	// starts again (wake refuses) to run on after it exits.
+	asleep atomic.Bool
 }
 
 // New opens (or creates) the state in cfg.DataDir, reconciles it with the
@@ -216,6 +226,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if cfg.MaxBoxesPerSession <= 0 {
 		cfg.MaxBoxesPerSession = DefaultMaxBoxesPerSession
+	}
+	if cfg.MaxSessions <= 0 {
+		cfg.MaxSessions = DefaultMaxSessions
 	}
 	if cfg.MaxBoxes <= 0 {
 		cfg.MaxBoxes = DefaultMaxBoxes

@@ -589,9 +589,19 @@ func TestSleepAll(t *testing.T) {
 		assert.Equal(t, backend.StateStopped, be.state(id), id)
 	}
 	assert.Equal(t, stops+len(ids)-1, be.stops, "each running box stopped once, the sleeping one not again")
-	assert.Equal(t, fmt.Sprint("kept ", len(ids)-1), last.tool("read_file", map[string]any{"sandbox": "a", "path": "f"})["content"])
-	assert.Equal(t, backend.StateRunning, be.state(ids[len(ids)-1]), "woken by the next call")
+	// The process is shutting down: a call still arriving does not start a
+	// box again to run on after it exits (it used to wake it).
+	assert.Contains(t, last.toolErr("read_file", map[string]any{"sandbox": "a", "path": "f"}), "the server is shutting down and has put its boxes to sleep")
+	assert.Contains(t, last.toolErr("sandbox_create", map[string]any{"sandbox": "b"}), "the server is shutting down")
+	assert.Equal(t, backend.StateStopped, be.state(ids[len(ids)-1]))
 	require.NoError(t, s.SleepAll(context.Background()), "again, with nothing else running")
+
+	// The next service over the data dir wakes the box, files kept.
+	require.NoError(t, s.Close())
+	s2 := newTestService(t, be, s.cfg.DataDir, nil)
+	again := &testSession{t: t, s: s2, id: last.id, token: last.token}
+	assert.Equal(t, fmt.Sprint("kept ", len(ids)-1), again.tool("read_file", map[string]any{"sandbox": "a", "path": "f"})["content"])
+	assert.Equal(t, backend.StateRunning, be.state(ids[len(ids)-1]), "woken by the next call")
 }
 
 // stuckStop is a backend whose Stop of one box never returns until the

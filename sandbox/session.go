@@ -73,6 +73,10 @@ func (s *Service) NewSessionWith(ctx context.Context, opts api.NewSessionRequest
 	}
 	sess.lastUsed.Store(sess.Created.UnixNano())
 	s.mu.Lock()
+	if n := len(s.sessions); n >= s.cfg.MaxSessions {
+		s.mu.Unlock()
+		return "", "", api.WithCode(api.CodeLimit, fmt.Errorf("this server has %d sessions, the most it keeps at once: delete finished ones (DELETE /v1/sessions/ID, cellbox session rm ID), wait for idle ones to expire, or raise the limit (cellbox serve --max-sessions)", n))
+	}
 	s.sessions[id] = sess
 	rec := s.sessionRecordLocked(sess)
 	s.mu.Unlock()

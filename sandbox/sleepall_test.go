@@ -3,6 +3,8 @@ package sandbox_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
+	"os"
 	"testing"
 	"time"
 
@@ -11,15 +13,17 @@ import (
 
 	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/backend"
 )
 
 // TestSleepAllRealBoxes: on bubblewrap, SleepAll ends the processes of
 // every session's boxes and unmounts their disks (what a server that
 // shuts down must leave: nothing running, a data dir that can be
-// removed), and the next call wakes a box with its files.
+// removed); no later call of that service starts a box again, and the
+// next service's first call wakes a box with its files.
 func TestSleepAllRealBoxes(t *testing.T) {
-	svc, _ := boxtest.Service(t, boxtest.Options{})
+	svc, dir := boxtest.Service(t, boxtest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	call := func(session, tool string, in map[string]any) map[string]any {
@@ -49,6 +53,21 @@ func TestSleepAllRealBoxes(t *testing.T) {
 		assert.Equal(t, backend.StateStopped, info.State, "box %s: its processes ended", id)
 		assert.Empty(t, testenv.Mounts(t, id), "box %s: its disk is unmounted", id)
 	}
+	// The process is shutting down: no call starts a box again.
+	for id := range sessions {
+		raw, err := svc.CallToolAs(ctx, sessions[id], "", "shell", json.RawMessage(`{"sandbox": "work", "command": "true"}`))
+		require.NoError(t, err)
+		assert.Contains(t, string(raw), "the server is shutting down")
+		info, err := svc.Backend().Inspect(ctx, id)
+		require.NoError(t, err)
+		assert.Equal(t, backend.StateStopped, info.State, "box %s stays asleep", id)
+	}
+	// The next service over the data dir wakes each box with its files.
+	require.NoError(t, svc.Close())
+	svc, err := sandbox.New(ctx, sandbox.Config{Backend: svc.Backend(), DataDir: dir, AgentBinary: testenv.CellboxBinary(t),
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	require.NoError(t, err)
+	t.Cleanup(func() { svc.Close() })
 	for id, sess := range sessions {
 		out := call(sess, "read_file", map[string]any{"sandbox": "work", "path": "kept.txt"})
 		assert.Contains(t, []string{"one", "two"}, out["content"], "box %s woke with its files", id)

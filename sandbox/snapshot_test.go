@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -311,6 +312,52 @@ func TestRestoreTooLargeKeepsWorkspace(t *testing.T) {
 	assert.Equal(t, "gone\n", rb.sh("small", "test -e r.bin || echo gone"))
 }
 
+// TestRestoreStoppedPartWayPutsWorkspaceBack: a restore whose copy fails
+// part way (here the box's disk fills: 66 MB of random bytes pass the
+// size check of a 64 MiB disk, not ext4's overhead) puts the earlier
+// workspace back. It used to delete the workspace first and leave it
+// gone. The transient copy of the workspace is freed afterwards.
+func TestRestoreStoppedPartWayPutsWorkspaceBack(t *testing.T) {
+	rb := newRealService(t, "local", nil)
+	rb.sh("default", "head -c 66000000 /dev/urandom > r.bin")
+	id := rb.ok("snapshot", nil)["id"]
+	rb.ok("sandbox_create", map[string]any{"sandbox": "small", "limits": map[string]any{"disk_bytes": backend.MinDiskBytes}})
+	rb.sh("small", "echo keep > precious.txt && mkdir -p d && echo two > d/also.txt")
+	msg := rb.fail("restore", map[string]any{"sandbox": "small", "snapshot": id})
+	assert.Contains(t, msg, "stopped part way")
+	assert.Contains(t, msg, "the workspace is back as it was before the restore")
+	assert.Equal(t, "keep\ntwo\n", rb.sh("small", "cat precious.txt d/also.txt"))
+	assert.Equal(t, "gone\n", rb.sh("small", "test -e r.bin || echo gone"))
+	require.Eventually(t, func() bool { return rb.s.snaps.bytes(rb.sess) == 66000000 }, 10*time.Second, 10*time.Millisecond,
+		"the transient copy of the workspace is freed")
+	assert.Len(t, rb.ok("snapshot_list", nil)["snapshots"], 1)
+}
+
+// TestSnapshotOrphanBlobsSwept: blobs no snapshot names (a process killed
+// during a capture leaves them: blobs are written before the manifest)
+// and the blob store of a session that is gone are freed when a service
+// starts; a snapshot's own blobs stay. They used to stay for good.
+func TestSnapshotOrphanBlobsSwept(t *testing.T) {
+	rb := newRealService(t, "local", nil)
+	rb.sh("default", "echo kept > a.txt")
+	id := rb.ok("snapshot", nil)["id"]
+	orphan := rb.s.snaps.blobPath(rb.sess, strings.Repeat("ab", 32))
+	gone := rb.s.snaps.blobPath("sess-gone", strings.Repeat("cd", 32))
+	for _, p := range []string{orphan, gone} {
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o700))
+		require.NoError(t, os.WriteFile(p, []byte("left by a killed capture"), 0o600))
+	}
+	rb.restart()
+	require.Eventually(t, func() bool {
+		_, err1 := os.Stat(orphan)
+		_, err2 := os.Stat(rb.s.snaps.blobDir("sess-gone"))
+		return os.IsNotExist(err1) && os.IsNotExist(err2)
+	}, 10*time.Second, 10*time.Millisecond, "orphan blobs are freed at start")
+	rb.sh("default", "rm a.txt")
+	rb.ok("restore", map[string]any{"snapshot": id})
+	assert.Equal(t, "kept\n", rb.sh("default", "cat a.txt"))
+}
+
 // TestForkOverCapCount: a fork past the session's cap says how many
 // sandboxes the session has and how many the fork asked for (it used to
 // count the fork's own boxes as already there).
@@ -380,4 +427,11 @@ func TestSnapshotStoreCap(t *testing.T) {
 	list := rb.ok("snapshot_list", nil)
 	assert.Len(t, list["snapshots"], 2)
 	require.Eventually(t, func() bool { return rb.s.snaps.bytes(rb.sess) == 2000000 }, 10*time.Second, 10*time.Millisecond, "the refused snapshot's blobs are freed")
+
+	// A label is a label: a megabyte of one is refused (it was kept, and
+	// shown by every snapshot_list).
+	m = rb.call("snapshot", map[string]any{"label": strings.Repeat("x", 1<<20)})
+	require.Equal(t, true, m["is_error"], "%v", m)
+	assert.Equal(t, api.CodeInvalidInput, m["code"])
+	assert.Contains(t, m["error"], "snapshot label of 1048576 bytes: at most 256")
 }

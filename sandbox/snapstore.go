@@ -34,6 +34,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
@@ -506,6 +507,37 @@ func (ss *snapStore) delete(session string, ids ...string) (int64, error) {
 		return os.Remove(p)
 	})
 	return freed, walkErr
+}
+
+// freeLater frees the blobs of session that no snapshot names (what a
+// refused snapshot stored, the transient copies of fork and restore) in
+// the background, once every hold on gc, the caller's included, is gone.
+func (ss *snapStore) freeLater(log *slog.Logger, session string) {
+	go func() {
+		if _, err := ss.delete(session); err != nil {
+			log.Warn("free the snapshot blobs no snapshot names", "session", session, "err", err)
+		}
+	}()
+}
+
+// sweep frees the blobs no snapshot names in every session's store: what
+// a process killed during a capture left (a capture's blobs are written
+// before its manifest), and the stores of sessions that are gone.
+func (ss *snapStore) sweep(ctx context.Context, log *slog.Logger) {
+	dirs, err := os.ReadDir(filepath.Join(ss.dir, "blobs"))
+	if err != nil {
+		return // none yet
+	}
+	for _, d := range dirs {
+		if ctx.Err() != nil {
+			return
+		}
+		if freed, err := ss.delete(d.Name()); err != nil {
+			log.Warn("free the snapshot blobs no snapshot names", "session", d.Name(), "err", err)
+		} else if freed > 0 {
+			log.Info("freed snapshot blobs no snapshot names", "session", d.Name(), "bytes", freed)
+		}
+	}
 }
 
 // sessionIDs returns the ids of session's snapshots.

@@ -44,7 +44,7 @@ func snapshotTools() []*Tool {
 			"Delete a snapshot of this session; content no other snapshot shares is freed.",
 			snapshotDeleteTool),
 		defineTool("restore", ToolMeta{Title: "Restore a snapshot into a sandbox", Destructive: true, Idempotent: true},
-			"Replace a sandbox's workspace with a snapshot's content: everything in /workspace is deleted first. A snapshot larger than the sandbox's disk cap (limits.disk_bytes) is refused before anything is deleted; use branch for it instead. Running processes keep running.",
+			"Replace a sandbox's workspace with a snapshot's content: everything in /workspace is replaced. A snapshot larger than the sandbox's disk cap (limits.disk_bytes) is refused before anything is changed; use branch for it instead. If the copy stops part way (the disk fills), the earlier workspace is put back. Running processes keep running.",
 			restoreTool),
 		defineTool("branch", ToolMeta{Title: "Start a new sandbox from a snapshot"},
 			"Make a NEW sandbox of this session (same image and settings as the snapshot's sandbox had when it was taken: env, limits, network with its allow list and inject rules) whose workspace is the snapshot's content; the original sandbox is unchanged.",
@@ -59,7 +59,13 @@ func snapInfo(r snapshotRecord) api.SnapshotInfo {
 	return api.SnapshotInfo{ID: r.ID, Label: r.Label, Sandbox: r.Sandbox, Created: r.Created, Size: r.Size, Files: r.Files, AddedBytes: r.Added}
 }
 
+// maxSnapshotLabel caps a snapshot's label, in bytes.
+const maxSnapshotLabel = 256
+
 func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.SnapshotInfo, error) {
+	if len(in.Label) > maxSnapshotLabel {
+		return api.SnapshotInfo{}, api.WithCode(api.CodeInvalidInput, fmt.Errorf("snapshot label of %d bytes: at most %d; say more in a file of the workspace", len(in.Label), maxSnapshotLabel))
+	}
 	l, err := c.box(ctx, in.Sandbox)
 	if err != nil {
 		return api.SnapshotInfo{}, err
@@ -82,13 +88,7 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 	defer ss.gc.RUnlock()
 	entries, added, err := c.s.captureBox(ctx, c.sess.ID, l, most-used)
 	if errors.Is(err, errStoreFull) {
-		// What it stored so far is referenced by no snapshot: freed once
-		// the capture's hold on the store is gone.
-		go func() {
-			if _, err := ss.delete(c.sess.ID); err != nil {
-				c.s.log.Warn("free the blobs of a refused snapshot", "session", c.sess.ID, "err", err)
-			}
-		}()
+		ss.freeLater(c.s.log, c.sess.ID) // what it stored so far
 		return api.SnapshotInfo{}, full()
 	}
 	if err != nil {
@@ -146,13 +146,40 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 	if disk := toBackendLimits(l.b.rec.Limits).Defaults().DiskBytes; size > disk {
 		return api.SeedOutput{}, api.WithCode(api.CodeTooLarge, fmt.Errorf("restore %s into %q: the snapshot holds %d bytes, more than the sandbox's disk cap of %d bytes; nothing was changed. Branch the snapshot into a new sandbox (branch), or use a sandbox with a larger limits.disk_bytes", in.Snapshot, l.name, size, disk))
 	}
-	if err := clearWorkspace(ctx, l.client); err != nil {
-		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: %w (some of the workspace's files may be deleted already)", in.Snapshot, l.name, err)
+	// The workspace as it is goes into the store first (what is there
+	// already costs nothing), so a restore that stops part way (a full
+	// disk, a box that dies) can put it back: nothing is lost. The copy is
+	// transient: not counted against the snapshot cap, freed afterwards.
+	prior, _, err := c.s.captureBox(ctx, c.sess.ID, l, math.MaxInt64)
+	defer ss.freeLater(c.s.log, c.sess.ID)
+	if err != nil {
+		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: saving the workspace first failed, so nothing was changed: %w", in.Snapshot, l.name, err)
 	}
-	if err := ss.seed(ctx, l.client, c.sess.ID, entries); err != nil {
-		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: the copy stopped part way: %w; /workspace now holds part of the snapshot and none of its earlier files (they were deleted first). Free space in /tmp if the disk is full, then restore again", in.Snapshot, l.name, err)
+	replace := func(entries []snapEntry) error {
+		if err := clearWorkspace(ctx, l.client); err != nil {
+			return err
+		}
+		return ss.seed(ctx, l.client, c.sess.ID, entries)
 	}
-	return api.SeedOutput{Sandbox: l.name, ID: l.b.rec.ID, Files: files, Bytes: size}, nil
+	err = replace(entries)
+	if err == nil {
+		return api.SeedOutput{Sandbox: l.name, ID: l.b.rec.ID, Files: files, Bytes: size}, nil
+	}
+	if backErr := replace(prior); backErr == nil {
+		return api.SeedOutput{}, fmt.Errorf("restore %s into %q stopped part way: %w; the workspace is back as it was before the restore. Free space in the sandbox (its disk cap counts /workspace and /tmp) and restore again", in.Snapshot, l.name, err)
+	} else {
+		// Kept as a snapshot of the session, to restore once the box is
+		// well again; it counts against the cap from now on.
+		rec := snapshotRecord{
+			ID: "snap-" + randomID(8), Label: "before restore of " + in.Snapshot, Session: c.sess.ID,
+			Sandbox: l.name, BoxID: l.b.rec.ID, Spec: specOf(l.b.rec), Created: time.Now().UTC(), Entries: len(prior),
+		}
+		rec.Files, rec.Size = countFiles(prior)
+		if putErr := ss.put(rec, prior); putErr != nil {
+			return api.SeedOutput{}, fmt.Errorf("restore %s into %q stopped part way: %w; putting the earlier files back failed too (%v), and so did keeping them as a snapshot (%v)", in.Snapshot, l.name, err, backErr, putErr)
+		}
+		return api.SeedOutput{}, fmt.Errorf("restore %s into %q stopped part way: %w; putting the earlier files back failed too (%v). They are kept as snapshot %s (label %q): restore it into this sandbox or branch it into a new one", in.Snapshot, l.name, err, backErr, rec.ID, rec.Label)
+	}
 }
 
 func branchTool(ctx context.Context, c *call, in api.BranchInput) (api.SeedOutput, error) {
@@ -212,6 +239,7 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 	// The portable path: the source's workspace into the store once (what
 	// is there already is not written again), then into every new box.
 	entries, _, err := c.s.captureBox(ctx, c.sess.ID, src, math.MaxInt64) // transient: not counted against the snapshot cap
+	defer ss.freeLater(c.s.log, c.sess.ID)
 	if err != nil {
 		return out, fmt.Errorf("fork %q: %w", src.name, err)
 	}

@@ -6,9 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -82,6 +85,11 @@ func (h *runtimeHost) serveHTTP(addr string) (base, key string, created bool, st
 	}
 	base = "http://" + net.JoinHostPort(host, port)
 	h.boxes.setBaseURL(base)
+	// Not a secret (the key is): 0644, and a failure only costs the hint.
+	h.urlPath = filepath.Join(h.dataDir, urlFile)
+	if err := os.WriteFile(h.urlPath, []byte(base+"\n"), 0o644); err != nil {
+		slog.Warn("could not note the server's URL in the data dir", "err", err)
+	}
 	// One handler of the tool API (its MCP sessions live in it), built on
 	// the first request as the page's is: a run with nothing to do exits
 	// before it would pay for them (or open the sandbox service).

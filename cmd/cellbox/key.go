@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
 	"io/fs"
 	"os"
@@ -18,7 +19,28 @@ import (
 const (
 	keyFile = "server.key" // DATA/server.key
 	keyEnv  = "CELLBOX_KEY"
+	// urlFile holds the URL of the server over DATA while it runs (serve,
+	// and run's own), so that commands given --data find one on another
+	// --addr than the default.
+	urlFile = "server.url"
 )
+
+// serverOf is the server URL a client command uses: --server or
+// CELLBOX_SERVER when given, else the URL the server over data wrote
+// (DATA/server.url) while it runs, else the default address.
+func serverOf(fs *flag.FlagSet, flagValue, data string) string {
+	given := os.Getenv("CELLBOX_SERVER") != ""
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "server" })
+	if given || data == "" {
+		return flagValue
+	}
+	if b, err := os.ReadFile(filepath.Join(data, urlFile)); err == nil {
+		if u := strings.TrimSpace(string(b)); strings.HasPrefix(u, "http://") || strings.HasPrefix(u, "https://") {
+			return u
+		}
+	}
+	return flagValue
+}
 
 // serverKey returns the key a server uses: CELLBOX_KEY if set, else the
 // file at path (DATA/server.key unless --key-file), made with a new random

@@ -291,6 +291,7 @@ type runtimeHost struct {
 	boxes    *sandboxes // the sandbox service and the runtime's session in it
 	servers  []*http.Server
 	sockPath string
+	urlPath  string      // DATA/server.url, written by serveHTTP
 	opts     httpOptions // of the HTTP server and its limits
 	// teardowns are exec boxes being destroyed after their runs.
 	teardowns *builtins.Teardowns
@@ -419,8 +420,10 @@ func (h *runtimeHost) close() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if h.sockPath != "" {
-		os.Remove(h.sockPath)
+	for _, p := range []string{h.sockPath, h.urlPath} {
+		if p != "" {
+			os.Remove(p)
+		}
 	}
 	rterr := h.rt.Close(ctx)
 	twerr := h.teardowns.Wait(ctx)

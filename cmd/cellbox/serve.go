@@ -20,7 +20,7 @@ import (
 func init() {
 	register(command{
 		name:  "serve",
-		usage: "[--addr 127.0.0.1:7077] [--data DIR] [--backend auto|docker|local] [--pool N] [--max-boxes-per-session N] [--max-boxes N] [--max-snapshot-bytes N] [--session-ttl 24h] [--agent-binary PATH] [--key-file F] [--allowed-host H]...  serve the sandbox tool API and the runtime API (patterns, cells) over HTTP",
+		usage: "[--addr 127.0.0.1:7077] [--data DIR] [--backend auto|docker|local] [--pool N] [--max-boxes-per-session N] [--max-boxes N] [--max-sessions N] [--max-snapshot-bytes N] [--session-ttl 24h] [--agent-binary PATH] [--key-file F] [--allowed-host H]...  serve the sandbox tool API and the runtime API (patterns, cells) over HTTP",
 		run:   runServe,
 	})
 }
@@ -37,6 +37,7 @@ func runServe(ctx context.Context, args []string) error {
 	pool := fs.Int("pool", sandbox.DefaultPoolSize, "pre-started boxes kept for the default image (0: none)")
 	maxPerSession := fs.Int("max-boxes-per-session", sandbox.DefaultMaxBoxesPerSession, "sandboxes one session may have at once")
 	maxBoxes := fs.Int("max-boxes", sandbox.DefaultMaxBoxes, "sandboxes all sessions together may have at once")
+	maxSessions := fs.Int("max-sessions", sandbox.DefaultMaxSessions, "sessions that may exist at once")
 	maxSnapBytes := fs.Int64("max-snapshot-bytes", sandbox.DefaultMaxSnapshotBytes, "bytes one session's snapshots may take in the store (deduplicated)")
 	sessionTTL := fs.Duration("session-ttl", sandbox.DefaultSessionTTL, "delete a session and its boxes after it was idle this long (0: never)")
 	httpOpts := addHTTPFlags(fs)
@@ -69,6 +70,7 @@ func runServe(ctx context.Context, args []string) error {
 
 		MaxBoxesPerSession: *maxPerSession,
 		MaxBoxes:           *maxBoxes,
+		MaxSessions:        *maxSessions,
 		MaxSnapshotBytes:   *maxSnapBytes,
 		SessionTTL:         ttlConfig(*sessionTTL),
 	})

@@ -5,8 +5,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -33,14 +33,16 @@ func TestServeSessionTool(t *testing.T) {
 
 	run := func(env []string, args ...string) (string, error) {
 		cmd := exec.Command(bin, args...)
-		cmd.Env = append(os.Environ(), env...)
+		cmd.Env = append(cleanEnv(), env...)
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		err := cmd.Run()
 		return out.String() + errb.String(), err
 	}
 
-	out, err := run(nil, "session", "new", "--server", url, "--data", data)
+	// --data alone finds the server on its --addr (a free port here): it
+	// went to the default address and failed to connect.
+	out, err := run(nil, "session", "new", "--data", data)
 	require.NoError(t, err, out)
 	var env []string
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
@@ -105,6 +107,7 @@ func TestServeSessionTool(t *testing.T) {
 	assert.Contains(t, out, "no such session")
 
 	assert.NoError(t, srv.stop(t), "graceful stop exits 0")
+	assert.NoFileExists(t, filepath.Join(data, urlFile), "a stopped server takes its URL back")
 }
 
 // serveProc is a running `cellbox serve`.

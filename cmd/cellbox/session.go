@@ -63,12 +63,13 @@ func runSession(ctx context.Context, args []string) error {
 		if key == "" {
 			return fmt.Errorf("no server key: creating a session needs the key of cellbox serve; give its --data DIR (the key is DATA/%s) or set %s", keyFile, keyEnv)
 		}
-		c, err := sandboxclient.NewSessionWithOptions(ctx, *cf.server, key, opts)
+		server := serverOf(fs, *cf.server, *data)
+		c, err := sandboxclient.NewSessionWithOptions(ctx, server, key, opts)
 		if err != nil {
 			return err
 		}
 		id, token := c.Session()
-		fmt.Printf("export CELLBOX_SERVER=%s\nexport CELLBOX_SESSION=%s\nexport CELLBOX_TOKEN=%s\n", *cf.server, id, token)
+		fmt.Printf("export CELLBOX_SERVER=%s\nexport CELLBOX_SESSION=%s\nexport CELLBOX_TOKEN=%s\n", server, id, token)
 		return nil
 	case "rm":
 		cf := addClientFlags(fs, false)
@@ -90,7 +91,7 @@ func runSession(ctx context.Context, args []string) error {
 				return fmt.Errorf("no token and no server key: pass the session's --token (or set CELLBOX_TOKEN), or the server's --data DIR (its key is DATA/%s) or set %s", keyFile, keyEnv)
 			}
 		}
-		return sandboxclient.New(*cf.server, pos[0], cred).DeleteSession(ctx)
+		return sandboxclient.New(serverOf(fs, *cf.server, *data), pos[0], cred).DeleteSession(ctx)
 	}
 	return fmt.Errorf("unknown subcommand %q: want new or rm", args[0])
 }

@@ -18,8 +18,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Code contexts: a long-running interpreter (python3, node or bash) per
@@ -163,7 +166,16 @@ type driverAnswer struct {
 	ExitCode *int         `json:"exit_code"`
 	// Truncated: the value was cut (at the request's max, as the streams).
 	Truncated bool `json:"truncated"`
+	// TimedOut: the driver stopped the cell at the request's timeout
+	// (JavaScript's does; see selfTimeout).
+	TimedOut bool `json:"timed_out"`
 }
+
+// selfTimeout is how long the agent lets a driver that times its cells out
+// itself (JavaScript's: node's vm takes its SIGINT listeners off while a
+// script starts and ends, and a SIGINT then ends node) answer after the
+// cell's timeout, before it interrupts it with SIGINT as it does the others.
+var selfTimeout = map[string]time.Duration{LangJavaScript: time.Second}
 
 // codeCtx is one running context.
 type codeCtx struct {
@@ -182,6 +194,9 @@ type codeCtx struct {
 
 	endOnce sync.Once
 	ended   string // why it ended: see end and why
+
+	s         *server
+	oomBefore atomic.Int64 // the box's oom_kill count before the latest cell (oomKills)
 }
 
 // codeTable holds the contexts of this agent. Context ids carry the boot id
@@ -264,7 +279,8 @@ func (t *codeTable) create(ctx context.Context, req CodeContextRequest) (*codeCt
 	t.next++
 	id := fmt.Sprintf("%s-%s-%d", req.Language, t.boot, t.next)
 	c := &codeCtx{id: id, lang: req.Language, dir: filepath.Join(t.dir, id), created: time.Now(),
-		answers: make(chan []byte, 1), turn: make(chan struct{}, 1), gone: make(chan struct{})}
+		answers: make(chan []byte, 1), turn: make(chan struct{}, 1), gone: make(chan struct{}), s: t.s}
+	c.oomBefore.Store(t.s.oomKills())
 	t.starting++
 	t.mu.Unlock()
 
@@ -419,8 +435,17 @@ func (c *codeCtx) end(why string) {
 }
 
 // why says why the context ended; call it after the interpreter exited.
+// An interpreter the kernel killed for want of memory says so, as a shell
+// command does (it said "exit code -1").
 func (c *codeCtx) why() string {
-	c.end(fmt.Sprintf("its interpreter exited (exit code %d)", c.p.exitCode))
+	reason := fmt.Sprintf("its interpreter exited (exit code %d)", c.p.exitCode)
+	if c.p.killedBy != 0 {
+		reason = fmt.Sprintf("its interpreter was killed by %s", unix.SignalName(c.p.killedBy))
+	}
+	if note := c.s.oomNotice(c.p, c.oomBefore.Load()); note != "" {
+		reason += ": " + note
+	}
+	c.end(reason)
 	return c.ended
 }
 
@@ -514,13 +539,14 @@ func (t *codeTable) run(ctx context.Context, id string, req CodeRunRequest) (Cod
 	maxOut := outputLimit(req.MaxOutput)
 
 	begin := time.Now()
+	c.oomBefore.Store(t.s.oomKills())
 	c.stdout.setMax(maxOut)
 	c.stderr.setMax(maxOut)
 	cell := filepath.Join(c.dir, "cell")
 	if err := writeNoFollow(cell, []byte(req.Code)); err != nil {
 		return CodeResult{}, asError(op, id, err)
 	}
-	line, _ := json.Marshal(map[string]any{"file": cell, "n": n, "max": maxOut})
+	line, _ := json.Marshal(map[string]any{"file": cell, "n": n, "max": maxOut, "timeout": max(req.TimeoutMs, 0)})
 	if _, err := c.req.Write(append(line, '\n')); err != nil {
 		return CodeResult{}, codeErr(op, id, CodeNotFound, "code context %s ended: its interpreter stopped reading (%v); create a new one", id, err)
 	}
@@ -540,6 +566,7 @@ func (t *codeTable) run(ctx context.Context, id string, req CodeRunRequest) (Cod
 	}
 	quit := ctx.Done()
 	serverDone := t.s.ctx.Done()
+	selfGrace := selfTimeout[c.lang]
 wait:
 	for {
 		select {
@@ -557,6 +584,10 @@ wait:
 		case <-timeout:
 			res.TimedOut = true
 			timeout = nil
+			if selfGrace > 0 { // the driver stops the cell; SIGINT if it has not within the grace
+				timeout, selfGrace = time.After(selfGrace), 0
+				continue
+			}
 			interrupt()
 		case <-quit:
 			quit = nil
@@ -591,6 +622,7 @@ wait:
 			return res, codeErr(op, id, "", "code context %s ended: its interpreter sent a bad answer (%v); create a new one", id, err)
 		}
 		res.Value, res.Outputs, res.Error, res.ExitCode, res.Truncated = a.Value, a.Outputs, a.Error, a.ExitCode, a.Truncated
+		res.TimedOut = res.TimedOut || a.TimedOut
 	}
 	// The markers come before the answer. After an end there are none,
 	// and the output ends when the pipes close (unless something the cell

@@ -1,14 +1,19 @@
 // cellbox code-context driver for JavaScript (see sandbox/agent/code.go).
 // Started by the agent as `node -e <this>`: fd 3 brings one JSON request per
 // line ({"file": cell source path, "n": cell number, "max": bytes kept of the
-// value}), fd 4 takes
+// value, "timeout": milliseconds or 0}), fd 4 takes
 // {"ready":true} once set up, then one JSON answer per line; fd 1 and 2 are
 // pipes the agent reads, and after a cell the driver writes a marker
 // ($CELLBOX_CODE_MARK and the cell number) to both, before the answer.
 // Cells run in this process's global context (vm.runInThisContext, as the
 // node REPL does): var, let, const, function and class declarations and
-// require()d modules persist between cells. SIGINT interrupts a running
-// cell (breakOnSigint) or an awaited promise, and is ignored between cells.
+// require()d modules persist between cells. The driver times a cell out
+// itself (vm's timeout, then a timer on an awaited promise) and says so with
+// "timed_out" in its answer: the agent's SIGINT is only the fallback, as
+// node's vm takes the SIGINT listeners off while a script starts and ends
+// (breakOnSigint), and a SIGINT in that instant would end node. SIGINT
+// interrupts a running cell (breakOnSigint) or an awaited promise, and is
+// ignored between cells.
 (function () {
   const fs = require('fs');
   const vm = require('vm');
@@ -94,17 +99,37 @@
     ({ processTopLevelAwait } = require('internal/repl/await'));
   } catch (e) { /* an older node: no top-level await */ }
 
-  async function run(src, n) {
+  // timedOut is the error of a cell past its timeout.
+  function timedOut(ms) {
+    return Object.assign(new Error(`Script execution timed out after ${ms}ms`), { name: 'TimeoutError', timedOut: true });
+  }
+
+  async function run(src, n, timeout) {
     const file = `cell-${n}.js`;
     let wrapped = null;
     if (processTopLevelAwait && /\bawait\b/.test(src)) {
       try { wrapped = processTopLevelAwait(src); } catch (e) { wrapped = null; }
     }
-    let value = vm.runInThisContext(wrapped === null ? src : wrapped, { filename: file, breakOnSigint: true });
+    const start = Date.now();
+    const opts = { filename: file, breakOnSigint: true };
+    if (timeout > 0) opts.timeout = timeout;
+    let value;
+    try {
+      value = vm.runInThisContext(wrapped === null ? src : wrapped, opts);
+    } catch (e) {
+      if (e && e.code === 'ERR_SCRIPT_EXECUTION_TIMEOUT') throw timedOut(timeout);
+      throw e;
+    }
     if (value && typeof value.then === 'function') {
-      value = await Promise.race([value, new Promise((_, reject) => {
-        interrupt = () => reject(Object.assign(new Error('Script execution was interrupted by `SIGINT`'), { name: 'Interrupted' }));
-      })]);
+      let timer = null;
+      try {
+        value = await Promise.race([value, new Promise((_, reject) => {
+          interrupt = () => reject(Object.assign(new Error('Script execution was interrupted by `SIGINT`'), { name: 'Interrupted' }));
+          if (timeout > 0) timer = setTimeout(() => reject(timedOut(timeout)), Math.max(timeout - (Date.now() - start), 0));
+        })]);
+      } finally {
+        clearTimeout(timer);
+      }
     }
     if (wrapped !== null) value = value ? value.value : undefined;
     return value;
@@ -120,7 +145,7 @@
       outputs = [];
       richBytes = 0;
       try {
-        const value = await run(src, r.n);
+        const value = await run(src, r.n, r.timeout || 0);
         if (value !== undefined) {
           global._ = value;
           const [shown, cut] = fit(util.inspect(value, { depth: 4, maxArrayLength: 200, maxStringLength: 100000 }), Math.min(r.max || MAX_VALUE, MAX_VALUE));
@@ -129,6 +154,7 @@
         }
       } catch (e) {
         out.error = errorOf(e);
+        if (e && e.timedOut === true) out.timed_out = true;
       } finally {
         interrupt = null;
       }
