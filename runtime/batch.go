@@ -448,6 +448,9 @@ func encodeScalar(v any) (json.RawMessage, bool) {
 	case int64:
 		return strconv.AppendInt(make([]byte, 0, 8), x, 10), true
 	case float64:
+		if exactInt(x) { // as 'f' writes it, without the shortest-digits search
+			return strconv.AppendInt(make([]byte, 0, 8), int64(x), 10), true
+		}
 		// encoding/json writes 'f' format in [1e-6, 1e21) and 0.
 		if a := math.Abs(x); a == 0 || a >= 1e-6 && a < 1e21 {
 			return strconv.AppendFloat(make([]byte, 0, 16), x, 'f', -1, 64), true
@@ -459,12 +462,29 @@ func encodeScalar(v any) (json.RawMessage, bool) {
 // decodedAs returns the value of a compute's output: raw, and out as its
 // decoded form when decode(raw) would give out back (ints, bools, null),
 // so a chain of computes does not parse what it has just written.
+//
+// A float decodes as itself when it has a fraction (its shortest digits
+// parse back to it), and as an int when it is a whole number that an int
+// holds exactly ((l + r) / 2 of ints gives a float).
 func decodedAs(raw json.RawMessage, out any) value {
-	switch out.(type) {
+	switch x := out.(type) {
 	case nil, int, bool:
 		return value{raw: raw, decoded: true, val: out}
+	case float64:
+		if exactInt(x) {
+			return value{raw: raw, decoded: true, val: int(x)}
+		}
+		if x != math.Trunc(x) && !math.IsNaN(x) {
+			return value{raw: raw, decoded: true, val: x}
+		}
 	}
 	return value{raw: raw}
+}
+
+// exactInt reports whether x is a whole number below 2^53 in magnitude
+// (so an int64 holds it exactly), not -0 (which JSON writes as "-0").
+func exactInt(x float64) bool {
+	return x == math.Trunc(x) && math.Abs(x) < 1<<53 && !(x == 0 && math.Signbit(x))
 }
 
 func safeCompute(c Compute, in Inputs) (out any, err error) {
