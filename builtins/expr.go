@@ -32,6 +32,7 @@ type Expr struct {
 	refs    []string
 	program *vm.Program
 	steps   bool // it has predicates, which count their steps (countSteps)
+	fast    fast // the program as closures, if it is straight-line; or nil
 }
 
 // nondeterministic builtins, refused at compile time with the reason.
@@ -64,7 +65,11 @@ func Parse(src string) (*Expr, error) {
 		}
 	}
 	slices.Sort(refs)
-	return &Expr{src: src, refs: slices.Compact(refs), program: program, steps: counter.found}, nil
+	e := &Expr{src: src, refs: slices.Compact(refs), program: program, steps: counter.found}
+	if !e.steps {
+		e.fast = compileFast(program)
+	}
+	return e, nil
 }
 
 // A Read is something an expression reads by name: a cell or a node with
@@ -128,6 +133,16 @@ var vms = sync.Pool{New: func() any { return &vm.VM{} }}
 // Eval evaluates the expression with env holding the referenced values (a
 // missing one reads as nil). Safe for concurrent use.
 func (e *Expr) Eval(env map[string]any) (any, error) {
+	if e.fast != nil {
+		if out, ok := e.fast.run(env); ok {
+			return out, nil
+		}
+	}
+	return e.vmEval(env)
+}
+
+// vmEval evaluates the expression on expr's VM.
+func (e *Expr) vmEval(env map[string]any) (any, error) {
 	if env == nil {
 		env = map[string]any{}
 	}

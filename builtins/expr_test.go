@@ -1,6 +1,7 @@
 package builtins
 
 import (
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -157,5 +158,46 @@ func TestAnalyze(t *testing.T) {
 	for _, bad := range []string{"a +", "(", "a.b.", "1 ? 2"} {
 		_, err := Analyze(bad)
 		assert.Error(t, err, bad)
+	}
+}
+
+// The closures of a straight-line expression give what the VM gives: the
+// same value (type included) or the same error, on values of every JSON
+// type and on the mixes the VM refuses.
+func TestExprFastMatchesVM(t *testing.T) {
+	type obj = map[string]any
+	envs := []map[string]any{
+		{"a": 7, "b": 2, "s": "x", "f": 2.5, "t": true, "l": []any{1, "x"}, "m": obj{"k": 3, "n": obj{"k": "deep"}}},
+		{"a": -3, "b": 0, "s": "", "f": -0.5, "t": false, "l": []any{}, "m": obj{}},
+		{"a": "str", "b": nil, "s": 4, "f": obj{}, "t": 1, "l": nil, "m": []any{1}},
+		{"a": math.MaxInt, "b": -1, "s": []any{"x"}, "f": 1e300, "t": nil, "l": "l", "m": nil},
+		{"a": int64(3), "b": new(int), "s": uint8(2), "f": float32(1.5)}, // not JSON: the VM's business
+		{},
+		nil,
+	}
+	srcs := []string{
+		"a + 1", "a + b", "a - b", "a * b", "a / b", "a % b", "a ** b", "-a", "!t", "not t",
+		"(a + b) / 2", "a + f", "f * 2.5", "s + s", "s + a", "a + s", "a == b", "a != b", "a < b", "a >= f",
+		"s <= s", "m.k + 1", "m.n.k", "m.missing", `m["k"]`, "l[0]", "l[5]", "a in l", `"x" in l`, "1 + 2",
+		"t == true", "nil", "a", "missing + 1", "-f", "a / 0", "a % 0", "2 ** 0.5", "b", "b == 0", "f",
+	}
+	for _, src := range srcs {
+		e, err := Parse(src)
+		require.NoError(t, err, src)
+		require.NotNil(t, e.fast, "%s: expected a straight-line program", src)
+		for i, env := range envs {
+			fastOut, fastErr := e.Eval(env)
+			vmOut, vmErr := e.vmEval(env)
+			if vmErr != nil {
+				require.Error(t, fastErr, "%s, env %d", src, i)
+				assert.Equal(t, vmErr.Error(), fastErr.Error(), "%s, env %d", src, i)
+				continue
+			}
+			require.NoError(t, fastErr, "%s, env %d", src, i)
+			assert.Equal(t, vmOut, fastOut, "%s, env %d", src, i) // assert.Equal compares types too
+		}
+	}
+	for _, src := range []string{`x > 1 ? "big" : "small"`, "filter(l, # > 1)", "a ?? 1", "len(l)", "let y = a; y + 1", "a and t"} {
+		assert.Nil(t, MustParse(src).fast, "%s: jumps, calls and variables run on the VM", src)
 	}
 }

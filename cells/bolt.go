@@ -86,7 +86,7 @@ func (t *boltTx) rollback()     { _ = t.tx.Rollback() }
 
 type boltBucket struct{ b *bolt.Bucket }
 
-func (b boltBucket) get(k []byte) []byte          { return b.b.Get(k) }
+func (b boltBucket) get(k string) []byte          { return b.b.Get([]byte(k)) }
 func (b boltBucket) put(k string, v []byte) error { return b.b.Put([]byte(k), v) }
 func (b boltBucket) del(k []byte) error           { return b.b.Delete(k) }
 

@@ -190,6 +190,9 @@ type Tx interface {
 	// reports false. A value that breaks the cell's schema is refused with
 	// a *SchemaError. Set on a stream is an error.
 	Set(addr Address, value json.RawMessage) (changed bool, err error)
+	// SetRef is Set of the cell r refers to, for a writer that sets the
+	// same cells transaction after transaction (see Ref).
+	SetRef(r *Ref, value json.RawMessage) (changed bool, err error)
 	// SetError marks the cell failed with msg, keeping its value; "" clears
 	// it. It reports whether anything changed.
 	SetError(addr Address, msg string) (changed bool, err error)
@@ -208,6 +211,29 @@ type Tx interface {
 	// with the transaction and cause no notification.
 	Meta(bucket string) Bucket
 }
+
+// Ref is a cell's address checked and keyed once, for a writer that sets
+// the same cells in transaction after transaction (the runtime: each
+// computed node's output, once per batch). Tx.SetRef skips the address
+// check and the building of its key, and the memory store finds the
+// cell's record again without a lookup in its index while the record stays
+// (no cell was removed since). A Ref is not safe for concurrent use.
+type Ref struct {
+	addr Address
+	key  string
+	hint kvHint
+}
+
+// NewRef returns a Ref to the cell at a.
+func NewRef(a Address) (*Ref, error) {
+	if err := a.Valid(); err != nil {
+		return nil, err
+	}
+	return &Ref{addr: a, key: a.String()}, nil
+}
+
+// Addr returns the address r refers to.
+func (r *Ref) Addr() Address { return r.addr }
 
 // Bucket is a key/value bucket inside a transaction.
 type Bucket interface {

@@ -201,6 +201,104 @@ func TestRollback(t *testing.T) {
 	})
 }
 
+// A cell set, deleted and set again in one transaction ends with the last
+// value, once; rolled back, with its value from before.
+func TestSetDeleteSetInOneTransaction(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		s, _ := b.open(t, Options{})
+		set(t, s, "a", `1`)
+		setDeleteSet := func(last string) func(tx Tx) error {
+			return func(tx Tx) error {
+				_, err := tx.Set(addr("a"), json.RawMessage(`2`))
+				require.NoError(t, err)
+				require.NoError(t, tx.Delete(addr("a")))
+				_, err = tx.Set(addr("a"), json.RawMessage(last))
+				return err
+			}
+		}
+		boom := errors.New("boom")
+		err := s.Update(func(tx Tx) error {
+			require.NoError(t, setDeleteSet(`3`)(tx))
+			return boom
+		})
+		require.ErrorIs(t, err, boom)
+		a, err := s.Get(addr("a"))
+		require.NoError(t, err)
+		assert.Equal(t, "1", string(a.Value), "rolled back")
+
+		require.NoError(t, s.Update(setDeleteSet(`4`)))
+		a, err = s.Get(addr("a"))
+		require.NoError(t, err)
+		assert.Equal(t, "4", string(a.Value))
+		var all []Cell
+		require.NoError(t, s.View(func(tx Tx) error {
+			all, err = tx.List("s/p/")
+			return err
+		}))
+		require.Len(t, all, 1)
+		assert.Equal(t, "4", string(all[0].Value))
+	})
+}
+
+// SetRef writes what Set writes, across transactions, through deletes,
+// re-creations and rollbacks of its cell (the memory store's remembered
+// entry must not outlive the cell).
+func TestSetRef(t *testing.T) {
+	each(t, func(t *testing.T, b backend) {
+		s, _ := b.open(t, Options{})
+		_, err := NewRef(Address{"s", "p", "a/b"})
+		require.ErrorContains(t, err, "contains '/'")
+		r, err := NewRef(addr("a"))
+		require.NoError(t, err)
+		assert.Equal(t, addr("a"), r.Addr())
+		setRef := func(v string) (changed bool) {
+			require.NoError(t, s.Update(func(tx Tx) error {
+				changed, err = tx.SetRef(r, json.RawMessage(v))
+				return err
+			}))
+			return changed
+		}
+		value := func() string {
+			c, err := s.Get(addr("a"))
+			if errors.Is(err, ErrNotFound) {
+				return "(none)"
+			}
+			require.NoError(t, err)
+			return string(c.Value)
+		}
+		assert.True(t, setRef(`1`))
+		assert.False(t, setRef(`1`), "unchanged")
+		set(t, s, "a", `2`)
+		assert.False(t, setRef(`2`), "sees Set's write")
+		assert.True(t, setRef(`3`))
+		assert.Equal(t, "3", value())
+
+		require.NoError(t, s.Update(func(tx Tx) error { return tx.Delete(addr("a")) }))
+		assert.Equal(t, "(none)", value())
+		assert.True(t, setRef(`4`), "a new cell")
+		assert.Equal(t, "4", value())
+
+		boom := errors.New("boom")
+		require.NoError(t, s.Update(func(tx Tx) error { return tx.Delete(addr("a")) }))
+		require.ErrorIs(t, s.Update(func(tx Tx) error {
+			_, err := tx.SetRef(r, json.RawMessage(`5`))
+			require.NoError(t, err)
+			return boom
+		}), boom)
+		assert.Equal(t, "(none)", value(), "rolled back")
+		assert.True(t, setRef(`6`))
+		assert.Equal(t, "6", value())
+
+		require.NoError(t, s.Update(func(tx Tx) error { return tx.Declare(addr("ev"), Spec{Stream: true}) }))
+		ev, err := NewRef(addr("ev"))
+		require.NoError(t, err)
+		require.ErrorContains(t, s.Update(func(tx Tx) error {
+			_, err := tx.SetRef(ev, json.RawMessage(`1`))
+			return err
+		}), "it is a stream")
+	})
+}
+
 func TestSchema(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		s, _ := b.open(t, Options{})
@@ -376,7 +474,7 @@ func TestLogBytes(t *testing.T) {
 			require.NoError(t, s.View(func(x Tx) error {
 				info, err := x.(*tx).bucket(bucketInfo)
 				require.NoError(t, err)
-				start, size = readU64(info.get([]byte(keyLogStart))), readU64(info.get([]byte(keyLogBytes)))
+				start, size = readU64(info.get(keyLogStart)), readU64(info.get(keyLogBytes))
 				return nil
 			}))
 			return start, size
@@ -654,4 +752,22 @@ func TestBoltReopenAndRedeclareWithoutWrites(t *testing.T) {
 		return nil
 	}))
 	require.NoError(t, s.Close())
+}
+
+// compactValue's integer shortcut accepts exactly the integers json.Valid
+// does and leaves everything else (bad JSON too) to the full check.
+func TestCompactValueShortcut(t *testing.T) {
+	for _, in := range []string{"0", "-0", "7", "-12", "1234567890123", "01", "-", "--1", "1-", "+1", "1.5", "1e3", "-01", " 1", "1 ", "", "0x1"} {
+		t.Run(in, func(t *testing.T) {
+			got, err := compactValue(json.RawMessage(in))
+			if !json.Valid([]byte(in)) {
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			var buf bytes.Buffer
+			require.NoError(t, json.Compact(&buf, []byte(in)))
+			assert.Equal(t, buf.String(), string(got))
+		})
+	}
 }

@@ -21,21 +21,36 @@ type kvTx interface {
 }
 
 // kvBucket values returned by get and scan are valid only during the
-// transaction and must not be modified. put keeps v: do not reuse it. Its
-// key is a string: the memory store keys its maps by string, and the
-// cells bucket, written once per changed cell, has its key as one.
+// transaction and must not be modified. put keeps v: do not reuse it. get
+// and put take a string key: the memory store keys its maps by string, and
+// the cells bucket, read and written once per changed cell, has its key as
+// one (a []byte would cost a copy per call).
 type kvBucket interface {
-	get(k []byte) []byte
+	get(k string) []byte
 	put(k string, v []byte) error
 	del(k []byte) error
 	// scan calls fn for each key >= from in order until fn returns false.
 	scan(from []byte, fn func(k, v []byte) bool)
 }
 
+// hintedBucket is a bucket that can find a key again without looking it
+// up, through what it noted in a kvHint the last time (see Ref).
+type hintedBucket interface {
+	getHinted(k string, h *kvHint) []byte
+}
+
+// kvHint is where the memory kv found a key: its entry, valid while its
+// bucket has removed nothing since (gen).
+type kvHint struct {
+	b   *memBucket
+	e   *memEntry
+	gen uint64
+}
+
 // emptyBucket is a missing bucket in a read-only transaction.
 type emptyBucket struct{}
 
-func (emptyBucket) get([]byte) []byte                   { return nil }
+func (emptyBucket) get(string) []byte                   { return nil }
 func (emptyBucket) put(string, []byte) error            { return ErrReadOnly }
 func (emptyBucket) del([]byte) error                    { return ErrReadOnly }
 func (emptyBucket) scan([]byte, func(k, v []byte) bool) {}
@@ -45,6 +60,10 @@ func (emptyBucket) scan([]byte, func(k, v []byte) bool) {}
 type memKV struct {
 	mu      sync.RWMutex
 	buckets map[string]*memBucket
+	// spare is the undo log's array, kept (emptied) for the next writable
+	// transaction: a batch writing thousands of cells would otherwise grow
+	// a new one, by doubling, on every commit. Guarded by mu (writers).
+	spare []memUndo
 }
 
 func newMemKV() *memKV { return &memKV{buckets: map[string]*memBucket{}} }
@@ -57,7 +76,11 @@ func (m *memKV) begin(writable bool) (kvTx, error) {
 	} else {
 		m.mu.RLock()
 	}
-	return &memTx{kv: m, writable: writable}, nil
+	t := &memTx{kv: m, writable: writable}
+	if writable {
+		t.undo, m.spare = m.spare, nil
+	}
+	return t, nil
 }
 
 type memTx struct {
@@ -67,11 +90,14 @@ type memTx struct {
 	undo     []memUndo
 }
 
+// memUndo undoes one write: an entry put for the first time is removed,
+// any other gets its old value back, in the map again if it was deleted.
 type memUndo struct {
-	b       *memBucket
-	key     string
-	old     []byte
-	existed bool
+	b     *memBucket
+	key   string
+	e     *memEntry
+	old   []byte
+	added bool
 }
 
 func (t *memTx) bucket(name string) (kvBucket, error) {
@@ -80,7 +106,7 @@ func (t *memTx) bucket(name string) (kvBucket, error) {
 		if !t.writable {
 			return emptyBucket{}, nil
 		}
-		b = &memBucket{m: map[string][]byte{}}
+		b = &memBucket{m: map[string]*memEntry{}}
 		t.kv.buckets[name] = b
 	}
 	return &memTxBucket{t: t, b: b}, nil
@@ -97,10 +123,14 @@ func (t *memTx) rollback() {
 	}
 	for i := len(t.undo) - 1; i >= 0; i-- {
 		u := t.undo[i]
-		if u.existed {
-			u.b.set(u.key, u.old)
-		} else {
+		switch {
+		case u.added:
 			u.b.remove(u.key)
+		case u.b.m[u.key] != u.e: // deleted
+			u.e.v = u.old
+			u.b.add(u.key, u.e)
+		default:
+			u.e.v = u.old
 		}
 	}
 	t.end()
@@ -111,28 +141,65 @@ func (t *memTx) end() {
 		return
 	}
 	t.done = true
-	t.undo = nil
 	if t.writable {
+		clear(t.undo) // let old values be collected
+		t.kv.spare, t.undo = t.undo[:0], nil
 		t.kv.mu.Unlock()
 	} else {
 		t.kv.mu.RUnlock()
 	}
 }
 
+// memTxBucket remembers the entry of its last get: a cell write reads
+// the cell's record and then puts the new one under the same key, which
+// then costs no second hash and probe of a map of every cell.
 type memTxBucket struct {
-	t *memTx
-	b *memBucket
+	t       *memTx
+	b       *memBucket
+	lastKey string
+	last    *memEntry
+	lastGen uint64 // b.removals when last was looked up
 }
 
-func (tb *memTxBucket) get(k []byte) []byte { return tb.b.m[string(k)] }
+func (tb *memTxBucket) get(k string) []byte {
+	e := tb.b.m[k]
+	if e == nil {
+		return nil
+	}
+	if tb.t.writable {
+		tb.lastKey, tb.last, tb.lastGen = k, e, tb.b.removals
+	}
+	return e.v
+}
+
+func (tb *memTxBucket) getHinted(k string, h *kvHint) []byte {
+	if h.b != tb.b || h.gen != tb.b.removals || h.e == nil {
+		h.b, h.e, h.gen = tb.b, tb.b.m[k], tb.b.removals
+	}
+	if h.e == nil {
+		return nil
+	}
+	if tb.t.writable {
+		tb.lastKey, tb.last, tb.lastGen = k, h.e, tb.b.removals
+	}
+	return h.e.v
+}
 
 func (tb *memTxBucket) put(key string, v []byte) error {
 	if !tb.t.writable {
 		return ErrReadOnly
 	}
-	old, existed := tb.b.m[key]
-	tb.t.undo = append(tb.t.undo, memUndo{tb.b, key, old, existed})
-	tb.b.set(key, v)
+	e := tb.last
+	if e == nil || tb.lastGen != tb.b.removals || tb.lastKey != key {
+		e = tb.b.m[key]
+	}
+	if e == nil {
+		tb.t.undo = append(tb.t.undo, memUndo{b: tb.b, key: key, added: true})
+		tb.b.add(key, &memEntry{v: v})
+		return nil
+	}
+	tb.t.undo = append(tb.t.undo, memUndo{b: tb.b, key: key, e: e, old: e.v})
+	e.v = v
 	return nil
 }
 
@@ -141,11 +208,11 @@ func (tb *memTxBucket) del(k []byte) error {
 		return ErrReadOnly
 	}
 	key := string(k)
-	old, existed := tb.b.m[key]
-	if !existed {
+	e := tb.b.m[key]
+	if e == nil {
 		return nil
 	}
-	tb.t.undo = append(tb.t.undo, memUndo{tb.b, key, old, true})
+	tb.t.undo = append(tb.t.undo, memUndo{b: tb.b, key: key, e: e, old: e.v})
 	tb.b.remove(key)
 	return nil
 }
@@ -155,22 +222,26 @@ func (tb *memTxBucket) scan(from []byte, fn func(k, v []byte) bool) { tb.b.scan(
 // memBucket keeps keys[head:] sorted when !dirty. Appending in order
 // (the change log) and deleting from the front (its compaction) stay O(1);
 // anything else marks the slice dirty and the next scan rebuilds it.
+// Values live in entries, so a put of an existing key changes its entry in
+// place, without a map write.
 type memBucket struct {
-	sortMu sync.Mutex // readers may rebuild keys concurrently
-	m      map[string][]byte
-	keys   []string
-	head   int
-	dirty  bool
+	sortMu   sync.Mutex // readers may rebuild keys concurrently
+	m        map[string]*memEntry
+	keys     []string
+	head     int
+	dirty    bool
+	removals uint64 // counts removes: a remembered entry may be stale
 }
 
-func (b *memBucket) set(k string, v []byte) {
-	if _, ok := b.m[k]; !ok {
-		if n := len(b.keys); n > b.head && b.keys[n-1] >= k {
-			b.dirty = true
-		}
-		b.keys = append(b.keys, k)
+type memEntry struct{ v []byte }
+
+// add inserts an entry under a key that has none.
+func (b *memBucket) add(k string, e *memEntry) {
+	if n := len(b.keys); n > b.head && b.keys[n-1] >= k {
+		b.dirty = true
 	}
-	b.m[k] = v
+	b.keys = append(b.keys, k)
+	b.m[k] = e
 }
 
 func (b *memBucket) remove(k string) {
@@ -178,6 +249,7 @@ func (b *memBucket) remove(k string) {
 		return
 	}
 	delete(b.m, k)
+	b.removals++
 	if !b.dirty && b.head < len(b.keys) && b.keys[b.head] == k {
 		b.keys[b.head] = ""
 		b.head++
@@ -204,7 +276,7 @@ func (b *memBucket) scan(from []byte, fn func(k, v []byte) bool) {
 	b.sortMu.Unlock()
 	i, _ := slices.BinarySearch(keys, string(from))
 	for ; i < len(keys); i++ {
-		if !fn([]byte(keys[i]), b.m[keys[i]]) {
+		if !fn([]byte(keys[i]), b.m[keys[i]].v) {
 			return
 		}
 	}

@@ -35,6 +35,10 @@ type db struct {
 
 	watchMu  sync.Mutex
 	watchers map[*watcher]struct{}
+
+	// spare is the change list's array, kept (emptied) for the next
+	// Update, as memKV keeps its undo log's. Guarded by mu.
+	spare []logChange
 }
 
 func open(k kv, opts Options) (*db, error) {
@@ -54,8 +58,8 @@ func open(k kv, opts Options) (*db, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.version.Store(readU64(info.get([]byte(keyVersion))))
-	switch l := info.get([]byte(keyLayout)); {
+	s.version.Store(readU64(info.get(keyVersion)))
+	switch l := info.get(keyLayout); {
 	case l == nil:
 		for _, name := range []string{bucketCells, bucketLog} {
 			b, err := t.bucket(name)
@@ -118,7 +122,7 @@ func (s *db) View(fn func(Tx) error) error {
 	if err != nil {
 		return err
 	}
-	t.version = readU64(info.get([]byte(keyVersion)))
+	t.version = readU64(info.get(keyVersion))
 	return fn(t)
 }
 
@@ -138,7 +142,11 @@ func (s *db) Update(fn func(Tx) error) (err error) {
 			k.rollback()
 		}
 	}()
-	t := &tx{db: s, kv: k, writable: true, version: s.version.Load() + 1, now: time.Now().UnixNano()}
+	t := &tx{db: s, kv: k, writable: true, version: s.version.Load() + 1, now: time.Now().UnixNano(), changes: s.spare}
+	defer func() {
+		clear(t.changes) // let the records be collected
+		s.spare = t.changes[:0]
+	}()
 	if err := fn(t); err != nil {
 		return err
 	}
@@ -218,19 +226,31 @@ func (t *tx) load(addr Address) (key string, rec record, found bool, err error) 
 		return "", rec, false, err
 	}
 	key = addr.String()
+	rec, found, err = t.loadKey(key, nil)
+	return key, rec, found, err
+}
+
+// loadKey reads the record under a valid cell key, through the kv's hint
+// of the key if given.
+func (t *tx) loadKey(key string, hint *kvHint) (rec record, found bool, err error) {
 	b, err := t.bucket(bucketCells)
 	if err != nil {
-		return key, rec, false, err
+		return rec, false, err
 	}
-	raw := b.get([]byte(key))
+	var raw []byte
+	if hb, ok := b.(hintedBucket); ok && hint != nil {
+		raw = hb.getHinted(key, hint)
+	} else {
+		raw = b.get(key)
+	}
 	if raw == nil {
-		return key, rec, false, nil
+		return rec, false, nil
 	}
 	rec, err = decodeRecord(raw)
 	if err != nil {
-		return key, rec, false, fmt.Errorf("cell %s: %w", key, err)
+		return rec, false, fmt.Errorf("cell %s: %w", key, err)
 	}
-	return key, rec, true, nil
+	return rec, true, nil
 }
 
 func (t *tx) Get(addr Address) (Cell, error) {
@@ -334,7 +354,7 @@ func (t *tx) Declare(addr Address, spec Spec) error {
 		// settled store then commits nothing (no sync).
 		if cur, err := t.bucket(bucketSchemas); err != nil {
 			return err
-		} else if !bytes.Equal(cur.get([]byte(key)), spec.Schema) {
+		} else if !bytes.Equal(cur.get(key), spec.Schema) {
 			schemas, err := t.write(bucketSchemas)
 			if err != nil {
 				return err
@@ -376,7 +396,7 @@ func (t *tx) Spec(addr Address) (Spec, error) {
 		if err != nil {
 			return spec, err
 		}
-		spec.Schema = append(json.RawMessage(nil), b.get([]byte(key))...)
+		spec.Schema = append(json.RawMessage(nil), b.get(key)...)
 	}
 	return spec, nil
 }
@@ -385,7 +405,21 @@ func (t *tx) Set(addr Address, value json.RawMessage) (bool, error) {
 	if !t.writable {
 		return false, ErrReadOnly
 	}
-	key, rec, found, err := t.load(addr)
+	if err := addr.Valid(); err != nil {
+		return false, err
+	}
+	return t.set(addr, addr.String(), nil, value)
+}
+
+func (t *tx) SetRef(r *Ref, value json.RawMessage) (bool, error) {
+	return t.set(r.addr, r.key, &r.hint, value)
+}
+
+func (t *tx) set(addr Address, key string, hint *kvHint, value json.RawMessage) (bool, error) {
+	if !t.writable {
+		return false, ErrReadOnly
+	}
+	rec, found, err := t.loadKey(key, hint)
 	if err != nil {
 		return false, err
 	}
@@ -404,7 +438,7 @@ func (t *tx) Set(addr Address, value json.RawMessage) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if err := jsonschema.Validate(b.get([]byte(key)), v); err != nil {
+		if err := jsonschema.Validate(b.get(key), v); err != nil {
 			return false, &SchemaError{Addr: addr, Err: err}
 		}
 	}
@@ -418,6 +452,9 @@ func (t *tx) Set(addr Address, value json.RawMessage) (bool, error) {
 // computes): it is
 // returned as it is, without the copy json.Compact makes.
 func compactValue(value json.RawMessage) ([]byte, error) {
+	if plainInt(value) {
+		return value, nil
+	}
 	if n := len(value); n > 0 && !bytes.ContainsAny(value[:1], " \t\r\n[{") && !bytes.ContainsAny(value[n-1:], " \t\r\n") && json.Valid(value) {
 		return value, nil
 	}
@@ -430,6 +467,24 @@ func compactValue(value json.RawMessage) ([]byte, error) {
 		return nil, errors.New("empty value (write null for none)")
 	}
 	return buf.Bytes(), nil
+}
+
+// plainInt reports whether b is a JSON integer with no sign but '-' and
+// no leading zero, so valid and compact: the value most computes write,
+// checked without json.Valid's scanner.
+func plainInt(b []byte) bool {
+	if len(b) > 0 && b[0] == '-' {
+		b = b[1:]
+	}
+	if len(b) == 0 || len(b) > 1 && b[0] == '0' {
+		return false
+	}
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func (t *tx) SetError(addr Address, msg string) (bool, error) {
@@ -534,7 +589,7 @@ func (t *tx) Send(addr Address, payload json.RawMessage) (Event, error) {
 	if err != nil {
 		return Event{}, err
 	}
-	ev := Event{ID: readU64(info.get([]byte(keyEvent))) + 1, Payload: buf.Bytes(), Sent: time.Unix(0, t.now)}
+	ev := Event{ID: readU64(info.get(keyEvent)) + 1, Payload: buf.Bytes(), Sent: time.Unix(0, t.now)}
 	if err := info.put(keyEvent, u64(ev.ID)); err != nil {
 		return Event{}, err
 	}
@@ -583,7 +638,7 @@ func (t *tx) Ack(addr Address, id uint64) error {
 	if err != nil {
 		return err
 	}
-	if last := readU64(acks.get([]byte(key))); id <= last {
+	if last := readU64(acks.get(key)); id <= last {
 		return fmt.Errorf("ack event %d on %s (handled up to %d): %w", id, key, last, ErrHandled)
 	}
 	evs, err := t.write(bucketEvents)
@@ -628,19 +683,19 @@ func (t *tx) writeLog() error {
 	if err := info.put(keyVersion, u64(t.version)); err != nil {
 		return err
 	}
-	start := readU64(info.get([]byte(keyLogStart)))
+	start := readU64(info.get(keyLogStart))
 	if start == 0 {
 		start = 1
 	}
 	var size uint64
-	if b := info.get([]byte(keyLogBytes)); b != nil {
+	if b := info.get(keyLogBytes); b != nil {
 		size = readU64(b) + uint64(len(entry))
 	} else { // a store from before the key: count the log once
 		lg.scan(nil, func(_, v []byte) bool { size += uint64(len(v)); return true })
 	}
 	v := start
 	for ; v < t.version && (v+t.db.logLimit <= t.version || size > t.db.logBytes); v++ {
-		size -= min(uint64(len(lg.get(u64(v)))), size)
+		size -= min(uint64(len(lg.get(string(u64(v))))), size)
 		if err := lg.del(u64(v)); err != nil {
 			return err
 		}
@@ -663,7 +718,7 @@ func (m *metaBucket) Get(key string) ([]byte, bool) {
 	if err != nil {
 		return nil, false
 	}
-	v := b.get([]byte(key))
+	v := b.get(key)
 	if v == nil {
 		return nil, false
 	}

@@ -88,7 +88,7 @@ func (s *db) catchUp(w *watcher) ([]Batch, error) {
 			return err
 		}
 		current := tt.version
-		start := readU64(info.get([]byte(keyLogStart)))
+		start := readU64(info.get(keyLogStart))
 		if w.last+1 < start || w.last > current {
 			cells, err := t.List(w.prefix)
 			if err != nil {

@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"bytes"
-	"container/heap"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -85,7 +84,7 @@ type batch struct {
 	r       *Runtime
 	tx      cells.Tx
 	id      uint64
-	queue   nodeHeap
+	queue   *levels // the runtime's
 	touched []*slot // slots with a value in this batch
 	after   []func()
 	status  []Status
@@ -98,22 +97,27 @@ type batch struct {
 // post-commit actions. Callers hold r.mu.
 func (r *Runtime) batch(fn func(*batch) error) error {
 	r.batchID++
-	b := &batch{r: r, id: r.batchID, timed: r.nsubs.Load() > 0}
+	b := &batch{r: r, id: r.batchID, timed: r.nsubs.Load() > 0, queue: &r.queue, touched: r.touched}
 	err := r.store.Update(func(tx cells.Tx) error {
 		b.tx = tx
 		if err := fn(b); err != nil {
 			return err
 		}
-		for len(b.queue) > 0 {
+		for b.queue.n > 0 {
 			b.process(b.queue.pop())
 		}
 		return nil
 	})
+	b.queue.reset()
+	defer func() { // keep the array for the next batch, without its slots
+		clear(b.touched)
+		r.touched = b.touched[:0]
+	}()
 	if err != nil {
 		return err
 	}
 	for _, s := range b.touched {
-		s.val = s.next
+		s.val, s.known = s.next, true
 	}
 	for _, f := range b.after {
 		f()
@@ -127,25 +131,26 @@ func (r *Runtime) batch(fn func(*batch) error) error {
 func (b *batch) then(f func()) { b.after = append(b.after, f) }
 
 // get returns a cell's value as of this batch.
+// It points into the slot: read it before the slot is staged again.
 func (b *batch) get(s *slot) *value {
 	if s.nextID == b.id {
-		return s.next
+		return &s.next
 	}
-	if s.val != nil {
-		return s.val
+	if s.known {
+		return &s.val
 	}
-	v := &value{raw: nullValue}
+	v := value{raw: nullValue}
 	if c, err := b.tx.Get(s.addr); err == nil {
 		v.raw, v.err = c.Value, c.Error
 	} else if errors.Is(err, cells.ErrNotFound) {
 		v.missing = true
 	}
 	b.stage(s, v)
-	return v
+	return &s.next
 }
 
 // stage gives a slot its value in this batch; the commit makes it current.
-func (b *batch) stage(s *slot, v *value) {
+func (b *batch) stage(s *slot, v value) {
 	if s.nextID != b.id {
 		s.nextID = b.id
 		b.touched = append(b.touched, s)
@@ -164,18 +169,25 @@ func (b *batch) set(s *slot, raw json.RawMessage) (bool, error) {
 }
 
 func (b *batch) setCompact(s *slot, raw json.RawMessage) (bool, error) {
-	return b.setValue(s, &value{raw: raw})
+	return b.setValue(s, value{raw: raw})
 }
 
 // setValue writes v.raw (compact JSON); v may carry its decoded form
 // already (see decodedAs), which spares its readers a decode.
-func (b *batch) setValue(s *slot, v *value) (bool, error) {
+func (b *batch) setValue(s *slot, v value) (bool, error) {
 	raw := v.raw
 	cur := b.get(s)
 	if !cur.missing && cur.err == "" && bytes.Equal(cur.raw, raw) {
 		return false, nil // early cutoff
 	}
-	changed, err := b.tx.Set(s.addr, raw)
+	if s.ref == nil {
+		ref, err := cells.NewRef(s.addr)
+		if err != nil {
+			return false, err
+		}
+		s.ref = ref
+	}
+	changed, err := b.tx.SetRef(s.ref, raw)
 	if err != nil || !changed {
 		return changed, err
 	}
@@ -196,7 +208,7 @@ func (b *batch) setError(s *slot, msg string) {
 		return
 	}
 	if changed {
-		b.stage(s, &value{raw: cur.raw, err: msg, decoded: cur.decoded, val: cur.val})
+		b.stage(s, value{raw: cur.raw, err: msg, decoded: cur.decoded, val: cur.val})
 		b.mark(s)
 	}
 }
@@ -241,22 +253,24 @@ func (b *batch) inputs(n *node) (in Inputs, inErr string, waiting bool, failedUp
 	} else {
 		in = make(Inputs, len(n.inputs))
 	}
-	for _, i := range n.inputs {
+	for k := range n.inputs {
+		i := &n.inputs[k]
 		v := b.get(i.slot)
 		if v.err != "" {
-			return nil, upstream(i, v.err), false, ""
+			return nil, upstream(*i, v.err), false, ""
 		}
-		in[i.name] = v.get()
+		x := v.get()
+		in[i.name] = x
 		p := i.slot.producer
 		if p == nil {
 			continue
 		}
-		if p.waiting || p.shape == shapeAsync && noResultYet(in[i.name]) || p.shape == shapeService && in[i.name] == nil {
+		if p.waiting || p.shape == shapeAsync && noResultYet(x) || p.shape == shapeService && x == nil {
 			waiting = true
 		}
 		if failedUp == "" {
-			if msg, ok := runError(p, in[i.name]); ok {
-				failedUp = upstream(i, msg)
+			if msg, ok := runError(p, x); ok {
+				failedUp = upstream(*i, msg)
 			} else if p.failedUp != "" {
 				failedUp = p.failedUp
 			}
@@ -434,6 +448,9 @@ func encodeScalar(v any) (json.RawMessage, bool) {
 	case int64:
 		return strconv.AppendInt(make([]byte, 0, 8), x, 10), true
 	case float64:
+		if exactInt(x) { // as 'f' writes it, without the shortest-digits search
+			return strconv.AppendInt(make([]byte, 0, 8), int64(x), 10), true
+		}
 		// encoding/json writes 'f' format in [1e-6, 1e21) and 0.
 		if a := math.Abs(x); a == 0 || a >= 1e-6 && a < 1e21 {
 			return strconv.AppendFloat(make([]byte, 0, 16), x, 'f', -1, 64), true
@@ -445,12 +462,29 @@ func encodeScalar(v any) (json.RawMessage, bool) {
 // decodedAs returns the value of a compute's output: raw, and out as its
 // decoded form when decode(raw) would give out back (ints, bools, null),
 // so a chain of computes does not parse what it has just written.
-func decodedAs(raw json.RawMessage, out any) *value {
-	switch out.(type) {
+//
+// A float decodes as itself when it has a fraction (its shortest digits
+// parse back to it), and as an int when it is a whole number that an int
+// holds exactly ((l + r) / 2 of ints gives a float).
+func decodedAs(raw json.RawMessage, out any) value {
+	switch x := out.(type) {
 	case nil, int, bool:
-		return &value{raw: raw, decoded: true, val: out}
+		return value{raw: raw, decoded: true, val: out}
+	case float64:
+		if exactInt(x) {
+			return value{raw: raw, decoded: true, val: int(x)}
+		}
+		if x != math.Trunc(x) && !math.IsNaN(x) {
+			return value{raw: raw, decoded: true, val: x}
+		}
 	}
-	return &value{raw: raw}
+	return value{raw: raw}
+}
+
+// exactInt reports whether x is a whole number below 2^53 in magnitude
+// (so an int64 holds it exactly), not -0 (which JSON writes as "-0").
+func exactInt(x float64) bool {
+	return x == math.Trunc(x) && math.Abs(x) < 1<<53 && !(x == 0 && math.Signbit(x))
 }
 
 func safeCompute(c Compute, in Inputs) (out any, err error) {
@@ -464,21 +498,66 @@ func recoverTo(err *error) {
 	}
 }
 
-// nodeHeap orders nodes by height (container/heap.Interface); push and pop
-// keep the call sites free of heap.Push(&b.queue, n) and type assertions.
-type nodeHeap []*node
-
-func (h nodeHeap) Len() int           { return len(h) }
-func (h nodeHeap) Less(i, j int) bool { return h[i].height < h[j].height }
-func (h nodeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *nodeHeap) Push(x any)        { *h = append(*h, x.(*node)) }
-func (h *nodeHeap) Pop() any {
-	s := *h
-	n := s[len(s)-1]
-	s[len(s)-1] = nil // let the node be collected
-	*h = s[:len(s)-1]
-	return n
+// levels is the batch's queue of nodes to run, by height: a bucket per
+// height, run lowest first, in the order queued within one. A node queues
+// only nodes above it (its readers), so a batch drains level after level
+// with O(1) pushes and pops, where a heap cost O(log n) comparisons of
+// scattered nodes each. The buckets are the runtime's, reused by every
+// batch (batches hold r.mu, one at a time).
+type levels struct {
+	by  []level
+	cur int // no queued node is below this height
+	n   int // nodes queued
 }
 
-func (h *nodeHeap) push(n *node) { heap.Push(h, n) }
-func (h *nodeHeap) pop() *node   { return heap.Pop(h).(*node) }
+type level struct {
+	nodes []*node
+	head  int // nodes[:head] have run
+}
+
+func (q *levels) push(n *node) {
+	h := n.height
+	if h >= len(q.by) {
+		q.by = append(q.by, make([]level, h+1-len(q.by))...)
+	}
+	q.by[h].nodes = append(q.by[h].nodes, n)
+	if q.n == 0 || h < q.cur {
+		q.cur = h
+	}
+	q.n++
+}
+
+// pop returns the next node to run; the queue must not be empty.
+func (q *levels) pop() *node {
+	for {
+		l := &q.by[q.cur]
+		if l.head < len(l.nodes) {
+			n := l.nodes[l.head]
+			l.head++
+			q.n--
+			if l.head == len(l.nodes) {
+				l.drain()
+			}
+			return n
+		}
+		q.cur++
+	}
+}
+
+// drain empties a level, keeping its array for the next batch but not
+// the nodes in it (a stopped pattern's nodes can then be collected).
+func (l *level) drain() {
+	clear(l.nodes)
+	l.nodes, l.head = l.nodes[:0], 0
+}
+
+// reset empties the queue a failed batch left behind.
+func (q *levels) reset() {
+	if q.n == 0 {
+		return
+	}
+	for i := range q.by {
+		q.by[i].drain()
+	}
+	q.n, q.cur = 0, 0
+}

@@ -15,7 +15,8 @@ import (
 // largest ints), and leaves the rest to the encoder.
 func TestEncodeScalarMatchesEncoder(t *testing.T) {
 	vals := []any{nil, true, false, 0, -1, 42, math.MaxInt64, math.MinInt64, int64(-7),
-		0.0, math.Copysign(0, -1), 1.5, -2.25, 1e-6, 9.99e-7, 1e20, 1e21, 123456789.125, 0.1 + 0.2, 3.0, -1e-300}
+		0.0, math.Copysign(0, -1), 1.5, -2.25, 1e-6, 9.99e-7, 1e20, 1e21, 123456789.125, 0.1 + 0.2, 3.0, -1e-300,
+		-12345.0, float64(1 << 52), float64(1<<53 - 1), float64(1 << 53), float64(1<<53 + 2), 1e18, -1e18}
 	for _, v := range vals {
 		var buf bytes.Buffer
 		enc := json.NewEncoder(&buf)
@@ -37,7 +38,8 @@ func TestEncodeScalarMatchesEncoder(t *testing.T) {
 // decodedAs only keeps a compute's output as its decoded form where a
 // reader would decode the same value from the stored JSON.
 func TestDecodedAsAgreesWithDecode(t *testing.T) {
-	for _, out := range []any{nil, true, false, 0, 7, -300, math.MaxInt64, 2.5, 3.0, int64(4), "s", []any{1.0}, map[string]any{"a": 1.0}} {
+	for _, out := range []any{nil, true, false, 0, 7, -300, math.MaxInt64, 2.5, 3.0, int64(4), "s", []any{1.0}, map[string]any{"a": 1.0},
+		0.0, math.Copysign(0, -1), -12345.0, 0.1 + 0.2, 1e-7, 1e20, 1e21, 1e18, float64(1 << 53), float64(1<<53 - 1), -1e300, 123456789.125} {
 		raw, err := encode(out)
 		require.NoError(t, err)
 		v := decodedAs(raw, out)

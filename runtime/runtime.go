@@ -45,6 +45,8 @@ type Runtime struct {
 	slots    map[cells.Address]*slot // cells the graph reads or writes
 	streams  map[cells.Address]streamRef
 	batchID  uint64
+	queue    levels  // of the batch in progress
+	touched  []*slot // spare array of batch.touched
 	runID    uint64
 	busy     int
 	idle     chan struct{} // closed when busy drops to 0
@@ -67,9 +69,11 @@ type slot struct {
 	addr     cells.Address
 	readers  []*node
 	producer *node
-	val      *value // committed; nil until read
-	next     *value // the value in batch nextID
+	val      value // committed, if known
+	known    bool  // val was read or written
+	next     value // the value in batch nextID
 	nextID   uint64
+	ref      *cells.Ref // for writes; nil until the first
 }
 
 // slotFor returns the graph's slot of a cell, or a new unregistered one.

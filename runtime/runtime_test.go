@@ -179,6 +179,32 @@ func TestLoadErrors(t *testing.T) {
 	}
 }
 
+// A load that fails after queuing some of its nodes leaves none of them
+// queued: the next batch (here, another pattern's load) must not run them.
+func TestFailedLoadQueuesNothing(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		require.NoError(t, s.Update(func(tx cells.Tx) error {
+			return tx.Declare(at("s"), cells.Spec{Stream: true}) // node s's output cell cannot be a stream
+		}))
+		rt := runtime.New(s, runtime.Options{})
+		t.Cleanup(func() { rt.Close(context.Background()) })
+		bad := runtime.Pattern{Space: space, Name: pat,
+			Cells: []runtime.Cell{{Name: "x", Initial: json.RawMessage(`1`)}},
+			Nodes: []runtime.Node{computed(t, "a", "x + 1"), computed(t, "s", "x + 2")}}
+		require.ErrorContains(t, rt.Load(context.Background(), bad), "node s: output cell")
+
+		other := runtime.Pattern{Space: space, Name: "other",
+			Cells: []runtime.Cell{{Name: "y", Initial: json.RawMessage(`1`)}},
+			Nodes: []runtime.Node{computed(t, "z", "y * 10")}}
+		require.NoError(t, rt.Load(context.Background(), other))
+		z, err := s.Get(cells.Address{Space: space, Pattern: "other", Name: "z"})
+		require.NoError(t, err)
+		assert.JSONEq(t, `10`, string(z.Value))
+		_, err = s.Get(at("a"))
+		require.ErrorIs(t, err, cells.ErrNotFound, "node a of the failed load did not run")
+	})
+}
+
 func TestErrorsPropagate(t *testing.T) {
 	stores(t, func(t *testing.T, s cells.Store) {
 		p := runtime.Pattern{

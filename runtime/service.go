@@ -64,8 +64,8 @@ func (r *Runtime) openService(n *node) {
 func (r *Runtime) currentInputs(n *node) Inputs {
 	in := make(Inputs, len(n.inputs))
 	for _, i := range n.inputs {
-		if v := i.slot.val; v != nil {
-			in[i.name] = v.get()
+		if s := i.slot; s.known {
+			in[i.name] = s.val.get()
 		} else {
 			in[i.name] = nil
 		}
@@ -255,8 +255,8 @@ func (h *handle) Logger() *slog.Logger { return h.r.log.With("node", h.n.addr.St
 func (h *handle) Get() (json.RawMessage, error) {
 	h.r.mu.Lock()
 	defer h.r.mu.Unlock()
-	if v := h.n.out.val; v != nil {
-		return append(json.RawMessage(nil), v.raw...), nil
+	if s := h.n.out; s.known {
+		return append(json.RawMessage(nil), s.val.raw...), nil
 	}
 	c, err := h.r.store.Get(h.n.addr)
 	return c.Value, err
@@ -304,8 +304,8 @@ func (r *Runtime) write(n *node, fn func(cur json.RawMessage) (any, error)) erro
 	now := time.Now()
 	cur := n.held
 	if cur == nil {
-		if v := n.out.val; v != nil {
-			cur = v.raw
+		if s := n.out; s.known {
+			cur = s.val.raw
 		} else if c, err := r.store.Get(n.addr); err == nil {
 			// Nothing has read the cell since the runtime started: what a
 			// service modifies (a history) is the stored value, not null.
