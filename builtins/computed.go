@@ -20,3 +20,9 @@ func (c *Computed) Inputs() []string { return c.Expr.Refs() }
 
 // Compute evaluates the expression over the inputs.
 func (c *Computed) Compute(in runtime.Inputs) (any, error) { return c.Expr.Eval(in) }
+
+// BindArgs is Compute over the inputs' values in the order of names
+// (runtime.BindArgs).
+func (c *Computed) BindArgs(names []string) func(args []any) (any, error) {
+	return c.Expr.BindArgs(names)
+}

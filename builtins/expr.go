@@ -31,8 +31,8 @@ type Expr struct {
 	src     string
 	refs    []string
 	program *vm.Program
-	steps   bool // it has predicates, which count their steps (countSteps)
-	fast    fast // the program as closures, if it is straight-line; or nil
+	steps   bool                 // it has predicates, which count their steps (countSteps)
+	fast    fast[map[string]any] // the program as closures, if it is straight-line; or nil
 }
 
 // nondeterministic builtins, refused at compile time with the reason.
@@ -67,7 +67,7 @@ func Parse(src string) (*Expr, error) {
 	slices.Sort(refs)
 	e := &Expr{src: src, refs: slices.Compact(refs), program: program, steps: counter.found}
 	if !e.steps {
-		e.fast = compileFast(program)
+		e.fast = compileFast(program, fromMap)
 	}
 	return e, nil
 }
@@ -139,6 +139,35 @@ func (e *Expr) Eval(env map[string]any) (any, error) {
 		}
 	}
 	return e.vmEval(env)
+}
+
+// BindArgs returns the expression as a function of its values in the
+// order of names (a name the expression reads but names lacks reads as
+// nil): Eval without a map to fill per call, for the runtime's computes
+// (runtime.BindArgs). Safe for concurrent use.
+func (e *Expr) BindArgs(names []string) func(args []any) (any, error) {
+	slot := make(map[string]int, len(names))
+	for i, n := range names {
+		if _, ok := slot[n]; !ok {
+			slot[n] = i
+		}
+	}
+	var f fast[[]any]
+	if e.fast != nil {
+		f = compileFast(e.program, fromSlots(slot))
+	}
+	return func(args []any) (any, error) {
+		if f != nil {
+			if out, ok := f.run(args); ok {
+				return out, nil
+			}
+		}
+		env := make(map[string]any, len(names))
+		for n, i := range slot {
+			env[n] = args[i]
+		}
+		return e.vmEval(env)
+	}
 }
 
 // vmEval evaluates the expression on expr's VM.

@@ -185,19 +185,40 @@ func TestExprFastMatchesVM(t *testing.T) {
 		e, err := Parse(src)
 		require.NoError(t, err, src)
 		require.NotNil(t, e.fast, "%s: expected a straight-line program", src)
+		// The bound form (runtime.BindArgs) reads the same names from
+		// slots, in an order of the runtime's; "zz" is bound but not read,
+		// and a name left unbound reads as nil.
+		names := []string{"zz", "t", "s", "m", "l", "f", "b", "a"}
+		bound := e.BindArgs(names)
 		for i, env := range envs {
-			fastOut, fastErr := e.Eval(env)
 			vmOut, vmErr := e.vmEval(env)
-			if vmErr != nil {
-				require.Error(t, fastErr, "%s, env %d", src, i)
-				assert.Equal(t, vmErr.Error(), fastErr.Error(), "%s, env %d", src, i)
-				continue
+			args := make([]any, len(names))
+			for k, n := range names {
+				args[k] = env[n]
 			}
-			require.NoError(t, fastErr, "%s, env %d", src, i)
-			assert.Equal(t, vmOut, fastOut, "%s, env %d", src, i) // assert.Equal compares types too
+			boundOut, boundErr := bound(args)
+			fastOut, fastErr := e.Eval(env)
+			for form, got := range map[string]struct {
+				out any
+				err error
+			}{"map": {fastOut, fastErr}, "slots": {boundOut, boundErr}} {
+				if vmErr != nil {
+					require.Error(t, got.err, "%s, env %d, %s", src, i, form)
+					assert.Equal(t, vmErr.Error(), got.err.Error(), "%s, env %d, %s", src, i, form)
+					continue
+				}
+				require.NoError(t, got.err, "%s, env %d, %s", src, i, form)
+				assert.Equal(t, vmOut, got.out, "%s, env %d, %s", src, i, form) // assert.Equal compares types too
+			}
 		}
 	}
 	for _, src := range []string{`x > 1 ? "big" : "small"`, "filter(l, # > 1)", "a ?? 1", "len(l)", "let y = a; y + 1", "a and t"} {
-		assert.Nil(t, MustParse(src).fast, "%s: jumps, calls and variables run on the VM", src)
+		e := MustParse(src)
+		assert.Nil(t, e.fast, "%s: jumps, calls and variables run on the VM", src)
+		env := map[string]any{"x": 2, "l": []any{1, 2, 3}, "a": 1, "t": true}
+		want, wantErr := e.vmEval(env)
+		got, err := e.BindArgs([]string{"a", "l", "t", "x"})([]any{1, []any{1, 2, 3}, true, 2})
+		assert.Equal(t, wantErr, err, src)
+		assert.Equal(t, want, got, "%s: bound, on the VM", src)
 	}
 }

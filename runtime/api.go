@@ -123,6 +123,17 @@ type Compute interface {
 	Compute(in Inputs) (any, error)
 }
 
+// BindArgs is an optional interface of a Compute: BindArgs returns the
+// computation over the node's input values in a slice, in the order of
+// names (the node's inputs as loaded, duplicates dropped), or nil to be
+// run through Compute. The runtime calls it once per loaded node and the
+// function on every compute: a propagation runs thousands of computes in a
+// row, and filling a map for each costs more than most of them. The same
+// rules as Compute's hold (pure, fast, args not kept).
+type BindArgs interface {
+	BindArgs(names []string) func(args []any) (any, error)
+}
+
 // Async is a node kind whose work runs outside the batch, under a context.
 type Async interface {
 	// Key identifies the work for in. Two inputs with the same key produce

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -23,6 +24,7 @@ type node struct {
 	height  int
 	shape   shape
 	compute Compute
+	args    func([]any) (any, error) // compute bound to its inputs' order (BindArgs), or nil
 	async   Async
 	service Service
 
@@ -90,6 +92,7 @@ type batch struct {
 	status  []Status
 	timed   bool   // measure computes (someone is subscribed)
 	scratch Inputs // reused for computes
+	args    []any  // reused for bound computes (node.args)
 }
 
 // batch runs fn and the propagation it causes in one transaction, then,
@@ -228,7 +231,9 @@ func (b *batch) enqueue(n *node) {
 }
 
 // inputs returns a node's inputs, or the error of the first failed one.
-// A compute gets the batch's scratch map; others keep theirs.
+// A compute gets the batch's scratch map; others keep theirs. A bound
+// compute (node.args) gets none: its values are in b.args, in the order of
+// its inputs.
 //
 // waiting is true when an input is an async node that has no first result
 // yet (never run, or its first run still pending), a service whose output
@@ -244,13 +249,16 @@ func (b *batch) enqueue(n *node) {
 // envelope (it may show compile.error); an async node does not run on the
 // partial result of a failure: it fails with "upstream X failed: ...".
 func (b *batch) inputs(n *node) (in Inputs, inErr string, waiting bool, failedUp string) {
-	if n.shape == shapeCompute {
+	switch {
+	case n.args != nil:
+		b.args = slices.Grow(b.args[:0], len(n.inputs))[:len(n.inputs)]
+	case n.shape == shapeCompute:
 		if b.scratch == nil {
 			b.scratch = make(Inputs, len(n.inputs))
 		}
 		in = b.scratch
 		clear(in)
-	} else {
+	default:
 		in = make(Inputs, len(n.inputs))
 	}
 	for k := range n.inputs {
@@ -260,7 +268,11 @@ func (b *batch) inputs(n *node) (in Inputs, inErr string, waiting bool, failedUp
 			return nil, upstream(*i, v.err), false, ""
 		}
 		x := v.get()
-		in[i.name] = x
+		if n.args != nil {
+			b.args[k] = x
+		} else {
+			in[i.name] = x
+		}
 		p := i.slot.producer
 		if p == nil {
 			continue
@@ -340,7 +352,13 @@ func (b *batch) compute(n *node, in Inputs, inErr string, waiting bool) {
 		err = errors.New(inErr)
 	} else {
 		var out any
-		if out, err = safeCompute(n.compute, in); err == nil {
+		if n.args != nil {
+			out, err = safeArgs(n.args, b.args)
+			clear(b.args) // no values kept past the compute
+		} else {
+			out, err = safeCompute(n.compute, in)
+		}
+		if err == nil {
 			var raw json.RawMessage
 			if raw, err = encode(out); err == nil {
 				_, err = b.setValue(n.out, decodedAs(raw, out))
@@ -490,6 +508,11 @@ func exactInt(x float64) bool {
 func safeCompute(c Compute, in Inputs) (out any, err error) {
 	defer recoverTo(&err)
 	return c.Compute(in)
+}
+
+func safeArgs(f func([]any) (any, error), args []any) (out any, err error) {
+	defer recoverTo(&err)
+	return f(args)
 }
 
 func recoverTo(err *error) {

@@ -101,15 +101,19 @@ func BenchmarkPropagation(b *testing.B) {
 // baseline returns ns per node to evaluate the graph's expressions directly.
 func baseline(b *testing.B, nodes []runtime.Node) float64 {
 	vals := map[string]any{}
+	fns := make([]func([]any) (any, error), len(nodes))
+	for i, n := range nodes {
+		fns[i] = n.Kind.(*builtins.Computed).BindArgs(n.Inputs)
+	}
+	var args []any
 	run := func(root int) {
 		vals["root"] = root
-		for _, n := range nodes {
-			c := n.Kind.(*builtins.Computed)
-			env := make(map[string]any, len(n.Inputs))
+		for k, n := range nodes {
+			args = args[:0]
 			for _, in := range n.Inputs {
-				env[in] = vals[in]
+				args = append(args, vals[in])
 			}
-			out, err := c.Compute(env)
+			out, err := fns[k](args)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -114,6 +114,13 @@ func compile(p Pattern) (*pattern, error) {
 			}
 			n.inputs = append(n.inputs, input{name: in, addr: a})
 		}
+		if b, ok := n.compute.(BindArgs); ok {
+			names := make([]string, len(n.inputs))
+			for i, in := range n.inputs {
+				names[i] = in.name
+			}
+			n.args = b.BindArgs(names)
+		}
 		pat.nodes = append(pat.nodes, n)
 	}
 	return pat, nil

@@ -116,7 +116,7 @@ func benchRuntime(ctx context.Context, o runtimeOptions) (*benchReport, error) {
 	defer os.RemoveAll(dir)
 	rep := newBenchReport("runtime")
 	rep.note("propagate: one Runtime.Set of the root cell, which recomputes every node of the graph in one batch (one store commit); per node = the write's time / nodes. Shapes as in runtime/bench_test.go: chain (each node reads the previous), fan-out (every node reads root), diamonds (top → left, right → bottom → next top).")
-	rep.note("baseline: the same compiled expressions evaluated in order from a Go map, with no runtime and no store.")
+	rep.note("baseline: the same compiled expressions evaluated in order, their inputs read from a Go map by name, with no runtime and no store (each bound to its inputs' order, as the runtime binds them).")
 	rep.note("watcher: cells.Store.Watch on the pattern; from the start of Runtime.Set of a cell to a watcher goroutine receiving the commit with its computed dependent; baseline: Runtime.Set returning.")
 	rep.note("bbolt: a cells.OpenBolt file in %s with fsync on every commit (the default); its 50-level chain is beside a bbolt commit of one key in the same directory, the floor under any durable write there. \"bbolt, no fsync\": the same with cells.Options{NoSync: true} (bbolt NoSync), to show the store and runtime work apart from the disk flush.", os.TempDir())
 	if len(o.backends) > 0 {
@@ -329,15 +329,19 @@ func watchLatency(ctx context.Context, dir, kind string, o runtimeOptions, rep *
 // expressions in order from a map, with no runtime or store.
 func directEval(ctx context.Context, nodes []runtime.Node, budget time.Duration) (time.Duration, error) {
 	vals := map[string]any{}
-	env := map[string]any{}
+	fns := make([]func([]any) (any, error), len(nodes))
+	for i, n := range nodes {
+		fns[i] = n.Kind.(*builtins.Computed).BindArgs(n.Inputs)
+	}
+	var args []any
 	round := func(root int) error {
 		vals["root"] = root
-		for _, n := range nodes {
-			clear(env)
+		for k, n := range nodes {
+			args = args[:0]
 			for _, in := range n.Inputs {
-				env[in] = vals[in]
+				args = append(args, vals[in])
 			}
-			out, err := n.Kind.(*builtins.Computed).Compute(env)
+			out, err := fns[k](args)
 			if err != nil {
 				return fmt.Errorf("evaluate %s: %w", n.Name, err)
 			}
