@@ -28,3 +28,13 @@ func TestSizedAndString(t *testing.T) {
 		assert.Equal(t, tc.want, s, tc.name)
 	}
 }
+
+// An announced body is read into one buffer of its size: no regrowth
+// (and no copy) at its end.
+func TestSizedOneBuffer(t *testing.T) {
+	body := strings.Repeat("0123456789", 100000)
+	b, err := Sized(strings.NewReader(body), int64(len(body)), 1<<30)
+	require.NoError(t, err)
+	assert.Equal(t, body, string(b))
+	assert.LessOrEqual(t, cap(b), len(body)+1)
+}
