@@ -46,7 +46,14 @@ type boxesOptions struct {
 	benchCommon
 	data    string
 	treeMiB int
+	only    []string // the groups of rows to measure (benchBoxGroups); nil: all
 }
+
+// benchBoxGroups are the groups of rows `cellbox bench boxes --only` picks.
+var benchBoxGroups = []string{"create", "shell", "files", "code", "transfer", "fork"}
+
+// want reports whether the group of rows is measured.
+func (o boxesOptions) want(group string) bool { return o.only == nil || slices.Contains(o.only, group) }
 
 func benchBoxesCmd(ctx context.Context, args []string) (*benchReport, bool, error) {
 	fs := flag.NewFlagSet("bench boxes", flag.ContinueOnError)
@@ -55,7 +62,19 @@ func benchBoxesCmd(ctx context.Context, args []string) (*benchReport, bool, erro
 		"box backend to measure: docker, local (bubblewrap) or both", "static cellbox binary run as the agent in every box (default: this executable)", false)
 	fs.StringVar(&o.data, "data", "", "directory for the bench's state and boxes (default: a temporary directory, removed at the end)")
 	fs.IntVar(&o.treeMiB, "tree-mib", 100, "size of the tree copied between two boxes, in files of 1 MiB")
-	if err := o.parse(fs, args, func() error { return positive("tree-mib", o.treeMiB) }); err != nil {
+	only := fs.String("only", "", "comma-separated groups of rows to measure, of "+strings.Join(benchBoxGroups, ", ")+" (default: all)")
+	check := func() error {
+		if *only != "" {
+			o.only = strings.Split(*only, ",")
+			for _, g := range o.only {
+				if !slices.Contains(benchBoxGroups, g) {
+					return fmt.Errorf("--only %s: no group %q; groups: %s", *only, g, strings.Join(benchBoxGroups, ", "))
+				}
+			}
+		}
+		return positive("tree-mib", o.treeMiB)
+	}
+	if err := o.parse(fs, args, check); err != nil {
 		return nil, false, err
 	}
 	rep, err := benchBoxes(ctx, o)
@@ -115,6 +134,8 @@ type boxesBench struct {
 	be      backend.Backend
 	servers []*benchServer
 	content []byte // the 1 MiB file
+
+	coldSamples, warmSamples []time.Duration // create → first result
 }
 
 func (b *boxesBench) measure(ctx context.Context) error {
@@ -129,36 +150,26 @@ func (b *boxesBench) measure(ctx context.Context) error {
 		}
 	}
 	b.content = benchText(benchFileSize)
-
-	// Cold creates: a service with no warm pool.
-	cold, err := b.startServer(ctx, "cold", 0)
-	if err != nil {
-		return err
+	if b.o.want("create") {
+		if err := b.creates(ctx); err != nil {
+			return err
+		}
 	}
-	coldN := min(b.o.n, 20)
-	coldSamples, err := benchLoop(ctx, coldN, b.o.budget, func(i int) (time.Duration, error) {
-		return createFirstResult(ctx, cold.c, fmt.Sprintf("cold%d", i))
-	})
-	if err != nil {
-		return fmt.Errorf("cold create: %w", err)
-	}
-	if err := b.stopServer(cold); err != nil {
-		return err
-	}
-
 	srv, err := b.startServer(ctx, "warm", benchPoolSize)
 	if err != nil {
 		return err
 	}
 	c := srv.c
-	warmSamples, err := benchLoop(ctx, coldN, b.o.budget, func(i int) (time.Duration, error) {
-		if err := waitPool(ctx, srv.url, benchPoolSize); err != nil {
-			return 0, err
+	if b.o.want("create") {
+		b.warmSamples, err = benchLoop(ctx, min(b.o.n, 20), b.o.budget, func(i int) (time.Duration, error) {
+			if err := waitPool(ctx, srv.url, benchPoolSize); err != nil {
+				return 0, err
+			}
+			return createFirstResult(ctx, c, fmt.Sprintf("warm%d", i))
+		})
+		if err != nil {
+			return fmt.Errorf("create from the warm pool: %w", err)
 		}
-		return createFirstResult(ctx, c, fmt.Sprintf("warm%d", i))
-	})
-	if err != nil {
-		return fmt.Errorf("create from the warm pool: %w", err)
 	}
 
 	// A running box for the warm measurements.
@@ -171,31 +182,62 @@ func (b *boxesBench) measure(ctx context.Context) error {
 			return err
 		}
 	}
-	shellSamples, err := benchLoop(ctx, b.o.n, b.o.budget, func(int) (time.Duration, error) {
-		return timed(func() error { return shellTrue(ctx, c, "w") })
+	if b.o.want("create") || b.o.want("shell") {
+		shellSamples, err := benchLoop(ctx, b.o.n, b.o.budget, func(int) (time.Duration, error) {
+			return timed(func() error { return shellTrue(ctx, c, "w") })
+		})
+		if err != nil {
+			return fmt.Errorf("warm shell: %w", err)
+		}
+		createBase, createP50, shellBase, shellP50, err := b.startBaselines(ctx, w.ID)
+		if err != nil {
+			return err
+		}
+		if b.o.want("create") {
+			b.rep.add(b.name, "create → first result, warm pool", b.warmSamples, createBase, createP50, targetWarmCreate)
+			b.rep.add(b.name, "create → first result, cold (no pool)", b.coldSamples, createBase, createP50, 0)
+		}
+		if b.o.want("shell") {
+			b.rep.add(b.name, "warm `shell` `true`", shellSamples, shellBase, shellP50, targetWarmShell)
+		}
+	}
+	for _, g := range []struct {
+		name string
+		fn   func() error
+	}{
+		{"files", func() error { return b.files(ctx, c, w.ID) }},
+		{"code", func() error { return b.code(ctx, c) }},
+		{"transfer", func() error { return b.transfer(ctx, c) }},
+		{"fork", func() error { return b.fork(ctx, c) }},
+	} {
+		if !b.o.want(g.name) {
+			continue
+		}
+		if err := g.fn(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// creates measures creates → first result on a service with no warm pool
+// (stopped after); measure does the warm ones on its own service.
+func (b *boxesBench) creates(ctx context.Context) error {
+	cold, err := b.startServer(ctx, "cold", 0)
+	if err != nil {
+		return err
+	}
+	coldN := min(b.o.n, 20)
+	b.coldSamples, err = benchLoop(ctx, coldN, b.o.budget, func(i int) (time.Duration, error) {
+		return createFirstResult(ctx, cold.c, fmt.Sprintf("cold%d", i))
 	})
 	if err != nil {
-		return fmt.Errorf("warm shell: %w", err)
+		return fmt.Errorf("cold create: %w", err)
 	}
-
-	createBase, createP50, shellBase, shellP50, err := b.startBaselines(ctx, w.ID)
-	if err != nil {
+	if err := b.stopServer(cold); err != nil {
 		return err
 	}
-	b.rep.add(b.name, "create → first result, warm pool", warmSamples, createBase, createP50, targetWarmCreate)
-	b.rep.add(b.name, "create → first result, cold (no pool)", coldSamples, createBase, createP50, 0)
-	b.rep.add(b.name, "warm `shell` `true`", shellSamples, shellBase, shellP50, targetWarmShell)
-
-	if err := b.files(ctx, c, w.ID); err != nil {
-		return err
-	}
-	if err := b.code(ctx, c); err != nil {
-		return err
-	}
-	if err := b.transfer(ctx, c); err != nil {
-		return err
-	}
-	return b.fork(ctx, c)
+	return nil
 }
 
 // startBaselines measures what a create and a warm exec cost without
@@ -263,9 +305,10 @@ func (b *boxesBench) files(ctx context.Context, c *sandboxclient.HTTP, boxID str
 	if err != nil {
 		return fmt.Errorf("download 1 MiB: %w", err)
 	}
+	content := string(b.content) // the caller's text, made once: not the tool API's work
 	write, err := benchLoop(ctx, b.o.n, b.o.budget, func(int) (time.Duration, error) {
 		return timed(func() error {
-			_, err := c.Tool(ctx, "write_file", api.WriteFileInput{Sandbox: "w", Path: "bench/1m-tool.txt", Content: string(b.content)})
+			_, err := c.Tool(ctx, "write_file", api.WriteFileInput{Sandbox: "w", Path: "bench/1m-tool.txt", Content: content})
 			return err
 		})
 	})
