@@ -91,3 +91,7 @@ func (p *BufferPool) Put(b *bytes.Buffer) {
 		p.pool.Put(b)
 	}
 }
+
+// PutSlice keeps the array of b for a later Get: b was appended to from a
+// Get's AvailableBuffer, and may have outgrown it.
+func (p *BufferPool) PutSlice(b []byte) { p.Put(bytes.NewBuffer(b[:0])) }
