@@ -98,12 +98,24 @@ func benchBoxes(ctx context.Context, o boxesOptions) (rep *benchReport, err erro
 		return nil, err
 	}
 	rep = newBenchReport("boxes")
-	rep.note("create → first result: sandbox_create of a new name, then shell `true` in it; from the warm pool the bench waits until the pool (%d boxes) is full before each create. Cold: a service without a pool.", benchPoolSize)
-	rep.note("warm shell: the shell tool running `true` in a running box, over HTTP on loopback (JSON in, JSON out).")
-	rep.note("1 MiB file: raw bytes through PUT/GET .../files/PATH; write_file takes it in one call, read_file pages it (at most 256 KiB per call).")
-	rep.note("fork: the fork tool making %d boxes from a box whose workspace holds %d MiB in %d files, then a shell `true` in each (in parallel); the boxes are destroyed between runs, untimed.", benchForkCount, o.treeMiB, benchForkFiles)
-	rep.note("run_code: a Python cell `1 + 1` in a warm code context (its interpreter runs on), and a stateless run_code (an interpreter started, run and ended per call); baseline: the shell tool running `python3 -c 'print(1 + 1)'`.")
-	rep.note("tree transfer: the transfer tool copying a directory of %d files of 1 MiB (random bytes) from one box to another of the session.", o.treeMiB)
+	if o.want("create") {
+		rep.note("create → first result: sandbox_create of a new name, then shell `true` in it; from the warm pool the bench waits until the pool (%d boxes) is full before each create. Cold: a service without a pool.", benchPoolSize)
+	}
+	if o.want("shell") {
+		rep.note("warm shell: the shell tool running `true` in a running box, over HTTP on loopback (JSON in, JSON out).")
+	}
+	if o.want("files") {
+		rep.note("1 MiB file: raw bytes through PUT/GET .../files/PATH; write_file takes it in one call, read_file pages it (at most 256 KiB per call).")
+	}
+	if o.want("fork") {
+		rep.note("fork: the fork tool making %d boxes from a box whose workspace holds %d MiB in %d files, then a shell `true` in each (in parallel); the boxes are destroyed between runs, untimed.", benchForkCount, o.treeMiB, benchForkFiles)
+	}
+	if o.want("code") {
+		rep.note("run_code: a Python cell `1 + 1` in a warm code context (its interpreter runs on), and a stateless run_code (an interpreter started, run and ended per call); baseline: the shell tool running `python3 -c 'print(1 + 1)'`.")
+	}
+	if o.want("transfer") {
+		rep.note("tree transfer: the transfer tool copying a directory of %d files of 1 MiB (random bytes) from one box to another of the session.", o.treeMiB)
+	}
 	if slices.Contains(o.backends, "docker") {
 		rep.note("docker baselines use the docker CLI: `docker run --rm` of the box image (%s with the host's /usr), `docker exec` and `docker cp` on a running box.", docker.HostImage)
 	}

@@ -330,13 +330,13 @@ func (s *server) handleTool(w http.ResponseWriter, r *http.Request, sess *sandbo
 		writeError(w, http.StatusNotFound, err.Error())
 		return
 	}
+	res = append(res, '\n') // in the same write: one system call less
 	defer results.PutSlice(res) // written below, then free
 	w.Header().Set("Content-Type", "application/json")
 	// Announced, so that a large result is not sent in chunks and the
 	// client reads it into one buffer of its size.
-	w.Header().Set("Content-Length", strconv.Itoa(len(res)+1))
+	w.Header().Set("Content-Length", strconv.Itoa(len(res)))
 	w.Write(res)
-	w.Write([]byte("\n"))
 }
 
 // codeStatus is the HTTP status of each error code of a box operation;
