@@ -330,7 +330,7 @@ func (s *server) handleTool(w http.ResponseWriter, r *http.Request, sess *sandbo
 		writeError(w, http.StatusNotFound, err.Error())
 		return
 	}
-	res = append(res, '\n') // in the same write: one system call less
+	res = append(res, '\n')     // in the same write: one system call less
 	defer results.PutSlice(res) // written below, then free
 	w.Header().Set("Content-Type", "application/json")
 	// Announced, so that a large result is not sent in chunks and the
