@@ -22,7 +22,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -279,23 +278,19 @@ const maxPrealloc = 64 << 20
 
 // do sends in as JSON (if not nil) and decodes the answer into out (if not nil).
 func (c *HTTP) do(ctx context.Context, method, path string, in any, out any) error {
-	var body io.ReadCloser
-	var size int64
+	var body io.Reader
 	if in != nil {
-		var err error
-		if body, size, err = inputBody(in); err != nil {
+		raw, err := api.MarshalInput(in)
+		if err != nil {
 			return err
 		}
+		body = bytes.NewReader(raw)
 	}
 	req, err := c.request(ctx, method, path, body)
 	if err != nil {
-		if body != nil {
-			body.Close()
-		}
 		return err
 	}
 	if body != nil {
-		req.ContentLength = size
 		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.send(req)
@@ -317,43 +312,6 @@ func (c *HTTP) do(ctx context.Context, method, path string, in any, out any) err
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		return fmt.Errorf("decode answer of %s %s: %w", method, path, err)
 	}
-	return nil
-}
-
-// inputBody is the request body of a tool input and its length. JSON the
-// caller gives is sent as it is; anything else is encoded into a kept
-// buffer (a write_file input is a megabyte; see readall.BufferPool),
-// which the transport hands back when it closes the body, that is when it
-// is done with it.
-func inputBody(in any) (io.ReadCloser, int64, error) {
-	switch in.(type) {
-	case json.RawMessage, []byte:
-		raw, err := api.MarshalInput(in)
-		return io.NopCloser(bytes.NewReader(raw)), int64(len(raw)), err
-	}
-	raw, err := api.AppendInput(inputs.Get().AvailableBuffer(), in)
-	if err != nil {
-		inputs.PutSlice(raw)
-		return nil, 0, err
-	}
-	b := &pooledBody{raw: raw}
-	b.Reset(raw)
-	return b, int64(len(raw)), nil
-}
-
-// inputs keeps encoded tool inputs up to a write_file of the largest
-// content (2 MiB, escaped).
-var inputs = readall.BufferPool{Max: 5 << 20}
-
-// pooledBody reads a kept buffer and gives it back on Close (once).
-type pooledBody struct {
-	bytes.Reader
-	raw  []byte
-	once sync.Once
-}
-
-func (b *pooledBody) Close() error {
-	b.once.Do(func() { inputs.PutSlice(b.raw) })
 	return nil
 }
 
