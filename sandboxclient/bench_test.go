@@ -55,12 +55,8 @@ func BenchmarkFileToolsHTTP(b *testing.B) {
 		defer reportCPU(b)()
 		for b.Loop() {
 			for off := 0; ; {
-				res, err := c.Tool(ctx, "read_file", api.ReadFileInput{Path: "f.txt", Offset: off})
-				if err != nil {
-					b.Fatal(err)
-				}
 				var out api.ReadFileOutput
-				if err := api.DecodeResult(res, &out); err != nil {
+				if err := c.ToolInto(ctx, "read_file", api.ReadFileInput{Path: "f.txt", Offset: off}, &out); err != nil {
 					b.Fatal(err)
 				}
 				if out.NextOffset == 0 {

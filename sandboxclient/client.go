@@ -301,12 +301,17 @@ func (c *HTTP) do(ctx context.Context, method, path string, in any, out any) err
 	if out == nil {
 		return nil
 	}
-	if raw, ok := out.(*json.RawMessage); ok {
-		size := resp.ContentLength
-		if size > maxPrealloc { // not believed that far: grown as it comes
-			size = -1
-		}
-		*raw, err = readall.Sized(resp.Body, size, math.MaxInt64)
+	size := resp.ContentLength
+	if size > maxPrealloc { // not believed that far: grown as it comes
+		size = -1
+	}
+	switch out := out.(type) {
+	case *json.RawMessage:
+		*out, err = readall.Sized(resp.Body, size, math.MaxInt64)
+		return err
+	case *bytes.Buffer: // a kept one (ToolInto)
+		out.Grow(int(max(size, 0)) + bytes.MinRead)
+		_, err = out.ReadFrom(resp.Body)
 		return err
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
@@ -333,14 +338,39 @@ func (c *HTTP) ToolAs(ctx context.Context, profile, name string, input any) (jso
 	return res, api.ResultError(name, res)
 }
 
+// ToolInto calls the tool called name and decodes its result into out (a
+// pointer to the tool's output struct, as api.DecodeResult takes); a
+// failed result is a *ToolError. The result object itself is not kept: it
+// is read into a buffer kept for the next call (a read_file window is
+// 256 KiB: Tool then DecodeResult leave a megabyte of garbage per four).
+func (c *HTTP) ToolInto(ctx context.Context, name string, input, out any) error {
+	if input == nil {
+		input = struct{}{}
+	}
+	buf := results.Get()
+	defer results.Put(buf)
+	if err := c.do(ctx, http.MethodPost, c.sessionPath("tools", url.PathEscape(name)), input, buf); err != nil {
+		return err
+	}
+	res := bytes.TrimSpace(buf.Bytes())
+	if err := api.ResultError(name, res); err != nil {
+		var te *ToolError
+		if errors.As(err, &te) {
+			te.Result = bytes.Clone(te.Result) // its own: the buffer is kept
+		}
+		return err
+	}
+	return api.DecodeResult(res, out)
+}
+
+// results keeps tool results ToolInto decodes, up to a read_file window
+// of the largest (see readall.BufferPool).
+var results = readall.BufferPool{Max: 5 << 20}
+
 // CreateBox runs sandbox_create.
 func (c *HTTP) CreateBox(ctx context.Context, in api.SandboxCreateInput) (api.SandboxCreateOutput, error) {
 	var out api.SandboxCreateOutput
-	res, err := c.Tool(ctx, "sandbox_create", in)
-	if err != nil {
-		return out, err
-	}
-	return out, api.DecodeResult(res, &out)
+	return out, c.ToolInto(ctx, "sandbox_create", in, &out)
 }
 
 // DestroyBox runs sandbox_destroy.

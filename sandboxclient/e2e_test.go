@@ -413,3 +413,33 @@ func TestLargeFilesConcurrently(t *testing.T) {
 		})
 	}
 }
+
+// TestToolInto decodes a result into the tool's output struct, and a
+// failed call's *ToolError keeps its own copy of the result object: the
+// buffer the result was read into serves the next call.
+func TestToolInto(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := startServer(t, b.open(t, dir), dir, nil)
+			c := newSession(t, s)
+			ctx := context.Background()
+
+			err := c.ToolInto(ctx, "read_file", api.ReadFileInput{Path: "missing.txt"}, &api.ReadFileOutput{})
+			var te *sandboxclient.ToolError
+			require.ErrorAs(t, err, &te)
+			require.ErrorIs(t, err, sandboxclient.ErrNotFound)
+			failed := string(te.Result)
+
+			content := strings.Repeat(strings.Repeat("all work and no play ", 5)+"\n", 1500) // one window: 1500 lines, 156 KiB
+			require.NoError(t, c.ToolInto(ctx, "write_file", api.WriteFileInput{Path: "big.txt", Content: content}, &api.WriteFileOutput{}))
+			var out api.ReadFileOutput
+			require.NoError(t, c.ToolInto(ctx, "read_file", api.ReadFileInput{Path: "big.txt"}, &out))
+			assert.True(t, content == out.Content, "read back %d bytes, wrote %d", len(out.Content), len(content))
+			assert.Equal(t, 1500, out.TotalLines)
+
+			assert.Equal(t, failed, string(te.Result), "the error's result, after two more calls")
+			assert.Contains(t, failed, `"code":"not_found"`)
+		})
+	}
+}

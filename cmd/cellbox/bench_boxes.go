@@ -105,7 +105,7 @@ func benchBoxes(ctx context.Context, o boxesOptions) (rep *benchReport, err erro
 		rep.note("warm shell: the shell tool running `true` in a running box, over HTTP on loopback (JSON in, JSON out).")
 	}
 	if o.want("files") {
-		rep.note("1 MiB file: raw bytes through PUT/GET .../files/PATH; write_file takes it in one call, read_file pages it (at most 256 KiB per call).")
+		rep.note("1 MiB file: raw bytes through PUT/GET .../files/PATH; write_file takes it in one call, read_file pages it (at most 256 KiB per call); the client decodes each result into its struct (sandboxclient ToolInto).")
 	}
 	if o.want("fork") {
 		rep.note("fork: the fork tool making %d boxes from a box whose workspace holds %d MiB in %d files, then a shell `true` in each (in parallel); the boxes are destroyed between runs, untimed.", benchForkCount, o.treeMiB, benchForkFiles)
@@ -679,11 +679,7 @@ func shell(ctx context.Context, c *sandboxclient.HTTP, box, command string, time
 // callTool calls the tool name with input and decodes its result into a T.
 func callTool[T any](ctx context.Context, c *sandboxclient.HTTP, name string, input any) (T, error) {
 	var out T
-	res, err := c.Tool(ctx, name, input)
-	if err == nil {
-		err = api.DecodeResult(res, &out)
-	}
-	return out, err
+	return out, c.ToolInto(ctx, name, input, &out)
 }
 
 // readFilePaged reads a whole text file with read_file, page after page,
