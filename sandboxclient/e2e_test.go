@@ -360,10 +360,11 @@ func TestProfilesAndAllowedCommands(t *testing.T) {
 }
 
 // TestLargeFilesConcurrently: write_file and read_file of large texts in
-// parallel, through one client and one server. The HTTP API reads bodies
-// and renders results into kept buffers: every file must hold its own
-// text and read back as written, and (under -race, as CI runs it) a
-// buffer handed back while its call still reads it is a data race.
+// parallel, through one client and one server. The client encodes inputs
+// and the HTTP API reads bodies and renders results into kept buffers:
+// every file must hold its own text and read back as written, and (under
+// -race, as CI runs it) a buffer handed back while its call still reads
+// it is a data race.
 func TestLargeFilesConcurrently(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
