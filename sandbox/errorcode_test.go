@@ -44,14 +44,14 @@ func TestErrorCode(t *testing.T) {
 				Error   string `json:"error"`
 				Code    string `json:"code"`
 			}
-			require.NoError(t, json.Unmarshal(toolResult(nil, tt.err, nil), &head))
+			require.NoError(t, json.Unmarshal(toolResult(nil, nil, tt.err, nil), &head))
 			assert.True(t, head.IsError)
 			assert.Equal(t, tt.err.Error(), head.Error, "the message is kept")
 			assert.Equal(t, tt.code, head.Code)
 		})
 	}
 	assert.Equal(t, "", ErrorCode(nil))
-	assert.JSONEq(t, `{"is_error":false,"ok":true}`, string(toolResult(api.OKOutput{OK: true}, nil, nil)), "no code on success")
+	assert.JSONEq(t, `{"is_error":false,"ok":true}`, string(toolResult(nil, api.OKOutput{OK: true}, nil, nil)), "no code on success")
 }
 
 // The service's own refusals carry their codes.

@@ -66,6 +66,10 @@ func TestToolResultAsEncodingJSON(t *testing.T) {
 		{"not an object", []string{"a"}, nil, nil},
 		{"unencodable", map[string]any{"f": func() {}}, nil, nil},
 	} {
-		assert.Equal(t, toolResultJSON(tc.out, tc.err, tc.notices), string(toolResult(tc.out, tc.err, tc.notices)), tc.name)
+		want := toolResultJSON(tc.out, tc.err, tc.notices)
+		assert.Equal(t, want, string(toolResult(nil, tc.out, tc.err, tc.notices)), tc.name)
+		// Appended to a buffer (the HTTP API's kept one), after what it holds.
+		dst := append(make([]byte, 0, 64), "kept"...)
+		assert.Equal(t, "kept"+want, string(toolResult(dst, tc.out, tc.err, tc.notices)), tc.name)
 	}
 }

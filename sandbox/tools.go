@@ -453,6 +453,14 @@ func (s *Service) CallTool(ctx context.Context, sessionID, name string, raw json
 // CallToolAs is CallTool with the tool named as in profile ("" is the
 // default profile); an unknown profile is an ErrUnknownProfile.
 func (s *Service) CallToolAs(ctx context.Context, sessionID, profile, name string, raw json.RawMessage) (json.RawMessage, error) {
+	return s.AppendToolResult(ctx, nil, sessionID, profile, name, raw)
+}
+
+// AppendToolResult is CallToolAs appending the result object to dst: the
+// HTTP API renders a result (a read_file window is 256 KiB) into a buffer
+// it keeps for the next call. The call keeps nothing of raw: it may be
+// reused once this returns.
+func (s *Service) AppendToolResult(ctx context.Context, dst []byte, sessionID, profile, name string, raw json.RawMessage) (json.RawMessage, error) {
 	t, err := LookupToolIn(profile, name)
 	if err != nil {
 		return nil, err
@@ -461,10 +469,10 @@ func (s *Service) CallToolAs(ctx context.Context, sessionID, profile, name strin
 	if err != nil {
 		return nil, err
 	}
-	return s.callTool(ctx, sess, t, raw)
+	return s.callTool(ctx, dst, sess, t, raw)
 }
 
-func (s *Service) callTool(ctx context.Context, sess *Session, t *Tool, raw json.RawMessage) (json.RawMessage, error) {
+func (s *Service) callTool(ctx context.Context, dst []byte, sess *Session, t *Tool, raw json.RawMessage) (json.RawMessage, error) {
 	name := t.Name
 	if t.Profile != DefaultProfile {
 		name = t.Profile + "/" + t.Name // the metric's label
@@ -482,7 +490,7 @@ func (s *Service) callTool(ctx context.Context, sess *Session, t *Tool, raw json
 	if err != nil {
 		s.log.Debug("tool failed", "tool", name, "session", sess.ID, "err", err)
 	}
-	return toolResult(out, err, c.notices), nil
+	return toolResult(dst, out, err, c.notices), nil
 }
 
 // runTool runs t's handler; a panic in it is an error result.
@@ -491,13 +499,14 @@ func (s *Service) runTool(ctx context.Context, t *Tool, c *call, raw json.RawMes
 	return t.run(ctx, c, raw)
 }
 
-// toolResult renders a result object: {"is_error":..., ["error", "code"], ["notice"], output fields...}.
+// toolResult appends a result object to dst: {"is_error":..., ["error", "code"], ["notice"], output fields...}.
 // It is written into one buffer: the output is most often one long
 // content, which fastjson quotes straight into it.
-func toolResult(out any, err error, notices []string) json.RawMessage {
-	var buf []byte
+func toolResult(dst []byte, out any, err error, notices []string) json.RawMessage {
+	start := len(dst)
+	buf := dst
 	head := func(isError bool) {
-		buf = append(buf[:0], `{"is_error":`...)
+		buf = append(buf[:start], `{"is_error":`...)
 		buf = strconv.AppendBool(buf, isError)
 		if isError {
 			buf = append(buf, `,"error":`...)

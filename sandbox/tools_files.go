@@ -45,21 +45,27 @@ func readFile(ctx context.Context, c *call, box string, req agent.ReadRequest) (
 }
 
 func writeFileTool(ctx context.Context, c *call, in api.WriteFileInput) (api.WriteFileOutput, error) {
-	data := []byte(in.Content)
+	// Text goes to the agent from the string itself: a megabyte is not
+	// copied into bytes first.
+	var data interface {
+		io.Reader
+		Len() int
+	} = strings.NewReader(in.Content)
 	if in.Encoding == "base64" {
-		var err error
-		if data, err = base64.StdEncoding.DecodeString(in.Content); err != nil {
+		b, err := base64.StdEncoding.DecodeString(in.Content)
+		if err != nil {
 			return api.WriteFileOutput{}, api.WithCode(api.CodeInvalidInput, fmt.Errorf("content is not valid base64 (encoding: base64): %w", err))
 		}
+		data = bytes.NewReader(b)
 	}
-	if len(data) > fileToolMaxBytes {
-		return api.WriteFileOutput{}, api.WithCode(api.CodeTooLarge, fmt.Errorf("content is %d bytes; write_file takes at most %d (2 MiB). Write it in parts with append: true, change a large file with edit, or upload it through the files endpoint", len(data), fileToolMaxBytes))
+	if size := data.Len(); size > fileToolMaxBytes {
+		return api.WriteFileOutput{}, api.WithCode(api.CodeTooLarge, fmt.Errorf("content is %d bytes; write_file takes at most %d (2 MiB). Write it in parts with append: true, change a large file with edit, or upload it through the files endpoint", size, fileToolMaxBytes))
 	}
 	l, err := c.box(ctx, in.Sandbox)
 	if err != nil {
 		return api.WriteFileOutput{}, err
 	}
-	res, err := l.client.WriteFile(ctx, agent.WriteRequest{Path: in.Path, Data: data, Append: in.Append, MaxBytes: fileToolMaxBytes})
+	res, err := l.client.WriteFileFrom(ctx, agent.WriteRequest{Path: in.Path, Append: in.Append, MaxBytes: fileToolMaxBytes}, data)
 	if err != nil {
 		return api.WriteFileOutput{}, err
 	}

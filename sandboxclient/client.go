@@ -22,6 +22,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -280,15 +282,20 @@ const maxPrealloc = 64 << 20
 func (c *HTTP) do(ctx context.Context, method, path string, in any, out any) error {
 	var body io.Reader
 	if in != nil {
-		raw, err := api.MarshalInput(in)
+		k, err := encodeInput(in)
 		if err != nil {
 			return err
 		}
-		body = bytes.NewReader(raw)
+		defer k.release() // the call's own hold: the body is not sent again once do returns
+		body = k.body()
 	}
 	req, err := c.request(ctx, method, path, body)
 	if err != nil {
 		return err
+	}
+	if kb, ok := body.(*keptBody); ok {
+		req.ContentLength = int64(kb.Len())
+		req.GetBody = func() (io.ReadCloser, error) { return kb.k.body(), nil } // a POST retried on a fresh connection
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -301,17 +308,85 @@ func (c *HTTP) do(ctx context.Context, method, path string, in any, out any) err
 	if out == nil {
 		return nil
 	}
-	if raw, ok := out.(*json.RawMessage); ok {
-		size := resp.ContentLength
-		if size > maxPrealloc { // not believed that far: grown as it comes
-			size = -1
-		}
-		*raw, err = readall.Sized(resp.Body, size, math.MaxInt64)
+	size := resp.ContentLength
+	if size > maxPrealloc { // not believed that far: grown as it comes
+		size = -1
+	}
+	switch out := out.(type) {
+	case *json.RawMessage:
+		*out, err = readall.Sized(resp.Body, size, math.MaxInt64)
+		return err
+	case *bytes.Buffer: // a kept one (ToolInto)
+		out.Grow(int(max(size, 0)) + bytes.MinRead)
+		_, err = out.ReadFrom(resp.Body)
 		return err
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		return fmt.Errorf("decode answer of %s %s: %w", method, path, err)
 	}
+	return nil
+}
+
+// keptInput is an encoded tool input in a buffer kept for the next call
+// (a write_file input is a megabyte; see readall.BufferPool). The buffer
+// goes back when every hold on it is released: the call's own (when do
+// returns) and each body's (when the transport closes it, which it may do
+// after do returns). A body the transport never closes leaves the buffer
+// to the collector: never reused too early.
+type keptInput struct {
+	raw  []byte
+	kept bool // raw is from inputs (not JSON the caller gave)
+	refs atomic.Int32
+}
+
+// encodeInput encodes in, held once for the caller. JSON the caller gives
+// is taken as it is.
+func encodeInput(in any) (*keptInput, error) {
+	k := &keptInput{}
+	var err error
+	switch in.(type) {
+	case json.RawMessage, []byte:
+		k.raw, err = api.MarshalInput(in)
+	default:
+		k.raw, err = api.AppendInput(inputs.Get().AvailableBuffer(), in)
+		k.kept = true
+	}
+	if err != nil {
+		return nil, err
+	}
+	k.refs.Store(1)
+	return k, nil
+}
+
+// release drops one hold; the last gives a kept buffer back.
+func (k *keptInput) release() {
+	if k.refs.Add(-1) == 0 && k.kept {
+		inputs.PutSlice(k.raw)
+	}
+}
+
+// body is a new reader of the input, holding it until closed.
+func (k *keptInput) body() *keptBody {
+	k.refs.Add(1)
+	b := &keptBody{k: k}
+	b.Reset(k.raw)
+	return b
+}
+
+// inputs keeps encoded tool inputs up to a write_file of the largest
+// content (2 MiB, escaped).
+var inputs = readall.BufferPool{Max: 5 << 20}
+
+// keptBody is a request body of a keptInput; Close releases its hold
+// (once).
+type keptBody struct {
+	bytes.Reader
+	k    *keptInput
+	once sync.Once
+}
+
+func (b *keptBody) Close() error {
+	b.once.Do(b.k.release)
 	return nil
 }
 
@@ -333,14 +408,39 @@ func (c *HTTP) ToolAs(ctx context.Context, profile, name string, input any) (jso
 	return res, api.ResultError(name, res)
 }
 
+// ToolInto calls the tool called name and decodes its result into out (a
+// pointer to the tool's output struct, as api.DecodeResult takes); a
+// failed result is a *ToolError. The result object itself is not kept: it
+// is read into a buffer kept for the next call (a read_file window is
+// 256 KiB: Tool then DecodeResult leave a megabyte of garbage per four).
+func (c *HTTP) ToolInto(ctx context.Context, name string, input, out any) error {
+	if input == nil {
+		input = struct{}{}
+	}
+	buf := results.Get()
+	defer results.Put(buf)
+	if err := c.do(ctx, http.MethodPost, c.sessionPath("tools", url.PathEscape(name)), input, buf); err != nil {
+		return err
+	}
+	res := bytes.TrimSpace(buf.Bytes())
+	if err := api.ResultError(name, res); err != nil {
+		var te *ToolError
+		if errors.As(err, &te) {
+			te.Result = bytes.Clone(te.Result) // its own: the buffer is kept
+		}
+		return err
+	}
+	return api.DecodeResult(res, out)
+}
+
+// results keeps tool results ToolInto decodes, up to a read_file window
+// of the largest (see readall.BufferPool).
+var results = readall.BufferPool{Max: 5 << 20}
+
 // CreateBox runs sandbox_create.
 func (c *HTTP) CreateBox(ctx context.Context, in api.SandboxCreateInput) (api.SandboxCreateOutput, error) {
 	var out api.SandboxCreateOutput
-	res, err := c.Tool(ctx, "sandbox_create", in)
-	if err != nil {
-		return out, err
-	}
-	return out, api.DecodeResult(res, &out)
+	return out, c.ToolInto(ctx, "sandbox_create", in, &out)
 }
 
 // DestroyBox runs sandbox_destroy.

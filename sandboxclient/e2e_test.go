@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -356,4 +357,90 @@ func TestProfilesAndAllowedCommands(t *testing.T) {
 	t.Cleanup(func() { limited.DeleteSession(context.Background()) })
 	assert.Contains(t, toolErr(t, limited, "shell", map[string]any{"command": "id"}), "is not allowed in this session")
 	assert.Equal(t, "ok\n", call(t, limited, "shell", map[string]any{"command": "echo ok"})["stdout"])
+}
+
+// TestLargeFilesConcurrently: write_file and read_file of large texts in
+// parallel, through one client and one server. The client encodes inputs
+// and the HTTP API reads bodies and renders results into kept buffers:
+// every file must hold its own text and read back as written, and (under
+// -race, as CI runs it) a buffer handed back while its call still reads
+// it is a data race.
+func TestLargeFilesConcurrently(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := startServer(t, b.open(t, dir), dir, nil)
+			c := newSession(t, s)
+			ctx := context.Background()
+			var wg sync.WaitGroup
+			for g := range 8 {
+				wg.Go(func() {
+					for round := range 6 {
+						// Distinct per writer and round, with escapes to
+						// undo: a mix-up shows as a wrong text.
+						line := fmt.Sprintf("writer %d round %d \"quoted\"\t%s\n", g, round, strings.Repeat(string(rune('a'+g)), 100))
+						content := strings.Repeat(line, (128<<10)/len(line))
+						path := fmt.Sprintf("big/%d.txt", g)
+						res, err := c.Tool(ctx, "write_file", api.WriteFileInput{Path: path, Content: content})
+						if !assert.NoError(t, err) {
+							return
+						}
+						var w api.WriteFileOutput
+						if !assert.NoError(t, api.DecodeResult(res, &w)) {
+							return
+						}
+						assert.EqualValues(t, len(content), w.Size)
+						var got strings.Builder
+						for off := 0; ; {
+							res, err := c.Tool(ctx, "read_file", api.ReadFileInput{Path: path, Offset: off})
+							if !assert.NoError(t, err) {
+								return
+							}
+							var out api.ReadFileOutput
+							if !assert.NoError(t, api.DecodeResult(res, &out)) {
+								return
+							}
+							got.WriteString(out.Content)
+							if out.NextOffset == 0 {
+								break
+							}
+							off = out.NextOffset
+						}
+						assert.True(t, got.String() == content, "writer %d round %d: read back %d bytes, wrote %d", g, round, got.Len(), len(content))
+					}
+				})
+			}
+			wg.Wait()
+		})
+	}
+}
+
+// TestToolInto decodes a result into the tool's output struct, and a
+// failed call's *ToolError keeps its own copy of the result object: the
+// buffer the result was read into serves the next call.
+func TestToolInto(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := startServer(t, b.open(t, dir), dir, nil)
+			c := newSession(t, s)
+			ctx := context.Background()
+
+			err := c.ToolInto(ctx, "read_file", api.ReadFileInput{Path: "missing.txt"}, &api.ReadFileOutput{})
+			var te *sandboxclient.ToolError
+			require.ErrorAs(t, err, &te)
+			require.ErrorIs(t, err, sandboxclient.ErrNotFound)
+			failed := string(te.Result)
+
+			content := strings.Repeat(strings.Repeat("all work and no play ", 5)+"\n", 1500) // one window: 1500 lines, 156 KiB
+			require.NoError(t, c.ToolInto(ctx, "write_file", api.WriteFileInput{Path: "big.txt", Content: content}, &api.WriteFileOutput{}))
+			var out api.ReadFileOutput
+			require.NoError(t, c.ToolInto(ctx, "read_file", api.ReadFileInput{Path: "big.txt"}, &out))
+			assert.True(t, content == out.Content, "read back %d bytes, wrote %d", len(out.Content), len(content))
+			assert.Equal(t, 1500, out.TotalLines)
+
+			assert.Equal(t, failed, string(te.Result), "the error's result, after two more calls")
+			assert.Contains(t, failed, `"code":"not_found"`)
+		})
+	}
 }

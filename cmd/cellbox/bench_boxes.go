@@ -46,7 +46,14 @@ type boxesOptions struct {
 	benchCommon
 	data    string
 	treeMiB int
+	only    []string // the groups of rows to measure (benchBoxGroups); nil: all
 }
+
+// benchBoxGroups are the groups of rows `cellbox bench boxes --only` picks.
+var benchBoxGroups = []string{"create", "shell", "files", "code", "transfer", "fork"}
+
+// want reports whether the group of rows is measured.
+func (o boxesOptions) want(group string) bool { return o.only == nil || slices.Contains(o.only, group) }
 
 func benchBoxesCmd(ctx context.Context, args []string) (*benchReport, bool, error) {
 	fs := flag.NewFlagSet("bench boxes", flag.ContinueOnError)
@@ -55,7 +62,19 @@ func benchBoxesCmd(ctx context.Context, args []string) (*benchReport, bool, erro
 		"box backend to measure: docker, local (bubblewrap) or both", "static cellbox binary run as the agent in every box (default: this executable)", false)
 	fs.StringVar(&o.data, "data", "", "directory for the bench's state and boxes (default: a temporary directory, removed at the end)")
 	fs.IntVar(&o.treeMiB, "tree-mib", 100, "size of the tree copied between two boxes, in files of 1 MiB")
-	if err := o.parse(fs, args, func() error { return positive("tree-mib", o.treeMiB) }); err != nil {
+	only := fs.String("only", "", "comma-separated groups of rows to measure, of "+strings.Join(benchBoxGroups, ", ")+" (default: all)")
+	check := func() error {
+		if *only != "" {
+			o.only = strings.Split(*only, ",")
+			for _, g := range o.only {
+				if !slices.Contains(benchBoxGroups, g) {
+					return fmt.Errorf("--only %s: no group %q; groups: %s", *only, g, strings.Join(benchBoxGroups, ", "))
+				}
+			}
+		}
+		return positive("tree-mib", o.treeMiB)
+	}
+	if err := o.parse(fs, args, check); err != nil {
 		return nil, false, err
 	}
 	rep, err := benchBoxes(ctx, o)
@@ -79,12 +98,24 @@ func benchBoxes(ctx context.Context, o boxesOptions) (rep *benchReport, err erro
 		return nil, err
 	}
 	rep = newBenchReport("boxes")
-	rep.note("create → first result: sandbox_create of a new name, then shell `true` in it; from the warm pool the bench waits until the pool (%d boxes) is full before each create. Cold: a service without a pool.", benchPoolSize)
-	rep.note("warm shell: the shell tool running `true` in a running box, over HTTP on loopback (JSON in, JSON out).")
-	rep.note("1 MiB file: raw bytes through PUT/GET .../files/PATH; write_file takes it in one call, read_file pages it (at most 256 KiB per call).")
-	rep.note("fork: the fork tool making %d boxes from a box whose workspace holds %d MiB in %d files, then a shell `true` in each (in parallel); the boxes are destroyed between runs, untimed.", benchForkCount, o.treeMiB, benchForkFiles)
-	rep.note("run_code: a Python cell `1 + 1` in a warm code context (its interpreter runs on), and a stateless run_code (an interpreter started, run and ended per call); baseline: the shell tool running `python3 -c 'print(1 + 1)'`.")
-	rep.note("tree transfer: the transfer tool copying a directory of %d files of 1 MiB (random bytes) from one box to another of the session.", o.treeMiB)
+	if o.want("create") {
+		rep.note("create → first result: sandbox_create of a new name, then shell `true` in it; from the warm pool the bench waits until the pool (%d boxes) is full before each create. Cold: a service without a pool.", benchPoolSize)
+	}
+	if o.want("shell") {
+		rep.note("warm shell: the shell tool running `true` in a running box, over HTTP on loopback (JSON in, JSON out).")
+	}
+	if o.want("files") {
+		rep.note("1 MiB file: raw bytes through PUT/GET .../files/PATH; write_file takes it in one call, read_file pages it (at most 256 KiB per call); the client decodes each result into its struct (sandboxclient ToolInto).")
+	}
+	if o.want("fork") {
+		rep.note("fork: the fork tool making %d boxes from a box whose workspace holds %d MiB in %d files, then a shell `true` in each (in parallel); the boxes are destroyed between runs, untimed.", benchForkCount, o.treeMiB, benchForkFiles)
+	}
+	if o.want("code") {
+		rep.note("run_code: a Python cell `1 + 1` in a warm code context (its interpreter runs on), and a stateless run_code (an interpreter started, run and ended per call); baseline: the shell tool running `python3 -c 'print(1 + 1)'`.")
+	}
+	if o.want("transfer") {
+		rep.note("tree transfer: the transfer tool copying a directory of %d files of 1 MiB (random bytes) from one box to another of the session.", o.treeMiB)
+	}
 	if slices.Contains(o.backends, "docker") {
 		rep.note("docker baselines use the docker CLI: `docker run --rm` of the box image (%s with the host's /usr), `docker exec` and `docker cp` on a running box.", docker.HostImage)
 	}
@@ -115,6 +146,8 @@ type boxesBench struct {
 	be      backend.Backend
 	servers []*benchServer
 	content []byte // the 1 MiB file
+
+	coldSamples, warmSamples []time.Duration // create → first result
 }
 
 func (b *boxesBench) measure(ctx context.Context) error {
@@ -129,36 +162,26 @@ func (b *boxesBench) measure(ctx context.Context) error {
 		}
 	}
 	b.content = benchText(benchFileSize)
-
-	// Cold creates: a service with no warm pool.
-	cold, err := b.startServer(ctx, "cold", 0)
-	if err != nil {
-		return err
+	if b.o.want("create") {
+		if err := b.creates(ctx); err != nil {
+			return err
+		}
 	}
-	coldN := min(b.o.n, 20)
-	coldSamples, err := benchLoop(ctx, coldN, b.o.budget, func(i int) (time.Duration, error) {
-		return createFirstResult(ctx, cold.c, fmt.Sprintf("cold%d", i))
-	})
-	if err != nil {
-		return fmt.Errorf("cold create: %w", err)
-	}
-	if err := b.stopServer(cold); err != nil {
-		return err
-	}
-
 	srv, err := b.startServer(ctx, "warm", benchPoolSize)
 	if err != nil {
 		return err
 	}
 	c := srv.c
-	warmSamples, err := benchLoop(ctx, coldN, b.o.budget, func(i int) (time.Duration, error) {
-		if err := waitPool(ctx, srv.url, benchPoolSize); err != nil {
-			return 0, err
+	if b.o.want("create") {
+		b.warmSamples, err = benchLoop(ctx, min(b.o.n, 20), b.o.budget, func(i int) (time.Duration, error) {
+			if err := waitPool(ctx, srv.url, benchPoolSize); err != nil {
+				return 0, err
+			}
+			return createFirstResult(ctx, c, fmt.Sprintf("warm%d", i))
+		})
+		if err != nil {
+			return fmt.Errorf("create from the warm pool: %w", err)
 		}
-		return createFirstResult(ctx, c, fmt.Sprintf("warm%d", i))
-	})
-	if err != nil {
-		return fmt.Errorf("create from the warm pool: %w", err)
 	}
 
 	// A running box for the warm measurements.
@@ -171,31 +194,62 @@ func (b *boxesBench) measure(ctx context.Context) error {
 			return err
 		}
 	}
-	shellSamples, err := benchLoop(ctx, b.o.n, b.o.budget, func(int) (time.Duration, error) {
-		return timed(func() error { return shellTrue(ctx, c, "w") })
+	if b.o.want("create") || b.o.want("shell") {
+		shellSamples, err := benchLoop(ctx, b.o.n, b.o.budget, func(int) (time.Duration, error) {
+			return timed(func() error { return shellTrue(ctx, c, "w") })
+		})
+		if err != nil {
+			return fmt.Errorf("warm shell: %w", err)
+		}
+		createBase, createP50, shellBase, shellP50, err := b.startBaselines(ctx, w.ID)
+		if err != nil {
+			return err
+		}
+		if b.o.want("create") {
+			b.rep.add(b.name, "create → first result, warm pool", b.warmSamples, createBase, createP50, targetWarmCreate)
+			b.rep.add(b.name, "create → first result, cold (no pool)", b.coldSamples, createBase, createP50, 0)
+		}
+		if b.o.want("shell") {
+			b.rep.add(b.name, "warm `shell` `true`", shellSamples, shellBase, shellP50, targetWarmShell)
+		}
+	}
+	for _, g := range []struct {
+		name string
+		fn   func() error
+	}{
+		{"files", func() error { return b.files(ctx, c, w.ID) }},
+		{"code", func() error { return b.code(ctx, c) }},
+		{"transfer", func() error { return b.transfer(ctx, c) }},
+		{"fork", func() error { return b.fork(ctx, c) }},
+	} {
+		if !b.o.want(g.name) {
+			continue
+		}
+		if err := g.fn(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// creates measures creates → first result on a service with no warm pool
+// (stopped after); measure does the warm ones on its own service.
+func (b *boxesBench) creates(ctx context.Context) error {
+	cold, err := b.startServer(ctx, "cold", 0)
+	if err != nil {
+		return err
+	}
+	coldN := min(b.o.n, 20)
+	b.coldSamples, err = benchLoop(ctx, coldN, b.o.budget, func(i int) (time.Duration, error) {
+		return createFirstResult(ctx, cold.c, fmt.Sprintf("cold%d", i))
 	})
 	if err != nil {
-		return fmt.Errorf("warm shell: %w", err)
+		return fmt.Errorf("cold create: %w", err)
 	}
-
-	createBase, createP50, shellBase, shellP50, err := b.startBaselines(ctx, w.ID)
-	if err != nil {
+	if err := b.stopServer(cold); err != nil {
 		return err
 	}
-	b.rep.add(b.name, "create → first result, warm pool", warmSamples, createBase, createP50, targetWarmCreate)
-	b.rep.add(b.name, "create → first result, cold (no pool)", coldSamples, createBase, createP50, 0)
-	b.rep.add(b.name, "warm `shell` `true`", shellSamples, shellBase, shellP50, targetWarmShell)
-
-	if err := b.files(ctx, c, w.ID); err != nil {
-		return err
-	}
-	if err := b.code(ctx, c); err != nil {
-		return err
-	}
-	if err := b.transfer(ctx, c); err != nil {
-		return err
-	}
-	return b.fork(ctx, c)
+	return nil
 }
 
 // startBaselines measures what a create and a warm exec cost without
@@ -263,9 +317,10 @@ func (b *boxesBench) files(ctx context.Context, c *sandboxclient.HTTP, boxID str
 	if err != nil {
 		return fmt.Errorf("download 1 MiB: %w", err)
 	}
+	content := string(b.content) // the caller's text, made once: not the tool API's work
 	write, err := benchLoop(ctx, b.o.n, b.o.budget, func(int) (time.Duration, error) {
 		return timed(func() error {
-			_, err := c.Tool(ctx, "write_file", api.WriteFileInput{Sandbox: "w", Path: "bench/1m-tool.txt", Content: string(b.content)})
+			_, err := c.Tool(ctx, "write_file", api.WriteFileInput{Sandbox: "w", Path: "bench/1m-tool.txt", Content: content})
 			return err
 		})
 	})
@@ -624,11 +679,7 @@ func shell(ctx context.Context, c *sandboxclient.HTTP, box, command string, time
 // callTool calls the tool name with input and decodes its result into a T.
 func callTool[T any](ctx context.Context, c *sandboxclient.HTTP, name string, input any) (T, error) {
 	var out T
-	res, err := c.Tool(ctx, name, input)
-	if err == nil {
-		err = api.DecodeResult(res, &out)
-	}
-	return out, err
+	return out, c.ToolInto(ctx, name, input, &out)
 }
 
 // readFilePaged reads a whole text file with read_file, page after page,

@@ -48,6 +48,27 @@ func TestBenchBoxesLocal(t *testing.T) {
 	assertNoBoxesLeft(t, data)
 }
 
+// TestBenchBoxesOnly measures only the groups of rows --only names (the
+// file transfers here), and says only what those rows are.
+func TestBenchBoxesOnly(t *testing.T) {
+	testenv.RequireBwrap(t)
+	bin := testenv.CellboxBinary(t)
+	data := t.TempDir()
+	var out bytes.Buffer
+	err := runBench(context.Background(), []string{"boxes", "--backend", "local", "--n", "3", "--only", "files",
+		"--data", data, "--agent-binary", bin}, &out)
+	require.NoError(t, err, out.String())
+	checkBenchRows(t, out.String(), "local", "", []benchRowWant{
+		{"write 1 MiB file (upload endpoint)", "host os.WriteFile (no box)", false},
+		{"read 1 MiB file (download endpoint)", "host os.ReadFile (no box)", false},
+		{"write 1 MiB file (`write_file`)", "host os.WriteFile (no box)", false},
+		{"read 1 MiB file (`read_file`, 4 calls)", "host os.ReadFile (no box)", false},
+	})
+	assert.Contains(t, out.String(), "1 MiB file: raw bytes")
+	assert.NotContains(t, out.String(), "fork:")
+	assertNoBoxesLeft(t, data)
+}
+
 // TestBenchBoxesInterrupted stops the bench midway, as ctrl-C does, and
 // checks that it leaves no box running.
 func TestBenchBoxesInterrupted(t *testing.T) {
@@ -141,6 +162,7 @@ func TestBenchBadInput(t *testing.T) {
 		{[]string{"boxes", "--n", "0"}, "--n 0: want a positive number"},
 		{[]string{"boxes", "--budget", "-1s"}, "--budget -1s: want a positive duration"},
 		{[]string{"boxes", "local"}, `unexpected arguments ["local"]`},
+		{[]string{"boxes", "--only", "files,disks"}, `--only files,disks: no group "disks"; groups: create, shell, files, code, transfer, fork`},
 		{[]string{"runtime", "--nodes", "2"}, "--nodes 2: want at least 3"},
 		{[]string{"pipeline", "--backend", "podman"}, `--backend "podman": want docker, local or both`},
 		{[]string{"pipeline", "--example", "/nonexistent"}, "--example /nonexistent: "},

@@ -7,17 +7,16 @@
 // crossed it three times (the HTTP body check, json.Unmarshal's own check,
 // the split into fields) — most of a 1 MiB write_file's time. The peers
 // measured (goccy/go-json) are 2–3× faster, not 20×. Here the inside of a
-// string — nearly all of a large input — is scanned eight bytes at a time
-// for the only bytes that matter there (a quote, a backslash, a control
-// character); everything else follows RFC 8259's grammar exactly, and a
-// fuzz test holds Valid to encoding/json's json.Valid.
+// string — nearly all of a large input — is scanned only for the bytes
+// that matter there (a quote, a backslash, a control character), with
+// bytes.IndexByte and words of eight bytes (scan.go); everything else
+// follows RFC 8259's grammar exactly, and a fuzz test holds Valid to
+// encoding/json's json.Valid.
 package fastjson
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"math/bits"
 )
 
 // Error is a syntax error at byte Offset of the text.
@@ -268,17 +267,9 @@ func (p *parser) str() error {
 		return p.fail("want a string")
 	}
 	p.i++
+	next := [2]int{-1, -1} // see runEnd
 	for {
-		// The plain run: eight bytes at a time, to the first byte that
-		// needs a look.
-		for p.i+8 <= len(b) {
-			m := special(binary.LittleEndian.Uint64(b[p.i:]))
-			if m != 0 {
-				p.i += bits.TrailingZeros64(m) / 8
-				break
-			}
-			p.i += 8
-		}
+		p.i = runEnd(b, p.i, `"\`, false, next[:])
 		if p.i >= len(b) {
 			return p.fail("unterminated string")
 		}
@@ -303,10 +294,8 @@ func (p *parser) str() error {
 				p.i++
 				return p.fail("bad escape")
 			}
-		case c < 0x20:
-			return p.fail("control character in a string")
 		default:
-			p.i++
+			return p.fail("control character in a string")
 		}
 	}
 }

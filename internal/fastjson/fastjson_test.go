@@ -74,7 +74,15 @@ func TestSplitObject(t *testing.T) {
 
 func BenchmarkValid1MiB(b *testing.B) {
 	in, _ := json.Marshal(map[string]any{"path": "big.txt", "content": strings.Repeat("abcdefg\n", 1<<17)})
+	lines, _ := json.Marshal(map[string]any{"path": "big.txt", "content": strings.Repeat(strings.Repeat("x", 1023)+"\n", 1024)})
 	b.SetBytes(int64(len(in)))
+	b.Run("fastjson-1KiB-lines", func(b *testing.B) {
+		for b.Loop() {
+			if !Valid(lines) {
+				b.Fatal()
+			}
+		}
+	})
 	b.Run("fastjson", func(b *testing.B) {
 		for b.Loop() {
 			if !Valid(in) {
@@ -89,4 +97,31 @@ func BenchmarkValid1MiB(b *testing.B) {
 			}
 		}
 	})
+}
+
+// Long plain runs (past the word-at-a-time look) with a special byte at
+// every offset: the vectorised search must stop where the word scan did,
+// with the same verdict and error, and Unquote must undo the same escapes.
+func TestLongRunsAgreeWithEncodingJSON(t *testing.T) {
+	for _, special := range []string{"\x01", "\n", `\n`, `\"`, `\\`, `\u00e9`, `\ud83d\ude00`, `\q`, `\u12`, `"`, "\x1f", "é"} {
+		for k := range 80 {
+			for _, tail := range []string{"", strings.Repeat("y", 40), `\"` + strings.Repeat("z", 20) + `\"`} {
+				doc := `"` + strings.Repeat("x", k) + special + tail + `"`
+				in := []byte(doc)
+				require.Equal(t, json.Valid(in), Valid(in), "%q", doc)
+				if !json.Valid(in) {
+					continue
+				}
+				var want string
+				require.NoError(t, json.Unmarshal(in, &want))
+				got, err := Unquote(in)
+				require.NoError(t, err, "%q", doc)
+				require.Equal(t, want, got, "%q", doc)
+			}
+		}
+	}
+	_, err := SplitObject([]byte(`{"a": "` + strings.Repeat("x", 100) + "\x02" + `"}`))
+	assert.EqualError(t, err, `control character in a string (found '\x02') at offset 107`)
+	_, err = SplitObject([]byte(`{"a": "` + strings.Repeat("x", 100)))
+	assert.EqualError(t, err, `unexpected end of JSON input at offset 107`)
 }

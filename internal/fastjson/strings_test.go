@@ -74,7 +74,8 @@ func FuzzUnquote(f *testing.F) {
 		f.Add([]byte(q))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if !Valid(b) || len(b) < 2 || b[0] != '"' || !utf8Valid(b) {
+		// A value's exact text, as SplitObject gives it (no whitespace around).
+		if !Valid(b) || len(b) < 2 || b[0] != '"' || b[len(b)-1] != '"' || !utf8Valid(b) {
 			return
 		}
 		var want string
@@ -121,5 +122,25 @@ func BenchmarkUnquoteShortLines1MiB(b *testing.B) {
 	b.SetBytes(int64(len(q)))
 	for b.Loop() {
 		Unquote(q)
+	}
+}
+
+// AppendString over long plain runs with a byte to escape at every offset
+// writes what encoding/json writes.
+func TestAppendStringLongRuns(t *testing.T) {
+	for _, special := range []string{"\x01", "\n", `"`, `\`, "<", ">", "&", "é", "\u2028", "\xff", "中"} {
+		for k := range 80 {
+			for _, tail := range []string{"", strings.Repeat("y", 40), `"` + strings.Repeat("z", 20) + `<&\`} {
+				s := strings.Repeat("x", k) + special + tail
+				want, err := json.Marshal(s)
+				require.NoError(t, err)
+				require.Equal(t, string(want), string(AppendString(nil, s, true)), "%q", s)
+				var b bytes.Buffer
+				enc := json.NewEncoder(&b)
+				enc.SetEscapeHTML(false)
+				require.NoError(t, enc.Encode(s))
+				require.Equal(t, strings.TrimSuffix(b.String(), "\n"), string(AppendString(nil, s, false)), "%q", s)
+			}
+		}
 	}
 }

@@ -32,9 +32,22 @@ func Sized(r io.Reader, size, limit int64) ([]byte, error) {
 	if size < 0 || size >= limit {
 		return io.ReadAll(io.LimitReader(r, limit))
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, size+1)) // +1: ReadFrom wants room to see EOF
-	_, err := buf.ReadFrom(io.LimitReader(r, limit))
-	return buf.Bytes(), err
+	// One byte more than announced: reading it sees the end. (Not
+	// bytes.Buffer.ReadFrom: it wants 512 bytes of room before each read,
+	// so a buffer of the exact size doubled, and was copied, at the end.)
+	lr := io.LimitReader(r, limit)
+	buf := make([]byte, size+1)
+	n, err := io.ReadFull(lr, buf)
+	switch {
+	case err == io.ErrUnexpectedEOF || err == io.EOF:
+		return buf[:n], nil
+	case err != nil:
+		return buf[:n], err
+	}
+	// More than announced: the rest as it comes.
+	more := bytes.NewBuffer(buf)
+	_, err = more.ReadFrom(lr)
+	return more.Bytes(), err
 }
 
 // String is Sized into a string, without string(b)'s copy.
@@ -50,3 +63,35 @@ func String(r io.Reader, size, limit int64) (string, error) {
 }
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// BufferPool keeps buffers of at most Max bytes for the next call. A
+// fresh buffer of a megabyte per request (a write_file body, a read
+// window) sets off a collection every few calls on a small heap, and the
+// runtime hands the pages back to the kernel and faults them in again; a
+// kept buffer costs neither. A buffer that grew past Max (a rare large
+// request) is left to the collector rather than held on to.
+type BufferPool struct {
+	Max  int
+	pool sync.Pool
+}
+
+// Get returns an empty buffer.
+func (p *BufferPool) Get() *bytes.Buffer {
+	b, _ := p.pool.Get().(*bytes.Buffer)
+	if b == nil {
+		return new(bytes.Buffer)
+	}
+	b.Reset()
+	return b
+}
+
+// Put keeps b for a later Get; the caller must not use it after.
+func (p *BufferPool) Put(b *bytes.Buffer) {
+	if b != nil && b.Cap() <= p.Max {
+		p.pool.Put(b)
+	}
+}
+
+// PutSlice keeps the array of b for a later Get: b was appended to from a
+// Get's AvailableBuffer, and may have outgrown it.
+func (p *BufferPool) PutSlice(b []byte) { p.Put(bytes.NewBuffer(b[:0])) }

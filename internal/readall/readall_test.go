@@ -28,3 +28,28 @@ func TestSizedAndString(t *testing.T) {
 		assert.Equal(t, tc.want, s, tc.name)
 	}
 }
+
+// An announced body is read into one buffer of its size: no regrowth
+// (and no copy) at its end.
+func TestSizedOneBuffer(t *testing.T) {
+	body := strings.Repeat("0123456789", 100000)
+	b, err := Sized(strings.NewReader(body), int64(len(body)), 1<<30)
+	require.NoError(t, err)
+	assert.Equal(t, body, string(b))
+	assert.LessOrEqual(t, cap(b), len(body)+1)
+}
+
+// A kept buffer comes back empty; one that grew past Max is not kept.
+func TestBufferPool(t *testing.T) {
+	p := BufferPool{Max: 1 << 10}
+	b := p.Get()
+	b.WriteString("left over")
+	p.Put(b)
+	assert.Zero(t, p.Get().Len())
+	big := p.Get()
+	big.Grow(4 << 10)
+	p.Put(big)
+	assert.LessOrEqual(t, p.Get().Cap(), 1<<10)
+	p.PutSlice(append(p.Get().AvailableBuffer(), "appended"...))
+	assert.Zero(t, p.Get().Len())
+}

@@ -556,6 +556,13 @@ func (c *Client) ReadFile(ctx context.Context, req ReadRequest) (ReadResult, err
 // The data travels as the raw request body (no JSON, no base64): a large
 // write costs a copy, not an encoding.
 func (c *Client) WriteFile(ctx context.Context, req WriteRequest) (WriteResult, error) {
+	return c.WriteFileFrom(ctx, req, bytes.NewReader(req.Data))
+}
+
+// WriteFileFrom is WriteFile with the data read from data, a
+// *bytes.Reader or a *strings.Reader (req.Data is not used): write_file
+// hands its content string over as it is, not copied into bytes first.
+func (c *Client) WriteFileFrom(ctx context.Context, req WriteRequest, data io.Reader) (WriteResult, error) {
 	q := url.Values{"path": {req.Path}}
 	if req.Append {
 		q.Set("append", "1")
@@ -566,9 +573,10 @@ func (c *Client) WriteFile(ctx context.Context, req WriteRequest) (WriteResult, 
 	if req.Mode != 0 {
 		q.Set("mode", strconv.FormatUint(uint64(req.Mode), 8))
 	}
-	// A *bytes.Reader as it is: the request announces its length (the agent
-	// reads it into one buffer of that size) and can be sent again.
-	resp, err := c.do(ctx, http.MethodPost, "/v1/fs/write", q, bytes.NewReader(req.Data), "application/octet-stream")
+	// A *bytes.Reader or *strings.Reader as it is: the request announces
+	// its length (the agent reads it into one buffer of that size) and can
+	// be sent again.
+	resp, err := c.do(ctx, http.MethodPost, "/v1/fs/write", q, data, "application/octet-stream")
 	if err != nil {
 		return WriteResult{}, err
 	}

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"syscall"
 	"unicode/utf8"
+
+	"github.com/cellbox/cellbox/internal/readall"
 )
 
 const (
@@ -155,9 +157,8 @@ func (s *server) handleRead(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, "read", &req) {
 		return
 	}
-	out := bufs.Get().(*bytes.Buffer)
-	defer putBuf(out)
-	out.Reset()
+	out := bufs.Get()
+	defer bufs.Put(out)
 	res, err := s.read(req, out)
 	if err != nil {
 		writeError(w, asError("read", s.abs(req.Path), err))
@@ -173,23 +174,13 @@ func (s *server) handleRead(w http.ResponseWriter, r *http.Request) {
 }
 
 // A read's window, a write's body and the line reader are kept for the
-// next call: the agent's heap is small, so a fresh buffer of a megabyte
-// per call set off a collection every few calls, and the runtime gave the
-// pages back to the kernel and faulted them in again (madvise and page
-// faults on every call).
+// next call (see readall.BufferPool); a buffer that grew past what the
+// file tools send and take (a default window, a write of the default
+// limit) is not: a rare 8 MiB read is not held on to.
 var (
-	bufs        = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+	bufs        = readall.BufferPool{Max: DefaultWriteBytes + bytes.MinRead}
 	lineReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
 )
-
-// putBuf keeps b for another call unless it grew past what the file tools
-// send and take (a default window, a write of the default limit): a rare
-// 8 MiB read is not held on to.
-func putBuf(b *bytes.Buffer) {
-	if b.Cap() <= DefaultWriteBytes+bytes.MinRead {
-		bufs.Put(b)
-	}
-}
 
 // readResultHeader carries a read's ReadResult but its Content, which is
 // the body.
@@ -444,9 +435,8 @@ func (s *server) handleWrite(w http.ResponseWriter, r *http.Request) {
 	// One byte over the limit is enough for write to refuse it. The body
 	// is read into a kept buffer (see bufs), grown to its announced size
 	// at once, not by doubling.
-	body := bufs.Get().(*bytes.Buffer)
-	defer putBuf(body)
-	body.Reset()
+	body := bufs.Get()
+	defer bufs.Put(body)
 	if r.ContentLength > 0 && r.ContentLength <= limit {
 		body.Grow(int(r.ContentLength) + bytes.MinRead) // room for ReadFrom to see EOF
 	}

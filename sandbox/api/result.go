@@ -19,9 +19,16 @@ func MarshalInput(input any) (json.RawMessage, error) {
 	case []byte:
 		return v, nil
 	}
-	raw, err := fastjson.Marshal(input, true) // json.Marshal's bytes; a long content quoted faster
+	return AppendInput(nil, input)
+}
+
+// AppendInput appends the JSON of a tool input that is not JSON already
+// (not a json.RawMessage or []byte) to dst: json.Marshal's bytes, a long
+// content quoted faster.
+func AppendInput(dst []byte, input any) ([]byte, error) {
+	raw, err := fastjson.AppendMarshal(dst, input, true)
 	if err != nil {
-		return nil, fmt.Errorf("encode tool input: %w", err)
+		return dst, fmt.Errorf("encode tool input: %w", err)
 	}
 	return raw, nil
 }

@@ -52,6 +52,7 @@ import (
 	"time"
 
 	"github.com/cellbox/cellbox/internal/fastjson"
+	"github.com/cellbox/cellbox/internal/readall"
 
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/agent"
@@ -60,6 +61,11 @@ import (
 
 // MaxToolBody caps the body of a tool call and of a streaming exec request.
 const MaxToolBody = 8 << 20
+
+// bodies and results keep tool call bodies and results up to a write_file
+// of the largest content (2 MiB, escaped) for the next call (see
+// readall.BufferPool).
+var bodies, results = readall.BufferPool{Max: 5 << 20}, readall.BufferPool{Max: 5 << 20}
 
 // Handler returns the HTTP API of svc (the routes above).
 func Handler(svc *sandbox.Service) http.Handler {
@@ -189,7 +195,7 @@ func writeNoSession(w http.ResponseWriter, err error) {
 }
 
 func (s *server) handleNewSession(w http.ResponseWriter, r *http.Request) {
-	body, ok := readJSONBody(w, r)
+	body, ok := readJSONBody(w, r, nil)
 	if !ok {
 		return
 	}
@@ -251,12 +257,15 @@ func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "backend": s.svc.Backend().Name()})
 }
 
-// readJSONBody reads a capped body that must be JSON (empty means {}),
-// answering 400/413 itself when it is not.
-func readJSONBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+// readJSONBody reads a capped body that must be JSON (empty means {})
+// into buf (nil: a new one), answering 400/413 itself when it is not.
+func readJSONBody(w http.ResponseWriter, r *http.Request, buf *bytes.Buffer) ([]byte, bool) {
 	// Sized from Content-Length up front: a megabyte read in growing
 	// slices is copied over and over.
-	buf := bytes.NewBuffer(make([]byte, 0, min(max(r.ContentLength, 0), MaxToolBody)+bytes.MinRead))
+	if buf == nil {
+		buf = new(bytes.Buffer)
+	}
+	buf.Grow(int(min(max(r.ContentLength, 0), MaxToolBody)) + bytes.MinRead)
 	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, MaxToolBody))
 	body := buf.Bytes()
 	var mbe *http.MaxBytesError
@@ -308,21 +317,26 @@ func (s *server) handleTool(w http.ResponseWriter, r *http.Request, sess *sandbo
 		writeError(w, status, err.Error())
 		return
 	}
-	body, ok := readJSONBody(w, r)
+	// The body (a write_file content may be a megabyte) is read into a
+	// kept buffer: the call copies what it keeps of its input.
+	buf := bodies.Get()
+	defer bodies.Put(buf)
+	body, ok := readJSONBody(w, r, buf)
 	if !ok {
 		return
 	}
-	res, err := s.svc.CallToolAs(r.Context(), sess.ID, profile, name, body)
+	res, err := s.svc.AppendToolResult(r.Context(), results.Get().AvailableBuffer(), sess.ID, profile, name, body)
 	if err != nil { // the session went meanwhile
 		writeError(w, http.StatusNotFound, err.Error())
 		return
 	}
+	res = append(res, '\n')     // in the same write: one system call less
+	defer results.PutSlice(res) // written below, then free
 	w.Header().Set("Content-Type", "application/json")
 	// Announced, so that a large result is not sent in chunks and the
 	// client reads it into one buffer of its size.
-	w.Header().Set("Content-Length", strconv.Itoa(len(res)+1))
+	w.Header().Set("Content-Length", strconv.Itoa(len(res)))
 	w.Write(res)
-	w.Write([]byte("\n"))
 }
 
 // codeStatus is the HTTP status of each error code of a box operation;
@@ -354,7 +368,7 @@ func errorStatus(err error) int {
 }
 
 func (s *server) handleExec(w http.ResponseWriter, r *http.Request, sess *sandbox.Session) {
-	body, ok := readJSONBody(w, r)
+	body, ok := readJSONBody(w, r, nil)
 	if !ok {
 		return
 	}
