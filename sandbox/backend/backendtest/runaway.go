@@ -114,11 +114,15 @@ func (s *suite) leftovers(t *testing.T) {
 	ctx := ctxFor(t, time.Minute)
 	job, err := c.Start(ctx, agent.ExecRequest{Command: "sleep 1001 & sleep 1002"})
 	require.NoError(t, err)
+	const jobs = `ps -eo args= | grep '^sleep 100' | sort | cut -d' ' -f2`
+	// Both run before the sweep is tried on them (a forked child shows
+	// its shell's command line until it execs sleep: seen under load).
+	require.Eventually(t, func() bool { return ok(t, c, jobs) == "1001\n1002" }, 10*time.Second, 20*time.Millisecond)
 	res := sh(t, c, "sleep 1003 & setsid sleep 1004 & nohup sleep 1005 >/dev/null 2>&1 & echo started")
 	assert.Equal(t, "started\n", res.Stdout)
 	require.Len(t, res.Notices, 1, "the agent says it ended the leftovers")
 	assert.Contains(t, res.Notices[0], "ended 3 processes the command left running")
-	assert.Equal(t, "1001\n1002", ok(t, c, `ps -eo args= | grep '^sleep 100' | sort | cut -d' ' -f2`), "the background job and its child live on")
+	assert.Equal(t, "1001\n1002", ok(t, c, jobs), "the background job and its child live on")
 
 	n, err := c.KillAll(ctx)
 	require.NoError(t, err)
