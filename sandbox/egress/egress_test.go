@@ -169,11 +169,36 @@ func TestProxy(t *testing.T) {
 	code, body = get("http://other.test:" + port + "/")
 	assert.Equal(t, http.StatusForbidden, code)
 	assert.Contains(t, body, `no rule of box "test" allows this name`)
-	set([]string{"*.test", "127.0.0.0/8"})
+	set([]string{"*.test", "127.0.0.1:" + port})
 	code, body = get("http://rebind.test:" + port + "/")
 	assert.Equal(t, http.StatusOK, code, body)
 	assert.Equal(t, "hello rebind.test:"+port, body, "Host is the URL's")
 	assert.Empty(t, got.Load().(http.Header).Get("Authorization"), "no header without a rule")
+
+	// A range never opens the host itself (cellbox's API listens on its
+	// loopback) or link-local addresses: "0.0.0.0/0", the usual "any IPv4
+	// address", opened 127.0.0.1 and with it the server's API; only the
+	// very address admits one.
+	for _, wide := range [][]string{{"0.0.0.0/0", "::/0", "*.test"}, {"127.0.0.0/8"}, {"127.0.0.0/8:" + port}} {
+		set(wide)
+		for _, u := range []string{target, "http://[::ffff:127.0.0.1]:" + port + "/", "http://rebind.test:" + port + "/", "http://0.0.0.0:" + port + "/"} {
+			code, body = get(u)
+			assert.Equal(t, http.StatusForbidden, code, "%v: %s: %s", wide, u, body)
+		}
+	}
+	for _, bad := range []string{"0.0.0.0", "0.0.0.0:" + port, "[::]:80"} {
+		_, err := Compile([]string{bad}, nil)
+		assert.ErrorContains(t, err, "the unspecified address reaches every address of the host", bad)
+	}
+	wide, err := Compile([]string{"0.0.0.0/0"}, nil)
+	require.NoError(t, err)
+	for _, a := range []string{"127.0.0.1", "169.254.169.254", "0.0.0.0"} {
+		assert.False(t, wide.addrAllowed(netip.MustParseAddr(a), 80), a)
+	}
+	for _, a := range []string{"10.1.2.3", "192.168.1.1", "93.184.216.34"} {
+		assert.True(t, wide.addrAllowed(netip.MustParseAddr(a), 80), "a range still opens the networks it names: %s", a)
+	}
+	set([]string{"*.test", "127.0.0.1:" + port})
 
 	// CONNECT: allowed tunnels, others refused before any byte moves.
 	connect := func(dest string) string {

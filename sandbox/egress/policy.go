@@ -193,6 +193,9 @@ func parseRule(text string) (rule, error) {
 		return r, nil
 	}
 	if addr, err := netip.ParseAddr(host); err == nil {
+		if addr.Unmap().IsUnspecified() {
+			return bad("the unspecified address reaches every address of the host, cellbox's API included; name the service: 127.0.0.1:PORT")
+		}
 		r.prefix = netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen())
 		return r, nil
 	}
@@ -268,11 +271,17 @@ func (p *Policy) nameAllowed(host string, port int) bool {
 	})
 }
 
-// addrAllowed reports whether an IP rule admits addr:port.
+// addrAllowed reports whether an IP rule admits addr:port. The host
+// itself (loopback, where cellbox's own API listens) and link-local
+// addresses (cloud metadata at 169.254.169.254) are admitted only by a
+// rule that names the very address, never by a range: "0.0.0.0/0", the
+// usual way to write "any IPv4 address", must not open them.
 func (p *Policy) addrAllowed(addr netip.Addr, port int) bool {
 	addr = addr.Unmap()
+	exactOnly := addr.IsLoopback() || addr.IsLinkLocalUnicast() || addr.IsUnspecified()
 	return p != nil && slices.ContainsFunc(p.rules, func(r rule) bool {
-		return r.name == "" && r.prefix.Contains(addr) && (r.port == 0 || r.port == port)
+		return r.name == "" && r.prefix.Contains(addr) && (r.port == 0 || r.port == port) &&
+			(!exactOnly || r.prefix.IsSingleIP())
 	})
 }
 
