@@ -59,6 +59,10 @@ type box struct {
 	// made says the backend box of a new box exists already (a fork's
 	// clone made it), so creating it only starts it (guarded by life).
 	made bool
+	// workspace is held by the tools that read or replace the workspace
+	// whole (snapshot, restore, fork), so that two restores never clear
+	// and fill it at once, nor a snapshot copy half a restore.
+	workspace sync.Mutex
 }
 
 // record returns b's record for the store; the caller holds Service.mu.

@@ -329,8 +329,40 @@ func TestRestoreStoppedPartWayPutsWorkspaceBack(t *testing.T) {
 	assert.Equal(t, "keep\ntwo\n", rb.sh("small", "cat precious.txt d/also.txt"))
 	assert.Equal(t, "gone\n", rb.sh("small", "test -e r.bin || echo gone"))
 	require.Eventually(t, func() bool { return rb.s.snaps.bytes(rb.sess) == 66000000 }, 10*time.Second, 10*time.Millisecond,
-		"the transient copy of the workspace is freed")
-	assert.Len(t, rb.ok("snapshot_list", nil)["snapshots"], 1)
+		"the copy of the workspace taken first is freed")
+	require.Eventually(t, func() bool { return len(rb.ok("snapshot_list", nil)["snapshots"].([]any)) == 1 }, 10*time.Second, 10*time.Millisecond,
+		"and its snapshot deleted")
+}
+
+// TestParallelRestores: two restores of one box at once (a model's
+// parallel tool calls) leave exactly one snapshot's files, and a snapshot
+// taken meanwhile holds one whole state. Each cleared and filled the
+// workspace at the same time: it ended empty, or with 13 of 200 files, or
+// 198 of 200 after a success.
+func TestParallelRestores(t *testing.T) {
+	rb := newRealService(t, "local", nil)
+	rb.sh("default", "mkdir A && for i in $(seq 200); do echo a$i > A/$i; done")
+	a := rb.ok("snapshot", nil)["id"]
+	rb.sh("default", "rm -rf A && mkdir B && for i in $(seq 200); do echo b$i > B/$i; done")
+	b := rb.ok("snapshot", nil)["id"]
+	rb.sh("default", "rm -rf B && echo mine > mine.txt")
+	results := make(chan map[string]any, 3)
+	for _, id := range []any{a, b} {
+		go func() { results <- rb.call("restore", map[string]any{"snapshot": id}) }()
+	}
+	go func() { results <- rb.call("snapshot", map[string]any{"label": "meanwhile"}) }()
+	var during any
+	for range 3 {
+		m := <-results
+		require.Equal(t, false, m["is_error"], "%v", m)
+		if m["label"] == "meanwhile" {
+			during = m["id"]
+		}
+	}
+	ls := rb.sh("default", "ls; find . -type f | wc -l")
+	assert.Contains(t, []string{"A\n200\n", "B\n200\n"}, ls, "one snapshot's files, whole")
+	rb.ok("restore", map[string]any{"snapshot": during})
+	assert.Contains(t, []string{"mine.txt\n1\n", "A\n200\n", "B\n200\n"}, rb.sh("default", "ls; find . -type f | wc -l"), "the snapshot taken meanwhile holds one whole state")
 }
 
 // TestSnapshotOrphanBlobsSwept: blobs no snapshot names (a process killed

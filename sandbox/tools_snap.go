@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cellbox/cellbox/internal/safe"
@@ -84,14 +85,16 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 	if used >= most {
 		return api.SnapshotInfo{}, full()
 	}
+	l.b.workspace.Lock()
+	defer l.b.workspace.Unlock()
 	ss.gc.RLock()
 	defer ss.gc.RUnlock()
 	entries, added, err := c.s.captureBox(ctx, c.sess.ID, l, most-used)
-	if errors.Is(err, errStoreFull) {
-		ss.freeLater(c.s.log, c.sess.ID) // what it stored so far
-		return api.SnapshotInfo{}, full()
-	}
 	if err != nil {
+		ss.freeLater(c.s.log, c.sess.ID) // what it stored before it failed
+		if errors.Is(err, errStoreFull) {
+			return api.SnapshotInfo{}, full()
+		}
 		return api.SnapshotInfo{}, err
 	}
 	rec := snapshotRecord{
@@ -129,13 +132,20 @@ func snapshotDeleteTool(ctx context.Context, c *call, in api.SnapshotDeleteInput
 
 func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOutput, error) {
 	ss := c.s.snaps
-	ss.gc.RLock()
-	defer ss.gc.RUnlock()
-	_, entries, err := ss.get(c.sess.ID, in.Snapshot)
+	if _, _, err := ss.get(c.sess.ID, in.Snapshot); err != nil {
+		return api.SeedOutput{}, err // before the box is woken or made
+	}
+	l, err := c.box(ctx, in.Sandbox)
 	if err != nil {
 		return api.SeedOutput{}, err
 	}
-	l, err := c.box(ctx, in.Sandbox)
+	// The box's workspace lock before the store's (as snapshot and fork
+	// take them), then the snapshot again: it may be gone meanwhile.
+	l.b.workspace.Lock()
+	defer l.b.workspace.Unlock()
+	ss.gc.RLock()
+	defer ss.gc.RUnlock()
+	_, entries, err := ss.get(c.sess.ID, in.Snapshot)
 	if err != nil {
 		return api.SeedOutput{}, err
 	}
@@ -146,14 +156,31 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 	if disk := toBackendLimits(l.b.rec.Limits).Defaults().DiskBytes; size > disk {
 		return api.SeedOutput{}, api.WithCode(api.CodeTooLarge, fmt.Errorf("restore %s into %q: the snapshot holds %d bytes, more than the sandbox's disk cap of %d bytes; nothing was changed. Branch the snapshot into a new sandbox (branch), or use a sandbox with a larger limits.disk_bytes", in.Snapshot, l.name, size, disk))
 	}
-	// The workspace as it is goes into the store first (what is there
-	// already costs nothing), so a restore that stops part way (a full
-	// disk, a box that dies) can put it back: nothing is lost. The copy is
-	// transient: not counted against the snapshot cap, freed afterwards.
-	prior, _, err := c.s.captureBox(ctx, c.sess.ID, l, math.MaxInt64)
-	defer ss.freeLater(c.s.log, c.sess.ID)
+	// The workspace as it is goes into the store first, as a snapshot of
+	// its own (what is there already costs nothing), so that a restore that
+	// stops part way (a full disk, a box that dies) can put it back, and
+	// one cut short by the server's death leaves it to restore by hand:
+	// nothing is lost. It goes once the restore is over.
+	prior, added, err := c.s.captureBox(ctx, c.sess.ID, l, math.MaxInt64)
 	if err != nil {
+		ss.freeLater(c.s.log, c.sess.ID)
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: saving the workspace first failed, so nothing was changed: %w", in.Snapshot, l.name, err)
+	}
+	before := snapshotRecord{
+		ID: "snap-" + randomID(8), Label: "before restore of " + in.Snapshot, Session: c.sess.ID,
+		Sandbox: l.name, BoxID: l.b.rec.ID, Spec: specOf(l.b.rec), Created: time.Now().UTC(), Added: added, Entries: len(prior),
+	}
+	before.Files, before.Size = countFiles(prior)
+	if err := ss.put(before, prior); err != nil {
+		ss.freeLater(c.s.log, c.sess.ID)
+		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: saving the workspace first failed, so nothing was changed: %w", in.Snapshot, l.name, err)
+	}
+	forget := func() { // the copy of the workspace, once it is not needed
+		go func() {
+			if _, err := ss.delete(c.sess.ID, before.ID); err != nil {
+				c.s.log.Warn("delete the snapshot a restore took first", "snapshot", before.ID, "err", err)
+			}
+		}()
 	}
 	replace := func(entries []snapEntry) error {
 		if err := clearWorkspace(ctx, l.client); err != nil {
@@ -163,23 +190,18 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 	}
 	err = replace(entries)
 	if err == nil {
+		forget()
 		return api.SeedOutput{Sandbox: l.name, ID: l.b.rec.ID, Files: files, Bytes: size}, nil
 	}
-	if backErr := replace(prior); backErr == nil {
-		return api.SeedOutput{}, fmt.Errorf("restore %s into %q stopped part way: %w; the workspace is back as it was before the restore. Free space in the sandbox (its disk cap counts /workspace and /tmp) and restore again", in.Snapshot, l.name, err)
-	} else {
-		// Kept as a snapshot of the session, to restore once the box is
-		// well again; it counts against the cap from now on.
-		rec := snapshotRecord{
-			ID: "snap-" + randomID(8), Label: "before restore of " + in.Snapshot, Session: c.sess.ID,
-			Sandbox: l.name, BoxID: l.b.rec.ID, Spec: specOf(l.b.rec), Created: time.Now().UTC(), Entries: len(prior),
-		}
-		rec.Files, rec.Size = countFiles(prior)
-		if putErr := ss.put(rec, prior); putErr != nil {
-			return api.SeedOutput{}, fmt.Errorf("restore %s into %q stopped part way: %w; putting the earlier files back failed too (%v), and so did keeping them as a snapshot (%v)", in.Snapshot, l.name, err, backErr, putErr)
-		}
-		return api.SeedOutput{}, fmt.Errorf("restore %s into %q stopped part way: %w; putting the earlier files back failed too (%v). They are kept as snapshot %s (label %q): restore it into this sandbox or branch it into a new one", in.Snapshot, l.name, err, backErr, rec.ID, rec.Label)
+	if backErr := replace(prior); backErr != nil {
+		return api.SeedOutput{}, fmt.Errorf("restore %s into %q stopped part way: %w; putting the earlier files back failed too (%v). They are kept as snapshot %s (label %q): restore it into this sandbox or branch it into a new one", in.Snapshot, l.name, err, backErr, before.ID, before.Label)
 	}
+	forget()
+	hint := "Free space in the sandbox (its disk cap counts /workspace and /tmp) and restore again"
+	if !errors.Is(err, syscall.ENOSPC) && !strings.Contains(err.Error(), "no space left") {
+		hint = "Restore again once the cause is fixed"
+	}
+	return api.SeedOutput{}, fmt.Errorf("restore %s into %q stopped part way: %w; the workspace is back as it was before the restore. %s", in.Snapshot, l.name, err, hint)
 }
 
 func branchTool(ctx context.Context, c *call, in api.BranchInput) (api.SeedOutput, error) {
@@ -212,6 +234,8 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 	if err != nil {
 		return out, err
 	}
+	src.b.workspace.Lock() // never a copy of half a restore
+	defer src.b.workspace.Unlock()
 	names := in.Names
 	if len(names) == 0 {
 		names = c.s.freeNames(c.sess, src.name, in.Count)
