@@ -29,6 +29,9 @@ type SessionInfo struct {
 	ID      string    `json:"id"`
 	Created time.Time `json:"created"`
 	Boxes   int       `json:"boxes"`
+	// Own: the server's own session (its runtime's); a
+	// client may not delete it.
+	Own bool `json:"own,omitempty"`
 }
 
 // Sessions lists the sessions, oldest first.
@@ -37,7 +40,7 @@ func (s *Service) Sessions() []SessionInfo {
 	out := make([]SessionInfo, 0, len(s.sessions))
 	for _, sess := range s.sessions {
 		if !sess.deleted {
-			out = append(out, SessionInfo{ID: sess.ID, Created: sess.Created, Boxes: len(sess.boxes)})
+			out = append(out, SessionInfo{ID: sess.ID, Created: sess.Created, Boxes: len(sess.boxes), Own: sess.own})
 		}
 	}
 	s.mu.Unlock()

@@ -212,3 +212,27 @@ func TestSessionCap(t *testing.T) {
 	_, _, err = s.NewSession(ctx)
 	require.NoError(t, err)
 }
+
+// TestOwnSession: the server's own session (its runtime's, served by a
+// LocalClient) does not count against MaxSessions and a client may not
+// delete it (DELETE with the server key broke every pattern until a
+// restart); the sessions clients made stay deletable.
+func TestOwnSession(t *testing.T) {
+	s := newTestService(t, newFakeBackend(t), "", func(c *Config) { c.MaxSessions = 1 })
+	ctx := context.Background()
+	own, _, err := s.NewSession(ctx)
+	require.NoError(t, err)
+	s.Client(own)
+	client, _, err := s.NewSession(ctx)
+	require.NoError(t, err, "the server's own session is not counted")
+	err = s.DeleteSessionForClient(ctx, own)
+	require.ErrorIs(t, err, ErrOwnSession)
+	assert.Equal(t, api.CodeRefused, ErrorCode(err))
+	assert.Contains(t, err.Error(), "its runtime's: deleting it would break every pattern's exec and sandbox nodes")
+	var infos []SessionInfo
+	for _, si := range s.Sessions() {
+		infos = append(infos, SessionInfo{ID: si.ID, Own: si.Own})
+	}
+	assert.ElementsMatch(t, []SessionInfo{{ID: own, Own: true}, {ID: client}}, infos)
+	require.NoError(t, s.DeleteSessionForClient(ctx, client))
+}

@@ -236,6 +236,11 @@ type LocalClient struct {
 // looked up on each call; it no longer expires (see pin).
 func (s *Service) Client(sessionID string) *LocalClient {
 	s.pin(sessionID)
+	s.mu.Lock()
+	if sess := s.sessions[sessionID]; sess != nil {
+		sess.own = true
+	}
+	s.mu.Unlock()
 	return &LocalClient{s: s, session: sessionID}
 }
 

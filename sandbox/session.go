@@ -29,6 +29,7 @@ type Session struct {
 	deleted   bool            // guarded by Service.mu
 	lastUsed  atomic.Int64    // unix nanoseconds of the last call; the reaper expires idle sessions
 	pinned    bool            // served in-process (see pin): never expires; guarded by Service.mu
+	own       bool            // the server's own, served by a LocalClient (its runtime's); guarded by Service.mu
 	allowed   allowList       // allowed_commands; fixed when the session is made
 	defaults  api.BoxDefaults // what its boxes get unless sandbox_create says otherwise; fixed too
 }
@@ -73,7 +74,7 @@ func (s *Service) NewSessionWith(ctx context.Context, opts api.NewSessionRequest
 	}
 	sess.lastUsed.Store(sess.Created.UnixNano())
 	s.mu.Lock()
-	if n := len(s.sessions); n >= s.cfg.MaxSessions {
+	if n := s.clientSessionsLocked(); n >= s.cfg.MaxSessions {
 		s.mu.Unlock()
 		return "", "", api.WithCode(api.CodeLimit, fmt.Errorf("this server has %d sessions, the most it keeps at once: delete finished ones (DELETE /v1/sessions/ID, cellbox session rm ID), wait for idle ones to expire, or raise the limit (cellbox serve --max-sessions)", n))
 	}
@@ -253,6 +254,34 @@ func (s *Service) expireSessions(ctx context.Context) {
 // which keeps it as long as it needs it or deletes it. Only clients over
 // HTTP leave sessions behind. Pins are not stored: the owner pins again
 // when it starts.
+// clientSessionsLocked counts the sessions clients made: the server's own
+// do not count against MaxSessions. The caller holds s.mu.
+func (s *Service) clientSessionsLocked() int {
+	n := 0
+	for _, sess := range s.sessions {
+		if !sess.own {
+			n++
+		}
+	}
+	return n
+}
+
+// ErrOwnSession refuses a client's deletion of a session the server serves
+// itself (DeleteSessionForClient).
+var ErrOwnSession = api.WithCode(api.CodeRefused, errors.New("it is this server's own session, its runtime's: deleting it would break every pattern's exec and sandbox nodes; stop the patterns instead (cellbox stop NAME, DELETE /v1/patterns/NAME)"))
+
+// DeleteSessionForClient is DeleteSession for a client of the HTTP API,
+// which may not delete the server's own sessions (ErrOwnSession).
+func (s *Service) DeleteSessionForClient(ctx context.Context, id string) error {
+	s.mu.Lock()
+	own := s.sessions[id] != nil && s.sessions[id].own
+	s.mu.Unlock()
+	if own {
+		return fmt.Errorf("delete session %s: %w", id, ErrOwnSession)
+	}
+	return s.DeleteSession(ctx, id)
+}
+
 func (s *Service) pin(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

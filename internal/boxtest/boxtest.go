@@ -34,6 +34,8 @@ type Options struct {
 	Logger *slog.Logger
 	// SessionTTL is sandbox.Config.SessionTTL (0: the default).
 	SessionTTL time.Duration
+	// MaxSessions is sandbox.Config.MaxSessions (0: the default).
+	MaxSessions int
 }
 
 // Service starts a sandbox service over a fresh, short data directory
@@ -61,6 +63,7 @@ func Service(t testing.TB, opts Options) (*sandbox.Service, string) {
 		Pool:        map[string]int{backend.DefaultImage: opts.Pool},
 		Logger:      opts.Logger,
 		SessionTTL:  opts.SessionTTL,
+		MaxSessions: opts.MaxSessions,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() {

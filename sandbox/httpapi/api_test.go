@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -309,4 +310,38 @@ func TestBoxEndpointStatusFollowsCode(t *testing.T) {
 		}
 	}
 	assert.Equal(t, "hi\n", out)
+}
+
+// TestSessionLimitsOverHTTP: past --max-sessions, POST /v1/sessions answers
+// 429 with the code limit (it answered 500 with no code), and a client may
+// not delete the server's own session (the runtime's): 403 refused (the
+// server key's DELETE broke every pattern until a restart).
+func TestSessionLimitsOverHTTP(t *testing.T) {
+	s, _ := boxtest.Service(t, boxtest.Options{MaxSessions: 2})
+	url := startHTTP(t, s)
+	own, ownToken, err := s.NewSession(context.Background())
+	require.NoError(t, err)
+	s.Client(own) // the runtime's, say
+	newHTTPSession(t, url)
+	newHTTPSession(t, url)
+	resp, err := http.Post(url+"/v1/sessions", "application/json", nil)
+	require.NoError(t, err)
+	var e api.ErrorBody
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
+	resp.Body.Close()
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, api.CodeLimit, e.Code)
+	assert.Contains(t, e.Error, "cellbox serve --max-sessions")
+
+	req, err := http.NewRequest(http.MethodDelete, url+"/v1/sessions/"+own, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+ownToken)
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	e = api.ErrorBody{}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
+	resp.Body.Close()
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode)
+	assert.Equal(t, api.CodeRefused, e.Code)
+	assert.Contains(t, e.Error, "this server's own session")
 }

@@ -207,12 +207,8 @@ func (s *server) handleNewSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, token, err := s.svc.NewSessionWith(r.Context(), opts)
-	if err != nil {
-		status := http.StatusInternalServerError
-		if api.CodeOf(err) == api.CodeInvalidInput { // a bad allowed_commands list or default
-			status = http.StatusBadRequest
-		}
-		writeError(w, status, err.Error())
+	if err != nil { // a bad allowed_commands list or default (400), the cap on sessions (429)
+		writeBoxError(w, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, api.NewSessionResult{ID: id, Token: token})
@@ -230,13 +226,13 @@ func (s *server) handleDeleteSession(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	err := s.svc.DeleteSession(r.Context(), r.PathValue("id"))
+	err := s.svc.DeleteSessionForClient(r.Context(), r.PathValue("id"))
 	switch {
 	case errors.Is(err, sandbox.ErrNoSession):
 		writeNoSession(w, err)
 		return
 	case err != nil:
-		writeError(w, http.StatusInternalServerError, err.Error())
+		writeBoxError(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, api.OKOutput{OK: true})
