@@ -177,6 +177,10 @@ type driverAnswer struct {
 // cell's timeout, before it interrupts it with SIGINT as it does the others.
 var selfTimeout = map[string]time.Duration{LangJavaScript: time.Second}
 
+// interruptAgain is how often a cell that has not answered an interrupt
+// gets another SIGINT, within codeInterruptGrace.
+const interruptAgain = 100 * time.Millisecond
+
 // codeCtx is one running context.
 type codeCtx struct {
 	id, lang string
@@ -559,10 +563,19 @@ func (t *codeTable) run(ctx context.Context, id string, req CodeRunRequest) (Cod
 	}
 	var res CodeResult
 	var answer []byte
-	var grace <-chan time.Time
+	var grace, again <-chan time.Time
 	interrupt := func() {
 		c.p.signal(syscall.SIGINT)
-		grace = time.After(codeInterruptGrace)
+		if grace == nil {
+			grace = time.After(codeInterruptGrace)
+		}
+		// A SIGINT that lands while the driver is between cells (it has
+		// not begun this one yet) is ignored there: send it again until
+		// the cell answers. Not to node, which a SIGINT as it starts or
+		// ends a script ends (see selfTimeout).
+		if c.lang != LangJavaScript {
+			again = time.After(interruptAgain)
+		}
 	}
 	quit := ctx.Done()
 	serverDone := t.s.ctx.Done()
@@ -604,6 +617,8 @@ wait:
 			default:
 			}
 			break wait
+		case <-again:
+			interrupt()
 		case <-grace:
 			c.end(fmt.Sprintf("the interpreter did not stop within %s of an interrupt (SIGINT) and was killed", codeInterruptGrace))
 			c.p.kill()

@@ -192,6 +192,23 @@ func TestCodeContextEnds(t *testing.T) {
 		require.NoError(t, a.c.CodeDelete(ctx, id))
 	}
 
+	// A timeout that lands before the driver begins the cell (SIGINT is
+	// ignored between cells) still stops it: the interrupt is sent again
+	// until the cell answers. The context died after the 3 s grace about
+	// once in 30 such cells.
+	// A long comment makes the driver's reading of the cell take longer
+	// than the timeout, so the first SIGINT lands there.
+	long := "#" + strings.Repeat("x", 16<<20) + "\n"
+	for lang, loop := range map[string]string{LangPython: long + "while True: pass", LangBash: "while :; do :; done"} {
+		id := newContext(t, a, lang)
+		for i := range 8 {
+			r := runCell(t, a, id, loop, 1+i%3)
+			require.Empty(t, r.Ended, "%s cell %d", lang, i)
+			require.True(t, r.TimedOut, "%s cell %d", lang, i)
+		}
+		require.NoError(t, a.c.CodeDelete(ctx, id))
+	}
+
 	// A JavaScript context survives timeouts that land as node starts or
 	// ends a cell: node's vm takes the SIGINT listeners off while a script
 	// starts and ends (breakOnSigint), and a SIGINT in that instant ended
