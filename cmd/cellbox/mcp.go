@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -67,8 +68,13 @@ func runMCP(ctx context.Context, args []string) error {
 	return mcpLocal(ctx, *data, *backendName, *agentBinary, *pool, *profile)
 }
 
+// mcpSessionFile (DATA/mcp.session) holds the id of the session cellbox mcp
+// serves, while it runs.
+const mcpSessionFile = "mcp.session"
+
 // mcpLocal serves the tools of an in-process sandbox service, in one session
-// that lives as long as the process.
+// that lives as long as the process (or, after a kill, until the next one
+// over the data dir ends).
 func mcpLocal(ctx context.Context, data, backendName, agentBinary string, pool int, profile string) error {
 	dataDir, err := filepath.Abs(data)
 	if err != nil {
@@ -88,15 +94,33 @@ func mcpLocal(ctx context.Context, data, backendName, agentBinary string, pool i
 		return fmt.Errorf("%w; to share a running cellbox serve, use cellbox mcp --server URL", err)
 	}
 	defer svc.Close()
-	id, _, err := svc.NewSession(ctx)
-	if err != nil {
-		return err
+	// The session's id is kept in the data dir while the process runs: a
+	// cellbox mcp killed before it could delete its session leaves it to
+	// the next one, which takes it over, boxes and files included (it was
+	// left behind, unreachable, with its boxes).
+	sessFile := filepath.Join(dataDir, mcpSessionFile)
+	id := ""
+	if b, err := os.ReadFile(sessFile); err == nil {
+		if prev := strings.TrimSpace(string(b)); svc.Pin(prev) == nil {
+			id = prev
+			slog.Info("cellbox mcp: taking over the session of a cellbox mcp that did not end cleanly", "session", id)
+		}
+	}
+	if id == "" {
+		if id, _, err = svc.NewSession(ctx); err != nil {
+			return err
+		}
+		if err := os.WriteFile(sessFile, []byte(id+"\n"), 0o600); err != nil {
+			return fmt.Errorf("note the MCP session in the data dir: %w", err)
+		}
 	}
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := svc.DeleteSession(dctx, id); err != nil {
 			slog.Error("delete the MCP session", "session", id, "err", err)
+		} else {
+			os.Remove(sessFile)
 		}
 		// Other sessions of the data dir (a killed serve's, reattached
 		// at start) are not this process's to delete, but nothing is

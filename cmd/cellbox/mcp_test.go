@@ -33,13 +33,42 @@ func cleanEnv() []string {
 // startMCP runs `cellbox mcp args...` as an IDE would, and connects to it.
 func startMCP(t *testing.T, args ...string) (*mcptest.Client, *syncBuffer) {
 	t.Helper()
+	c, _, stderr := startMCPCmd(t, args...)
+	return c, stderr
+}
+
+// startMCPCmd is startMCP that also returns the process.
+func startMCPCmd(t *testing.T, args ...string) (*mcptest.Client, *exec.Cmd, *syncBuffer) {
+	t.Helper()
 	cmd := exec.Command(testenv.CellboxBinary(t), append([]string{"mcp"}, args...)...)
 	cmd.Env = cleanEnv()
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
 	c, err := mcptest.Connect(t, &mcp.CommandTransport{Command: cmd})
 	require.NoError(t, err, "stderr:\n%s", stderr)
-	return c, stderr
+	return c, cmd, stderr
+}
+
+// TestMCPStdioKilled: a cellbox mcp killed with SIGKILL leaves its session
+// to the next one over the data dir, which takes it over with its box and
+// files (the session was left behind with its boxes, reachable by nobody),
+// and deletes it when it ends cleanly.
+func TestMCPStdioKilled(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	c, cmd, _ := startMCPCmd(t, "--data", data, "--backend", "local")
+	c.Call(t, "write_file", map[string]any{"path": "kept.txt", "content": "kept\n"})
+	require.NoError(t, cmd.Process.Kill())
+	c.Close()
+	c, stderr := startMCP(t, "--data", data, "--backend", "local")
+	assert.Equal(t, "kept\n", c.Shell(t, "cat kept.txt")["stdout"])
+	assert.Contains(t, stderr.String(), "taking over the session of a cellbox mcp that did not end cleanly")
+	require.NoError(t, c.Close())
+	assert.Contains(t, stderr.String(), "session deleted")
+	boxes, err := os.ReadDir(filepath.Join(data, "boxes"))
+	require.NoError(t, err)
+	assert.Empty(t, boxes, "the session's boxes are destroyed on exit")
+	assert.NoFileExists(t, filepath.Join(data, mcpSessionFile))
 }
 
 // checkTools checks the tool list has the registry with its metadata.
