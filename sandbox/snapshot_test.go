@@ -323,7 +323,10 @@ func TestRestoreStoppedPartWayPutsWorkspaceBack(t *testing.T) {
 	id := rb.ok("snapshot", nil)["id"]
 	rb.ok("sandbox_create", map[string]any{"sandbox": "small", "limits": map[string]any{"disk_bytes": backend.MinDiskBytes}})
 	rb.sh("small", "echo keep > precious.txt && mkdir -p d && echo two > d/also.txt")
-	msg := rb.fail("restore", map[string]any{"sandbox": "small", "snapshot": id})
+	m := rb.call("restore", map[string]any{"sandbox": "small", "snapshot": id})
+	require.Equal(t, true, m["is_error"], "%v", m)
+	assert.Equal(t, api.CodeTooLarge, m["code"], "a full disk is too_large, not internal")
+	msg := m["error"].(string)
 	assert.Contains(t, msg, "stopped part way")
 	assert.Contains(t, msg, "the workspace is back as it was before the restore")
 	assert.Equal(t, "keep\ntwo\n", rb.sh("small", "cat precious.txt d/also.txt"))

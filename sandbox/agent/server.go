@@ -223,6 +223,8 @@ func asError(op, path string, err error) *Error {
 		code, msg = CodeExists, "already exists"
 	case errors.Is(err, fs.ErrPermission):
 		code, msg = CodeInvalid, "permission denied"
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		code, msg = CodeTooLarge, "no space left on device: the box's disk (its limits.disk_bytes counts /workspace and /tmp) is full; remove files, or use a box with a larger disk"
 	default:
 		var pe *fs.PathError
 		if errors.As(err, &pe) {
