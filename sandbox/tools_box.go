@@ -37,7 +37,7 @@ func allTools() []*Tool {
 			"Manage background processes of a sandbox: list them, read a process's output from an offset (logs), or kill it (and its process group); kill_all ends every process of the sandbox but its agent.",
 			processTool),
 		defineTool("read_file", ToolMeta{Title: "Read a file", ReadOnly: true, Idempotent: true},
-			"Read a text file, a window of lines at a time (at most 2000 lines / 256 KiB per call; next_offset continues). Binary files come back base64-encoded.",
+			"Read a text file, a window of lines at a time (at most 2000 lines / 256 KiB per call; next_offset continues). A line longer than 2000 characters is cut, marked \"… [line truncated]\" (read a minified file with grep, or shell with head -c / cut). Binary files come back base64-encoded.",
 			readFileTool),
 		defineTool("write_file", ToolMeta{Title: "Write a file", Destructive: true},
 			"Write (or append to) a file (at most 2 MiB). Parent directories are created; an existing file keeps its mode.",

@@ -27,6 +27,10 @@ func TestTarRoundTrip(t *testing.T) {
 	blob := bytes.Repeat([]byte{0, 1, 2, 0xff}, 1<<18)
 	require.NoError(t, os.WriteFile(filepath.Join(src, "blob"), blob, 0o600))
 	require.NoError(t, os.Symlink("bin/run", filepath.Join(src, "link")))
+	// A time with a fraction comes back cut to the second, never rounded
+	// up into the future (a restored file looked newer than it was).
+	late := time.Date(2026, 1, 2, 3, 4, 5, 900_000_000, time.UTC)
+	require.NoError(t, os.Chtimes(filepath.Join(src, "blob"), late, late))
 
 	var buf bytes.Buffer
 	n, err := a.c.TarOut(ctx, "proj", &buf)
@@ -52,6 +56,9 @@ func TestTarRoundTrip(t *testing.T) {
 	got, err := os.ReadFile(filepath.Join(dst, "blob"))
 	require.NoError(t, err)
 	assert.True(t, bytes.Equal(blob, got))
+	fi, err := os.Stat(filepath.Join(dst, "blob"))
+	require.NoError(t, err)
+	assert.Equal(t, late.Truncate(time.Second), fi.ModTime().UTC())
 	for p, mode := range map[string]os.FileMode{"bin/run": 0o755, "blob": 0o600, "empty": 0o700 | os.ModeDir} {
 		fi, err := os.Stat(filepath.Join(dst, p))
 		require.NoError(t, err)

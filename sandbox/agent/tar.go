@@ -98,7 +98,7 @@ func writeTar(r *http.Request, w io.Writer, real, display string) error {
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.Mode().IsRegular() && st.Nlink > 1 {
 			id := inode{uint64(st.Dev), st.Ino}
 			if first, ok := firstName[id]; ok {
-				return tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeLink, Linkname: first, Mode: int64(fi.Mode().Perm()), ModTime: fi.ModTime()})
+				return tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeLink, Linkname: first, Mode: int64(fi.Mode().Perm()), ModTime: fi.ModTime().Truncate(time.Second)})
 			}
 			firstName[id] = name
 		}
@@ -118,6 +118,10 @@ func writeTar(r *http.Request, w io.Writer, real, display string) error {
 			hdr.Name += "/"
 		}
 		hdr.Uname, hdr.Gname = "", ""
+		// A tar header holds whole seconds, and the writer rounds to the
+		// nearest: a file restored could get a time in the future (and
+		// look newer than what is built from it). Cut down instead.
+		hdr.ModTime = hdr.ModTime.Truncate(time.Second)
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
