@@ -238,6 +238,11 @@ func TestCodeContextEnds(t *testing.T) {
 	r = runCell(t, a, sh, "echo bye; exit 3", 0)
 	assert.Equal(t, "its interpreter exited (exit code 3)", r.Ended)
 	assert.Equal(t, "bye\n", r.Stdout)
+	// node's process.exit too, at once (it waited for a thread blocked
+	// reading the driver's requests until the timeout's SIGINT killed it).
+	r = runCell(t, a, newContext(t, a, LangJavaScript), "process.exit(3)", 20000)
+	assert.Equal(t, "its interpreter exited (exit code 3)", r.Ended)
+	assert.False(t, r.TimedOut)
 	py = newContext(t, a, LangPython)
 	r = runCell(t, a, py, "v = 1\nexit(2)", 0)
 	require.NotNil(t, r.Error)

@@ -136,7 +136,10 @@
   }
 
   fs.writeSync(4, '{"ready":true}\n');
-  const rl = readline.createInterface({ input: fs.createReadStream(null, { fd: 3 }), crlfDelay: Infinity });
+  // fd 3 is read as a socket (epoll), not a file stream: a file stream
+  // reads a pipe in a thread-pool thread, blocked in read(2), and
+  // process.exit() in a cell then waited for that thread for ever.
+  const rl = readline.createInterface({ input: new (require('net').Socket)({ fd: 3, readable: true, writable: false }), crlfDelay: Infinity });
   (async () => {
     for await (const line of rl) {
       const r = JSON.parse(line);
