@@ -610,7 +610,7 @@ type RunCodeInput struct {
 	Language  string `json:"language,omitempty" desc:"python (python3), javascript (node) or bash. Needed without context; with a context it may be left out (it must match the context's)." enum:"python,javascript,bash"`
 	Code      string `json:"code" desc:"The code (a cell). The value of its last expression comes back as value (Python repr, node util.inspect); matplotlib figures as PNG outputs."`
 	Context   string `json:"context,omitempty" desc:"Id of a code context (from code_context_create) to run in: variables, imports and definitions of earlier calls in it are there. Without it the code runs in a fresh interpreter that ends with the call."`
-	TimeoutMs int    `json:"timeout_ms,omitempty" desc:"Interrupt the code after this many milliseconds (KeyboardInterrupt in Python, TimeoutError in node, status 130 in bash); a context keeps its state." default:"30000" minimum:"1"`
+	TimeoutMs int    `json:"timeout_ms,omitempty" desc:"Interrupt the code after this many milliseconds (KeyboardInterrupt in Python, TimeoutError in node, status 130 in bash). In node, a loop that runs after an await or in a timer callback cannot be interrupted: the context ends; a context keeps its state." default:"30000" minimum:"1"`
 }
 
 // CodeOutput is one rich output of run_code: an image, SVG, HTML, JSON, ...
