@@ -223,7 +223,11 @@ func isLong(v json.RawMessage) bool { return len(v) > fastjson.LongString && v[0
 
 // badText is decode's error for a field that is not valid text.
 func (t *Tool) badText(field string) error {
-	return fmt.Errorf("field %q of %s is not valid UTF-8 (or holds a lone surrogate escape such as \\udc80); send text as UTF-8%s", field, t.Name, t.base64Hint())
+	hint := ""
+	if field == "content" {
+		hint = t.base64Hint() // bytes go as base64 in content, never in a path or command
+	}
+	return fmt.Errorf("field %q of %s is not valid UTF-8 (or holds a lone surrogate escape such as \\udc80); send text as UTF-8%s", field, t.Name, hint)
 }
 
 // stringFields maps the JSON names of a struct type's string fields to

@@ -38,6 +38,9 @@ func TestInvalidUTF8Refused(t *testing.T) {
 	}
 	m := h.raw("write_file", "{\"path\":\"d.txt\",\"content\":\"\xff\"}")
 	assert.Contains(t, m["error"], `"encoding": "base64"`)
+	m = h.raw("write_file", "{\"path\":\"d\xff.txt\",\"content\":\"x\"}")
+	assert.Contains(t, m["error"], `field "path"`)
+	assert.NotContains(t, m["error"], "base64", "a path takes no base64: the hint is content's")
 
 	// Valid text: a surrogate pair and an escaped backslash before "u".
 	m = h.raw("write_file", `{"path":"ok.txt","content":"\ud83d\ude00 \\udc80"}`)
