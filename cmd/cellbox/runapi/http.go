@@ -143,6 +143,10 @@ func CheckJSON(b []byte) error {
 		q, _ := json.Marshal(t)
 		return fmt.Errorf("%q is not a JSON value; a string needs quotes: '%s'", t, q)
 	}
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && strings.HasPrefix(te.Value, "number") { // into any, only a number past float64 fails so
+		return fmt.Errorf("the %s is out of range: numbers must fit a 64-bit float (at most about 1.8e308)", te.Value)
+	}
 	return err
 }
 

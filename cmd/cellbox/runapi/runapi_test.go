@@ -514,3 +514,16 @@ func TestWatchEndsWithReason(t *testing.T) {
 	assert.Contains(t, err.Error(), fmt.Sprintf("the server ended the watch: watch \"\" after version %d: change log entry %d:", last-1, last))
 	assert.Equal(t, last-1, seen[len(seen)-1], "every readable commit came first")
 }
+
+// TestCheckJSON: a bare word gets the quotes it needs, and a number past a
+// 64-bit float says so (it gave encoding/json's "cannot unmarshal number
+// 1e400 into Go value of type float64", as if the JSON were wrong).
+func TestCheckJSON(t *testing.T) {
+	for _, ok := range []string{`1`, `-2.5e10`, `"x"`, `{"a":[1,null]}`, `true`} {
+		assert.NoError(t, runapi.CheckJSON([]byte(ok)), ok)
+	}
+	assert.ErrorContains(t, runapi.CheckJSON([]byte(`hello`)), `a string needs quotes: '"hello"'`)
+	assert.ErrorContains(t, runapi.CheckJSON([]byte(`1e400`)), "the number 1e400 is out of range: numbers must fit a 64-bit float")
+	assert.ErrorContains(t, runapi.CheckJSON([]byte(`{"a": -1e999}`)), "the number -1e999 is out of range")
+	assert.Error(t, runapi.CheckJSON([]byte(`{"a":`)))
+}
