@@ -123,6 +123,12 @@ type boxSpec struct {
 // default settings if the session has none by that name, and waking it if
 // it sleeps. Notices (box recreated, ...) are passed to notice.
 func (s *Service) acquire(ctx context.Context, sess *Session, name string, notice func(string)) (*lease, error) {
+	return s.acquireBox(ctx, sess, name, notice, false)
+}
+
+// acquireBox is acquire; with mustExist, a box the session has no sandbox
+// of that name is an error (no_box) instead of a new box.
+func (s *Service) acquireBox(ctx context.Context, sess *Session, name string, notice func(string), mustExist bool) (*lease, error) {
 	if name == "" {
 		name = api.DefaultBox
 	}
@@ -139,6 +145,10 @@ func (s *Service) acquire(ctx context.Context, sess *Session, name string, notic
 			return nil, fmt.Errorf("session %s: %w", sess.ID, ErrNoSession)
 		}
 		b := sess.boxes[name]
+		if b == nil && mustExist {
+			s.mu.Unlock()
+			return nil, api.WithCode(api.CodeNoBox, fmt.Errorf("no sandbox %q in this session (see sandbox_list)", name))
+		}
 		if b == nil {
 			if err := s.checkCapsLocked(sess, 1); err != nil {
 				s.mu.Unlock()

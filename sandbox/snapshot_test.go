@@ -337,6 +337,25 @@ func TestRestoreStoppedPartWayPutsWorkspaceBack(t *testing.T) {
 		"and its snapshot deleted")
 }
 
+// TestSnapshotForkNeedExistingBox: a snapshot or fork of a sandbox the
+// session does not have is no_box, and makes none (it made an empty one,
+// and a snapshot racing sandbox_destroy brought the box back).
+func TestSnapshotForkNeedExistingBox(t *testing.T) {
+	rb := newRealService(t, "local", nil)
+	rb.sh("default", "true")
+	for _, tool := range []string{"snapshot", "fork"} {
+		in := map[string]any{"sandbox": "nosuch"}
+		if tool == "fork" {
+			in["count"] = 1
+		}
+		m := rb.call(tool, in)
+		require.Equal(t, true, m["is_error"], "%s: %v", tool, m)
+		assert.Equal(t, api.CodeNoBox, m["code"], tool)
+		assert.Contains(t, m["error"], `no sandbox "nosuch" in this session`)
+	}
+	assert.Len(t, rb.ok("sandbox_list", nil)["sandboxes"], 1, "no sandbox was made")
+}
+
 // TestParallelRestores: two restores of one box at once (a model's
 // parallel tool calls) leave exactly one snapshot's files, and a snapshot
 // taken meanwhile holds one whole state. Each cleared and filled the

@@ -433,6 +433,17 @@ func (c *call) box(ctx context.Context, name string) (*lease, error) {
 	return l, nil
 }
 
+// existingBox is box for a tool that has nothing to do with a new, empty
+// sandbox (snapshot, fork): a name the session has no sandbox of is no_box.
+func (c *call) existingBox(ctx context.Context, name string) (*lease, error) {
+	l, err := c.s.acquireBox(ctx, c.sess, name, c.notice, true)
+	if err != nil {
+		return nil, err
+	}
+	c.leases = append(c.leases, l)
+	return l, nil
+}
+
 func (c *call) notice(n string) {
 	c.mu.Lock()
 	c.notices = append(c.notices, n)

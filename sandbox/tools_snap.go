@@ -67,7 +67,7 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 	if len(in.Label) > maxSnapshotLabel {
 		return api.SnapshotInfo{}, api.WithCode(api.CodeInvalidInput, fmt.Errorf("snapshot label of %d bytes: at most %d; say more in a file of the workspace", len(in.Label), maxSnapshotLabel))
 	}
-	l, err := c.box(ctx, in.Sandbox)
+	l, err := c.existingBox(ctx, in.Sandbox)
 	if err != nil {
 		return api.SnapshotInfo{}, err
 	}
@@ -230,7 +230,7 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 	if len(in.Names) > 0 && len(in.Names) != in.Count {
 		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("fork: %d names for count %d; give one name per new sandbox, or none", len(in.Names), in.Count))
 	}
-	src, err := c.box(ctx, in.Sandbox)
+	src, err := c.existingBox(ctx, in.Sandbox)
 	if err != nil {
 		return out, err
 	}
