@@ -31,8 +31,7 @@ type Expr struct {
 	src     string
 	refs    []string
 	program *vm.Program
-	steps   bool                 // it has predicates, which count their steps (countSteps)
-	fast    fast[map[string]any] // the program as closures, if it is straight-line; or nil
+	steps   bool // it has predicates, which count their steps (countSteps)
 }
 
 // nondeterministic builtins, refused at compile time with the reason.
@@ -65,11 +64,7 @@ func Parse(src string) (*Expr, error) {
 		}
 	}
 	slices.Sort(refs)
-	e := &Expr{src: src, refs: slices.Compact(refs), program: program, steps: counter.found}
-	if !e.steps {
-		e.fast = compileFast(program, fromMap)
-	}
-	return e, nil
+	return &Expr{src: src, refs: slices.Compact(refs), program: program, steps: counter.found}, nil
 }
 
 // A Read is something an expression reads by name: a cell or a node with
@@ -133,12 +128,12 @@ var vms = sync.Pool{New: func() any { return &vm.VM{} }}
 // Eval evaluates the expression with env holding the referenced values (a
 // missing one reads as nil). Safe for concurrent use.
 func (e *Expr) Eval(env map[string]any) (any, error) {
-	if e.fast != nil {
-		if out, ok := e.fast.run(env); ok {
-			return out, nil
-		}
+	if e.steps { // a counter of its own, in a copy: callers may share env
+		with := make(map[string]any, len(env)+1)
+		maps.Copy(with, env)
+		env = with
 	}
-	return e.vmEval(env)
+	return e.run(env)
 }
 
 // BindArgs returns the expression as a function of its values in the
@@ -152,9 +147,9 @@ func (e *Expr) BindArgs(names []string) func(args []any) (any, error) {
 			slot[n] = i
 		}
 	}
-	var f fast[[]any]
-	if e.fast != nil {
-		f = compileFast(e.program, fromSlots(slot))
+	var f fast
+	if !e.steps {
+		f = compileFast(e.program, slot)
 	}
 	return func(args []any) (any, error) {
 		if f != nil {
@@ -162,24 +157,22 @@ func (e *Expr) BindArgs(names []string) func(args []any) (any, error) {
 				return out, nil
 			}
 		}
-		env := make(map[string]any, len(names))
+		env := make(map[string]any, len(slot)+1)
 		for n, i := range slot {
 			env[n] = args[i]
 		}
-		return e.vmEval(env)
+		return e.run(env)
 	}
 }
 
-// vmEval evaluates the expression on expr's VM.
-func (e *Expr) vmEval(env map[string]any) (any, error) {
+// run evaluates the expression on expr's VM. env is the evaluation's own:
+// run adds the step counter to it.
+func (e *Expr) run(env map[string]any) (any, error) {
 	if env == nil {
 		env = map[string]any{}
 	}
-	if e.steps { // a counter of its own, in a copy: callers may share env
-		with := make(map[string]any, len(env)+1)
-		maps.Copy(with, env)
-		with[stepsName] = new(int)
-		env = with
+	if e.steps {
+		env[stepsName] = new(int)
 	}
 	m := vms.Get().(*vm.VM)
 	defer vms.Put(m)

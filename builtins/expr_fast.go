@@ -18,13 +18,12 @@ import (
 //
 // Whatever the VM would report as an error (a panic of one of those
 // calls) or treat in a way the closures do not (a value OpDeref would
-// dereference) makes run report false: Eval then runs the VM, which gives
-// the value or the error it always gave.
+// dereference) makes run report false: the bound evaluator (BindArgs) then
+// runs the VM, which gives the value or the error it always gave.
 //
-// E is where names are read from: the map Eval gets, or the slice of a
-// bound evaluator (BindArgs), whose slot of each name is fixed at bind
-// time.
-type fast[E any] func(env E) any
+// Names are read from the bound evaluator's arguments, each from its slot,
+// fixed at bind time.
+type fast func(args []any) any
 
 // notPlain is the panic of a value fast does not handle as the VM does.
 type notPlain struct{}
@@ -49,11 +48,11 @@ var binaryOps = map[vm.Opcode]func(a, b any) any{
 // when that is simpler (a constant; a name read, dereferenced or not), so
 // the opcode that takes it can read it inline instead of calling a closure
 // (a + 1 is one closure, not four).
-type operand[E any] struct {
-	f    fast[E]
+type operand struct {
+	f    fast
 	kind operandKind
-	c    any         // constant
-	get  func(E) any // read, deref: the name's reader
+	c    any             // constant
+	get  func([]any) any // read, deref: the name's reader
 }
 
 type operandKind int
@@ -65,16 +64,17 @@ const (
 	deref // plain(get(env))
 )
 
-// compileFast returns p as closures reading each name with load(name), or
-// nil if p uses an opcode they do not cover.
-func compileFast[E any](p *vm.Program, load func(name string) func(E) any) fast[E] {
-	var stack []operand[E]
-	push := func(o operand[E]) { stack = append(stack, o) }
-	pushConst := func(c any) { push(operand[E]{f: func(E) any { return c }, kind: constant, c: c}) }
+// compileFast returns p as closures reading each name from its slot (a
+// name with none reads as nil, as a missing one does from a map), or nil
+// if p uses an opcode they do not cover.
+func compileFast(p *vm.Program, slot map[string]int) fast {
+	var stack []operand
+	push := func(o operand) { stack = append(stack, o) }
+	pushConst := func(c any) { push(operand{f: func([]any) any { return c }, kind: constant, c: c}) }
 	for i, op := range p.Bytecode {
 		arg := p.Arguments[i]
 		// pop returns the operands an opcode takes, in push order.
-		pop := func(n int) ([]operand[E], bool) {
+		pop := func(n int) ([]operand, bool) {
 			if len(stack) < n {
 				return nil, false
 			}
@@ -98,33 +98,33 @@ func compileFast[E any](p *vm.Program, load func(name string) func(E) any) fast[
 			if !ok {
 				return nil
 			}
-			get := load(name)
-			push(operand[E]{f: get, kind: read, get: get})
+			get := fromSlot(slot, name)
+			push(operand{f: get, kind: read, get: get})
 		case vm.OpDeref:
 			a, ok := pop(1)
 			if !ok {
 				return nil
 			}
 			if get := a[0].get; a[0].kind == read {
-				push(operand[E]{f: func(env E) any { return plain(get(env)) }, kind: deref, get: get})
+				push(operand{f: func(env []any) any { return plain(get(env)) }, kind: deref, get: get})
 				break
 			}
 			x := a[0].f
-			push(operand[E]{f: func(env E) any { return plain(x(env)) }})
+			push(operand{f: func(env []any) any { return plain(x(env)) }})
 		case vm.OpNegate:
 			a, ok := pop(1)
 			if !ok {
 				return nil
 			}
 			x := a[0].f
-			push(operand[E]{f: func(env E) any { return runtime.Negate(x(env)) }})
+			push(operand{f: func(env []any) any { return runtime.Negate(x(env)) }})
 		case vm.OpNot:
 			a, ok := pop(1)
 			if !ok {
 				return nil
 			}
 			x := a[0].f
-			push(operand[E]{f: func(env E) any { return !x(env).(bool) }})
+			push(operand{f: func(env []any) any { return !x(env).(bool) }})
 		default:
 			f, ok := binaryOps[op]
 			if !ok {
@@ -134,7 +134,7 @@ func compileFast[E any](p *vm.Program, load func(name string) func(E) any) fast[
 			if !ok {
 				return nil
 			}
-			push(operand[E]{f: binary(f, ab[0], ab[1])})
+			push(operand{f: binary(f, ab[0], ab[1])})
 		}
 	}
 	if len(stack) != 1 {
@@ -145,17 +145,17 @@ func compileFast[E any](p *vm.Program, load func(name string) func(E) any) fast[
 
 // binary returns the closure of f(a, b), reading a dereferenced name and
 // a constant inline.
-func binary[E any](f func(a, b any) any, a, b operand[E]) fast[E] {
+func binary(f func(a, b any) any, a, b operand) fast {
 	switch {
 	case a.kind == deref && b.kind == constant:
 		get, c := a.get, b.c
-		return func(env E) any { return f(plain(get(env)), c) }
+		return func(env []any) any { return f(plain(get(env)), c) }
 	case a.kind == deref && b.kind == deref:
 		x, y := a.get, b.get
-		return func(env E) any { return f(plain(x(env)), plain(y(env))) }
+		return func(env []any) any { return f(plain(x(env)), plain(y(env))) }
 	}
 	x, y := a.f, b.f
-	return func(env E) any { return f(x(env), y(env)) }
+	return func(env []any) any { return f(x(env), y(env)) }
 }
 
 // plain is OpDeref of a decoded JSON value, which has nothing to
@@ -169,7 +169,7 @@ func plain(v any) any {
 }
 
 // run evaluates the closures; false means "run the VM instead".
-func (f fast[E]) run(env E) (out any, ok bool) {
+func (f fast) run(env []any) (out any, ok bool) {
 	defer func() {
 		if recover() != nil {
 			out, ok = nil, false
@@ -178,19 +178,12 @@ func (f fast[E]) run(env E) (out any, ok bool) {
 	return f(env), true
 }
 
-// fromMap reads a name from Eval's map.
-func fromMap(name string) func(map[string]any) any {
-	return func(env map[string]any) any { return env[name] }
-}
-
-// fromSlots reads a name from its slot of a bound evaluator's arguments
-// (a name with none reads as nil, as a missing one does from the map).
-func fromSlots(slot map[string]int) func(name string) func([]any) any {
-	return func(name string) func([]any) any {
-		i, ok := slot[name]
-		if !ok {
-			return func([]any) any { return nil }
-		}
-		return func(args []any) any { return args[i] }
+// fromSlot reads a name from its slot of a bound evaluator's arguments
+// (a name with none reads as nil, as a missing one does from a map).
+func fromSlot(slot map[string]int, name string) func([]any) any {
+	i, ok := slot[name]
+	if !ok {
+		return func([]any) any { return nil }
 	}
+	return func(args []any) any { return args[i] }
 }
