@@ -97,17 +97,24 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 		}
 		return api.SnapshotInfo{}, err
 	}
-	rec := snapshotRecord{
-		ID: "snap-" + randomID(8), Label: in.Label, Session: c.sess.ID,
-		Sandbox: l.name, BoxID: l.b.rec.ID, Spec: specOf(l.b.rec),
-		Created: time.Now().UTC(), Added: added, Entries: len(entries),
-	}
-	rec.Files, rec.Size = countFiles(entries)
+	rec := newSnapshotRecord(c, l, in.Label, entries, added)
 	if err := ss.put(rec, entries); err != nil {
 		return api.SnapshotInfo{}, fmt.Errorf("save snapshot of %q: %w", l.name, err)
 	}
 	c.s.log.Info("snapshot taken", "session", c.sess.ID, "sandbox", l.name, "snapshot", rec.ID, "files", rec.Files, "bytes", rec.Size, "added", added)
 	return snapInfo(rec), nil
+}
+
+// newSnapshotRecord is the record of a new snapshot of the call's session:
+// entries, the manifest of l's workspace, which added bytes to the store.
+func newSnapshotRecord(c *call, l *lease, label string, entries []snapEntry, added int64) snapshotRecord {
+	rec := snapshotRecord{
+		ID: "snap-" + randomID(8), Label: label, Session: c.sess.ID,
+		Sandbox: l.name, BoxID: l.b.rec.ID, Spec: specOf(l.b.rec),
+		Created: time.Now().UTC(), Added: added, Entries: len(entries),
+	}
+	rec.Files, rec.Size = countFiles(entries)
+	return rec
 }
 
 func snapshotListTool(ctx context.Context, c *call, in api.SnapshotListInput) (api.SnapshotListOutput, error) {
@@ -166,11 +173,7 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 		ss.freeLater(c.s.log, c.sess.ID)
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: saving the workspace first failed, so nothing was changed: %w", in.Snapshot, l.name, err)
 	}
-	before := snapshotRecord{
-		ID: "snap-" + randomID(8), Label: "before restore of " + in.Snapshot, Session: c.sess.ID,
-		Sandbox: l.name, BoxID: l.b.rec.ID, Spec: specOf(l.b.rec), Created: time.Now().UTC(), Added: added, Entries: len(prior),
-	}
-	before.Files, before.Size = countFiles(prior)
+	before := newSnapshotRecord(c, l, "before restore of "+in.Snapshot, prior, added)
 	if err := ss.put(before, prior); err != nil {
 		ss.freeLater(c.s.log, c.sess.ID)
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: saving the workspace first failed, so nothing was changed: %w", in.Snapshot, l.name, err)
