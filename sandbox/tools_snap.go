@@ -178,13 +178,6 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 		ss.freeLater(c.s.log, c.sess.ID)
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: saving the workspace first failed, so nothing was changed: %w", in.Snapshot, l.name, err)
 	}
-	forget := func() { // the copy of the workspace, once it is not needed
-		go func() {
-			if _, err := ss.delete(c.sess.ID, before.ID); err != nil {
-				c.s.log.Warn("delete the snapshot a restore took first", "snapshot", before.ID, "err", err)
-			}
-		}()
-	}
 	replace := func(entries []snapEntry) error {
 		if err := clearWorkspace(ctx, l.client); err != nil {
 			return err
@@ -193,13 +186,13 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 	}
 	err = replace(entries)
 	if err == nil {
-		forget()
+		ss.freeLater(c.s.log, c.sess.ID, before.ID) // the copy of the workspace: not needed now
 		return api.SeedOutput{Sandbox: l.name, ID: l.b.rec.ID, Files: files, Bytes: size}, nil
 	}
 	if backErr := replace(prior); backErr != nil {
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q stopped part way: %w; putting the earlier files back failed too (%v). They are kept as snapshot %s (label %q): restore it into this sandbox or branch it into a new one", in.Snapshot, l.name, err, backErr, before.ID, before.Label)
 	}
-	forget()
+	ss.freeLater(c.s.log, c.sess.ID, before.ID)
 	hint := "Free space in the sandbox (its disk cap counts /workspace and /tmp) and restore again"
 	if !errors.Is(err, syscall.ENOSPC) && !strings.Contains(err.Error(), "no space left") {
 		hint = "Restore again once the cause is fixed"
