@@ -445,7 +445,13 @@ func (ss *snapStore) delete(session string, ids ...string) (int64, error) {
 	ss.gc.Lock()
 	defer ss.gc.Unlock()
 	live := map[string]bool{}
-	err := ss.db.Update(func(tx *bolt.Tx) error {
+	// Without ids (freeLater, sweep) nothing is deleted: a read-only
+	// transaction, where an update would write and sync pages for nothing.
+	txn := ss.db.Update
+	if len(ids) == 0 {
+		txn = ss.db.View
+	}
+	err := txn(func(tx *bolt.Tx) error {
 		sb, fb := tx.Bucket(bucketSnapshots), tx.Bucket(bucketSnapshotFiles)
 		for _, id := range ids {
 			var rec snapshotRecord
