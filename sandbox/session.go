@@ -249,11 +249,6 @@ func (s *Service) expireSessions(ctx context.Context) {
 	}
 }
 
-// pin exempts session id from expiry: a session served in-process (the
-// runtime of cellbox run and serve, cellbox mcp) belongs to this process,
-// which keeps it as long as it needs it or deletes it. Only clients over
-// HTTP leave sessions behind. Pins are not stored: the owner pins again
-// when it starts.
 // clientSessionsLocked counts the sessions clients made: the server's own
 // do not count against MaxSessions. The caller holds s.mu.
 func (s *Service) clientSessionsLocked() int {
@@ -282,6 +277,11 @@ func (s *Service) DeleteSessionForClient(ctx context.Context, id string) error {
 	return s.DeleteSession(ctx, id)
 }
 
+// pin exempts session id from expiry: a session served in-process (the
+// runtime of cellbox run and serve, cellbox mcp) belongs to this process,
+// which keeps it as long as it needs it or deletes it. Only clients over
+// HTTP leave sessions behind. Pins are not stored: the owner pins again
+// when it starts.
 func (s *Service) pin(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

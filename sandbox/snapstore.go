@@ -445,7 +445,13 @@ func (ss *snapStore) delete(session string, ids ...string) (int64, error) {
 	ss.gc.Lock()
 	defer ss.gc.Unlock()
 	live := map[string]bool{}
-	err := ss.db.Update(func(tx *bolt.Tx) error {
+	// Without ids (freeLater, sweep) nothing is deleted: a read-only
+	// transaction, where an update would write and sync pages for nothing.
+	txn := ss.db.Update
+	if len(ids) == 0 {
+		txn = ss.db.View
+	}
+	err := txn(func(tx *bolt.Tx) error {
 		sb, fb := tx.Bucket(bucketSnapshots), tx.Bucket(bucketSnapshotFiles)
 		for _, id := range ids {
 			var rec snapshotRecord
@@ -509,13 +515,14 @@ func (ss *snapStore) delete(session string, ids ...string) (int64, error) {
 	return freed, walkErr
 }
 
-// freeLater frees the blobs of session that no snapshot names (what a
+// freeLater deletes the snapshots ids of session (restore's copy of the
+// workspace) and frees the blobs of session that no snapshot names (what a
 // refused snapshot stored, the transient copies of fork and restore) in
 // the background, once every hold on gc, the caller's included, is gone.
-func (ss *snapStore) freeLater(log *slog.Logger, session string) {
+func (ss *snapStore) freeLater(log *slog.Logger, session string, ids ...string) {
 	go func() {
-		if _, err := ss.delete(session); err != nil {
-			log.Warn("free the snapshot blobs no snapshot names", "session", session, "err", err)
+		if _, err := ss.delete(session, ids...); err != nil {
+			log.Warn("free the snapshot blobs no snapshot names", "session", session, "snapshots", ids, "err", err)
 		}
 	}()
 }

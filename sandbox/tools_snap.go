@@ -97,17 +97,24 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 		}
 		return api.SnapshotInfo{}, err
 	}
-	rec := snapshotRecord{
-		ID: "snap-" + randomID(8), Label: in.Label, Session: c.sess.ID,
-		Sandbox: l.name, BoxID: l.b.rec.ID, Spec: specOf(l.b.rec),
-		Created: time.Now().UTC(), Added: added, Entries: len(entries),
-	}
-	rec.Files, rec.Size = countFiles(entries)
+	rec := newSnapshotRecord(c, l, in.Label, entries, added)
 	if err := ss.put(rec, entries); err != nil {
 		return api.SnapshotInfo{}, fmt.Errorf("save snapshot of %q: %w", l.name, err)
 	}
 	c.s.log.Info("snapshot taken", "session", c.sess.ID, "sandbox", l.name, "snapshot", rec.ID, "files", rec.Files, "bytes", rec.Size, "added", added)
 	return snapInfo(rec), nil
+}
+
+// newSnapshotRecord is the record of a new snapshot of the call's session:
+// entries, the manifest of l's workspace, which added bytes to the store.
+func newSnapshotRecord(c *call, l *lease, label string, entries []snapEntry, added int64) snapshotRecord {
+	rec := snapshotRecord{
+		ID: "snap-" + randomID(8), Label: label, Session: c.sess.ID,
+		Sandbox: l.name, BoxID: l.b.rec.ID, Spec: specOf(l.b.rec),
+		Created: time.Now().UTC(), Added: added, Entries: len(entries),
+	}
+	rec.Files, rec.Size = countFiles(entries)
+	return rec
 }
 
 func snapshotListTool(ctx context.Context, c *call, in api.SnapshotListInput) (api.SnapshotListOutput, error) {
@@ -166,21 +173,10 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 		ss.freeLater(c.s.log, c.sess.ID)
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: saving the workspace first failed, so nothing was changed: %w", in.Snapshot, l.name, err)
 	}
-	before := snapshotRecord{
-		ID: "snap-" + randomID(8), Label: "before restore of " + in.Snapshot, Session: c.sess.ID,
-		Sandbox: l.name, BoxID: l.b.rec.ID, Spec: specOf(l.b.rec), Created: time.Now().UTC(), Added: added, Entries: len(prior),
-	}
-	before.Files, before.Size = countFiles(prior)
+	before := newSnapshotRecord(c, l, "before restore of "+in.Snapshot, prior, added)
 	if err := ss.put(before, prior); err != nil {
 		ss.freeLater(c.s.log, c.sess.ID)
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: saving the workspace first failed, so nothing was changed: %w", in.Snapshot, l.name, err)
-	}
-	forget := func() { // the copy of the workspace, once it is not needed
-		go func() {
-			if _, err := ss.delete(c.sess.ID, before.ID); err != nil {
-				c.s.log.Warn("delete the snapshot a restore took first", "snapshot", before.ID, "err", err)
-			}
-		}()
 	}
 	replace := func(entries []snapEntry) error {
 		if err := clearWorkspace(ctx, l.client); err != nil {
@@ -190,13 +186,13 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 	}
 	err = replace(entries)
 	if err == nil {
-		forget()
+		ss.freeLater(c.s.log, c.sess.ID, before.ID) // the copy of the workspace: not needed now
 		return api.SeedOutput{Sandbox: l.name, ID: l.b.rec.ID, Files: files, Bytes: size}, nil
 	}
 	if backErr := replace(prior); backErr != nil {
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q stopped part way: %w; putting the earlier files back failed too (%v). They are kept as snapshot %s (label %q): restore it into this sandbox or branch it into a new one", in.Snapshot, l.name, err, backErr, before.ID, before.Label)
 	}
-	forget()
+	ss.freeLater(c.s.log, c.sess.ID, before.ID)
 	hint := "Free space in the sandbox (its disk cap counts /workspace and /tmp) and restore again"
 	if !errors.Is(err, syscall.ENOSPC) && !strings.Contains(err.Error(), "no space left") {
 		hint = "Restore again once the cause is fixed"

@@ -181,17 +181,13 @@ func (s *server) authenticate(w http.ResponseWriter, r *http.Request) (*sandbox.
 	sess, err := s.svc.Authenticate(r.PathValue("id"), token)
 	switch {
 	case errors.Is(err, sandbox.ErrNoSession):
-		writeNoSession(w, err)
+		writeBoxError(w, err) // 404 no_session
 	case err != nil:
 		writeError(w, http.StatusForbidden, fmt.Sprintf("session %s: %v", r.PathValue("id"), err))
 	default:
 		return sess, true
 	}
 	return nil, false
-}
-
-func writeNoSession(w http.ResponseWriter, err error) {
-	writeJSON(w, http.StatusNotFound, api.ErrorBody{Error: err.Error(), Code: api.CodeNoSession})
 }
 
 func (s *server) handleNewSession(w http.ResponseWriter, r *http.Request) {
@@ -226,13 +222,8 @@ func (s *server) handleDeleteSession(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	err := s.svc.DeleteSessionForClient(r.Context(), r.PathValue("id"))
-	switch {
-	case errors.Is(err, sandbox.ErrNoSession):
-		writeNoSession(w, err)
-		return
-	case err != nil:
-		writeBoxError(w, err)
+	if err := s.svc.DeleteSessionForClient(r.Context(), r.PathValue("id")); err != nil {
+		writeBoxError(w, err) // no_session 404, the server's own 403
 		return
 	}
 	writeJSON(w, http.StatusOK, api.OKOutput{OK: true})
