@@ -571,9 +571,10 @@ func (t *codeTable) run(ctx context.Context, id string, req CodeRunRequest) (Cod
 		}
 		// A SIGINT that lands while the driver is between cells (it has
 		// not begun this one yet) is ignored there: send it again until
-		// the cell answers. Not to node, which a SIGINT as it starts or
-		// ends a script ends (see selfTimeout).
-		if c.lang != LangJavaScript {
+		// the cell answers. Not to a driver that times its cells out
+		// itself (node, which a SIGINT as it starts or ends a script
+		// ends: see selfTimeout).
+		if _, self := selfTimeout[c.lang]; !self {
 			again = time.After(interruptAgain)
 		}
 	}
