@@ -285,7 +285,7 @@ func (p *parser) str() error {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				p.i += 2
 			case 'u':
-				if p.i+6 > len(b) || !hex(b[p.i+2:p.i+6]) {
+				if _, n := hex4(b[p.i+2:]); n == 0 {
 					p.i++
 					return p.fail(`bad \u escape`)
 				}
@@ -298,13 +298,4 @@ func (p *parser) str() error {
 			return p.fail("control character in a string")
 		}
 	}
-}
-
-func hex(b []byte) bool {
-	for _, c := range b {
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
-			return false
-		}
-	}
-	return true
 }
