@@ -50,26 +50,17 @@ func Check(b []byte) error {
 // each value's text, a subslice of b (not a copy). A key given twice keeps
 // its last value, as json.Unmarshal into a map does.
 func SplitObject(b []byte) (map[string]json.RawMessage, error) {
-	p := parser{b: b}
-	p.ws()
-	if p.i >= len(b) || b[p.i] != '{' {
-		return nil, p.fail("want a JSON object")
-	}
 	fields := map[string]json.RawMessage{}
-	err := p.object(0, func(key, value []byte) error {
+	err := walkObject(b, func(key []byte, vs, ve int) error {
 		var k string
 		if err := json.Unmarshal(key, &k); err != nil { // a key is short; unquote it exactly
-			return &Error{Offset: p.i, Msg: "bad object key"}
+			return &Error{Offset: ve, Msg: "bad object key"}
 		}
-		fields[k] = json.RawMessage(value)
+		fields[k] = json.RawMessage(b[vs:ve])
 		return nil
 	})
 	if err != nil {
 		return nil, err
-	}
-	p.ws()
-	if p.i != len(b) {
-		return nil, p.fail("invalid character after the top-level value")
 	}
 	return fields, nil
 }
