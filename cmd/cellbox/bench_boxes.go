@@ -146,8 +146,6 @@ type boxesBench struct {
 	be      backend.Backend
 	servers []*benchServer
 	content []byte // the 1 MiB file
-
-	coldSamples, warmSamples []time.Duration // create → first result
 }
 
 func (b *boxesBench) measure(ctx context.Context) error {
@@ -162,8 +160,9 @@ func (b *boxesBench) measure(ctx context.Context) error {
 		}
 	}
 	b.content = benchText(benchFileSize)
+	var coldSamples, warmSamples []time.Duration // create → first result
 	if b.o.want("create") {
-		if err := b.creates(ctx); err != nil {
+		if coldSamples, err = b.coldCreates(ctx); err != nil {
 			return err
 		}
 	}
@@ -173,7 +172,7 @@ func (b *boxesBench) measure(ctx context.Context) error {
 	}
 	c := srv.c
 	if b.o.want("create") {
-		b.warmSamples, err = benchLoop(ctx, min(b.o.n, 20), b.o.budget, func(i int) (time.Duration, error) {
+		warmSamples, err = benchLoop(ctx, min(b.o.n, 20), b.o.budget, func(i int) (time.Duration, error) {
 			if err := waitPool(ctx, srv.url, benchPoolSize); err != nil {
 				return 0, err
 			}
@@ -206,8 +205,8 @@ func (b *boxesBench) measure(ctx context.Context) error {
 			return err
 		}
 		if b.o.want("create") {
-			b.rep.add(b.name, "create → first result, warm pool", b.warmSamples, createBase, createP50, targetWarmCreate)
-			b.rep.add(b.name, "create → first result, cold (no pool)", b.coldSamples, createBase, createP50, 0)
+			b.rep.add(b.name, "create → first result, warm pool", warmSamples, createBase, createP50, targetWarmCreate)
+			b.rep.add(b.name, "create → first result, cold (no pool)", coldSamples, createBase, createP50, 0)
 		}
 		if b.o.want("shell") {
 			b.rep.add(b.name, "warm `shell` `true`", shellSamples, shellBase, shellP50, targetWarmShell)
@@ -232,24 +231,20 @@ func (b *boxesBench) measure(ctx context.Context) error {
 	return nil
 }
 
-// creates measures creates → first result on a service with no warm pool
-// (stopped after); measure does the warm ones on its own service.
-func (b *boxesBench) creates(ctx context.Context) error {
+// coldCreates measures creates → first result on a service with no warm
+// pool (stopped after); measure does the warm ones on its own service.
+func (b *boxesBench) coldCreates(ctx context.Context) ([]time.Duration, error) {
 	cold, err := b.startServer(ctx, "cold", 0)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	coldN := min(b.o.n, 20)
-	b.coldSamples, err = benchLoop(ctx, coldN, b.o.budget, func(i int) (time.Duration, error) {
+	samples, err := benchLoop(ctx, min(b.o.n, 20), b.o.budget, func(i int) (time.Duration, error) {
 		return createFirstResult(ctx, cold.c, fmt.Sprintf("cold%d", i))
 	})
 	if err != nil {
-		return fmt.Errorf("cold create: %w", err)
+		return nil, fmt.Errorf("cold create: %w", err)
 	}
-	if err := b.stopServer(cold); err != nil {
-		return err
-	}
-	return nil
+	return samples, b.stopServer(cold)
 }
 
 // startBaselines measures what a create and a warm exec cost without

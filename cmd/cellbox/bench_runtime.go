@@ -153,19 +153,17 @@ func benchRuntime(ctx context.Context, o runtimeOptions) (*benchReport, error) {
 		} else {
 			// A durable write cannot be faster than a bbolt commit of
 			// one key on the same file system: the floor, measured here.
-			floor, err := boltCommits(ctx, dir, o, false)
+			floorP50, err := boltCommitP50(ctx, dir, o, false)
 			if err != nil {
 				return rep, err
 			}
-			floorP50, _, _ := percentiles(floor)
 			rep.add(st, "propagate 50-level chain, whole write", samples, "bbolt commit of one key (2 fdatasyncs)", floorP50, targetChain50Bolt)
 			if samples, err = propagate(ctx, dir, "bbolt-nosync", chain50[0], o); err != nil {
 				return rep, fmt.Errorf("propagate 50-level chain on bbolt without fsync: %w", err)
 			}
-			if floor, err = boltCommits(ctx, dir, o, true); err != nil {
+			if floorP50, err = boltCommitP50(ctx, dir, o, true); err != nil {
 				return rep, err
 			}
-			floorP50, _, _ = percentiles(floor)
 			rep.add("bbolt, no fsync", "propagate 50-level chain, whole write", samples, "bbolt commit of one key, no fsync", floorP50, 0)
 		}
 		if err := watchLatency(ctx, dir, st, o, rep); err != nil {
@@ -226,13 +224,14 @@ func propagate(ctx context.Context, dir, kind string, sh graphShape, o runtimeOp
 	})
 }
 
-// boltCommits times bbolt commits of one small key in a fresh file in dir,
-// with or without fsync: the floor under any write to a store there.
-func boltCommits(ctx context.Context, dir string, o runtimeOptions, noSync bool) ([]time.Duration, error) {
+// boltCommitP50 times bbolt commits of one small key in a fresh file in
+// dir, with or without fsync, and returns their p50: the floor under any
+// write to a store there.
+func boltCommitP50(ctx context.Context, dir string, o runtimeOptions, noSync bool) (time.Duration, error) {
 	path := filepath.Join(dir, fmt.Sprintf("floor-%d.db", time.Now().UnixNano()))
 	db, err := bolt.Open(path, 0o600, &bolt.Options{NoSync: noSync})
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	defer os.Remove(path)
 	defer db.Close()
@@ -246,11 +245,13 @@ func boltCommits(ctx context.Context, dir string, o runtimeOptions, noSync bool)
 		})
 	}
 	if err := put(-1); err != nil {
-		return nil, fmt.Errorf("bbolt commit floor: %w", err)
+		return 0, fmt.Errorf("bbolt commit floor: %w", err)
 	}
-	return benchLoop(ctx, o.n, o.budget, func(i int) (time.Duration, error) {
+	samples, err := benchLoop(ctx, o.n, o.budget, func(i int) (time.Duration, error) {
 		return timed(func() error { return put(i) })
 	})
+	p50, _, _ := percentiles(samples)
+	return p50, err
 }
 
 // watchLatency times a cell write until a store watcher receives the commit

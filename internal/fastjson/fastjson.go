@@ -50,26 +50,17 @@ func Check(b []byte) error {
 // each value's text, a subslice of b (not a copy). A key given twice keeps
 // its last value, as json.Unmarshal into a map does.
 func SplitObject(b []byte) (map[string]json.RawMessage, error) {
-	p := parser{b: b}
-	p.ws()
-	if p.i >= len(b) || b[p.i] != '{' {
-		return nil, p.fail("want a JSON object")
-	}
 	fields := map[string]json.RawMessage{}
-	err := p.object(0, func(key, value []byte) error {
+	err := walkObject(b, func(key []byte, vs, ve int) error {
 		var k string
 		if err := json.Unmarshal(key, &k); err != nil { // a key is short; unquote it exactly
-			return &Error{Offset: p.i, Msg: "bad object key"}
+			return &Error{Offset: ve, Msg: "bad object key"}
 		}
-		fields[k] = json.RawMessage(value)
+		fields[k] = json.RawMessage(b[vs:ve])
 		return nil
 	})
 	if err != nil {
 		return nil, err
-	}
-	p.ws()
-	if p.i != len(b) {
-		return nil, p.fail("invalid character after the top-level value")
 	}
 	return fields, nil
 }
@@ -285,7 +276,7 @@ func (p *parser) str() error {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				p.i += 2
 			case 'u':
-				if p.i+6 > len(b) || !hex(b[p.i+2:p.i+6]) {
+				if _, n := hex4(b[p.i+2:]); n == 0 {
 					p.i++
 					return p.fail(`bad \u escape`)
 				}
@@ -298,13 +289,4 @@ func (p *parser) str() error {
 			return p.fail("control character in a string")
 		}
 	}
-}
-
-func hex(b []byte) bool {
-	for _, c := range b {
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
-			return false
-		}
-	}
-	return true
 }

@@ -56,16 +56,17 @@ func AppendMarshal(dst []byte, v any, escapeHTML bool) ([]byte, error) {
 	}
 	out := slices.Grow(dst, len(sk)+sumLen+sumLen/16+16)
 	last, spliced := 0, 0
-	err = walkObject(sk, func(key []byte, vs, ve int) {
+	err = walkObject(sk, func(key []byte, vs, ve int) error {
 		for _, l := range long {
 			if len(key) == len(l.name)+2 && string(key[1:len(key)-1]) == l.name && string(sk[vs:ve]) == `"0"` {
 				out = append(out, sk[last:vs]...)
 				out = AppendString(out, l.s, escapeHTML)
 				last = ve
 				spliced++
-				return
+				return nil
 			}
 		}
+		return nil
 	})
 	if err != nil || spliced != len(long) { // not the shape expected: let encoding/json do it all
 		return appendMarshal(dst, v, escapeHTML)
@@ -116,10 +117,10 @@ func Unmarshal(data []byte, v any) error {
 	var long []span
 	var keys [][]byte
 	var sumLen int
-	err := walkObject(data, func(key []byte, vs, ve int) {
+	err := walkObject(data, func(key []byte, vs, ve int) error {
 		keys = append(keys, key)
 		if ve-vs <= LongString || data[vs] != '"' {
-			return
+			return nil
 		}
 		long = append(long, span{stringField{index: -1}, vs, ve})
 		sumLen += ve - vs
@@ -129,6 +130,7 @@ func Unmarshal(data []byte, v any) error {
 				long[len(long)-1].f = f
 			}
 		}
+		return nil
 	})
 	if err != nil || len(long) == 0 {
 		return json.Unmarshal(data, v) // its own error, or nothing to gain
@@ -178,16 +180,15 @@ func foldCount(keys [][]byte, name string) int {
 
 // walkObject calls field with each top-level key (raw, with its quotes)
 // of the object b and where its value's text starts and ends. An error
-// means b is not a JSON object.
-func walkObject(b []byte, field func(key []byte, vs, ve int)) error {
+// is field's, or means b is not a JSON object.
+func walkObject(b []byte, field func(key []byte, vs, ve int) error) error {
 	p := parser{b: b}
 	p.ws()
 	if p.i >= len(b) || b[p.i] != '{' {
 		return p.fail("want a JSON object")
 	}
 	err := p.object(0, func(key, value []byte) error {
-		field(key, p.i-len(value), p.i)
-		return nil
+		return field(key, p.i-len(value), p.i)
 	})
 	if err != nil {
 		return err

@@ -84,7 +84,7 @@ func Unquote(v []byte) (string, error) {
 }
 
 // backslash is the index of the next backslash of v at or after i, or
-// len(v). As nextSpecial: the next 16 bytes a word at a time (escapes
+// len(v). As runEnd: the next 16 bytes a word at a time (escapes
 // close together), then bytes.IndexByte (vectorised) for a long run.
 func backslash(v []byte, i int) int {
 	for n := 0; n < 2 && i+8 <= len(v); n++ {

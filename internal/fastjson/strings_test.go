@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -75,7 +76,7 @@ func FuzzUnquote(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		// A value's exact text, as SplitObject gives it (no whitespace around).
-		if !Valid(b) || len(b) < 2 || b[0] != '"' || b[len(b)-1] != '"' || !utf8Valid(b) {
+		if !Valid(b) || len(b) < 2 || b[0] != '"' || b[len(b)-1] != '"' || !utf8.Valid(b) {
 			return
 		}
 		var want string
@@ -89,8 +90,6 @@ func FuzzUnquote(f *testing.F) {
 		require.Equal(t, want, got)
 	})
 }
-
-func utf8Valid(b []byte) bool { return strings.ToValidUTF8(string(b), "\uFFFD") == string(b) }
 
 func BenchmarkAppendString1MiB(b *testing.B) {
 	s := strings.Repeat(strings.Repeat("x", 1023)+"\n", 1024)

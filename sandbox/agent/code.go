@@ -288,7 +288,7 @@ func (t *codeTable) create(ctx context.Context, req CodeContextRequest) (*codeCt
 	t.starting++
 	t.mu.Unlock()
 
-	err = c.start(t.s, argv, dir, env, prefix)
+	err = c.start(argv, dir, env, prefix)
 	if err == nil {
 		err = c.waitReady(ctx, argv[0])
 	}
@@ -328,7 +328,7 @@ func withDefaultEnv(env []string, lang string) []string {
 	return env
 }
 
-func (c *codeCtx) start(s *server, argv []string, dir string, env []string, prefix string) (err error) {
+func (c *codeCtx) start(argv []string, dir string, env []string, prefix string) (err error) {
 	if err := os.MkdirAll(c.dir, 0o700); err != nil {
 		return asError("code context", c.dir, err)
 	}
@@ -368,7 +368,7 @@ func (c *codeCtx) start(s *server, argv []string, dir string, env []string, pref
 		return asError("code context", "", err)
 	}
 	toClose = append(toClose, ansW)
-	c.p, err = s.procs.start(argv, dir, env, []*os.File{null, outW, errW, reqR, ansW}, "code context "+c.id+" ("+argv[0]+")", false, false)
+	c.p, err = c.s.procs.start(argv, dir, env, []*os.File{null, outW, errW, reqR, ansW}, "code context "+c.id+" ("+argv[0]+")", false, false)
 	if err != nil {
 		ansR.Close()
 		return err
@@ -571,9 +571,10 @@ func (t *codeTable) run(ctx context.Context, id string, req CodeRunRequest) (Cod
 		}
 		// A SIGINT that lands while the driver is between cells (it has
 		// not begun this one yet) is ignored there: send it again until
-		// the cell answers. Not to node, which a SIGINT as it starts or
-		// ends a script ends (see selfTimeout).
-		if c.lang != LangJavaScript {
+		// the cell answers. Not to a driver that times its cells out
+		// itself (node, which a SIGINT as it starts or ends a script
+		// ends: see selfTimeout).
+		if _, self := selfTimeout[c.lang]; !self {
 			again = time.After(interruptAgain)
 		}
 	}

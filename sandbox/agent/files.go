@@ -246,9 +246,12 @@ func isBinary(b []byte, whole bool) bool {
 
 // readBytes returns a raw byte window; text when it is valid UTF-8 without
 // NUL bytes, base64 otherwise. It is truncated when the window was capped
-// (not the caller's own limit) and the file goes on.
+// (not the caller's own limit) and the file goes on. The window is read
+// into out's own room (out is empty): text stays there as it is; only
+// binary is copied, to be encoded over it.
 func readBytes(f *os.File, res ReadResult, off, limit int64, capped bool, out *bytes.Buffer) (ReadResult, error) {
-	buf := make([]byte, limit)
+	out.Grow(int(limit))
+	buf := out.AvailableBuffer()[:limit]
 	n, err := f.ReadAt(buf, off)
 	if err != nil && err != io.EOF {
 		return res, err
@@ -256,9 +259,9 @@ func readBytes(f *os.File, res ReadResult, off, limit int64, capped bool, out *b
 	buf = buf[:n]
 	if isBinary(buf, true) {
 		res.Encoding = "base64"
-		out.Write(base64.StdEncoding.AppendEncode(out.AvailableBuffer(), buf))
+		out.Write(base64.StdEncoding.AppendEncode(out.AvailableBuffer(), bytes.Clone(buf)))
 	} else {
-		out.Write(buf)
+		out.Write(buf) // in place: buf is out's room
 	}
 	res.Truncated = capped && off+int64(n) < res.Size
 	return res, nil

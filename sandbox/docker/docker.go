@@ -182,6 +182,26 @@ func (b *Backend) sweepOrphanDisks(ctx context.Context, age time.Duration) {
 	if err != nil {
 		return
 	}
+	// The disks old enough first: the engine is asked for its boxes only
+	// when there is one (not at every start).
+	var old []string
+	seen := map[string]bool{}
+	for _, e := range ents {
+		// A disk is its image (ID.img) and its mount point (ID); either
+		// may be left alone (an image deleted under its mount).
+		id := strings.TrimSuffix(e.Name(), ".img")
+		if seen[id] || backend.ValidID(id) != nil || id == e.Name() && !e.IsDir() {
+			continue
+		}
+		seen[id] = true
+		if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < age {
+			continue
+		}
+		old = append(old, id)
+	}
+	if len(old) == 0 {
+		return
+	}
 	res, err := b.cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: client.Filters{}.Add("label", backend.LabelManaged+"=1")})
 	if err != nil {
 		b.log.Warn("docker backend: list boxes to find orphan disks", "err", err)
@@ -191,16 +211,8 @@ func (b *Backend) sweepOrphanDisks(ctx context.Context, age time.Duration) {
 	for _, c := range res.Items {
 		live[c.Labels[backend.LabelID]] = true
 	}
-	seen := map[string]bool{}
-	for _, e := range ents {
-		// A disk is its image (ID.img) and its mount point (ID); either
-		// may be left alone (an image deleted under its mount).
-		id := strings.TrimSuffix(e.Name(), ".img")
-		if seen[id] || live[id] || backend.ValidID(id) != nil || id == e.Name() && !e.IsDir() {
-			continue
-		}
-		seen[id] = true
-		if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < age {
+	for _, id := range old {
+		if live[id] {
 			continue
 		}
 		if err := b.disk(id).Remove(ctx); err != nil {
