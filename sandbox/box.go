@@ -90,13 +90,17 @@ func (l *lease) release() {
 	})
 }
 
+// The lengths (1-63) are checked beside these, not by a counted
+// repetition, which compiles to a large program at every start.
 var (
-	nameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
-	boxIDRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+	nameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+	boxIDRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]*$`)
 )
 
+const maxNameLen = 63
+
 func checkName(name string) error {
-	if !nameRE.MatchString(name) {
+	if len(name) > maxNameLen || !nameRE.MatchString(name) {
 		return api.WithCode(api.CodeInvalidInput, fmt.Errorf("invalid sandbox name %q: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", name))
 	}
 	return nil

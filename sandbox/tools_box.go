@@ -347,7 +347,7 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 	case in.BoxID == "" && in.ShareAcrossSessions:
 		return out, api.WithCode(api.CodeInvalidInput, errors.New("share_across_sessions needs box_id, the id of the shared box"))
 	case in.BoxID != "":
-		if !boxIDRE.MatchString(in.BoxID) || strings.HasPrefix(in.BoxID, "cb-") {
+		if len(in.BoxID) > maxNameLen || !boxIDRE.MatchString(in.BoxID) || strings.HasPrefix(in.BoxID, "cb-") {
 			return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("invalid box_id %q: use 1-63 lowercase letters, digits, '.', '_' or '-', not starting with \"cb-\" (reserved for private boxes)", in.BoxID))
 		}
 		if n := len(socketPath(s.cfg.DataDir, in.BoxID)); n > maxSocketPath {

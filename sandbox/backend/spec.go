@@ -28,12 +28,15 @@ var BoxEnv = map[string]string{
 	"LANG": "C.UTF-8",
 }
 
-var idPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$`)
+// idPattern leaves the length to ValidID: a counted repetition ({0,127})
+// compiles to a program of hundreds of instructions, 0.3 ms at every start
+// of the binary.
+var idPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]*$`)
 
 // ValidID checks that id can name a box on every backend (a container name,
 // a directory name).
 func ValidID(id string) error {
-	if !idPattern.MatchString(id) {
+	if len(id) > 128 || !idPattern.MatchString(id) {
 		return fmt.Errorf("box id %q: want 1-128 characters of [a-zA-Z0-9_.-], starting with a letter or digit", id)
 	}
 	return nil

@@ -3,6 +3,7 @@ package backend_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -61,4 +62,13 @@ func TestLabels(t *testing.T) {
 	assert.True(t, backend.MatchLabels(l, map[string]string{backend.LabelSession: "s"}))
 	assert.False(t, backend.MatchLabels(l, map[string]string{backend.LabelSession: "t"}))
 	assert.False(t, backend.MatchLabels(l, map[string]string{"other": ""}))
+}
+
+func TestValidID(t *testing.T) {
+	for id, ok := range map[string]bool{
+		"a": true, "s1-box_a.b": true, strings.Repeat("a", 128): true,
+		"": false, strings.Repeat("a", 129): false, "-a": false, ".a": false, "a/b": false, "a b": false, "ä": false,
+	} {
+		assert.Equal(t, ok, backend.ValidID(id) == nil, "%q", id)
+	}
 }

@@ -41,6 +41,9 @@ func TestCompile(t *testing.T) {
 		{allow: []string{"http://example.org/"}, err: `allow "http://example.org/": a URL; give its host: "example.org"`},
 		{allow: []string{"https://api.example.org:8443/v1"}, err: `a URL; give its host: "api.example.org:8443"`},
 		{allow: []string{"*."}, err: `allow "*.": a wildcard needs a domain (*.example.org), or * for any name`},
+		// A DNS label has 1-63 characters.
+		{allow: []string{strings.Repeat("a", 63) + ".org"}},
+		{allow: []string{strings.Repeat("a", 64) + ".org"}, err: "not a host name"},
 	} {
 		_, err := Compile(tc.allow, nil)
 		if tc.err == "" {
@@ -66,6 +69,8 @@ func TestCompile(t *testing.T) {
 		{h: Header{Host: "api.example.org", Header: "X", Value: "v", Secret: "TOKEN"}, err: "exactly one of value and secret"},
 		{h: Header{Host: "", Header: "X", Value: "v"}, err: "host"},
 		{h: Header{Host: "a.org", Header: "X", Value: strings.Repeat("v", MaxValue+1)}, err: "at most 8192"},
+		{h: Header{Host: "a.org", Header: "X", Secret: strings.Repeat("S", 64)}},
+		{h: Header{Host: "a.org", Header: "X", Secret: strings.Repeat("S", 65)}, err: "want 1-64 letters"},
 	} {
 		_, err := Compile(nil, []Header{tc.h})
 		if tc.err == "" {

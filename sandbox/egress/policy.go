@@ -95,9 +95,11 @@ type rule struct {
 }
 
 var (
-	labelRE  = regexp.MustCompile(`^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$`)
+	// The lengths are checked beside labelRE and secretRE, not by counted
+	// repetitions, which compile to large programs at every start.
+	labelRE  = regexp.MustCompile(`^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?$`)
 	headerRE = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-	secretRE = regexp.MustCompile(`^[A-Za-z0-9_]{1,64}$`)
+	secretRE = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
 )
 
 // CompileRules compiles the rules of a box's network as the tools and
@@ -141,7 +143,7 @@ func Compile(allow []string, headers []Header) (*Policy, error) {
 			errs = append(errs, fmt.Sprintf("inject[%d]: value has %d bytes; at most %d", i, len(h.Value), MaxValue))
 		case strings.ContainsAny(h.Value, "\r\n\x00"):
 			errs = append(errs, fmt.Sprintf("inject[%d]: value holds a line break or NUL", i))
-		case h.Secret != "" && !secretRE.MatchString(h.Secret):
+		case h.Secret != "" && (len(h.Secret) > 64 || !secretRE.MatchString(h.Secret)):
 			errs = append(errs, fmt.Sprintf("inject[%d]: secret %q: want 1-64 letters, digits or '_' (the server reads %sNAME)", i, h.Secret, SecretEnvPrefix))
 		}
 		p.headers = append(p.headers, h)
@@ -218,7 +220,7 @@ func validName(s string) bool {
 		return false
 	}
 	for _, l := range strings.Split(s, ".") {
-		if !labelRE.MatchString(l) {
+		if len(l) > 63 || !labelRE.MatchString(l) {
 			return false
 		}
 	}
