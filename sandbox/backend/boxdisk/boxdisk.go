@@ -27,6 +27,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Disk is one box's disk: the image File mounted at Dir.
@@ -119,34 +121,34 @@ func (d Disk) Mount(ctx context.Context) error {
 	if err := os.Mkdir(d.Dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("box disk: %w", err)
 	}
-	if err := run(ctx, "mount", "-t", "ext4", "-o", "loop,nodev,nosuid,discard", d.File, d.Dir); err != nil {
+	loopErr, err := mountLoop(d.File, d.Dir)
+	if loopErr != nil { // the way that works wherever mount does
+		err = run(ctx, "mount", "-t", "ext4", "-o", "loop,nodev,nosuid,discard", d.File, d.Dir)
+	}
+	if err != nil {
 		return fmt.Errorf("box disk %s: mount at %s (needs root and loop devices): %w", d.File, d.Dir, err)
 	}
 	return nil
 }
 
-// unmountTimeout bounds one Unmount, lazy detach included.
-const unmountTimeout = 30 * time.Second
-
 // Unmount unmounts the disk and keeps it: a stopped box holds no mount, so
 // nothing is left mounted when a server stops its boxes and exits, and its
-// data dir can be moved or deleted. Start mounts it again.
+// data dir can be moved or deleted. Start mounts it again. The loop device
+// clears itself (mountLoop).
 //
 // A cancelled ctx does not stop it: an unmount abandoned halfway leaves a
-// mount nobody owns (a ctrl-C during teardown did), so it runs on under
-// its own bound, unmountTimeout.
+// mount nobody owns (a ctrl-C during teardown did). A disk still busy
+// after 2 s is detached lazily, freed when its last user lets go.
 func (d Disk) Unmount(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unmountTimeout)
-	defer cancel()
 	for i := 0; d.Mounted(); i++ {
 		switch {
 		case i < 20:
-			if run(ctx, "umount", d.Dir) != nil {
+			if unix.Unmount(d.Dir, 0) != nil {
 				time.Sleep(100 * time.Millisecond)
 			}
-		case i == 20: // still busy after 2 s: detach now, freed when unused
-			if err := run(ctx, "umount", "-l", d.Dir); err != nil {
-				return fmt.Errorf("box disk: %w", err)
+		case i == 20:
+			if err := unix.Unmount(d.Dir, unix.MNT_DETACH); err != nil {
+				return fmt.Errorf("box disk: unmount %s: %w", d.Dir, err)
 			}
 		default:
 			return fmt.Errorf("box disk: %s still mounted", d.Dir)

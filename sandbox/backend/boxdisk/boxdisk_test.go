@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -32,6 +33,11 @@ func TestDiskLifecycle(t *testing.T) {
 	t.Cleanup(func() { _ = d.Remove(ctx) })
 	require.NoError(t, d.Make(ctx, 64<<20, 1234, 1234))
 	assert.True(t, d.Mounted())
+	assert.Len(t, loopsBacking(t, d.File), 1)
+	opts := mountOptions(t, d.Dir)
+	for _, o := range []string{"nodev", "nosuid", "discard"} {
+		assert.Contains(t, opts, o, "the disk's mount options")
+	}
 	fi, err := os.Stat(d.Workspace())
 	require.NoError(t, err)
 	assert.Equal(t, os.ModeDir|0o755, fi.Mode())
@@ -46,6 +52,7 @@ func TestDiskLifecycle(t *testing.T) {
 
 	require.NoError(t, d.Unmount(ctx), "a stopped box holds no mount")
 	assert.False(t, d.Mounted())
+	assert.Empty(t, loopsBacking(t, d.File), "nor a loop device")
 	assert.FileExists(t, d.File, "and keeps its disk")
 	require.NoError(t, d.Unmount(ctx), "unmounting an unmounted disk is a no-op")
 	require.NoError(t, d.Mount(ctx))
@@ -58,6 +65,36 @@ func TestDiskLifecycle(t *testing.T) {
 	assert.NoFileExists(t, d.File)
 	assert.NoDirExists(t, d.Dir)
 	require.NoError(t, d.Remove(ctx), "removing a removed disk")
+}
+
+// loopsBacking lists the loop devices backed by file.
+func loopsBacking(t *testing.T, file string) []string {
+	t.Helper()
+	paths, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	require.NoError(t, err)
+	var devs []string
+	for _, p := range paths {
+		if b, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(b)) == file {
+			devs = append(devs, strings.Split(p, "/")[3])
+		}
+	}
+	return devs
+}
+
+// mountOptions returns the mount and superblock options of the mount at
+// dir, from /proc/self/mountinfo.
+func mountOptions(t *testing.T, dir string) []string {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 6 && f[4] == dir {
+			return strings.Split(f[5]+","+f[len(f)-1], ",")
+		}
+	}
+	t.Fatalf("%s is not a mount point", dir)
+	return nil
 }
 
 // A teardown whose context was cancelled (ctrl-C of a bench or a run)
