@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox/backend/boxdisk"
@@ -65,6 +66,31 @@ func TestDiskLifecycle(t *testing.T) {
 	assert.NoFileExists(t, d.File)
 	assert.NoDirExists(t, d.Dir)
 	require.NoError(t, d.Remove(ctx), "removing a removed disk")
+}
+
+// A disk mounted again while its filesystem still lives elsewhere (bound
+// into a container whose mount namespace is not gone yet) is mounted
+// through the same loop device, so both see one filesystem; a second
+// device would mount a second instance over the same blocks.
+func TestMountAgainWhileBoundElsewhere(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	d := boxdisk.Disk{File: filepath.Join(dir, "disk.img"), Dir: filepath.Join(dir, "disk")}
+	t.Cleanup(func() { _ = d.Remove(ctx) })
+	require.NoError(t, d.Make(ctx, 64<<20, 0, 0))
+	bound := filepath.Join(dir, "bound")
+	require.NoError(t, os.Mkdir(bound, 0o700))
+	require.NoError(t, unix.Mount(d.Workspace(), bound, "", unix.MS_BIND, ""))
+	t.Cleanup(func() { _ = unix.Unmount(bound, unix.MNT_DETACH) })
+
+	require.NoError(t, d.Unmount(ctx))
+	require.NoError(t, d.Mount(ctx))
+	assert.Len(t, loopsBacking(t, d.File), 1, "one loop device for the image")
+	require.NoError(t, os.WriteFile(filepath.Join(bound, "f"), []byte("one"), 0o644))
+	got, err := os.ReadFile(filepath.Join(d.Workspace(), "f"))
+	require.NoError(t, err, "a file written through the other mount")
+	assert.Equal(t, "one", string(got))
 }
 
 // loopsBacking lists the loop devices backed by file.
