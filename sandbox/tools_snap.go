@@ -99,6 +99,7 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 	}
 	rec := newSnapshotRecord(c, l, in.Label, entries, added)
 	if err := ss.put(rec, entries); err != nil {
+		ss.freeLater(c.s.log, c.sess.ID) // the blobs no record names now
 		return api.SnapshotInfo{}, fmt.Errorf("save snapshot of %q: %w", l.name, err)
 	}
 	c.s.log.Info("snapshot taken", "session", c.sess.ID, "sandbox", l.name, "snapshot", rec.ID, "files", rec.Files, "bytes", rec.Size, "added", added)
