@@ -24,15 +24,23 @@ func requireRoot(t *testing.T) {
 	}
 }
 
+// newDisk makes a mounted disk of 64 MiB whose workspace uid owns, removed
+// when the test ends.
+func newDisk(t *testing.T, uid int) boxdisk.Disk {
+	t.Helper()
+	requireRoot(t)
+	dir := t.TempDir()
+	d := boxdisk.Disk{File: filepath.Join(dir, "disk.img"), Dir: filepath.Join(dir, "disk")}
+	t.Cleanup(func() { _ = d.Remove(context.Background()) })
+	require.NoError(t, d.Make(context.Background(), 64<<20, uid, uid))
+	return d
+}
+
 // A disk survives being unmounted (a host reboot) and is mounted again
 // with its files; Remove leaves nothing, and twice is fine.
 func TestDiskLifecycle(t *testing.T) {
-	requireRoot(t)
 	ctx := context.Background()
-	dir := t.TempDir()
-	d := boxdisk.Disk{File: filepath.Join(dir, "disk.img"), Dir: filepath.Join(dir, "disk")}
-	t.Cleanup(func() { _ = d.Remove(ctx) })
-	require.NoError(t, d.Make(ctx, 64<<20, 1234, 1234))
+	d := newDisk(t, 1234)
 	assert.True(t, d.Mounted())
 	assert.Len(t, loopsBacking(t, d.File), 1)
 	opts := mountOptions(t, d.Dir)
@@ -73,13 +81,9 @@ func TestDiskLifecycle(t *testing.T) {
 // through the same loop device, so both see one filesystem; a second
 // device would mount a second instance over the same blocks.
 func TestMountAgainWhileBoundElsewhere(t *testing.T) {
-	requireRoot(t)
 	ctx := context.Background()
-	dir := t.TempDir()
-	d := boxdisk.Disk{File: filepath.Join(dir, "disk.img"), Dir: filepath.Join(dir, "disk")}
-	t.Cleanup(func() { _ = d.Remove(ctx) })
-	require.NoError(t, d.Make(ctx, 64<<20, 0, 0))
-	bound := filepath.Join(dir, "bound")
+	d := newDisk(t, 0)
+	bound := filepath.Join(t.TempDir(), "bound")
 	require.NoError(t, os.Mkdir(bound, 0o700))
 	require.NoError(t, unix.Mount(d.Workspace(), bound, "", unix.MS_BIND, ""))
 	t.Cleanup(func() { _ = unix.Unmount(bound, unix.MNT_DETACH) })
@@ -127,11 +131,7 @@ func mountOptions(t *testing.T, dir string) []string {
 // still unmounts and removes the disk: an abandoned unmount leaves a mount
 // nobody owns and a directory nobody can delete.
 func TestRemoveWithCancelledContext(t *testing.T) {
-	requireRoot(t)
-	dir := t.TempDir()
-	d := boxdisk.Disk{File: filepath.Join(dir, "disk.img"), Dir: filepath.Join(dir, "disk")}
-	t.Cleanup(func() { _ = d.Remove(context.Background()) })
-	require.NoError(t, d.Make(context.Background(), 64<<20, 0, 0))
+	d := newDisk(t, 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	require.NoError(t, d.Remove(ctx))
