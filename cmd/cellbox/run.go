@@ -23,6 +23,7 @@ import (
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
+	"github.com/cellbox/cellbox/internal/jsonschema"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/sandbox"
@@ -66,16 +67,17 @@ func runRun(ctx context.Context, args []string) error {
 	if err := patternsUnder(pos[0], source); err != nil {
 		return err
 	}
-	p, err := patterns.Load(source)
-	if err != nil {
-		return err
-	}
 	dataDir, err := filepath.Abs(*data)
 	if err != nil {
 		return err
 	}
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
+	}
+	rememberSchemas(dataDir) // before the pattern's cell schemas compile
+	p, err := patterns.Load(source)
+	if err != nil {
+		return err
 	}
 	logf, err := os.OpenFile(filepath.Join(dataDir, runLogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -262,6 +264,7 @@ func openState(dataDir string) (*dataState, error) {
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
+	rememberSchemas(dataDir)
 	path := filepath.Join(dataDir, sandbox.StateFile)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
 	if errors.Is(err, bolt.ErrTimeout) {
@@ -276,6 +279,16 @@ func openState(dataDir string) (*dataState, error) {
 		return nil, err
 	}
 	return &dataState{db: db, cells: store}, nil
+}
+
+// schemaCacheFile, in the data dir, names the cell schemas that passed the
+// JSON Schema metaschema, so that the next process over the directory
+// compiles them without that check (jsonschema.RememberValid).
+const schemaCacheFile = "schemas.valid"
+
+// rememberSchemas makes the schema cache of dataDir the process's.
+func rememberSchemas(dataDir string) {
+	jsonschema.RememberValid(filepath.Join(dataDir, schemaCacheFile))
 }
 
 // Close closes the cell store, then the file.

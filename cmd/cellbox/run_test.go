@@ -163,6 +163,36 @@ func TestRunOnce(t *testing.T) {
 	}
 }
 
+// A run remembers the cell schemas that passed the metaschema in the data
+// dir, so that the next run over it skips that check; a schema that breaks
+// the metaschema is refused, run after run, and never remembered.
+func TestRunRemembersValidSchemas(t *testing.T) {
+	data := t.TempDir()
+	pat := writePattern(t, sumPattern)
+	cache := filepath.Join(data, schemaCacheFile)
+	_, errOut, err := cellbox(t, "run", pat, "--once", "--data", data)
+	require.NoError(t, err, errOut)
+	first, err := os.ReadFile(cache)
+	require.NoError(t, err)
+	assert.NotEmpty(t, first)
+	out, errOut, err := cellbox(t, "run", pat, "--once", "--data", data)
+	require.NoError(t, err, errOut)
+	assert.Equal(t, "a = 1\nb = 2\ntotal = 3\ndouble = 6\n", out)
+	again, err := os.ReadFile(cache)
+	require.NoError(t, err)
+	assert.Equal(t, string(first), string(again), "nothing checked or added again")
+
+	bad := writePattern(t, strings.Replace(sumPattern, "type: integer", "type: integr", 1))
+	for range 2 {
+		_, errOut, err = cellbox(t, "run", bad, "--once", "--data", data)
+		require.Error(t, err)
+		assert.Contains(t, errOut, "metaschema")
+	}
+	again, err = os.ReadFile(cache)
+	require.NoError(t, err)
+	assert.Equal(t, string(first), string(again), "the broken schema is not remembered")
+}
+
 func TestRunCellSetGet(t *testing.T) {
 	data := t.TempDir()
 	pattern := writePattern(t, sumPattern)

@@ -1,7 +1,11 @@
 package jsonschema
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -136,4 +140,48 @@ func TestValidateCache(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// A schema that passed the metaschema is named in the cache file, and a
+// later process (here: the caches emptied) compiles it without the check;
+// a schema that failed it is never named, and fails again.
+func TestRememberValid(t *testing.T) {
+	forget := func() {
+		cacheMu.Lock()
+		clear(compiles)
+		cacheMu.Unlock()
+		RememberValid("")
+	}
+	t.Cleanup(forget)
+	path := filepath.Join(t.TempDir(), "schemas.valid")
+	good := []byte(`{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}`)
+	bad := []byte(`{"type": "integr"}`)
+
+	forget()
+	RememberValid(path)
+	checks := metaChecks.Load()
+	require.NoError(t, Validate(good, []byte(`{"n": 1}`)))
+	require.ErrorIs(t, Validate(bad, []byte(`1`)), ErrInvalidSchema)
+	assert.Equal(t, checks+2, metaChecks.Load(), "both checked against the metaschema")
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	sum := sha256.Sum256(good)
+	assert.Equal(t, hex.EncodeToString(sum[:])+"\n", string(data), "only the valid one is named")
+
+	forget() // a new process
+	RememberValid(path)
+	checks = metaChecks.Load()
+	var ve *ValidationError
+	require.ErrorAs(t, Validate(good, []byte(`{"n": -1}`)), &ve, "the schema still applies")
+	assert.Equal(t, "/n", ve.Violations[0].Path)
+	assert.Equal(t, checks, metaChecks.Load(), "the valid one compiled without the check")
+	err = Validate(bad, []byte(`1`))
+	require.ErrorIs(t, err, ErrInvalidSchema)
+	assert.ErrorContains(t, err, "metaschema")
+	assert.Equal(t, checks+1, metaChecks.Load(), "the invalid one checked again")
+
+	forget() // no file given: nothing remembered, every schema checked
+	checks = metaChecks.Load()
+	require.NoError(t, Validate(good, []byte(`{"n": 1}`)))
+	assert.Equal(t, checks+1, metaChecks.Load())
 }
