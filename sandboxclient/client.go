@@ -397,15 +397,21 @@ func (c *HTTP) Tool(ctx context.Context, name string, input any) (json.RawMessag
 
 // ToolAs calls the tool called name in profile (see ToolsFor).
 func (c *HTTP) ToolAs(ctx context.Context, profile, name string, input any) (json.RawMessage, error) {
-	if input == nil {
-		input = struct{}{}
-	}
 	var res json.RawMessage
-	if err := c.do(ctx, http.MethodPost, c.sessionPath("tools", url.PathEscape(name))+profileQuery(profile), input, &res); err != nil {
+	if err := c.postTool(ctx, profile, name, input, &res); err != nil {
 		return nil, err
 	}
 	res = bytes.TrimSpace(res)
 	return res, api.ResultError(name, res)
+}
+
+// postTool posts input (nil: {}) to the tool called name in profile and
+// reads the answer into result, as do does.
+func (c *HTTP) postTool(ctx context.Context, profile, name string, input, result any) error {
+	if input == nil {
+		input = struct{}{}
+	}
+	return c.do(ctx, http.MethodPost, c.sessionPath("tools", url.PathEscape(name))+profileQuery(profile), input, result)
 }
 
 // ToolInto calls the tool called name and decodes its result into out (a
@@ -414,12 +420,9 @@ func (c *HTTP) ToolAs(ctx context.Context, profile, name string, input any) (jso
 // is read into a buffer kept for the next call (a read_file window is
 // 256 KiB: Tool then DecodeResult leave a megabyte of garbage per four).
 func (c *HTTP) ToolInto(ctx context.Context, name string, input, out any) error {
-	if input == nil {
-		input = struct{}{}
-	}
 	buf := results.Get()
 	defer results.Put(buf)
-	if err := c.do(ctx, http.MethodPost, c.sessionPath("tools", url.PathEscape(name)), input, buf); err != nil {
+	if err := c.postTool(ctx, "", name, input, buf); err != nil {
 		return err
 	}
 	res := bytes.TrimSpace(buf.Bytes())
