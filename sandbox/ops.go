@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cellbox/cellbox/internal/jsonschema"
 	"github.com/cellbox/cellbox/internal/safe"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
@@ -81,22 +82,11 @@ func DecodeExecRequest(body []byte) (api.ExecRequest, error) {
 	case errors.As(err, &te):
 		err = fmt.Errorf("field %q of the exec request: expected %s, got %s", te.Field, jsonKind(te.Type), te.Value)
 	case strings.HasPrefix(err.Error(), "json: unknown field "): // encoding/json has no type for it
-		err = fmt.Errorf("%s in the exec request; valid fields: %s", strings.TrimPrefix(err.Error(), "json: "), strings.Join(jsonFields(reflect.TypeFor[api.ExecRequest]()), ", "))
+		err = fmt.Errorf("%s in the exec request; valid fields: %s", strings.TrimPrefix(err.Error(), "json: "), strings.Join(jsonschema.PropertyNames(reflect.TypeFor[api.ExecRequest]()), ", "))
 	default:
 		err = fmt.Errorf("exec request: %w", err)
 	}
 	return api.ExecRequest{}, api.WithCode(api.CodeInvalidInput, err)
-}
-
-// jsonFields lists the JSON names of struct type t's fields.
-func jsonFields(t reflect.Type) []string {
-	var names []string
-	for f := range t.Fields() {
-		if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" && name != "-" {
-			names = append(names, name)
-		}
-	}
-	return names
 }
 
 // Download writes the file path of box to w; start (if not nil) sees the

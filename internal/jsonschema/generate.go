@@ -305,6 +305,18 @@ func (w *walker) finish(t reflect.Type, s *Schema) error {
 	return nil
 }
 
+// PropertyNames lists the JSON property names of struct type t's fields,
+// as encoding/json and For read them (embedded fields left out).
+func PropertyNames(t reflect.Type) []string {
+	var names []string
+	for f := range t.Fields() {
+		if name, ok := jsonName(f); ok {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
 // jsonName is the property name of field f, as the library reads it.
 func jsonName(f reflect.StructField) (string, bool) {
 	if f.Anonymous || !f.IsExported() {
