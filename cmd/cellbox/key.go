@@ -25,13 +25,19 @@ const (
 	urlFile = "server.url"
 )
 
+// flagsGiven returns the names of the flags of fs given on the command
+// line.
+func flagsGiven(fs *flag.FlagSet) map[string]bool {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
+}
+
 // serverOf is the server URL a client command uses: --server or
 // CELLBOX_SERVER when given, else the URL the server over data wrote
 // (DATA/server.url) while it runs, else the default address.
 func serverOf(fs *flag.FlagSet, flagValue, data string) string {
-	given := os.Getenv("CELLBOX_SERVER") != ""
-	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "server" })
-	if given || data == "" {
+	if flagsGiven(fs)["server"] || os.Getenv("CELLBOX_SERVER") != "" || data == "" {
 		return flagValue
 	}
 	if b, err := os.ReadFile(filepath.Join(data, urlFile)); err == nil {

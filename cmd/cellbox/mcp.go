@@ -52,8 +52,7 @@ func runMCP(ctx context.Context, args []string) error {
 	if _, err := sandbox.LookupProfile(*profile); err != nil {
 		return err
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set := flagsGiven(fs)
 	if set["server"] || os.Getenv("CELLBOX_SERVER") != "" {
 		for _, local := range []string{"backend", "agent-binary", "pool"} {
 			if set[local] {

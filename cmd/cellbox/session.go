@@ -83,10 +83,8 @@ func runSession(ctx context.Context, args []string) error {
 		}
 		// The session's own token unless --data asks for the server key,
 		// or no token is at hand.
-		dataGiven := false
-		fs.Visit(func(f *flag.Flag) { dataGiven = dataGiven || f.Name == "data" })
 		cred := *cf.token
-		if dataGiven || cred == "" {
+		if flagsGiven(fs)["data"] || cred == "" {
 			if cred = clientKey(*data); cred == "" {
 				return fmt.Errorf("no token and no server key: pass the session's --token (or set CELLBOX_TOKEN), or the server's --data DIR (its key is DATA/%s) or set %s", keyFile, keyEnv)
 			}
