@@ -89,12 +89,21 @@ func TestMountAgainWhileBoundElsewhere(t *testing.T) {
 	t.Cleanup(func() { _ = unix.Unmount(bound, unix.MNT_DETACH) })
 
 	require.NoError(t, d.Unmount(ctx))
+	fds := openFiles(t)
 	require.NoError(t, d.Mount(ctx))
 	assert.Len(t, loopsBacking(t, d.File), 1, "one loop device for the image")
+	assert.Equal(t, fds, openFiles(t), "the mount keeps no file open")
 	require.NoError(t, os.WriteFile(filepath.Join(bound, "f"), []byte("one"), 0o644))
 	got, err := os.ReadFile(filepath.Join(d.Workspace(), "f"))
 	require.NoError(t, err, "a file written through the other mount")
 	assert.Equal(t, "one", string(got))
+}
+
+// openFiles counts the open files of this process.
+func openFiles(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(ents)
 }
 
 // loopsBacking lists the loop devices backed by file.

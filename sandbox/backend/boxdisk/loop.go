@@ -43,20 +43,37 @@ func mountLoop(file, dir string) (loopErr, mountErr error) {
 		return err, nil
 	}
 	dev, lf, err := boundLoop(st)
-	if err == nil && lf == nil {
-		dev, lf, err = attachLoop(img)
-	}
 	if err != nil {
 		return err, nil
 	}
-	// The mount holds the device now; closing lf leaves it attached until
-	// the unmount (or, with autoclear, detaches it if the mount failed).
-	err = unix.Mount(dev, dir, "ext4", unix.MS_NODEV|unix.MS_NOSUID, "discard")
-	lf.Close()
-	if err != nil {
-		return nil, fmt.Errorf("mount %s (%s) at %s: %w", file, dev, dir, err)
+	if lf != nil {
+		err := mountDev(dev, dir)
+		cleared := false
+		if err != nil {
+			_, serr := unix.IoctlLoopGetStatus64(int(lf.Fd()))
+			cleared = serr != nil // its last user went meanwhile
+		}
+		lf.Close()
+		if !cleared {
+			return nil, err
+		}
 	}
-	return nil, nil
+	if dev, lf, err = attachLoop(img); err != nil {
+		return err, nil
+	}
+	err = mountDev(dev, dir)
+	lf.Close()
+	return nil, err
+}
+
+// mountDev mounts the loop device dev at dir. The mount holds the device:
+// its caller's open file of it may be closed after (with autoclear,
+// closing it detaches the device if the mount failed).
+func mountDev(dev, dir string) error {
+	if err := unix.Mount(dev, dir, "ext4", unix.MS_NODEV|unix.MS_NOSUID, "discard"); err != nil {
+		return fmt.Errorf("mount %s at %s: %w", dev, dir, err)
+	}
+	return nil
 }
 
 // boundLoop returns the loop device backed by the file st describes, open,
