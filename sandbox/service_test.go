@@ -527,6 +527,27 @@ func TestTransferBetweenBoxes(t *testing.T) {
 	assert.Contains(t, h.toolErr("transfer", map[string]any{"from_sandbox": "builder", "from_path": "nope", "to_sandbox": "web", "to_path": "x"}), "no such file")
 }
 
+// A directory copied into itself (or through a link into itself) is
+// refused, as cp refuses it: the copy read what it wrote and ended with
+// truncated files, saying ok. Beside it, and a file onto itself, is fine.
+func TestTransferWithinOneBox(t *testing.T) {
+	s := newTestService(t, newFakeBackend(t), "", nil)
+	h := newSession(t, s)
+	h.tool("shell", map[string]any{"sandbox": "b", "command": "mkdir -p a/d && head -c 1000000 /dev/urandom > a/f && ln -s a link"})
+	sum := h.tool("shell", map[string]any{"sandbox": "b", "command": "sha256sum < a/f"})["stdout"]
+	for _, tc := range []struct{ from, to string }{{".", "a/copy"}, {"a", "a/copy"}, {"a", "a"}, {"a", "a/d"}, {"a", "link/x/y"}, {"./a/", "a/d/../copy"}} {
+		msg := h.toolErr("transfer", map[string]any{"from_sandbox": "b", "from_path": tc.from, "to_sandbox": "b", "to_path": tc.to, "recursive": true})
+		assert.Contains(t, msg, "into itself", tc)
+	}
+	ls := h.tool("shell", map[string]any{"sandbox": "b", "command": "find . | sort"})["stdout"]
+	assert.Equal(t, ".\n./a\n./a/d\n./a/f\n./link\n", ls, "nothing was copied")
+
+	h.tool("transfer", map[string]any{"from_sandbox": "b", "from_path": "a", "to_sandbox": "b", "to_path": "ab", "recursive": true})
+	h.tool("transfer", map[string]any{"from_sandbox": "b", "from_path": "a/f", "to_sandbox": "b", "to_path": "a/f"})
+	got := h.tool("shell", map[string]any{"sandbox": "b", "command": "sha256sum < ab/f && sha256sum < a/f"})["stdout"]
+	assert.Equal(t, sum.(string)+sum.(string), got)
+}
+
 // A box left running by an older cellbox (its agent speaks another
 // protocol) is restarted with this server's agent, its workspace kept; only
 // a box whose agent is still another protocol once restarted is recreated.

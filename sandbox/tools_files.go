@@ -3,6 +3,7 @@ package sandbox
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -258,6 +259,11 @@ func transferTool(ctx context.Context, c *call, in api.TransferInput) (api.Trans
 	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return out, err
 	}
+	if fi.Type == "dir" && src.b.rec.ID == dst.b.rec.ID {
+		if err := notInside(ctx, dst.client, fi, to); err != nil {
+			return out, err
+		}
+	}
 	switch fi.Type {
 	case "file":
 		n, err := copyFile(ctx, src.client, dst.client, fi, to)
@@ -283,6 +289,30 @@ func transferTool(ctx context.Context, c *call, in api.TransferInput) (api.Trans
 	}
 	out.OK, out.Path = true, dfi.Path
 	return out, nil
+}
+
+// notInside refuses a copy of directory dir (stat'd as fi) of a box to
+// path to of the same box when to is dir or lies inside it (as cp does):
+// the copy would read what it writes, and end with truncated files. The
+// agent resolves the paths (Real), so a symlink into dir counts too.
+func notInside(ctx context.Context, cl *agent.Client, fi agent.FileInfo, to string) error {
+	dir := cmp.Or(fi.Real, fi.Path)
+	real, rest := to, "" // the deepest existing ancestor of to, and the rest
+	for {
+		ti, err := cl.Stat(ctx, real)
+		if err == nil {
+			real = path.Join(cmp.Or(ti.Real, ti.Path), rest)
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) || real == "/" || real == "." {
+			return err
+		}
+		real, rest = path.Dir(real), path.Join(path.Base(real), rest)
+	}
+	if real == dir || strings.HasPrefix(real, strings.TrimSuffix(dir, "/")+"/") {
+		return api.WithCode(api.CodeInvalidInput, fmt.Errorf("cannot copy %s into itself (%s is inside it); copy it to a path outside %s, or into another sandbox", fi.Path, to, fi.Path))
+	}
+	return nil
 }
 
 // copyFile streams one file from src to dst, keeping its mode.

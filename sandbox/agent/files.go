@@ -147,7 +147,9 @@ func (s *server) handleStat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, asError("stat", display, err))
 		return
 	}
-	writeJSON(w, FileInfo{Path: display, Type: fileType(fi.Mode()), Size: fi.Size(), Mode: uint32(fi.Mode().Perm()), ModTime: fi.ModTime()})
+	info := FileInfo{Path: display, Type: fileType(fi.Mode()), Size: fi.Size(), Mode: uint32(fi.Mode().Perm()), ModTime: fi.ModTime()}
+	info.Real, _ = resolveExisting(real)
+	writeJSON(w, info)
 }
 
 // --- read ---

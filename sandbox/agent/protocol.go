@@ -158,6 +158,9 @@ type FileInfo struct {
 	Size    int64     `json:"size"`
 	Mode    uint32    `json:"mode"` // permission bits
 	ModTime time.Time `json:"mod_time"`
+	// Real is Path with every symlink resolved, the last one too (stat
+	// only): where a write through Path lands.
+	Real string `json:"real,omitempty"`
 }
 
 // ReadRequest selects a window of a file: lines (Offset, Limit) or, when
