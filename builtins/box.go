@@ -42,13 +42,33 @@ func boxBase(a cells.Address, max int) string {
 	return s
 }
 
-// checkFiles checks file bindings: clean absolute paths, outputs text or
-// json.
+// boxFileRoots are where a box's files may be read and written: the
+// agent's file tools serve no other place (the sandbox's workspace and its
+// /tmp).
+var boxFileRoots = []string{"/workspace", "/tmp"}
+
+// CheckBoxPath checks that p can name a file bound to a box: a clean
+// absolute path inside /workspace or /tmp.
+func CheckBoxPath(p string) error {
+	if !path.IsAbs(p) || path.Clean(p) != p {
+		return fmt.Errorf("%q is not a clean absolute path in the box (e.g. %q)", p, path.Join("/workspace", p))
+	}
+	for _, root := range boxFileRoots {
+		if strings.HasPrefix(p, root+"/") {
+			return nil
+		}
+	}
+	return fmt.Errorf("%q is outside %s, where a box's files are read and written (e.g. %q)", p, strings.Join(boxFileRoots, " and "), path.Join("/workspace", path.Base(p)))
+}
+
+// checkFiles checks file bindings: paths CheckBoxPath takes, outputs text
+// or json.
 func checkFiles(files map[string]File) error {
 	for p, f := range files {
+		if err := CheckBoxPath(p); err != nil {
+			return fmt.Errorf("file %w", err)
+		}
 		switch {
-		case !path.IsAbs(p) || path.Clean(p) != p:
-			return fmt.Errorf("file %q: not a clean absolute path in the box (e.g. %q)", p, path.Join("/workspace", p))
 		case f.Input == nil && f.Output != OutputText && f.Output != OutputJSON:
 			return fmt.Errorf("file %q: output format %q: want %q or %q", p, f.Output, OutputText, OutputJSON)
 		case f.Input != nil && f.Output != "":

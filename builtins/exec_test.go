@@ -358,8 +358,14 @@ func TestExecKey(t *testing.T) {
 	assert.ErrorContains(t, err, "no sandbox client")
 	_, err = builtins.NewExec(env, builtins.ExecSpec{Command: base.Command, Files: map[string]builtins.File{"rel/x": {Output: "text"}}})
 	assert.ErrorContains(t, err, "not a clean absolute path")
-	_, err = builtins.NewExec(env, builtins.ExecSpec{Command: base.Command, Files: map[string]builtins.File{"/x": {Output: "yaml"}}})
+	_, err = builtins.NewExec(env, builtins.ExecSpec{Command: base.Command, Files: map[string]builtins.File{"/workspace/x": {Output: "yaml"}}})
 	assert.ErrorContains(t, err, `output format "yaml"`)
+	for _, p := range []string{"/etc/hostname", "/dev/zero", "/workspace", "/tmp", "/workspacex/y"} {
+		_, err = builtins.NewExec(env, builtins.ExecSpec{Command: base.Command, Files: map[string]builtins.File{p: {Output: "text"}}})
+		assert.ErrorContains(t, err, "is outside /workspace and /tmp", p)
+	}
+	_, err = builtins.NewExec(env, builtins.ExecSpec{Command: base.Command, Files: map[string]builtins.File{"/tmp/x": {Output: "text"}}})
+	assert.NoError(t, err)
 }
 
 // TestExecNetwork: an exec node's `network:` allow list lets each run's box

@@ -19,6 +19,8 @@ func TestSandboxCheckEvent(t *testing.T) {
 		{"run", `{"cmd": "ls"}`, `unknown field "cmd"`},
 		{"run", `{"command": "  "}`, "no command"},
 		{"run", `{"command": "ls", "files": {"x.txt": "a"}}`, "not a clean absolute path"},
+		{"run", `{"command": "ls", "files": {"/etc/motd": "a"}}`, "is outside /workspace and /tmp"},
+		{"run", `{"command": "ls", "files": {"/tmp/x.txt": "a"}}`, ""},
 		{"destroy", `{}`, ""},
 		{"stop", `{}`, `no stream "stop"`},
 	} {

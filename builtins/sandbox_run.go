@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"path"
 	"slices"
 	"strings"
 	"time"
@@ -100,8 +99,8 @@ func decodeRun(payload json.RawMessage) (runEvent, error) {
 		return ev, fmt.Errorf("run event: negative timeout_ms %d", ev.TimeoutMs)
 	}
 	for p := range ev.Files {
-		if !path.IsAbs(p) || path.Clean(p) != p {
-			return ev, fmt.Errorf("run event: file %q is not a clean absolute path in the box (e.g. %q)", p, path.Join("/workspace", p))
+		if err := CheckBoxPath(p); err != nil {
+			return ev, fmt.Errorf("run event: file %w", err)
 		}
 	}
 	return ev, nil

@@ -86,7 +86,7 @@ func TestBuilderErrorsNameTheGoLine(t *testing.T) {
 	b.Cell("bad", func() {})                // line+6
 	b.Exec("e", ExecSpec{})                 // line+7
 	b.ComputedValue("t", Str("${unclosed")) // line+8
-	b.Exec("f", ExecSpec{Command: Command("x"), Files: map[string]Value{"/a": FromFile("a.txt")}})
+	b.Exec("f", ExecSpec{Command: Command("x"), Files: map[string]Value{"/tmp/a": FromFile("a.txt")}})
 	_, err := b.Build()
 	require.Error(t, err)
 	at := func(n int) string { return fmt.Sprintf("builder_test.go:%d", line+n) }
@@ -95,7 +95,7 @@ func TestBuilderErrorsNameTheGoLine(t *testing.T) {
 		at(6)+`: cells.bad: initial value: json: unsupported type: func()`+"\n"+
 		at(7)+`: nodes.e.exec.command: missing: an exec node needs a command (a string or a list of strings)`+"\n"+
 		at(8)+`: nodes.t.computed: "${" at column 1 has no closing "}"`+"\n"+
-		at(9)+`: nodes.f.exec.files["/a"]: cannot read "a.txt": this pattern has no folder (load it from a file, or set the builder's Dir)`,
+		at(9)+`: nodes.f.exec.files["/tmp/a"]: cannot read "a.txt": this pattern has no folder (load it from a file, or set the builder's Dir)`,
 		err.Error())
 	var list ErrorList
 	require.True(t, errors.As(err, &list))
@@ -105,10 +105,10 @@ func TestBuilderErrorsNameTheGoLine(t *testing.T) {
 func TestBuilderFS(t *testing.T) {
 	b := New("x").FS("embedded", fstest.MapFS{"run.sh": {Data: []byte("echo hi\n")}})
 	b.Exec("e", ExecSpec{Command: Command("sh /workspace/run.sh"), Files: map[string]Value{"/workspace/run.sh": FromFile("run.sh")}})
-	b.Exec("g", ExecSpec{Command: Command("x"), Files: map[string]Value{"/b": FromFile("nope.sh")}})
+	b.Exec("g", ExecSpec{Command: Command("x"), Files: map[string]Value{"/tmp/b": FromFile("nope.sh")}})
 	_, err := b.Build()
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), `nodes.g.exec.files["/b"]: file "nope.sh" not found in the pattern folder embedded`)
+	assert.Contains(t, err.Error(), `nodes.g.exec.files["/tmp/b"]: file "nope.sh" not found in the pattern folder embedded`)
 
 	b = New("x").FS("embedded", fstest.MapFS{"run.sh": {Data: []byte("echo hi\n")}})
 	b.Exec("e", ExecSpec{Command: Command("sh /workspace/run.sh"), Files: map[string]Value{"/workspace/run.sh": FromFile("run.sh")}})
@@ -118,10 +118,10 @@ func TestBuilderFS(t *testing.T) {
 }
 
 func TestBuilderCopiesSpecs(t *testing.T) {
-	files := map[string]Value{"/a": Literal("x")}
+	files := map[string]Value{"/tmp/a": Literal("x")}
 	b := New("x")
 	b.Exec("e", ExecSpec{Command: Command("x"), Files: files})
-	files["/b"] = Ref("nope")
+	files["/tmp/b"] = Ref("nope")
 	p, err := b.Build()
 	require.NoError(t, err, "a change to the caller's map after Exec does not reach the pattern")
 	assert.Len(t, p.Nodes[0].Exec.Files, 1)

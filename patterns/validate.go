@@ -263,8 +263,8 @@ func (c *checker) box(n *Node, at string, image Value, env, files map[string]Val
 	}
 	for _, k := range sortedKeys(files) {
 		fat := field(field(at, "files"), k)
-		if !path.IsAbs(k) || path.Clean(k) != k {
-			c.e.add(fat, "%q is not a clean absolute path in the box (e.g. %q)", k, path.Join("/workspace", k))
+		if err := builtins.CheckBoxPath(k); err != nil {
+			c.e.add(fat, "%s", err)
 		}
 		v := files[k]
 		val(fat, v, ValueLiteral, ValueExpr, ValueTemplate, ValueFile, ValueOutput)

@@ -119,15 +119,15 @@ func TestParseValid(t *testing.T) {
 				Literal("plain"),
 			}, p.Nodes[0].Exec.Command)
 		}},
-		{"file forms", "name: c\nnodes:\n  n:\n    sandbox:\n      files:\n        /a: {file: s.py}\n        /b: {content: text}\n        /c: {output: json}\n        /d: json\n        /e: 42\n", func(t *testing.T, p *Pattern) {
+		{"file forms", "name: c\nnodes:\n  n:\n    sandbox:\n      files:\n        /tmp/a: {file: s.py}\n        /tmp/b: {content: text}\n        /tmp/c: {output: json}\n        /tmp/d: json\n        /tmp/e: 42\n", func(t *testing.T, p *Pattern) {
 			f := p.Nodes[0].Sandbox.Files
-			assert.Equal(t, Value{Kind: ValueFile, Path: "s.py", Text: "print(1)\n"}, f["/a"])
-			assert.Equal(t, Literal("text"), f["/b"], "content: is always literal")
-			assert.Equal(t, OutputJSON, f["/c"])
-			assert.Equal(t, OutputJSON, f["/d"])
-			assert.Equal(t, Literal("42"), f["/e"])
+			assert.Equal(t, Value{Kind: ValueFile, Path: "s.py", Text: "print(1)\n"}, f["/tmp/a"])
+			assert.Equal(t, Literal("text"), f["/tmp/b"], "content: is always literal")
+			assert.Equal(t, OutputJSON, f["/tmp/c"])
+			assert.Equal(t, OutputJSON, f["/tmp/d"])
+			assert.Equal(t, Literal("42"), f["/tmp/e"])
 		}},
-		{"reading outputs", "name: c\nnodes:\n  e:\n    exec:\n      command: x\n      files: {/o: text}\n  s:\n    sandbox: {files: {/p: json}}\n  r: {computed: '${e.pending || e.error != nil ? \"\" : e.result.files[\"/o\"] + e.result.stdout + s.status + s.history[0].stdout + s.files[\"/p\"]}'}\n", func(t *testing.T, p *Pattern) {
+		{"reading outputs", "name: c\nnodes:\n  e:\n    exec:\n      command: x\n      files: {/tmp/o: text}\n  s:\n    sandbox: {files: {/tmp/p: json}}\n  r: {computed: '${e.pending || e.error != nil ? \"\" : e.result.files[\"/tmp/o\"] + e.result.stdout + s.status + s.history[0].stdout + s.files[\"/tmp/p\"]}'}\n", func(t *testing.T, p *Pattern) {
 			assert.Equal(t, []string{"e", "s"}, p.Nodes[2].Reads)
 		}},
 		{"ports and previews", "name: c\nnodes:\n  web:\n    sandbox: {ports: [8000, 5173]}\n  u: {computed: '${web.previews[\"8000\"].url + web.previews[\"5173\"].host_url}'}\n", func(t *testing.T, p *Pattern) {
@@ -230,30 +230,32 @@ func TestParseErrors(t *testing.T) {
 			`p.yaml:5: nodes.f.computed: "${" at column 3 has no closing "}"`,
 			`p.yaml:6: nodes.h.computed: unknown function "lenn" (did you mean "len"?)`,
 			`p.yaml:7: nodes.j.computed: empty ${} at column 3`}},
-		{"node outputs", "name: x\nnodes:\n  e:\n    exec: {command: x, files: {/o: text, /i: in}}\n" +
-			"  a: {computed: '${e.reslt}'}\n  b: {computed: '${e.result.exitcode}'}\n  c: {computed: '${e.result.files[\"/0\"]}'}\n  d: {computed: '${e.result.files[\"/i\"]}'}\n" +
-			"  r:\n    sandbox: {files: {/p: json}}\n  f: {computed: '${r.run}'}\n  g: {computed: '${r.histry}'}\n  h: {computed: '${r.files[\"/q\"]}'}\n", []string{
+		{"node outputs", "name: x\nnodes:\n  e:\n    exec: {command: x, files: {/tmp/o: text, /tmp/i: in}}\n" +
+			"  a: {computed: '${e.reslt}'}\n  b: {computed: '${e.result.exitcode}'}\n  c: {computed: '${e.result.files[\"/tmp/0\"]}'}\n  d: {computed: '${e.result.files[\"/tmp/i\"]}'}\n" +
+			"  r:\n    sandbox: {files: {/tmp/p: json}}\n  f: {computed: '${r.run}'}\n  g: {computed: '${r.histry}'}\n  h: {computed: '${r.files[\"/tmp/q\"]}'}\n", []string{
 			`p.yaml:5: nodes.a.computed: exec node "e" has no output "reslt" (did you mean "result"?) (outputs: pending, result, error)`,
 			`p.yaml:6: nodes.b.computed: exec node "e" has no output "result.exitcode" (did you mean "exit_code"?) (result has: stdout, stderr, exit_code, truncated, files)`,
-			`p.yaml:7: nodes.c.computed: exec node "e" has no output file "/0" (did you mean "/o"?) (output files: /o)`,
-			`p.yaml:8: nodes.d.computed: file "/i" of exec node "e" is an input (literal), not an output: declare it as text or json to read it back`,
+			`p.yaml:7: nodes.c.computed: exec node "e" has no output file "/tmp/0" (did you mean "/tmp/o"?) (output files: /tmp/o)`,
+			`p.yaml:8: nodes.d.computed: file "/tmp/i" of exec node "e" is an input (literal), not an output: declare it as text or json to read it back`,
 			`p.yaml:11: nodes.f.computed: r.run is a stream of sandbox node "r": send events to it, expressions cannot read it`,
 			`p.yaml:12: nodes.g.computed: sandbox node "r" has no output "histry" (did you mean "history"?) (outputs: pending, status, box, error, history, files, previews, server)`,
-			`p.yaml:13: nodes.h.computed: sandbox node "r" has no output file "/q" (did you mean "/p"?) (output files: /p)`}},
-		{"cycle", "name: x\nnodes:\n  clean:\n    exec:\n      command: echo\n      files:\n        /in: ${big}\n  big: {computed: '${clean.result.stdout}'}\n  self: {computed: '${self + 1}'}\n", []string{
-			`p.yaml:7: nodes.clean.exec.files["/in"]: dependency cycle clean -> big -> clean (clean reads big at p.yaml:7; big reads clean at p.yaml:8)`,
+			`p.yaml:13: nodes.h.computed: sandbox node "r" has no output file "/tmp/q" (did you mean "/tmp/p"?) (output files: /tmp/p)`}},
+		{"cycle", "name: x\nnodes:\n  clean:\n    exec:\n      command: echo\n      files:\n        /tmp/in: ${big}\n  big: {computed: '${clean.result.stdout}'}\n  self: {computed: '${self + 1}'}\n", []string{
+			`p.yaml:7: nodes.clean.exec.files["/tmp/in"]: dependency cycle clean -> big -> clean (clean reads big at p.yaml:7; big reads clean at p.yaml:8)`,
 			`p.yaml:9: nodes.self.computed: dependency cycle self -> self (self reads self at p.yaml:9)`}},
-		{"files", "name: x\nnodes:\n  e:\n    exec:\n      command: x\n      files:\n        /a: {file: clen.py}\n        /b: {file: ../x}\n        c: text\n        /d: {file: lib/utill.py}\n        /e: {file: lib}\n        /f: {file: bin.dat}\n        /g: {file: a, content: b}\n        /h: {output: xml}\n        /i:\n        /j: {}\n", []string{
-			`p.yaml:7: nodes.e.exec.files["/a"]: file "clen.py" not found in the pattern folder (in memory) (did you mean "clean.py"?)`,
-			`p.yaml:8: nodes.e.exec.files["/b"]: "../x" is not a path inside the pattern folder (use a relative path without ..)`,
+		{"files", "name: x\nnodes:\n  e:\n    exec:\n      command: x\n      files:\n        /workspace/a: {file: clen.py}\n        /workspace/b: {file: ../x}\n        c: text\n        /workspace/d: {file: lib/utill.py}\n        /workspace/e: {file: lib}\n        /workspace/f: {file: bin.dat}\n        /workspace/g: {file: a, content: b}\n        /workspace/h: {output: xml}\n        /workspace/i:\n        /workspace/j: {}\n        /etc/motd2: hello\n        /workspace: hello\n        /tmp/ok: hello\n", []string{
+			`p.yaml:7: nodes.e.exec.files["/workspace/a"]: file "clen.py" not found in the pattern folder (in memory) (did you mean "clean.py"?)`,
+			`p.yaml:8: nodes.e.exec.files["/workspace/b"]: "../x" is not a path inside the pattern folder (use a relative path without ..)`,
 			`p.yaml:9: nodes.e.exec.files.c: "c" is not a clean absolute path in the box (e.g. "/workspace/c")`,
-			`p.yaml:10: nodes.e.exec.files["/d"]: file "lib/utill.py" not found in the pattern folder (in memory) (did you mean "lib/util.py"?)`,
-			`p.yaml:11: nodes.e.exec.files["/e"]: "lib" is a folder, not a file`,
-			`p.yaml:12: nodes.e.exec.files["/f"]: file "bin.dat" is not UTF-8 text (binary files are not supported yet)`,
-			`p.yaml:13: nodes.e.exec.files["/g"]: a file takes one of file, content, output`,
-			`p.yaml:14: nodes.e.exec.files["/h"].output: unknown output format "xml" (want text or json)`,
-			`p.yaml:15: nodes.e.exec.files["/i"]: want file content, a ${…} expression, {file: path}, or text/json for an output, got nothing (null)`,
-			`p.yaml:16: nodes.e.exec.files["/j"]: empty mapping: a file takes one of file, content, output`}},
+			`p.yaml:10: nodes.e.exec.files["/workspace/d"]: file "lib/utill.py" not found in the pattern folder (in memory) (did you mean "lib/util.py"?)`,
+			`p.yaml:11: nodes.e.exec.files["/workspace/e"]: "lib" is a folder, not a file`,
+			`p.yaml:12: nodes.e.exec.files["/workspace/f"]: file "bin.dat" is not UTF-8 text (binary files are not supported yet)`,
+			`p.yaml:13: nodes.e.exec.files["/workspace/g"]: a file takes one of file, content, output`,
+			`p.yaml:14: nodes.e.exec.files["/workspace/h"].output: unknown output format "xml" (want text or json)`,
+			`p.yaml:15: nodes.e.exec.files["/workspace/i"]: want file content, a ${…} expression, {file: path}, or text/json for an output, got nothing (null)`,
+			`p.yaml:16: nodes.e.exec.files["/workspace/j"]: empty mapping: a file takes one of file, content, output`,
+			`p.yaml:17: nodes.e.exec.files["/etc/motd2"]: "/etc/motd2" is outside /workspace and /tmp, where a box's files are read and written (e.g. "/workspace/motd2")`,
+			`p.yaml:18: nodes.e.exec.files["/workspace"]: "/workspace" is outside /workspace and /tmp, where a box's files are read and written (e.g. "/workspace/workspace")`}},
 		{"cell forms", "name: x\ncells:\n  config: {port: 8080}\n  both: {value: 1, file: clean.py}\n  missing: {file: nope.txt}\n  ok: {file: clean.py}\n", []string{
 			`p.yaml:3: cells.config.port: unknown field "port" (fields: value, file, schema, description); a cell written as a mapping takes these fields, so write an object value under value: (config: {value: {...}})`,
 			`p.yaml:4: cells.both.file: a cell takes value or file, not both`,
