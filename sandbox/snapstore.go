@@ -46,6 +46,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/cellbox/cellbox/internal/sparse"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
 )
@@ -301,7 +302,7 @@ func (ss *snapStore) putBlob(session string, r io.Reader, size int64) (string, i
 	}
 	defer os.Remove(f.Name())
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(r, size))
+	n, err := sparse.Copy(f, io.TeeReader(io.LimitReader(r, size), h)) // zeros as holes
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

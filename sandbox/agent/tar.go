@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cellbox/cellbox/internal/sparse"
 )
 
 // countingWriter counts the bytes written through it.
@@ -224,7 +226,7 @@ func extractTar(r io.Reader, dir, display string) error {
 			if err != nil {
 				return err
 			}
-			_, err = io.Copy(f, tr)
+			_, err = sparse.Copy(f, tr) // zeros as holes, as they were
 			f.Chmod(mode)
 			if cerr := f.Close(); err == nil {
 				err = cerr
