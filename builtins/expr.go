@@ -36,7 +36,7 @@ type Expr struct {
 
 // nondeterministic builtins, refused at compile time with the reason.
 var refused = map[string]string{
-	"now": "now() reads the clock",
+	"now": "now(), which reads the clock,",
 }
 
 // Parse compiles src. It refuses functions that read the clock, $env, and

@@ -319,7 +319,9 @@ func (l *loader) node(e entry) {
 		return
 	}
 	var specs []entry
-	for _, f := range l.pairs(vn, e.path, "fields") {
+	fields := l.pairs(vn, e.path, "fields")
+	hasKind := slices.ContainsFunc(fields, func(f entry) bool { return slices.Contains(kinds, f.key.Value) })
+	for _, f := range fields {
 		switch k := f.key.Value; {
 		case k == "description":
 			n.Description, _ = l.str(f)
@@ -329,6 +331,8 @@ func (l *loader) node(e entry) {
 			l.errAt(f.key, f.path, "node kind %q is not available yet (kinds: %s)", k, list(kinds))
 			n.Kind = Kind(k) // known but unavailable: check skips it
 			return
+		case hasKind:
+			l.errAt(f.key, f.path, "unknown field %q%s: a node holds its kind and a description, and the kind's settings go under it (fields: %s)", k, suggest.DidYouMean(k, nodeFields), list(nodeFields))
 		default:
 			l.errAt(f.key, f.path, "unknown node kind %q%s (kinds: %s)", k, suggest.DidYouMean(k, nodeFields), list(kinds))
 		}

@@ -211,6 +211,9 @@ func TestParseErrors(t *testing.T) {
 		{"unknown node kind", "name: x\nnodes:\n  a: {exce: {command: x}}\n  c: {}\n", []string{
 			`p.yaml:3: nodes.a.exce: unknown node kind "exce" (did you mean "exec"?) (kinds: computed, exec, sandbox, fetch, llm)`,
 			`p.yaml:4: nodes.c: missing node kind: write one of computed, exec, sandbox, fetch, llm`}},
+		{"node field beside its kind", "name: x\nnodes:\n  a: {computed: '${1}', extra: 1, descriptoin: x}\n", []string{
+			`p.yaml:3: nodes.a.extra: unknown field "extra": a node holds its kind and a description, and the kind's settings go under it (fields: computed, exec, sandbox, fetch, llm, description)`,
+			`p.yaml:3: nodes.a.descriptoin: unknown field "descriptoin" (did you mean "description"?): a node holds its kind and a description, and the kind's settings go under it (fields: computed, exec, sandbox, fetch, llm, description)`}},
 		{"llm node", "name: x\ncells: {t: {value: hi}}\nnodes:\n  e: {exec: {command: x}}\n  a: {llm: {provider: opneai, model: m, prompt: '${t}', tools: {sandbox: e}, max_tokens: lots, timeout: soon}}\n  b: {llm: {provider: openai, model: m}}\n  c: {computed: '${b.result.txt}'}\n", []string{
 			`p.yaml:5: nodes.a.llm.provider: unknown provider "opneai" (did you mean "openai"?) (providers: anthropic, openai)`,
 			`p.yaml:5: nodes.a.llm.max_tokens: "lots" is not a number (or write an expression, ${…})`,
