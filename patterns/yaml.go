@@ -45,6 +45,10 @@ func Load(path string) (*Pattern, error) {
 		flag |= syscall.O_NONBLOCK
 	case !st.Mode().IsRegular():
 		return nil, fmt.Errorf("load pattern %s: %s, not a regular file or a pipe; give a pattern file or its folder", file, fileKind(st))
+	case !strings.HasSuffix(file, ".yaml") && !strings.HasSuffix(file, ".yml"):
+		// Not read: its lines would come back in the errors (a pattern
+		// loaded by path over the API could show any file the server reads).
+		return nil, fmt.Errorf("load pattern %s: not a .yaml file; give a pattern folder (holding %s) or a .yaml file", file, FileName)
 	}
 	f, err := os.OpenFile(file, flag, 0)
 	if err != nil {

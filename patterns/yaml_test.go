@@ -86,6 +86,17 @@ func TestLoadFileOrFolder(t *testing.T) {
 	_, err = Load("testdata/nope")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "testdata/nope")
+
+	// Another file is not read: its lines came back in the errors.
+	secret := filepath.Join(t.TempDir(), "shadow")
+	require.NoError(t, os.WriteFile(secret, []byte("root:$6$hash:20228:0:99999:7:::\n"), 0o600))
+	_, err = Load(secret)
+	require.ErrorContains(t, err, "not a .yaml file; give a pattern folder (holding pattern.yaml) or a .yaml file")
+	assert.NotContains(t, err.Error(), "root:")
+	yml := filepath.Join(t.TempDir(), "p.yml")
+	require.NoError(t, os.WriteFile(yml, []byte("name: x\ncells: {a: 1}\n"), 0o600))
+	_, err = Load(yml)
+	assert.NoError(t, err, ".yml is a YAML file too")
 }
 
 func TestParseValid(t *testing.T) {
