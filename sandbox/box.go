@@ -389,10 +389,22 @@ func (s *Service) create(ctx context.Context, sess *Session, name string, b *box
 	return nil
 }
 
+// errShuttingDown refuses a box made or woken after SleepAll.
+func errShuttingDown(id string) error {
+	return fmt.Errorf("box %s was not started: the server is shutting down and has put its boxes to sleep; call again once it is back", id)
+}
+
 // adopt records the freshly made box b as running and owned, in memory and
-// in the store.
+// in the store. After SleepAll it refuses (the caller removes the box):
+// SleepAll stops the boxes s.boxes holds when it runs, and one added later
+// would run on after the process exited.
 func (s *Service) adopt(sess *Session, name string, b *box, cl *agent.Client) error {
 	s.mu.Lock()
+	if s.asleep.Load() { // set before SleepAll reads s.boxes, under s.mu
+		s.mu.Unlock()
+		cl.Close()
+		return errShuttingDown(b.rec.ID)
+	}
 	b.state, b.client = stateRunning, cl
 	s.boxes[b.rec.ID] = b
 	rec := b.record()
@@ -496,7 +508,7 @@ func (s *Service) restart(ctx context.Context, id string) (*agent.Client, error)
 // wake starts box id (a no-op if it runs) and waits for its agent.
 func (s *Service) wake(ctx context.Context, id string) (*agent.Client, error) {
 	if s.asleep.Load() {
-		return nil, fmt.Errorf("box %s was not started: the server is shutting down and has put its boxes to sleep; call again once it is back", id)
+		return nil, errShuttingDown(id)
 	}
 	if _, err := s.be.Start(ctx, id); err != nil {
 		return nil, fmt.Errorf("%s backend: start box %s: %w", s.be.Name(), id, err)

@@ -73,3 +73,25 @@ func TestSleepAllRealBoxes(t *testing.T) {
 		assert.Contains(t, []string{"one", "two"}, out["content"], "box %s woke with its files", id)
 	}
 }
+
+// A box asked for after SleepAll is not made, not even from the warm pool
+// (whose boxes run already): it would run on after the process exited,
+// with nobody left to put it to sleep.
+func TestSleepAllThenWarmBox(t *testing.T) {
+	svc, _ := boxtest.Service(t, boxtest.Options{Pool: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sess, _, err := svc.NewSession(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		ready := svc.Metrics().PoolReady
+		return len(ready) == 1 && ready[0].N == 1
+	}, time.Minute, 10*time.Millisecond, "the pool fills")
+	require.NoError(t, svc.SleepAll(ctx))
+	raw, err := svc.CallToolAs(ctx, sess, "", "sandbox_create", json.RawMessage(`{"sandbox": "late"}`))
+	require.NoError(t, err)
+	assert.Contains(t, string(raw), "the server is shutting down")
+	list, err := svc.CallToolAs(ctx, sess, "", "sandbox_list", nil)
+	require.NoError(t, err)
+	assert.NotContains(t, string(list), `"late"`, "no box was handed out")
+}
