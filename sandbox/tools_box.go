@@ -58,7 +58,7 @@ func allTools() []*Tool {
 			"List a directory two levels deep as a tree.",
 			lsTool),
 		defineTool("transfer", ToolMeta{Title: "Copy between sandboxes", Destructive: true, Idempotent: true},
-			"Copy a file, or with recursive a directory tree, from one sandbox of this session to another (or within one). Binary-safe and streamed.",
+			"Copy a file, or with recursive a directory tree, from one sandbox of this session to another (or within one, though not a directory into itself). Binary-safe and streamed; an existing directory as the destination receives the copy inside it, as cp does.",
 			transferTool),
 		defineTool("browse", ToolMeta{Title: "Open a box's server in a browser"},
 			"Return a URL (http://ID.localhost:PORT/, an origin of its own on this server) that proxies to a TCP port inside a sandbox (works although sandboxes have no network). Start the server first (shell with background: true).",
