@@ -150,3 +150,24 @@ nodes:
 	require.Error(t, err)
 	assert.Contains(t, out+errOut, "build it: `cellbox image build "+name+"`")
 }
+
+// TestBadBackend: the commands that run boxes refuse a --backend they do
+// not know before doing anything; before, cellbox run started, every exec
+// node failed to open the backend and those failures were stored (a later
+// run with the right backend ran none of them again).
+func TestBadBackend(t *testing.T) {
+	pattern := writePattern(t, "name: fail\nnodes:\n  x:\n    exec:\n      command: echo hi\n")
+	for _, args := range [][]string{
+		{"run", pattern, "--once"},
+		{"serve"},
+		{"mcp"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			data := filepath.Join(t.TempDir(), "data")
+			out, errOut, err := cellbox(t, append(args, "--backend", "bogus", "--data", data)...)
+			assert.Equal(t, 1, exitCode(t, err), "stdout:\n%s\nstderr:\n%s", out, errOut)
+			assert.Contains(t, errOut, `cellbox `+args[0]+`: invalid value "bogus" for flag -backend: unknown backend "bogus": want docker, local or auto`)
+			assert.NoDirExists(t, data, "nothing was done")
+		})
+	}
+}

@@ -39,7 +39,7 @@ func runMCP(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("mcp", flag.ContinueOnError)
 	cf := addClientFlags(fs, true)
 	data := fs.String("data", defaultDataDir(), "data directory of the in-process boxes (with --server: of the server, where its key DATA/"+keyFile+" is, unless "+keyEnv+" is set)")
-	backendName := fs.String("backend", "auto", "box backend without --server: docker, local (bubblewrap), or auto")
+	backendName := addBackendFlag(fs, "box backend `name` (without --server): docker, local (bubblewrap), or auto")
 	agentBinary := fs.String("agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
 	pool := fs.Int("pool", 1, "pre-started boxes kept for the default image (0: none)")
 	profile := fs.String("profile", "", "tool set to serve: cellbox (default), cloudflare, fs-tools or deerflow")

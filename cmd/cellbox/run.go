@@ -50,7 +50,7 @@ func runRun(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	data := fs.String("data", defaultDataDir(), "data directory: cell store, box state and directories (a restarted run over it resumes)")
 	once := fs.Bool("once", false, "run until nothing is left to do, print the final cells and exit (non-zero if a node failed)")
-	backendName := fs.String("backend", "auto", "box backend: docker, local (bubblewrap), or auto (docker if an engine answers, else local)")
+	backendName := addBackendFlag(fs, "box backend `name`: docker, local (bubblewrap), or auto (docker if an engine answers, else local)")
 	addr := fs.String("addr", "127.0.0.1:0", "serve preview URLs, the tool API and the runtime API over HTTP on this address (default: a free port on 127.0.0.1)")
 	httpOpts := addHTTPFlags(fs)
 	pos, err := parseArgs(fs, args)
