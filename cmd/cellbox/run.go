@@ -51,7 +51,7 @@ func runRun(ctx context.Context, args []string) error {
 	data := fs.String("data", defaultDataDir(), "data directory: cell store, box state and directories (a restarted run over it resumes)")
 	once := fs.Bool("once", false, "run until nothing is left to do, print the final cells and exit (non-zero if a node failed)")
 	backendName := addBackendFlag(fs, "box backend `name`: docker, local (bubblewrap), or auto (docker if an engine answers, else local)")
-	addr := fs.String("addr", "127.0.0.1:0", "serve preview URLs, the tool API and the runtime API over HTTP on this address (default: a free port on 127.0.0.1)")
+	addr := fs.String("addr", "127.0.0.1:0", "serve preview URLs, the tool API and the runtime API over HTTP on this address (port 0: a free one)")
 	httpOpts := addHTTPFlags(fs)
 	pos, err := parseArgs(fs, args)
 	if err != nil {
