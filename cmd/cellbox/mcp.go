@@ -130,9 +130,10 @@ func mcpLocal(ctx context.Context, data, backendName, agentBinary string, pool i
 		} else {
 			os.Remove(sessFile)
 		}
-		// Other sessions of the data dir (a killed serve's, reattached
-		// at start) are not this process's to delete, but nothing is
-		// left to put their boxes to sleep once it exits.
+		// The boxes left (this session's when kept; other sessions' of
+		// the data dir, a killed serve's reattached at start, which are
+		// not this process's to delete) go to sleep: nothing is left to
+		// do it once it exits.
 		if err := svc.SleepAll(dctx); err != nil {
 			slog.Error("put the data dir's boxes to sleep", "err", err)
 		}
