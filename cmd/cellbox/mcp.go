@@ -332,8 +332,9 @@ func (l *longLine) id() json.RawMessage {
 type lineChecker struct {
 	// batches: the client's initialize asked for a protocol version with
 	// JSON-RPC batches (those before 2025-06-18); in the later ones the
-	// SDK ends the connection at a batch.
-	batches bool
+	// SDK ends the connection at a batch. Only the first initialize
+	// counts: the SDK refuses the others.
+	batches, initialized bool
 }
 
 // badMessage returns the error answer to line, or nil when line is a
@@ -372,12 +373,13 @@ func (c *lineChecker) badMessage(line []byte) []byte {
 			ids[req.ID.Raw()] = true
 		}
 	}
-	if !batch && req != nil && req.Method == "initialize" {
+	if !batch && req != nil && req.Method == "initialize" && !c.initialized {
 		var p struct {
 			ProtocolVersion string `json:"protocolVersion"`
 		}
 		_ = json.Unmarshal(req.Params, &p)
 		c.batches = p.ProtocolVersion == "2024-11-05" || p.ProtocolVersion == "2025-03-26"
+		c.initialized = true
 	}
 	return nil
 }

@@ -264,7 +264,10 @@ func TestLineCheckerBatches(t *testing.T) {
 	assert.Nil(t, c.badMessage([]byte(batch)), "2025-03-26 has batches")
 	assert.Contains(t, string(c.badMessage([]byte(`[{"jsonrpc":"2.0","id":4,"method":"ping"},{"jsonrpc":"2.0","id":4,"method":"ping"}]`))),
 		`"id":null,"error":{"code":-32600,"message":"invalid request: a batch with two requests of id 4; give each its own"}`)
+	require.Nil(t, c.badMessage(init("2025-06-18")))
+	assert.Nil(t, c.badMessage([]byte(batch)), "a second initialize changes nothing: the SDK refuses it")
 	for _, v := range []string{"2025-06-18", "2025-11-25", "2099-01-01"} {
+		c := lineChecker{}
 		require.Nil(t, c.badMessage(init(v)))
 		assert.NotNil(t, c.badMessage([]byte(batch)), v)
 	}
