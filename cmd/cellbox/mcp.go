@@ -347,6 +347,9 @@ func (c *lineChecker) badMessage(line []byte) []byte {
 	raws := []json.RawMessage{line}
 	batch := line[0] == '['
 	if batch {
+		// Into a new slice: decoding into raws would write the first
+		// element over line itself (RawMessage reuses its array).
+		raws = nil
 		if json.Unmarshal(line, &raws) != nil || len(raws) == 0 {
 			return rpcError(nil, jsonrpc.CodeInvalidRequest, "invalid request: a batch is a non-empty array of JSON-RPC messages")
 		}
