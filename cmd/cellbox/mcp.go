@@ -207,10 +207,11 @@ const maxLine = mcp.DefaultMaxLineLength
 // answers the others on out with a JSON-RPC error: -32700 for a line that
 // is not JSON, -32600 for JSON that is no message (with the line's id when
 // it has one), for a batch where the protocol has none, and for a line
-// longer than limit bytes, which is read to its end without being kept. The SDK's stdio transport ends the connection,
-// and with it the session and its boxes, at the first such line; MCP's
-// stdio framing is one message per line, so a bad line can be answered and
-// skipped. It returns nil at the end of in, else the read or write error.
+// longer than limit bytes, which is read to its end without being kept.
+// The SDK's stdio transport ends the connection, and with it the session
+// and its boxes, at the first such line; MCP's stdio framing is one
+// message per line, so a bad line can be answered and skipped. It returns
+// nil at the end of in, else the read or write error.
 func jsonLines(in io.Reader, to io.Writer, out io.Writer, limit int) error {
 	r := bufio.NewReaderSize(in, 64<<10)
 	var check lineChecker
