@@ -58,7 +58,22 @@ func openPage(t *testing.T, url string) *browser {
 	cmdR.Close()
 	outW.Close()
 	b := &browser{t: t, in: cmdW, waiting: map[int]chan cdpReply{}}
-	t.Cleanup(func() { cancel(); cmd.Wait(); cmdW.Close(); outR.Close() })
+	t.Cleanup(func() {
+		// Closing the DevTools pipe makes Chromium quit with its child
+		// processes, which a kill leaves writing into the profile
+		// directory while t.TempDir removes it ("directory not empty").
+		cmdW.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cancel()
+			<-done
+		}
+		cancel()
+		outR.Close()
+	})
 	go func() {
 		r := bufio.NewReader(outR)
 		for {

@@ -36,7 +36,7 @@ func TestCLIFirstSteps(t *testing.T) {
 	}{
 		{"--help", []string{"--help"}, 0, []string{"usage: cellbox COMMAND", "  run ", "  version "}, nil},
 		{"help", []string{"help"}, 0, []string{"usage: cellbox COMMAND"}, nil},
-		{"bare", nil, 0, []string{"usage: cellbox COMMAND"}, nil},
+		{"bare", nil, 2, nil, []string{"usage: cellbox COMMAND", "  run "}},
 		{"version", []string{"version"}, 0, []string{"cellbox ", "commit", "go1."}, nil},
 		{"--version", []string{"--version"}, 0, []string{"cellbox ", "commit", "go1."}, nil},
 		{"typo", []string{"runn"}, 2, nil, []string{`unknown command "runn" (did you mean "run"?)`}},
@@ -149,4 +149,66 @@ nodes:
 `), "--once", "--backend", "docker", "--data", t.TempDir())
 	require.Error(t, err)
 	assert.Contains(t, out+errOut, "build it: `cellbox image build "+name+"`")
+}
+
+// TestBadBackend: the commands that run boxes refuse a --backend they do
+// not know before doing anything; before, cellbox run started, every exec
+// node failed to open the backend and those failures were stored (a later
+// run with the right backend ran none of them again).
+func TestBadBackend(t *testing.T) {
+	pattern := writePattern(t, "name: fail\nnodes:\n  x:\n    exec:\n      command: echo hi\n")
+	for _, args := range [][]string{
+		{"run", pattern, "--once"},
+		{"serve"},
+		{"mcp"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			data := filepath.Join(t.TempDir(), "data")
+			out, errOut, err := cellbox(t, append(args, "--backend", "bogus", "--data", data)...)
+			assert.Equal(t, 1, exitCode(t, err), "stdout:\n%s\nstderr:\n%s", out, errOut)
+			assert.Contains(t, errOut, `cellbox `+args[0]+`: invalid value "bogus" for flag -backend: unknown backend "bogus": want docker, local or auto`)
+			assert.NoDirExists(t, data, "nothing was done")
+		})
+	}
+}
+
+// TestHelpShowsNoSecrets: the help of every command and subcommand, and
+// the usage a wrong flag prints, name the environment variables a flag
+// defaults to, never their values (help lands in logs), and say a flag's
+// default once; before, -token showed CELLBOX_TOKEN's value and run's
+// -addr had "(default: a free port on 127.0.0.1) (default "127.0.0.1:0")".
+func TestHelpShowsNoSecrets(t *testing.T) {
+	secrets := map[string]string{
+		"CELLBOX_TOKEN":   "tok-secret-1",
+		"CELLBOX_KEY":     "key-secret-2",
+		"CELLBOX_SESSION": "s-secret-3",
+		"CELLBOX_SERVER":  "http://user:pw-secret-4@127.0.0.1:1",
+	}
+	for k, v := range secrets {
+		t.Setenv(k, v)
+	}
+	runs := [][]string{{"tool", "--bogus"}, {"mcp", "--nope"}}
+	for _, name := range commandNames() {
+		runs = append(runs, []string{name, "--help"})
+	}
+	for _, sub := range []string{"cell get", "cell set", "cell watch", "cell ls", "session new", "session rm",
+		"image build", "image ls", "bench boxes", "bench pipeline", "bench runtime"} {
+		runs = append(runs, append(strings.Fields(sub), "--help"))
+	}
+	for _, args := range runs {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			out, errOut, _ := cellbox(t, args...)
+			all := out + errOut
+			for k, v := range secrets {
+				assert.NotContains(t, all, v, "the value of %s", k)
+			}
+			// A flag's entry: "  -name type" and its indented help lines.
+			for _, entry := range strings.Split(all, "\n  -") {
+				assert.LessOrEqual(t, strings.Count(entry, "(default"), 1, "a default said twice:\n  -%s", entry)
+			}
+		})
+	}
+	out, errOut, _ := cellbox(t, "tool", "--help")
+	assert.Contains(t, out+errOut, "session token (default: $CELLBOX_TOKEN)")
+	assert.Contains(t, out+errOut, "server URL (default: $CELLBOX_SERVER, else http://127.0.0.1:7077)")
 }

@@ -52,10 +52,16 @@ func commandNames() []string {
 }
 
 func main() {
-	// Asked for help (or given no command): the commands, on stdout.
-	if len(os.Args) < 2 || wantsHelp(os.Args[1:]) {
+	// Asked for help: the commands, on stdout. Given no command: the same
+	// on stderr, and a failure (as go does), so a script that forgot its
+	// command does not pass.
+	if wantsHelp(os.Args[1:]) {
 		usage(os.Stdout)
 		return
+	}
+	if len(os.Args) < 2 {
+		usage(os.Stderr)
+		os.Exit(2)
 	}
 	if os.Args[1] == "--version" {
 		os.Args[1] = "version"

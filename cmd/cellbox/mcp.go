@@ -12,7 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -39,7 +39,7 @@ func runMCP(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("mcp", flag.ContinueOnError)
 	cf := addClientFlags(fs, true)
 	data := fs.String("data", defaultDataDir(), "data directory of the in-process boxes (with --server: of the server, where its key DATA/"+keyFile+" is, unless "+keyEnv+" is set)")
-	backendName := fs.String("backend", "auto", "box backend without --server: docker, local (bubblewrap), or auto")
+	backendName := addBackendFlag(fs, "box backend `name` (without --server): docker, local (bubblewrap), or auto")
 	agentBinary := fs.String("agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
 	pool := fs.Int("pool", 1, "pre-started boxes kept for the default image (0: none)")
 	profile := fs.String("profile", "", "tool set to serve: cellbox (default), cloudflare, fs-tools or deerflow")
@@ -113,19 +113,29 @@ func mcpLocal(ctx context.Context, data, backendName, agentBinary string, pool i
 			return fmt.Errorf("note the MCP session in the data dir: %w", err)
 		}
 	}
+	// The session goes only when the client ends it (stdin ends) or the
+	// user stops the process (SIGINT, SIGTERM). An exit on an error (stdin
+	// could not be read, stdout not written) leaves it and its boxes, asleep,
+	// to the next cellbox mcp over the data dir, as a kill does: the client
+	// did not say it was done with them.
+	clean := false
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := svc.DeleteSession(dctx, id); err != nil {
+		if !clean {
+			slog.Warn("cellbox mcp: ended by an error: the session and its boxes are kept; the next cellbox mcp over the data dir takes them over",
+				"session", id, "data", dataDir)
+		} else if err := svc.DeleteSession(dctx, id); err != nil {
 			slog.Error("delete the MCP session", "session", id, "err", err)
 		} else {
 			os.Remove(sessFile)
 		}
-		// Other sessions of the data dir (a killed serve's, reattached
-		// at start) are not this process's to delete, but nothing is
-		// left to put their boxes to sleep once it exits.
+		// The boxes left (this session's when kept; other sessions' of
+		// the data dir, a killed serve's reattached at start, which are
+		// not this process's to delete) go to sleep: nothing is left to
+		// do it once it exits.
 		if err := svc.SleepAll(dctx); err != nil {
-			slog.Error("put the data dir's other boxes to sleep", "err", err)
+			slog.Error("put the data dir's boxes to sleep", "err", err)
 		}
 	}()
 	srv, err := mcpserver.ForSession(svc, id, profile)
@@ -133,7 +143,9 @@ func mcpLocal(ctx context.Context, data, backendName, agentBinary string, pool i
 		return err
 	}
 	slog.Info("cellbox mcp: serving on stdio", "backend", be.Name(), "data", dataDir, "session", id)
-	return serveStdio(ctx, srv)
+	err = serveStdio(ctx, srv)
+	clean = err == nil
+	return err
 }
 
 // mcpRemote serves the tools of a running cellbox serve: in session id, or
@@ -168,12 +180,16 @@ func mcpRemote(ctx context.Context, server, id, token, key, profile string) erro
 	return serveStdio(ctx, mcpserver.New(profile, tools, func(context.Context, mcp.Request) (mcpserver.ToolCaller, error) { return caller, nil }))
 }
 
-// serveStdio serves MCP on stdin/stdout until stdin ends or ctx does.
+// serveStdio serves MCP on stdin/stdout until stdin ends or ctx does. Nil
+// is a clean end; an error (stdin could not be read, stdout not written)
+// is not.
 func serveStdio(ctx context.Context, srv *mcp.Server) error {
 	out := &lockedWriter{w: os.Stdout}
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(jsonLines(os.Stdin, pw, out)) }()
-	err := srv.Run(ctx, &mcp.IOTransport{Reader: pr, Writer: out})
+	go func() { pw.CloseWithError(jsonLines(os.Stdin, pw, out, maxLine)) }()
+	// jsonLines passes on only whole, valid lines of at most maxLine
+	// bytes: the SDK's own cap (which ends the connection) is off.
+	err := srv.Run(ctx, &mcp.IOTransport{Reader: pr, Writer: out, MaxLineLength: -1})
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return nil // interrupted: a normal stop
 	}
@@ -183,57 +199,191 @@ func serveStdio(ctx context.Context, srv *mcp.Server) error {
 	return err
 }
 
+// maxLine is the longest message line cellbox mcp reads (the SDK's
+// default).
+const maxLine = mcp.DefaultMaxLineLength
+
 // jsonLines copies the lines of in that are JSON-RPC messages to to, and
 // answers the others on out with a JSON-RPC error: -32700 for a line that
 // is not JSON, -32600 for JSON that is no message (with the line's id when
-// it has one). The SDK's stdio transport ends the connection, and with it
-// the session and its boxes, at the first such line; MCP's stdio framing
-// is one message per line, so a bad line can be answered and skipped.
-func jsonLines(in io.Reader, to io.Writer, out io.Writer) error {
-	sc := bufio.NewScanner(in)
-	sc.Buffer(make([]byte, 64<<10), mcp.DefaultMaxLineLength)
-	for sc.Scan() {
-		line := bytes.TrimSpace(sc.Bytes())
-		if len(line) == 0 {
-			continue
+// it has one), for a batch where the protocol has none, and for a line
+// longer than limit bytes, which is read to its end without being kept.
+// The SDK's stdio transport ends the connection, and with it the session
+// and its boxes, at the first such line; MCP's stdio framing is one
+// message per line, so a bad line can be answered and skipped. It returns
+// nil at the end of in, else the read or write error.
+func jsonLines(in io.Reader, to io.Writer, out io.Writer, limit int) error {
+	r := bufio.NewReaderSize(in, 64<<10)
+	var check lineChecker
+	for {
+		line, long, rerr := readLine(r, limit)
+		if rerr != nil && !errors.Is(rerr, io.EOF) {
+			return fmt.Errorf("read stdin: %w", rerr)
 		}
-		if answer := badMessage(line); answer != nil {
+		line = bytes.TrimSpace(line)
+		var answer []byte
+		switch {
+		case long != nil:
+			answer = rpcError(long.id(), jsonrpc.CodeInvalidRequest, fmt.Sprintf(
+				"message too long: a line of %d bytes, over the limit of %d bytes (%d MiB) a message; it was skipped. "+
+					"Send less in one call: write_file takes at most %d MiB, so write a big file in parts (append: true), "+
+					"or upload it over the HTTP API of cellbox serve (PUT /v1/sessions/{id}/boxes/{box}/files/{path}, no size limit)",
+				long.n, limit, limit>>20, sandbox.MaxFileBytes>>20))
+		case len(line) > 0:
+			answer = check.badMessage(line)
+			if answer == nil {
+				if _, err := to.Write(append(line, '\n')); err != nil {
+					return err
+				}
+			}
+		}
+		if answer != nil {
 			if _, err := out.Write(answer); err != nil {
 				return err
 			}
-			continue
 		}
-		// A copy: line is the scanner's buffer.
-		if _, err := to.Write(append(slices.Clip(line), '\n')); err != nil {
-			return err
+		if rerr != nil {
+			return nil // io.EOF
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("read stdin: %w (at most %d bytes a line)", err, mcp.DefaultMaxLineLength)
+}
+
+// readLine reads a line of r, without its newline, into memory of its
+// own. A line longer than limit is read to its end but not kept: long
+// describes it, line is nil. At the end of r the error is io.EOF, with
+// the last line if it had no newline.
+func readLine(r *bufio.Reader, limit int) (line []byte, long *longLine, err error) {
+	for {
+		chunk, err := r.ReadSlice('\n')
+		end := err == nil
+		if end {
+			chunk = chunk[:len(chunk)-1]
+		}
+		switch {
+		case long != nil:
+			long.add(chunk)
+		case len(line)+len(chunk) > limit:
+			long = &longLine{}
+			long.add(line)
+			long.add(chunk)
+			line = nil
+		default:
+			line = append(line, chunk...)
+		}
+		if end {
+			return line, long, nil
+		}
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return line, long, err
+		}
+	}
+}
+
+// idProbe is how many bytes of a line too long to read are kept at each
+// end, to find its id.
+const idProbe = 4 << 10
+
+// longLine is a line too long to read: its size, and its first and last
+// idProbe bytes.
+type longLine struct {
+	n          int64
+	head, tail []byte
+}
+
+func (l *longLine) add(b []byte) {
+	l.n += int64(len(b))
+	if len(l.head) < idProbe {
+		l.head = append(l.head, b[:min(len(b), idProbe-len(l.head))]...)
+	}
+	l.tail = append(l.tail, b[max(0, len(b)-idProbe):]...)
+	if over := len(l.tail) - idProbe; over > 0 {
+		l.tail = l.tail[:copy(l.tail, l.tail[over:])]
+	}
+}
+
+// tailID matches a message's id as its last member: `,"id":5}`.
+var tailID = regexp.MustCompile(`[{,]\s*"id"\s*:\s*(-?[0-9]+|"[^"\\]*")\s*}\s*$`)
+
+// id returns the id of a message too long to read, so that its answer
+// reaches the call that waits for it: clients write the id first
+// ({"jsonrpc":"2.0","id":5,…}: the Go and Python SDKs) or last
+// ({"method":…,"jsonrpc":"2.0","id":5}: the TypeScript SDK). Nil when
+// neither end tells.
+func (l *longLine) id() json.RawMessage {
+	dec := json.NewDecoder(bytes.NewReader(l.head))
+	if t, err := dec.Token(); err == nil && t == json.Delim('{') {
+		for dec.More() {
+			key, err := dec.Token()
+			var v json.RawMessage
+			if err != nil || dec.Decode(&v) != nil {
+				break // the head ends inside a member
+			}
+			if key == "id" {
+				return v
+			}
+		}
+	}
+	if m := tailID.FindSubmatch(l.tail); m != nil {
+		return m[1]
 	}
 	return nil
 }
 
+// lineChecker finds the lines the SDK would end the connection at.
+type lineChecker struct {
+	// batches: the client's initialize asked for a protocol version with
+	// JSON-RPC batches (those before 2025-06-18); in the later ones the
+	// SDK ends the connection at a batch. Only the first initialize
+	// counts: the SDK refuses the others.
+	batches, initialized bool
+}
+
 // badMessage returns the error answer to line, or nil when line is a
-// JSON-RPC message (or a non-empty batch of them) the SDK can decode.
-func badMessage(line []byte) []byte {
+// JSON-RPC message (or a batch of them, where the protocol has batches)
+// the SDK takes.
+func (c *lineChecker) badMessage(line []byte) []byte {
 	if !json.Valid(line) {
 		return rpcError(nil, jsonrpc.CodeParseError, "parse error: a line that is not JSON; send one JSON-RPC message per line")
 	}
-	msgs := []json.RawMessage{line}
-	if line[0] == '[' {
-		if json.Unmarshal(line, &msgs) != nil || len(msgs) == 0 {
+	raws := []json.RawMessage{line}
+	batch := line[0] == '['
+	if batch {
+		// Into a new slice: decoding into raws would write the first
+		// element over line itself (RawMessage reuses its array).
+		raws = nil
+		if json.Unmarshal(line, &raws) != nil || len(raws) == 0 {
 			return rpcError(nil, jsonrpc.CodeInvalidRequest, "invalid request: a batch is a non-empty array of JSON-RPC messages")
 		}
+		if !c.batches {
+			return rpcError(nil, jsonrpc.CodeInvalidRequest, "invalid request: a batch, which the protocol version in use does not have (MCP dropped batches in 2025-06-18); send one JSON-RPC message per line")
+		}
 	}
-	for _, m := range msgs {
-		if _, err := jsonrpc.DecodeMessage(m); err != nil {
+	ids := map[any]bool{}
+	var req *jsonrpc.Request
+	for _, raw := range raws {
+		msg, err := jsonrpc.DecodeMessage(raw)
+		if err != nil {
 			var probe struct {
 				ID json.RawMessage `json:"id"`
 			}
-			_ = json.Unmarshal(m, &probe)
+			_ = json.Unmarshal(raw, &probe)
 			return rpcError(probe.ID, jsonrpc.CodeInvalidRequest, "invalid request: "+err.Error()+` (want {"jsonrpc": "2.0", "id": …, "method": "…", "params": {…}})`)
 		}
+		req, _ = msg.(*jsonrpc.Request)
+		if req != nil && req.ID.IsValid() {
+			if ids[req.ID.Raw()] {
+				return rpcError(nil, jsonrpc.CodeInvalidRequest, fmt.Sprintf("invalid request: a batch with two requests of id %v; give each its own", req.ID.Raw()))
+			}
+			ids[req.ID.Raw()] = true
+		}
+	}
+	if !batch && req != nil && req.Method == "initialize" && !c.initialized {
+		var p struct {
+			ProtocolVersion string `json:"protocolVersion"`
+		}
+		_ = json.Unmarshal(req.Params, &p)
+		c.batches = p.ProtocolVersion == "2024-11-05" || p.ProtocolVersion == "2025-03-26"
+		c.initialized = true
 	}
 	return nil
 }

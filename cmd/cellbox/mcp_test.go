@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"io"
 	"os"
@@ -223,19 +224,127 @@ func TestMCPStdioBadLine(t *testing.T) {
 	for _, b := range bad {
 		in += b.line + "\n"
 	}
-	_, err = io.WriteString(stdin, in+`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`+"\n")
+	// After an initialize of 2025-06-18, a batch: the SDK would end the
+	// connection at it (the version has no batches).
+	in += `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}` + "\n" +
+		`[{"jsonrpc":"2.0","id":2,"method":"ping"}]` + "\n" + `{"jsonrpc":"2.0","id":3,"method":"ping"}` + "\n"
+	_, err = io.WriteString(stdin, in)
 	require.NoError(t, err)
 	var lines []string
 	sc := bufio.NewScanner(stdout)
-	for len(lines) < len(bad)+1 && sc.Scan() { // ends at EOF if the server quits
+	for len(lines) < len(bad)+3 && sc.Scan() { // ends at EOF if the server quits
 		lines = append(lines, sc.Text())
 	}
 	require.NoError(t, stdin.Close())
 	require.NoError(t, cmd.Wait(), "stderr:\n%s", stderr)
-	require.Len(t, lines, len(bad)+1, "stdout:\n%s\nstderr:\n%s", strings.Join(lines, "\n"), stderr)
+	require.Len(t, lines, len(bad)+3, "stdout:\n%s\nstderr:\n%s", strings.Join(lines, "\n"), stderr)
 	for i, b := range bad {
 		assert.Contains(t, lines[i], b.want, b.line)
 	}
-	assert.Contains(t, lines[len(bad)], `"id":1,"result":{`)
-	assert.Contains(t, lines[len(bad)], `"serverInfo":{"name":"cellbox"`)
+	// The answers after the bad lines come in any order: the SDK writes
+	// its own, jsonLines the errors.
+	rest := strings.Join(lines[len(bad):], "\n")
+	assert.Contains(t, rest, `"id":1,"result":{`)
+	assert.Contains(t, rest, `"serverInfo":{"name":"cellbox"`)
+	assert.Contains(t, rest, `{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"invalid request: a batch, which the protocol version in use does not have`)
+	assert.Contains(t, rest, `{"jsonrpc":"2.0","id":3,"result":{}}`, "the server reads on after the batch")
+}
+
+// TestLineCheckerBatches: a batch goes to the SDK only in a protocol
+// version that has batches (asked for by the initialize), and not with
+// two requests of one id; the SDK ends the connection at either.
+func TestLineCheckerBatches(t *testing.T) {
+	const batch = `[{"jsonrpc":"2.0","id":2,"method":"ping"},{"jsonrpc":"2.0","method":"notifications/x"}]`
+	init := func(version string) []byte {
+		return []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"` + version + `","capabilities":{}}}`)
+	}
+	var c lineChecker
+	assert.Contains(t, string(c.badMessage([]byte(batch))), "a batch, which the protocol version in use does not have", "before an initialize")
+	require.Nil(t, c.badMessage(init("2025-03-26")))
+	line := []byte(batch)
+	assert.Nil(t, c.badMessage(line), "2025-03-26 has batches")
+	assert.Equal(t, batch, string(line), "the line is left as it was")
+	assert.Contains(t, string(c.badMessage([]byte(`[{"jsonrpc":"2.0","id":4,"method":"ping"},{"jsonrpc":"2.0","id":4,"method":"ping"}]`))),
+		`"id":null,"error":{"code":-32600,"message":"invalid request: a batch with two requests of id 4; give each its own"}`)
+	require.Nil(t, c.badMessage(init("2025-06-18")))
+	assert.Nil(t, c.badMessage([]byte(batch)), "a second initialize changes nothing: the SDK refuses it")
+	for _, v := range []string{"2025-06-18", "2025-11-25", "2099-01-01"} {
+		c := lineChecker{}
+		require.Nil(t, c.badMessage(init(v)))
+		assert.NotNil(t, c.badMessage([]byte(batch)), v)
+	}
+}
+
+// TestMCPStdioLongLine: a message line over the limit (16 MiB) is skipped
+// to its newline and answered with an error that names the limit and what
+// to do instead, with the call's id, and the server reads on, its session
+// and boxes kept; before, `cellbox mcp` exited ("bufio.Scanner: token too
+// long") and deleted the session's boxes with their files.
+func TestMCPStdioLongLine(t *testing.T) {
+	testenv.RequireBwrap(t)
+	c, stderr := startMCP(t, "--data", t.TempDir(), "--backend", "local", "--pool", "0")
+	c.Call(t, "write_file", map[string]any{"path": "kept.txt", "content": "kept\n"})
+	_, err := c.CallTool(context.Background(), &mcp.CallToolParams{Name: "write_file",
+		Arguments: map[string]any{"path": "big.bin", "content": strings.Repeat("x", maxLine)}})
+	require.Error(t, err, "stderr:\n%s", stderr)
+	assert.Contains(t, err.Error(), "message too long: a line of 16777", "the answer reached the call (its id was read)")
+	assert.Contains(t, err.Error(), "over the limit of 16777216 bytes (16 MiB) a message; it was skipped")
+	assert.Contains(t, err.Error(), "write a big file in parts (append: true)")
+	assert.Equal(t, "kept\n", c.Shell(t, "cat kept.txt")["stdout"], "the server reads on, with the session's box")
+	assert.NotContains(t, stderr.String(), "session deleted")
+}
+
+// TestJSONLinesLong: a line over the limit is answered with the id read
+// from its start or its end (clients write it first or last), null when
+// neither tells, and the lines after it go on to the SDK.
+func TestJSONLinesLong(t *testing.T) {
+	const limit = 1000
+	pad := strings.Repeat("x", 200<<10) // several reads of the 64 KiB buffer
+	next := `{"jsonrpc":"2.0","id":9,"method":"ping"}`
+	for _, tc := range []struct{ name, line, id string }{
+		{"id first", `{"jsonrpc":"2.0","id":"a-1","method":"tools/call","params":{"content":"` + pad + `"}}`, `"a-1"`},
+		{"id last", `{"method":"tools/call","params":{"content":"` + pad + `"},"jsonrpc":"2.0","id":7}` + "\r", `7`},
+		{"not JSON", pad, `null`},
+		{"id of a nested object only", `{"params":{"id":5,"content":"` + pad + `","x":{"id":3}}}`, `null`},
+		{"id in the content", `{"method":"m","params":{"content":"` + pad + `,\"id\":4}"}}`, `null`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var to, out bytes.Buffer
+			in := tc.line + "\n" + strings.Repeat("y", limit) + "\n" + next // the last line has no newline
+			require.NoError(t, jsonLines(strings.NewReader(in), &to, &out, limit))
+			assert.Equal(t, next+"\n", to.String(), "the message after the long line is passed on")
+			answers := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+			require.Len(t, answers, 2, out.String())
+			assert.Contains(t, answers[0], `{"jsonrpc":"2.0","id":`+tc.id+`,"error":{"code":-32600,"message":"message too long: a line of `)
+			assert.Contains(t, answers[1], `"id":null,"error":{"code":-32700`, "a line of limit bytes is read whole (and is no JSON)")
+		})
+	}
+}
+
+// TestMCPStdioReadError: a cellbox mcp that cannot read stdin (here a
+// directory: EISDIR) exits with the error and leaves its session and boxes
+// to the next one, as a killed one does; before, it deleted them (the
+// session it had taken over, with the files of the one before).
+func TestMCPStdioReadError(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	args := []string{"--data", data, "--backend", "local", "--pool", "0"}
+	c, cmd, _ := startMCPCmd(t, args...)
+	c.Call(t, "write_file", map[string]any{"path": "kept.txt", "content": "kept\n"})
+	require.NoError(t, cmd.Process.Kill())
+	c.Close()
+
+	dir, err := os.Open(t.TempDir())
+	require.NoError(t, err)
+	defer dir.Close()
+	bad := exec.Command(testenv.CellboxBinary(t), append([]string{"mcp"}, args...)...)
+	bad.Env, bad.Stdin = cleanEnv(), dir
+	out, err := bad.CombinedOutput()
+	require.Error(t, err, "%s", out)
+	assert.Contains(t, string(out), "read stdin: read /dev/stdin: is a directory")
+	assert.Contains(t, string(out), "the session and its boxes are kept")
+	assert.NotContains(t, string(out), "session deleted")
+
+	c, stderr := startMCP(t, args...)
+	assert.Equal(t, "kept\n", c.Shell(t, "cat kept.txt")["stdout"], "stderr:\n%s", stderr)
 }

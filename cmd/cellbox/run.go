@@ -50,8 +50,8 @@ func runRun(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	data := fs.String("data", defaultDataDir(), "data directory: cell store, box state and directories (a restarted run over it resumes)")
 	once := fs.Bool("once", false, "run until nothing is left to do, print the final cells and exit (non-zero if a node failed)")
-	backendName := fs.String("backend", "auto", "box backend: docker, local (bubblewrap), or auto (docker if an engine answers, else local)")
-	addr := fs.String("addr", "127.0.0.1:0", "serve preview URLs, the tool API and the runtime API over HTTP on this address (default: a free port on 127.0.0.1)")
+	backendName := addBackendFlag(fs, "box backend `name`: docker, local (bubblewrap), or auto (docker if an engine answers, else local)")
+	addr := fs.String("addr", "127.0.0.1:0", "serve preview URLs, the tool API and the runtime API over HTTP on this address (port 0: a free one)")
 	httpOpts := addHTTPFlags(fs)
 	pos, err := parseArgs(fs, args)
 	if err != nil {
@@ -138,7 +138,7 @@ func runRun(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		return printFinal(os.Stdout, store, host.rt, p, inst)
+		return printFinal(os.Stdout, store, host.rt, p, inst, pos[0], *data)
 	}
 	select {
 	case <-ctx.Done():
@@ -453,8 +453,11 @@ const sleepGrace = 30 * time.Second
 
 // printFinal prints an instance's cells (inputs, then node outputs, in
 // declaration order; streams left out) and fails naming the nodes that
-// failed, with their errors.
-func printFinal(w io.Writer, store cells.Store, rt *runtime.Runtime, p *patterns.Pattern, inst runapi.Instance) error {
+// stand failed, with their errors and how to run them again: those that
+// failed in this run, and those whose failure an earlier run stored (the
+// runtime keeps it in the node's cell only, and runs the node again only
+// when its inputs change).
+func printFinal(w io.Writer, store cells.Store, rt *runtime.Runtime, p *patterns.Pattern, inst runapi.Instance, pattern, data string) error {
 	prefix := inst.Space + "/" + inst.Name + "/"
 	var names []string
 	for _, c := range p.Cells {
@@ -463,11 +466,13 @@ func printFinal(w io.Writer, store cells.Store, rt *runtime.Runtime, p *patterns
 	for _, n := range p.Nodes {
 		names = append(names, n.Name)
 	}
+	final := map[string]cells.Cell{}
 	for _, name := range names {
 		c, err := store.Get(cells.Address{Space: inst.Space, Pattern: inst.Name, Name: name})
 		if err != nil {
 			return fmt.Errorf("read final value of %s: %w", name, err)
 		}
+		final[name] = c
 		line := name + " = " + string(c.Value)
 		if c.Error != "" {
 			line += "  # error: " + oneLine(c.Error)
@@ -480,16 +485,55 @@ func printFinal(w io.Writer, store cells.Store, rt *runtime.Runtime, p *patterns
 			infos[n.Addr.Name] = n
 		}
 	}
-	var failed []string
+	var failed, retry []string
 	for _, n := range p.Nodes {
-		if info := infos[n.Name]; info.State == runtime.Error {
-			failed = append(failed, fmt.Sprintf("node %s (%s) failed: %s", n.Name, n.Kind, oneLine(info.Err)))
+		info := infos[n.Name]
+		msg, earlier := info.Err, false
+		if info.State != runtime.Error {
+			msg, earlier = storedFailure(info, final[n.Name]), true
+		}
+		if msg == "" {
+			continue
+		}
+		line := fmt.Sprintf("node %s (%s) failed: %s", n.Name, n.Kind, oneLine(msg))
+		if earlier {
+			line += " (in an earlier run: stored)"
+		}
+		failed = append(failed, line)
+		if info.Shape == "async" {
+			retry = append(retry, "cellbox retry "+n.Name+dataFlag(data))
 		}
 	}
-	if len(failed) > 0 {
-		return errors.New(strings.Join(failed, "\n  "))
+	if len(failed) == 0 {
+		return nil
 	}
-	return nil
+	if len(retry) > 0 {
+		// An async node runs again only when its inputs change, or when
+		// retried in a running process.
+		failed = append(failed, fmt.Sprintf("to run it again as it stands: cellbox run %s%s (without --once), and while that runs: %s",
+			pattern, dataFlag(data), strings.Join(retry, "; ")))
+	}
+	return errors.New(strings.Join(failed, "\n  "))
+}
+
+// storedFailure is the error a node's stored cell holds: the cell's own error (a compute's), or the error of an
+// async node's output ({"pending": false, "error": "…"}, which a
+// restarted runtime does not count as its state). "" when it holds none.
+func storedFailure(info runtime.NodeInfo, c cells.Cell) string {
+	if c.Error != "" {
+		return c.Error
+	}
+	if info.Shape != "async" {
+		return ""
+	}
+	var out struct {
+		Pending bool    `json:"pending"`
+		Error   *string `json:"error"`
+	}
+	if json.Unmarshal(c.Value, &out) != nil || out.Pending || out.Error == nil {
+		return ""
+	}
+	return *out.Error
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

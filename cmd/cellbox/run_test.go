@@ -163,6 +163,26 @@ func TestRunOnce(t *testing.T) {
 	}
 }
 
+// TestRunOnceStoredFailure: --once fails whenever a node stands failed
+// when the run settles, also when an earlier run over the data dir stored
+// the failure (the node does not run again: its inputs did not change),
+// and says how to run it again; before, the second run exited 0.
+func TestRunOnceStoredFailure(t *testing.T) {
+	testenv.RequireBwrap(t)
+	pattern := writePattern(t, "name: fail\nnodes:\n  x:\n    exec:\n      command: echo out; exit 3\n")
+	data := t.TempDir()
+	for _, run := range []string{"first", "second"} {
+		out, errOut, err := cellbox(t, "run", pattern, "--once", "--data", data, "--backend", "local")
+		assert.Equal(t, 1, exitCode(t, err), "%s run: a failed node fails it\nstdout:\n%s\nstderr:\n%s", run, out, errOut)
+		assert.Contains(t, out, `"error":"command exited with 3: out"`)
+		assert.Contains(t, errOut, "node x (exec) failed: command exited with 3: out", run)
+		assert.Contains(t, errOut, "to run it again as it stands: cellbox run "+pattern+" --data "+data+" (without --once), and while that runs: cellbox retry x --data "+data, run)
+		if run == "second" {
+			assert.Contains(t, errOut, "(in an earlier run: stored)")
+		}
+	}
+}
+
 // A run remembers the cell schemas that passed the metaschema in the data
 // dir, so that the next run over it skips that check; a schema that breaks
 // the metaschema is refused, run after run, and never remembered.

@@ -32,7 +32,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	addr := fs.String("addr", defaultAddr, "address to listen on")
 	data := fs.String("data", defaultDataDir(), "data directory: state file, box directories (images are shared: env "+imagesEnv+")")
-	backendName := fs.String("backend", "auto", "box backend: docker, local (bubblewrap), or auto (docker if an engine answers, else local)")
+	backendName := addBackendFlag(fs, "box backend `name`: docker, local (bubblewrap), or auto (docker if an engine answers, else local)")
 	agentBinary := fs.String("agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
 	pool := fs.Int("pool", sandbox.DefaultPoolSize, "pre-started boxes kept for the default image (0: none)")
 	maxPerSession := fs.Int("max-boxes-per-session", sandbox.DefaultMaxBoxesPerSession, "sandboxes one session may have at once")
@@ -152,5 +152,33 @@ func openBackend(ctx context.Context, name, dataDir string) (backend.Backend, er
 		slog.Info("no Docker Engine answers; using the local (bubblewrap) backend", "err", err)
 		return openLocal()
 	}
-	return nil, fmt.Errorf("unknown backend %q: want docker, local or auto", name)
+	return nil, errUnknownBackend(name)
+}
+
+func errUnknownBackend(name string) error {
+	return fmt.Errorf("unknown backend %q: want docker, local or auto", name)
+}
+
+// backendFlag is the --backend flag of the commands that run boxes (run,
+// serve, mcp), checked as it is parsed: a bad name is refused before
+// anything starts. (cellbox run opens its backend when a node first needs
+// a box: it would store every exec node's failure to open it, and a later
+// run with the right name would not run them again.)
+type backendFlag string
+
+func addBackendFlag(fs *flag.FlagSet, usage string) *string {
+	v := backendFlag("auto")
+	fs.Var(&v, "backend", usage)
+	return (*string)(&v)
+}
+
+func (b *backendFlag) String() string { return string(*b) }
+
+func (b *backendFlag) Set(s string) error {
+	switch s {
+	case "docker", "local", "auto":
+		*b = backendFlag(s)
+		return nil
+	}
+	return errUnknownBackend(s)
 }

@@ -27,16 +27,41 @@ type clientFlags struct {
 }
 
 func addClientFlags(fs *flag.FlagSet, withSession bool) clientFlags {
-	server := os.Getenv("CELLBOX_SERVER")
-	if server == "" {
-		server = "http://" + defaultAddr
-	}
-	c := clientFlags{server: fs.String("server", server, "server URL (env CELLBOX_SERVER)")}
+	c := clientFlags{server: envString(fs, "server", "CELLBOX_SERVER", "http://"+defaultAddr, "server `URL`")}
 	if withSession {
-		c.session = fs.String("session", os.Getenv("CELLBOX_SESSION"), "session id (env CELLBOX_SESSION)")
+		c.session = envString(fs, "session", "CELLBOX_SESSION", "", "session `id`")
 	}
-	c.token = fs.String("token", os.Getenv("CELLBOX_TOKEN"), "session token (env CELLBOX_TOKEN)")
+	c.token = envString(fs, "token", "CELLBOX_TOKEN", "", "session `token`")
 	return c
+}
+
+// envString declares a string flag whose default is environment variable
+// env, else def. Its help names the variable, never its value: the value
+// may be a secret (CELLBOX_TOKEN; a URL with a password) and help and usage
+// (printed at any wrong flag) end up in logs.
+func envString(fs *flag.FlagSet, name, env, def, usage string) *string {
+	v := hiddenString(def)
+	if e := os.Getenv(env); e != "" {
+		v = hiddenString(e)
+	}
+	if def != "" {
+		usage += fmt.Sprintf(" (default: $%s, else %s)", env, def)
+	} else {
+		usage += fmt.Sprintf(" (default: $%s)", env)
+	}
+	fs.Var(&v, name, usage)
+	return (*string)(&v)
+}
+
+// hiddenString is a string flag whose value the flag package does not
+// print (its String is what it prints as the default).
+type hiddenString string
+
+func (h *hiddenString) String() string { return "" }
+
+func (h *hiddenString) Set(s string) error {
+	*h = hiddenString(s)
+	return nil
 }
 
 func runSession(ctx context.Context, args []string) error {
