@@ -144,7 +144,11 @@ func TestRunOnce(t *testing.T) {
 			[]string{"node bad (computed) failed: expression \"int(\\\"x\\\") + a\"", "node after (computed) failed: upstream bad failed"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out, errOut, err := cellbox(t, "run", writePattern(t, tc.pattern), "--once", "--data", t.TempDir())
+			data := t.TempDir()
+			out, errOut, err := cellbox(t, "run", writePattern(t, tc.pattern), "--once", "--data", data)
+			key, kerr := os.ReadFile(filepath.Join(data, keyFile))
+			require.NoError(t, kerr)
+			assert.NotContains(t, errOut, strings.TrimSpace(string(key)), "the server key stays out of a --once run's log")
 			if tc.ok {
 				require.NoError(t, err, errOut)
 				assert.Equal(t, tc.stdout[0], out, "stdout holds exactly the final cells")
