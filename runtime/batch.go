@@ -418,6 +418,12 @@ func (b *batch) load(pat *pattern, p Pattern) error {
 					n.key, n.pending = st.Key, st.Pending
 				}
 			}
+			// A failure an earlier process stored stands until the node
+			// runs again: Nodes reports it, as it did before the restart.
+			var env envelope
+			if json.Unmarshal(b.get(n.out).raw, &env) == nil && env.Error != nil && !n.pending {
+				n.err = *env.Error
+			}
 		}
 		b.enqueue(n)
 	}

@@ -697,6 +697,12 @@ func TestRetry(t *testing.T) {
 		require.NoError(t, rt.Load(context.Background(), p))
 		settle(t, rt)
 		assert.EqualValues(t, 2, f.runs.Load(), "a restart does not rerun a finished (failed) run")
+		for _, info := range rt.Nodes() {
+			if info.Addr == at("job") {
+				assert.Equal(t, runtime.Error, info.State, "the stored failure stands after the restart")
+				assert.Equal(t, "image cellbox/x is not built", info.Err)
+			}
+		}
 
 		f.broken.Store(false) // the image is built
 		for _, tc := range []struct {

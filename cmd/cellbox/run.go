@@ -462,9 +462,9 @@ const sleepGrace = 30 * time.Second
 // printFinal prints an instance's cells (inputs, then node outputs, in
 // declaration order; streams left out) and fails naming the nodes that
 // stand failed, with their errors and how to run them again: those that
-// failed in this run, and those whose failure an earlier run stored (the
-// runtime keeps it in the node's cell only, and runs the node again only
-// when its inputs change).
+// failed in this run, and those whose failure an earlier run stored (a
+// restarted runtime reports it, and runs the node again only when its
+// inputs change).
 func printFinal(w io.Writer, store cells.Store, rt *runtime.Runtime, p *patterns.Pattern, inst runapi.Instance, pattern, data string) error {
 	prefix := inst.Space + "/" + inst.Name + "/"
 	var names []string
@@ -474,13 +474,11 @@ func printFinal(w io.Writer, store cells.Store, rt *runtime.Runtime, p *patterns
 	for _, n := range p.Nodes {
 		names = append(names, n.Name)
 	}
-	final := map[string]cells.Cell{}
 	for _, name := range names {
 		c, err := store.Get(cells.Address{Space: inst.Space, Pattern: inst.Name, Name: name})
 		if err != nil {
 			return fmt.Errorf("read final value of %s: %w", name, err)
 		}
-		final[name] = c
 		line := name + " = " + string(c.Value)
 		if c.Error != "" {
 			line += "  # error: " + oneLine(c.Error)
@@ -496,18 +494,10 @@ func printFinal(w io.Writer, store cells.Store, rt *runtime.Runtime, p *patterns
 	var failed, retry []string
 	for _, n := range p.Nodes {
 		info := infos[n.Name]
-		msg, earlier := info.Err, false
 		if info.State != runtime.Error {
-			msg, earlier = storedFailure(info, final[n.Name]), true
-		}
-		if msg == "" {
 			continue
 		}
-		line := fmt.Sprintf("node %s (%s) failed: %s", n.Name, n.Kind, oneLine(msg))
-		if earlier {
-			line += " (in an earlier run: stored)"
-		}
-		failed = append(failed, line)
+		failed = append(failed, fmt.Sprintf("node %s (%s) failed: %s", n.Name, n.Kind, oneLine(info.Err)))
 		if info.Shape == "async" {
 			retry = append(retry, "cellbox retry "+n.Name+dataFlag(data))
 		}
@@ -522,26 +512,6 @@ func printFinal(w io.Writer, store cells.Store, rt *runtime.Runtime, p *patterns
 			pattern, dataFlag(data), strings.Join(retry, "; ")))
 	}
 	return errors.New(strings.Join(failed, "\n  "))
-}
-
-// storedFailure is the error a node's stored cell holds: the cell's own error (a compute's), or the error of an
-// async node's output ({"pending": false, "error": "…"}, which a
-// restarted runtime does not count as its state). "" when it holds none.
-func storedFailure(info runtime.NodeInfo, c cells.Cell) string {
-	if c.Error != "" {
-		return c.Error
-	}
-	if info.Shape != "async" {
-		return ""
-	}
-	var out struct {
-		Pending bool    `json:"pending"`
-		Error   *string `json:"error"`
-	}
-	if json.Unmarshal(c.Value, &out) != nil || out.Pending || out.Error == nil {
-		return ""
-	}
-	return *out.Error
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
