@@ -18,7 +18,9 @@ import (
 // What the box-driving kinds share: box names, file bindings, reading files
 // back.
 
-// MaxOutputFile caps an output file read back from a box.
+// MaxOutputFile caps an output file read back from a box (an exec node's
+// files, a sandbox node's output files): a larger one is not read, and
+// the node says so.
 const MaxOutputFile = 16 << 20
 
 // boxBase is a box-name-safe rendering of a node's address: "pattern.node",
@@ -117,16 +119,16 @@ func readOutput(ctx context.Context, c sandboxclient.Client, box, p, format stri
 	if _, err := c.Download(ctx, box, p, w); err != nil {
 		switch {
 		case w.over:
-			return nil, true, fmt.Errorf("output file %s is larger than %d MiB", p, MaxOutputFile>>20)
+			return nil, true, fmt.Errorf("output file %s is larger than %d MiB, the cap on an output file: it was not read; have the command write less (keep big data in the box and bind a smaller file)", p, MaxOutputFile>>20)
 		case notFound(err):
 			return nil, false, nil
 		}
 		return nil, false, fmt.Errorf("read output file %s in box %q: %w", p, box, err)
 	}
 	if format == OutputText {
-		return w.String(), true, nil
+		return w.buf.String(), true, nil
 	}
-	d := json.NewDecoder(bytes.NewReader(w.Bytes()))
+	d := json.NewDecoder(bytes.NewReader(w.buf.Bytes()))
 	d.UseNumber()
 	if err := d.Decode(&v); err != nil {
 		return nil, true, fmt.Errorf("output file %s is not JSON: %w", p, err)
@@ -143,19 +145,26 @@ func notFound(err error) bool {
 	return errors.Is(err, sandboxclient.ErrNotFound)
 }
 
-// capped is a buffer that refuses to grow past max bytes.
+// capped is a buffer that refuses to grow past max bytes: the download
+// into it fails at the first write past max, which ends the stream, so a
+// file of any size costs at most max bytes of memory.
+//
+// The buffer is a field, not embedded: an embedded bytes.Buffer's
+// ReadFrom is promoted, io.Copy prefers it to Write, and the whole file
+// would be read past the cap (it was: a 100 MB output file became a
+// 100 MB cell).
 type capped struct {
-	bytes.Buffer
+	buf  bytes.Buffer
 	max  int
 	over bool
 }
 
 func (c *capped) Write(p []byte) (int, error) {
-	if c.Len()+len(p) > c.max {
+	if c.buf.Len()+len(p) > c.max {
 		c.over = true
 		return 0, fmt.Errorf("more than %d bytes", c.max)
 	}
-	return c.Buffer.Write(p)
+	return c.buf.Write(p)
 }
 
 // lastLine returns the last non-empty line of s, cut to 200 bytes.

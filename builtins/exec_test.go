@@ -141,6 +141,10 @@ nodes:
     exec:
       command: "true"
       files: {/workspace/never.txt: text}
+  toobig:
+    exec:
+      command: head -c 16777217 /dev/zero > /workspace/big.txt
+      files: {/workspace/big.txt: text}
   slow:
     exec:
       command: sleep 30
@@ -151,6 +155,7 @@ nodes:
 		"list":    "command 2 of 3 exited with 3: bad",
 		"badjson": "output file /workspace/o.json is not JSON",
 		"missing": "output file /workspace/never.txt (text) was not written by the command",
+		"toobig":  "output file /workspace/big.txt is larger than 16 MiB, the cap on an output file: it was not read",
 		"slow":    "command timed out after 1",
 	} {
 		out := r.exec(node)

@@ -274,6 +274,45 @@ func TestLLMUnknownToolAndMaxTurns(t *testing.T) {
 	assert.NotContains(t, b.list(t), "elsewhere", "the tools are bound to the node's box")
 }
 
+// TestLLMBadToolArguments: a model whose tool call's arguments are not
+// valid JSON (cut off) gets a tool error and goes on, on both wires; the
+// node's result keeps the conversation (it is storable), and the broken
+// call never reaches the box.
+func TestLLMBadToolArguments(t *testing.T) {
+	for _, provider := range llm.Providers {
+		t.Run(provider, func(t *testing.T) {
+			b := newBox(t)
+			s := llmtest.New(t,
+				llmtest.Turn{Calls: []llmtest.Call{{ID: "bad", Name: "shell", Input: `{"command": `}}},
+				llmtest.Turn{Calls: []llmtest.Call{{ID: "good", Name: "shell", Input: `{"command":"echo fixed"}`}}},
+				llmtest.Turn{Text: "done"},
+			)
+			withServer(b, s)
+			r := b.load(t, strings.Replace(agentPattern, "PROVIDER", provider, 1), nil)
+			r.settle()
+			r.set("task", `"run something"`)
+			r.settle()
+
+			out := r.llm("agent")
+			if out.Error != nil {
+				require.FailNow(t, "the node failed", *out.Error)
+			}
+			require.NotNil(t, out.Result)
+			assert.Equal(t, "done", out.Result.Text)
+			assert.Equal(t, 3, out.Result.Turns)
+			require.Len(t, out.Result.Messages, 6)
+			answer := out.Result.Messages[2].Content[0]
+			assert.True(t, answer.IsError)
+			assert.Contains(t, answer.Text, "the arguments of shell are not a valid JSON object")
+			assert.JSONEq(t, `"{\"command\": "`, string(out.Result.ToolCalls[0].Input))
+
+			hist := r.sandbox("box").History
+			require.Len(t, hist, 1, "the broken call never reached the box")
+			assert.Equal(t, "fixed\n", jsonField(t, hist[0].Stdout, "stdout"))
+		})
+	}
+}
+
 func jsonField(t *testing.T, raw, key string) any {
 	var m map[string]any
 	require.NoError(t, json.Unmarshal([]byte(raw), &m), raw)

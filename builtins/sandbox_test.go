@@ -640,3 +640,34 @@ nodes:
 	r.settle()
 	assert.Contains(t, r.sandbox("b").History[1].Error, `no snapshot "snap-0000"`)
 }
+
+// TestSandboxOutputFileTooLarge: an output file over MaxOutputFile is not
+// read into the node's output (which a runner would hold in memory and
+// store): the node says it is too large and what the cap is, and the
+// file's cell keeps its last value until the file fits again.
+func TestSandboxOutputFileTooLarge(t *testing.T) {
+	b := newBox(t)
+	r := b.load(t, `
+name: big
+nodes:
+  b:
+    sandbox:
+      files: {/workspace/out.txt: text}
+`, nil)
+	r.settle()
+	r.send("b.run", `{"command": "echo small > /workspace/out.txt"}`)
+	waitFor(t, 5*time.Second, "the small file read", func() bool { return r.file("b", "/workspace/out.txt") == `"small\n"` })
+
+	r.send("b.run", fmt.Sprintf(`{"command": "head -c %d /dev/zero | tr '\\0' a > /workspace/out.txt"}`, builtins.MaxOutputFile+1))
+	waitFor(t, 10*time.Second, "the too-large file reported", func() bool { return r.sandbox("b").Error != "" })
+	o := r.sandbox("b")
+	assert.Contains(t, o.Error, "output file /workspace/out.txt is larger than 16 MiB, the cap on an output file: it was not read")
+	assert.Equal(t, `"small\n"`, string(o.Files["/workspace/out.txt"]), "the cell keeps its last value")
+	assert.Equal(t, "running", o.Status)
+
+	r.send("b.run", `{"command": "echo fits > /workspace/out.txt"}`)
+	waitFor(t, 5*time.Second, "the file read again", func() bool {
+		o := r.sandbox("b")
+		return string(o.Files["/workspace/out.txt"]) == `"fits\n"` && o.Error == ""
+	})
+}

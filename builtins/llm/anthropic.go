@@ -55,12 +55,12 @@ func (a *anthropic) Stream(ctx context.Context, req Request, onText func(string)
 	for _, m := range req.Messages {
 		am := aMessage{Role: m.Role}
 		for _, b := range m.Content {
-			ab := aBlock{Type: b.Type, Text: b.Text, ID: b.ID, Name: b.Name, Input: b.Input, ToolUseID: b.ToolUseID, IsError: b.IsError}
+			ab := aBlock{Type: b.Type, Text: b.Text, ID: b.ID, Name: b.Name, ToolUseID: b.ToolUseID, IsError: b.IsError}
 			if b.Type == "tool_result" {
 				ab.Text, ab.Content = "", b.Text
 			}
-			if b.Type == "tool_use" && len(ab.Input) == 0 {
-				ab.Input = json.RawMessage("{}")
+			if b.Type == "tool_use" {
+				ab.Input = wireInput(b.Input)
 			}
 			am.Content = append(am.Content, ab)
 		}
@@ -163,10 +163,7 @@ func (a *anthropic) Stream(ctx context.Context, req Request, onText func(string)
 		if o.typ != "tool_use" {
 			continue
 		}
-		o.call.Input = json.RawMessage(o.input.String())
-		if len(o.call.Input) == 0 {
-			o.call.Input = json.RawMessage("{}")
-		}
+		o.call.Input = callInput(o.input.String())
 		out.ToolCalls = append(out.ToolCalls, o.call)
 	}
 	return out, nil

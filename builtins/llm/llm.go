@@ -14,6 +14,7 @@
 package llm
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -73,9 +74,48 @@ const DefaultMaxTokens = 4096
 
 // ToolCall is a tool the model asked for.
 type ToolCall struct {
-	ID    string          `json:"id"`
-	Name  string          `json:"name"`
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	// Input is the call's arguments, always valid JSON: arguments that
+	// are not (a model cut off mid-call, or a local model's broken
+	// output) are kept as a JSON string of what the model sent (see
+	// callInput), so the conversation stays storable.
 	Input json.RawMessage `json:"input"`
+}
+
+// callInput is the Input of a call whose streamed arguments are args:
+// none is {}; JSON that does not parse is kept as a JSON string of the
+// text, which Loop sends back to the model as a tool error (an object is
+// what every tool takes) and the providers send back as {} (wireInput).
+func callInput(args string) json.RawMessage {
+	if strings.TrimSpace(args) == "" {
+		return json.RawMessage("{}")
+	}
+	if json.Valid([]byte(args)) {
+		return json.RawMessage(args)
+	}
+	raw, _ := json.Marshal(args) // a string always marshals
+	return raw
+}
+
+// isObject says raw is a JSON object.
+func isObject(raw json.RawMessage) bool {
+	t := bytes.TrimLeft(raw, " \t\r\n")
+	return len(t) > 0 && t[0] == '{' && json.Valid(t)
+}
+
+// wireInput is a tool_use's input as a request sends it back to the
+// provider: an object as it is, anything else (the broken arguments
+// callInput kept as a string) as {}. Anthropic requires input to be an
+// object; OpenAI-compatible servers such as Ollama and vLLM parse the
+// arguments of past calls as JSON and refuse the request when they do
+// not parse. The tool error that answered the call quotes what the model
+// sent.
+func wireInput(raw json.RawMessage) json.RawMessage {
+	if isObject(raw) {
+		return raw
+	}
+	return json.RawMessage("{}")
 }
 
 // Usage counts tokens.

@@ -106,6 +106,50 @@ func TestLoopSendsToolResultsBack(t *testing.T) {
 	}
 }
 
+// TestLoopBadArguments: a tool call whose arguments are not valid JSON
+// (cut off, as local models often send them) goes back to the model as a
+// tool error and the loop goes on; the call is kept as a JSON string, so
+// the conversation marshals, and the next request sends its input as {}
+// (an object, as Anthropic requires and OpenAI-compatible servers parse).
+func TestLoopBadArguments(t *testing.T) {
+	for _, name := range llm.Providers {
+		t.Run(name, func(t *testing.T) {
+			s := llmtest.New(t,
+				llmtest.Turn{Calls: []llmtest.Call{{ID: "c1", Name: "echo", Input: `{"text": `}, {ID: "c2", Name: "echo", Input: `{"text":"ok"}`}}},
+				llmtest.Turn{Text: "done"},
+			)
+			var ran []string
+			res, err := llm.Loop(context.Background(), provider(t, name, s), llm.Request{
+				Model: "m", Messages: []llm.Message{llm.Text("user", "go")}, Tools: []llm.Tool{echoTool},
+			}, func(_ context.Context, c llm.ToolCall) (string, bool) {
+				ran = append(ran, string(c.Input))
+				return "pong", false
+			}, 5, llm.LoopHooks{})
+			require.NoError(t, err)
+			assert.Equal(t, "done", res.Text)
+			assert.Equal(t, []string{`{"text":"ok"}`}, ran, "the broken call never runs, the good one does")
+			require.Len(t, res.ToolCalls, 2)
+			assert.JSONEq(t, `"{\"text\": "`, string(res.ToolCalls[0].Input), "the broken arguments are kept as a string")
+			_, err = json.Marshal(res)
+			require.NoError(t, err, "the conversation is storable")
+
+			reqs := s.Requests()
+			require.Len(t, reqs, 2)
+			second := reqs[1].Raw
+			assert.Contains(t, second, `the arguments of echo are not a valid JSON object (cut off or malformed?); you sent: {\"text\": `)
+			assert.Contains(t, second, "call echo again with its arguments as one complete JSON object")
+			if name == "anthropic" {
+				assert.Contains(t, second, `"type":"tool_use","id":"c1","name":"echo","input":{}`)
+				assert.Contains(t, second, `"tool_use_id":"c1","content":"the arguments of echo`)
+				assert.Contains(t, second, `"is_error":true`)
+			} else {
+				assert.Contains(t, second, `"id":"c1","type":"function","function":{"name":"echo","arguments":"{}"}`)
+				assert.Contains(t, second, `"role":"tool","content":"error: the arguments of echo`)
+			}
+		})
+	}
+}
+
 func TestErrors(t *testing.T) {
 	llm.MaxRetryAfter = 2e9
 	for _, name := range llm.Providers {

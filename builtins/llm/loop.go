@@ -2,6 +2,7 @@ package llm
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -35,12 +36,31 @@ type LoopHooks struct {
 	Unknown func(name string) string
 }
 
+// badArgumentsShown bounds how much of a call's broken arguments its tool
+// error quotes: the start says what went wrong, and the model has the rest.
+const badArgumentsShown = 200
+
+// badArguments is the tool error of a call whose arguments are not a JSON
+// object: what the model sent (its start) and what to send instead.
+func badArguments(c ToolCall) string {
+	sent := string(c.Input)
+	var s string
+	if json.Unmarshal(c.Input, &s) == nil {
+		sent = s // callInput's string of arguments that did not parse
+	}
+	if len(sent) > badArgumentsShown {
+		sent = strings.ToValidUTF8(sent[:badArgumentsShown], "") + "…"
+	}
+	return fmt.Sprintf("the arguments of %s are not a valid JSON object (cut off or malformed?); you sent: %s — call %s again with its arguments as one complete JSON object matching its input schema", c.Name, sent, c.Name)
+}
+
 // DefaultMaxTurns bounds a tool loop when the caller gives no bound.
 const DefaultMaxTurns = 20
 
 // Loop calls the model, runs the tools it asks for, gives it their
 // results, and calls it again until it answers without asking for a tool.
-// A tool outside req.Tools goes back to the model as a tool error. More
+// A tool outside req.Tools, or a call whose arguments are not a JSON
+// object, goes back to the model as a tool error. More
 // than maxTurns model calls is an error (with the partial result).
 func Loop(ctx context.Context, p Provider, req Request, run ToolRunner, maxTurns int, hooks LoopHooks) (LoopResult, error) {
 	if maxTurns <= 0 {
@@ -86,6 +106,8 @@ func Loop(ctx context.Context, p Provider, req Request, run ToolRunner, maxTurns
 				out, isErr = hooks.Unknown(c.Name), true
 			case !slices.Contains(names, c.Name):
 				out, isErr = fmt.Sprintf("unknown tool %q: the tools you may call are %s", c.Name, strings.Join(names, ", ")), true
+			case !isObject(c.Input):
+				out, isErr = badArguments(c), true
 			case run == nil:
 				out, isErr = "no tools are available here", true
 			default:

@@ -80,11 +80,7 @@ func openAIMessages(req Request) []oMessage {
 			case "text":
 				text.WriteString(b.Text)
 			case "tool_use":
-				args := string(b.Input)
-				if args == "" {
-					args = "{}"
-				}
-				calls = append(calls, oToolCall{ID: b.ID, Type: "function", Function: oFunction{Name: b.Name, Arguments: args}})
+				calls = append(calls, oToolCall{ID: b.ID, Type: "function", Function: oFunction{Name: b.Name, Arguments: string(wireInput(b.Input))}})
 			case "tool_result":
 				content := b.Text
 				if b.IsError {
@@ -226,10 +222,7 @@ func (o *openAI) Stream(ctx context.Context, req Request, onText func(string)) (
 	sort.Ints(idx)
 	for _, i := range idx {
 		c := calls[i]
-		c.Input = json.RawMessage(args[i].String())
-		if len(c.Input) == 0 {
-			c.Input = json.RawMessage("{}")
-		}
+		c.Input = callInput(args[i].String())
 		out.ToolCalls = append(out.ToolCalls, *c)
 	}
 	return out, nil
