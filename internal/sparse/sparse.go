@@ -25,7 +25,16 @@ func Copy(f *os.File, r io.Reader) (int64, error) {
 	var n int64
 	hole := false // the last block was skipped
 	for {
-		m, rerr := io.ReadFull(r, buf)
+		// Filled as io.ReadFull would, but a reader's own error (a tar
+		// stream cut short says io.ErrUnexpectedEOF) is kept apart from
+		// its end.
+		m := 0
+		var rerr error
+		for m < len(buf) && rerr == nil {
+			var k int
+			k, rerr = r.Read(buf[m:])
+			m += k
+		}
 		for off := 0; off < m; off += blockSize {
 			b := buf[off:min(off+blockSize, m)]
 			if bytes.Equal(b, zeros[:len(b)]) {
@@ -41,7 +50,7 @@ func Copy(f *os.File, r io.Reader) (int64, error) {
 			}
 			n += int64(len(b))
 		}
-		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+		if rerr == io.EOF {
 			break
 		}
 		if rerr != nil {

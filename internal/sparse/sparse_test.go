@@ -3,10 +3,12 @@ package sparse
 import (
 	"bytes"
 	"crypto/rand"
+	"io"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
+	"testing/iotest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -59,4 +61,15 @@ type oddReader struct {
 func (o *oddReader) Read(p []byte) (int, error) {
 	o.next = o.next*7919%9999 + 1
 	return o.r.Read(p[:min(len(p), o.next)])
+}
+
+// A reader's error comes back, io.ErrUnexpectedEOF (a tar stream cut
+// short) included, after what it gave before it.
+func TestCopyReaderError(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "f"))
+	require.NoError(t, err)
+	defer f.Close()
+	n, err := Copy(f, io.MultiReader(bytes.NewReader([]byte("abc")), iotest.ErrReader(io.ErrUnexpectedEOF)))
+	assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
+	assert.EqualValues(t, 3, n)
 }
