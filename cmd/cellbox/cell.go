@@ -284,7 +284,7 @@ func printCell(c runapi.Cell, asJSON bool) error {
 		return printJSON(c)
 	}
 	if c.Error != "" {
-		fmt.Fprintf(os.Stderr, "%s has an error (its value is the last good one): %s\n", c.Address, c.Error)
+		fmt.Fprintf(os.Stderr, "%s has an error (its value is the last good one): %s\n", c.Address, oneLine(c.Error))
 	}
 	return printJSON(c.Value)
 }
@@ -326,13 +326,13 @@ func printBatch(b runapi.Batch, asJSON bool) error {
 		case c.Deleted:
 			sb.WriteString("deleted")
 		case c.Event != nil:
-			fmt.Fprintf(&sb, "<- event %d %s", c.Event.ID, c.Event.Payload)
+			fmt.Fprintf(&sb, "<- event %d %s", c.Event.ID, printable(string(c.Event.Payload)))
 		case c.Cell.Stream:
 			sb.WriteString("(stream)")
 		case c.Cell.Error != "":
 			fmt.Fprintf(&sb, "error: %s", oneLine(c.Cell.Error))
 		default:
-			fmt.Fprintf(&sb, "= %s", c.Cell.Value)
+			fmt.Fprintf(&sb, "= %s", printable(string(c.Cell.Value)))
 		}
 		sb.WriteString("\n")
 	}

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -514,7 +515,29 @@ func printFinal(w io.Writer, store cells.Store, rt *runtime.Runtime, p *patterns
 	return errors.New(strings.Join(failed, "\n  "))
 }
 
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+// oneLine is s on one line, its whitespace runs as single spaces and its
+// control characters shown (printable): an error often quotes a box's
+// output.
+func oneLine(s string) string { return printable(strings.Join(strings.Fields(s), " ")) }
+
+// printable shows the control characters of s (C0, DEL, C1) as escapes
+// (\x1b): text from a box goes to the operator's terminal, where an
+// escape sequence could clear the screen, retitle the window, fake lines
+// or set the clipboard (OSC 52).
+func printable(s string) string {
+	if !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			fmt.Fprintf(&b, "\\x%02x", r)
+		} else {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
 
 // parseArgs parses flags anywhere among the arguments (`run PAT --once`)
 // and returns the others. A negative number is an argument (`cell set x

@@ -560,8 +560,10 @@ func orNull(raw json.RawMessage) json.RawMessage {
 	return raw
 }
 
-// clip cuts s to n runes, marking the cut with "…".
+// clip cuts s to n runes, marking the cut with "…", its control
+// characters shown (printable).
 func clip(s string, n int) string {
+	s = printable(s)
 	if n <= 1 || utf8.RuneCountInString(s) <= n {
 		return s
 	}
