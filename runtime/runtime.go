@@ -31,6 +31,11 @@ var ErrClosed = errors.New("runtime is closed")
 // node refuses (see EventChecker).
 var ErrEventRefused = errors.New("event refused")
 
+// ErrNotLoaded is returned (wrapped) by Send for a stream of a pattern the
+// runtime has not loaded: nothing would check or take the event, and it
+// ran, unchecked, whenever the pattern was loaded again.
+var ErrNotLoaded = errors.New("pattern not loaded")
+
 // Runtime runs loaded patterns over a store. Safe for concurrent use.
 type Runtime struct {
 	store cells.Store
@@ -277,6 +282,9 @@ func (r *Runtime) Send(ctx context.Context, addr cells.Address, payload json.Raw
 	defer r.mu.Unlock()
 	if r.closed {
 		return cells.Event{}, ErrClosed
+	}
+	if _, ok := r.patterns[addr.Space+"/"+addr.Pattern]; !ok {
+		return cells.Event{}, fmt.Errorf("send to %s: %w: pattern %s/%s is stopped, or was never loaded here; load it first", addr, ErrNotLoaded, addr.Space, addr.Pattern)
 	}
 	if ref, ok := r.streams[addr]; ok {
 		if c, ok := ref.node.service.(EventChecker); ok {

@@ -83,6 +83,8 @@ func writeErr(w http.ResponseWriter, err error) {
 	case errors.As(err, &e):
 	case errors.Is(err, runtime.ErrEventRefused):
 		e = &Error{Status: http.StatusBadRequest, Message: err.Error()}
+	case errors.Is(err, runtime.ErrNotLoaded):
+		e = &Error{Status: http.StatusConflict, Message: err.Error()}
 	case errors.As(err, &se):
 		e = &Error{Status: http.StatusUnprocessableEntity, Message: err.Error()}
 		var ve *jsonschema.ValidationError

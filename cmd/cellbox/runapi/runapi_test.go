@@ -351,6 +351,18 @@ func TestSend(t *testing.T) {
 	assert.Equal(t, "in.events", body["suggestion"])
 	status, _ = f.do(t, "POST", "/v1/send/s/p/in.events", `not json`)
 	assert.Equal(t, 400, status)
+
+	// A stopped pattern takes no events: one queued ran, unchecked,
+	// whenever the pattern was loaded again.
+	require.NoError(t, f.rt.Stop(ctx, "s", "p"))
+	status, body = f.do(t, "POST", "/v1/send/s/p/in.events", `{"command": "rm -rf ."}`)
+	assert.Equal(t, 409, status)
+	assert.Contains(t, body["error"], "pattern s/p is stopped, or was never loaded here; load it first")
+	require.NoError(t, f.store.View(func(tx cells.Tx) error {
+		queued, err = tx.Events(cells.Address{Space: "s", Pattern: "p", Name: "in.events"})
+		return err
+	}))
+	assert.Len(t, queued, 1, "nothing was queued")
 }
 
 func TestGraph(t *testing.T) {
