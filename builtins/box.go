@@ -53,7 +53,11 @@ var boxFileRoots = []string{"/workspace", "/tmp"}
 // absolute path inside /workspace or /tmp.
 func CheckBoxPath(p string) error {
 	if !path.IsAbs(p) || path.Clean(p) != p {
-		return fmt.Errorf("%q is not a clean absolute path in the box (e.g. %q)", p, path.Join("/workspace", p))
+		suggest := path.Join("/workspace", p)
+		if !strings.HasPrefix(suggest, "/workspace/") { // "../etc/x"
+			suggest = path.Join("/workspace", path.Base(p))
+		}
+		return fmt.Errorf("%q is not a clean absolute path in the box (e.g. %q)", p, suggest)
 	}
 	for _, root := range boxFileRoots {
 		if strings.HasPrefix(p, root+"/") {

@@ -20,6 +20,7 @@ func TestSandboxCheckEvent(t *testing.T) {
 		{"run", `{"command": "  "}`, "no command"},
 		{"run", `{"command": "ls", "files": {"x.txt": "a"}}`, "not a clean absolute path"},
 		{"run", `{"command": "ls", "files": {"/etc/motd": "a"}}`, "is outside /workspace and /tmp"},
+		{"run", `{"command": "ls", "files": {"../etc/x": "a"}}`, `"../etc/x" is not a clean absolute path in the box (e.g. "/workspace/x")`},
 		{"run", `{"command": "ls", "files": {"/tmp/x.txt": "a"}}`, ""},
 		{"destroy", `{}`, ""},
 		{"stop", `{}`, `no stream "stop"`},
