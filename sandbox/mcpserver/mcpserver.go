@@ -43,7 +43,7 @@ import (
 // Instructions tell an MCP client's model how the tools fit together.
 const Instructions = `These tools run commands and edit files in sandboxed Linux boxes of your session. ` +
 	`A box is named by the "sandbox" field (default "default"), is created on first use and keeps its files between calls; ` +
-	`relative paths are relative to /workspace. Boxes have no network unless created with sandbox_create network: true. ` +
+	`relative paths are relative to /workspace. Boxes have no network unless given one: sandbox_create {"network": {"allow": [...]}} (an allow list, or true for all), or network_set on a running box. ` +
 	`Use shell for commands (background: true for servers, then process), read_file/write_file/edit/str_replace/grep/glob/ls for files, ` +
 	`transfer to copy between boxes, and browse to get a URL for a server listening in a box. ` +
 	`Box files are also resources: ` + BoxResourceTemplate + ` (path relative to /workspace; //abs for an absolute path).`
