@@ -31,6 +31,9 @@ type HistoryEntry struct {
 	// Error says why the command could not run (no box, ...); ExitCode is
 	// -1 then.
 	Error string `json:"error,omitempty"`
+	// Notices say what the box's agent saw around the command: it was
+	// killed for memory, processes it left were ended, ...
+	Notices []string `json:"notices,omitempty"`
 	// Tool names the registry tool an llm node called in the box (Command
 	// is then the tool and its input, Stdout its result).
 	Tool string `json:"tool,omitempty"`
@@ -244,7 +247,7 @@ func (s *Sandbox) run(ctx context.Context, ev cells.Event) error {
 		}, nil)
 		if err == nil {
 			entry.Stdout, entry.Stderr, entry.ExitCode = r.Stdout, r.Stderr, r.ExitCode
-			entry.TimedOut, entry.Truncated = r.TimedOut, r.Truncated
+			entry.TimedOut, entry.Truncated, entry.Notices = r.TimedOut, r.Truncated, r.Notices
 		}
 	}
 	entry.DurationMs = time.Since(started).Milliseconds()

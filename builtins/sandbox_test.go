@@ -244,6 +244,18 @@ nodes:
 		return o.History[len(o.History)-1].Command == "sleep 30"
 	})
 	assert.True(t, o.History[len(o.History)-1].TimedOut)
+
+	// What the agent saw goes with the entry (a kill for memory said only
+	// exit -1 in the history, while the shell tool said why).
+	r.send("sh.run", `{"command": "kill -9 $$"}`)
+	r.settle()
+	waitFor(t, 5*time.Second, "the killed command in the history", func() bool {
+		r.get("sh", &o)
+		return o.History[len(o.History)-1].Command == "kill -9 $$"
+	})
+	e = o.History[len(o.History)-1]
+	require.NotEmpty(t, e.Notices, "%+v", e)
+	assert.Contains(t, e.Notices[0], "killed by SIGKILL, which in a box is most often the kernel's out-of-memory killer")
 }
 
 // TestFileBindingsRoundTrips follows a sandbox's file bindings both ways,
