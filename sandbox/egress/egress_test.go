@@ -370,6 +370,25 @@ func TestInternal(t *testing.T) {
 	}
 }
 
+// A refusal of localhost proposes entries that work as written: the name,
+// and its loopback address with the port (the name alone was refused again
+// once it resolved to 127.0.0.1).
+func TestLocalhostHint(t *testing.T) {
+	for _, host := range []string{"localhost", "app.localhost"} {
+		es := allowEntries(host, 19002)
+		assert.Equal(t, []string{host, "127.0.0.1:19002"}, es)
+		pol, err := Compile(es, nil)
+		require.NoError(t, err)
+		assert.True(t, pol.nameAllowed(host, 19002))
+		assert.True(t, pol.addrAllowed(netip.MustParseAddr("127.0.0.1"), 19002))
+		assert.False(t, pol.addrAllowed(netip.MustParseAddr("127.0.0.1"), 7077), "only that port of loopback")
+		h := addHint(host, 19002)
+		assert.Contains(t, h, strconv.Quote(host))
+		assert.Contains(t, h, strconv.Quote("127.0.0.1:19002"))
+	}
+	assert.Equal(t, []string{"example.org"}, allowEntries("example.org", 443))
+}
+
 // TestAllowEntryHint: the entry a refusal proposes is one Compile accepts,
 // admits the refused destination, and for a loopback, private or
 // link-local address admits only that port (allowing all of 127.0.0.1

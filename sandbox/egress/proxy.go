@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -150,7 +151,8 @@ func (p *Proxy) decide(ctx context.Context, pol *Policy, host string, port int) 
 	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
 	dest := net.JoinHostPort(host, strconv.Itoa(port))
 	if pol == nil || len(pol.rules) == 0 {
-		return netip.AddrPort{}, &denied{fmt.Sprintf("cellbox egress: %s refused: box %q has no network access (its allow list is empty); allow it with network_set {\"allow\": [%q]}", dest, p.opts.Box, allowEntry(host, port))}
+		entries, _ := json.Marshal(allowEntries(host, port))
+		return netip.AddrPort{}, &denied{fmt.Sprintf("cellbox egress: %s refused: box %q has no network access (its allow list is empty); allow it with network_set {\"allow\": %s}", dest, p.opts.Box, entries)}
 	}
 	if addr, err := netip.ParseAddr(host); err == nil {
 		if !pol.addrAllowed(addr, port) {
@@ -198,9 +200,26 @@ func allowEntry(host string, port int) string {
 	return host
 }
 
-// addHint is the "add …" part of a refusal: the entry of allowEntry, and
-// for a name or a public address the narrower host:port too.
+// allowEntries are the allow-list entries a refusal of host:port proposes:
+// allowEntry's, and for a name that is always loopback (localhost,
+// *.localhost: RFC 6761) the loopback address with the port too, without
+// which the name would be refused again as it resolves there. (A name is
+// not resolved to find out: a box would have the host look up any name it
+// asks for, a channel out through DNS.)
+func allowEntries(host string, port int) []string {
+	entries := []string{allowEntry(host, port)}
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		entries = append(entries, allowEntry("127.0.0.1", port))
+	}
+	return entries
+}
+
+// addHint is the "add …" part of a refusal: the entries of allowEntries,
+// and for a name or a public address the narrower host:port too.
 func addHint(host string, port int) string {
+	if es := allowEntries(host, port); len(es) > 1 {
+		return fmt.Sprintf("add %q and %q (a name that is always loopback needs its address too, with the port)", es[0], es[1])
+	}
 	e := allowEntry(host, port)
 	if _, _, err := net.SplitHostPort(e); err == nil {
 		return fmt.Sprintf("add %q (with its port: the whole address would open every service there, on loopback cellbox's own API too)", e)
