@@ -525,3 +525,16 @@ func TestSnapshotSparseFile(t *testing.T) {
 		assert.Less(t, blocks*unit, int64(1<<20), "disk the file takes in %s", box)
 	}
 }
+
+// A workspace holding a path longer than the system's (30 nested folders
+// of 200 characters: 6,000 bytes) fails a snapshot with an error that says
+// so; it failed with "suspiciously long trailer after chunked body", the
+// agent's error being too long to arrive.
+func TestSnapshotDeepPath(t *testing.T) {
+	rb := newRealService(t, "local", nil)
+	rb.sh("default", `mkdir -p d && cd d && n=$(printf 'c%.0s' $(seq 200)) && for i in $(seq 30); do mkdir $n && cd $n; done && echo x > f.txt`)
+	msg := rb.fail("snapshot", nil)
+	assert.Contains(t, msg, "file name too long")
+	assert.NotContains(t, msg, "trailer")
+	assert.Less(t, len(msg), 4096)
+}

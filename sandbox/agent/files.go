@@ -614,8 +614,20 @@ func streamError(w http.ResponseWriter, started bool, e *Error) {
 		writeError(w, e)
 		return
 	}
-	b, _ := json.Marshal(e)
+	short := *e // a trailer is bounded (net/http refuses one of a few KiB): a deep path is cut
+	short.Path, short.Message = middle(short.Path, 512), middle(short.Message, 1024)
+	b, _ := json.Marshal(short)
 	w.Header().Set(errorTrailer, string(b))
+}
+
+// middle cuts s to at most n bytes (n >= 8) by taking out its middle,
+// marked with "…", on rune boundaries.
+func middle(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	head, tail := s[:n/2], s[len(s)-n/2+4:]
+	return strings.ToValidUTF8(head, "") + "…" + strings.ToValidUTF8(tail, "")
 }
 
 func (s *server) handleDownload(w http.ResponseWriter, r *http.Request) {
