@@ -538,3 +538,16 @@ func TestSnapshotDeepPath(t *testing.T) {
 	assert.NotContains(t, msg, "trailer")
 	assert.Less(t, len(msg), 4096)
 }
+
+// grep says what it could not search (a path longer than the system
+// allows, an unreadable file) instead of returning fewer hits as if
+// complete.
+func TestGrepSaysWhatItSkipped(t *testing.T) {
+	rb := newRealService(t, "local", nil)
+	rb.sh("default", `echo needle > top.txt && echo needle > secret.txt && chmod 000 secret.txt && mkdir -p d && cd d && n=$(printf 'c%.0s' $(seq 200)) && for i in $(seq 30); do mkdir $n && cd $n; done && echo needle > f.txt`)
+	out := rb.ok("grep", map[string]any{"pattern": "needle"})
+	require.Len(t, out["hits"], 1, "%v", out)
+	skipped := fmt.Sprint(out["skipped"])
+	assert.Contains(t, skipped, "secret.txt: permission denied")
+	assert.Contains(t, skipped, "longer than the system allows")
+}

@@ -133,7 +133,7 @@ func grepTool(ctx context.Context, c *call, in api.GrepInput) (api.GrepOutput, e
 	if err != nil {
 		return api.GrepOutput{}, err
 	}
-	out := api.GrepOutput{Hits: make([]api.GrepHit, len(res.Hits)), Truncated: res.Truncated}
+	out := api.GrepOutput{Hits: make([]api.GrepHit, len(res.Hits)), Truncated: res.Truncated, Skipped: res.Skipped}
 	for i, h := range res.Hits {
 		out.Hits[i] = api.GrepHit(h)
 	}

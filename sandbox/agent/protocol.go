@@ -246,7 +246,13 @@ type GrepResult struct {
 	Hits          []GrepHit `json:"hits"`
 	Truncated     bool      `json:"truncated,omitempty"`
 	FilesSearched int       `json:"files_searched"`
+	// Skipped names what could not be searched, with why (at most
+	// MaxSkipped): a search that missed it must not look complete.
+	Skipped []string `json:"skipped,omitempty"`
 }
+
+// MaxSkipped bounds GrepResult.Skipped.
+const MaxSkipped = 20
 
 // Event is a file system change seen by Watch.
 type Event struct {

@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"unicode/utf8"
 
 	"github.com/bmatcuk/doublestar/v4"
@@ -234,6 +235,8 @@ func (s *server) grep(ctx context.Context, req GrepRequest) (GrepResult, error) 
 	err = filepath.WalkDir(real, func(p string, d fs.DirEntry, err error) error {
 		switch {
 		case err != nil:
+			rel, _ := filepath.Rel(real, p)
+			g.skip(filepath.Join(display, rel), err)
 			return nil
 		case ctx.Err() != nil:
 			return ctx.Err()
@@ -268,10 +271,25 @@ type grepper struct {
 	line    []byte
 }
 
+// skip notes that the path shown as display could not be searched.
+func (g *grepper) skip(display string, err error) {
+	if len(g.res.Skipped) >= MaxSkipped {
+		return
+	}
+	why := err.Error()
+	if errors.Is(err, syscall.ENAMETOOLONG) {
+		why = "its path is longer than the system allows"
+	} else if errors.Is(err, fs.ErrPermission) {
+		why = "permission denied"
+	}
+	g.res.Skipped = append(g.res.Skipped, middle(display, 300)+": "+why)
+}
+
 // file searches one file unless it is binary (a NUL byte in its first 8 KiB).
 func (g *grepper) file(real, display string) {
 	f, fi, err := openFile("grep", display, real, os.O_RDONLY, 0)
 	if err != nil {
+		g.skip(display, err)
 		return
 	}
 	defer f.Close()

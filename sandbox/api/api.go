@@ -241,6 +241,9 @@ type GrepHit struct {
 type GrepOutput struct {
 	Hits      []GrepHit `json:"hits"`
 	Truncated bool      `json:"truncated"`
+	// Skipped names what could not be searched (unreadable, or a path
+	// longer than the system allows), with why; at most 20.
+	Skipped []string `json:"skipped,omitempty" desc:"What could not be searched, with why (at most 20): a match there was missed."`
 }
 
 // GlobInput is the input of the glob tool.
