@@ -32,6 +32,9 @@ func runGraph(ctx context.Context, args []string) error {
 	}
 	var text string
 	if _, statErr := os.Stat(pos[0]); statErr == nil {
+		if err := patternsUnder("graph", pos[0], pos[0]); err != nil { // a folder of patterns: name them
+			return err
+		}
 		p, err := patterns.Load(pos[0])
 		if err != nil {
 			return err

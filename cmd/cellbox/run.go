@@ -65,7 +65,7 @@ func runRun(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := patternsUnder(pos[0], source); err != nil {
+	if err := patternsUnder("run", pos[0], source); err != nil {
 		return err
 	}
 	dataDir, err := filepath.Abs(*data)
@@ -231,7 +231,7 @@ func (r *runParts) close() error {
 // patternsUnder checks a folder given as PATTERN: one without a
 // pattern.yaml (as `cellbox run examples`) is an error listing the
 // patterns in its subfolders, each as the command that runs it.
-func patternsUnder(arg, dir string) error {
+func patternsUnder(command, arg, dir string) error {
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		return nil // patterns.Load says what is wrong with it
 	}
@@ -245,7 +245,7 @@ func patternsUnder(arg, dir string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s is not a pattern (it holds no %s); the patterns in it:", arg, patterns.FileName)
 	for _, f := range subs {
-		fmt.Fprintf(&b, "\n  cellbox run %s", filepath.Join(arg, filepath.Base(filepath.Dir(f))))
+		fmt.Fprintf(&b, "\n  cellbox %s %s", command, filepath.Join(arg, filepath.Base(filepath.Dir(f))))
 	}
 	return errors.New(b.String())
 }

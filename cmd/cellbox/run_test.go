@@ -364,6 +364,13 @@ func TestGraphCommand(t *testing.T) {
 	_, errOut, err := cellbox(t, "graph", pattern, "--format", "svg")
 	require.Error(t, err)
 	assert.Contains(t, errOut, "want dot or mermaid")
+
+	// A folder of patterns: they are named (it said "stat DIR/pattern.yaml:
+	// no such file or directory").
+	_, errOut, err = cellbox(t, "graph", "../../examples")
+	require.Error(t, err)
+	assert.Contains(t, errOut, "holds no pattern.yaml); the patterns in it:")
+	assert.Contains(t, errOut, "\n  cellbox graph ../../examples/repl\n")
 }
 
 // TestServeRuntimeAPI loads a pattern into `cellbox serve` over HTTP and
