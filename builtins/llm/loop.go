@@ -3,6 +3,7 @@ package llm
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -57,6 +58,10 @@ func badArguments(c ToolCall) string {
 // DefaultMaxTurns bounds a tool loop when the caller gives no bound.
 const DefaultMaxTurns = 20
 
+// ErrMaxTurns is wrapped by the error of a Loop that ran out of turns
+// while the model still asked for tools.
+var ErrMaxTurns = errors.New("the model still asks for tools")
+
 // Loop calls the model, runs the tools it asks for, gives it their
 // results, and calls it again until it answers without asking for a tool.
 // A tool outside req.Tools, or a call whose arguments are not a JSON
@@ -73,7 +78,7 @@ func Loop(ctx context.Context, p Provider, req Request, run ToolRunner, maxTurns
 	res := LoopResult{Messages: slices.Clone(req.Messages)}
 	for {
 		if res.Turns == maxTurns {
-			return res, fmt.Errorf("max_turns (%d) reached and the model still asks for tools: raise max_turns or narrow the task", maxTurns)
+			return res, fmt.Errorf("max_turns (%d) reached and %w: raise max_turns or narrow the task", maxTurns, ErrMaxTurns)
 		}
 		res.Turns++
 		turn := res.Turns

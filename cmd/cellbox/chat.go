@@ -98,9 +98,11 @@ func chat(ctx context.Context, in io.Reader, out io.Writer, c sandboxclient.Clie
 		}
 		req := llm.Request{Model: o.model, System: o.system, Tools: ts.Tools, Messages: append(history, llm.Text("user", line))}
 		res, err := llm.Loop(ctx, p, req, run, o.maxTurns, llm.LoopHooks{
-			Unknown:  ts.Unknown,
-			Text:     func(_ int, piece string) { fmt.Fprint(out, piece) },
-			ToolCall: func(call llm.ToolCall) { fmt.Fprintf(out, "\n→ %s %s\n", call.Name, call.Input) },
+			Unknown: ts.Unknown,
+			Text:    func(_ int, piece string) { fmt.Fprint(out, printableLines(piece)) },
+			ToolCall: func(call llm.ToolCall) {
+				fmt.Fprintf(out, "\n→ %s %s\n", printable(call.Name), printable(string(call.Input)))
+			},
 			ToolResult: func(_ llm.ToolCall, result string, isError bool) {
 				mark := "←"
 				if isError {
@@ -109,13 +111,16 @@ func chat(ctx context.Context, in io.Reader, out io.Writer, c sandboxclient.Clie
 				if len(result) > chatResultLimit {
 					result = result[:chatResultLimit] + fmt.Sprintf("… (%d bytes)", len(result))
 				}
-				fmt.Fprintf(out, "%s %s\n", mark, result)
+				fmt.Fprintf(out, "%s %s\n", mark, printableLines(result))
 			},
 		})
 		fmt.Fprintln(out)
 		if err != nil {
 			// The conversation goes on without the failed exchange.
-			fmt.Fprintf(out, "error: %v\n", err)
+			if errors.Is(err, llm.ErrMaxTurns) {
+				err = fmt.Errorf("%d model calls and the model still asks for tools: raise --max-turns or narrow the task", o.maxTurns)
+			}
+			fmt.Fprintf(out, "error: %s\n", printableLines(err.Error()))
 			continue
 		}
 		history = res.Messages

@@ -85,3 +85,27 @@ func TestChatWithheldTools(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(string(raw), `"name":`), "no box was made: %s", raw)
 	assert.Contains(t, string(raw), `"network":{"mode":"none"`)
 }
+
+// What reaches the terminal in a chat shows its control characters (a
+// prompt-injected model's text, a box's output in a tool result), and a
+// chat out of turns names its own flag, --max-turns.
+func TestChatShowsControlsAndFlag(t *testing.T) {
+	svc, _ := boxtest.Service(t, boxtest.Options{})
+	id, _, err := svc.NewSession(context.Background())
+	require.NoError(t, err)
+	s := llmtest.New(t,
+		llmtest.Turn{Text: "\x1b]0;pwned\x07hello", Calls: []llmtest.Call{{ID: "a", Name: "shell", Input: `{"command":"printf '\\033[2Jcleared'"}`}}},
+		llmtest.Turn{Calls: []llmtest.Call{{ID: "b", Name: "shell", Input: `{"command":"true"}`}}},
+	)
+	env := s.Env()
+	p, err := llm.New("openai", func(k string) string { return env[k] }, s.Client())
+	require.NoError(t, err)
+	var out strings.Builder
+	require.NoError(t, chat(context.Background(), strings.NewReader("go\n"), &out, svc.Client(id), p, chatOptions{model: "m", box: "chat", allow: []string{"shell"}, maxTurns: 2}))
+	printed := out.String()
+	assert.NotContains(t, printed, "\x1b", "no escape reaches the terminal")
+	assert.NotContains(t, printed, "\x07")
+	assert.Contains(t, printed, `\x1b]0;pwned\x07hello`)
+	assert.Contains(t, printed, "raise --max-turns")
+	assert.NotContains(t, printed, "raise max_turns")
+}

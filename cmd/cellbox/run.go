@@ -524,13 +524,23 @@ func oneLine(s string) string { return printable(strings.Join(strings.Fields(s),
 // (\x1b): text from a box goes to the operator's terminal, where an
 // escape sequence could clear the screen, retitle the window, fake lines
 // or set the clipboard (OSC 52).
-func printable(s string) string {
-	if !strings.ContainsFunc(s, unicode.IsControl) {
+func printable(s string) string { return shown(s, unicode.IsControl) }
+
+// printableLines is printable keeping line breaks and tabs: a model's text
+// and a tool's result in `cellbox chat` (a prompt-injected model, or a
+// box's output in a result, could send escape sequences too).
+func printableLines(s string) string {
+	return shown(s, func(r rune) bool { return r != '\n' && r != '\t' && unicode.IsControl(r) })
+}
+
+// shown replaces the runes of s that hide reports true for with \xNN.
+func shown(s string, hide func(rune) bool) string {
+	if !strings.ContainsFunc(s, hide) {
 		return s
 	}
 	var b strings.Builder
 	for _, r := range s {
-		if unicode.IsControl(r) {
+		if hide(r) {
 			fmt.Fprintf(&b, "\\x%02x", r)
 		} else {
 			b.WriteRune(r)
