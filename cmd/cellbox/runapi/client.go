@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/cellbox/cellbox/internal/sse"
 )
@@ -21,6 +22,7 @@ type Client struct {
 	base string
 	key  string // the server key, sent as a bearer token (TCP only)
 	hc   *http.Client
+	unix bool // over DATA/run.sock
 }
 
 // NewClient returns a client of the API at baseURL (http://127.0.0.1:PORT).
@@ -45,7 +47,7 @@ func NewUnixClient(path string) *Client {
 			return d.DialContext(ctx, "unix", path)
 		},
 	}
-	return &Client{base: "http://cellbox", hc: &http.Client{Transport: tr}}
+	return &Client{base: "http://cellbox", hc: &http.Client{Transport: tr}, unix: true}
 }
 
 // escape escapes each segment of an address for a URL path.
@@ -91,6 +93,9 @@ func (c *Client) send(ctx context.Context, method, path string, body []byte, acc
 		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.hc.Do(req)
+	if errors.Is(err, syscall.ECONNREFUSED) && !c.unix {
+		return nil, fmt.Errorf("nothing answers at %s (start `cellbox run PATTERN` or `cellbox serve` there, or give --data DIR to work on the data dir itself): %w", c.base, err)
+	}
 	if err != nil {
 		return nil, err
 	}
