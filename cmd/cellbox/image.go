@@ -136,6 +136,10 @@ func imageList(ctx context.Context, imagesDir string) error {
 	if err != nil {
 		return err
 	}
+	if len(imgs) == 0 {
+		fmt.Fprintf(os.Stderr, "no images built in %s (build one: cellbox image build NAME --images %s; boxes of the default image need none)\n", imagesDir, imagesDir)
+		return nil
+	}
 	c, cancel := context.WithTimeout(ctx, 2*time.Second)
 	d, _ := docker.New(c, docker.Options{})
 	cancel()
