@@ -99,7 +99,9 @@ var (
 
 const maxNameLen = 63
 
-func checkName(name string) error {
+// CheckName checks that name can name a sandbox: 1-63 letters, digits,
+// '.', '_' or '-', starting with a letter or digit.
+func CheckName(name string) error {
 	if len(name) > maxNameLen || !nameRE.MatchString(name) {
 		return api.WithCode(api.CodeInvalidInput, fmt.Errorf("invalid sandbox name %q: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", name))
 	}
@@ -136,7 +138,7 @@ func (s *Service) acquireBox(ctx context.Context, sess *Session, name string, no
 	if name == "" {
 		name = api.DefaultBox
 	}
-	if err := checkName(name); err != nil {
+	if err := CheckName(name); err != nil {
 		return nil, err
 	}
 	for try := 0; ; try++ {

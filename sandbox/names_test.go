@@ -12,7 +12,7 @@ func TestNameLimits(t *testing.T) {
 		"a": true, "Box-1.x_y": true, strings.Repeat("a", 63): true,
 		"": false, strings.Repeat("a", 64): false, "-a": false, "a/b": false, "a b": false,
 	} {
-		assert.Equal(t, ok, checkName(name) == nil, "sandbox name %q", name)
+		assert.Equal(t, ok, CheckName(name) == nil, "sandbox name %q", name)
 	}
 	id := "p" + strings.Repeat("0a", 16)
 	for s, ok := range map[string]bool{

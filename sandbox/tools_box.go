@@ -299,7 +299,7 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 		name = api.DefaultBox
 	}
 	out := api.SandboxCreateOutput{Sandbox: name}
-	if err := checkName(name); err != nil {
+	if err := CheckName(name); err != nil {
 		return out, err
 	}
 	if len(c.sess.allowed) > 0 {

@@ -422,7 +422,7 @@ func (s *Service) newBoxes(ctx context.Context, c *call, names []string, spec bo
 	}
 	seen := map[string]bool{}
 	for _, name := range names {
-		if err := checkName(name); err != nil {
+		if err := CheckName(name); err != nil {
 			return nil, err
 		}
 		if seen[name] {

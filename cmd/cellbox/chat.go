@@ -12,6 +12,7 @@ import (
 
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/builtins/llm"
+	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandboxclient"
 )
 
@@ -28,6 +29,7 @@ type chatOptions struct {
 	model, system, box string
 	allow              []string
 	maxTurns           int
+	ready              func() // called once the tools are bound, before the first prompt
 }
 
 func runChat(ctx context.Context, args []string) error {
@@ -48,6 +50,9 @@ func runChat(ctx context.Context, args []string) error {
 	if *maxTurns < 1 {
 		return fmt.Errorf("--max-turns %d: give at least 1 (model calls per message)", *maxTurns)
 	}
+	if err := sandbox.CheckName(*box); err != nil {
+		return fmt.Errorf("--box: %w", err)
+	}
 	if *cf.session == "" || *cf.token == "" {
 		return errors.New("no session: run `eval \"$(cellbox session new)\"` or pass --session and --token")
 	}
@@ -55,11 +60,12 @@ func runChat(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	opts := chatOptions{model: *model, system: *system, box: *box, maxTurns: *maxTurns}
+	opts := chatOptions{model: *model, system: *system, box: *box, maxTurns: *maxTurns, ready: func() {
+		fmt.Fprintf(os.Stderr, "chatting with %s %s in box %q; an empty line or Ctrl-D ends\n", *provider, *model, *box)
+	}}
 	if *allow != "" {
 		opts.allow = strings.Split(*allow, ",")
 	}
-	fmt.Fprintf(os.Stderr, "chatting with %s %s in box %q; an empty line or Ctrl-D ends\n", *provider, *model, *box)
 	return chat(ctx, os.Stdin, os.Stdout, sandboxclient.New(*cf.server, *cf.session, *cf.token), p, opts)
 }
 
@@ -81,6 +87,9 @@ func chat(ctx context.Context, in io.Reader, out io.Writer, c sandboxclient.Clie
 	ts, err := builtins.BoxTools(ctx, c, o.allow)
 	if err != nil {
 		return err
+	}
+	if o.ready != nil {
+		o.ready()
 	}
 	run := ts.Runner(c, o.box)
 	var history []llm.Message

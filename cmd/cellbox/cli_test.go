@@ -43,6 +43,7 @@ func TestCLIFirstSteps(t *testing.T) {
 		{"chat with no turns", []string{"chat", "--model", "m", "--max-turns", "0"}, 1, nil, []string{"--max-turns 0: give at least 1"}},
 		{"run a folder of patterns", []string{"run", "../../examples"}, 1, nil,
 			[]string{"../../examples is not a pattern (it holds no pattern.yaml); the patterns in it:", "\n  cellbox run ../../examples/repl\n"}},
+		{"chat with a bad box name", []string{"chat", "--model", "m", "--box", "../x"}, 1, nil, []string{`--box: invalid sandbox name "../x"`}},
 		{"no images", []string{"image", "ls", "--images", "/nonexistent"}, 0, nil,
 			[]string{"no images built in /nonexistent (build one: cellbox image build NAME --images /nonexistent"}},
 		{"a server that is not there", []string{"cell", "get", "x", "--server", "http://127.0.0.1:1"}, 1, nil,
