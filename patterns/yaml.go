@@ -117,10 +117,11 @@ var (
 
 // maxYAMLNodes caps how many YAML nodes a value may expand to (aliases can
 // make a small file expand exponentially).
-const (
-	maxYAMLNodes = 1 << 20
-	maxDepth     = 1000
-)
+const maxYAMLNodes = 1 << 20
+
+// MaxDepth is how deeply a cell's value may nest lists and objects, in a
+// pattern and through the runtime API alike.
+const MaxDepth = 1000
 
 type loader struct {
 	file   string
@@ -752,9 +753,9 @@ func (l *loader) json(n *yaml.Node, path string, depth int) json.RawMessage {
 
 func (l *loader) value(n *yaml.Node, path string, depth int) (any, bool) {
 	n = deref(n)
-	if l.budget <= 0 || depth > maxDepth {
+	if l.budget <= 0 || depth > MaxDepth {
 		if !l.tooBig {
-			l.errAt(n, path, "value too large or too deep (more than %d nodes or %d levels, aliases expanded)", maxYAMLNodes, maxDepth)
+			l.errAt(n, path, "value too large or too deep (more than %d nodes or %d levels, aliases expanded)", maxYAMLNodes, MaxDepth)
 			l.tooBig = true
 		}
 		return nil, false

@@ -138,6 +138,9 @@ func CheckJSON(b []byte) error {
 	var v any
 	err := json.Unmarshal(b, &v)
 	if err == nil {
+		if d := jsonDepth(b); d > patterns.MaxDepth {
+			return fmt.Errorf("it nests %d levels deep; a cell's value may nest at most %d, as in a pattern", d, patterns.MaxDepth)
+		}
 		return nil
 	}
 	t := strings.TrimSpace(string(b))
@@ -367,4 +370,26 @@ func (s *Server) handleGraph(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	io.WriteString(w, text)
+}
+
+// jsonDepth is how deeply the valid JSON b nests arrays and objects.
+func jsonDepth(b []byte) int {
+	depth, most, inString, escaped := 0, 0, false, false
+	for _, c := range b {
+		switch {
+		case escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '[' || c == '{':
+			depth++
+			most = max(most, depth)
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return most
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
+	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
 )
 
@@ -538,4 +539,12 @@ func TestCheckJSON(t *testing.T) {
 	assert.ErrorContains(t, runapi.CheckJSON([]byte(`1e400`)), "the number 1e400 is out of range: numbers must fit a 64-bit float")
 	assert.ErrorContains(t, runapi.CheckJSON([]byte(`{"a": -1e999}`)), "the number -1e999 is out of range")
 	assert.Error(t, runapi.CheckJSON([]byte(`{"a":`)))
+
+	// As deep as a pattern's YAML may nest, no deeper (5,000 levels were
+	// stored); brackets inside strings do not count.
+	deep := func(n int) []byte {
+		return []byte(strings.Repeat(`{"a":[`, n/2) + `"[[{\"[\\"` + strings.Repeat(`]}`, n/2))
+	}
+	assert.NoError(t, runapi.CheckJSON(deep(patterns.MaxDepth)))
+	assert.ErrorContains(t, runapi.CheckJSON(deep(patterns.MaxDepth+2)), "it nests 1002 levels deep; a cell's value may nest at most 1000, as in a pattern")
 }
