@@ -34,16 +34,23 @@ func Valid(b []byte) bool { return Check(b) == nil }
 // Check returns nil if b is one JSON value, else an *Error saying where
 // it breaks.
 func Check(b []byte) error {
+	_, err := Depth(b)
+	return err
+}
+
+// Depth checks b as Check does and returns how deeply it nests arrays and
+// objects: 0 for a scalar, 1 for [1] or {}, 2 for [[]].
+func Depth(b []byte) (int, error) {
 	p := parser{b: b}
 	p.ws()
 	if err := p.value(0); err != nil {
-		return err
+		return 0, err
 	}
 	p.ws()
 	if p.i != len(b) {
-		return p.fail("invalid character after the top-level value")
+		return 0, p.fail("invalid character after the top-level value")
 	}
-	return nil
+	return p.most, nil
 }
 
 // SplitObject checks that b is one JSON object and returns its fields:
@@ -69,8 +76,9 @@ func SplitObject(b []byte) (map[string]json.RawMessage, error) {
 const maxDepth = 10000
 
 type parser struct {
-	b []byte
-	i int
+	b    []byte
+	i    int
+	most int // the deepest array or object seen (Depth)
 }
 
 func (p *parser) fail(msg string) error {
@@ -102,8 +110,10 @@ func (p *parser) value(depth int) error {
 	case c == '"':
 		return p.str()
 	case c == '{':
+		p.most = max(p.most, depth+1)
 		return p.object(depth, nil)
 	case c == '[':
+		p.most = max(p.most, depth+1)
 		p.i++
 		p.ws()
 		if p.i < len(p.b) && p.b[p.i] == ']' {

@@ -125,3 +125,17 @@ func TestLongRunsAgreeWithEncodingJSON(t *testing.T) {
 	_, err = SplitObject([]byte(`{"a": "` + strings.Repeat("x", 100)))
 	assert.EqualError(t, err, `unexpected end of JSON input at offset 107`)
 }
+
+// Depth counts nested arrays and objects, not brackets inside strings, and
+// checks the text as Check does.
+func TestDepth(t *testing.T) {
+	for text, want := range map[string]int{
+		`1`: 0, `"[{"`: 0, `[]`: 1, `{}`: 1, `[1]`: 1, `[[]]`: 2, `{"a":{"b":[1,{"c":"]]]"}]}}`: 4, ` [ [ [ ] ] , 1 ] `: 3,
+	} {
+		d, err := Depth([]byte(text))
+		require.NoError(t, err, text)
+		assert.Equal(t, want, d, text)
+	}
+	_, err := Depth([]byte(`[[]`))
+	assert.Error(t, err)
+}

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/internal/fastjson"
 	"github.com/cellbox/cellbox/internal/jsonschema"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
@@ -138,7 +139,7 @@ func CheckJSON(b []byte) error {
 	var v any
 	err := json.Unmarshal(b, &v)
 	if err == nil {
-		if d := jsonDepth(b); d > patterns.MaxDepth {
+		if d, _ := fastjson.Depth(b); d > patterns.MaxDepth { // valid: checked just now
 			return fmt.Errorf("it nests %d levels deep; a cell's value may nest at most %d, as in a pattern", d, patterns.MaxDepth)
 		}
 		return nil
@@ -370,26 +371,4 @@ func (s *Server) handleGraph(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	io.WriteString(w, text)
-}
-
-// jsonDepth is how deeply the valid JSON b nests arrays and objects.
-func jsonDepth(b []byte) int {
-	depth, most, inString, escaped := 0, 0, false, false
-	for _, c := range b {
-		switch {
-		case escaped:
-			escaped = false
-		case inString && c == '\\':
-			escaped = true
-		case c == '"':
-			inString = !inString
-		case inString:
-		case c == '[' || c == '{':
-			depth++
-			most = max(most, depth)
-		case c == ']' || c == '}':
-			depth--
-		}
-	}
-	return most
 }
