@@ -461,8 +461,8 @@ func (r *Runtime) Retry(ctx context.Context, addr cells.Address) error {
 		return fmt.Errorf("retry %s: %w: node %s is running", addr, ErrNotRetryable, n.decl.Name)
 	}
 	err := r.batch(func(b *batch) error {
-		// The stored cell says whether the last run failed (n.err is not
-		// kept across restarts).
+		// The stored cell says whether the last run failed (n.err, which
+		// Load restores from it, says the same).
 		var env envelope
 		_ = json.Unmarshal(b.get(n.out).raw, &env)
 		if env.Error == nil {

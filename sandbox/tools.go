@@ -425,18 +425,17 @@ type call struct {
 // box leases the session's box name (lazily created, woken if asleep)
 // until the call ends.
 func (c *call) box(ctx context.Context, name string) (*lease, error) {
-	l, err := c.s.acquire(ctx, c.sess, name, c.notice)
-	if err != nil {
-		return nil, err
-	}
-	c.leases = append(c.leases, l)
-	return l, nil
+	return c.lease(ctx, name, false)
 }
 
 // existingBox is box for a tool that has nothing to do with a new, empty
 // sandbox (snapshot, fork): a name the session has no sandbox of is no_box.
 func (c *call) existingBox(ctx context.Context, name string) (*lease, error) {
-	l, err := c.s.acquireBox(ctx, c.sess, name, c.notice, true)
+	return c.lease(ctx, name, true)
+}
+
+func (c *call) lease(ctx context.Context, name string, mustExist bool) (*lease, error) {
+	l, err := c.s.acquireBox(ctx, c.sess, name, c.notice, mustExist)
 	if err != nil {
 		return nil, err
 	}
