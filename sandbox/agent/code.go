@@ -552,7 +552,13 @@ func (t *codeTable) run(ctx context.Context, id string, req CodeRunRequest) (Cod
 	}
 	line, _ := json.Marshal(map[string]any{"file": cell, "n": n, "max": maxOut, "timeout": max(req.TimeoutMs, 0)})
 	if _, err := c.req.Write(append(line, '\n')); err != nil {
-		return CodeResult{}, codeErr(op, id, CodeNotFound, "code context %s ended: its interpreter stopped reading (%v); create a new one", id, err)
+		// It is dying: of an end already recorded (a bad answer of the
+		// last cell, whose kill may not have landed yet), which why
+		// reports, or of this.
+		c.end(fmt.Sprintf("its interpreter stopped reading (%v)", err))
+		c.p.kill()
+		<-c.p.done
+		return CodeResult{}, codeErr(op, id, CodeNotFound, "code context %s ended: %s; create a new one", id, c.why())
 	}
 
 	var timeout <-chan time.Time
