@@ -12,7 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os"
+	"path/filepath"
 	"regexp"
 	"sync"
 	"sync/atomic"
@@ -470,9 +470,8 @@ func (s *Service) makeBox(ctx context.Context, rec boxRecord, session, name stri
 // backendSpec is the backend's spec of box rec, named name in session; it
 // makes the box's host directory.
 func (s *Service) backendSpec(rec boxRecord, session, name string) (backend.Spec, error) {
-	hostDir := s.hostDir(rec.ID)
-	if err := os.MkdirAll(hostDir, 0o700); err != nil {
-		return backend.Spec{}, fmt.Errorf("create host dir of box %s: %w", rec.ID, err)
+	if err := s.makeHostDir(rec.ID); err != nil {
+		return backend.Spec{}, err
 	}
 	if !rec.Network {
 		if err := s.startEgress(rec.ID); err != nil {
@@ -493,7 +492,7 @@ func (s *Service) backendSpec(rec boxRecord, session, name string) (backend.Spec
 		Network:     rec.Network,
 		Limits:      toBackendLimits(rec.Limits),
 		AgentBinary: s.cfg.AgentBinary,
-		HostDir:     hostDir,
+		HostDir:     s.hostDir(rec.ID),
 		WorkDir:     rec.WorkspaceDir,
 	}, nil
 }
@@ -512,6 +511,9 @@ func (s *Service) wake(ctx context.Context, id string) (*agent.Client, error) {
 	if s.asleep.Load() {
 		return nil, errShuttingDown(id)
 	}
+	if err := s.prepareHost(id); err != nil {
+		return nil, err
+	}
 	if _, err := s.be.Start(ctx, id); err != nil {
 		return nil, fmt.Errorf("%s backend: start box %s: %w", s.be.Name(), id, err)
 	}
@@ -523,7 +525,7 @@ func (s *Service) wake(ctx context.Context, id string) (*agent.Client, error) {
 // box still runs, so that a box that cannot start (its agent died: no
 // memory, pids: 1, a broken image) fails at once, saying why.
 func (s *Service) connect(ctx context.Context, id string, timeout time.Duration) (*agent.Client, error) {
-	cl := agent.Dial(socketPath(s.cfg.DataDir, id))
+	cl := agent.Dial(filepath.Join(s.hostDir(id), backend.SocketName))
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var pe *agent.ProtocolError
@@ -600,7 +602,7 @@ func (s *Service) removeBox(ctx context.Context, id string) {
 	if err := s.be.Remove(ctx, id); err != nil {
 		s.log.Error("remove box", "box", id, "err", err)
 	}
-	if err := os.RemoveAll(s.hostDir(id)); err != nil {
+	if err := s.removeHostDir(id); err != nil {
 		s.log.Warn("remove box host dir", "box", id, "err", err)
 	}
 }

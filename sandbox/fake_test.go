@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/backend"
 )
@@ -209,7 +210,10 @@ func newTestService(t *testing.T, be backend.Backend, dataDir string, mod func(*
 	}
 	s, err := New(context.Background(), cfg)
 	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
+	t.Cleanup(func() {
+		s.Close()
+		testenv.UnmountUnder(t, dataDir)
+	})
 	return s
 }
 

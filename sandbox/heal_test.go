@@ -79,6 +79,7 @@ func newRealService(t *testing.T, kind string, mod func(*Config)) *realBox {
 				_ = rb.be.Remove(ctx, in.ID)
 			}
 		}
+		testenv.UnmountUnder(t, dir)
 		os.RemoveAll(dir)
 	})
 	rb.sess, _, err = s.NewSession(context.Background())

@@ -95,7 +95,10 @@ func (s *Service) startEgress(id string) error {
 	if running {
 		return nil
 	}
-	ln, err := egress.Listen(filepath.Join(s.cfg.DataDir, "egress"), s.hostDir(id))
+	if err := s.makeHostDir(id); err != nil {
+		return err
+	}
+	ln, err := egress.Listen(s.egressStaging(id), s.hostDir(id))
 	if err != nil {
 		return fmt.Errorf("box %s: %w", id, err)
 	}

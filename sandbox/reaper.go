@@ -107,6 +107,7 @@ func (s *Service) sleep(ctx context.Context, b *box, idle time.Duration) error {
 	s.mu.Lock()
 	b.state = stateSleeping
 	s.mu.Unlock()
+	s.releaseHost(b.rec.ID)
 	s.log.Info("box put to sleep", "box", b.rec.ID, "idle", idle.Round(time.Second))
 	return nil
 }

@@ -119,7 +119,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 	}
 	s.sweepHostDirs()
 	for id, b := range s.boxes {
-		if b.state != stateGone && !b.rec.Network {
+		if b.state == stateRunning && !b.rec.Network {
 			if err := s.startEgress(id); err != nil {
 				s.log.Warn("box egress proxy not started; its network is closed", "box", id, "err", err)
 			}
@@ -146,7 +146,7 @@ func (s *Service) sweepHostDirs() {
 			continue
 		}
 		s.log.Info("removing the host directory of a box that is gone", "box", e.Name())
-		if err := os.RemoveAll(s.hostDir(e.Name())); err != nil {
+		if err := s.removeHostDir(e.Name()); err != nil {
 			s.log.Warn("remove box host dir", "box", e.Name(), "err", err)
 		}
 	}

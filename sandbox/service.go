@@ -176,8 +176,11 @@ type Service struct {
 	// egressMu serializes startEgress, so two starts for one box never
 	// both place a socket.
 	egressMu sync.Mutex
-	filler   chan struct{} // the one pool fill in flight
-	closed   bool
+	// hostDirMu serializes mounting and removing boxes' host directories
+	// (hostdir.go), so that two wakes never mount one twice.
+	hostDirMu sync.Mutex
+	filler    chan struct{} // the one pool fill in flight
+	closed    bool
 	// asleep is set by SleepAll: the process is shutting down, and no box
 	// starts again (wake refuses) to run on after it exits.
 	asleep atomic.Bool
@@ -333,15 +336,13 @@ func (s *Service) Close() error {
 	return s.st.close()
 }
 
-// Boxes' host directories live under DataDir/boxes.
-func (s *Service) hostDir(id string) string { return filepath.Join(s.cfg.DataDir, "boxes", id) }
-
 // maxSocketPath is the longest unix socket path (sun_path less its NUL).
 const maxSocketPath = 107
 
-// socketPath is the host path of box id's agent socket.
+// socketPath is the host path of the agent socket of a box id made now
+// (hostdir.go), for checking its length.
 func socketPath(dataDir, id string) string {
-	return filepath.Join(dataDir, "boxes", id, backend.SocketName)
+	return filepath.Join(dataDir, "boxes", id, "run", backend.SocketName)
 }
 
 // defaultSleepAfter returns ms or the default.

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -383,7 +382,7 @@ func (s *Service) cloneInto(ctx context.Context, sess *Session, names []string, 
 	}
 	if err != nil {
 		for _, b := range boxes {
-			os.RemoveAll(s.hostDir(b.rec.ID))
+			s.removeHostDir(b.rec.ID)
 		}
 		return fmt.Errorf("%s backend: clone box %s: %w", s.be.Name(), src, err)
 	}

@@ -75,12 +75,13 @@ func Service(t testing.TB, opts Options) (*sandbox.Service, string) {
 }
 
 // RemoveBoxes removes every local-backend box of a data directory (its
-// local/ folder), running or not: the boxes of a server a test stopped
+// local/ folder), running or not, and unmounts their host directories: the boxes of a server a test stopped
 // (they outlive it, to be reattached) or killed. A box holds a mounted
 // disk and processes, so a test that made boxes in a data dir calls this
 // before the directory goes.
 func RemoveBoxes(t testing.TB, dataDir string) {
 	t.Helper()
+	defer testenv.UnmountUnder(t, filepath.Join(dataDir, "boxes"))
 	root := filepath.Join(dataDir, "local")
 	if _, err := os.Stat(root); err != nil {
 		return

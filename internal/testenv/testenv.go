@@ -13,10 +13,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // InCI reports whether the tests run under CI (CI is set and not "false").
@@ -143,4 +146,30 @@ func Mounts(t testing.TB, s string) []string {
 		}
 	}
 	return out
+}
+
+// UnmountUnder unmounts (lazily) every mount below dir, deepest first: the
+// tmpfs host directories a sandbox service mounts under DATA/boxes, which
+// stay mounted for boxes that run on after the service closed, as they
+// would in production, and would keep a test's data dir from being
+// removed.
+func UnmountUnder(t testing.TB, dir string) {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Errorf("read the mount table: %v", err)
+		return
+	}
+	var points []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			points = append(points, f[4])
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(points)))
+	for _, p := range points {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && err != unix.EINVAL {
+			t.Errorf("unmount %s: %v", p, err)
+		}
+	}
 }

@@ -140,8 +140,10 @@ type Spec struct {
 	// means Workspace.
 	WorkDir string
 	// HostDir is a host directory owned by this box, mounted at SocketDir.
-	// The agent creates its socket there. The host must treat everything in
-	// it as hostile (lstat, never follow links).
+	// The agent creates its socket there. Create and every Start give it
+	// to the box user: the caller may make it anew while the box is
+	// stopped. The host must treat everything in it as hostile (lstat,
+	// never follow links).
 	HostDir string
 }
 

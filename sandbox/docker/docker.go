@@ -481,8 +481,23 @@ func (b *Backend) disk(id string) boxdisk.Disk {
 
 // Start starts the container; the agent is PID 1.
 func (b *Backend) Start(ctx context.Context, id string) (backend.Info, error) {
-	if _, err := b.container(ctx, id); err != nil {
+	c, err := b.container(ctx, id)
+	if err != nil {
 		return backend.Info{}, err
+	}
+	// The agent, as the box user, makes its socket in the host dir, which
+	// the caller may have made anew since Create (backend.Spec.HostDir).
+	// A box of an older cellbox has no uid label and needs no chown: its
+	// host dir is the one Create gave it.
+	if uid, err := strconv.Atoi(c.Config.Labels[labelUID]); err == nil {
+		for _, m := range c.Mounts {
+			if m.Destination != backend.SocketDir {
+				continue
+			}
+			if err := os.Lchown(m.Source, uid, uid); err != nil {
+				return backend.Info{}, fmt.Errorf("start box %s: host dir: %w", id, err)
+			}
+		}
 	}
 	// Stop unmounted the disk (a reboot too). A box made before boxes had
 	// disks has none and needs none: Mount says so with fs.ErrNotExist.

@@ -388,9 +388,11 @@ func (c *slotConn) Close() error {
 // user must connect to it, and hostDir is what guards it, as it guards the
 // agent's socket.
 func Listen(staging, hostDir string) (net.Listener, error) {
-	var rnd [6]byte
+	// A short name: the path must fit a unix socket's 107 bytes wherever
+	// the box's own socket path does.
+	var rnd [4]byte
 	rand.Read(rnd[:])
-	tmp := filepath.Join(staging, "egress-"+hex.EncodeToString(rnd[:])+".sock")
+	tmp := filepath.Join(staging, "e"+hex.EncodeToString(rnd[:]))
 	ln, err := net.Listen("unix", tmp)
 	if err != nil {
 		return nil, fmt.Errorf("egress proxy: listen: %w", err)

@@ -200,6 +200,11 @@ func (s *suite) lifecycle(t *testing.T) {
 	cancel()
 	assert.Error(t, err, "a stopped box's agent does not answer")
 
+	// The caller may make the host dir anew while the box is stopped (the
+	// service's is a tmpfs it unmounts then): Start gives it to the box
+	// user again.
+	require.NoError(t, os.RemoveAll(spec.HostDir))
+	require.NoError(t, os.Mkdir(spec.HostDir, 0o700))
 	info, err = s.b.Start(ctx, spec.ID)
 	require.NoError(t, err)
 	assert.Equal(t, backend.StateRunning, info.State)
