@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/mcpserver"
 )
 
@@ -36,9 +38,11 @@ type mcpHTTP struct {
 	keyed   http.Handler // /v1/mcp
 	session http.Handler // /v1/sessions/{id}/mcp, after authed
 
-	mu   sync.Mutex
-	ids  map[*mcp.ServerSession]string // the cellbox session of each MCP session
-	open map[string]int                // /v1/sessions/{id}/mcp: MCP sessions open on cellbox session id
+	mu  sync.Mutex
+	ids map[*mcp.ServerSession]string // the cellbox session of each MCP session
+	// servers are the MCP servers of the profiles, each once.
+	servers []*mcp.Server
+	open    map[string]int // /v1/sessions/{id}/mcp: MCP sessions open on cellbox session id
 }
 
 func newMCPHTTP(s *sandbox.Service) *mcpHTTP {
@@ -49,6 +53,7 @@ func newMCPHTTP(s *sandbox.Service) *mcpHTTP {
 		servers[p.Name] = mcpserver.New(p.Name, tools, func(ctx context.Context, req mcp.Request) (mcpserver.ToolCaller, error) {
 			return m.bind(ctx, req, p.Name)
 		})
+		m.servers = append(m.servers, servers[p.Name])
 	}
 	opts := &mcp.StreamableHTTPOptions{
 		SessionTimeout: max(s.Config().SessionTTL, 0),
@@ -61,7 +66,7 @@ func newMCPHTTP(s *sandbox.Service) *mcpHTTP {
 	servers[""] = servers[sandbox.DefaultProfile]
 	// An unknown profile gets no server: the SDK answers 400.
 	get := func(r *http.Request) *mcp.Server { return servers[r.URL.Query().Get("profile")] }
-	m.keyed = knownProfile(mcp.NewStreamableHTTPHandler(get, opts))
+	m.keyed = m.admit(mcp.NewStreamableHTTPHandler(get, opts))
 	m.session = mcp.NewStreamableHTTPHandler(get, opts)
 	return m
 }
@@ -72,20 +77,41 @@ func newMCPHTTP(s *sandbox.Service) *mcpHTTP {
 func (m *mcpHTTP) serveSession(w http.ResponseWriter, r *http.Request, sess *sandbox.Session) {
 	info := &auth.TokenInfo{UserID: sess.ID}
 	verified := func(context.Context, string, *http.Request) (*auth.TokenInfo, error) { return info, nil }
-	knownProfile(auth.RequireBearerToken(verified, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(m.session)).ServeHTTP(w, r)
+	m.admit(auth.RequireBearerToken(verified, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(m.session)).ServeHTTP(w, r)
 }
 
-// knownProfile answers a request for an unknown ?profile= with 400 and the
-// list of profiles, before it reaches the SDK (which would only say it has
-// no server).
-func knownProfile(h http.Handler) http.Handler {
+// admit answers a request for an unknown ?profile= with 400 and the list
+// of profiles, before it reaches the SDK (which would only say it has no
+// server), and a request that would open an MCP session past the
+// service's MaxSessions with 429 (code limit): the SDK keeps an MCP session until it is
+// deleted or idle for SessionTTL, and has no cap of its own, so a client
+// that opens sessions in a loop would otherwise grow the server without
+// bound (each keyed one also becomes a cellbox session at its first call).
+func (m *mcpHTTP) admit(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, err := sandbox.LookupProfile(r.URL.Query().Get("profile")); err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
+		if r.Method == http.MethodPost && r.Header.Get("Mcp-Session-Id") == "" {
+			if n, limit := m.openSessions(), m.s.Config().MaxSessions; n >= limit {
+				writeJSON(w, http.StatusTooManyRequests, api.ErrorBody{Code: api.CodeLimit, Error: fmt.Sprintf("%d MCP sessions are open, the most this server keeps (--max-sessions): end yours with DELETE and its Mcp-Session-Id header when done, or wait for idle ones to end (after --session-ttl)", n)})
+				return
+			}
+		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// openSessions counts the MCP sessions of every profile.
+func (m *mcpHTTP) openSessions() int {
+	n := 0
+	for _, srv := range m.servers {
+		for range srv.Sessions() {
+			n++
+		}
+	}
+	return n
 }
 
 // bind picks the cellbox session of an MCP request, to run profile's tools.

@@ -167,3 +167,45 @@ func TestMCPProfileOverHTTP(t *testing.T) {
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
 	assert.Contains(t, string(body), "deerflow", "the error lists the profiles")
 }
+
+// TestMCPSessionCap: MCP sessions that never call a tool (the SDK keeps
+// each until it is deleted or idle for SessionTTL) are capped at the
+// service's MaxSessions: one past it is refused with a 429 that says what
+// to do, on both routes, and ending one makes room. They used to pile up
+// without bound.
+func TestMCPSessionCap(t *testing.T) {
+	s, _ := boxtest.Service(t, boxtest.Options{MaxSessions: 2})
+	url := startHTTP(t, s)
+	a := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
+	mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
+	h := newHTTPSession(t, url) // a cellbox session: MCP sessions with no call yet have none
+	_, err := mcptest.Connect(t, mcptest.HTTP(url+"/v1/mcp", ""))
+	require.Error(t, err, "a third MCP session would be past the cap")
+	assert.Contains(t, err.Error(), "Too Many Requests")
+
+	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`
+	for _, route := range []struct{ path, token string }{{"/v1/mcp", ""}, {"/v1/sessions/" + h.id + "/mcp", h.token}} {
+		req, _ := http.NewRequest(http.MethodPost, url+route.path, strings.NewReader(init))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		if route.token != "" {
+			req.Header.Set("Authorization", "Bearer "+route.token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "%s: %s", route.path, body)
+		assert.Contains(t, string(body), `"code":"limit"`)
+		assert.Contains(t, string(body), "2 MCP sessions are open, the most this server keeps (--max-sessions): end yours with DELETE")
+	}
+
+	require.NoError(t, a.Close())
+	require.Eventually(t, func() bool {
+		c, err := mcptest.Connect(t, mcptest.HTTP(url+"/v1/mcp", ""))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}, 10*time.Second, 50*time.Millisecond, "ending one makes room")
+}
