@@ -129,13 +129,15 @@ func withRuntimeAPI(h, api, page http.Handler) http.Handler {
 //     page of another site, or of a preview, cannot call the APIs (403).
 //  3. Preview hosts go to the preview proxy and nothing else, so a page a
 //     box serves never shares an origin with the APIs or the web page.
-//  4. Everything else needs the server key (Authorization: Bearer KEY, or
-//     the page's cookie), MCP's /v1/mcp included (a session of boxes per
-//     MCP session), except /healthz, GET /v1/tools, and the session
-//     routes /v1/sessions/{id}/... (MCP's too), which check their
-//     session's token (DELETE /v1/sessions/{id} takes the key too).
-//     Missing: 401; wrong: 403. GET /?token=KEY trades the key for an
-//     HttpOnly SameSite=Strict cookie, as a notebook server does.
+//  4. Everything else needs the server key (Authorization: Bearer KEY),
+//     MCP's /v1/mcp included (a session of boxes per MCP session), except
+//     /healthz, GET /v1/tools, the page itself (it holds no data), and
+//     the session routes /v1/sessions/{id}/... (MCP's too), which check
+//     their session's token (DELETE /v1/sessions/{id} takes the key too).
+//     Missing: 401; wrong: 403. The page takes the key from its address's
+//     fragment (#token=KEY; GET /?token=KEY redirects there) into its
+//     origin's localStorage and sends it as Authorization. No cookie
+//     carries it: a cookie goes to every port of the host.
 type guard struct {
 	key     string
 	hosts   map[string]bool // allowed host names besides loopback, lowercase
@@ -152,7 +154,7 @@ func newGuard(key string, hosts []string, preview, api http.Handler) *guard {
 }
 
 func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	name, port := splitHost(r.Host)
+	name, _ := splitHost(r.Host)
 	_, isPreview := sandbox.PreviewID(r.Host)
 	if !isPreview && !g.allowedHost(name) {
 		writeGuardError(w, http.StatusMisdirectedRequest, fmt.Sprintf(
@@ -185,27 +187,30 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.api.ServeHTTP(w, r)
 		return
 	}
-	cookie := "cellbox_key_" + port // cookies are per host, not per port: one name per port
-	if t := r.URL.Query().Get("token"); t != "" && webui.Owns(r.URL.Path) && r.Method == http.MethodGet {
-		if !g.match(t) {
-			writeGuardError(w, http.StatusForbidden, "wrong token in the page address: open the address `cellbox serve` (or run) printed, page: ...?token=KEY")
+	if webui.Owns(r.URL.Path) && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+		// The page holds no data and needs no key; its script sends the
+		// key (from the address's #token=, kept in this origin's
+		// localStorage) as Authorization on each API request. A cookie
+		// would not do: browsers send cookies to every port of a host, so
+		// any other server on localhost would receive the key.
+		if t := r.URL.Query().Get("token"); t != "" {
+			if !g.match(t) {
+				writeGuardError(w, http.StatusForbidden, "wrong token in the page address: open the address `cellbox serve` (or run) printed, page: .../#token=KEY")
+				return
+			}
+			// The key moves to the fragment, which the browser never sends.
+			http.Redirect(w, r, r.URL.Path+"#token="+url.PathEscape(t), http.StatusSeeOther)
 			return
 		}
-		http.SetCookie(w, &http.Cookie{Name: cookie, Value: t, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
-		http.Redirect(w, r, r.URL.Path, http.StatusSeeOther) // the key leaves the address bar
+		g.api.ServeHTTP(w, r)
 		return
 	}
 	key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok {
-		if c, err := r.Cookie(cookie); err == nil {
-			key, ok = c.Value, true
-		}
-	}
 	switch {
 	case !ok || key == "":
 		w.Header().Set("WWW-Authenticate", `Bearer realm="cellbox"`)
 		writeGuardError(w, http.StatusUnauthorized, fmt.Sprintf(
-			"%s %s needs the server key: send Authorization: Bearer KEY (KEY is in DATA/%s of the server, or %s); the web page: open the address the server printed (page: ...?token=KEY)", r.Method, r.URL.Path, keyFile, keyEnv))
+			"%s %s needs the server key: send Authorization: Bearer KEY (KEY is in DATA/%s of the server, or %s); the web page: open the address the server printed (page: .../#token=KEY)", r.Method, r.URL.Path, keyFile, keyEnv))
 	case !g.match(key):
 		writeGuardError(w, http.StatusForbidden, fmt.Sprintf("%s %s: wrong server key (it is in DATA/%s of the server, or %s)", r.Method, r.URL.Path, keyFile, keyEnv))
 	default:

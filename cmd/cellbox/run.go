@@ -128,7 +128,7 @@ func runRun(ctx context.Context, args []string) error {
 		}
 		pageKey = "KEY (the server key, in " + where + ")"
 	}
-	fmt.Fprintf(os.Stderr, "cellbox run: %s/%s from %s (backend %s, data %s)\n  page: %s/?token=%s · API: %s (server key needed) · runtime API: unix:%s · log: %s\n",
+	fmt.Fprintf(os.Stderr, "cellbox run: %s/%s from %s (backend %s, data %s)\n  page: %s/#token=%s · API: %s (server key needed) · runtime API: unix:%s · log: %s\n",
 		inst.Space, inst.Name, source, *backendName, dataDir, base, pageKey, base, sock, filepath.Join(dataDir, runLogFile))
 	if created {
 		fmt.Fprintf(os.Stderr, "  made a server key (kept 0600 in %s; clients of this data dir read it there)\n", keyPathOf(host))

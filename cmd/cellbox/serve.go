@@ -105,7 +105,7 @@ func runServe(ctx context.Context, args []string) error {
 		fmt.Fprintf(os.Stderr, "cellbox: resumed pattern %s/%s\n", in.Space, in.Name)
 	}
 	slog.Info("cellbox serving", "url", base, "backend", be.Name(), "data", dataDir)
-	fmt.Fprintf(os.Stderr, "cellbox: serving on %s (backend %s, data %s)\n  page: %s/?token=%s · try: eval \"$(cellbox session new --server %s%s)\"; cellbox tool shell '{\"command\":\"uname -a\"}'\n", base, be.Name(), dataDir, base, key, base, dataFlag(*data))
+	fmt.Fprintf(os.Stderr, "cellbox: serving on %s (backend %s, data %s)\n  page: %s/#token=%s · try: eval \"$(cellbox session new --server %s%s)\"; cellbox tool shell '{\"command\":\"uname -a\"}'\n", base, be.Name(), dataDir, base, key, base, dataFlag(*data))
 	if created {
 		fmt.Fprintf(os.Stderr, "  made a server key (the token above; kept 0600 in %s: `cellbox session new` reads it there, or set %s)\n", keyPathOf(host), keyEnv)
 	}

@@ -132,7 +132,7 @@ func startServe(t *testing.T, data string, args ...string) *serveProc {
 	urls := make(chan [2]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
-		re := regexp.MustCompile(`page: (http://127\.0\.0\.1:\d+)/\?token=([0-9a-f]+) `)
+		re := regexp.MustCompile(`page: (http://127\.0\.0\.1:\d+)/#token=([0-9a-f]+) `)
 		for sc.Scan() {
 			if m := re.FindStringSubmatch(sc.Text()); m != nil {
 				urls <- [2]string{m[1], m[2]}

@@ -31,7 +31,7 @@ func TestHandlerServesPage(t *testing.T) {
 			// The page is its own script, talking to the runtime API on
 			// this origin.
 			assert.Contains(t, page, "<script>")
-			for _, use := range []string{"new EventSource('/v1/watch')", "'/v1/patterns'", "'/v1/cells/'", "'/v1/send/'"} {
+			for _, use := range []string{"fetch('/v1/watch'", "'/v1/patterns'", "'/v1/cells/'", "'/v1/send/'"} {
 				assert.Contains(t, page, use)
 			}
 			// Nothing from elsewhere: the machine may have no internet.
