@@ -251,6 +251,13 @@ func (s *Service) expireSessions(ctx context.Context) {
 
 // clientSessionsLocked counts the sessions clients made: the server's own
 // do not count against MaxSessions. The caller holds s.mu.
+// ClientSessions counts the sessions that count against MaxSessions.
+func (s *Service) ClientSessions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.clientSessionsLocked()
+}
+
 func (s *Service) clientSessionsLocked() int {
 	n := 0
 	for _, sess := range s.sessions {

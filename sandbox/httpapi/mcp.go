@@ -40,21 +40,14 @@ type mcpHTTP struct {
 
 	mu  sync.Mutex
 	ids map[*mcp.ServerSession]string // the cellbox session of each MCP session
-	// servers are the MCP servers of the profiles, each once.
-	servers []*mcp.Server
-	open    map[string]int // /v1/sessions/{id}/mcp: MCP sessions open on cellbox session id
+	// keyedServers and sessionServers are the MCP servers of the profiles
+	// on each route, each once.
+	keyedServers, sessionServers []*mcp.Server
+	open                         map[string]int // /v1/sessions/{id}/mcp: MCP sessions open on cellbox session id
 }
 
 func newMCPHTTP(s *sandbox.Service) *mcpHTTP {
 	m := &mcpHTTP{s: s, ids: map[*mcp.ServerSession]string{}, open: map[string]int{}}
-	servers := map[string]*mcp.Server{}
-	for _, p := range sandbox.Profiles() {
-		tools, _ := sandbox.ToolInfosFor(p.Name)
-		servers[p.Name] = mcpserver.New(p.Name, tools, func(ctx context.Context, req mcp.Request) (mcpserver.ToolCaller, error) {
-			return m.bind(ctx, req, p.Name)
-		})
-		m.servers = append(m.servers, servers[p.Name])
-	}
 	opts := &mcp.StreamableHTTPOptions{
 		SessionTimeout: max(s.Config().SessionTTL, 0),
 		// The server in front of Handler checks Host and Origin (see
@@ -63,12 +56,30 @@ func newMCPHTTP(s *sandbox.Service) *mcpHTTP {
 		MaxRequestBodyBytes:        MaxToolBody,
 		Logger:                     s.Logger(),
 	}
-	servers[""] = servers[sandbox.DefaultProfile]
-	// An unknown profile gets no server: the SDK answers 400.
-	get := func(r *http.Request) *mcp.Server { return servers[r.URL.Query().Get("profile")] }
-	m.keyed = m.admit(mcp.NewStreamableHTTPHandler(get, opts))
+	var get func(r *http.Request) *mcp.Server
+	get, m.keyedServers = m.servers()
+	m.keyed = m.admit(mcp.NewStreamableHTTPHandler(get, opts), true)
+	get, m.sessionServers = m.servers()
 	m.session = mcp.NewStreamableHTTPHandler(get, opts)
 	return m
+}
+
+// servers makes an MCP server for each profile and returns the SDK's
+// picker of one by ?profile= (an unknown profile gets none: the SDK
+// answers 400) with the list of them. Each route has its own, so that
+// their sessions are told apart (admit).
+func (m *mcpHTTP) servers() (func(r *http.Request) *mcp.Server, []*mcp.Server) {
+	byName := map[string]*mcp.Server{}
+	var list []*mcp.Server
+	for _, p := range sandbox.Profiles() {
+		tools, _ := sandbox.ToolInfosFor(p.Name)
+		byName[p.Name] = mcpserver.New(p.Name, tools, func(ctx context.Context, req mcp.Request) (mcpserver.ToolCaller, error) {
+			return m.bind(ctx, req, p.Name)
+		})
+		list = append(list, byName[p.Name])
+	}
+	byName[""] = byName[sandbox.DefaultProfile]
+	return func(r *http.Request) *mcp.Server { return byName[r.URL.Query().Get("profile")] }, list
 }
 
 // serveSession serves /v1/sessions/{id}/mcp once authed has checked the
@@ -77,25 +88,35 @@ func newMCPHTTP(s *sandbox.Service) *mcpHTTP {
 func (m *mcpHTTP) serveSession(w http.ResponseWriter, r *http.Request, sess *sandbox.Session) {
 	info := &auth.TokenInfo{UserID: sess.ID}
 	verified := func(context.Context, string, *http.Request) (*auth.TokenInfo, error) { return info, nil }
-	m.admit(auth.RequireBearerToken(verified, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(m.session)).ServeHTTP(w, r)
+	m.admit(auth.RequireBearerToken(verified, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(m.session), false).ServeHTTP(w, r)
 }
 
 // admit answers a request for an unknown ?profile= with 400 and the list
 // of profiles, before it reaches the SDK (which would only say it has no
 // server), and a request that would open an MCP session past the
-// service's MaxSessions with 429 (code limit): the SDK keeps an MCP session until it is
-// deleted or idle for SessionTTL, and has no cap of its own, so a client
-// that opens sessions in a loop would otherwise grow the server without
-// bound (each keyed one also becomes a cellbox session at its first call).
-func (m *mcpHTTP) admit(h http.Handler) http.Handler {
+// service's MaxSessions with 429 (code limit): the SDK keeps an MCP
+// session until it is deleted or idle for SessionTTL, and has no cap of
+// its own, so a client that opens sessions in a loop would otherwise grow
+// the server without bound. On /v1/mcp (newSession), where an MCP session
+// makes a cellbox session at its first call, the cellbox sessions count
+// too, with the MCP sessions that have not made theirs yet: a session let
+// in there can always make its own.
+func (m *mcpHTTP) admit(h http.Handler, newSession bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, err := sandbox.LookupProfile(r.URL.Query().Get("profile")); err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
 		if r.Method == http.MethodPost && r.Header.Get("Mcp-Session-Id") == "" {
-			if n, limit := m.openSessions(), m.s.Config().MaxSessions; n >= limit {
-				writeJSON(w, http.StatusTooManyRequests, api.ErrorBody{Code: api.CodeLimit, Error: fmt.Sprintf("%d MCP sessions are open, the most this server keeps (--max-sessions): end yours with DELETE and its Mcp-Session-Id header when done, or wait for idle ones to end (after --session-ttl)", n)})
+			keyed, unbound := m.sessions(m.keyedServers)
+			other, _ := m.sessions(m.sessionServers)
+			open, limit := keyed+other, m.s.Config().MaxSessions
+			msg := fmt.Sprintf("%d MCP sessions are open, the most this server keeps (--max-sessions)", open)
+			if n := m.s.ClientSessions() + unbound; newSession && n >= open {
+				open, msg = n, fmt.Sprintf("this server has %d sessions (with MCP sessions that will make theirs), the most it keeps (--max-sessions)", n)
+			}
+			if open >= limit {
+				writeJSON(w, http.StatusTooManyRequests, api.ErrorBody{Code: api.CodeLimit, Error: msg + ": end yours with DELETE and its Mcp-Session-Id header when done (cellbox session rm for others), or wait for idle ones to end (after --session-ttl)"})
 				return
 			}
 		}
@@ -103,15 +124,20 @@ func (m *mcpHTTP) admit(h http.Handler) http.Handler {
 	})
 }
 
-// openSessions counts the MCP sessions of every profile.
-func (m *mcpHTTP) openSessions() int {
-	n := 0
-	for _, srv := range m.servers {
-		for range srv.Sessions() {
-			n++
+// sessions counts the MCP sessions of servers, and those of them that
+// have no cellbox session yet.
+func (m *mcpHTTP) sessions(servers []*mcp.Server) (open, unbound int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, srv := range servers {
+		for ss := range srv.Sessions() {
+			open++
+			if _, ok := m.ids[ss]; !ok {
+				unbound++
+			}
 		}
 	}
-	return n
+	return open, unbound
 }
 
 // bind picks the cellbox session of an MCP request, to run profile's tools.

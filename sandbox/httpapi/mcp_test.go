@@ -172,19 +172,25 @@ func TestMCPProfileOverHTTP(t *testing.T) {
 // each until it is deleted or idle for SessionTTL) are capped at the
 // service's MaxSessions: one past it is refused with a 429 that says what
 // to do, on both routes, and ending one makes room. They used to pile up
-// without bound.
+// without bound. On /v1/mcp, whose sessions each make a cellbox session at
+// their first call, cellbox sessions count too: an initialize was let in,
+// then every call of the session failed with JSON-RPC error code 0.
 func TestMCPSessionCap(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{MaxSessions: 2})
+	s, _ := boxtest.Service(t, boxtest.Options{MaxSessions: 3})
 	url := startHTTP(t, s)
 	a := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
 	mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
 	h := newHTTPSession(t, url) // a cellbox session: MCP sessions with no call yet have none
 	_, err := mcptest.Connect(t, mcptest.HTTP(url+"/v1/mcp", ""))
-	require.Error(t, err, "a third MCP session would be past the cap")
+	require.Error(t, err, "a third MCP session on /v1/mcp could not make its cellbox session")
 	assert.Contains(t, err.Error(), "Too Many Requests")
+	mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/sessions/"+h.id+"/mcp", h.token)) // makes none: the third MCP session
 
 	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`
-	for _, route := range []struct{ path, token string }{{"/v1/mcp", ""}, {"/v1/sessions/" + h.id + "/mcp", h.token}} {
+	for _, route := range []struct{ path, token, want string }{
+		{"/v1/mcp", "", "this server has 3 sessions (with MCP sessions that will make theirs), the most it keeps (--max-sessions): end yours with DELETE"},
+		{"/v1/sessions/" + h.id + "/mcp", h.token, "3 MCP sessions are open, the most this server keeps (--max-sessions): end yours with DELETE"},
+	} {
 		req, _ := http.NewRequest(http.MethodPost, url+route.path, strings.NewReader(init))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Accept", "application/json, text/event-stream")
@@ -197,9 +203,12 @@ func TestMCPSessionCap(t *testing.T) {
 		resp.Body.Close()
 		assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "%s: %s", route.path, body)
 		assert.Contains(t, string(body), `"code":"limit"`)
-		assert.Contains(t, string(body), "2 MCP sessions are open, the most this server keeps (--max-sessions): end yours with DELETE")
+		assert.Contains(t, string(body), route.want)
 	}
 
+	// a still makes its session at its first call.
+	res, _ := a.Call(t, "sandbox_list", nil)
+	assert.False(t, res.IsError)
 	require.NoError(t, a.Close())
 	require.Eventually(t, func() bool {
 		c, err := mcptest.Connect(t, mcptest.HTTP(url+"/v1/mcp", ""))
@@ -208,4 +217,20 @@ func TestMCPSessionCap(t *testing.T) {
 		}
 		return err == nil
 	}, 10*time.Second, 50*time.Millisecond, "ending one makes room")
+}
+
+// TestMCPCallWithoutSession: an MCP session on /v1/mcp whose first call
+// cannot make its cellbox session (the cap was reached by other clients
+// since it opened) gets a failed tool result with code limit, not a
+// JSON-RPC error with code 0.
+func TestMCPCallWithoutSession(t *testing.T) {
+	s, _ := boxtest.Service(t, boxtest.Options{MaxSessions: 2})
+	url := startHTTP(t, s)
+	a := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
+	newHTTPSession(t, url)
+	newHTTPSession(t, url)
+	res, m := a.Call(t, "shell", map[string]any{"command": "true"})
+	assert.True(t, res.IsError)
+	assert.Equal(t, "limit", m["code"])
+	assert.Contains(t, m["error"], "this server has 2 sessions")
 }
