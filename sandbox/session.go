@@ -61,6 +61,11 @@ func (s *Service) NewSessionWith(ctx context.Context, opts api.NewSessionRequest
 	if err := backend.ValidWorkDir(opts.WorkspaceDir); err != nil {
 		return "", "", api.WithCode(api.CodeInvalidInput, err)
 	}
+	// Checked here, not only when a box is made: every box of the session
+	// gets it, and would fail as internal.
+	if err := backend.ValidEnv(opts.Env); err != nil {
+		return "", "", api.WithCode(api.CodeInvalidInput, err)
+	}
 	id = "s-" + randomID(8)
 	token = randomID(32)
 	sess := &Session{

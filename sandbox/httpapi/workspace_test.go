@@ -95,6 +95,16 @@ func TestWorkspaceSettings(t *testing.T) {
 	status, _, body := newSessionWith(t, url, map[string]any{"allowed_commands": []string{"ls"}, "env": map[string]string{"LD_PRELOAD": "/tmp/x.so"}})
 	assert.Equal(t, http.StatusBadRequest, status)
 	assert.Contains(t, body["error"], "env refused")
+
+	// An env no box could take is refused at once, as sandbox_create
+	// refuses it (it used to make a session whose every box failed as
+	// internal).
+	for _, env := range []map[string]string{{"A=B": "x"}, {"": "x"}, {"X": "a\x00b"}} {
+		status, _, body = newSessionWith(t, url, map[string]any{"env": env})
+		assert.Equal(t, http.StatusBadRequest, status, "%q", env)
+		assert.Contains(t, body["error"], "names must be non-empty without '=' or NUL")
+		assert.Equal(t, api.CodeInvalidInput, body["code"])
+	}
 }
 
 // TestDestroyOnClose: boxes made with destroy_on_close go when the session
