@@ -299,7 +299,8 @@ func TestSessionsAreIsolated(t *testing.T) {
 	ida := a.tool("sandbox_list", nil)["sandboxes"].([]any)[0].(map[string]any)["id"].(string)
 
 	// A box id of another session cannot be attached, shared or not.
-	assert.Contains(t, b.toolErr("sandbox_create", map[string]any{"box_id": ida, "share_across_sessions": true}), "not starting with \"cb-\"")
+	assert.Contains(t, b.toolErr("sandbox_create", map[string]any{"box_id": ida, "share_across_sessions": true}), "and not with \"cb-\"")
+	assert.Contains(t, b.toolErr("sandbox_create", map[string]any{"box_id": ".a", "share_across_sessions": true}), "starting with a letter or digit")
 	assert.Contains(t, b.toolErr("sandbox_create", map[string]any{"box_id": "team"}), "share_across_sessions: true")
 	assert.Contains(t, b.toolErr("sandbox_create", map[string]any{"share_across_sessions": true}), "needs box_id")
 

@@ -348,7 +348,7 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 		return out, api.WithCode(api.CodeInvalidInput, errors.New("share_across_sessions needs box_id, the id of the shared box"))
 	case in.BoxID != "":
 		if len(in.BoxID) > maxNameLen || !boxIDRE.MatchString(in.BoxID) || strings.HasPrefix(in.BoxID, "cb-") {
-			return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("invalid box_id %q: use 1-63 lowercase letters, digits, '.', '_' or '-', not starting with \"cb-\" (reserved for private boxes)", in.BoxID))
+			return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("invalid box_id %q: use 1-63 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit, and not with \"cb-\" (reserved for private boxes)", in.BoxID))
 		}
 		if n := len(socketPath(s.cfg.DataDir, in.BoxID)); n > maxSocketPath {
 			return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("box_id %q is too long for this server's data dir (its agent socket path would have %d bytes, at most %d); use a shorter id", in.BoxID, n, maxSocketPath))
