@@ -184,9 +184,19 @@ func mcpRemote(ctx context.Context, server, id, token, key, profile string) erro
 // is a clean end; an error (stdin could not be read, stdout not written)
 // is not.
 func serveStdio(ctx context.Context, srv *mcp.Server) error {
-	out := &lockedWriter{w: os.Stdout}
+	track := newInflight()
+	out := &lockedWriter{w: os.Stdout, wrote: track.written}
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(jsonLines(os.Stdin, pw, out, maxLine)) }()
+	go func() {
+		err := jsonLines(os.Stdin, inflightWriter{pw, track}, out, maxLine)
+		if err == nil {
+			// The end of stdin: answer what was asked before it (MCP's
+			// stdio shutdown closes stdin first); the SDK would end the
+			// connection at once, cancelling the calls in flight.
+			track.wait(ctx)
+		}
+		pw.CloseWithError(err)
+	}()
 	// jsonLines passes on only whole, valid lines of at most maxLine
 	// bytes: the SDK's own cap (which ends the connection) is off.
 	err := srv.Run(ctx, &mcp.IOTransport{Reader: pr, Writer: out, MaxLineLength: -1})
@@ -413,12 +423,130 @@ func rpcError(id json.RawMessage, code int64, msg string) []byte {
 type lockedWriter struct {
 	mu sync.Mutex
 	w  io.Writer
+	// wrote, if set, sees each message line written (the SDK writes one
+	// line per Write).
+	wrote func(line []byte)
 }
 
 func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.w.Write(p)
+	n, err := l.w.Write(p)
+	if l.wrote != nil {
+		l.wrote(p)
+	}
+	return n, err
+}
+
+// inflight is the set of the client's requests passed to the SDK and not
+// answered yet, by id (compact JSON), so that cellbox mcp answers them
+// before it exits at the end of stdin.
+type inflight struct {
+	mu      sync.Mutex
+	ids     map[string]bool
+	changed chan struct{} // a token after each answer
+}
+
+func newInflight() *inflight {
+	return &inflight{ids: map[string]bool{}, changed: make(chan struct{}, 1)}
+}
+
+// rpcHead is what inflight reads of a message.
+type rpcHead struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+	Params struct {
+		RequestID json.RawMessage `json:"requestId"`
+	} `json:"params"`
+}
+
+// heads decodes a message line, or a batch of them, to their heads.
+func heads(line []byte) []rpcHead {
+	line = bytes.TrimSpace(line)
+	var hs []rpcHead
+	if len(line) > 0 && line[0] == '[' {
+		json.Unmarshal(line, &hs)
+		return hs
+	}
+	var h rpcHead
+	if json.Unmarshal(line, &h) != nil {
+		return nil
+	}
+	return []rpcHead{h}
+}
+
+// idKey is the compact form of a JSON-RPC id, "" for none.
+func idKey(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if len(raw) == 0 || string(raw) == "null" || json.Compact(&b, raw) != nil {
+		return ""
+	}
+	return b.String()
+}
+
+// passed notes a line passed to the SDK: its requests are in flight; a
+// notifications/cancelled takes its request out (the server answers a
+// cancelled request with nothing).
+func (f *inflight) passed(line []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, h := range heads(line) {
+		switch {
+		case h.Method == "notifications/cancelled":
+			delete(f.ids, idKey(h.Params.RequestID))
+		case h.Method != "" && idKey(h.ID) != "":
+			f.ids[idKey(h.ID)] = true
+		}
+	}
+	f.signal()
+}
+
+// written notes a line written to the client: its responses answer
+// requests.
+func (f *inflight) written(line []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, h := range heads(line) {
+		if h.Method == "" {
+			delete(f.ids, idKey(h.ID))
+		}
+	}
+	f.signal()
+}
+
+func (f *inflight) signal() {
+	select {
+	case f.changed <- struct{}{}:
+	default:
+	}
+}
+
+// wait returns once no request is in flight, or when ctx ends.
+func (f *inflight) wait(ctx context.Context) {
+	for {
+		f.mu.Lock()
+		n := len(f.ids)
+		f.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		select {
+		case <-f.changed:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// inflightWriter passes lines on to w, noting them in f.
+type inflightWriter struct {
+	w io.Writer
+	f *inflight
+}
+
+func (i inflightWriter) Write(p []byte) (int, error) {
+	i.f.passed(p)
+	return i.w.Write(p)
 }
 
 func (l *lockedWriter) Close() error { return nil }

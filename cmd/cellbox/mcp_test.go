@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"os"
 	"os/exec"
@@ -347,4 +348,33 @@ func TestMCPStdioReadError(t *testing.T) {
 
 	c, stderr := startMCP(t, args...)
 	assert.Equal(t, "kept\n", c.Shell(t, "cat kept.txt")["stdout"], "stderr:\n%s", stderr)
+}
+
+// TestMCPStdioAnswersBeforeEOF: a client that writes its requests and
+// closes stdin (MCP's stdio shutdown begins so) gets every answer,
+// including a tool call still running at the end of stdin; cellbox mcp
+// exits after the last one. It used to exit at once, answering nothing.
+func TestMCPStdioAnswersBeforeEOF(t *testing.T) {
+	testenv.RequireBwrap(t)
+	cmd := exec.Command(testenv.CellboxBinary(t), "mcp", "--data", t.TempDir(), "--backend", "local")
+	cmd.Env = cleanEnv()
+	cmd.Stdin = strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}` + "\n" +
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}` + "\n" +
+		`{"jsonrpc":"2.0","id":2,"method":"ping"}` + "\n" +
+		`{"jsonrpc":"2.0","id":"call","method":"tools/call","params":{"name":"shell","arguments":{"command":"sleep 1; echo answered"}}}` + "\n")
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "stderr: %s", stderr.String())
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var ids []string
+	for _, l := range lines {
+		var m struct{ ID json.RawMessage }
+		require.NoError(t, json.Unmarshal([]byte(l), &m), l)
+		if len(m.ID) > 0 {
+			ids = append(ids, string(m.ID))
+		}
+	}
+	assert.ElementsMatch(t, []string{`1`, `2`, `"call"`}, ids, "every request answered:\n%s", out)
+	assert.Contains(t, string(out), `answered\n`, "the tool call ran to its end")
 }
