@@ -373,11 +373,12 @@ func (c *lineChecker) badMessage(line []byte) []byte {
 	for _, raw := range raws {
 		msg, err := jsonrpc.DecodeMessage(raw)
 		if err != nil {
-			var probe struct {
-				ID json.RawMessage `json:"id"`
-			}
-			_ = json.Unmarshal(raw, &probe)
-			return rpcError(probe.ID, jsonrpc.CodeInvalidRequest, "invalid request: "+err.Error()+` (want {"jsonrpc": "2.0", "id": …, "method": "…", "params": {…}})`)
+			return rpcError(probeID(raw), jsonrpc.CodeInvalidRequest, "invalid request: "+err.Error()+` (want {"jsonrpc": "2.0", "id": …, "method": "…", "params": {…}})`)
+		}
+		if resp, ok := msg.(*jsonrpc.Response); ok && resp.Result == nil && resp.Error == nil {
+			// A response carries result or error; the SDK would drop
+			// this one without a word.
+			return rpcError(probeID(raw), jsonrpc.CodeInvalidRequest, `invalid request: a message with an id but no method, result or error (want {"jsonrpc": "2.0", "id": …, "method": "…", "params": {…}})`)
 		}
 		req, _ = msg.(*jsonrpc.Request)
 		if req != nil && req.ID.IsValid() {
@@ -396,6 +397,15 @@ func (c *lineChecker) badMessage(line []byte) []byte {
 		c.initialized = true
 	}
 	return nil
+}
+
+// probeID is the id of a message, raw, as far as it can be read.
+func probeID(raw []byte) json.RawMessage {
+	var probe struct {
+		ID json.RawMessage `json:"id"`
+	}
+	_ = json.Unmarshal(raw, &probe)
+	return probe.ID
 }
 
 // rpcError is a JSON-RPC error response line; an id that is not a string

@@ -220,6 +220,7 @@ func TestMCPStdioBadLine(t *testing.T) {
 		{"5", `"id":null,"error":{"code":-32600,"message":"invalid request: `},
 		{"{}", `"id":null,"error":{"code":-32600,"message":"invalid request: `},
 		{`{"jsonrpc":"2.0","id":7,"method":5}`, `"id":7,"error":{"code":-32600,"message":"invalid request: `},
+		{`{"jsonrpc":"2.0","id":8}`, `"id":8,"error":{"code":-32600,"message":"invalid request: a message with an id but no method, result or error`},
 	}
 	in := ""
 	for _, b := range bad {
