@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/cellbox/cellbox/cells"
@@ -178,6 +179,10 @@ func (s *Server) handleLoad(w http.ResponseWriter, r *http.Request) {
 		return
 	} else if err != nil || req.Path == "" && req.YAML == "" {
 		req = loadRequest{YAML: string(body)}
+	} else if unknown := unknownFields(body, "path", "yaml", "name", "space"); len(unknown) > 0 {
+		// A misspelt "name" or "space" would load under the defaults.
+		writeErr(w, errorf(400, `unknown field %q: the request takes "path" or "yaml", and "name" and "space"`, unknown[0]))
+		return
 	}
 	var p *patterns.Pattern
 	source := req.Path
@@ -371,4 +376,21 @@ func (s *Server) handleGraph(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	io.WriteString(w, text)
+}
+
+// unknownFields lists the keys of the JSON object body other than known,
+// sorted.
+func unknownFields(body []byte, known ...string) []string {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(body, &m) != nil {
+		return nil
+	}
+	var out []string
+	for k := range m {
+		if !slices.Contains(known, k) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -156,6 +156,9 @@ func TestLoadErrors(t *testing.T) {
 		{"yaml not a string", `{"yaml": 5}`, 400, `"yaml" must be a string (got number)`},
 		{"path not a string", `{"path": ["/x"]}`, 400, `"path" must be a string (got array)`},
 		{"a device", `{"path": "/dev/zero"}`, 400, "not a regular file"},
+		// A misspelt field is refused (before: ignored, the pattern loaded
+		// under the default name and space).
+		{"misspelt space", `{"yaml": "name: t2\ncells:\n  x: 1\n", "spcae": "other"}`, 400, `unknown field "spcae"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			status, body := f.do(t, "POST", "/v1/patterns", tc.body)
