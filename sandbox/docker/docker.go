@@ -383,7 +383,11 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d
 	case cerrdefs.IsNotFound(err):
 		hint := "load it into the engine"
 		if name, ok := strings.CutPrefix(strings.TrimSuffix(ref, ":latest"), image.Ref("")); ok && !strings.Contains(name, ":") {
-			hint = "build it: `cellbox image build " + name + "`" // Docker's images are the engine's: no --images
+			if other := image.Unbuildable(name); other != "" {
+				hint = other + "; load " + ref + " into the engine"
+			} else {
+				hint = "build it: `cellbox image build " + name + "`" // Docker's images are the engine's: no --images
+			}
 		}
 		return backend.Info{}, fmt.Errorf("create box %s: image %s not found (%s): %w: %w", spec.ID, ref, hint, backend.ErrNoImage, err)
 	case err != nil:

@@ -46,6 +46,20 @@ func Names() []string {
 	return n
 }
 
+// Unbuildable says, for an image name Build does not know, what it makes
+// instead ("" for one it knows): for the hint of a box whose image is
+// missing, which must not propose a build that is then refused.
+func Unbuildable(name string) string {
+	if _, ok := packages[name]; ok {
+		return ""
+	}
+	refs := make([]string, 0, len(packages))
+	for _, n := range Names() {
+		refs = append(refs, Ref(n))
+	}
+	return "`cellbox image build` makes only " + strings.Join(refs, ", ")
+}
+
 // Ref is the Docker image name of an image: cellbox/NAME.
 func Ref(name string) string { return "cellbox/" + name }
 

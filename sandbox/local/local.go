@@ -253,6 +253,11 @@ func (b *Backend) rootfs(img string) (string, error) {
 	if b.images == "" {
 		return "", fmt.Errorf("image %q: this local backend has no images directory: %w", img, backend.ErrNoImage)
 	}
+	if other := image.Unbuildable(m[1]); other != "" {
+		if _, err := os.Lstat(image.RootfsDir(b.images, m[1])); err != nil {
+			return "", fmt.Errorf("image %q: no such image (%s): %w", img, other, backend.ErrNoImage)
+		}
+	}
 	dir := image.RootfsDir(b.images, m[1])
 	for _, p := range []string{"usr", strings.TrimPrefix(backend.Workspace, "/"), strings.TrimPrefix(backend.SocketDir, "/"), strings.TrimPrefix(backend.AgentPath, "/")} {
 		if _, err := os.Lstat(filepath.Join(dir, p)); err != nil {
