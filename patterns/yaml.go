@@ -129,6 +129,9 @@ type loader struct {
 	e      *errs
 	budget int  // YAML nodes values may still expand to
 	tooBig bool // the budget ran out (reported once)
+	// expanding are the anchored nodes value is inside of: an alias to
+	// one of them is a value that contains itself.
+	expanding map[*yaml.Node]bool
 }
 
 func parse(file, dir string, src []byte, fsys fs.FS) (*Pattern, error) {
@@ -175,7 +178,17 @@ func parse(file, dir string, src []byte, fsys fs.FS) (*Pattern, error) {
 func (l *loader) pos(n *yaml.Node) Pos { return Pos{File: l.file, Line: n.Line, Col: n.Column} }
 
 func (l *loader) errAt(n *yaml.Node, path, format string, args ...any) {
-	l.e.list = append(l.e.list, &Error{Pos: l.pos(n), Path: path, Msg: fmt.Sprintf(format, args...)})
+	l.e.list = append(l.e.list, &Error{Pos: l.pos(n), Path: shortPath(path), Msg: fmt.Sprintf(format, args...)})
+}
+
+// shortPath cuts the middle out of a path of a deep value (up to MaxDepth
+// levels), so that an error stays a line: its start and its end.
+func shortPath(path string) string {
+	const keep = 60
+	if len(path) <= 2*keep+20 {
+		return path
+	}
+	return path[:keep] + fmt.Sprintf("…(%d bytes)…", len(path)-2*keep) + path[len(path)-keep:]
 }
 
 // deref follows aliases and unwraps a document.
@@ -752,7 +765,18 @@ func (l *loader) json(n *yaml.Node, path string, depth int) json.RawMessage {
 }
 
 func (l *loader) value(n *yaml.Node, path string, depth int) (any, bool) {
+	if n.Kind == yaml.AliasNode && l.expanding[deref(n)] {
+		l.errAt(n, path, "alias *%s is inside the value it names: a value that contains itself never ends", n.Value)
+		return nil, false
+	}
 	n = deref(n)
+	if n.Anchor != "" && (n.Kind == yaml.SequenceNode || n.Kind == yaml.MappingNode) {
+		if l.expanding == nil {
+			l.expanding = map[*yaml.Node]bool{}
+		}
+		l.expanding[n] = true
+		defer delete(l.expanding, n)
+	}
 	if l.budget <= 0 || depth > MaxDepth {
 		if !l.tooBig {
 			l.errAt(n, path, "value too large or too deep (more than %d nodes or %d levels, aliases expanded)", maxYAMLNodes, MaxDepth)

@@ -397,6 +397,24 @@ func TestAliasBomb(t *testing.T) {
 	assert.Contains(t, err.Error(), "value too large or too deep")
 }
 
+// TestSelfAlias: an alias inside the value it names is said to be so, in
+// one short line; a value too deep to take has its path cut in the middle
+// (both used to print 1,000 levels of path, 3 KB).
+func TestSelfAlias(t *testing.T) {
+	for _, src := range []string{"x: &a [*a]", "x: &a {value: {k: [1, {z: *a}]}}"} {
+		_, err := Parse("p.yaml", []byte("name: x\ncells:\n  "+src+"\n"), nil)
+		require.Error(t, err, src)
+		assert.Contains(t, err.Error(), "alias *a is inside the value it names", src)
+		assert.Less(t, len(err.Error()), 200, src)
+	}
+	deep := strings.Repeat("[", MaxDepth+10) + strings.Repeat("]", MaxDepth+10)
+	_, err := Parse("p.yaml", []byte("name: x\ncells:\n  x: "+deep+"\n"), nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "value too large or too deep")
+	assert.Contains(t, err.Error(), "p.yaml:3: cells.x[0][0]")
+	assert.Less(t, len(err.Error()), 400)
+}
+
 func TestDescriptionIsJSON(t *testing.T) {
 	p, err := Load("testdata/csv")
 	require.NoError(t, err)
