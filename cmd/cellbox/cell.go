@@ -157,7 +157,9 @@ func runCell(ctx context.Context, args []string) error {
 		if *asJSON {
 			return printJSON(cell)
 		}
-		fmt.Printf("%s = %s  (version %d)\n", cell.Address, cell.Value, cell.Version)
+		// Cut, as cell ls shows values: a value set from a file may be
+		// megabytes, and the caller has it already (--json gives it all).
+		fmt.Printf("%s = %s  (version %d)\n", cell.Address, short(cell.Value, 100), cell.Version)
 		return nil
 	}
 	err = c.Watch(ctx, arg(0), since, func(b runapi.Batch) error { return printBatch(b, *asJSON) })

@@ -291,6 +291,12 @@ func TestRunCellSetGet(t *testing.T) {
 
 	assert.Contains(t, run.out.String(), "cell a = 41", "the run shows the change")
 	assert.Contains(t, run.out.String(), "node double = 86")
+	// A big value is cut in the confirmation (it was printed whole).
+	big := `[` + strings.Repeat(`"BBBBBBBB",`, 10000) + `1]`
+	out, errOut, err = cellbox(t, "cell", "set", "a", big, "--data", data)
+	require.NoError(t, err, errOut)
+	assert.Regexp(t, `^default/calc/a = \["BBBB.+…  \(version \d+\)\n$`, out)
+	assert.Less(t, len(out), 400)
 }
 
 func TestRunRestartKeepsValues(t *testing.T) {
