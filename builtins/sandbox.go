@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -338,7 +339,12 @@ func (s *Sandbox) reportLocked(ctx context.Context, fn func(o *sandboxOutput)) {
 		problem = s.previewErr
 	}
 	if problem == "" && len(s.fileErrs) > 0 {
-		problem = s.fileErrs[slices.Sorted(maps.Keys(s.fileErrs))[0]]
+		// Every broken output, each of which keeps its last value.
+		var all []string
+		for _, p := range slices.Sorted(maps.Keys(s.fileErrs)) {
+			all = append(all, s.fileErrs[p])
+		}
+		problem = strings.Join(all, "; ")
 	}
 	s.modify(ctx, func(o *sandboxOutput) {
 		if fn != nil {

@@ -144,6 +144,15 @@ func TestSandbox(t *testing.T) {
 			return string(o.Files["/workspace/data.json"]) == "7" && o.Error == "" &&
 				len(h) > 0 && h[len(h)-1].Command == "echo 7 > /workspace/data.json"
 		})
+		// Two broken outputs at once: error names both (it named one, the
+		// other kept its old value without a word).
+		r.send("repl.run", `{"command": "echo '{' > /workspace/data.json; mkdir /workspace/out/result.txt"}`)
+		waitFor(t, 2*time.Second, "both problems reported", func() bool {
+			e := r.sandbox("repl").Error
+			return strings.Contains(e, "output file /workspace/data.json is not JSON") && strings.Contains(e, "/workspace/out/result.txt")
+		})
+		r.send("repl.run", `{"command": "echo 7 > /workspace/data.json; rmdir /workspace/out/result.txt"}`)
+		waitFor(t, 2*time.Second, "both fixed", func() bool { return r.sandbox("repl").Error == "" })
 	})
 
 	t.Run("destroy and run again", func(t *testing.T) {
