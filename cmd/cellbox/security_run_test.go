@@ -161,7 +161,7 @@ nodes:
 		return v
 	}
 	poll(t, "the run to fail on the missing image", func() bool { return job()["error"] != nil })
-	assert.Contains(t, job()["error"], "build it: `cellbox image build tiny --images "+images+"`", "the hint is the exact command")
+	assert.Contains(t, job()["error"], `image "cellbox/tiny": no such image (`+"`cellbox image build` makes only cellbox/base, cellbox/node, cellbox/python)")
 
 	makeRootfs(t, filepath.Join(images, "tiny", "rootfs")) // the image is built
 	assert.NotNil(t, job()["error"], "a fixed cause alone does not rerun the node")

@@ -70,22 +70,9 @@ func TestMCPInExistingSession(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req, err := http.NewRequest(http.MethodPost, url+"/v1/sessions/"+tt.id+"/mcp", strings.NewReader(tt.body))
-			require.NoError(t, err)
-			if tt.mcpSession != "" {
-				req.Header.Set("Mcp-Session-Id", tt.mcpSession)
-			}
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Accept", "application/json, text/event-stream")
-			if tt.token != "" {
-				req.Header.Set("Authorization", "Bearer "+tt.token)
-			}
-			resp, err := http.DefaultClient.Do(req)
-			require.NoError(t, err)
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			assert.Equal(t, tt.status, resp.StatusCode)
-			assert.Contains(t, string(body), tt.msg)
+			status, body := postMCP(t, url+"/v1/sessions/"+tt.id+"/mcp", tt.token, tt.mcpSession, tt.body)
+			assert.Equal(t, tt.status, status)
+			assert.Contains(t, body, tt.msg)
 		})
 	}
 	require.NoError(t, c.Close())
@@ -191,19 +178,10 @@ func TestMCPSessionCap(t *testing.T) {
 		{"/v1/mcp", "", "this server has 3 sessions (with MCP sessions that will make theirs), the most it keeps (--max-sessions): end yours with DELETE"},
 		{"/v1/sessions/" + h.id + "/mcp", h.token, "3 MCP sessions are open, the most this server keeps (--max-sessions): end yours with DELETE"},
 	} {
-		req, _ := http.NewRequest(http.MethodPost, url+route.path, strings.NewReader(init))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		if route.token != "" {
-			req.Header.Set("Authorization", "Bearer "+route.token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "%s: %s", route.path, body)
-		assert.Contains(t, string(body), `"code":"limit"`)
-		assert.Contains(t, string(body), route.want)
+		status, body := postMCP(t, url+route.path, route.token, "", init)
+		assert.Equal(t, http.StatusTooManyRequests, status, "%s: %s", route.path, body)
+		assert.Contains(t, body, `"code":"limit"`)
+		assert.Contains(t, body, route.want)
 	}
 
 	// a still makes its session at its first call.
@@ -233,4 +211,25 @@ func TestMCPCallWithoutSession(t *testing.T) {
 	assert.True(t, res.IsError)
 	assert.Equal(t, "limit", m["code"])
 	assert.Contains(t, m["error"], "this server has 2 sessions")
+}
+
+// postMCP posts one MCP message as a raw HTTP client would (with token
+// and Mcp-Session-Id when not "") and returns the status and body.
+func postMCP(t *testing.T, url, token, mcpSession, msg string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(msg))
+	require.NoError(t, err)
+	if mcpSession != "" {
+		req.Header.Set("Mcp-Session-Id", mcpSession)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, string(body)
 }
