@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/backend/boxdisk"
 	"golang.org/x/sys/unix"
 )
 
@@ -62,7 +62,7 @@ func legacyHostDir(top string) bool {
 	if _, err := os.Lstat(filepath.Join(top, backend.SocketName)); err != nil {
 		return false
 	}
-	return !isMountPoint(top)
+	return !boxdisk.IsMountPoint(top)
 }
 
 // makeHostDir mounts box id's host directory and makes run/ and st/ in
@@ -78,7 +78,7 @@ func (s *Service) makeHostDir(id string) error {
 	if legacyHostDir(top) {
 		return nil
 	}
-	if !isMountPoint(top) {
+	if !boxdisk.IsMountPoint(top) {
 		opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755", hostDirSize, hostDirInodes)
 		if err := unix.Mount("cellbox-box", top, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
 			return fmt.Errorf("mount the host dir of box %s (a tmpfs at %s; cellbox runs boxes as root): %w", id, top, err)
@@ -101,15 +101,6 @@ func (s *Service) removeHostDir(id string) error {
 		return fmt.Errorf("unmount host dir of box %s: %w", id, err)
 	}
 	return os.RemoveAll(top)
-}
-
-// isMountPoint tells whether dir is on another filesystem than its parent.
-func isMountPoint(dir string) bool {
-	var st, pst syscall.Stat_t
-	if syscall.Lstat(dir, &st) != nil || syscall.Lstat(filepath.Dir(dir), &pst) != nil {
-		return false
-	}
-	return st.Dev != pst.Dev
 }
 
 // prepareHost readies the host side of box id before it starts: its host

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/sandbox/backend/boxdisk"
 )
 
 // TestHostDirCapped: /run/cellbox, the one host directory a box may write
@@ -26,7 +27,7 @@ func TestHostDirCapped(t *testing.T) {
 			assert.Contains(t, m["stdout"], "rc=1")
 			assert.NotContains(t, m["stdout"], "files=100", "the inodes are capped too")
 			id := rb.id("default")
-			assert.True(t, isMountPoint(rb.s.boxTop(id)), "the host dir is a filesystem of its own")
+			assert.True(t, boxdisk.IsMountPoint(rb.s.boxTop(id)), "the host dir is a filesystem of its own")
 
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()

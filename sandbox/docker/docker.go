@@ -494,11 +494,8 @@ func (b *Backend) Start(ctx context.Context, id string) (backend.Info, error) {
 	// A box of an older cellbox has no uid label and needs no chown: its
 	// host dir is the one Create gave it.
 	if uid, err := strconv.Atoi(c.Config.Labels[labelUID]); err == nil {
-		for _, m := range c.Mounts {
-			if m.Destination != backend.SocketDir {
-				continue
-			}
-			if err := os.Lchown(m.Source, uid, uid); err != nil {
+		if dir := hostDirOf(c.Mounts); dir != "" {
+			if err := os.Lchown(dir, uid, uid); err != nil {
 				return backend.Info{}, fmt.Errorf("start box %s: host dir: %w", id, err)
 			}
 		}
@@ -653,12 +650,19 @@ func info(labels map[string]string, status container.ContainerState, created tim
 	default:
 		in.State = backend.StateStopped
 	}
+	in.HostDir = hostDirOf(mounts)
+	return in
+}
+
+// hostDirOf is the host directory among a container's mounts: the one at
+// backend.SocketDir ("" if none).
+func hostDirOf(mounts []container.MountPoint) string {
 	for _, m := range mounts {
 		if m.Destination == backend.SocketDir {
-			in.HostDir = m.Source
+			return m.Source
 		}
 	}
-	return in
+	return ""
 }
 
 // notFound maps the engine's not-found to backend.ErrNotFound.

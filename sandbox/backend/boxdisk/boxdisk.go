@@ -98,11 +98,14 @@ func (d Disk) Make(ctx context.Context, size int64, uid, gid int) (err error) {
 	return nil
 }
 
-// Mounted reports whether Dir is a mount point (its device differs from
-// its parent's).
-func (d Disk) Mounted() bool {
+// Mounted reports whether Dir is a mount point.
+func (d Disk) Mounted() bool { return IsMountPoint(d.Dir) }
+
+// IsMountPoint reports whether dir is a mount point: its device differs
+// from its parent's.
+func IsMountPoint(dir string) bool {
 	var st, parent syscall.Stat_t
-	if syscall.Lstat(d.Dir, &st) != nil || syscall.Lstat(filepath.Dir(d.Dir), &parent) != nil {
+	if syscall.Lstat(dir, &st) != nil || syscall.Lstat(filepath.Dir(dir), &parent) != nil {
 		return false
 	}
 	return st.Dev != parent.Dev
