@@ -470,13 +470,8 @@ func (s *Service) makeBox(ctx context.Context, rec boxRecord, session, name stri
 // backendSpec is the backend's spec of box rec, named name in session; it
 // makes the box's host directory.
 func (s *Service) backendSpec(rec boxRecord, session, name string) (backend.Spec, error) {
-	if err := s.makeHostDir(rec.ID); err != nil {
+	if err := s.prepareHost(rec.ID, rec.Network); err != nil {
 		return backend.Spec{}, err
-	}
-	if !rec.Network {
-		if err := s.startEgress(rec.ID); err != nil {
-			return backend.Spec{}, err
-		}
 	}
 	return backend.Spec{
 		ID: rec.ID,
@@ -511,7 +506,10 @@ func (s *Service) wake(ctx context.Context, id string) (*agent.Client, error) {
 	if s.asleep.Load() {
 		return nil, errShuttingDown(id)
 	}
-	if err := s.prepareHost(id); err != nil {
+	s.mu.Lock()
+	network := s.boxes[id] != nil && s.boxes[id].rec.Network
+	s.mu.Unlock()
+	if err := s.prepareHost(id, network); err != nil {
 		return nil, err
 	}
 	if _, err := s.be.Start(ctx, id); err != nil {

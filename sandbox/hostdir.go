@@ -32,6 +32,8 @@ import (
 const (
 	hostDirSize   = 256 << 10
 	hostDirInodes = 64
+	hostRunDir    = "run" // bound at backend.SocketDir
+	hostStageDir  = "st"  // the egress socket's staging
 )
 
 // boxTop is box id's DATA/boxes/ID.
@@ -43,7 +45,7 @@ func (s *Service) hostDir(id string) string {
 	if legacyHostDir(top) {
 		return top
 	}
-	return filepath.Join(top, "run")
+	return filepath.Join(top, hostRunDir)
 }
 
 // egressStaging is where box id's egress socket is made: a directory only
@@ -53,7 +55,7 @@ func (s *Service) egressStaging(id string) string {
 	if legacyHostDir(top) {
 		return filepath.Join(s.cfg.DataDir, "egress")
 	}
-	return filepath.Join(top, "st")
+	return filepath.Join(top, hostStageDir)
 }
 
 // legacyHostDir tells a host directory of the old layout: the agent's
@@ -84,7 +86,7 @@ func (s *Service) makeHostDir(id string) error {
 			return fmt.Errorf("mount the host dir of box %s (a tmpfs at %s; cellbox runs boxes as root): %w", id, top, err)
 		}
 	}
-	for _, d := range []string{"run", "st"} {
+	for _, d := range []string{hostRunDir, hostStageDir} {
 		if err := os.Mkdir(filepath.Join(top, d), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("create host dir of box %s: %w", id, err)
 		}
@@ -105,15 +107,11 @@ func (s *Service) removeHostDir(id string) error {
 
 // prepareHost readies the host side of box id before it starts: its host
 // directory, and its egress proxy unless it has the full network.
-func (s *Service) prepareHost(id string) error {
-	s.mu.Lock()
-	b := s.boxes[id]
-	network := b != nil && b.rec.Network
-	s.mu.Unlock()
-	if network {
-		return s.makeHostDir(id)
+func (s *Service) prepareHost(id string, network bool) error {
+	if err := s.makeHostDir(id); err != nil || network {
+		return err
 	}
-	return s.startEgress(id) // it makes the host directory
+	return s.startEgress(id)
 }
 
 // releaseHost undoes prepareHost for box id, which has stopped (asleep):

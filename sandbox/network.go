@@ -85,7 +85,8 @@ func boxEnv(rec boxRecord) map[string]string {
 
 // startEgress starts the egress proxy of box id (no-op if it runs), whose
 // policy is that of the pool's box with that id at each connection (none,
-// so closed, for a warm box not handed out yet).
+// so closed, for a warm box not handed out yet). Its socket goes in the
+// box's host directory: callers go through prepareHost, which makes it.
 func (s *Service) startEgress(id string) error {
 	s.egressMu.Lock()
 	defer s.egressMu.Unlock()
@@ -94,9 +95,6 @@ func (s *Service) startEgress(id string) error {
 	s.mu.Unlock()
 	if running {
 		return nil
-	}
-	if err := s.makeHostDir(id); err != nil {
-		return err
 	}
 	ln, err := egress.Listen(s.egressStaging(id), s.hostDir(id))
 	if err != nil {

@@ -120,7 +120,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 	s.sweepHostDirs()
 	for id, b := range s.boxes {
 		if b.state == stateRunning && !b.rec.Network {
-			if err := s.startEgress(id); err != nil {
+			if err := s.prepareHost(id, false); err != nil {
 				s.log.Warn("box egress proxy not started; its network is closed", "box", id, "err", err)
 			}
 		}

@@ -342,7 +342,7 @@ const maxSocketPath = 107
 // socketPath is the host path of the agent socket of a box id made now
 // (hostdir.go), for checking its length.
 func socketPath(dataDir, id string) string {
-	return filepath.Join(dataDir, "boxes", id, "run", backend.SocketName)
+	return filepath.Join(dataDir, "boxes", id, hostRunDir, backend.SocketName)
 }
 
 // defaultSleepAfter returns ms or the default.
