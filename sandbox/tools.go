@@ -513,6 +513,11 @@ func (s *Service) runTool(ctx context.Context, t *Tool, c *call, raw json.RawMes
 	return t.run(ctx, c, raw)
 }
 
+// ErrorResult is the result object of a call that failed with err before
+// any tool ran (a face that could not bind it to a session): what
+// CallTool answers for a failed tool, {"is_error": true, "error", "code"}.
+func ErrorResult(err error) json.RawMessage { return toolResult(nil, nil, err, nil) }
+
 // toolResult appends a result object to dst: {"is_error":..., ["error", "code"], ["notice"], output fields...}.
 // It is written into one buffer: the output is most often one long
 // content, which fastjson quotes straight into it.

@@ -176,8 +176,7 @@ func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, rt *sandbox.Tool
 		// The call cannot run (no session could be made for it: the
 		// server's session cap): a failed tool result with its code, as
 		// any tool's failure, not a JSON-RPC error without one.
-		b, _ := json.Marshal(api.ErrorBody{Error: err.Error(), Code: sandbox.ErrorCode(err)})
-		text := `{"is_error":true,` + string(b[1:])
+		text := string(sandbox.ErrorResult(err))
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}, IsError: true}, nil
 	}
 	name := req.Params.Name
