@@ -188,7 +188,7 @@ func serveStdio(ctx context.Context, srv *mcp.Server) error {
 	out := &lockedWriter{w: os.Stdout, wrote: track.written}
 	pr, pw := io.Pipe()
 	go func() {
-		err := jsonLines(os.Stdin, inflightWriter{pw, track}, out, maxLine)
+		err := jsonLines(os.Stdin, pw, out, maxLine, track)
 		if err == nil {
 			// The end of stdin: answer what was asked before it (MCP's
 			// stdio shutdown closes stdin first); the SDK would end the
@@ -221,10 +221,11 @@ const maxLine = mcp.DefaultMaxLineLength
 // The SDK's stdio transport ends the connection, and with it the session
 // and its boxes, at the first such line; MCP's stdio framing is one
 // message per line, so a bad line can be answered and skipped. It returns
-// nil at the end of in, else the read or write error.
-func jsonLines(in io.Reader, to io.Writer, out io.Writer, limit int) error {
+// nil at the end of in, else the read or write error. The requests it
+// passes on are noted in track (nil: none).
+func jsonLines(in io.Reader, to io.Writer, out io.Writer, limit int, track *inflight) error {
 	r := bufio.NewReaderSize(in, 64<<10)
-	var check lineChecker
+	check := lineChecker{track: track}
 	for {
 		line, long, rerr := readLine(r, limit)
 		if rerr != nil && !errors.Is(rerr, io.EOF) {
@@ -346,6 +347,8 @@ type lineChecker struct {
 	// SDK ends the connection at a batch. Only the first initialize
 	// counts: the SDK refuses the others.
 	batches, initialized bool
+	// track, if set, notes the requests of the lines passed on.
+	track *inflight
 }
 
 // badMessage returns the error answer to line, or nil when line is a
@@ -370,6 +373,7 @@ func (c *lineChecker) badMessage(line []byte) []byte {
 	}
 	ids := map[any]bool{}
 	var req *jsonrpc.Request
+	msgs := make([]jsonrpc.Message, 0, len(raws))
 	for _, raw := range raws {
 		msg, err := jsonrpc.DecodeMessage(raw)
 		if err != nil {
@@ -380,6 +384,7 @@ func (c *lineChecker) badMessage(line []byte) []byte {
 			// this one without a word.
 			return rpcError(probeID(raw), jsonrpc.CodeInvalidRequest, `invalid request: a message with an id but no method, result or error (want {"jsonrpc": "2.0", "id": …, "method": "…", "params": {…}})`)
 		}
+		msgs = append(msgs, msg)
 		req, _ = msg.(*jsonrpc.Request)
 		if req != nil && req.ID.IsValid() {
 			if ids[req.ID.Raw()] {
@@ -395,6 +400,9 @@ func (c *lineChecker) badMessage(line []byte) []byte {
 		_ = json.Unmarshal(req.Params, &p)
 		c.batches = p.ProtocolVersion == "2024-11-05" || p.ProtocolVersion == "2025-03-26"
 		c.initialized = true
+	}
+	if c.track != nil {
+		c.track.passed(msgs)
 	}
 	return nil
 }
@@ -448,77 +456,60 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
+func (l *lockedWriter) Close() error { return nil }
+
 // inflight is the set of the client's requests passed to the SDK and not
-// answered yet, by id (compact JSON), so that cellbox mcp answers them
+// answered yet, by id (jsonrpc.ID.Raw), so that cellbox mcp answers them
 // before it exits at the end of stdin.
 type inflight struct {
 	mu      sync.Mutex
-	ids     map[string]bool
+	ids     map[any]bool
 	changed chan struct{} // a token after each answer
 }
 
 func newInflight() *inflight {
-	return &inflight{ids: map[string]bool{}, changed: make(chan struct{}, 1)}
+	return &inflight{ids: map[any]bool{}, changed: make(chan struct{}, 1)}
 }
 
-// rpcHead is what inflight reads of a message.
-type rpcHead struct {
-	ID     json.RawMessage `json:"id"`
-	Method string          `json:"method"`
-	Params struct {
-		RequestID json.RawMessage `json:"requestId"`
-	} `json:"params"`
-}
-
-// heads decodes a message line, or a batch of them, to their heads.
-func heads(line []byte) []rpcHead {
-	line = bytes.TrimSpace(line)
-	var hs []rpcHead
-	if len(line) > 0 && line[0] == '[' {
-		json.Unmarshal(line, &hs)
-		return hs
-	}
-	var h rpcHead
-	if json.Unmarshal(line, &h) != nil {
-		return nil
-	}
-	return []rpcHead{h}
-}
-
-// idKey is the compact form of a JSON-RPC id, "" for none.
-func idKey(raw json.RawMessage) string {
-	var b bytes.Buffer
-	if len(raw) == 0 || string(raw) == "null" || json.Compact(&b, raw) != nil {
-		return ""
-	}
-	return b.String()
-}
-
-// passed notes a line passed to the SDK: its requests are in flight; a
-// notifications/cancelled takes its request out (the server answers a
-// cancelled request with nothing).
-func (f *inflight) passed(line []byte) {
+// passed notes the messages of a line passed to the SDK (lineChecker
+// decoded them): its requests are in flight; a notifications/cancelled
+// takes its request out (a cancelled request is answered with nothing).
+func (f *inflight) passed(msgs []jsonrpc.Message) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, h := range heads(line) {
+	for _, msg := range msgs {
+		req, ok := msg.(*jsonrpc.Request)
 		switch {
-		case h.Method == "notifications/cancelled":
-			delete(f.ids, idKey(h.Params.RequestID))
-		case h.Method != "" && idKey(h.ID) != "":
-			f.ids[idKey(h.ID)] = true
+		case !ok:
+		case req.Method == "notifications/cancelled":
+			var p struct {
+				RequestID any `json:"requestId"`
+			}
+			if json.Unmarshal(req.Params, &p) == nil {
+				delete(f.ids, p.RequestID)
+			}
+		case req.ID.IsValid():
+			f.ids[req.ID.Raw()] = true
 		}
 	}
 	f.signal()
 }
 
-// written notes a line written to the client: its responses answer
-// requests.
+// written notes a line written to the client (the SDK writes one message,
+// or one batch, per line): its responses answer requests.
 func (f *inflight) written(line []byte) {
+	raws := []json.RawMessage{bytes.TrimSpace(line)}
+	if len(raws[0]) > 0 && raws[0][0] == '[' {
+		raws = nil
+		json.Unmarshal(line, &raws)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, h := range heads(line) {
-		if h.Method == "" {
-			delete(f.ids, idKey(h.ID))
+	for _, raw := range raws {
+		if resp, err := jsonrpc.DecodeMessage(raw); err == nil {
+			if r, ok := resp.(*jsonrpc.Response); ok {
+				delete(f.ids, r.ID.Raw())
+			}
 		}
 	}
 	f.signal()
@@ -547,19 +538,6 @@ func (f *inflight) wait(ctx context.Context) {
 		}
 	}
 }
-
-// inflightWriter passes lines on to w, noting them in f.
-type inflightWriter struct {
-	w io.Writer
-	f *inflight
-}
-
-func (i inflightWriter) Write(p []byte) (int, error) {
-	i.f.passed(p)
-	return i.w.Write(p)
-}
-
-func (l *lockedWriter) Close() error { return nil }
 
 // remoteTools calls the tools of profile on a server, in one of its
 // sessions.

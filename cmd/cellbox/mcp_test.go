@@ -313,7 +313,7 @@ func TestJSONLinesLong(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var to, out bytes.Buffer
 			in := tc.line + "\n" + strings.Repeat("y", limit) + "\n" + next // the last line has no newline
-			require.NoError(t, jsonLines(strings.NewReader(in), &to, &out, limit))
+			require.NoError(t, jsonLines(strings.NewReader(in), &to, &out, limit, nil))
 			assert.Equal(t, next+"\n", to.String(), "the message after the long line is passed on")
 			answers := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
 			require.Len(t, answers, 2, out.String())
