@@ -188,7 +188,9 @@ func shortPath(path string) string {
 	if len(path) <= 2*keep+20 {
 		return path
 	}
-	return path[:keep] + fmt.Sprintf("…(%d bytes)…", len(path)-2*keep) + path[len(path)-keep:]
+	// A cut may split a key's multi-byte rune: its halves are dropped, as
+	// sandbox/agent's middle does.
+	return strings.ToValidUTF8(path[:keep], "") + fmt.Sprintf("…(%d bytes)…", len(path)-2*keep) + strings.ToValidUTF8(path[len(path)-keep:], "")
 }
 
 // deref follows aliases and unwraps a document.

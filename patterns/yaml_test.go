@@ -11,6 +11,7 @@ import (
 	"testing"
 	"testing/fstest"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/stretchr/testify/assert"
@@ -413,6 +414,11 @@ func TestSelfAlias(t *testing.T) {
 	assert.Contains(t, err.Error(), "value too large or too deep")
 	assert.Contains(t, err.Error(), "p.yaml:3: cells.x[0][0]")
 	assert.Less(t, len(err.Error()), 400)
+
+	// Cut between the bytes of a key's rune, the path stays valid UTF-8.
+	cut := shortPath("a" + strings.Repeat("é", 200) + "b")
+	assert.True(t, utf8.ValidString(cut), "%q", cut)
+	assert.Contains(t, cut, "…(282 bytes)…")
 }
 
 func TestDescriptionIsJSON(t *testing.T) {
