@@ -149,25 +149,13 @@ func (s *Sandbox) startWatches(ctx context.Context) error {
 }
 
 // follow reads the outputs under dir now and whenever the watch reports a
-// change to one of them, re-establishing the watch if it ends while the box
-// lives.
+// change to one of them (paced, see pacedReads), re-establishing the watch
+// if it ends while the box lives.
 func (s *Sandbox) follow(ctx context.Context, dir string, outs []string, ch <-chan []api.WatchEvent) {
 	defer s.watchers.Done()
 	for {
 		s.readFiles(ctx, outs)
-		for batch := range ch {
-			var changed []string
-			for _, ev := range batch {
-				// Exact paths only: the agent's temp files
-				// (.NAME.cellbox-*) and other files are not outputs.
-				if slices.Contains(outs, ev.Path) && !slices.Contains(changed, ev.Path) {
-					changed = append(changed, ev.Path)
-				}
-			}
-			if len(changed) > 0 {
-				s.readFiles(ctx, changed)
-			}
-		}
+		pacedReads(ctx, ch, outs, readPace, s.readFiles)
 		for {
 			select {
 			case <-ctx.Done():
@@ -190,6 +178,57 @@ func (s *Sandbox) follow(ctx context.Context, dir string, outs []string, ch <-ch
 				s.log.Warn("watch output files", "dir", dir, "error", err)
 			}
 		}
+	}
+}
+
+// readPace is how long a sandbox node's output reads rest after a read,
+// as a multiple of the time the read took: the runner spends at most
+// 1/(1+readPace) of its time reading one watched directory.
+const readPace = 4
+
+// pacedReads calls read with the outputs (of outs) that the watch batches
+// from ch report changed, until ch closes or ctx ends. A read that took d
+// is followed by a rest of pace×d in which changes are only gathered, then
+// read at once: a box rewriting a big bound file in a loop cost the runner
+// a core of its own (a read, a JSON copy and a store commit of every
+// version, 0.74 of a core here for a 4 MiB file) outside the box's CPU
+// limit, while a change after a quiet spell is still read at once, and the
+// last change of a burst is always read.
+func pacedReads(ctx context.Context, ch <-chan []api.WatchEvent, outs []string, pace float64, read func(context.Context, []string)) {
+	var (
+		pending []string
+		next    time.Time // no read before
+		wake    <-chan time.Time
+	)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+			wake = nil
+		case batch, ok := <-ch:
+			if !ok {
+				return // the caller reads every output when it watches again
+			}
+			for _, ev := range batch {
+				// Exact paths only: the agent's temp files
+				// (.NAME.cellbox-*) and other files are not outputs.
+				if slices.Contains(outs, ev.Path) && !slices.Contains(pending, ev.Path) {
+					pending = append(pending, ev.Path)
+				}
+			}
+		}
+		if len(pending) == 0 || wake != nil {
+			continue
+		}
+		if rest := time.Until(next); rest > 0 {
+			wake = time.After(rest)
+			continue
+		}
+		start := time.Now()
+		read(ctx, pending)
+		pending = nil
+		next = time.Now().Add(time.Duration(pace * float64(time.Since(start))))
 	}
 }
 
