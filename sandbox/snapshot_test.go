@@ -551,3 +551,41 @@ func TestGrepSaysWhatItSkipped(t *testing.T) {
 	assert.Contains(t, skipped, "secret.txt: permission denied")
 	assert.Contains(t, skipped, "longer than the system allows")
 }
+
+// TestForkBranchKeepSettings: the boxes fork and branch make work where
+// their source did (workspace_dir), with its env, and go with the session
+// as it did (destroy_on_close); before, they worked in /workspace.
+func TestForkBranchKeepSettings(t *testing.T) {
+	for _, kind := range []string{"local", "docker"} {
+		t.Run(kind, func(t *testing.T) {
+			rb := newRealService(t, kind, func(cfg *Config) { cfg.MaxBoxesPerSession = 8 })
+			rb.ok("sandbox_create", map[string]any{"sandbox": "src", "workspace_dir": "/workspace/app",
+				"env": map[string]string{"E1": "v1"}, "destroy_on_close": true})
+			rb.sh("src", "echo built > out.txt")
+			rb.ok("fork", map[string]any{"sandbox": "src", "count": 1, "names": []string{"f"}})
+			snap := rb.ok("snapshot", map[string]any{"sandbox": "src"})
+			rb.ok("branch", map[string]any{"snapshot": snap["id"], "name": "b"})
+			list := map[string]map[string]any{}
+			for _, s := range rb.ok("sandbox_list", nil)["sandboxes"].([]any) {
+				list[s.(map[string]any)["name"].(string)] = s.(map[string]any)
+			}
+			for _, box := range []string{"f", "b"} {
+				assert.Equal(t, "/workspace/app\nv1\nbuilt\n", rb.sh(box, "pwd; echo $E1; cat out.txt"), box)
+				require.Contains(t, list, box)
+				assert.Equal(t, "/workspace/app", list[box]["workspace_dir"], box)
+				assert.Equal(t, true, list[box]["destroy_on_close"], box)
+			}
+
+			// A box working under /tmp: a snapshot or fork keeps none of
+			// its working directory, and says so.
+			rb.ok("sandbox_create", map[string]any{"sandbox": "tw", "workspace_dir": "/tmp/w"})
+			rb.sh("tw", "echo important > main.py")
+			for tool, in := range map[string]map[string]any{
+				"snapshot": {"sandbox": "tw"},
+				"fork":     {"sandbox": "tw", "count": 1, "names": []string{"twf"}},
+			} {
+				assert.Contains(t, rb.ok(tool, in)["notice"], `"tw" works in /tmp/w, outside /workspace`, tool)
+			}
+		})
+	}
+}

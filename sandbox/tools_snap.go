@@ -47,10 +47,10 @@ func snapshotTools() []*Tool {
 			"Replace a sandbox's workspace with a snapshot's content: everything in /workspace is replaced. A snapshot larger than the sandbox's disk cap (limits.disk_bytes) is refused before anything is changed; use branch for it instead. If the copy stops part way (the disk fills), the earlier workspace is put back. Running processes keep running.",
 			restoreTool),
 		defineTool("branch", ToolMeta{Title: "Start a new sandbox from a snapshot"},
-			"Make a NEW sandbox of this session (same image and settings as the snapshot's sandbox had when it was taken: env, limits, network with its allow list and inject rules) whose workspace is the snapshot's content; the original sandbox is unchanged.",
+			"Make a NEW sandbox of this session (same image and settings as the snapshot's sandbox had when it was taken: env, limits, workspace_dir, destroy_on_close, network with its allow list and inject rules) whose workspace is the snapshot's content; the original sandbox is unchanged.",
 			branchTool),
 		defineTool("fork", ToolMeta{Title: "Fork a sandbox into several"},
-			"Make count NEW sandboxes (up to 16) with a running sandbox's image and settings (env, limits, network with its allow list and inject rules) whose workspaces are copies of its workspace, e.g. to try several fixes in parallel; each is independent afterwards. Processes are not copied.",
+			"Make count NEW sandboxes (up to 16) with a running sandbox's image and settings (env, limits, workspace_dir, destroy_on_close, network with its allow list and inject rules) whose workspaces are copies of its workspace (/workspace; /tmp starts empty), e.g. to try several fixes in parallel; each is independent afterwards. Processes are not copied.",
 			forkTool),
 	}
 }
@@ -96,6 +96,7 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 		}
 		return api.SnapshotInfo{}, err
 	}
+	c.noticeUnkept(l.name, l.b.rec, "a snapshot")
 	rec := newSnapshotRecord(c, l, in.Label, entries, added)
 	if err := ss.put(rec, entries); err != nil {
 		ss.freeLater(c.s.log, c.sess.ID) // the blobs no record names now
@@ -237,6 +238,7 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 		names = c.s.freeNames(c.sess, src.name, in.Count)
 	}
 	spec := specOf(src.b.rec)
+	c.noticeUnkept(src.name, src.b.rec, "a fork")
 	if _, ok := c.s.be.(backend.Cloner); ok {
 		ls, err := c.s.newBoxes(ctx, c, names, spec, src.b.rec.ID, nil)
 		switch ErrorCode(err) {
@@ -335,11 +337,23 @@ func countFiles(entries []snapEntry) (files int, size int64) {
 	return files, size
 }
 
+// noticeUnkept tells the caller that what (a snapshot, a fork) of box
+// name holds none of its working directory when that lies outside the
+// workspace (workspace_dir under /tmp): an agent working there would
+// otherwise find its files gone without a word.
+func (c *call) noticeUnkept(name string, rec boxRecord, what string) {
+	if wd := rec.WorkspaceDir; wd != "" && wd != backend.Workspace && !strings.HasPrefix(wd, backend.Workspace+"/") {
+		c.notice(fmt.Sprintf("%q works in %s, outside %s: %s holds only %s, none of the files in %s", name, wd, backend.Workspace, what, backend.Workspace, wd))
+	}
+}
+
 // specOf is the spec of a new box made like rec (branch, fork): its
-// image, env, limits and network, the allow list and inject rules
-// included (a copy: network_set on one box leaves the other's alone).
+// image, env, limits, working directory, destroy_on_close and network,
+// the allow list and inject rules included (a copy: network_set on one
+// box leaves the other's alone).
 func specOf(rec boxRecord) boxSpec {
-	spec := boxSpec{Image: rec.Image, Env: rec.Env, Limits: rec.Limits, Network: rec.Network, SleepAfterMs: rec.SleepAfterMs}
+	spec := boxSpec{Image: rec.Image, Env: rec.Env, Limits: rec.Limits, Network: rec.Network, SleepAfterMs: rec.SleepAfterMs,
+		WorkspaceDir: rec.WorkspaceDir, DestroyOnClose: &rec.DestroyOnClose}
 	if rec.Egress != nil {
 		spec.Egress = &api.NetworkRules{Allow: slices.Clone(rec.Egress.Allow), Inject: slices.Clone(rec.Egress.Inject)}
 	}
