@@ -50,11 +50,11 @@ func (s *Service) dropPreviewsLocked(b *box) {
 func waitPortTool(ctx context.Context, c *call, in api.WaitPortInput) (api.WaitPortOutput, error) {
 	out := api.WaitPortOutput{Port: in.Port}
 	if in.Port < 1 || in.Port > 65535 {
-		return out, fmt.Errorf("port %d is out of range 1-65535", in.Port)
+		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("port %d is out of range 1-65535", in.Port))
 	}
 	timeout := time.Duration(cmp.Or(in.TimeoutMs, 30000)) * time.Millisecond
 	if in.TimeoutMs < 0 || timeout > maxWaitPort {
-		return out, fmt.Errorf("timeout_ms %d: want 1 to %d", in.TimeoutMs, maxWaitPort.Milliseconds())
+		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("timeout_ms %d: want 1 to %d", in.TimeoutMs, maxWaitPort.Milliseconds()))
 	}
 	l, err := c.box(ctx, in.Sandbox)
 	if err != nil {
@@ -97,7 +97,7 @@ const maxWaitPort = 10 * time.Minute
 func browseTool(ctx context.Context, c *call, in api.BrowseInput) (api.BrowseOutput, error) {
 	out := api.BrowseOutput{Port: in.Port}
 	if in.Port < 1 || in.Port > 65535 {
-		return out, fmt.Errorf("port %d is out of range 1-65535", in.Port)
+		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("port %d is out of range 1-65535", in.Port))
 	}
 	base := *c.s.baseURL.Load()
 	if base == "" {

@@ -20,6 +20,8 @@ func TestBoxToolErrorCodes(t *testing.T) {
 		h                      *testSession
 	}{
 		{"empty command", "shell", `{"command": "  "}`, api.CodeInvalidInput, h},
+		{"wait_port past its longest wait", "wait_port", `{"port": 8000, "timeout_ms": 700000}`, api.CodeInvalidInput, h},
+		{"wait_port of no port", "wait_port", `{"port": 70000}`, api.CodeInvalidInput, h},
 		{"process kill without an id", "process", `{"action": "kill"}`, api.CodeInvalidInput, h},
 		{"a name taken by another shared box", "sandbox_create", `{"sandbox": "mine", "box_id": "shared-b", "share_across_sessions": true}`, api.CodeExists, h},
 		{"a shared box_id in an allowed_commands session", "sandbox_create", `{"sandbox": "x", "box_id": "shared-a", "share_across_sessions": true}`, api.CodeRefused, limited},

@@ -317,8 +317,8 @@ type BrowseOutput struct {
 // WaitPortInput is the input of the wait_port tool.
 type WaitPortInput struct {
 	Sandbox   string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
-	Port      int    `json:"port" desc:"TCP port a server listens on inside the box (on 127.0.0.1 or 0.0.0.0)." minimum:"1"`
-	TimeoutMs int    `json:"timeout_ms,omitempty" desc:"Give up after this many milliseconds (at most 600000)." default:"30000" minimum:"1"`
+	Port      int    `json:"port" desc:"TCP port a server listens on inside the box (on 127.0.0.1 or 0.0.0.0)." minimum:"1" maximum:"65535"`
+	TimeoutMs int    `json:"timeout_ms,omitempty" desc:"Give up after this many milliseconds (at most 600000)." default:"30000" minimum:"1" maximum:"600000"`
 }
 
 // WaitPortOutput is the result of the wait_port tool.
