@@ -64,6 +64,12 @@ func TestCompile(t *testing.T) {
 		{h: Header{Host: "api.example.org", Header: "Authorization", Value: "Bearer x"}},
 		{h: Header{Host: "*.example.org", Header: "X-Api-Key", Secret: "TOKEN"}},
 		{h: Header{Host: "api.example.org", Header: "Bad Header", Value: "x"}, err: "want an HTTP header name"},
+		// Headers net/http writes itself: a rule naming one was taken,
+		// shown, and never sent.
+		{h: Header{Host: "api.example.org", Header: "Host", Value: "x"}, err: "which the proxy sets itself"},
+		{h: Header{Host: "api.example.org", Header: "content-length", Value: "1"}, err: "which the proxy sets itself"},
+		{h: Header{Host: "api.example.org", Header: "Transfer-Encoding", Value: "chunked"}, err: "which the proxy sets itself"},
+		{h: Header{Host: "api.example.org", Header: "Connection", Value: "x"}, err: "which the proxy sets itself"},
 		{h: Header{Host: "api.example.org", Header: "X", Value: "a\r\nEvil: 1"}, err: "line break"},
 		{h: Header{Host: "api.example.org", Header: "X"}, err: "exactly one of value and secret"},
 		{h: Header{Host: "api.example.org", Header: "X", Value: "v", Secret: "TOKEN"}, err: "exactly one of value and secret"},

@@ -13,6 +13,7 @@ package egress
 import (
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
@@ -97,9 +98,13 @@ type rule struct {
 var (
 	// The lengths are checked beside labelRE and secretRE, not by counted
 	// repetitions, which compile to large programs at every start.
-	labelRE  = regexp.MustCompile(`^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?$`)
-	headerRE = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-	secretRE = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
+	labelRE = regexp.MustCompile(`^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?$`)
+	// framingHeaders are the headers an inject rule may not name: the
+	// request line's host, the body's framing and the hop-by-hop ones,
+	// which the proxy (net/http) writes itself and drops from a rule.
+	framingHeaders = []string{"Host", "Content-Length", "Transfer-Encoding", "Trailer", "Te", "Connection", "Keep-Alive", "Proxy-Connection", "Upgrade"}
+	headerRE       = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+	secretRE       = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
 )
 
 // CompileRules compiles the rules of a box's network as the tools and
@@ -137,6 +142,8 @@ func Compile(allow []string, headers []Header) (*Policy, error) {
 			errs = append(errs, fmt.Sprintf("inject[%d]: host %q: want a name (api.example.org, *.example.org) or an IP", i, h.Host))
 		case !headerRE.MatchString(h.Header):
 			errs = append(errs, fmt.Sprintf("inject[%d]: header %q: want an HTTP header name (Authorization, X-Api-Key)", i, h.Header))
+		case slices.Contains(framingHeaders, http.CanonicalHeaderKey(h.Header)):
+			errs = append(errs, fmt.Sprintf("inject[%d]: header %q frames the request or its connection, which the proxy sets itself (it would never be sent); inject an application header (Authorization, X-Api-Key)", i, h.Header))
 		case (h.Value == "") == (h.Secret == ""):
 			errs = append(errs, fmt.Sprintf("inject[%d]: give exactly one of value and secret", i))
 		case len(h.Value) > MaxValue:
