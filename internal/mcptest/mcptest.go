@@ -6,7 +6,9 @@ package mcptest
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -96,8 +98,9 @@ func (c *Client) recorded(list *[]string) []string {
 
 // Call runs a tool and returns its result object (the text content, which
 // image contents may follow); a successful call's structuredContent must
-// be the same object, a failed one has none (it would not match the output
-// schema).
+// be the same object but for the images' data, which the text replaces
+// with a note (the images follow as image content), and a failed one has
+// none (it would not match the output schema).
 func (c *Client) Call(t *testing.T, name string, args map[string]any) (res *mcp.CallToolResult, result map[string]any) {
 	t.Helper()
 	res, err := c.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: args})
@@ -113,7 +116,16 @@ func (c *Client) Call(t *testing.T, name string, args map[string]any) (res *mcp.
 	} else {
 		raw, err := json.Marshal(res.StructuredContent)
 		require.NoError(t, err)
-		assert.JSONEq(t, text, string(raw))
+		var structured map[string]any
+		require.NoError(t, json.Unmarshal(raw, &structured))
+		if outs, ok := structured["outputs"].([]any); ok && len(res.Content) > 1 {
+			for i, o := range outs {
+				if o := o.(map[string]any); strings.HasPrefix(fmt.Sprint(o["mime"]), "image/") {
+					o["data"] = result["outputs"].([]any)[i].(map[string]any)["data"]
+				}
+			}
+		}
+		assert.Equal(t, result, structured)
 	}
 	return res, result
 }

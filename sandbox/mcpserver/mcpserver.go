@@ -29,6 +29,7 @@ import (
 	"net/url"
 	"reflect"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -206,13 +207,16 @@ func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, rt *sandbox.Tool
 	if rt != nil && rt.TextResult {
 		text = rt.ResultText(compact.Bytes()) // a seed tool that answers a plain string
 	}
+	var images []mcp.Content
+	if !head.IsError {
+		images, text = imageContents(head.Outputs, text)
+	}
 	result := &mcp.CallToolResult{
-		Content: []mcp.Content{&mcp.TextContent{Text: text}},
+		Content: append([]mcp.Content{&mcp.TextContent{Text: text}}, images...),
 		IsError: head.IsError,
 	}
 	if !head.IsError {
 		result.StructuredContent = json.RawMessage(compact.Bytes())
-		result.Content = append(result.Content, imageContents(head.Outputs)...)
 	}
 	return result, nil
 }
@@ -220,26 +224,35 @@ func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, rt *sandbox.Tool
 // imageContents returns the images among a result's rich outputs (its
 // "outputs" field as raw JSON: run_code's, a plot as base64 PNG) as MCP
 // image content, so that a client shows them (and a model sees them) as
-// images.
-func imageContents(outputs json.RawMessage) []mcp.Content {
+// images, and text (the result as JSON) with each image's base64 replaced
+// by a note saying where it went: a model was sent every plot twice, the
+// second time as some 20,000 characters of base64 text. structuredContent
+// keeps the data, for clients that read the result as data.
+func imageContents(outputs json.RawMessage, text string) ([]mcp.Content, string) {
 	var r []struct {
 		MIME     string `json:"mime"`
 		Data     string `json:"data"`
 		Encoding string `json:"encoding"`
 	}
 	if len(outputs) == 0 || json.Unmarshal(outputs, &r) != nil {
-		return nil
+		return nil, text
 	}
 	var out []mcp.Content
 	for _, o := range r {
 		if o.Encoding != "base64" || !strings.HasPrefix(o.MIME, "image/") {
 			continue
 		}
-		if b, err := base64.StdEncoding.DecodeString(o.Data); err == nil {
-			out = append(out, &mcp.ImageContent{Data: b, MIMEType: o.MIME})
+		b, err := base64.StdEncoding.DecodeString(o.Data)
+		if err != nil {
+			continue
 		}
+		out = append(out, &mcp.ImageContent{Data: b, MIMEType: o.MIME})
+		// Base64 holds nothing JSON escapes, so the string stands in the
+		// text as it is.
+		note := fmt.Sprintf("(%s, %d bytes: image content %d of this result)", o.MIME, len(b), len(out)+1)
+		text = strings.Replace(text, `"`+o.Data+`"`, strconv.Quote(note), 1)
 	}
-	return out
+	return out, text
 }
 
 // maxNotifiedLine caps the text of one progress or log notification.

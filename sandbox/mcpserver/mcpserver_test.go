@@ -2,6 +2,7 @@ package mcpserver
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"testing"
 
@@ -109,6 +110,14 @@ func TestMCPToolMetadata(t *testing.T) {
 	require.True(t, ok, "%T", res.Content[1])
 	assert.Equal(t, "image/png", img.MIMEType)
 	assert.Equal(t, []byte("\x89PNG\r\n"), img.Data)
+	// Sent once: the text (what a model reads) says where the image went
+	// instead of repeating its base64; structuredContent keeps the data.
+	b64 := base64.StdEncoding.EncodeToString(img.Data)
+	text := res.Content[0].(*mcp.TextContent).Text
+	assert.NotContains(t, text, b64)
+	assert.Contains(t, text, `"data":"(image/png, 6 bytes: image content 2 of this result)"`)
+	assert.True(t, json.Valid([]byte(text)), text)
+	assert.Contains(t, mustMarshal(t, res.StructuredContent), b64)
 }
 
 // TestMCPBoxResources: box files are resources of a template, read with
