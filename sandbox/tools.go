@@ -498,6 +498,12 @@ func (s *Service) callTool(ctx context.Context, dst []byte, sess *Session, t *To
 		for _, l := range c.leases {
 			err = s.explain(ctx, sess, l, err)
 		}
+		// The caller ended the call with a reason (a server that
+		// stops): that is the answer (what failed then is the echo of
+		// it in the agent's connection).
+		if cause := context.Cause(ctx); ctx.Err() != nil && cause != ctx.Err() {
+			err = cause
+		}
 	}
 	c.done()
 	s.metrics.observeTool(name, err == nil, time.Since(start))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"flag"
@@ -29,6 +30,10 @@ type httpOptions struct {
 	allowedHosts []string      // names besides loopback the server answers to
 	bodyTimeout  time.Duration // how long a client may take to send a request body
 	idleTimeout  time.Duration // how long a kept-alive connection may sit idle
+	// shutdownGrace is how long a stop lets requests in flight finish
+	// before it ends them (their commands killed) and answers them that
+	// the server is shutting down.
+	shutdownGrace time.Duration
 }
 
 // Defaults of the HTTP limits. A body may be a large upload, so its time is
@@ -36,8 +41,11 @@ type httpOptions struct {
 const (
 	defaultBodyTimeout = 5 * time.Minute
 	defaultIdleTimeout = 2 * time.Minute
-	headerTimeout      = 10 * time.Second
-	maxHeaderBytes     = 64 << 10
+	// defaultShutdownGrace is how long a stop lets requests in flight
+	// finish.
+	defaultShutdownGrace = 10 * time.Second
+	headerTimeout        = 10 * time.Second
+	maxHeaderBytes       = 64 << 10
 )
 
 // hostList is a repeatable flag.
@@ -60,6 +68,7 @@ func addHTTPFlags(fs *flag.FlagSet) *httpOptions {
 	fs.Var((*hostList)(&o.allowedHosts), "allowed-host", "a host name (besides localhost and loopback addresses) the server answers to, e.g. a name that reaches it through a proxy; repeatable")
 	fs.DurationVar(&o.bodyTimeout, "body-timeout", defaultBodyTimeout, "time a client may take to send a request body")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", defaultIdleTimeout, "time an idle kept-alive connection stays open")
+	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "time a stop lets calls in flight finish; then their commands are ended and they are answered that the server is shutting down")
 	return o
 }
 
@@ -320,7 +329,8 @@ func (h *runtimeHost) start(ln net.Listener, handler http.Handler) <-chan error 
 	if idle <= 0 {
 		idle = defaultIdleTimeout
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: headerTimeout, IdleTimeout: idle, MaxHeaderBytes: maxHeaderBytes}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: headerTimeout, IdleTimeout: idle, MaxHeaderBytes: maxHeaderBytes,
+		BaseContext: func(net.Listener) context.Context { return h.requests() }}
 	srv.RegisterOnShutdown(h.api.Shutdown) // end watches
 	h.servers = append(h.servers, srv)
 	stopped := make(chan error, 1)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unicode"
@@ -317,6 +319,22 @@ type runtimeHost struct {
 	opts     httpOptions // of the HTTP server and its limits
 	// teardowns are exec boxes being destroyed after their runs.
 	teardowns *builtins.Teardowns
+	// reqs is the context of every request of the servers, ended by
+	// endReqs when close's grace runs out.
+	reqsOnce sync.Once
+	reqs     context.Context
+	endReqs  context.CancelCauseFunc
+}
+
+// errShuttingDown ends the requests still in flight when a stop's grace
+// has run out: a tool call's command is killed and the call answered
+// with this, rather than its connection cut with no answer.
+var errShuttingDown = errors.New("the server is shutting down: the call was ended, its command stopped; call again once the server is back")
+
+// requests is the context of the servers' requests.
+func (h *runtimeHost) requests() context.Context {
+	h.reqsOnce.Do(func() { h.reqs, h.endReqs = context.WithCancelCause(context.Background()) })
+	return h.reqs
 }
 
 // newRuntimeHost starts a runtime over store whose exec and sandbox nodes
@@ -422,22 +440,38 @@ func (h *runtimeHost) serve() (string, error) {
 	return h.sockPath, nil
 }
 
-// shutdownGrace is how long close lets requests in flight finish.
-const shutdownGrace = 10 * time.Second
+// endGrace bounds the answers of the requests a stop ended.
+const endGrace = 3 * time.Second
 
 // close stops the API servers (ending watches, letting other requests
-// finish for up to shutdownGrace) and shuts the runtime down: runs in
+// finish for up to --shutdown-grace, then ending them) and shuts the runtime down: runs in
 // flight are cancelled and resume on the next start; patterns are not
 // stopped, so sandbox boxes are kept, put to sleep (files kept, processes
 // ended, disks unmounted) — every box, the tool API's sessions' too — and
 // found again by the next start. Stopping a pattern (DELETE
 // /v1/patterns/NAME, `cellbox stop NAME`) is what destroys its boxes.
 func (h *runtimeHost) close() error {
-	sctx, scancel := context.WithTimeout(context.Background(), shutdownGrace)
+	grace := cmp.Or(h.opts.shutdownGrace, defaultShutdownGrace)
+	sctx, scancel := context.WithTimeout(context.Background(), grace)
 	defer scancel()
+	var left []*http.Server
 	for _, srv := range h.servers {
 		if srv.Shutdown(sctx) != nil {
-			srv.Close()
+			left = append(left, srv)
+		}
+	}
+	if len(left) > 0 {
+		// The grace is over: the calls still running are ended, and
+		// answered so (a tool call's error result), before their
+		// connections are closed.
+		h.requests()
+		h.endReqs(errShuttingDown)
+		ectx, ecancel := context.WithTimeout(context.Background(), endGrace)
+		defer ecancel()
+		for _, srv := range left {
+			if srv.Shutdown(ectx) != nil {
+				srv.Close()
+			}
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

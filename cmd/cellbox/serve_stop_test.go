@@ -79,3 +79,38 @@ func TestServeStopSleepsBoxes(t *testing.T) {
 		})
 	}
 }
+
+// TestServeStopAnswersCallsInFlight stops `cellbox serve` while a tool call
+// runs a command longer than --shutdown-grace: once the grace is over, the
+// command is ended and the call answered that the server is shutting down
+// (before, its connection was cut with no answer).
+func TestServeStopAnswersCallsInFlight(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := startServe(t, data, "--pool", "0", "--shutdown-grace", "1s")
+	c, err := sandboxclient.NewSessionWithKey(ctx, srv.url, srv.key)
+	require.NoError(t, err)
+	_, err = c.Tool(ctx, "shell", map[string]any{"command": "true"}) // the box is up
+	require.NoError(t, err)
+	type answer struct {
+		out []byte
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		out, err := c.Tool(ctx, "shell", map[string]any{"command": "echo started > started; sleep 60", "timeout_ms": 120000})
+		answered <- answer{out, err}
+	}()
+	require.Eventually(t, func() bool {
+		out, err := c.Tool(ctx, "read_file", map[string]any{"path": "started"})
+		return err == nil && strings.Contains(string(out), "started")
+	}, time.Minute, 50*time.Millisecond, "the long call runs")
+
+	require.NoError(t, srv.stop(t), "a graceful stop exits 0")
+	a := <-answered
+	var failed *sandboxclient.ToolError
+	require.ErrorAs(t, a.err, &failed, "the call is answered with an error result, not cut")
+	assert.Equal(t, "shell: the server is shutting down: the call was ended, its command stopped; call again once the server is back", a.err.Error())
+}
