@@ -21,6 +21,7 @@ package mcpserver
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -341,6 +342,9 @@ func readBoxResource(ctx context.Context, caller ToolCaller, uri string) (*mcp.R
 	if err != nil {
 		return nil, resourceError(api.CodeInvalidInput, err.Error())
 	}
+	if err := boxExists(ctx, caller, box, uri); err != nil {
+		return nil, err
+	}
 	var (
 		text     strings.Builder
 		encoding string
@@ -387,6 +391,33 @@ func readBoxResource(ctx context.Context, caller ToolCaller, uri string) (*mcp.R
 		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: uri, MIMEType: "application/octet-stream", Blob: blob}}}, nil
 	}
 	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: uri, MIMEType: "text/plain; charset=utf-8", Text: text.String()}}}, nil
+}
+
+// boxExists fails with a resource-not-found error naming the session's
+// sandboxes unless it has one named box: reading a resource must not make
+// a box (read_file, a tool, makes the box it names), which a mistyped URI
+// did, taking one of the session's sandboxes.
+func boxExists(ctx context.Context, caller ToolCaller, box, uri string) error {
+	raw, err := caller.CallTool(ctx, "sandbox_list", json.RawMessage(`{}`))
+	if err != nil {
+		return resourceError(sandbox.ErrorCode(err), fmt.Sprintf("read %s: %v", uri, err))
+	}
+	var list api.SandboxListOutput
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return fmt.Errorf("read %s: %w", uri, err)
+	}
+	var names []string
+	for _, s := range list.Sandboxes {
+		if s.Name == box {
+			return nil
+		}
+		names = append(names, s.Name)
+	}
+	e := mcp.ResourceNotFoundError(uri)
+	if je, ok := e.(*jsonrpc.Error); ok {
+		je.Message = fmt.Sprintf("%s: this session has no sandbox named %q (it has: %s); make it with a tool call, e.g. sandbox_create", je.Message, box, cmp.Or(strings.Join(names, ", "), "none"))
+	}
+	return e
 }
 
 // parseBoxURI splits cellbox://box/SANDBOX/PATH; PATH is relative to

@@ -155,6 +155,13 @@ func TestMCPBoxResources(t *testing.T) {
 	assertRPCCode(t, err, jsonrpc.CodeInvalidParams) // MCP's "resource not found" (SEP-2164)
 	_, err = c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/no/such/box/../x"})
 	assertRPCCode(t, err, jsonrpc.CodeInvalidParams)
+
+	// A sandbox the session does not have is not made by reading it.
+	_, err = c.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "cellbox://box/nobox/x.txt"})
+	assertRPCCode(t, err, jsonrpc.CodeInvalidParams)
+	assert.ErrorContains(t, err, `this session has no sandbox named "nobox" (it has: default)`)
+	_, list := c.Call(t, "sandbox_list", nil)
+	assert.Len(t, list["sandboxes"], 1, "no box was made: %v", list)
 }
 
 // assertRPCCode checks err is a JSON-RPC error with code: a failed read
