@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"path"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/sandboxclient"
@@ -130,6 +131,19 @@ func readOutput(ctx context.Context, c sandboxclient.Client, box, p, format stri
 		return nil, false, fmt.Errorf("read output file %s in box %q: %w", p, box, err)
 	}
 	if format == OutputText {
+		if b := w.buf.Bytes(); !utf8.Valid(b) {
+			// A cell holds JSON text: the bytes would be replaced with
+			// U+FFFD without a word.
+			at := 0
+			for {
+				r, size := utf8.DecodeRune(b[at:])
+				if r == utf8.RuneError && size == 1 {
+					break
+				}
+				at += size
+			}
+			return nil, true, fmt.Errorf("output file %s is not UTF-8 text (byte %d is 0x%02x): a text output holds text; write it as UTF-8, or base64 it (base64 -w0) and decode it where it is used", p, at, b[at])
+		}
 		return w.buf.String(), true, nil
 	}
 	d := json.NewDecoder(bytes.NewReader(w.buf.Bytes()))
