@@ -283,6 +283,9 @@ func describeJSONError(body []byte, err error) string {
 		return err.Error()
 	}
 	off := max(int(se.Offset)-1, 0) // Offset counts the offending byte
+	if strings.HasPrefix(se.Error(), "unexpected end of JSON input") {
+		off = len(body) // where more was wanted: the end, not the last byte read
+	}
 	line, col := 1, 1
 	for _, c := range body[:min(off, len(body))] {
 		if c == '\n' {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/sandbox"
@@ -80,4 +81,17 @@ func boxes(s *sandbox.Service) int {
 		n += c.N
 	}
 	return n
+}
+
+// A malformed body's error says where its syntax breaks: for a body cut
+// short, at its end (a lone "{" was "at offset 0 (line 1, column 1)").
+func TestDescribeJSONError(t *testing.T) {
+	for body, want := range map[string]string{
+		"{":                  "unexpected end of JSON input at offset 1 (line 1, column 2)",
+		"{\n  \"a\": 1,\n}":  "invalid character '}' looking for beginning of object key string at offset 12 (line 3, column 1)",
+		"{\"command\": tru}": "invalid character '}' in literal true (expecting 'e') at offset 15 (line 1, column 16)",
+	} {
+		var v any
+		assert.Equal(t, want, describeJSONError([]byte(body), json.Unmarshal([]byte(body), &v)), body)
+	}
 }
