@@ -55,8 +55,9 @@ func TestPacedReadsBurst(t *testing.T) {
 	<-done
 	mu.Lock()
 	defer mu.Unlock()
-	// Unpaced, every report is a read: 100. Paced, a read of 5 ms rests
-	// 20 ms, so about one read per 25 ms of the burst's ~150 ms.
+	// Unpaced, every report is a read: 100. Paced, a read of 5 ms costs
+	// 25 ms of budget: after the first 100 ms of burst, about one read per
+	// 25 ms of the ~150 ms the versions take.
 	assert.Less(t, reads, versions/3, "reads of %d versions", versions)
 	assert.GreaterOrEqual(t, reads, 2)
 }

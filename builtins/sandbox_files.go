@@ -181,23 +181,29 @@ func (s *Sandbox) follow(ctx context.Context, dir string, outs []string, ch <-ch
 	}
 }
 
-// readPace is how long a sandbox node's output reads rest after a read,
-// as a multiple of the time the read took: the runner spends at most
-// 1/(1+readPace) of its time reading one watched directory.
-const readPace = 4
+// readPace and readBurst bound the time the runner spends reading one
+// watched directory's outputs: a read that took d costs (1+readPace)×d of
+// a budget that wall time refills, and reads wait while more than
+// readBurst is owed. So changes now and then are read at once, and a box
+// rewriting its outputs without end gets at most 1/(1+readPace) of the
+// runner's time.
+const (
+	readPace  = 4
+	readBurst = 100 * time.Millisecond
+)
 
 // pacedReads calls read with the outputs (of outs) that the watch batches
-// from ch report changed, until ch closes or ctx ends. A read that took d
-// is followed by a rest of pace×d in which changes are only gathered, then
-// read at once: a box rewriting a big bound file in a loop cost the runner
-// a core of its own (a read, a JSON copy and a store commit of every
-// version, 0.74 of a core here for a 4 MiB file) outside the box's CPU
-// limit, while a change after a quiet spell is still read at once, and the
-// last change of a burst is always read.
+// from ch report changed, until ch closes or ctx ends, at the pace above.
+// Changes that arrive while reads wait are gathered and read together:
+// the last change of a burst is always read. Before, every change was
+// read: a box rewriting a 4 MiB bound file in a loop cost the runner 0.74
+// of a core (a read, a JSON copy and a store commit of every version),
+// outside the box's CPU limit.
 func pacedReads(ctx context.Context, ch <-chan []api.WatchEvent, outs []string, pace float64, read func(context.Context, []string)) {
 	var (
 		pending []string
-		next    time.Time // no read before
+		owed    time.Duration // read time not yet paid back by wall time
+		paid    time.Time     // owed is as of then
 		wake    <-chan time.Time
 	)
 	for {
@@ -221,14 +227,15 @@ func pacedReads(ctx context.Context, ch <-chan []api.WatchEvent, outs []string, 
 		if len(pending) == 0 || wake != nil {
 			continue
 		}
-		if rest := time.Until(next); rest > 0 {
-			wake = time.After(rest)
+		now := time.Now()
+		owed, paid = max(0, owed-now.Sub(paid)), now
+		if wait := owed - readBurst; wait > 0 {
+			wake = time.After(wait)
 			continue
 		}
-		start := time.Now()
 		read(ctx, pending)
 		pending = nil
-		next = time.Now().Add(time.Duration(pace * float64(time.Since(start))))
+		owed += time.Duration((1 + pace) * float64(time.Since(now)))
 	}
 }
 
