@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -353,4 +354,57 @@ func TestCodeContextBigAnswers(t *testing.T) {
 			assert.False(t, r.Truncated)
 		})
 	}
+}
+
+// TestCodeContextJSBigOutput: a JavaScript cell's output is whole and in
+// order before its end marker. node writes to a pipe asynchronously once the
+// pipe is full, and the driver wrote its marker with fs.writeSync past the
+// queued writes: a cell's output stopped at 64 KiB (not marked truncated)
+// and its tail came out as the next cell's.
+func TestCodeContextJSBigOutput(t *testing.T) {
+	testenv.RequireCommand(t, "node")
+	a := startAgent(t)
+	js := newContext(t, a, LangJavaScript)
+	// short describes s without printing all of it.
+	short := func(s string) string {
+		if len(s) <= 40 {
+			return fmt.Sprintf("%q", s)
+		}
+		return fmt.Sprintf("%d bytes: %q...%q", len(s), s[:20], s[len(s)-20:])
+	}
+
+	r := runCell(t, a, js, `process.stdout.write("B".repeat(70000)); process.stdout.write("END1\n"); process.stderr.write("e".repeat(90000) + "END2\n"); 1`, 0)
+	require.Nil(t, r.Error)
+	assert.Equal(t, short(strings.Repeat("B", 70000)+"END1\n"), short(r.Stdout))
+	assert.Equal(t, short(strings.Repeat("e", 90000)+"END2\n"), short(r.Stderr))
+	assert.False(t, r.Truncated)
+	r = runCell(t, a, js, "2", 0)
+	assert.Equal(t, `""`, short(r.Stdout), "the last cell's output does not spill into this one")
+	assert.Equal(t, `""`, short(r.Stderr))
+	assert.Equal(t, "2", *r.Value)
+
+	// Past MaxOutput: cut, and said to be.
+	r = runReq(t, a, js, CodeRunRequest{Code: `process.stdout.write("A".repeat(3e5)); console.log("cell2 output")`, MaxOutput: 100000})
+	assert.True(t, r.Truncated)
+	assert.Equal(t, short(strings.Repeat("A", 100000)), short(r.Stdout))
+	r = runCell(t, a, js, `console.log("cell3 output")`, 0)
+	assert.Equal(t, short("cell3 output\n"), short(r.Stdout))
+	assert.False(t, r.Truncated)
+
+	// A corked stream is flushed, not waited for in vain.
+	r = runCell(t, a, js, `process.stdout.cork(); process.stdout.write("corked\n"); 5`, 0)
+	require.NotNil(t, r.Value)
+	assert.Equal(t, "5", *r.Value)
+	assert.Equal(t, "corked\n", r.Stdout)
+
+	// A cell that ends its streams still gets its answer.
+	r = runCell(t, a, js, `console.log("bye"); process.stdout.end(); process.stderr.destroy(); 3`, 0)
+	require.Nil(t, r.Error)
+	require.NotNil(t, r.Value)
+	assert.Equal(t, "3", *r.Value)
+	assert.Equal(t, "bye\n", r.Stdout)
+	r = runCell(t, a, js, "4", 0)
+	require.NotNil(t, r.Value)
+	assert.Equal(t, "4", *r.Value)
+	assert.Empty(t, r.Ended)
 }

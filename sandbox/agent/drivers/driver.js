@@ -4,7 +4,9 @@
 // value, "timeout": milliseconds or 0}), fd 4 takes
 // {"ready":true} once set up, then one JSON answer per line; fd 1 and 2 are
 // pipes the agent reads, and after a cell the driver writes a marker
-// ($CELLBOX_CODE_MARK and the cell number) to both, before the answer.
+// ($CELLBOX_CODE_MARK and the cell number) to both, after all the cell
+// wrote to process.stdout and process.stderr (see writeMark), before the
+// answer.
 // Cells run in this process's global context (vm.runInThisContext, as the
 // node REPL does): var, let, const, function and class declarations and
 // require()d modules persist between cells. The driver times a cell out
@@ -135,6 +137,34 @@
     return value;
   }
 
+  // The streams as the driver found them, and Writable's own write: a cell
+  // may replace process.stdout, or its write.
+  const stdio = [[1, process.stdout], [2, process.stderr]];
+  const streamWrite = require('stream').Writable.prototype.write;
+
+  // writeMark writes the end-of-cell marker after all the cell wrote to
+  // fd: through its stream, and resolves once written. node writes to a
+  // pipe asynchronously once the pipe is full, and keeps the rest queued
+  // in the stream: a marker written to the fd itself went past it, and the
+  // agent cut the cell's output there (and gave its tail to the next
+  // cell). A stream the cell corked is uncorked; one it ended or destroyed
+  // gets the marker on the fd itself.
+  function writeMark(fd, stream, mark) {
+    return new Promise((resolve) => {
+      const direct = () => {
+        try { fs.writeSync(fd, mark); } catch (e) { /* the cell closed it */ }
+        resolve();
+      };
+      try {
+        if (!stream.writable || stream.destroyed) return direct();
+        while (stream.writableCorked > 0) stream.uncork();
+        streamWrite.call(stream, mark, (err) => (err ? direct() : resolve()));
+      } catch (e) {
+        direct();
+      }
+    });
+  }
+
   fs.writeSync(4, '{"ready":true}\n');
   // fd 3 is read as a socket (epoll), not a file stream: a file stream
   // reads a pipe in a thread-pool thread, blocked in read(2), and
@@ -162,9 +192,8 @@
         interrupt = null;
       }
       out.outputs = outputs;
-      for (const fd of [1, 2]) {
-        try { fs.writeSync(fd, MARK + String(r.n).padStart(8, '0')); } catch (e) { /* the cell closed it */ }
-      }
+      const mark = MARK + String(r.n).padStart(8, '0');
+      await Promise.all(stdio.map(([fd, stream]) => writeMark(fd, stream, mark)));
       fs.writeSync(4, JSON.stringify(out) + '\n');
     }
     process.exit(0);
