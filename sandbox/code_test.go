@@ -194,6 +194,37 @@ func TestRunCodeOutOfMemory(t *testing.T) {
 	}
 }
 
+// TestRunCodeAfterKillAll: a context whose interpreter process kill_all
+// ended says so, on both backends; it said the interpreter "was killed by
+// SIGKILL, which in a box is most often the kernel's out-of-memory killer"
+// (on bubblewrap, which cannot see the box's OOM counter), though the agent
+// had sent that SIGKILL itself.
+func TestRunCodeAfterKillAll(t *testing.T) {
+	for _, kind := range []string{"local", "docker"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			rb := newRealService(t, kind, nil)
+			py := rb.ok("code_context_create", map[string]any{"language": "python"})["id"].(string)
+			rb.ok("run_code", map[string]any{"context": py, "code": "v = 1"})
+			// A shell call running meanwhile is not told of an OOM kill either.
+			shell := make(chan map[string]any, 1)
+			go func() { shell <- rb.call("shell", map[string]any{"command": "sleep 30"}) }()
+			require.Eventually(t, func() bool {
+				return rb.ok("shell", map[string]any{"command": "ps -eo args= | grep -c '^sleep 30' || true"})["stdout"] == "1\n"
+			}, 20*time.Second, 50*time.Millisecond)
+			k := rb.ok("process", map[string]any{"action": "kill_all"})
+			assert.EqualValues(t, 2, k["ended"], "the interpreter and the shell call's command")
+			sh := <-shell
+			assert.NotRegexp(t, "out.of.memory", sh["notice"], "%v", sh)
+			m := rb.call("run_code", map[string]any{"context": py, "code": "v"})
+			require.Equal(t, true, m["is_error"], "%v", m)
+			msg := m["error"].(string)
+			assert.Contains(t, msg, "code context "+py+" ended: its interpreter was killed by process kill_all")
+			assert.NotRegexp(t, "out.of.memory", msg)
+		})
+	}
+}
+
 // TestRunCodePlot checks that a matplotlib plot comes back as a PNG, in
 // the python image on both backends.
 func TestRunCodePlot(t *testing.T) {

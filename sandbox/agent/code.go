@@ -443,7 +443,10 @@ func (c *codeCtx) end(why string) {
 // command does (it said "exit code -1").
 func (c *codeCtx) why() string {
 	reason := fmt.Sprintf("its interpreter exited (exit code %d)", c.p.exitCode)
-	if c.p.killedBy != 0 {
+	switch {
+	case c.p.killedBy != 0 && c.p.killed.Load():
+		reason = fmt.Sprintf("its interpreter was killed by the agent (%s)", unix.SignalName(c.p.killedBy))
+	case c.p.killedBy != 0:
 		reason = fmt.Sprintf("its interpreter was killed by %s", unix.SignalName(c.p.killedBy))
 	}
 	if note := c.s.oomNotice(c.p, c.oomBefore.Load()); note != "" {
@@ -477,6 +480,16 @@ func (t *codeTable) forget(c *codeCtx) {
 	c.closeFiles()
 	os.RemoveAll(c.dir)
 	close(c.gone)
+}
+
+// endAll records why every running context is about to end (its
+// interpreter is killed with every process of the box).
+func (t *codeTable) endAll(why string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, c := range t.byID {
+		c.end(why)
+	}
 }
 
 // remove ends a context: its interpreter is killed with its process group.

@@ -171,6 +171,17 @@ func (t *procTable) sweep(all bool) int {
 	deadline := time.Now().Add(2 * time.Second)
 	for {
 		t.mu.Lock()
+		if all {
+			// The agent's own commands die too, and must not be told
+			// that something else (the OOM killer) sent the SIGKILL.
+			for _, p := range t.byID {
+				select {
+				case <-p.done:
+				default:
+					p.killed.Store(true)
+				}
+			}
+		}
 		victims := t.victimsLocked(all)
 		for _, pid := range victims {
 			if syscall.Kill(pid, syscall.SIGKILL) == nil {
@@ -219,8 +230,10 @@ func (s *server) start(argv []string, dir string, env []string, files []*os.File
 }
 
 // killAll ends every process of the box but the agent (the process tool's
-// kill_all); ended says how many.
+// kill_all); ended says how many. The code contexts, whose interpreters it
+// ends too, say so.
 func (s *server) killAll() (ended int) {
+	s.code.endAll("its interpreter was killed by process kill_all, which ends every process of the box")
 	if !s.procs.reaper {
 		// Not PID 1: end only the agent's own commands' groups.
 		for _, p := range s.procs.running() {
