@@ -89,7 +89,10 @@ func deerflowTools() []*Tool {
 				return textOutput{}, err
 			}
 			more := ""
-			if res.NextOffset > 0 && (in.EndLine == 0 || res.NextOffset <= in.EndLine) {
+			switch {
+			case res.NextOffset > 0 && res.Encoding == "base64": // a binary file: offsets count bytes
+				more = fmt.Sprintf("bytes %d-%d of %d shown; read on with start_line %d (of a binary file, it counts bytes)", max(in.StartLine, 1), res.NextOffset-1, res.Size, res.NextOffset)
+			case res.NextOffset > 0 && (in.EndLine == 0 || res.NextOffset <= in.EndLine):
 				more = fmt.Sprintf("lines %d-%d of %d shown; read on with start_line %d", res.StartLine, res.EndLine, res.TotalLines, res.NextOffset)
 			}
 			readNotices(c, res, more)

@@ -37,7 +37,7 @@ func allTools() []*Tool {
 			"Manage background processes of a sandbox: list them, read a process's output from an offset (logs), or kill it (and its process group); kill_all ends every process of the sandbox but its agent.",
 			processTool),
 		defineTool("read_file", ToolMeta{Title: "Read a file", ReadOnly: true, Idempotent: true},
-			"Read a text file, a window of lines at a time (at most 2000 lines / 256 KiB per call; next_offset continues). A line longer than 2000 characters is cut, marked \"… [line truncated]\" (read a minified file with grep, or shell with head -c / cut). Binary files come back base64-encoded.",
+			"Read a text file, a window of lines at a time (at most 2000 lines / 256 KiB per call; next_offset continues). A line longer than 2000 characters is cut, marked \"… [line truncated]\" (read a minified file with grep, or shell with head -c / cut). Binary files come back base64-encoded, 256 KiB at a time; their offset and next_offset count bytes.",
 			readFileTool),
 		defineTool("write_file", ToolMeta{Title: "Write a file", Destructive: true},
 			"Write (or append to) a file (at most 2 MiB). Parent directories are created; an existing file keeps its mode.",
@@ -206,15 +206,20 @@ func processTool(ctx context.Context, c *call, in api.ProcessInput) (api.Process
 		}
 	case "logs":
 		w := &capWriter{max: processLogsCap}
-		next, err := l.client.Logs(ctx, in.ID, in.Offset, false, w)
+		// The output starts where the agent read from: past in.Offset
+		// when its ring had dropped the bytes there.
+		start, next, err := l.client.LogsFrom(ctx, in.ID, in.Offset, false, w)
 		if err != nil {
 			return out, err
 		}
 		out.Output = w.buf.String()
 		out.NextOffset = next
+		if start > in.Offset {
+			out.Dropped = start - in.Offset
+		}
 		if w.dropped > 0 {
 			out.Truncated = true
-			out.NextOffset = in.Offset + int64(w.buf.Len())
+			out.NextOffset = start + int64(w.buf.Len())
 		}
 		p, err := findProcess(ctx, l.client, in.ID)
 		if err != nil {

@@ -474,27 +474,36 @@ func (c *Client) Processes(ctx context.Context) ([]Process, error) {
 // no longer holds offset, it starts at the oldest byte kept. It returns the
 // offset to continue from.
 func (c *Client) Logs(ctx context.Context, id string, offset int64, follow bool, w io.Writer) (int64, error) {
+	_, next, err := c.LogsFrom(ctx, id, offset, follow, w)
+	return next, err
+}
+
+// LogsFrom is Logs, and also returns the offset the output written to w
+// starts at: past offset when the ring buffer had dropped the bytes from
+// offset on (it keeps the last 1 MiB), below it when offset was past the end.
+func (c *Client) LogsFrom(ctx context.Context, id string, offset int64, follow bool, w io.Writer) (start, next int64, err error) {
 	q := url.Values{"offset": {strconv.FormatInt(offset, 10)}}
 	if follow {
 		q.Set("follow", "1")
 	}
 	resp, err := c.do(ctx, http.MethodGet, "/v1/proc/"+url.PathEscape(id)+"/logs", q, nil, "")
 	if err != nil {
-		return offset, err
+		return offset, offset, err
 	}
 	defer resp.Body.Close()
-	if start, err := strconv.ParseInt(resp.Header.Get(logOffsetHeader), 10, 64); err == nil {
-		offset = start
+	start = offset
+	if at, err := strconv.ParseInt(resp.Header.Get(logOffsetHeader), 10, 64); err == nil {
+		start = at
 	}
 	n, err := io.Copy(w, resp.Body)
-	offset += n
+	next = start + n
 	if err != nil {
 		if ctx.Err() != nil {
-			return offset, ctx.Err()
+			return start, next, ctx.Err()
 		}
-		return offset, fmt.Errorf("agent logs %s: %w", id, err)
+		return start, next, fmt.Errorf("agent logs %s: %w", id, err)
 	}
-	return offset, nil
+	return start, next, nil
 }
 
 // Signal sends sig to the process's whole group.

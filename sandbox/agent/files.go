@@ -221,7 +221,7 @@ func (s *server) read(req ReadRequest, out *bytes.Buffer) (ReadResult, error) {
 		return res, err
 	}
 	if isBinary(head[:n], n < binarySniff) {
-		return readBytes(f, res, req.ByteOffset, int64(maxBytes), true, out)
+		return readBinary(f, res, req.Offset, maxBytes, out)
 	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return res, err
@@ -266,6 +266,30 @@ func readBytes(f *os.File, res ReadResult, off, limit int64, capped bool, out *b
 		out.Write(buf) // in place: buf is out's room
 	}
 	res.Truncated = capped && off+int64(n) < res.Size
+	return res, nil
+}
+
+// readBinary reads a window of a binary file asked for by line: Offset
+// counts bytes instead (1-indexed, as lines; 0 = 1), the window is
+// maxBytes, always base64 (a window of a binary file may look like text),
+// and NextOffset is the byte to read on from, so that a reader following it
+// pages through the whole file. Line numbers stay 0.
+func readBinary(f *os.File, res ReadResult, offset, maxBytes int, out *bytes.Buffer) (ReadResult, error) {
+	start := int64(max(offset, 1)) - 1 // 0-indexed
+	if start > 0 && start >= res.Size {
+		return res, &Error{Op: "read", Code: CodeInvalid, Message: fmt.Sprintf("read: offset %d is past the end of the file (%d bytes; a binary file's offset counts bytes)", offset, res.Size)}
+	}
+	buf := make([]byte, min(int64(maxBytes), res.Size-start))
+	n, err := f.ReadAt(buf, start)
+	if err != nil && err != io.EOF {
+		return res, err
+	}
+	res.Encoding = "base64"
+	out.Write(base64.StdEncoding.AppendEncode(out.AvailableBuffer(), buf[:n]))
+	if end := start + int64(n); end < res.Size {
+		res.Truncated = true
+		res.NextOffset = int(end) + 1
+	}
 	return res, nil
 }
 

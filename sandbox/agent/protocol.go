@@ -167,7 +167,7 @@ type FileInfo struct {
 // ByteLimit > 0, a raw byte range.
 type ReadRequest struct {
 	Path       string `json:"path"`
-	Offset     int    `json:"offset,omitempty"`      // 1-indexed first line; 0 = 1
+	Offset     int    `json:"offset,omitempty"`      // 1-indexed first line; 0 = 1. Of a binary file (base64), the 1-indexed first byte
 	Limit      int    `json:"limit,omitempty"`       // lines; 0 = MaxLines
 	ByteOffset int64  `json:"byte_offset,omitempty"` //
 	ByteLimit  int64  `json:"byte_limit,omitempty"`  // raw byte range mode when > 0
@@ -195,7 +195,7 @@ type ReadResult struct {
 	TotalLines int    `json:"total_lines"`
 	StartLine  int    `json:"start_line"`
 	EndLine    int    `json:"end_line"`
-	NextOffset int    `json:"next_offset,omitempty"` // 0 = no more
+	NextOffset int    `json:"next_offset,omitempty"` // the Offset to read on from (of a binary file, a byte); 0 = no more
 	Truncated  bool   `json:"truncated,omitempty"`
 }
 

@@ -124,7 +124,7 @@ type ProcessInput struct {
 	Sandbox string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
 	Action  string `json:"action" desc:"list: all processes; logs: output of process id from offset; kill: terminate process id (and its group); kill_all: end every process of the sandbox (background ones included) but its agent, e.g. after a fork bomb." enum:"list,logs,kill,kill_all"`
 	ID      string `json:"id,omitempty" desc:"Process id (from shell with background: true, or from list); needed by logs and kill."`
-	Offset  int64  `json:"offset,omitempty" desc:"logs: byte offset to read from (next_offset of the previous call)." minimum:"0"`
+	Offset  int64  `json:"offset,omitempty" desc:"logs: byte offset to read from (next_offset of the previous call). The last 1 MiB of a process's output is kept: output from before it is gone, and the result's dropped says how many bytes from offset on were (its output then starts at offset + dropped)." minimum:"0"`
 }
 
 // Process is one entry of the process list.
@@ -143,8 +143,9 @@ type Process struct {
 type ProcessOutput struct {
 	Processes  []Process `json:"processes,omitempty"`
 	Output     string    `json:"output,omitempty"`
-	NextOffset int64     `json:"next_offset,omitempty"`
-	Truncated  bool      `json:"truncated,omitempty"`
+	NextOffset int64     `json:"next_offset,omitempty"` // logs: where the next call reads on from
+	Dropped    int64     `json:"dropped,omitempty"`     // logs: bytes from offset on no longer kept (the last 1 MiB is); output starts at offset + dropped
+	Truncated  bool      `json:"truncated,omitempty"`   // logs: more output follows (at most 64 KiB a call)
 	Running    *bool     `json:"running,omitempty"`
 	ExitCode   *int      `json:"exit_code,omitempty"`
 	OK         bool      `json:"ok,omitempty"`
@@ -155,8 +156,8 @@ type ProcessOutput struct {
 type ReadFileInput struct {
 	Sandbox string `json:"sandbox,omitempty" desc:"Name of the sandbox (box) in this session; created on first use." default:"default"`
 	Path    string `json:"path" desc:"File path, absolute or relative to /workspace."`
-	Offset  int    `json:"offset,omitempty" desc:"1-indexed line to start at (next_offset of the previous call)." minimum:"0"`
-	Limit   int    `json:"limit,omitempty" desc:"Maximum number of lines (at most 2000; at most 256 KiB are returned per call)." minimum:"0"`
+	Offset  int    `json:"offset,omitempty" desc:"1-indexed line to start at (next_offset of the previous call). Of a binary file (encoding base64) it counts bytes instead: the 1-indexed byte to start at." minimum:"0"`
+	Limit   int    `json:"limit,omitempty" desc:"Maximum number of lines (at most 2000; at most 256 KiB are returned per call). A binary file comes in windows of 256 KiB whatever the limit." minimum:"0"`
 }
 
 // ReadFileOutput is the result of the read_file tool.
@@ -166,7 +167,7 @@ type ReadFileOutput struct {
 	TotalLines int    `json:"total_lines"`
 	StartLine  int    `json:"start_line"`
 	EndLine    int    `json:"end_line"`
-	NextOffset int    `json:"next_offset,omitempty"`
+	NextOffset int    `json:"next_offset,omitempty"` // the offset to read on from (a line; of a binary file, a byte); none at the end
 	Truncated  bool   `json:"truncated"`
 	Size       int64  `json:"size"`
 }
