@@ -247,7 +247,7 @@ func (s *Sandbox) run(ctx context.Context, ev cells.Event) error {
 		}, nil)
 		if err == nil {
 			entry.Stdout, entry.Stderr, entry.ExitCode = r.Stdout, r.Stderr, r.ExitCode
-			entry.TimedOut, entry.Truncated, entry.Notices = r.TimedOut, r.Truncated, r.Notices
+			entry.TimedOut, entry.Truncated, entry.Notices = r.TimedOut, r.Truncated, runNotices(r.Notices)
 		}
 	}
 	entry.DurationMs = time.Since(started).Milliseconds()
@@ -321,4 +321,20 @@ func compact(h []json.RawMessage) []json.RawMessage {
 	}
 	marker, _ := json.Marshal(map[string]int{"dropped": dropped})
 	return append([]json.RawMessage{marker}, h...)
+}
+
+// shellHint ends the agent's notice about processes a command left
+// running: advice for the shell tool, which a run event cannot follow
+// (it has no background field).
+const shellHint = "run servers and long jobs with background: true"
+
+// runNotices are the agent's notices about a run event's command, with
+// advice a sandbox node can follow.
+func runNotices(notices []string) []string {
+	for i, n := range notices {
+		if strings.HasSuffix(n, shellHint) {
+			notices[i] = strings.TrimSuffix(n, shellHint) + "keep a server running with the node's start: field (docs/patterns.md, Supervised server)"
+		}
+	}
+	return notices
 }

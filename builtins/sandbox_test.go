@@ -244,6 +244,20 @@ nodes:
 	assert.Equal(t, "echo 2", first.Command)
 	assert.Equal(t, fmt.Sprintf("echo %d", builtins.HistoryLimit+1), last.Command)
 
+	// A command that leaves a process running: the notice points to
+	// what a pattern can do (start:), not the shell tool's background.
+	r.send("sh.run", `{"command": "sleep 300 & echo bg"}`)
+	r.settle()
+	var bg sandboxOut
+	waitFor(t, 5*time.Second, "the background command in the history", func() bool {
+		r.get("sh", &bg)
+		return bg.History[len(bg.History)-1].Command == "sleep 300 & echo bg"
+	})
+	require.Len(t, bg.History[len(bg.History)-1].Notices, 1)
+	assert.Contains(t, bg.History[len(bg.History)-1].Notices[0], "ended 1 process the command left running")
+	assert.Contains(t, bg.History[len(bg.History)-1].Notices[0], "keep a server running with the node's start: field")
+	assert.NotContains(t, bg.History[len(bg.History)-1].Notices[0], "background: true")
+
 	r.send("sh.run", `{"command": "sleep 30", "timeout_ms": 300}`)
 	r.settle()
 	// The node may still be backing off its writes: wait for the entry.
