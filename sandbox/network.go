@@ -22,8 +22,9 @@ import (
 )
 
 // compileNetwork checks rules as a tool gives them (also that the secrets
-// they name exist) and compiles them.
-func compileNetwork(r *api.NetworkRules) (*egress.Policy, error) {
+// they name exist) and compiles them; what they open beyond what their
+// author may mean is the call's notice.
+func (c *call) compileNetwork(r *api.NetworkRules) (*egress.Policy, error) {
 	if r == nil {
 		return nil, nil
 	}
@@ -33,6 +34,9 @@ func compileNetwork(r *api.NetworkRules) (*egress.Policy, error) {
 	}
 	if err := pol.MissingSecrets(); err != nil {
 		return nil, api.WithCode(api.CodeInvalidInput, err)
+	}
+	for _, w := range pol.Warnings() {
+		c.notice(w)
 	}
 	return pol, nil
 }
@@ -168,7 +172,7 @@ func networkSetTool(ctx context.Context, c *call, in api.NetworkSetInput) (api.N
 	if out.Sandbox == "" {
 		out.Sandbox = api.DefaultBox
 	}
-	pol, err := compileNetwork(&in.NetworkRules)
+	pol, err := c.compileNetwork(&in.NetworkRules)
 	if err != nil {
 		return out, err
 	}

@@ -262,6 +262,14 @@ func TestNetworkPolicyHost(t *testing.T) {
 	msg = h.toolErr("sandbox_create", map[string]any{"sandbox": "x", "network": "yes"})
 	assert.Contains(t, msg, "network")
 
+	// The whole loopback: taken, with a notice naming a port to use.
+	m := h.tool("sandbox_create", map[string]any{"sandbox": "lo", "network": map[string]any{"allow": []string{"127.0.0.1"}}})
+	assert.Contains(t, m["notice"], `allow "127.0.0.1" opens every port of this machine's loopback to the box`)
+	m = h.tool("network_set", map[string]any{"sandbox": "lo", "allow": []string{"127.0.0.1", "example.org"}})
+	assert.Contains(t, m["notice"], "name its port (127.0.0.1:8080)")
+	assert.Nil(t, h.tool("network_set", map[string]any{"sandbox": "lo", "allow": []string{"127.0.0.1:8080"}})["notice"])
+	h.tool("sandbox_destroy", map[string]any{"sandbox": "lo"})
+
 	h.tool("sandbox_create", map[string]any{"sandbox": "full", "network": true})
 	msg = h.toolErr("network_set", map[string]any{"sandbox": "full", "allow": []string{"example.org"}})
 	assert.Contains(t, msg, "full network (network: true)")

@@ -326,7 +326,7 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 	if n := in.Network; n != nil && n.Full {
 		spec.Network = true
 	} else if n != nil {
-		pol, err := compileNetwork(&n.NetworkRules)
+		pol, err := c.compileNetwork(&n.NetworkRules)
 		if err != nil {
 			return out, err
 		}

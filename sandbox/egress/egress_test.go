@@ -438,3 +438,25 @@ func TestAllowEntryHint(t *testing.T) {
 		})
 	}
 }
+
+// An allow list that opens every port of the host's loopback is taken
+// (its author may mean it) and warned about, naming a port to use instead.
+func TestWarnings(t *testing.T) {
+	for _, tc := range []struct {
+		allow []string
+		warn  string
+	}{
+		{[]string{"127.0.0.1"}, `allow "127.0.0.1" opens every port of this machine's loopback to the box`},
+		{[]string{"::1"}, `name its port ([::1]:8080)`},
+		{[]string{"127.0.0.1:8080", "example.org", "10.0.0.0/8", "*"}, ""},
+	} {
+		p, err := Compile(tc.allow, nil)
+		require.NoError(t, err, tc.allow)
+		if tc.warn == "" {
+			assert.Empty(t, p.Warnings(), tc.allow)
+			continue
+		}
+		require.Len(t, p.Warnings(), 1, tc.allow)
+		assert.Contains(t, p.Warnings()[0], tc.warn)
+	}
+}

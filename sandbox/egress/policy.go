@@ -215,6 +215,26 @@ func parseRule(text string) (rule, error) {
 	return r, nil
 }
 
+// Warnings says which allow entries open more than their authors may
+// mean: a loopback address with no port opens every service of this
+// machine's loopback to the box, cellbox's own API among them.
+func (p *Policy) Warnings() []string {
+	var out []string
+	if p == nil {
+		return nil
+	}
+	for _, r := range p.rules {
+		if r.name == "" && r.port == 0 && r.prefix.IsSingleIP() && r.prefix.Addr().IsLoopback() {
+			a := r.prefix.Addr().String()
+			if r.prefix.Addr().Is6() {
+				a = "[" + a + "]"
+			}
+			out = append(out, fmt.Sprintf("allow %q opens every port of this machine's loopback to the box, the cellbox API's and any local database's included; to open one service, name its port (%s:8080)", r.text, a))
+		}
+	}
+	return out
+}
+
 func validIP(s string) bool { _, err := netip.ParseAddr(s); return err == nil }
 
 // validName accepts a DNS name, "*.name" or "*".
