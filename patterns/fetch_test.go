@@ -85,6 +85,8 @@ func TestFetchNodeErrors(t *testing.T) {
 			`p.yaml:8: nodes.f.fetch.secret_headers.Authorization: "Bearer abc" is not an environment variable name: secret_headers maps a header to the name of a variable of the runner's environment (e.g. Authorization: API_TOKEN)`,
 			`p.yaml:9: nodes.f.fetch.headers["bad header"]: "bad header" is not a valid HTTP header name`,
 			`p.yaml:10: nodes.f.fetch.timeot: unknown field "timeot" (did you mean "timeout"?) (fields: url, method, headers, secret_headers, body, format, cache, timeout, max_bytes)`}},
+		{"a method that is none", "name: x\nnodes:\n  f: {fetch: {url: 'http://x', method: 'GE T'}}\n  g: {fetch: {url: 'http://x', method: '${m}'}}\ncells:\n  m: POST\n", []string{
+			`p.yaml:3: nodes.f.fetch.method: method "GE T" is not an HTTP method (e.g. GET, POST)`}},
 		{"cellbox's own variables", "name: x\nnodes:\n  f: {fetch: {url: 'http://x', secret_headers: {Authorization: CELLBOX_KEY}}}\n", []string{
 			`p.yaml:3: nodes.f.fetch.secret_headers.Authorization: CELLBOX_KEY is cellbox's own configuration (CELLBOX_KEY is the server key): a pattern cannot send it; put the token in a variable of its own`}},
 		{"reading the result", "name: x\nnodes:\n  f: {fetch: {url: 'http://x'}}\n  a: {computed: '${f.result.stauts}'}\n  b: {computed: '${f.body}'}\n", []string{

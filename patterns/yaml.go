@@ -468,6 +468,12 @@ func (l *loader) fetch(s entry) *FetchSpec {
 	}
 	if e, ok := f["method"]; ok {
 		spec.Method = l.string(e)
+		// One written as it is is checked now, as the runner would when
+		// it runs (builtins/fetch.go).
+		if m := spec.Method; m.Kind == ValueLiteral && m.err == nil && strings.ContainsFunc(strings.ToUpper(m.Text), func(r rune) bool { return r < 'A' || r > 'Z' }) {
+			l.errAt(deref(e.val), e.path, "method %q is not an HTTP method (e.g. GET, POST)", m.Text)
+			spec.Method = Value{err: errReported}
+		}
 	}
 	if e, ok := f["headers"]; ok {
 		spec.Headers = map[string]Value{}
@@ -659,7 +665,7 @@ func (l *loader) command(e entry) []Value {
 		for i, item := range n.Content {
 			at := index(e.path, i)
 			l.p.Source[at] = l.pos(item)
-			out = append(out, l.string(entry{val: item, path: at}))
+			out = append(out, l.commandItem(entry{val: item, path: at}))
 		}
 		if len(out) == 0 {
 			l.errAt(n, e.path, "empty command list")
@@ -671,7 +677,18 @@ func (l *loader) command(e entry) []Value {
 		l.errAt(n, e.path, "want a command: a string or a list of strings, got %s", describe(n))
 		return []Value{{err: errReported}}
 	}
-	return []Value{l.string(e)}
+	return []Value{l.commandItem(e)}
+}
+
+// commandItem reads one command; one that is blank as written could only
+// fail when it runs.
+func (l *loader) commandItem(e entry) Value {
+	v := l.string(e)
+	if v.Kind == ValueLiteral && v.err == nil && strings.TrimSpace(v.Text) == "" {
+		l.errAt(deref(e.val), e.path, "empty command: give a command for bash to run (e.g. python3 main.py)")
+		return Value{err: errReported}
+	}
+	return v
 }
 
 // fileValue reads one entry of files.

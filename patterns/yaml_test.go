@@ -292,6 +292,9 @@ func TestParseErrors(t *testing.T) {
 			`p.yaml:8: nodes.e.exec.env.A-B: "A-B" is not a valid environment variable name`,
 			`p.yaml:9: nodes.e.exec.image: want a string, got a list`,
 			`p.yaml:11: nodes.f.exec.command: empty command list`}},
+		{"blank commands", "name: x\nnodes:\n  e:\n    exec:\n      command: ''\n  f:\n    exec:\n      command: [echo a, '  ', '${x}']\ncells:\n  x: ''\n", []string{
+			`p.yaml:5: nodes.e.exec.command: empty command: give a command for bash to run (e.g. python3 main.py)`,
+			`p.yaml:8: nodes.f.exec.command[1]: empty command: give a command for bash to run (e.g. python3 main.py)`}},
 		{"ports", "name: x\nnodes:\n  w:\n    sandbox:\n      ports:\n        - 8000\n        - 0\n        - 70000\n        - http\n        - 8000\n  v:\n    sandbox: {ports: 8000}\n", []string{
 			`p.yaml:7: nodes.w.sandbox.ports[1]: port 0 is out of range: want 1-65535`,
 			`p.yaml:8: nodes.w.sandbox.ports[2]: port 70000 is out of range: want 1-65535`,
