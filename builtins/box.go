@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -50,20 +51,29 @@ func boxBase(a cells.Address, max int) string {
 // /tmp).
 var boxFileRoots = []string{"/workspace", "/tmp"}
 
+// inBoxFileRoot reports whether p lies strictly inside a boxFileRoot.
+func inBoxFileRoot(p string) bool {
+	return slices.ContainsFunc(boxFileRoots, func(root string) bool { return strings.HasPrefix(p, root+"/") })
+}
+
 // CheckBoxPath checks that p can name a file bound to a box: a clean
 // absolute path inside /workspace or /tmp.
 func CheckBoxPath(p string) error {
 	if !path.IsAbs(p) || path.Clean(p) != p {
-		suggest := path.Join("/workspace", p)
-		if !strings.HasPrefix(suggest, "/workspace/") { // "../etc/x"
-			suggest = path.Join("/workspace", path.Base(p))
+		suggest := path.Clean(p) // "/workspace/a/../b": "/workspace/b"
+		if !path.IsAbs(p) {
+			suggest = path.Join("/workspace", p)
+		}
+		if !inBoxFileRoot(suggest) { // "../etc/x", "/workspace/"
+			suggest = "/workspace/out.txt"
+			if b := path.Base(p); b != "/" && b != "." && b != ".." && !slices.Contains(boxFileRoots, "/"+b) {
+				suggest = path.Join("/workspace", b)
+			}
 		}
 		return fmt.Errorf("%q is not a clean absolute path in the box (e.g. %q)", p, suggest)
 	}
-	for _, root := range boxFileRoots {
-		if strings.HasPrefix(p, root+"/") {
-			return nil
-		}
+	if inBoxFileRoot(p) {
+		return nil
 	}
 	return fmt.Errorf("%q is outside %s, where a box's files are read and written (e.g. %q)", p, strings.Join(boxFileRoots, " and "), path.Join("/workspace", path.Base(p)))
 }

@@ -451,6 +451,7 @@ func (l *loader) timeout(f map[string]entry) time.Duration {
 	d, err := time.ParseDuration(s)
 	if err != nil || d <= 0 {
 		l.errAt(t.val, t.path, "want a positive duration such as 30s or 5m, got %q", s)
+		return 0 // reported: the checks of every pattern need not say it again
 	}
 	return d
 }
@@ -498,6 +499,7 @@ func (l *loader) fetch(s entry) *FetchSpec {
 	if e, ok := f["max_bytes"]; ok {
 		if n := deref(e.val); n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || n.Decode(&spec.MaxBytes) != nil || spec.MaxBytes <= 0 {
 			l.errAt(n, e.path, "want a positive number of bytes such as 1048576, got %s", describe(n))
+			spec.MaxBytes = 0 // reported: the checks of every pattern need not say it again
 		}
 	}
 	spec.NoCache, spec.Timeout = l.noCache(f), l.timeout(f)
@@ -609,6 +611,10 @@ func (l *loader) start(e entry) *StartSpec {
 // would travel with it, so value is refused.
 func (l *loader) network(e entry) *api.Network {
 	n := deref(e.val)
+	if n.Kind != yaml.MappingNode && n.ShortTag() != "!!bool" && n.ShortTag() != "!!null" {
+		l.errAt(n, e.path, "want true, false or {allow: [...], inject: [...]}, got %s", describe(n))
+		return nil
+	}
 	var v any
 	if err := n.Decode(&v); err != nil {
 		l.errAt(n, e.path, "want true, false or {allow: [...], inject: [...]}: %v", err)

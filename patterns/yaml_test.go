@@ -309,7 +309,7 @@ func TestParseErrors(t *testing.T) {
 			`p.yaml:7: nodes.e.sandbox.start.wait: unknown field "wait" (fields: command, port, ready)`,
 			`p.yaml:7: nodes.e.sandbox.start.port: want a port number (1-65535), got the string "http"`}},
 		{"network", "name: x\nnodes:\n  a: {sandbox: {network: yes please}}\n  b: {sandbox: {network: {allow: [10.0.0.0/33]}}}\n  c: {sandbox: {network: {allow: [x.org], inject: [{host: x.org, header: K, value: sk-1}]}}}\n  d: {sandbox: {network: {alow: [x.org]}}}\n", []string{
-			`p.yaml:3: nodes.a.sandbox.network: network: want true, or an object {"allow": [...], "inject": [...]}: json: cannot unmarshal string into Go value of type api.NetworkRules`,
+			`p.yaml:3: nodes.a.sandbox.network: want true, false or {allow: [...], inject: [...]}, got the string "yes please"`,
 			`p.yaml:4: nodes.b.sandbox.network: network: allow "10.0.0.0/33": not a CIDR: netip.ParsePrefix("10.0.0.0/33"): prefix length out of range (want example.org, *.example.org, 10.1.2.0/24 or 1.2.3.4, each optionally with :PORT)`,
 			`p.yaml:5: nodes.c.sandbox.network: inject[0]: a pattern names a server secret (secret: NAME, the server's CELLBOX_SECRET_NAME), never a value: the file would carry the key`,
 			`p.yaml:6: nodes.d.sandbox.network: network: want true, or an object {"allow": [...], "inject": [...]}: json: unknown field "alow"`}},

@@ -405,6 +405,9 @@ func (n *Network) UnmarshalJSON(b []byte) error {
 		*n = Network{}
 		return nil
 	}
+	if t := bytes.TrimSpace(b); len(t) > 0 && t[0] != '{' {
+		return fmt.Errorf("network: want true, false, or an object {\"allow\": [...], \"inject\": [...]}; got %s", t)
+	}
 	var r NetworkRules
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
