@@ -71,12 +71,43 @@ func Lookup(store cells.Store, loaded []Loaded, addr string) (cells.Cell, error)
 	}
 	c, err := store.Get(a)
 	if errors.Is(err, cells.ErrNotFound) {
+		if !strings.Contains(addr, "/") && len(loaded) > 1 {
+			if e := elsewhere(store, loaded, a); e != nil {
+				return c, e
+			}
+		}
 		return c, notFound(store, a)
 	}
 	if err != nil {
 		return c, fmt.Errorf("read cell %s: %w", a, err)
 	}
 	return c, nil
+}
+
+// elsewhere is the 404 for a bare cell name that the first loaded
+// instance (a) lacks but later loaded ones have: it names them, as the
+// addresses to write instead. nil when none has it.
+func elsewhere(store cells.Store, loaded []Loaded, a cells.Address) *Error {
+	var there []string
+	_ = store.View(func(tx cells.Tx) error {
+		for _, l := range loaded[1:] {
+			if _, err := tx.Get(cells.Address{Space: l.Space, Pattern: l.Name, Name: a.Name}); err == nil {
+				short := l.Name + "/" + a.Name
+				if l.Space != DefaultSpace {
+					short = l.key() + "/" + a.Name
+				}
+				there = append(there, short)
+			}
+		}
+		return nil
+	})
+	if len(there) == 0 {
+		return nil
+	}
+	e := errorf(404, "no cell %q in pattern %s/%s, the first loaded (a bare name is a cell of the first loaded pattern); loaded patterns that have it: %s",
+		a.Name, a.Space, a.Pattern, strings.Join(there, ", "))
+	e.Suggestion = there[0]
+	return e
 }
 
 // ResolvePrefix turns a watch or list prefix into an address prefix: a

@@ -346,7 +346,7 @@ func (s *Server) handleSend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !c.Stream {
-		writeErr(w, errorf(400, "%s is not a stream: streams are named node.stream (e.g. repl.run); set a cell with PUT /v1/cells/%s", c.Addr, c.Addr))
+		writeErr(w, s.notStream(c.Addr))
 		return
 	}
 	v, err := readValue(w, r, "event")
@@ -356,10 +356,46 @@ func (s *Server) handleSend(w http.ResponseWriter, r *http.Request) {
 	}
 	ev, err := s.rt.Send(r.Context(), c.Addr, v)
 	if err != nil {
-		writeErr(w, fmt.Errorf("send to %s: %w", c.Addr, err))
+		if !strings.Contains(err.Error(), c.Addr.String()) { // most already say "send to <addr>: …"
+			err = fmt.Errorf("send to %s: %w", c.Addr, err)
+		}
+		writeErr(w, err)
 		return
 	}
 	writeJSON(w, http.StatusAccepted, Sent{Address: c.Addr.String(), Event: eventJSON(ev)})
+}
+
+// notStream is the 400 for a send to a cell that is not a stream: a
+// node's output names the node's streams (or says it has none), an input
+// cell is set instead.
+func (s *Server) notStream(a cells.Address) error {
+	var streams []string
+	_ = s.store.View(func(tx cells.Tx) error {
+		cs, err := tx.List(a.String() + ".")
+		for _, c := range cs {
+			if c.Stream {
+				streams = append(streams, c.Addr.Name)
+			}
+		}
+		return err
+	})
+	node := s.nodeOf(a) // "" also for a node of an instance not loaded
+	switch {
+	case len(streams) > 0:
+		what := "not a stream"
+		if node != "" {
+			what = "the output of node " + node + ", not a stream"
+		}
+		example := streams[0] // the run stream, rather than destroy
+		if i := slices.Index(streams, a.Name+".run"); i >= 0 {
+			example = streams[i]
+		}
+		return errorf(400, "%s is %s: send events to one of its streams: %s (e.g. `cellbox send %s JSON`, POST /v1/send/%s)",
+			a, what, strings.Join(streams, ", "), example, a.Prefix()+example)
+	case node != "":
+		return errorf(400, "%s is the output of node %s, not a stream, and the node has no streams: only a sandbox node takes events (its streams are NODE.run, NODE.snapshot, NODE.destroy)", a, node)
+	}
+	return errorf(400, "%s is not a stream: streams are named node.stream (e.g. repl.run); set a cell with PUT /v1/cells/%s", a, a)
 }
 
 func (s *Server) handleGraph(w http.ResponseWriter, r *http.Request) {

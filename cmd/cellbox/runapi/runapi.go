@@ -57,6 +57,7 @@
 package runapi
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -150,8 +151,19 @@ type LoadOptions struct {
 }
 
 // instancesBucket is the store's meta bucket of loaded instances (with
-// Config.Persist): key "space/name", value the instance's LoadOptions.
+// Config.Persist): key "space/name", value an instanceRecord.
 const instancesBucket = "runapi.instances"
+
+// instanceRecord is a loaded instance as instancesBucket keeps it: its
+// LoadOptions and its place in the load order. The bucket iterates in key
+// order, so the order is kept in Seq: Resume loads the instances again in
+// the order they were loaded, and a bare cell name still means a cell of
+// the same (first loaded) instance after a restart. A record written
+// before Seq existed has 0 and resumes first, in key order.
+type instanceRecord struct {
+	LoadOptions
+	Seq uint64 `json:"seq,omitempty"`
+}
 
 // Load compiles p and loads it as an instance (resuming it if the store
 // already holds it), and returns the instance as loaded.
@@ -184,8 +196,23 @@ func (s *Server) Load(ctx context.Context, p *patterns.Pattern, opts LoadOptions
 	s.mu.Unlock()
 	if s.persist {
 		opts.Space, opts.Name = in.space, in.name
-		rec, _ := json.Marshal(opts)
-		if err := s.store.Update(func(tx cells.Tx) error { return tx.Meta(instancesBucket).Put(in.key(), rec) }); err != nil {
+		err := s.store.Update(func(tx cells.Tx) error {
+			b := tx.Meta(instancesBucket)
+			r := instanceRecord{LoadOptions: opts, Seq: 1}
+			err := b.ForEach("", func(_ string, v []byte) error {
+				var o instanceRecord
+				if json.Unmarshal(v, &o) == nil && o.Seq >= r.Seq {
+					r.Seq = o.Seq + 1
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			rec, _ := json.Marshal(r)
+			return b.Put(in.key(), rec)
+		})
+		if err != nil {
 			s.log.Warn("record the loaded pattern; it will not be resumed after a restart", "pattern", in.key(), "err", err)
 		}
 	}
@@ -193,15 +220,16 @@ func (s *Server) Load(ctx context.Context, p *patterns.Pattern, opts LoadOptions
 	return s.describe(in)
 }
 
-// Resume loads again every instance recorded as loaded (Config.Persist):
-// after a restart, cellbox serve runs what it ran, where it stood. An
-// instance that no longer loads (its folder is gone, it no longer
+// Resume loads again every instance recorded as loaded (Config.Persist),
+// in the order they were loaded: after a restart, cellbox serve runs what
+// it ran, where it stood, and short cell addresses mean what they meant.
+// An instance that no longer loads (its folder is gone, it no longer
 // compiles) is reported in the error and forgotten.
 func (s *Server) Resume(ctx context.Context) ([]Instance, error) {
-	var recs []LoadOptions
+	var recs []instanceRecord
 	err := s.store.View(func(tx cells.Tx) error {
 		return tx.Meta(instancesBucket).ForEach("", func(_ string, v []byte) error {
-			var o LoadOptions
+			var o instanceRecord
 			if json.Unmarshal(v, &o) == nil {
 				recs = append(recs, o)
 			}
@@ -211,9 +239,11 @@ func (s *Server) Resume(ctx context.Context) ([]Instance, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read the loaded patterns: %w", err)
 	}
+	slices.SortStableFunc(recs, func(a, b instanceRecord) int { return cmp.Compare(a.Seq, b.Seq) })
 	var out []Instance
 	var errs []error
-	for _, o := range recs {
+	for _, r := range recs {
+		o := r.LoadOptions
 		var p *patterns.Pattern
 		if o.YAML != "" {
 			p, err = patterns.Parse("request.yaml", []byte(o.YAML), nil)

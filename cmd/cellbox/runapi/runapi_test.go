@@ -227,6 +227,29 @@ func TestGetSet(t *testing.T) {
 	assert.Equal(t, "12", f.value(t, "total"))
 }
 
+// A bare name the first loaded instance lacks, but a later one has, is a
+// 404 that names where it is (as the address to write instead).
+func TestBareNameInAnotherInstance(t *testing.T) {
+	f := newFixture(t)
+	f.loadTiny(t)
+	for _, y := range []string{"name: hello\ncells:\n  who: world\nnodes:\n  shout: {computed: '${upper(who)}'}\n", "name: other\ncells:\n  shout: quiet\n"} {
+		status, body := f.do(t, "POST", "/v1/patterns", y)
+		require.Equal(t, http.StatusCreated, status, "%v", body)
+	}
+	status, body := f.do(t, "GET", "/v1/cells/shout", "")
+	assert.Equal(t, http.StatusNotFound, status)
+	assert.Equal(t, `no cell "shout" in pattern default/tiny, the first loaded (a bare name is a cell of the first loaded pattern); loaded patterns that have it: hello/shout, other/shout`, body["error"])
+	assert.Equal(t, "hello/shout", body["suggestion"])
+	assert.Equal(t, `"WORLD"`, f.value(t, "hello/shout"))
+
+	status, body = f.do(t, "GET", "/v1/cells/tiny/shout", "")
+	assert.Equal(t, http.StatusNotFound, status)
+	assert.NotContains(t, body["error"], "hello/shout", "pattern/name names its pattern: no hint about others")
+	status, body = f.do(t, "GET", "/v1/cells/nowhere", "")
+	assert.Equal(t, http.StatusNotFound, status)
+	assert.Contains(t, body["error"], `no cell "nowhere" in pattern default/tiny (cells: `, "a name no instance has gets the usual answer")
+}
+
 func TestWatch(t *testing.T) {
 	f := newFixture(t)
 	f.loadTiny(t)
@@ -350,6 +373,26 @@ func TestSend(t *testing.T) {
 	status, body := f.do(t, "PUT", "/v1/cells/s/p/in.events", `1`)
 	assert.Equal(t, 400, status)
 	assert.Contains(t, body["error"], "is a stream")
+
+	// A send to a node's output (not one of its streams) names the
+	// streams; to a node with none, says so; never suggests a PUT, which
+	// a node's output refuses.
+	require.NoError(t, f.rt.Load(ctx, runtime.Pattern{Space: "s", Name: "box",
+		Nodes: []runtime.Node{{Name: "repl", Kind: quietService{}, Streams: []string{"run", "destroy"}}}}))
+	status, body = f.do(t, "POST", "/v1/send/s/box/repl", `{"command": "ls"}`)
+	assert.Equal(t, 400, status)
+	assert.Equal(t, "s/box/repl is not a stream: send events to one of its streams: repl.destroy, repl.run (e.g. `cellbox send repl.run JSON`, POST /v1/send/s/box/repl.run)", body["error"])
+	f.loadTiny(t)
+	status, body = f.do(t, "POST", "/v1/send/tiny/total", `1`)
+	assert.Equal(t, 400, status)
+	assert.Contains(t, body["error"], "default/tiny/total is the output of node total, not a stream, and the node has no streams")
+	assert.NotContains(t, body["error"], "PUT")
+
+	// A send to a stream of an instance not loaded says so once.
+	require.NoError(t, f.rt.Stop(ctx, "s", "box"))
+	status, body = f.do(t, "POST", "/v1/send/s/box/repl.run", `{"command": "ls"}`)
+	assert.Equal(t, 409, status)
+	assert.Equal(t, 1, strings.Count(body["error"].(string), "send to s/box/repl.run"), "%v", body["error"])
 	status, body = f.do(t, "POST", "/v1/send/s/p/in.event", `1`)
 	assert.Equal(t, 404, status)
 	assert.Equal(t, "in.events", body["suggestion"])
@@ -368,6 +411,14 @@ func TestSend(t *testing.T) {
 	}))
 	assert.Len(t, queued, 1, "nothing was queued")
 }
+
+// quietService is a service node kind that does nothing.
+type quietService struct{}
+
+func (quietService) Open(context.Context, runtime.Handle, runtime.Inputs) error { return nil }
+func (quietService) Update(context.Context, runtime.Inputs) error               { return nil }
+func (quietService) Event(context.Context, string, cells.Event) error           { return nil }
+func (quietService) Close(context.Context, runtime.CloseReason) error           { return nil }
 
 func TestGraph(t *testing.T) {
 	f := newFixture(t)
@@ -492,6 +543,60 @@ func TestPersistResume(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, resumed, 1, "a stopped instance is not resumed")
 	assert.Equal(t, "fromdir", resumed[0].Name)
+}
+
+// A restarted server resumes its instances in the order they were loaded,
+// not in the order of their names: GET /v1/patterns lists them so, and a
+// bare cell name still means a cell of the first loaded one.
+func TestResumeKeepsLoadOrder(t *testing.T) {
+	store := cells.NewMemory(cells.Options{})
+	defer store.Close()
+	start := func() (*runtime.Runtime, *runapi.Server, *httptest.Server) {
+		rt := runtime.New(store, runtime.Options{})
+		api := runapi.New(runapi.Config{Runtime: rt, Store: store, Logger: slog.New(slog.DiscardHandler), Persist: true})
+		return rt, api, httptest.NewServer(api)
+	}
+	stop := func(rt *runtime.Runtime, api *runapi.Server, ts *httptest.Server) {
+		api.Shutdown()
+		ts.Close()
+		require.NoError(t, rt.Close(context.Background()))
+	}
+	names := func(c *runapi.Client) []string {
+		ins, err := c.Patterns(context.Background())
+		require.NoError(t, err)
+		var out []string
+		for _, in := range ins {
+			out = append(out, in.Name)
+		}
+		return out
+	}
+	order := []string{"hello", "zeta", "aaa"}
+	rt, api, ts := start()
+	c := runapi.NewClient(ts.URL)
+	for _, name := range order {
+		resp, err := http.Post(ts.URL+"/v1/patterns", "application/yaml", strings.NewReader("name: "+name+"\ncells:\n  who: "+name+"\n"))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+	}
+	require.Equal(t, order, names(c))
+	stop(rt, api, ts)
+
+	for restart := 0; restart < 2; restart++ {
+		rt, api, ts = start()
+		c = runapi.NewClient(ts.URL)
+		resumed, err := api.Resume(context.Background())
+		require.NoError(t, err)
+		require.Len(t, resumed, 3)
+		for i, in := range resumed {
+			assert.Equal(t, order[i], in.Name, "resumed in load order")
+		}
+		assert.Equal(t, order, names(c), "GET /v1/patterns lists them in load order after restart %d", restart+1)
+		who, err := c.Get(context.Background(), "who")
+		require.NoError(t, err)
+		assert.Equal(t, `"hello"`, string(who.Value), "a bare name is a cell of the first loaded instance")
+		stop(rt, api, ts)
+	}
 }
 
 // A watch the server must end (its store's change log is unreadable) ends
