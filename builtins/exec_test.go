@@ -278,6 +278,57 @@ nodes:
 	assert.Empty(t, b.list(t))
 }
 
+// TestExecRerunAfterFailure: while an exec node runs again after a failed
+// run, its cell keeps the failed run's error beside its result (pending
+// meanwhile), so the documented idiom ${job.error == nil ?
+// job.result.stdout : "failed"} never takes the failed run's output for a
+// success; the new run's outcome replaces both.
+func TestExecRerunAfterFailure(t *testing.T) {
+	b := newBox(t)
+	r := b.load(t, `
+name: rerun
+cells:
+  n: 1
+nodes:
+  job:
+    exec:
+      command: 'echo n=${n}; exit ${n == 1 ? 1 : 0}'
+  clean: {computed: '${job.error == nil ? job.result.stdout : "failed"}'}
+`, nil)
+	r.settle()
+	failed := r.exec("job")
+	require.NotNil(t, failed.Error)
+	assert.Equal(t, "command exited with 1: n=1", *failed.Error)
+	var clean string
+	r.get("clean", &clean)
+	assert.Equal(t, "failed", clean)
+
+	release := b.client.holdCommand(t, "echo n=2; exit 0")
+	r.set("n", "2")
+	select {
+	case <-b.client.reached:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the n=2 run never reached its command")
+	}
+	o := r.exec("job")
+	assert.True(t, o.Pending)
+	require.NotNil(t, o.Error, "the failed run's error stays with its result while the new run is pending")
+	assert.Equal(t, "command exited with 1: n=1", *o.Error)
+	require.NotNil(t, o.Result)
+	assert.Equal(t, "n=1\n", o.Result.Stdout)
+	r.get("clean", &clean)
+	assert.Equal(t, "failed", clean, "the failed run's output does not pass for a success")
+
+	release()
+	r.settle()
+	o = r.exec("job")
+	assert.False(t, o.Pending)
+	assert.Nil(t, o.Error)
+	assert.Equal(t, "n=2\n", o.Result.Stdout)
+	r.get("clean", &clean)
+	assert.Equal(t, "n=2\n", clean)
+}
+
 func TestExecMemo(t *testing.T) {
 	for _, tc := range []struct {
 		name  string

@@ -36,7 +36,9 @@
 //     that decides a run writes pending:true; the work starts only after that
 //     commit. A newer input version cancels the run (abort) and starts a
 //     fresh one; a result is written only if its run is still the current
-//     one. Results are memoized by the key the node gives for its inputs: a
+//     one. While a run is pending, the cell keeps the previous run's result
+//     and error (a failed run stays failed until the new run ends).
+//     Results are memoized by the key the node gives for its inputs: a
 //     revert or a restart reuses a result without running.
 //   - Service: long-lived (sandbox). Opened when its pattern loads, told
 //     about input changes, handed its stream events (each at most once), able
@@ -57,7 +59,10 @@
 // (capped by size, least recently used evicted: Options.MemoLimit);
 // services may keep state in "runtime.services". Loading a pattern over a
 // store that already holds it resumes it: cells keep their values (initial
-// values apply only to cells that do not exist yet), compute nodes are
+// values apply only to cells that do not exist yet; but a cell the pattern
+// no longer declares is removed, one whose kind changed starts from its new
+// definition, and an input value its schema now refuses is replaced by the
+// initial value, with a Reset status), compute nodes are
 // re-evaluated (early cutoff keeps that quiet), an async node reruns only if
 // it was pending or its inputs' key changed (and not even then on a memo
 // hit), services reopen and get the events still queued on their streams.
@@ -84,7 +89,8 @@ type Pattern struct {
 type Cell struct {
 	Name string
 	// Initial is written when the cell does not exist yet (nil: null). A
-	// cell that exists keeps its value: state survives restarts.
+	// cell that exists keeps its value: state survives restarts, unless
+	// the value breaks Schema (changed since), when Initial replaces it.
 	Initial json.RawMessage
 	// Schema is an optional JSON Schema for the cell's values.
 	Schema json.RawMessage
@@ -260,11 +266,15 @@ const (
 	BackedOff StatusKind = "backedoff" // a node's writes are held back
 	Opened    StatusKind = "opened"    // a service opened
 	Closed    StatusKind = "closed"    // a service closed
+	// Reset: a stored cell did not fit the pattern as loaded (its kind
+	// changed, or its value breaks the cell's schema now), so it starts
+	// from the pattern's definition. Node is the cell, Err says why.
+	Reset StatusKind = "reset"
 )
 
 // Status is one node status event, for live views.
 type Status struct {
-	Node cells.Address
+	Node cells.Address // the node's output cell (Reset: the cell reset)
 	Kind StatusKind
 	At   time.Time
 	// Duration of the run, compute or event handling (Finished, Failed,

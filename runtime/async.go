@@ -63,9 +63,12 @@ func (b *batch) decideAsync(n *node, in Inputs, inErr string, waiting bool) {
 			return
 		}
 	}
+	// While the new run is pending, the cell keeps the last run's result
+	// with that run's error: a failed run's partial result must not pass
+	// for a success (error null) until the new run ends.
 	var prev envelope
 	_ = json.Unmarshal(b.get(n.out).raw, &prev)
-	b.writeAsync(n, envelope{Pending: true, Result: prev.Result}, key, true)
+	b.writeAsync(n, envelope{Pending: true, Result: prev.Result, Error: prev.Error}, key, true)
 	b.then(func() {
 		n.abort()
 		n.key, n.pending = key, true

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/internal/jsonschema"
 )
 
 // node is a loaded node. Its fields are guarded by Runtime.mu.
@@ -385,13 +386,32 @@ func (b *batch) compute(n *node, in Inputs, inErr string, waiting bool) {
 	}
 }
 
-// load declares a pattern's cells and queues all its nodes.
+// load declares a pattern's cells and queues all its nodes. The store's
+// cells of the instance are first made to fit the pattern (reconcile); an
+// input cell kept from before whose value its schema now refuses starts
+// again from its initial value.
 func (b *batch) load(pat *pattern, p Pattern) error {
 	addr := func(name string) cells.Address { return cells.Address{Space: p.Space, Pattern: p.Name, Name: name} }
+	if err := b.reconcile(pat, p); err != nil {
+		return err
+	}
 	for _, c := range p.Cells {
 		a := addr(c.Name)
-		_, err := b.tx.Get(a)
+		stored, err := b.tx.Get(a)
 		existed := err == nil
+		if existed && !c.Stream && len(c.Schema) > 0 && string(stored.Value) != "null" {
+			// A value the cell's schema now refuses (the schema changed
+			// since it was written) would fail every reader and could not
+			// be written back: the cell starts again from its initial
+			// value. A value that still fits is kept.
+			if verr := jsonschema.Validate(c.Schema, stored.Value); errors.Is(verr, jsonschema.ErrMismatch) {
+				if err := b.reset(a, fmt.Sprintf("its stored value %s does not satisfy the cell's schema (%s): replaced by the initial value",
+					clipValue(stored.Value), violations(verr))); err != nil {
+					return fmt.Errorf("cell %s: %w", c.Name, err)
+				}
+				existed = false
+			}
+		}
 		if err := b.tx.Declare(a, cells.Spec{Schema: c.Schema, Stream: c.Stream}); err != nil {
 			return fmt.Errorf("cell %s: %w", c.Name, err)
 		}

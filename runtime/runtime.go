@@ -22,6 +22,9 @@ const (
 	bucketNodes    = "runtime.nodes"
 	bucketMemo     = "runtime.memo"
 	bucketServices = "runtime.services"
+	// bucketPatterns records, per instance ("space/name"), the kind of
+	// each cell its pattern declared when it last loaded (see reconcile).
+	bucketPatterns = "runtime.patterns"
 )
 
 // ErrClosed is returned by a closed runtime.
@@ -366,7 +369,9 @@ func (r *Runtime) emit(s Status) {
 	if s.At.IsZero() {
 		s.At = time.Now()
 	}
-	if s.Kind == Failed || s.Kind == BackedOff {
+	if s.Kind == Reset {
+		r.log.Warn("cell reset as the pattern loaded", "cell", s.Node.String(), "why", s.Err)
+	} else if s.Kind == Failed || s.Kind == BackedOff {
 		r.log.Warn("node "+string(s.Kind), "node", s.Node.String(), "error", s.Err, "stream", s.Stream)
 	} else {
 		r.log.Debug("node "+string(s.Kind), "node", s.Node.String(), "duration", s.Duration)

@@ -183,14 +183,13 @@ func TestLoadErrors(t *testing.T) {
 // queued: the next batch (here, another pattern's load) must not run them.
 func TestFailedLoadQueuesNothing(t *testing.T) {
 	stores(t, func(t *testing.T, s cells.Store) {
-		require.NoError(t, s.Update(func(tx cells.Tx) error {
-			return tx.Declare(at("s"), cells.Spec{Stream: true}) // node s's output cell cannot be a stream
-		}))
 		rt := runtime.New(s, runtime.Options{})
 		t.Cleanup(func() { rt.Close(context.Background()) })
+		broken := computed(t, "s", "x + 2")
+		broken.Schema = json.RawMessage(`{`) // node s's output cell cannot be declared
 		bad := runtime.Pattern{Space: space, Name: pat,
 			Cells: []runtime.Cell{{Name: "x", Initial: json.RawMessage(`1`)}},
-			Nodes: []runtime.Node{computed(t, "a", "x + 1"), computed(t, "s", "x + 2")}}
+			Nodes: []runtime.Node{computed(t, "a", "x + 1"), broken}}
 		require.ErrorContains(t, rt.Load(context.Background(), bad), "node s: output cell")
 
 		other := runtime.Pattern{Space: space, Name: "other",
@@ -894,5 +893,218 @@ func TestSameFailureReportedOnce(t *testing.T) {
 		}
 		st.mu.Unlock()
 		assert.Equal(t, []string{"no API key (a)", "no API key (b)"}, errs, "each distinct failure once")
+	})
+}
+
+// A pattern edited between two loads over the same store: what it no
+// longer declares is removed (with its node state), a cell whose kind
+// changed starts from its new definition, a stored input value its schema
+// now refuses is replaced by the initial value, and a value that still
+// fits is kept. Loading the edited pattern again changes nothing.
+func TestLoadEditedPattern(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		v1 := runtime.Pattern{Space: space, Name: pat,
+			Cells: []runtime.Cell{
+				{Name: "n", Initial: json.RawMessage(`3`)},
+				{Name: "k", Initial: json.RawMessage(`1`)},
+				{Name: "s", Initial: json.RawMessage(`"a value"`)},
+				{Name: "ev", Stream: true},
+			},
+			Nodes: []runtime.Node{
+				{Name: "both", Inputs: []string{"n"}, Kind: &renamed{newWork(false, false), "n"}, Builtin: "exec"},
+				{Name: "slow", Inputs: []string{"n"}, Kind: &renamed{newWork(true, false), "n"}, Builtin: "exec"},
+				computed(t, "c", "n + 1"),
+			}}
+		rt := start(t, s, v1, runtime.Options{})
+		set(t, rt, "k", `5`)
+		_, err := rt.Send(context.Background(), at("ev"), json.RawMessage(`{"queued":true}`))
+		require.NoError(t, err)
+		settle(t, rt)
+		require.JSONEq(t, `{"pending":false,"result":{"out":30},"error":null}`, string(get(t, s, "both").Value))
+		require.NoError(t, rt.Close(context.Background()))
+
+		v2 := runtime.Pattern{Space: space, Name: pat,
+			Cells: []runtime.Cell{
+				{Name: "n", Initial: json.RawMessage(`"3"`), Schema: json.RawMessage(`{"type":"string"}`)},
+				{Name: "k", Initial: json.RawMessage(`1`), Schema: json.RawMessage(`{"type":"integer","minimum":0}`)},
+				{Name: "both", Initial: json.RawMessage(`7`), Schema: json.RawMessage(`{"type":"integer"}`)},
+				{Name: "c", Initial: json.RawMessage(`"fresh"`)},
+				{Name: "s", Stream: true},
+			},
+			Nodes: []runtime.Node{
+				computed(t, "twice", "both * 2"),
+				computed(t, "ev", "k"),
+			}}
+		rt = runtime.New(s, runtime.Options{})
+		defer rt.Close(context.Background())
+		st := watchStatus(t, rt)
+		require.NoError(t, rt.Load(context.Background(), v2))
+		settle(t, rt)
+
+		assert.Equal(t, `7`, string(get(t, s, "both").Value), "an exec node that is now an input cell starts from its initial value")
+		assert.Equal(t, `14`, string(get(t, s, "twice").Value))
+		assert.Empty(t, get(t, s, "twice").Error)
+		assert.Equal(t, `"3"`, string(get(t, s, "n").Value), "3 breaks n's new schema: the initial value replaces it")
+		assert.Equal(t, `5`, string(get(t, s, "k").Value), "a value that still fits its (new) schema is kept")
+		assert.Equal(t, `"fresh"`, string(get(t, s, "c").Value), "a computed node that is now an input cell starts from its initial value")
+		assert.True(t, get(t, s, "s").Stream, "an input cell that is now a stream is one")
+		assert.False(t, get(t, s, "ev").Stream, "a stream that is now a node's output is a value cell")
+		assert.Equal(t, `5`, string(get(t, s, "ev").Value))
+		_, err = s.Get(at("slow"))
+		assert.ErrorIs(t, err, cells.ErrNotFound, "a removed node's cell is removed")
+		require.NoError(t, s.View(func(tx cells.Tx) error {
+			for _, name := range []string{"slow", "both"} {
+				_, ok := tx.Meta("runtime.nodes").Get(at(name).String())
+				assert.False(t, ok, "the node state of %s is gone", name)
+			}
+			evs, err := tx.Events(at("s"))
+			assert.NoError(t, err)
+			assert.Empty(t, evs)
+			return nil
+		}))
+		err = rt.Set(context.Background(), at("n"), json.RawMessage(`4`))
+		var se *cells.SchemaError
+		assert.ErrorAs(t, err, &se, "the new schema holds")
+		assert.Eventually(t, func() bool {
+			return st.count("both", runtime.Reset) == 1 && st.count("n", runtime.Reset) == 1 && st.count("c", runtime.Reset) == 1 &&
+				st.count("s", runtime.Reset) == 1 && st.count("ev", runtime.Reset) == 1
+		}, 5*time.Second, 10*time.Millisecond, "each reset is reported")
+		st.mu.Lock()
+		for _, x := range st.all {
+			if x.Kind == runtime.Reset {
+				switch x.Node.Name {
+				case "both":
+					assert.Equal(t, "it was the output of a node (exec) and is now an input cell: it starts from the pattern's definition", x.Err)
+				case "n":
+					assert.Equal(t, "its stored value 3 does not satisfy the cell's schema ((root): must be string (got number)): replaced by the initial value", x.Err)
+				case "k", "twice":
+					t.Errorf("%s was reset: %s", x.Node.Name, x.Err)
+				}
+			}
+		}
+		st.mu.Unlock()
+
+		// Loaded again as it is: nothing to reconcile, nothing written.
+		require.NoError(t, rt.Close(context.Background()))
+		from := s.Version()
+		rt2 := runtime.New(s, runtime.Options{})
+		defer rt2.Close(context.Background())
+		st2 := watchStatus(t, rt2)
+		require.NoError(t, rt2.Load(context.Background(), v2))
+		settle(t, rt2)
+		assert.Equal(t, from, s.Version(), "a settled pattern loads without a commit")
+		assert.Zero(t, st2.count("both", runtime.Reset)+st2.count("n", runtime.Reset)+st2.count("c", runtime.Reset))
+	})
+}
+
+// A store written before the runtime recorded what each cell was: the
+// output of an async node (it has node state) that is now an input cell
+// still starts from its initial value, and removed nodes go.
+func TestLoadEditedPatternWithoutRecord(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		v1 := runtime.Pattern{Space: space, Name: pat,
+			Cells: []runtime.Cell{{Name: "n", Initial: json.RawMessage(`3`)}},
+			Nodes: []runtime.Node{
+				{Name: "both", Inputs: []string{"n"}, Kind: &renamed{newWork(false, false), "n"}, Builtin: "exec"},
+				{Name: "slow", Inputs: []string{"n"}, Kind: &renamed{newWork(false, false), "n"}, Builtin: "exec"},
+			}}
+		rt := start(t, s, v1, runtime.Options{})
+		require.NoError(t, rt.Close(context.Background()))
+		require.NoError(t, s.Update(func(tx cells.Tx) error { return tx.Meta("runtime.patterns").Delete(space + "/" + pat) }))
+
+		v2 := runtime.Pattern{Space: space, Name: pat,
+			Cells: []runtime.Cell{{Name: "n", Initial: json.RawMessage(`1`)}, {Name: "both", Initial: json.RawMessage(`7`)}},
+			Nodes: []runtime.Node{computed(t, "twice", "both * 2")}}
+		rt = start(t, s, v2, runtime.Options{})
+		assert.Equal(t, `7`, string(get(t, s, "both").Value))
+		assert.Equal(t, `14`, string(get(t, s, "twice").Value))
+		assert.Equal(t, `3`, string(get(t, s, "n").Value), "an input cell stays what it was")
+		_, err := s.Get(at("slow"))
+		assert.ErrorIs(t, err, cells.ErrNotFound)
+	})
+}
+
+// Another loaded instance that reads a cell by its full address sees it
+// go (null) when the pattern that had it no longer declares it.
+func TestRemovedCellReadByAnotherInstance(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		x := space + "/" + pat + "/x"
+		rt := start(t, s, runtime.Pattern{Space: space, Name: pat, Cells: []runtime.Cell{{Name: "x", Initial: json.RawMessage(`2`)}}}, runtime.Options{})
+		require.NoError(t, rt.Load(context.Background(), runtime.Pattern{Space: space, Name: "reader",
+			Nodes: []runtime.Node{{Name: "y", Inputs: []string{x}, Kind: orMinusOne(x)}}}))
+		settle(t, rt)
+		y := cells.Address{Space: space, Pattern: "reader", Name: "y"}
+		c, err := s.Get(y)
+		require.NoError(t, err)
+		require.Equal(t, `2`, string(c.Value))
+
+		require.NoError(t, rt.Stop(context.Background(), space, pat))
+		require.NoError(t, rt.Load(context.Background(), runtime.Pattern{Space: space, Name: pat, Cells: []runtime.Cell{{Name: "z"}}}))
+		settle(t, rt)
+		_, err = s.Get(at("x"))
+		assert.ErrorIs(t, err, cells.ErrNotFound)
+		c, err = s.Get(y)
+		require.NoError(t, err)
+		assert.Equal(t, `-1`, string(c.Value), "the reader reran on the removed cell")
+	})
+}
+
+// orMinusOne is a compute that returns its one input, or -1 for null.
+type orMinusOne string
+
+func (o orMinusOne) Compute(in runtime.Inputs) (any, error) {
+	if v := in[string(o)]; v != nil {
+		return v, nil
+	}
+	return -1, nil
+}
+
+// failThenWork fails (with a partial result) for x == 1 and otherwise
+// finishes with x*10 once released.
+type failThenWork struct{ release chan struct{} }
+
+func (*failThenWork) Key(in runtime.Inputs) (string, bool, error) {
+	return fmt.Sprint(in["x"]), false, nil
+}
+func (f *failThenWork) Run(ctx context.Context, in runtime.Inputs) (any, error) {
+	if in["x"] == 1 {
+		return nil, partialErr{out: map[string]any{"out": "partial"}}
+	}
+	select {
+	case <-f.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return map[string]any{"out": toFloat(in["x"]) * 10}, nil
+}
+
+// While an async node runs again after a failed run, its cell keeps that
+// run's error with its result: a reader checking error does not take the
+// failed run's partial result for a success while the new run is pending.
+func TestRerunKeepsFailedRunsError(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		f := &failThenWork{release: make(chan struct{})}
+		rt := start(t, s, runtime.Pattern{Space: space, Name: pat,
+			Cells: []runtime.Cell{{Name: "x", Initial: json.RawMessage(`1`)}},
+			Nodes: []runtime.Node{
+				{Name: "job", Inputs: []string{"x"}, Kind: f, Builtin: "exec"},
+				computed(t, "ok", `job.error == nil ? job.result.out : "failed"`),
+			}}, runtime.Options{})
+		assert.JSONEq(t, `{"pending":false,"result":{"out":"partial"},"error":"exited with 3"}`, string(get(t, s, "job").Value))
+		assert.Equal(t, `"failed"`, string(get(t, s, "ok").Value))
+
+		set(t, rt, "x", `2`)
+		assert.JSONEq(t, `{"pending":true,"result":{"out":"partial"},"error":"exited with 3"}`, string(get(t, s, "job").Value),
+			"pending, with the failed run's result and its error")
+		assert.Equal(t, `"failed"`, string(get(t, s, "ok").Value), "the failed run does not pass for a success while the new one runs")
+		f.release <- struct{}{}
+		settle(t, rt)
+		assert.JSONEq(t, `{"pending":false,"result":{"out":20},"error":null}`, string(get(t, s, "job").Value))
+		assert.Equal(t, `20`, string(get(t, s, "ok").Value))
+
+		set(t, rt, "x", `3`)
+		assert.JSONEq(t, `{"pending":true,"result":{"out":20},"error":null}`, string(get(t, s, "job").Value), "after a success: the result, no error")
+		f.release <- struct{}{}
+		settle(t, rt)
 	})
 }

@@ -184,6 +184,37 @@ func TestRunOnceStoredFailure(t *testing.T) {
 	}
 }
 
+// TestRunOnceEditedPattern: a pattern edited between two runs over one
+// data dir starts each changed cell from its new definition and says so;
+// a removed node is gone (not shown, not listed), never a stored leftover.
+func TestRunOnceEditedPattern(t *testing.T) {
+	dir := writePattern(t, "name: edit\ncells:\n  n: 3\nnodes:\n  both: {computed: '${n + 1}'}\n  slow: {computed: '${n * 2}'}\n")
+	data := t.TempDir()
+	out, errOut, err := cellbox(t, "run", dir, "--once", "--data", data)
+	require.NoError(t, err, errOut)
+	require.Equal(t, "n = 3\nboth = 4\nslow = 6\n", out)
+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "pattern.yaml"), []byte(`name: edit
+cells:
+  n: {value: "3", schema: {type: string}}
+  both: {value: 7, schema: {type: integer}}
+nodes:
+  twice: {computed: '${both * 2}'}
+`), 0o644))
+	out, errOut, err = cellbox(t, "run", dir, "--once", "--data", data)
+	require.NoError(t, err, errOut)
+	assert.Equal(t, "n = \"3\"\nboth = 7\ntwice = 14\n", out)
+	assert.Contains(t, errOut, "warning: cell both reset: it was the output of a node (computed) and is now an input cell")
+	assert.Contains(t, errOut, "warning: cell n reset: its stored value 3 does not satisfy the cell's schema ((root): must be string (got number)): replaced by the initial value")
+	assert.NotContains(t, errOut, "slow", "the removed node is not shown as stored")
+	out, errOut, err = cellbox(t, "cell", "ls", "--data", data)
+	require.NoError(t, err, errOut)
+	assert.NotContains(t, out, "slow")
+	_, errOut, err = cellbox(t, "cell", "get", "edit/slow", "--data", data)
+	assert.Error(t, err)
+	assert.Contains(t, errOut, `no cell "slow"`)
+}
+
 // A run remembers the cell schemas that passed the metaschema in the data
 // dir, so that the next run over it skips that check; a schema that breaks
 // the metaschema is refused, run after run, and never remembered.

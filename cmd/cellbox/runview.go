@@ -42,6 +42,7 @@ type view struct {
 	shown   map[string]string     // the last line shown per cell (plain)
 	urls    map[string][]preview  // the preview URLs shown per node (plain)
 	servers map[string]string     // the server state shown per node (plain)
+	notes   []string              // warnings shown under the table (tty)
 	drawn   int                   // lines of the last table (tty)
 	dirty   bool
 	ready   bool // the pattern is loaded: draw
@@ -160,6 +161,26 @@ func (v *view) loaded() {
 
 func stamp(t time.Time) string { return t.Format("15:04:05.000") }
 
+// warn prints a warning: a timestamped line (plain mode), or a line kept
+// under the table (tty).
+func (v *view) warn(format string, args ...any) {
+	if v.tty {
+		v.notes = append(v.notes, fmt.Sprintf(format, args...))
+		return
+	}
+	v.line("warning: "+format, args...)
+}
+
+// declares reports whether the pattern declares a cell or node called name
+// (streams are not shown as cells).
+func (v *view) declares(name string) bool {
+	if _, ok := v.p.Cell(name); ok {
+		return true
+	}
+	_, ok := v.p.Node(name)
+	return ok
+}
+
 // line prints a timestamped line (plain mode).
 func (v *view) line(format string, args ...any) {
 	if !v.tty {
@@ -174,6 +195,11 @@ func (v *view) status(s runtime.Status) {
 		return
 	}
 	name := s.Node.Name
+	if s.Kind == runtime.Reset { // a cell, as the pattern loaded
+		v.dirty = true
+		v.warn("cell %s reset: %s", name, oneLine(s.Err))
+		return
+	}
 	n := v.nodes[name]
 	if n == nil {
 		n = &nodeView{}
@@ -226,6 +252,9 @@ func (v *view) apply(b cells.Batch, initial bool) {
 		if c.Deleted {
 			delete(v.cells, name)
 			continue
+		}
+		if initial && !c.Cell.Stream && !v.declares(name) {
+			continue // stored by an earlier version of the pattern: removed as it loads
 		}
 		if c.Cell.Stream {
 			if c.Event != nil {
@@ -471,6 +500,9 @@ func (v *view) draw() {
 		}
 		tw.Flush()
 	}
+	for _, n := range v.notes {
+		fmt.Fprintf(&tb, "  ! %s\n", n)
+	}
 	var summary []string
 	for _, st := range []string{"pending", "running", "done", "failed", "aborted", "backoff", "open"} {
 		if counts[st] > 0 {
@@ -513,6 +545,10 @@ func short(raw json.RawMessage, n int) string {
 		return clip(string(orNull(raw)), n)
 	}
 	switch {
+	case *out.Pending && out.Status == "":
+		// An async node running again: its cell still holds the last
+		// run's result and error until the run ends.
+		return "pending"
 	case out.Error != nil && *out.Error != "":
 		return clip("error: "+oneLine(*out.Error), n)
 	case *out.Pending:
