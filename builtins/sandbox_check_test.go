@@ -2,6 +2,7 @@ package builtins_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -21,6 +22,9 @@ func TestSandboxCheckEvent(t *testing.T) {
 		{"run", `{"command": "ls", "files": {"x.txt": "a"}}`, "not a clean absolute path"},
 		{"run", `{"command": "ls", "files": {"/etc/motd": "a"}}`, "is outside /workspace and /tmp"},
 		{"run", `{"command": "ls", "files": {"../etc/x": "a"}}`, `"../etc/x" is not a clean absolute path in the box (e.g. "/workspace/x")`},
+		{"run", `"ls"`, `run event "ls" is not a JSON object: want {"command": "ls"}`},
+		{"run", `[1]`, `run event [1] is not a JSON object: want {"command": "ls -la"}`},
+		{"run", `{"command": "` + strings.Repeat("x", 200) + `", "bogus": 1}`, `run event {"command": "` + strings.Repeat("x", 87) + `…: json: unknown field "bogus"`},
 		{"run", `{"command": "ls", "files": {"/workspace/a/../b": "a"}}`, `"/workspace/a/../b" is not a clean absolute path in the box (e.g. "/workspace/b")`},
 		{"run", `{"command": "ls", "files": {"/workspace/": "a"}}`, `"/workspace/" is not a clean absolute path in the box (e.g. "/workspace/out.txt")`},
 		{"run", `{"command": "ls", "files": {"/tmp//x": "a"}}`, `"/tmp//x" is not a clean absolute path in the box (e.g. "/tmp/x")`},

@@ -89,14 +89,27 @@ type runEvent struct {
 
 func decodeRun(payload json.RawMessage) (runEvent, error) {
 	var ev runEvent
+	shown := string(payload)
+	if len(shown) > 100 { // an event may be megabytes (files)
+		shown = strings.ToValidUTF8(shown[:100], "") + "…"
+	}
+	if t := bytes.TrimSpace(payload); len(t) > 0 && t[0] != '{' {
+		// A bare command ("ls"): json would name the Go type it wanted.
+		hint := `{"command": "ls -la"}`
+		var cmd string
+		if json.Unmarshal(t, &cmd) == nil && cmd != "" {
+			hint = fmt.Sprintf(`{"command": %q}`, cmd)
+		}
+		return ev, fmt.Errorf("run event %s is not a JSON object: want %s (with files and timeout_ms if needed)", shown, hint)
+	}
 	d := json.NewDecoder(bytes.NewReader(payload))
 	d.DisallowUnknownFields()
 	d.UseNumber()
 	if err := d.Decode(&ev); err != nil {
-		return ev, fmt.Errorf(`run event %s: %w (want {"command": "...", "files": {"/workspace/x": "..."}, "timeout_ms": 1000})`, payload, err)
+		return ev, fmt.Errorf(`run event %s: %w (want {"command": "...", "files": {"/workspace/x": "..."}, "timeout_ms": 1000})`, shown, err)
 	}
 	if strings.TrimSpace(ev.Command) == "" {
-		return ev, fmt.Errorf(`run event %s: no command (want {"command": "ls -la"})`, payload)
+		return ev, fmt.Errorf(`run event %s: no command (want {"command": "ls -la"})`, shown)
 	}
 	if ev.TimeoutMs < 0 {
 		return ev, fmt.Errorf("run event: negative timeout_ms %d", ev.TimeoutMs)
