@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/json"
+	"github.com/cellbox/cellbox/cells"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -82,6 +84,23 @@ func TestRowTimeCached(t *testing.T) {
 			assert.Equal(t, tc.want, rowTime(tc.state, &tc.nv, runtime.NodeInfo{Last: tc.last}, now))
 		})
 	}
+}
+
+// TestViewStateWaiting: an exec node that has not run (its inputs are not
+// there yet) is "waiting" in the table, as on the page, not "done".
+func TestViewStateWaiting(t *testing.T) {
+	v := &view{nodes: map[string]*nodeView{}, cells: map[string]cells.Cell{}}
+	info := runtime.NodeInfo{State: runtime.Idle, Shape: "async"}
+	for _, tc := range []struct{ value, want string }{
+		{`{"pending":false,"result":null,"error":null}`, "waiting"},
+		{`{"pending":true,"result":null,"error":null}`, "pending"},
+		{`{"pending":false,"result":{"exit_code":0},"error":null}`, "done"},
+	} {
+		v.cells["x"] = cells.Cell{Value: json.RawMessage(tc.value)}
+		assert.Equal(t, tc.want, v.state(info, true, "x"), tc.value)
+	}
+	v.cells["c"] = cells.Cell{Value: json.RawMessage(`null`)}
+	assert.Equal(t, "done", v.state(runtime.NodeInfo{State: runtime.Idle, Shape: "compute"}, true, "c"))
 }
 
 // TestStop stops a pattern of a running `cellbox run` from the CLI: its

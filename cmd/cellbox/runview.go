@@ -418,12 +418,23 @@ func (v *view) state(info runtime.NodeInfo, ok bool, name string) string {
 	case nv != nil && nv.note == "aborted":
 		return "aborted"
 	}
-	var env struct{ Pending bool }
-	if json.Unmarshal(v.cells[name].Value, &env) == nil && env.Pending {
-		return "pending"
+	var env struct {
+		Pending       bool
+		Result, Error json.RawMessage
+	}
+	if json.Unmarshal(v.cells[name].Value, &env) == nil {
+		switch {
+		case env.Pending:
+			return "pending"
+		case info.Shape == "async" && isNull(env.Result) && isNull(env.Error):
+			return "waiting" // never run: its inputs are not there yet (the page says so too)
+		}
 	}
 	return "done"
 }
+
+// isNull reports whether raw is JSON null or missing.
+func isNull(raw json.RawMessage) bool { return len(raw) == 0 || string(raw) == "null" }
 
 // rowTime is a node's TIME in the table: how long the running one has
 // run, how long the last run took, or "cached" for a result that came from
@@ -504,7 +515,7 @@ func (v *view) draw() {
 		fmt.Fprintf(&tb, "  ! %s\n", n)
 	}
 	var summary []string
-	for _, st := range []string{"pending", "running", "done", "failed", "aborted", "backoff", "open"} {
+	for _, st := range []string{"pending", "waiting", "running", "done", "failed", "aborted", "backoff", "open"} {
 		if counts[st] > 0 {
 			summary = append(summary, fmt.Sprintf("%d %s", counts[st], st))
 		}
