@@ -37,6 +37,7 @@ const (
 const (
 	StatusStarting  = "starting"
 	StatusRunning   = "running"
+	StatusAsleep    = "asleep" // the runner shut down: the box sleeps, its files kept, until the next runner
 	StatusDestroyed = "destroyed"
 	StatusError     = "error"
 )
@@ -459,6 +460,13 @@ func (s *Sandbox) Close(ctx context.Context, reason runtime.CloseReason) error {
 		// next Open starts it again, rather than meet a stale one.
 		s.stopServer(ctx, true)
 		s.stopWatches()
+		// The box is put to sleep with the runner: its cell, read while
+		// no runner runs (cellbox cell ls), says so, not "running".
+		s.modify(context.WithoutCancel(ctx), func(o *sandboxOutput) {
+			if o.Status == StatusRunning {
+				o.Status = StatusAsleep
+			}
+		})
 		return nil
 	}
 	err := errors.Join(s.down(context.WithoutCancel(ctx)), s.destroyMade(context.WithoutCancel(ctx)))

@@ -191,6 +191,15 @@ func TestSandboxReattach(t *testing.T) {
 	box := r.sandbox("repl").Box
 	r.close(runtime.Shutdown)
 	assert.Equal(t, []string{box}, b.list(t), "a shutdown keeps the box")
+	var asleep sandboxOut
+	require.NoError(t, store.View(func(tx cells.Tx) error {
+		c, err := tx.Get(cells.Address{Space: "default", Pattern: "repl", Name: "repl"})
+		if err == nil {
+			err = json.Unmarshal(c.Value, &asleep)
+		}
+		return err
+	}))
+	assert.Equal(t, "asleep", asleep.Status, "the cell says so while no runner runs")
 
 	r = b.loadOn(t, store, replPattern, nil)
 	r.settle()
