@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"time"
 )
 
 // Block is one piece of a message's content.
@@ -187,7 +188,7 @@ func New(name string, getenv Getenv, hc *http.Client) (Provider, error) {
 		if key == "" {
 			return nil, errors.New("provider anthropic: no API key: set ANTHROPIC_API_KEY in cellbox's environment")
 		}
-		return &anthropic{http: hc, base: base, key: key}, nil
+		return redacting{&anthropic{http: hc, base: base, key: key}, key}, nil
 	case "openai":
 		base := strings.TrimRight(getenv("OPENAI_BASE_URL"), "/")
 		if base == "" {
@@ -197,7 +198,7 @@ func New(name string, getenv Getenv, hc *http.Client) (Provider, error) {
 		if key == "" && base == "https://api.openai.com/v1" {
 			return nil, errors.New("provider openai: no API key: set OPENAI_API_KEY in cellbox's environment (or OPENAI_BASE_URL to a local OpenAI-compatible server)")
 		}
-		return &openAI{http: hc, base: base, key: key}, nil
+		return redacting{&openAI{http: hc, base: base, key: key}, key}, nil
 	case "":
 		return nil, fmt.Errorf("no provider: set provider to one of %s", strings.Join(Providers, ", "))
 	default:
@@ -207,18 +208,62 @@ func New(name string, getenv Getenv, hc *http.Client) (Provider, error) {
 
 // APIError is a provider's refusal: an HTTP status, or an error event in
 // the stream (Status 0), with the provider's own message.
+// redacting is a provider whose errors never carry its API key: a server
+// may echo what it was sent (a proxy, a local server's debug answer) in an
+// error status's body, in an error event inside a 200 stream, or in a
+// chunk that does not parse, and every one of them goes to cells, logs and
+// the live view. Redacting here, where every error leaves the provider,
+// covers the paths a check inside each would miss (it did: only error
+// statuses were redacted).
+type redacting struct {
+	Provider
+	key string
+}
+
+func (r redacting) Stream(ctx context.Context, req Request, onText func(string)) (Response, error) {
+	resp, err := r.Provider.Stream(ctx, req, onText)
+	if err == nil || len(r.key) < 8 { // a local server's placeholder key is no secret
+		return resp, err
+	}
+	var api *APIError
+	if errors.As(err, &api) {
+		api.Type = strings.ReplaceAll(api.Type, r.key, "[redacted]")
+		api.Message = strings.ReplaceAll(api.Message, r.key, "[redacted]")
+	}
+	if strings.Contains(err.Error(), r.key) { // in another error's text
+		err = &redactedError{err: err, key: r.key}
+	}
+	return resp, err
+}
+
+// redactedError is err with its message's key replaced by [redacted]; it
+// unwraps to err, so that callers still tell a cancellation or an
+// *APIError by type.
+type redactedError struct {
+	err error
+	key string
+}
+
+func (e *redactedError) Error() string { return strings.ReplaceAll(e.err.Error(), e.key, "[redacted]") }
+func (e *redactedError) Unwrap() error { return e.err }
+
 type APIError struct {
 	Provider string
 	Status   int
 	Type     string
 	Message  string
+	// Wait is the Retry-After of a 429 too long to wait for (0: none).
+	Wait time.Duration
 }
 
 func (e *APIError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s", e.Provider)
 	if e.Status != 0 {
-		fmt.Fprintf(&b, " answered %d %s", e.Status, http.StatusText(e.Status))
+		fmt.Fprintf(&b, " answered %d", e.Status)
+		if text := http.StatusText(e.Status); text != "" { // none for 529, Anthropic's "overloaded"
+			b.WriteString(" " + text)
+		}
 	} else {
 		b.WriteString(" stream error")
 	}
@@ -231,6 +276,8 @@ func (e *APIError) Error() string {
 	switch {
 	case e.Status == http.StatusUnauthorized || e.Status == http.StatusForbidden:
 		b.WriteString(" — check the API key in cellbox's environment")
+	case e.Status == http.StatusTooManyRequests && e.Wait > MaxRetryAfter:
+		fmt.Fprintf(&b, " — rate limited, asked to wait %s, more than the %s cellbox waits: not retried; try again later", e.Wait, MaxRetryAfter)
 	case e.Status == http.StatusTooManyRequests:
 		b.WriteString(" — rate limited; retried once already, try again later")
 	case e.Status >= 500:

@@ -3,6 +3,7 @@ package llm_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -172,9 +173,11 @@ func TestErrors(t *testing.T) {
 			s := llmtest.New(t, llmtest.Turn{Status: 429, RetryAfter: "3600", ErrMessage: "come back in an hour"})
 			_, err := provider(t, name, s).Stream(context.Background(), llm.Request{Model: "m"}, nil)
 			require.ErrorContains(t, err, "come back in an hour")
+			assert.ErrorContains(t, err, "asked to wait 1h0m0s, more than the 2s cellbox waits: not retried", "not said to be retried")
+			assert.NotContains(t, err.Error(), "retried once already")
 			assert.Len(t, s.Requests(), 1)
 		})
-		for _, st := range []int{401, 500} {
+		for _, st := range []int{401, 500, 529} {
 			t.Run(name+"/"+strconv.Itoa(st), func(t *testing.T) {
 				s := llmtest.New(t, llmtest.Turn{Status: st, ErrMessage: "the provider says no to key test-key"})
 				_, err := provider(t, name, s).Stream(context.Background(), llm.Request{Model: "m"}, nil)
@@ -184,6 +187,25 @@ func TestErrors(t *testing.T) {
 				assert.Contains(t, err.Error(), "the provider says no")
 				assert.NotContains(t, err.Error(), "test-key", "a key the server echoes is redacted")
 				assert.Contains(t, err.Error(), "[redacted]")
+				assert.NotContains(t, err.Error(), "  ", "no gap where a status has no text (529)")
+			})
+		}
+		// A key the server echoes inside a 200 stream (an error event, a
+		// chunk that does not parse) is redacted as in an error status.
+		for what, turn := range map[string]llmtest.Turn{
+			"an error event": {Text: "partial", StreamError: "failed for key Bearer test-key"},
+			"a broken chunk": {Text: "partial", Garbage: "{not json test-key"},
+		} {
+			t.Run(name+"/key echoed in "+what, func(t *testing.T) {
+				s := llmtest.New(t, turn)
+				_, err := provider(t, name, s).Stream(context.Background(), llm.Request{Model: "m"}, nil)
+				require.Error(t, err)
+				assert.NotContains(t, err.Error(), "test-key")
+				assert.Contains(t, err.Error(), "[redacted]")
+				var apiErr *llm.APIError
+				if errors.As(err, &apiErr) {
+					assert.NotContains(t, apiErr.Message+apiErr.Type, "test-key", "the error's fields too")
+				}
 			})
 		}
 		t.Run(name+"/error event mid-stream", func(t *testing.T) {

@@ -67,20 +67,14 @@ func post(ctx context.Context, hc *http.Client, provider, url string, headers ma
 		if apiErr.Message == "" && apiErr.Type == "" {
 			apiErr.Message = strings.TrimSpace(string(msg))
 		}
-		// A server may echo what it was sent (a proxy, a local server's
-		// debug answer): the error goes to cells and logs, the key must not.
-		for _, v := range headers {
-			for _, secret := range []string{v, strings.TrimPrefix(v, "Bearer ")} {
-				if len(secret) >= 8 {
-					apiErr.Message = strings.ReplaceAll(apiErr.Message, secret, "[redacted]")
-				}
-			}
-		}
+		// A key the server echoes here is redacted where every error
+		// leaves the provider (redacting, llm.go).
 		if resp.StatusCode != http.StatusTooManyRequests || attempt > 0 {
 			return nil, apiErr
 		}
 		wait, ok := retryAfter(resp.Header.Get("Retry-After"))
 		if !ok {
+			apiErr.Wait = wait
 			return nil, apiErr
 		}
 		t := time.NewTimer(wait)

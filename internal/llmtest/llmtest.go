@@ -38,6 +38,9 @@ type Turn struct {
 	ErrMessage string
 	// StreamError sends an error event after the text (Status 200).
 	StreamError string
+	// Garbage sends a data line that is not JSON after the text, in its
+	// place (Status 200).
+	Garbage string
 	// Hold, if not nil, is waited on after the first text delta (or the
 	// client going away), to abort a call mid-stream.
 	Hold chan struct{}
@@ -156,6 +159,15 @@ func (x sender) event(name string, v any) {
 	x.w.(http.Flusher).Flush()
 }
 
+// garbage sends data as a data line as it is (not JSON).
+func (x sender) garbage(name, data string) {
+	if name != "" {
+		fmt.Fprintf(x.w, "event: %s\n", name)
+	}
+	fmt.Fprintf(x.w, "data: %s\n\n", data)
+	x.w.(http.Flusher).Flush()
+}
+
 // hold waits on t.Hold after the first delta; false when the client left.
 func (x sender) hold(t Turn, first bool) bool {
 	if !first {
@@ -201,6 +213,10 @@ func (s *Server) anthropic(w http.ResponseWriter, r *http.Request) {
 		x.event("error", map[string]any{"type": "error", "error": map[string]any{"type": "overloaded_error", "message": t.StreamError}})
 		return
 	}
+	if t.Garbage != "" {
+		x.garbage("content_block_delta", t.Garbage)
+		return
+	}
 	for _, c := range t.Calls {
 		x.event("content_block_start", map[string]any{"type": "content_block_start", "index": idx, "content_block": map[string]any{"type": "tool_use", "id": c.ID, "name": c.Name, "input": map[string]any{}}})
 		for _, p := range pieces(c.Input, 7) {
@@ -236,6 +252,10 @@ func (s *Server) openai(w http.ResponseWriter, r *http.Request) {
 	}
 	if t.StreamError != "" {
 		x.event("", map[string]any{"error": map[string]any{"type": "server_error", "message": t.StreamError}})
+		return
+	}
+	if t.Garbage != "" {
+		x.garbage("", t.Garbage)
 		return
 	}
 	for i, c := range t.Calls {

@@ -13,6 +13,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 )
@@ -62,7 +63,9 @@ func Read(r io.Reader, maxLine int, fn func(event string, data []byte) error) er
 				data.WriteByte('\n')
 			}
 		}
-		if err := sc.Err(); err != nil {
+		if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+			return fmt.Errorf("event stream: a line of more than %d bytes, the most read: %w", maxLine, err)
+		} else if err != nil {
 			return err
 		}
 		return dispatch()

@@ -29,6 +29,7 @@ func TestRead(t *testing.T) {
 
 	_, err = readAll(t, "data: "+strings.Repeat("x", 100)+"\n\n", 64)
 	assert.ErrorIs(t, err, bufio.ErrTooLong)
+	assert.ErrorContains(t, err, "event stream: a line of more than", "the cap is named, not only the scanner's words")
 }
 
 func TestReadStops(t *testing.T) {
