@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cellbox/cellbox/internal/chromiumtest"
 	"github.com/cellbox/cellbox/internal/testenv"
 )
 
@@ -90,10 +91,10 @@ func TestPageKeyStaysOnItsOrigin(t *testing.T) {
 	}))
 	defer other.Close()
 
-	page := openPage(t, m[1])
+	page := chromiumtest.Open(t, m[1])
 	var shown bool
 	poll(t, "the page to show the pattern", func() bool {
-		page.eval(`document.querySelectorAll('tr[id^="row-"]').length > 0 && !location.hash`, &shown)
+		page.Eval(`document.querySelectorAll('tr[id^="row-"]').length > 0 && !location.hash`, &shown)
 		return shown
 	})
 	// The live stream, read with fetch and the key as Authorization,
@@ -105,11 +106,11 @@ func TestPageKeyStaysOnItsOrigin(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	poll(t, "the page to show the new value of double (84)", func() bool {
-		page.eval(`document.getElementById('conn').className === 'live' && document.body.textContent.includes('84')`, &shown)
+		page.Eval(`document.getElementById('conn').className === 'live' && document.body.textContent.includes('84')`, &shown)
 		return shown
 	})
 	for _, host := range []string{strings.TrimPrefix(other.URL, "http://"), "localhost:" + strings.TrimPrefix(other.URL, "http://127.0.0.1:")} {
-		page.call(page.session, "Page.navigate", map[string]any{"url": "http://" + host + "/dev-server-page"}, nil)
+		page.Call(page.Session, "Page.navigate", map[string]any{"url": "http://" + host + "/dev-server-page"}, nil)
 	wait:
 		for {
 			select {
@@ -139,7 +140,7 @@ nodes:
 `), "--data", t.TempDir())
 	m := regexp.MustCompile(`page: (\S+) `).FindStringSubmatch(run.out.String())
 	require.NotNil(t, m, run.out.String())
-	page := openPage(t, m[1])
+	page := chromiumtest.Open(t, m[1])
 	type graph struct {
 		Width, Height string
 		Boxes         []string // transform of each box
@@ -149,7 +150,7 @@ nodes:
 	}
 	var g graph
 	poll(t, "the page to draw the graph", func() bool {
-		page.eval(`(() => {
+		page.Eval(`(() => {
 			const svg = document.querySelector('.graph svg');
 			if (!svg) return {};
 			return {
@@ -163,7 +164,7 @@ nodes:
 		return len(g.Boxes) == 4
 	})
 	if dir := os.Getenv("CELLBOX_SCREENSHOTS"); dir != "" {
-		page.screenshot(filepath.Join(dir, "graph-noinputs.png"))
+		page.Screenshot(filepath.Join(dir, "graph-noinputs.png"))
 	}
 	all := strings.Join(append(append([]string{g.Width, g.Height}, g.Boxes...), g.Edges...), " ")
 	assert.NotContains(t, all, "NaN", "%+v", g)

@@ -224,15 +224,28 @@ func (s *Server) handleLoad(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handlePatterns(w http.ResponseWriter, r *http.Request) {
+	cut, err := cutterOf(r)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
 	ins, err := s.Instances()
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
+	for i := range ins {
+		cut.cells(ins[i].Cells)
+	}
 	writeJSON(w, http.StatusOK, ins)
 }
 
 func (s *Server) handlePattern(w http.ResponseWriter, r *http.Request) {
+	cut, err := cutterOf(r)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
 	name := r.PathValue("name")
 	s.mu.Lock()
 	in := s.lookup(name)
@@ -246,6 +259,7 @@ func (s *Server) handlePattern(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	cut.cells(d.Cells)
 	writeJSON(w, http.StatusOK, d)
 }
 
@@ -259,6 +273,11 @@ func (s *Server) handleStop(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleCells(w http.ResponseWriter, r *http.Request) {
+	cut, err := cutterOf(r)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
 	prefix, err := ResolvePrefix(s.store, s.loaded(), r.URL.Query().Get("prefix"))
 	if err != nil {
 		writeErr(w, err)
@@ -268,7 +287,9 @@ func (s *Server) handleCells(w http.ResponseWriter, r *http.Request) {
 	err = s.store.View(func(tx cells.Tx) error {
 		cs, err := tx.List(prefix)
 		for _, c := range cs {
-			list.Cells = append(list.Cells, CellOf(c))
+			cell := CellOf(c)
+			cut.cell(&cell)
+			list.Cells = append(list.Cells, cell)
 		}
 		list.Version = tx.Version()
 		return err

@@ -21,6 +21,12 @@
 //	POST   /v1/retry/{node}          run a failed exec node again → 202 Cell
 //	GET    /v1/graph/{name}?format=dot|mermaid  the instance's graph, as text
 //
+// GET /v1/patterns, /v1/patterns/{name}, /v1/cells and /v1/watch take
+// max_string=N: the values they answer have their strings longer than N
+// bytes cut, and are kept under a bound as a whole (fastjson.Cut); a cell cut
+// so says "cut": true and its whole "size". Without it values are whole;
+// GET /v1/cells/{addr} always answers the whole value.
+//
 // Errors are JSON, always: {"error": "what went wrong and what to do"},
 // plus "suggestion" on a 404 for an unknown cell, and "path", "reason" and
 // "violations" on a 422 for a value its cell's JSON Schema refuses. A PUT to

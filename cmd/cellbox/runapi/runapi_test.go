@@ -656,3 +656,95 @@ func TestCheckJSON(t *testing.T) {
 	assert.NoError(t, runapi.CheckJSON(deep(patterns.MaxDepth)))
 	assert.ErrorContains(t, runapi.CheckJSON(deep(patterns.MaxDepth+2)), "it nests 1002 levels deep; a cell's value may nest at most 1000, as in a pattern")
 }
+
+// TestMaxString: with ?max_string=N the reads of many cells cut long
+// strings in values (keeping their shape and numbers) and say so; without
+// it, and for one cell, values are whole.
+func TestMaxString(t *testing.T) {
+	f := newFixture(t)
+	status, body := f.do(t, "POST", "/v1/patterns", "name: big\ncells:\n  s: 0\n  small: {value: {a: 1}}\nnodes:\n  copy: {computed: '${s}'}\n")
+	require.Equal(t, http.StatusCreated, status, "%v", body)
+	ctx := context.Background()
+	blob := strings.Repeat("x", 10000)
+	whole := `{"blob":"` + blob + `","n":12345678901234567890,"files":{"out.txt":"short"},"list":[1,2.50,"` + blob + `"]}`
+	_, err := f.c.Set(ctx, "s", json.RawMessage(whole))
+	require.NoError(t, err)
+	const cutS = `{"blob":"xxxxxxxxxx…","n":12345678901234567890,"files":{"out.txt":"short"},"list":[1,2.50,"xxxxxxxxxx…"]}`
+	copyWhole := f.value(t, "copy")
+
+	get := func(path string, out any) {
+		t.Helper()
+		resp, err := http.Get(f.url + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, path)
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(out), path)
+	}
+	check := func(what string, cs []runapi.Cell, cut bool) {
+		t.Helper()
+		byName := map[string]runapi.Cell{}
+		for _, c := range cs {
+			byName[c.Address[strings.LastIndex(c.Address, "/")+1:]] = c
+		}
+		s, cp, small := byName["s"], byName["copy"], byName["small"]
+		if cut {
+			assert.True(t, s.Cut && cp.Cut, "%s: the big cells say they are cut", what)
+			assert.Equal(t, []int{len(whole), len(copyWhole)}, []int{s.Size, cp.Size}, "%s: with their whole sizes", what)
+			assert.Equal(t, cutS, string(s.Value), "%s: strings cut; shape, keys and numbers kept", what)
+			assert.True(t, strings.Contains(string(cp.Value), `"blob":"xxxxxxxxxx…"`), "%s: the copy is cut too", what)
+		} else {
+			assert.False(t, s.Cut || cp.Cut, what)
+			assert.Zero(t, s.Size+cp.Size, what)
+			assert.True(t, string(s.Value) == whole && string(cp.Value) == copyWhole, "%s: values whole", what)
+		}
+		assert.False(t, small.Cut, what)
+		assert.Equal(t, `{"a":1}`, string(small.Value), "%s: a small value is untouched", what)
+	}
+
+	var ins, insWhole []runapi.Instance
+	get("/v1/patterns?max_string=10", &ins)
+	require.Len(t, ins, 1)
+	check("GET /v1/patterns?max_string=10", ins[0].Cells, true)
+	get("/v1/patterns", &insWhole)
+	check("GET /v1/patterns", insWhole[0].Cells, false)
+	var in runapi.Instance
+	get("/v1/patterns/big?max_string=10", &in)
+	check("GET /v1/patterns/big?max_string=10", in.Cells, true)
+	var list, listWhole runapi.CellList
+	get("/v1/cells?prefix=big&max_string=10", &list)
+	check("GET /v1/cells?max_string=10", list.Cells, true)
+	get("/v1/cells?prefix=big", &listWhole)
+	check("GET /v1/cells", listWhole.Cells, false)
+	var one runapi.Cell
+	get("/v1/cells/s?max_string=10", &one)
+	assert.True(t, string(one.Value) == whole && !one.Cut, "one cell is always whole")
+	var roomy []runapi.Instance
+	get("/v1/patterns?max_string=10000", &roomy)
+	check("GET /v1/patterns?max_string=10000", roomy[0].Cells, false)
+
+	// The watch: its snapshot and its live batches.
+	events := sse(t, f.url+"/v1/watch?prefix=big&max_string=10", "")
+	first := <-events
+	require.True(t, first.batch.Snapshot)
+	var cs []runapi.Cell
+	for _, ch := range first.batch.Changes {
+		cs = append(cs, ch.Cell)
+	}
+	check("watch snapshot", cs, true)
+	_, err = f.c.Set(ctx, "s", json.RawMessage(`"`+blob+`y"`))
+	require.NoError(t, err)
+	next := <-events
+	assert.Equal(t, map[string]string{"default/big/s": `"xxxxxxxxxx…"`, "default/big/copy": `"xxxxxxxxxx…"`}, values(next.batch))
+	for _, ch := range next.batch.Changes {
+		assert.True(t, ch.Cell.Cut, ch.Cell.Address)
+		assert.Equal(t, len(blob)+3, ch.Cell.Size, ch.Cell.Address)
+	}
+	plain := <-sse(t, f.url+"/v1/watch?prefix=big", "")
+	assert.True(t, values(plain.batch)["default/big/s"] == `"`+blob+`y"`, "a watch without max_string is whole")
+
+	for _, path := range []string{"/v1/patterns?max_string=x", "/v1/patterns/big?max_string=-1", "/v1/cells?max_string=", "/v1/watch?max_string=1e3"} {
+		status, body := f.do(t, "GET", path, "")
+		assert.Equal(t, http.StatusBadRequest, status, path)
+		assert.Contains(t, body["error"], "max_string", path)
+	}
+}

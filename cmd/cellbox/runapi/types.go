@@ -20,6 +20,11 @@ type Cell struct {
 	Version uint64    `json:"version"`
 	Changed time.Time `json:"changed"`
 	Stream  bool      `json:"stream,omitempty"`
+	// Cut says Value is not whole: a read with max_string cut it (see
+	// fastjson.Cut); Size is then the whole value's length in bytes. GET
+	// /v1/cells/{addr} answers it whole.
+	Cut  bool `json:"cut,omitempty"`
+	Size int  `json:"size,omitempty"`
 }
 
 // Event is an event queued on a stream.
@@ -27,6 +32,9 @@ type Event struct {
 	ID      uint64          `json:"id"`
 	Payload json.RawMessage `json:"payload"`
 	Sent    time.Time       `json:"sent"`
+	// Cut and Size: as a Cell's, for the payload.
+	Cut  bool `json:"cut,omitempty"`
+	Size int  `json:"size,omitempty"`
 }
 
 // Change is one cell's change in a commit.

@@ -18,6 +18,11 @@ const pingEvery = 15 * time.Second
 
 func (s *Server) handleWatch(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
+	cut, err := cutterOf(r)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
 	prefix, err := ResolvePrefix(s.store, s.loaded(), q.Get("prefix"))
 	if err != nil {
 		writeErr(w, err)
@@ -55,7 +60,7 @@ func (s *Server) handleWatch(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	if first != nil {
-		if writeEvent(w, *first) != nil {
+		if writeEvent(w, *first, cut) != nil {
 			return
 		}
 	}
@@ -68,7 +73,7 @@ func (s *Server) handleWatch(w http.ResponseWriter, r *http.Request) {
 			if !ok {
 				return
 			}
-			if writeEvent(w, b) != nil || b.Err != nil {
+			if writeEvent(w, b, cut) != nil || b.Err != nil {
 				if b.Err != nil {
 					flusher.Flush()
 					s.log.Error("watch ended", "prefix", prefix, "error", b.Err)
@@ -124,9 +129,11 @@ func Snapshot(store cells.Store, prefix string) (cells.Batch, error) {
 }
 
 // writeEvent writes one batch as a server-sent event whose id is its
-// version.
-func writeEvent(w http.ResponseWriter, b cells.Batch) error {
-	data, err := json.Marshal(BatchOf(b))
+// version, its values cut as the request asked.
+func writeEvent(w http.ResponseWriter, b cells.Batch, cut cutter) error {
+	out := BatchOf(b)
+	cut.batch(&out)
+	data, err := json.Marshal(out)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,10 @@
-package main
+// Package chromiumtest drives a headless Chromium for the tests of the
+// pages cellbox serves (the runtime's web page, a box's preview), over
+// the DevTools protocol on a pipe. Hand-written on purpose: the few
+// commands the tests send (create a target, evaluate, screenshot) are a
+// page of code, where chromedp brings a protocol generator's worth of
+// packages.
+package chromiumtest
 
 import (
 	"bufio"
@@ -15,18 +21,18 @@ import (
 	"github.com/cellbox/cellbox/internal/testenv"
 )
 
-// browser is a headless Chromium driven over the DevTools protocol on a
+// Browser is a headless Chromium driven over the DevTools protocol on a
 // pipe (--remote-debugging-pipe: NUL-terminated JSON messages on fds 3
 // and 4). --dump-dom cannot wait for a page that keeps an EventSource
 // open (virtual time stops while a fetch is pending), so tests that read
 // the live page ask the page itself, with Runtime.evaluate.
-type browser struct {
+type Browser struct {
 	t       *testing.T
 	in      *os.File // chromium reads commands here (its fd 3)
 	mu      sync.Mutex
 	next    int
 	waiting map[int]chan cdpReply
-	session string // of the page target
+	Session string // of the page target
 }
 
 type cdpReply struct {
@@ -34,9 +40,9 @@ type cdpReply struct {
 	Error  *struct{ Message string }
 }
 
-// openPage starts Chromium on url and returns once the page target is
+// Open starts Chromium on url and returns once the page target is
 // attached.
-func openPage(t *testing.T, url string) *browser {
+func Open(t *testing.T, url string) *Browser {
 	t.Helper()
 	chromium, err := exec.LookPath("chromium")
 	if err != nil {
@@ -57,7 +63,7 @@ func openPage(t *testing.T, url string) *browser {
 	require.NoError(t, cmd.Start())
 	cmdR.Close()
 	outW.Close()
-	b := &browser{t: t, in: cmdW, waiting: map[int]chan cdpReply{}}
+	b := &Browser{t: t, in: cmdW, waiting: map[int]chan cdpReply{}}
 	t.Cleanup(func() {
 		// Closing the DevTools pipe makes Chromium quit with its child
 		// processes, which a kill leaves writing into the profile
@@ -98,16 +104,16 @@ func openPage(t *testing.T, url string) *browser {
 		}
 	}()
 	var target struct{ TargetID string }
-	b.call("", "Target.createTarget", map[string]any{"url": url}, &target)
+	b.Call("", "Target.createTarget", map[string]any{"url": url}, &target)
 	var att struct{ SessionID string }
-	b.call("", "Target.attachToTarget", map[string]any{"targetId": target.TargetID, "flatten": true}, &att)
-	b.session = att.SessionID
+	b.Call("", "Target.attachToTarget", map[string]any{"targetId": target.TargetID, "flatten": true}, &att)
+	b.Session = att.SessionID
 	return b
 }
 
-// call sends one command (to the page's session unless session is "")
+// Call sends one command (to the page's session unless session is "")
 // and decodes its result into out.
-func (b *browser) call(session, method string, params any, out any) {
+func (b *Browser) Call(session, method string, params any, out any) {
 	b.t.Helper()
 	b.mu.Lock()
 	b.next++
@@ -136,15 +142,15 @@ func (b *browser) call(session, method string, params any, out any) {
 	}
 }
 
-// eval evaluates a JavaScript expression in the page and decodes its
+// Eval evaluates a JavaScript expression in the page and decodes its
 // (JSON-able) value into out.
-func (b *browser) eval(expr string, out any) {
+func (b *Browser) Eval(expr string, out any) {
 	b.t.Helper()
 	var r struct {
 		Result           struct{ Value json.RawMessage }
 		ExceptionDetails *struct{ Text string }
 	}
-	b.call(b.session, "Runtime.evaluate", map[string]any{"expression": expr, "returnByValue": true}, &r)
+	b.Call(b.Session, "Runtime.evaluate", map[string]any{"expression": expr, "returnByValue": true}, &r)
 	if r.ExceptionDetails != nil {
 		b.t.Fatalf("evaluate %s: %s", expr, r.ExceptionDetails.Text)
 	}
@@ -153,11 +159,11 @@ func (b *browser) eval(expr string, out any) {
 	}
 }
 
-// screenshot saves the page as a PNG (for a person to look at).
-func (b *browser) screenshot(path string) {
+// Screenshot saves the page as a PNG (for a person to look at).
+func (b *Browser) Screenshot(path string) {
 	b.t.Helper()
 	var r struct{ Data []byte }
-	b.call(b.session, "Page.captureScreenshot", map[string]any{"format": "png", "captureBeyondViewport": true}, &r)
+	b.Call(b.Session, "Page.captureScreenshot", map[string]any{"format": "png", "captureBeyondViewport": true}, &r)
 	require.NoError(b.t, os.WriteFile(path, r.Data, 0o644))
 	b.t.Logf("screenshot: %s", path)
 }
