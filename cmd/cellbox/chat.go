@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
 
 	"github.com/cellbox/cellbox/builtins"
@@ -30,6 +31,9 @@ type chatOptions struct {
 	allow              []string
 	maxTurns           int
 	ready              func() // called once the tools are bound, before the first prompt
+	// interrupt delivers Ctrl-C: it ends the exchange in flight (the
+	// conversation goes on), or at the prompt the chat. nil: none.
+	interrupt <-chan os.Signal
 }
 
 func runChat(ctx context.Context, args []string) error {
@@ -60,8 +64,15 @@ func runChat(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	opts := chatOptions{model: *model, system: *system, box: *box, maxTurns: *maxTurns, ready: func() {
-		fmt.Fprintf(os.Stderr, "chatting with %s %s in box %q; an empty line or Ctrl-D ends\n", *provider, *model, *box)
+	// Ctrl-C is the chat's own (interrupt), not the end of ctx, which
+	// SIGTERM still brings: a Ctrl-C that cancelled ctx failed every later
+	// message, and nothing but EOF ended the chat.
+	signal.Reset(os.Interrupt)
+	interrupt := make(chan os.Signal, 1)
+	signal.Notify(interrupt, os.Interrupt)
+	defer signal.Stop(interrupt)
+	opts := chatOptions{model: *model, system: *system, box: *box, maxTurns: *maxTurns, interrupt: interrupt, ready: func() {
+		fmt.Fprintf(os.Stderr, "chatting with %s %s in box %q; Ctrl-C stops an answer, an empty line, Ctrl-D or Ctrl-C at the prompt ends\n", *provider, *model, *box)
 	}}
 	if *allow != "" {
 		opts.allow = strings.Split(*allow, ",")
@@ -93,20 +104,40 @@ func chat(ctx context.Context, in io.Reader, out io.Writer, c sandboxclient.Clie
 	}
 	run := ts.Runner(c, o.box)
 	var history []llm.Message
-	sc := bufio.NewScanner(in)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	lines, readErr := readLines(ctx, in)
 	for {
 		fmt.Fprint(out, "> ")
-		if !sc.Scan() {
+		var line string
+		select {
+		case <-ctx.Done(): // SIGTERM
 			fmt.Fprintln(out)
-			return sc.Err()
+			return nil
+		case <-o.interrupt: // Ctrl-C at the prompt
+			fmt.Fprintln(out)
+			return nil
+		case l, ok := <-lines:
+			if !ok {
+				fmt.Fprintln(out)
+				return <-readErr
+			}
+			line = strings.TrimSpace(l)
 		}
-		line := strings.TrimSpace(sc.Text())
 		if line == "" || line == "/quit" {
 			return nil
 		}
+		turn, endTurn := context.WithCancel(ctx)
+		answered, cut := make(chan struct{}), make(chan bool, 1)
+		go func() {
+			select {
+			case <-o.interrupt:
+				endTurn()
+				cut <- true
+			case <-answered:
+				cut <- false
+			}
+		}()
 		req := llm.Request{Model: o.model, System: o.system, Tools: ts.Tools, Messages: append(history, llm.Text("user", line))}
-		res, err := llm.Loop(ctx, p, req, run, o.maxTurns, llm.LoopHooks{
+		res, err := llm.Loop(turn, p, req, run, o.maxTurns, llm.LoopHooks{
 			Unknown: ts.Unknown,
 			Text:    func(_ int, piece string) { fmt.Fprint(out, printableLines(piece)) },
 			ToolCall: func(call llm.ToolCall) {
@@ -123,7 +154,17 @@ func chat(ctx context.Context, in io.Reader, out io.Writer, c sandboxclient.Clie
 				fmt.Fprintf(out, "%s %s\n", mark, printableLines(result))
 			},
 		})
+		close(answered)
+		interrupted := <-cut
+		endTurn()
 		fmt.Fprintln(out)
+		if ctx.Err() != nil { // SIGTERM
+			return nil
+		}
+		if err != nil && interrupted {
+			fmt.Fprintln(out, "interrupted: that message and its answer are dropped; the conversation goes on")
+			continue
+		}
 		if err != nil {
 			// The conversation goes on without the failed exchange.
 			if errors.Is(err, llm.ErrMaxTurns) {
@@ -135,4 +176,27 @@ func chat(ctx context.Context, in io.Reader, out io.Writer, c sandboxclient.Clie
 		history = res.Messages
 		fmt.Fprintf(out, "[%d turns, %d+%d tokens]\n", res.Turns, res.Usage.InputTokens, res.Usage.OutputTokens)
 	}
+}
+
+// readLines reads in's lines into the channel it returns (closed at the
+// end of in, when the error channel gets sc.Err()), so that the prompt can
+// wait for a line, a Ctrl-C or ctx at once. It stops sending when ctx
+// ends.
+func readLines(ctx context.Context, in io.Reader) (<-chan string, <-chan error) {
+	lines, errc := make(chan string), make(chan error, 1)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(in)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			case <-ctx.Done():
+				errc <- nil
+				return
+			}
+		}
+		errc <- sc.Err()
+	}()
+	return lines, errc
 }

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"io"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -108,4 +111,46 @@ func TestChatShowsControlsAndFlag(t *testing.T) {
 	assert.Contains(t, printed, `\x1b]0;pwned\x07hello`)
 	assert.Contains(t, printed, "raise --max-turns")
 	assert.NotContains(t, printed, "raise max_turns")
+}
+
+// TestChatInterrupt: Ctrl-C while the model answers ends that exchange and
+// the next message is answered (before, a Ctrl-C failed every later
+// message, "interrupt signal received"); Ctrl-C at the prompt ends the
+// chat.
+func TestChatInterrupt(t *testing.T) {
+	svc, _ := boxtest.Service(t, boxtest.Options{})
+	id, _, err := svc.NewSession(context.Background())
+	require.NoError(t, err)
+	hold, started := make(chan struct{}), make(chan struct{})
+	defer close(hold)
+	s := llmtest.New(t,
+		llmtest.Turn{Text: "a long answer", Hold: hold, Started: started},
+		llmtest.Turn{Text: "the second answer"},
+	)
+	env := s.Env()
+	p, err := llm.New("openai", func(k string) string { return env[k] }, s.Client())
+	require.NoError(t, err)
+
+	inR, inW := io.Pipe()
+	interrupt := make(chan os.Signal, 1)
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- chat(context.Background(), inR, &out, svc.Client(id), p, chatOptions{model: "m", box: "chat", allow: []string{"shell"}, maxTurns: 2, interrupt: interrupt})
+	}()
+	io.WriteString(inW, "first\n")
+	<-started
+	interrupt <- os.Interrupt // while the model streams
+	io.WriteString(inW, "second\n")
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "the second answer") }, 30*time.Second, 10*time.Millisecond, "the next message is answered: %s", &out)
+	assert.Contains(t, out.String(), "interrupted: that message and its answer are dropped")
+	require.Eventually(t, func() bool { return strings.HasSuffix(out.String(), "> ") }, 5*time.Second, 10*time.Millisecond)
+	interrupt <- os.Interrupt // at the prompt
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Ctrl-C at the prompt did not end the chat")
+	}
+	assert.NotContains(t, s.Requests()[1].Raw, "first", "the interrupted exchange is not in the conversation")
 }
