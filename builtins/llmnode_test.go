@@ -3,6 +3,7 @@ package builtins_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -346,36 +347,57 @@ func TestLLMHistoryCapsToolInput(t *testing.T) {
 // TestLLMResumesAfterRestart: a runner stopped mid-loop resumes after the
 // last finished step: the model call and the tool call that completed are
 // not repeated (the command ran once in the box), the call in flight is.
+// So does a node with cache: false (before, it ran every step again: its
+// steps were kept only in the memo cache), while a later run of its same
+// inputs starts afresh.
 func TestLLMResumesAfterRestart(t *testing.T) {
-	b := newBox(t)
-	started, hold := make(chan struct{}), make(chan struct{})
-	s := llmtest.New(t,
-		llmtest.Turn{Calls: []llmtest.Call{{ID: "a", Name: "shell", Input: `{"command":"echo ran >> /workspace/log"}`}}},
-		llmtest.Turn{Text: "interrupted", Started: started, Hold: hold},
-		llmtest.Turn{Text: "finished"},
-	)
-	withServer(b, s)
-	p := strings.Replace(agentPattern, "PROVIDER", "openai", 1)
-	store, err := cells.OpenBolt(filepath.Join(t.TempDir(), "cells.db"), cells.Options{NoSync: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
-	r := b.loadOn(t, store, p, nil)
-	r.settle()
-	r.set("task", `"log once"`)
-	<-started
-	r.close(runtime.Shutdown) // the runner stops with the second model call in flight
-	close(hold)
+	for _, cache := range []bool{true, false} {
+		t.Run(fmt.Sprintf("cache %v", cache), func(t *testing.T) {
+			b := newBox(t)
+			started, hold := make(chan struct{}), make(chan struct{})
+			s := llmtest.New(t,
+				llmtest.Turn{Calls: []llmtest.Call{{ID: "a", Name: "shell", Input: `{"command":"echo ran >> /workspace/log"}`}}},
+				llmtest.Turn{Text: "interrupted", Started: started, Hold: hold},
+				llmtest.Turn{Text: "finished"},
+				llmtest.Turn{Calls: []llmtest.Call{{ID: "b", Name: "shell", Input: `{"command":"echo again >> /workspace/log"}`}}},
+				llmtest.Turn{Text: "once more"},
+			)
+			withServer(b, s)
+			p := strings.Replace(agentPattern, "PROVIDER", "openai", 1)
+			if !cache {
+				p = strings.Replace(p, "      max_turns: 8\n", "      max_turns: 8\n      cache: false\n", 1)
+			}
+			store, err := cells.OpenBolt(filepath.Join(t.TempDir(), "cells.db"), cells.Options{NoSync: true})
+			require.NoError(t, err)
+			t.Cleanup(func() { store.Close() })
+			r := b.loadOn(t, store, p, nil)
+			r.settle()
+			r.set("task", `"log once"`)
+			<-started
+			r.close(runtime.Shutdown) // the runner stops with the second model call in flight
+			close(hold)
 
-	r2 := b.loadOn(t, store, p, nil)
-	r2.settle()
-	out := r2.llm("agent")
-	require.Nil(t, out.Error)
-	assert.Equal(t, "finished", out.Result.Text)
-	assert.Equal(t, 2, out.Result.Turns)
-	require.Len(t, s.Requests(), 3, "the first model call is not repeated")
-	log, ok := b.read(r2.sandbox("box").Box, "/workspace/log")
-	require.True(t, ok)
-	assert.Equal(t, "ran\n", log, "the tool call is not repeated")
+			r2 := b.loadOn(t, store, p, nil)
+			r2.settle()
+			out := r2.llm("agent")
+			require.Nil(t, out.Error)
+			assert.Equal(t, "finished", out.Result.Text)
+			assert.Equal(t, 2, out.Result.Turns)
+			require.Len(t, s.Requests(), 3, "the first model call is not repeated")
+			log, ok := b.read(r2.sandbox("box").Box, "/workspace/log")
+			require.True(t, ok)
+			assert.Equal(t, "ran\n", log, "the tool call is not repeated")
+			if cache {
+				return
+			}
+			// Away and back: without the cache, the same inputs run again,
+			// none of the earlier run's steps recalled.
+			r2.set("task", `"something else"`)
+			r2.set("task", `"log once"`)
+			r2.settle()
+			assert.Equal(t, "once more", r2.llm("agent").Result.Text)
+		})
+	}
 }
 
 // TestLLMDefaultProvider: a node without provider takes the runner's

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -16,6 +17,11 @@ import (
 type nodeState struct {
 	Key     string `json:"key"`
 	Pending bool   `json:"pending"`
+	// Run names a pending run of a node that does not memoize (cache:
+	// false): its steps are kept under it, so that the same run, started
+	// again after a restart, recalls them (RecallStep), and a later run
+	// of the same inputs does not.
+	Run string `json:"run,omitempty"`
 }
 
 // envelope is an async node's output cell.
@@ -53,7 +59,7 @@ func (b *batch) decideAsync(n *node, in Inputs, inErr string, waiting bool) {
 			b.r.log.Warn("read the memo cache; running instead", "node", n.addr.String(), "error", err)
 		}
 		if ok {
-			b.writeAsync(n, envelope{Result: res}, key, false)
+			b.writeAsync(n, envelope{Result: res}, key, false, "")
 			b.status = append(b.status, Status{Node: n.addr, Kind: Cached})
 			b.then(func() {
 				n.abort()
@@ -68,12 +74,29 @@ func (b *batch) decideAsync(n *node, in Inputs, inErr string, waiting bool) {
 	// for a success (error null) until the new run ends.
 	var prev envelope
 	_ = json.Unmarshal(b.get(n.out).raw, &prev)
-	b.writeAsync(n, envelope{Pending: true, Result: prev.Result, Error: prev.Error}, key, true)
+	// A run that does not memoize keeps its steps under a name of its
+	// own: the one it had when it is the same pending run started again
+	// (a restart), a new one for a new run.
+	run := ""
+	if !memo {
+		run = n.run
+		if key != n.key || !n.pending || run == "" {
+			run = newRunName()
+		}
+	}
+	b.writeAsync(n, envelope{Pending: true, Result: prev.Result, Error: prev.Error}, key, true, run)
 	b.then(func() {
 		n.abort()
-		n.key, n.pending = key, true
+		n.key, n.pending, n.run = key, true, run
 		b.r.startRun(n, key, memo, in)
 	})
+}
+
+// newRunName names a run that does not memoize (nodeState.Run).
+func newRunName() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // failAsync fails n without running it (an input failed, or Key did). A
@@ -84,7 +107,7 @@ func (b *batch) failAsync(n *node, msg string) {
 	if n.key == "" && !n.pending && n.cur == 0 && n.err == msg {
 		return
 	}
-	b.writeAsync(n, envelope{Error: &msg}, "", false)
+	b.writeAsync(n, envelope{Error: &msg}, "", false, "")
 	b.status = append(b.status, Status{Node: n.addr, Kind: Failed, Err: msg})
 	b.then(func() {
 		n.abort()
@@ -92,8 +115,9 @@ func (b *batch) failAsync(n *node, msg string) {
 	})
 }
 
-// writeAsync writes an async node's output and durable state.
-func (b *batch) writeAsync(n *node, env envelope, key string, pending bool) {
+// writeAsync writes an async node's output and durable state (run: the
+// pending run's name, nodeState.Run).
+func (b *batch) writeAsync(n *node, env envelope, key string, pending bool, run string) {
 	raw, err := encode(env)
 	if err == nil {
 		_, err = b.setCompact(n.out, raw)
@@ -101,7 +125,7 @@ func (b *batch) writeAsync(n *node, env envelope, key string, pending bool) {
 	if err != nil {
 		b.setError(n.out, err.Error())
 	}
-	st, _ := json.Marshal(nodeState{Key: key, Pending: pending})
+	st, _ := json.Marshal(nodeState{Key: key, Pending: pending, Run: run})
 	if err := b.tx.Meta(bucketNodes).Put(n.addr.String(), st); err != nil {
 		b.r.log.Error("save node state", "node", n.addr.String(), "error", err)
 	}
@@ -134,7 +158,9 @@ func (r *Runtime) startRun(n *node, key string, memo bool, in Inputs) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ctx = context.WithValue(ctx, progressKey{}, func(v any) error { return r.progress(n, id, key, v) })
 	if memo {
-		ctx = context.WithValue(ctx, stepsKey{}, r)
+		ctx = context.WithValue(ctx, stepsKey{}, steps{r: r})
+	} else if n.run != "" {
+		ctx = context.WithValue(ctx, stepsKey{}, steps{r: r, run: n.run + ":"})
 	}
 	n.cur, n.cancel = id, cancel
 	r.begin()
@@ -174,12 +200,21 @@ func (r *Runtime) progress(n *node, id uint64, key string, v any) error {
 		return nil
 	}
 	return r.batch(func(b *batch) error {
-		b.writeAsync(n, envelope{Pending: true, Result: raw}, key, true)
+		b.writeAsync(n, envelope{Pending: true, Result: raw}, key, true, n.run)
 		return nil
 	})
 }
 
 type stepsKey struct{}
+
+// steps is where a run's steps are kept: the memo cache, under their keys
+// (a memoizing run: the same inputs recall them, at a restart or a
+// revert), or under the run's name and their keys (one that does not:
+// only the same run, started again, recalls them).
+type steps struct {
+	r   *Runtime
+	run string
+}
 
 // RecallStep returns what RememberStep stored under key, for an async run
 // made of steps (an llm tool loop's model calls and tool calls): a run
@@ -187,13 +222,14 @@ type stepsKey struct{}
 // finished. Steps share the memo cache (and its size limit) with results;
 // a node whose Key says memo: false has none (ok is false).
 func RecallStep(ctx context.Context, key string) (raw json.RawMessage, ok bool) {
-	r, _ := ctx.Value(stepsKey{}).(*Runtime)
+	st, _ := ctx.Value(stepsKey{}).(steps)
+	r := st.r
 	if r == nil {
 		return nil, false
 	}
 	err := r.store.Update(func(tx cells.Tx) error {
 		var err error
-		raw, ok, err = r.memo(tx).get(key)
+		raw, ok, err = r.memo(tx).get(st.run + key)
 		return err
 	})
 	if err != nil {
@@ -205,7 +241,8 @@ func RecallStep(ctx context.Context, key string) (raw json.RawMessage, ok bool) 
 
 // RememberStep stores a finished step's value under key (see RecallStep).
 func RememberStep(ctx context.Context, key string, v any) error {
-	r, _ := ctx.Value(stepsKey{}).(*Runtime)
+	st, _ := ctx.Value(stepsKey{}).(steps)
+	r := st.r
 	if r == nil {
 		return nil
 	}
@@ -213,7 +250,7 @@ func RememberStep(ctx context.Context, key string, v any) error {
 	if err != nil {
 		return err
 	}
-	return r.store.Update(func(tx cells.Tx) error { return r.memo(tx).put(key, raw) })
+	return r.store.Update(func(tx cells.Tx) error { return r.memo(tx).put(st.run+key, raw) })
 }
 
 // storeRetries are the pauses between attempts to store a run's result
@@ -261,7 +298,7 @@ func (r *Runtime) storeRun(n *node, id uint64, key string, memo bool, env envelo
 		return true
 	}
 	err := r.batch(func(b *batch) error {
-		b.writeAsync(n, env, key, false)
+		b.writeAsync(n, env, key, false, "")
 		if memo {
 			if err := r.memo(b.tx).put(key, raw); err != nil {
 				return fmt.Errorf("memoize %s: %w", n.addr, err)
@@ -277,7 +314,7 @@ func (r *Runtime) storeRun(n *node, id uint64, key string, memo bool, env envelo
 	n.cur, n.cancel = 0, nil
 	if err != nil {
 		msg := fmt.Sprintf("store the run's result: %v (retry the node once the store takes writes again)", err)
-		if werr := r.batch(func(b *batch) error { b.writeAsync(n, envelope{Error: &msg}, key, false); return nil }); werr != nil {
+		if werr := r.batch(func(b *batch) error { b.writeAsync(n, envelope{Error: &msg}, key, false, ""); return nil }); werr != nil {
 			// Nothing can be written: the cell stays pending and the run
 			// runs again on the next start; the node's state says why.
 			msg += fmt.Sprintf("; storing this error failed too (%v): the run stays pending and runs again on the next start", werr)

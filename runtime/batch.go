@@ -46,6 +46,7 @@ type node struct {
 	// async
 	key     string // key of the current or last run
 	pending bool
+	run     string // the pending run's name (nodeState.Run), if it does not memoize
 	cur     uint64 // id of the run in flight, 0 if none
 	cancel  func()
 
@@ -435,7 +436,7 @@ func (b *batch) load(pat *pattern, p Pattern) error {
 			if raw, ok := nodes.Get(n.addr.String()); ok {
 				var st nodeState
 				if err := json.Unmarshal(raw, &st); err == nil {
-					n.key, n.pending = st.Key, st.Pending
+					n.key, n.pending, n.run = st.Key, st.Pending, st.Run
 				}
 			}
 			// A failure an earlier process stored stands until the node
