@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -102,7 +103,8 @@ func RepoRoot() string {
 func CellboxBinary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "cellbox-testbin-")
+		sweepTestBinaries()
+		dir, err := os.MkdirTemp("", testBinPrefix+strconv.Itoa(os.Getpid())+"-")
 		if err != nil {
 			buildErr = err
 			return
@@ -121,6 +123,31 @@ func CellboxBinary(t testing.TB) string {
 		t.Fatalf("build cellbox: %v", buildErr)
 	}
 	return buildPath
+}
+
+// testBinPrefix names the directories CellboxBinary builds into: the
+// prefix, the building process's pid, "-" and a random suffix.
+const testBinPrefix = "cellbox-testbin-"
+
+// sweepTestBinaries removes the binaries that test processes no longer
+// running built (a test binary has no hook at its exit to remove its own):
+// each is 27 MB, one per package per run, and they filled /tmp (1.9 GB
+// after a few runs of the suite here). A directory of the earlier layout
+// (no pid) goes once it is an hour old.
+func sweepTestBinaries() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), testBinPrefix+"*"))
+	for _, dir := range dirs {
+		rest := strings.TrimPrefix(filepath.Base(dir), testBinPrefix)
+		pidText, _, hasPid := strings.Cut(rest, "-")
+		if pid, err := strconv.Atoi(pidText); hasPid && err == nil {
+			if pid == os.Getpid() || unix.Kill(pid, 0) != unix.ESRCH {
+				continue // its process may still use it
+			}
+		} else if fi, err := os.Stat(dir); err != nil || time.Since(fi.ModTime()) < time.Hour {
+			continue
+		}
+		os.RemoveAll(dir)
+	}
 }
 
 type buildError struct {
