@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"slices"
@@ -194,6 +195,9 @@ func (l *LLM) resolve(in runtime.Inputs) (llmJob, error) {
 	if n, ok, err := num(l.spec.MaxTokens, "max_tokens"); err != nil {
 		return job, err
 	} else if ok {
+		if n != math.Trunc(n) {
+			return job, fmt.Errorf("max_tokens is %v: give a whole number", n)
+		}
 		job.Request.MaxTokens = int(n)
 	}
 	if n, ok, err := num(l.spec.Temperature, "temperature"); err != nil {
@@ -204,8 +208,8 @@ func (l *LLM) resolve(in runtime.Inputs) (llmJob, error) {
 	if n, ok, err := num(l.spec.MaxTurns, "max_turns"); err != nil {
 		return job, err
 	} else if ok {
-		if n < 1 {
-			return job, fmt.Errorf("max_turns is %v: give at least 1", n)
+		if n < 1 || n != math.Trunc(n) {
+			return job, fmt.Errorf("max_turns is %v: give a whole number, at least 1", n)
 		}
 		job.MaxTurns = int(n)
 	}

@@ -568,3 +568,23 @@ func TestLLMMadeBoxesGoWithThePattern(t *testing.T) {
 	assert.Empty(t, b.list(t), "the forks went with the pattern's box")
 	assert.Empty(t, r.sandbox("box").Made)
 }
+
+// TestLLMWholeNumbers: max_turns and max_tokens of 1.5 fail the node
+// saying so (they were cut to 1 without a word).
+func TestLLMWholeNumbers(t *testing.T) {
+	b := newBox(t)
+	s := llmtest.New(t)
+	withServer(b, s)
+	r := b.load(t, `
+name: whole
+nodes:
+  a: {llm: {provider: openai, model: m, prompt: hi, max_turns: 1.5}}
+  b: {llm: {provider: openai, model: m, prompt: hi, max_tokens: 99.9}}
+`, nil)
+	r.settle()
+	require.NotNil(t, r.llm("a").Error)
+	assert.Contains(t, *r.llm("a").Error, "max_turns is 1.5: give a whole number, at least 1")
+	require.NotNil(t, r.llm("b").Error)
+	assert.Contains(t, *r.llm("b").Error, "max_tokens is 99.9: give a whole number")
+	assert.Empty(t, s.Requests(), "no model was called")
+}
