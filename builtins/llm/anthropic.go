@@ -66,7 +66,7 @@ func (a *anthropic) Stream(ctx context.Context, req Request, onText func(string)
 		}
 		body.Messages = append(body.Messages, am)
 	}
-	resp, err := post(ctx, a.http, "anthropic", a.base+"/v1/messages", map[string]string{
+	resp, err := post(ctx, a.http, "anthropic", endpoint(a.base, "/v1/messages"), map[string]string{
 		"x-api-key":         a.key,
 		"anthropic-version": "2023-06-01",
 	}, body)

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -188,7 +189,7 @@ func New(name string, getenv Getenv, hc *http.Client) (Provider, error) {
 		if key == "" {
 			return nil, errors.New("provider anthropic: no API key: set ANTHROPIC_API_KEY in cellbox's environment")
 		}
-		return redacting{&anthropic{http: hc, base: base, key: key}, key}, nil
+		return redacting{&anthropic{http: hc, base: base, key: key}, secretsOf(key, base)}, nil
 	case "openai":
 		base := strings.TrimRight(getenv("OPENAI_BASE_URL"), "/")
 		if base == "" {
@@ -198,7 +199,7 @@ func New(name string, getenv Getenv, hc *http.Client) (Provider, error) {
 		if key == "" && base == "https://api.openai.com/v1" {
 			return nil, errors.New("provider openai: no API key: set OPENAI_API_KEY in cellbox's environment (or OPENAI_BASE_URL to a local OpenAI-compatible server)")
 		}
-		return redacting{&openAI{http: hc, base: base, key: key}, key}, nil
+		return redacting{&openAI{http: hc, base: base, key: key}, secretsOf(key, base)}, nil
 	case "":
 		return nil, fmt.Errorf("no provider: set provider to one of %s", strings.Join(Providers, ", "))
 	default:
@@ -217,35 +218,72 @@ func New(name string, getenv Getenv, hc *http.Client) (Provider, error) {
 // statuses were redacted).
 type redacting struct {
 	Provider
-	key string
+	secrets []string
+}
+
+// secretsOf are what a provider's errors must not show: its key, and the
+// values of its base URL's query (an Azure-style api-key=…), each at least
+// 8 bytes (a local server's placeholder key is no secret).
+func secretsOf(key, base string) []string {
+	var out []string
+	if len(key) >= 8 {
+		out = append(out, key)
+	}
+	if u, err := url.Parse(base); err == nil {
+		for _, vs := range u.Query() {
+			for _, v := range vs {
+				if len(v) >= 8 {
+					out = append(out, v)
+				}
+			}
+		}
+	}
+	return out
 }
 
 func (r redacting) Stream(ctx context.Context, req Request, onText func(string)) (Response, error) {
 	resp, err := r.Provider.Stream(ctx, req, onText)
-	if err == nil || len(r.key) < 8 { // a local server's placeholder key is no secret
+	if err == nil || len(r.secrets) == 0 {
 		return resp, err
 	}
 	var api *APIError
 	if errors.As(err, &api) {
-		api.Type = strings.ReplaceAll(api.Type, r.key, "[redacted]")
-		api.Message = strings.ReplaceAll(api.Message, r.key, "[redacted]")
+		api.Type, api.Message = redact(api.Type, r.secrets), redact(api.Message, r.secrets)
 	}
-	if strings.Contains(err.Error(), r.key) { // in another error's text
-		err = &redactedError{err: err, key: r.key}
+	if msg := err.Error(); redact(msg, r.secrets) != msg { // in another error's text
+		err = &redactedError{err: err, secrets: r.secrets}
 	}
 	return resp, err
 }
 
-// redactedError is err with its message's key replaced by [redacted]; it
-// unwraps to err, so that callers still tell a cancellation or an
-// *APIError by type.
-type redactedError struct {
-	err error
-	key string
+func redact(s string, secrets []string) string {
+	for _, v := range secrets {
+		s = strings.ReplaceAll(s, v, "[redacted]")
+	}
+	return s
 }
 
-func (e *redactedError) Error() string { return strings.ReplaceAll(e.err.Error(), e.key, "[redacted]") }
+// redactedError is err with its message's secrets replaced by [redacted];
+// it unwraps to err, so that callers still tell a cancellation or an
+// *APIError by type.
+type redactedError struct {
+	err     error
+	secrets []string
+}
+
+func (e *redactedError) Error() string { return redact(e.err.Error(), e.secrets) }
 func (e *redactedError) Unwrap() error { return e.err }
+
+// endpoint is the URL of path under a provider's base URL, whose query
+// (an Azure-style api-version or api-key) stays at the end: appended as
+// text, the path went after the query.
+func endpoint(base, path string) string {
+	u, err := url.Parse(base)
+	if err != nil {
+		return base + path // post reports the bad URL
+	}
+	return u.JoinPath(path).String()
+}
 
 type APIError struct {
 	Provider string

@@ -208,6 +208,27 @@ func TestErrors(t *testing.T) {
 				}
 			})
 		}
+		t.Run(name+"/a base URL with a query", func(t *testing.T) {
+			// An Azure-style base URL: the path goes before its query, and
+			// a value of the query (a key) never shows in an error.
+			s := llmtest.New(t, llmtest.Turn{Text: "ok"}, llmtest.Turn{Status: 500, ErrMessage: "bad api-key=querysecret123"})
+			env := s.Env()
+			for k, v := range env {
+				if strings.HasSuffix(k, "_BASE_URL") {
+					env[k] = v + "?api-key=querysecret123"
+				}
+			}
+			p, err := llm.New(name, func(k string) string { return env[k] }, s.Client())
+			require.NoError(t, err)
+			r, err := p.Stream(context.Background(), llm.Request{Model: "m", Messages: []llm.Message{llm.Text("user", "hi")}}, nil)
+			require.NoError(t, err)
+			assert.Equal(t, "ok", r.Text)
+			assert.Contains(t, []string{"/v1/chat/completions", "/v1/messages"}, s.Requests()[0].Path)
+			assert.Equal(t, "api-key=querysecret123", s.Requests()[0].Query)
+			_, err = p.Stream(context.Background(), llm.Request{Model: "m"}, nil)
+			require.Error(t, err)
+			assert.NotContains(t, err.Error(), "querysecret123")
+		})
 		t.Run(name+"/error event mid-stream", func(t *testing.T) {
 			s := llmtest.New(t, llmtest.Turn{Text: "partial", StreamError: "overloaded"})
 			_, err := provider(t, name, s).Stream(context.Background(), llm.Request{Model: "m"}, nil)

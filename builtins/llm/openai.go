@@ -121,7 +121,7 @@ func (o *openAI) Stream(ctx context.Context, req Request, onText func(string)) (
 	if o.key != "" {
 		headers["Authorization"] = "Bearer " + o.key
 	}
-	resp, err := post(ctx, o.http, "openai", o.base+"/chat/completions", headers, body)
+	resp, err := post(ctx, o.http, "openai", endpoint(o.base, "/chat/completions"), headers, body)
 	if err != nil {
 		return Response{}, err
 	}

@@ -53,6 +53,7 @@ type Turn struct {
 // Request is a request the server got.
 type Request struct {
 	Path   string
+	Query  string // the raw query
 	Header http.Header
 	Body   map[string]any
 	Raw    string
@@ -107,7 +108,7 @@ func (s *Server) next(w http.ResponseWriter, r *http.Request) (Turn, bool) {
 	_ = json.Unmarshal(raw, &body)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.reqs = append(s.reqs, Request{Path: r.URL.Path, Header: r.Header.Clone(), Body: body, Raw: string(raw)})
+	s.reqs = append(s.reqs, Request{Path: r.URL.Path, Query: r.URL.RawQuery, Header: r.Header.Clone(), Body: body, Raw: string(raw)})
 	if len(s.script) == 0 {
 		s.t.Errorf("llmtest: request %d beyond the script", len(s.reqs))
 		http.Error(w, `{"error":{"type":"script_done","message":"the script has no more turns"}}`, http.StatusInternalServerError)
