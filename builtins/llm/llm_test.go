@@ -107,6 +107,35 @@ func TestLoopSendsToolResultsBack(t *testing.T) {
 	}
 }
 
+// TestLoopListsBigInputsCut: a call with a huge input (a model writing
+// megabytes) runs with it whole and keeps it whole in messages, which the
+// conversation needs; tool_calls, a list to read, has its long strings cut
+// (a 6 MiB write_file was stored twice).
+func TestLoopListsBigInputsCut(t *testing.T) {
+	big := strings.Repeat("x", 1<<20)
+	s := llmtest.New(t,
+		llmtest.Turn{Calls: []llmtest.Call{{ID: "c1", Name: "echo", Input: `{"text":"` + big + `"}`}}},
+		llmtest.Turn{Text: "done"},
+	)
+	var got int
+	res, err := llm.Loop(context.Background(), provider(t, "openai", s), llm.Request{
+		Model: "m", Messages: []llm.Message{llm.Text("user", "go")}, Tools: []llm.Tool{echoTool},
+	}, func(_ context.Context, c llm.ToolCall) (string, bool) {
+		got = len(c.Input)
+		return "ok", false
+	}, 5, llm.LoopHooks{})
+	require.NoError(t, err)
+	assert.Equal(t, len(`{"text":""}`)+len(big), got, "the tool gets the input whole")
+	require.Len(t, res.ToolCalls, 1)
+	assert.Less(t, len(res.ToolCalls[0].Input), 70<<10, "listed cut")
+	var listed struct{ Text string }
+	require.NoError(t, json.Unmarshal(res.ToolCalls[0].Input, &listed), "still the call's shape")
+	assert.True(t, strings.HasSuffix(listed.Text, "…"))
+	whole, err := json.Marshal(res.Messages)
+	require.NoError(t, err)
+	assert.Greater(t, len(whole), 1<<20, "messages keep it whole")
+}
+
 // TestLoopBadArguments: a tool call whose arguments are not valid JSON
 // (cut off, as local models often send them) goes back to the model as a
 // tool error and the loop goes on; the call is kept as a JSON string, so

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/cellbox/cellbox/internal/fastjson"
 )
 
 // ToolRunner runs one tool call; its result (or its error, as text) goes
@@ -100,7 +102,7 @@ func Loop(ctx context.Context, p Provider, req Request, run ToolRunner, maxTurns
 		}
 		results := Message{Role: "user"}
 		for _, c := range r.ToolCalls {
-			res.ToolCalls = append(res.ToolCalls, c)
+			res.ToolCalls = append(res.ToolCalls, listed(c))
 			if hooks.ToolCall != nil {
 				hooks.ToolCall(c)
 			}
@@ -128,4 +130,18 @@ func Loop(ctx context.Context, p Provider, req Request, run ToolRunner, maxTurns
 		}
 		res.Messages = append(res.Messages, results)
 	}
+}
+
+// maxListedInput bounds the strings of a call's input in LoopResult's
+// ToolCalls, a list for reading: the whole input is in Messages, which
+// the conversation needs; a model's 6 MiB write_file was stored twice.
+const maxListedInput = 64 << 10
+
+// listed is c as ToolCalls lists it: its input's long strings cut
+// (fastjson.Cut), its shape kept.
+func listed(c ToolCall) ToolCall {
+	if len(c.Input) > maxListedInput {
+		c.Input, _ = fastjson.Cut(c.Input, maxListedInput)
+	}
+	return c
 }
