@@ -15,10 +15,10 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/internal/readall"
+	"github.com/cellbox/cellbox/internal/textcut"
 	"github.com/cellbox/cellbox/runtime"
 )
 
@@ -323,9 +323,5 @@ func start(raw []byte) string {
 	if len(raw) <= fetchErrorBody {
 		return fmt.Sprintf("%q", raw)
 	}
-	cut := fetchErrorBody
-	for cut > 0 && !utf8.RuneStart(raw[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%q…", raw[:cut])
+	return fmt.Sprintf("%q…", textcut.Prefix(raw, fetchErrorBody))
 }

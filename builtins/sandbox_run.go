@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/internal/textcut"
 	"github.com/cellbox/cellbox/sandbox/api"
 )
 
@@ -91,7 +92,7 @@ func decodeRun(payload json.RawMessage) (runEvent, error) {
 	var ev runEvent
 	shown := string(payload)
 	if len(shown) > 100 { // an event may be megabytes (files)
-		shown = strings.ToValidUTF8(shown[:100], "") + "…"
+		shown = textcut.Prefix(shown, 100) + "…"
 	}
 	if t := bytes.TrimSpace(payload); len(t) > 0 && t[0] != '{' {
 		// A bare command ("ls"): json would name the Go type it wanted.

@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/internal/jsonschema"
+	"github.com/cellbox/cellbox/internal/textcut"
 )
 
 // Kinds of an instance's cells, as bucketPatterns records them: an input
@@ -189,11 +189,7 @@ func clipValue(raw json.RawMessage) string {
 	if len(raw) <= max {
 		return string(raw)
 	}
-	cut := max
-	for cut > 0 && !utf8.RuneStart(raw[cut]) {
-		cut--
-	}
-	return string(raw[:cut]) + "…"
+	return string(textcut.Prefix(raw, max)) + "…"
 }
 
 // violations lists a schema validation error's violations on one line.

@@ -12,7 +12,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"unicode/utf8"
+
+	"github.com/cellbox/cellbox/internal/textcut"
 )
 
 // Bounds of Cut.
@@ -74,19 +75,7 @@ func Cut(v []byte, n int) ([]byte, bool) {
 		}
 		text = c.out
 	}
-	return AppendString(nil, string(cutUTF8(text, n))+cutMark, false), true
-}
-
-// cutUTF8 cuts b to at most n bytes, at the start of a UTF-8 sequence.
-func cutUTF8[T string | []byte](b T, n int) T {
-	if len(b) <= n {
-		return b
-	}
-	k := n
-	for k > 0 && !utf8.RuneStart(b[k]) {
-		k--
-	}
-	return b[:k]
+	return AppendString(nil, string(textcut.Prefix(text, n))+cutMark, false), true
 }
 
 var (
@@ -140,7 +129,7 @@ func (c *clipper) str(b []byte, i int) (int, error) {
 	if !esc {
 		c.cut = true
 		c.out = append(c.out, '"')
-		c.out = append(c.out, cutUTF8(raw, c.n)...)
+		c.out = append(c.out, textcut.Prefix(raw, c.n)...)
 		c.out = append(c.out, cutMark+`"`...)
 		return end, nil
 	}
@@ -157,7 +146,7 @@ func (c *clipper) str(b []byte, i int) (int, error) {
 		return end, nil
 	}
 	c.cut = true
-	c.out = AppendString(c.out, cutUTF8(s, c.n)+cutMark, false)
+	c.out = AppendString(c.out, textcut.Prefix(s, c.n)+cutMark, false)
 	return end, nil
 }
 
