@@ -33,6 +33,22 @@ const (
 	watchRetry = time.Second
 )
 
+// sandboxBox is the name of a sandbox node's box in the runner's session.
+func sandboxBox(node cells.Address) string { return "sandbox-" + boxBase(node, 55) }
+
+// SandboxGone destroys the box of a sandbox node that a loaded pattern no
+// longer has (a runtime.Gone status: the node was removed, or made a node
+// of another kind, while the runner was down): the box outlived the node's
+// cells and state, with its files, which nothing would ever remove (and
+// which a node of that name added later must not find; Open makes it a box
+// of its own anyway).
+func SandboxGone(ctx context.Context, env Env, node cells.Address) error {
+	if err := env.Client.DestroyBox(ctx, sandboxBox(node)); err != nil && !noSuchBox(err) {
+		return fmt.Errorf("destroy the box of the removed sandbox node %s: %w", node, err)
+	}
+	return nil
+}
+
 // Sandbox statuses.
 const (
 	StatusStarting  = "starting"
@@ -121,6 +137,7 @@ type Sandbox struct {
 	in        runtime.Inputs
 	image     string // the image the box was made with
 	alive     bool
+	fresh     bool                // opened with no state: a box of its name is not its own (start)
 	written   map[string][32]byte // input path -> hash of the content last written
 	stopWatch context.CancelFunc
 	watchers  sync.WaitGroup
@@ -152,7 +169,7 @@ func NewSandbox(env Env, spec SandboxSpec) (*Sandbox, error) {
 	}
 	return &Sandbox{
 		env: env, spec: spec,
-		box: "sandbox-" + boxBase(spec.Node, 55),
+		box: sandboxBox(spec.Node),
 		log: env.logger().With("node", spec.Node.String()),
 	}, nil
 }
@@ -255,9 +272,13 @@ func (s *Sandbox) Open(ctx context.Context, h runtime.Handle, in runtime.Inputs)
 	defer s.mu.Unlock()
 	s.h, s.in = h, in
 	var st sandboxState
-	if raw, err := h.State(); err == nil && len(raw) > 0 {
+	raw, err := h.State()
+	if err == nil && len(raw) > 0 {
 		_ = json.Unmarshal(raw, &st)
 	}
+	// No state: the node is new to the store (or was removed from the
+	// pattern and is back), so a box of its name is an earlier node's.
+	s.fresh = err == nil && len(raw) == 0
 	if st.Destroyed {
 		s.modify(ctx, func(o *sandboxOutput) { o.Status, o.Pending, o.Error, o.Previews = StatusDestroyed, false, "", nil })
 		return nil
@@ -362,10 +383,21 @@ func (s *Sandbox) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	out, err := s.env.Client.CreateBox(ctx, api.SandboxCreateInput{Sandbox: s.box, Image: image, Network: s.spec.Network})
+	create := api.SandboxCreateInput{Sandbox: s.box, Image: image, Network: s.spec.Network}
+	out, err := s.env.Client.CreateBox(ctx, create)
+	if err == nil && !out.Created && s.fresh {
+		// A node of this name that was removed from the pattern (its
+		// state with it) left its box: its files are not this node's to
+		// find, and it starts from a box of its own.
+		s.log.Info("removing the box an earlier node of this name left", "box", s.box, "id", out.ID)
+		if err = s.env.Client.DestroyBox(ctx, s.box); err == nil || noSuchBox(err) {
+			out, err = s.env.Client.CreateBox(ctx, create)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("create (image %s): %w", imageName(image), err)
 	}
+	s.fresh = false
 	if nw := s.spec.Network; !out.Created && nw != nil && !nw.Full {
 		// The box outlived a change of the pattern's allow list.
 		if _, err := s.env.Client.Tool(ctx, "network_set", api.NetworkSetInput{Sandbox: s.box, NetworkRules: nw.NetworkRules}); err != nil {

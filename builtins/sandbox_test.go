@@ -178,6 +178,38 @@ func TestSandbox(t *testing.T) {
 	})
 }
 
+// TestSandboxNodeRemovedAndBack: a sandbox node removed from the pattern
+// while the runner was down, then put back, starts from a box of its own:
+// the earlier node's box, which the reattach found with its files, is
+// removed.
+func TestSandboxNodeRemovedAndBack(t *testing.T) {
+	b := newBox(t)
+	store, err := cells.OpenBolt(filepath.Join(t.TempDir(), "cells.db"), cells.Options{NoSync: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	r := b.loadOn(t, store, replPattern, nil)
+	r.settle()
+	r.send("repl.run", `{"command": "echo SECRET-OLD > /workspace/marker.txt"}`)
+	r.settle()
+	old := r.sandbox("repl").Box
+	r.close(runtime.Shutdown)
+
+	// The pattern without the node: its cells and state go (the box is
+	// the runner session's, and stays).
+	r = b.loadOn(t, store, "name: repl\ncells:\n  cfg: {value: {port: 8080}}\n", nil)
+	r.settle()
+	r.close(runtime.Shutdown)
+
+	r = b.loadOn(t, store, replPattern, nil)
+	r.settle()
+	o := r.sandbox("repl")
+	assert.Equal(t, "running", o.Status)
+	assert.Empty(t, o.History)
+	_, found := b.read(o.Box, "/workspace/marker.txt")
+	assert.False(t, found, "the earlier node's files are not the new node's")
+	assert.Equal(t, []string{old}, b.list(t), "one box of that name, made anew")
+}
+
 func TestSandboxReattach(t *testing.T) {
 	b := newBox(t)
 	store, err := cells.OpenBolt(filepath.Join(t.TempDir(), "cells.db"), cells.Options{NoSync: true})

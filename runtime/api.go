@@ -270,6 +270,11 @@ const (
 	// changed, or its value breaks the cell's schema now), so it starts
 	// from the pattern's definition. Node is the cell, Err says why.
 	Reset StatusKind = "reset"
+	// Gone: a loaded pattern no longer has the node whose output Node
+	// was (removed, or now a node of another builtin or a cell): Builtin
+	// names what it was, so that what the node kept outside the store (a
+	// sandbox node's box) can go too.
+	Gone StatusKind = "gone"
 )
 
 // Status is one node status event, for live views.
@@ -284,6 +289,8 @@ type Status struct {
 	Err string
 	// Stream is the stream whose event was handled, if any.
 	Stream string
+	// Builtin is the builtin of the node that is Gone.
+	Builtin string
 }
 
 // NodeState is a node's current state.

@@ -74,16 +74,19 @@ func (b *batch) reconcile(pat *pattern, p Pattern) error {
 	for _, c := range stored {
 		name := c.Addr.Name
 		kind, ok := kinds[name]
+		was := before[name]
+		if !recorded {
+			was = b.guessKind(c)
+		}
+		if builtin, node := strings.CutPrefix(was, kindNode); node && builtin != "?" && was != kind {
+			b.status = append(b.status, Status{Node: c.Addr, Kind: Gone, Builtin: builtin})
+		}
 		if !ok {
 			if err := b.drop(c.Addr); err != nil {
 				return err
 			}
 			removed = append(removed, name)
 			continue
-		}
-		was := before[name]
-		if !recorded {
-			was = b.guessKind(c)
 		}
 		if c.Stream != (kind == kindStream) || was != "" && !sameKind(was, kind) {
 			if was == "" {

@@ -324,6 +324,7 @@ type runtimeHost struct {
 	reqsOnce sync.Once
 	reqs     context.Context
 	endReqs  context.CancelCauseFunc
+	stopGone func() // ends forgetGone
 }
 
 // errShuttingDown ends the requests still in flight when a stop's grace
@@ -349,7 +350,35 @@ func newRuntimeHost(dataDir string, store cells.Store, boxes *sandboxes, log *sl
 	}
 	rt := runtime.New(store, runtime.Options{Logger: log, MemoLimit: memoLimit})
 	api := runapi.New(runapi.Config{Runtime: rt, Store: store, Env: env, Logger: log, Persist: persist})
-	return &runtimeHost{dataDir: dataDir, rt: rt, api: api, boxes: boxes, teardowns: env.Teardowns}, nil
+	h := &runtimeHost{dataDir: dataDir, rt: rt, api: api, boxes: boxes, teardowns: env.Teardowns}
+	h.stopGone = forgetGone(rt, env, log)
+	return h, nil
+}
+
+// forgetGone removes what the runtime says a loaded pattern's removed
+// nodes left outside the store (runtime.Gone: a sandbox node's box). The
+// returned func stops it once it has handled what was said until then (a
+// run --once may end right after the load that removed the node).
+func forgetGone(rt *runtime.Runtime, env builtins.Env, log *slog.Logger) func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	statuses := rt.Subscribe(ctx, 1024)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for s := range statuses { // after cancel, the buffered ones
+			if s.Kind != runtime.Gone || s.Builtin != string(patterns.KindSandbox) {
+				continue
+			}
+			dctx, dcancel := context.WithTimeout(context.Background(), time.Minute)
+			if err := builtins.SandboxGone(dctx, env, s.Node); err != nil {
+				log.Warn("remove a removed node's box", "node", s.Node.String(), "error", err)
+			} else {
+				log.Info("removed the box of a sandbox node the pattern no longer has", "node", s.Node.String())
+			}
+			dcancel()
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // memoLimitEnv caps the exec memo cache of run and serve (bytes, or with a
@@ -482,6 +511,7 @@ func (h *runtimeHost) close() error {
 		}
 	}
 	rterr := h.rt.Close(ctx)
+	h.stopGone()
 	twerr := h.teardowns.Wait(ctx)
 	// The boxes get their own bound: a runtime slow to close does not
 	// leave them running.

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
+	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/testenv"
 )
 
@@ -213,6 +214,28 @@ nodes:
 	_, errOut, err = cellbox(t, "cell", "get", "edit/slow", "--data", data)
 	assert.Error(t, err)
 	assert.Contains(t, errOut, `no cell "slow"`)
+}
+
+// TestRunRemovedSandboxNodeLeavesNoBox: a sandbox node removed from the
+// pattern between runs takes its box with it (its files stayed on disk,
+// and a node of its name added back found them).
+func TestRunRemovedSandboxNodeLeavesNoBox(t *testing.T) {
+	testenv.RequireBwrap(t)
+	dir := writePattern(t, "name: gone\nnodes:\n  box: {sandbox: {}}\n")
+	data := t.TempDir()
+	t.Cleanup(func() { boxtest.RemoveBoxes(t, data) })
+	_, errOut, err := cellbox(t, "run", dir, "--once", "--data", data, "--backend", "local")
+	require.NoError(t, err, errOut)
+	boxes, err := os.ReadDir(filepath.Join(data, "boxes"))
+	require.NoError(t, err)
+	require.Len(t, boxes, 1, "the node's box sleeps with the runner")
+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "pattern.yaml"), []byte("name: gone\ncells:\n  n: 1\n"), 0o644))
+	_, errOut, err = cellbox(t, "run", dir, "--once", "--data", data, "--backend", "local")
+	require.NoError(t, err, errOut)
+	boxes, err = os.ReadDir(filepath.Join(data, "boxes"))
+	require.NoError(t, err)
+	assert.Empty(t, boxes, "the removed node's box is gone: %s", errOut)
 }
 
 // A run remembers the cell schemas that passed the metaschema in the data
