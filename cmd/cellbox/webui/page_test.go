@@ -53,10 +53,21 @@ func TestPageCutValues(t *testing.T) {
 		store.Close()
 	})
 	big := `"` + strings.Repeat("x", 100000) + `"`
-	resp, err := http.Post(srv.URL+"/v1/patterns", "application/yaml", strings.NewReader("name: big\ncells:\n  s: "+big+"\n  small: 1\nnodes:\n  copy: {computed: '${s}'}\n"))
+	resp, err := http.Post(srv.URL+"/v1/patterns", "application/yaml", strings.NewReader("name: big\ncells:\n  s: "+big+"\n  small: 1\n  exact: 0\nnodes:\n  copy: {computed: '${s}'}\n"))
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	// A number JavaScript rounds: shown, it is another number already.
+	const exact = `{"n":12345678901234567890,"s":"x"}`
+	req, err := http.NewRequest(http.MethodPut, srv.URL+"/v1/cells/default/big/exact", strings.NewReader(exact))
+	require.NoError(t, err)
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	mu.Lock()
+	puts = nil
+	mu.Unlock()
 
 	b := chromiumtest.Open(t, srv.URL+"/")
 	type row struct {
@@ -93,9 +104,24 @@ func TestPageCutValues(t *testing.T) {
 	b.Eval(`document.getElementById('row-default/big/s').querySelector('textarea').dispatchEvent(
 		new KeyboardEvent('keydown', {key: 'Enter', ctrlKey: true, bubbles: true, cancelable: true}))`, nil)
 	waitFor(t, "the page to refuse", func() bool { s = get("s"); return strings.Contains(s.Msg, "not set") })
+
+	// The cell holding 12345678901234567890 is shown but not set back
+	// (it would be 12345678901234567000).
+	ex := get("exact")
+	require.NotNil(t, ex)
+	assert.True(t, ex.ReadOnly && ex.SetDisabled, "%+v", ex)
+	assert.Contains(t, ex.Note, "cannot hold exactly")
+	assert.True(t, ex.LoadHidden, "loading it whole would not help")
+	b.Eval(`document.getElementById('row-default/big/exact').querySelector('textarea').dispatchEvent(
+		new KeyboardEvent('keydown', {key: 'Enter', ctrlKey: true, bubbles: true, cancelable: true}))`, nil)
+	waitFor(t, "the page to refuse the rounded number", func() bool { ex = get("exact"); return strings.Contains(ex.Msg, "not set") })
 	mu.Lock()
-	assert.Empty(t, puts, "a cut value is never written back")
+	assert.Empty(t, puts, "a cut value, or a rounded one, is never written back")
 	mu.Unlock()
+	c, err := store.Get(cells.Address{Space: "default", Pattern: "big", Name: "exact"})
+	require.NoError(t, err)
+	assert.JSONEq(t, exact, string(c.Value))
+	assert.Contains(t, string(c.Value), "12345678901234567890")
 
 	// Loaded whole, the value is editable, and is set whole.
 	b.Eval(`document.getElementById('row-default/big/s').querySelectorAll('button')[3].click(), true`, nil)
@@ -103,7 +129,7 @@ func TestPageCutValues(t *testing.T) {
 	assert.Equal(t, len(big)-2, s.Length, "the whole string, as text")
 	b.Eval(`document.getElementById('row-default/big/s').querySelector('button').click(), true`, nil)
 	waitFor(t, "the page to set it", func() bool { s = get("s"); return strings.HasPrefix(s.Msg, "set (version") })
-	c, err := store.Get(cells.Address{Space: "default", Pattern: "big", Name: "s"})
+	c, err = store.Get(cells.Address{Space: "default", Pattern: "big", Name: "s"})
 	require.NoError(t, err)
 	assert.Equal(t, big, string(c.Value), "set whole")
 
