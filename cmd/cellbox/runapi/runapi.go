@@ -261,13 +261,42 @@ func (s *Server) Resume(ctx context.Context) ([]Instance, error) {
 			in, err = s.Load(ctx, p, o)
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("resume pattern %s/%s from %s: %w", o.Space, o.Name, o.Source, err))
-			_ = s.store.Update(func(tx cells.Tx) error { return tx.Meta(instancesBucket).Delete(o.Space + "/" + o.Name) })
+			// Kept, to be tried again at the next start: a file saved half
+			// way or a folder briefly away must not unload it for good.
+			errs = append(errs, fmt.Errorf("resume pattern %s/%s from %s: %w (kept: it is tried again at the next start; load it again, or forget it with cellbox stop %s/%s)", o.Space, o.Name, o.Source, err, o.Space, o.Name))
 			continue
 		}
 		out = append(out, in)
 	}
 	return out, errors.Join(errs...)
+}
+
+// forgetUnresumed forgets the record of an instance that is not loaded
+// because it failed to resume (kept by Resume, to be tried again): Stop of
+// its name is how a user lets it go. It reports whether there was one.
+func (s *Server) forgetUnresumed(name string) bool {
+	if !s.persist {
+		return false
+	}
+	key := name
+	if !strings.Contains(key, "/") {
+		key = DefaultSpace + "/" + key
+	}
+	found := false
+	err := s.store.Update(func(tx cells.Tx) error {
+		if _, found = tx.Meta(instancesBucket).Get(key); !found {
+			return nil
+		}
+		return tx.Meta(instancesBucket).Delete(key)
+	})
+	if err != nil {
+		s.log.Warn("forget a pattern that was not resumed", "pattern", key, "err", err)
+		return false
+	}
+	if found {
+		s.log.Info("forgot a pattern that could not be resumed", "pattern", key)
+	}
+	return found
 }
 
 // Stop stops the loaded instance called name ("name" or "space/name").
@@ -278,6 +307,9 @@ func (s *Server) Stop(ctx context.Context, name string) error {
 	in := s.lookup(name)
 	s.mu.Unlock()
 	if in == nil {
+		if s.forgetUnresumed(name) {
+			return nil
+		}
 		return s.notLoaded(name)
 	}
 	if err := s.rt.Stop(ctx, in.space, in.name); err != nil {

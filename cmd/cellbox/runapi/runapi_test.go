@@ -538,11 +538,40 @@ func TestPersistResume(t *testing.T) {
 	stop(rt, api, ts)
 
 	rt, api, ts = start()
-	defer stop(rt, api, ts)
 	resumed, err = api.Resume(context.Background())
 	require.NoError(t, err)
 	require.Len(t, resumed, 1, "a stopped instance is not resumed")
 	assert.Equal(t, "fromdir", resumed[0].Name)
+	stop(rt, api, ts)
+
+	// A pattern file broken at a start (saved half way) is kept, and
+	// resumed at the next start once it is whole again (it was forgotten
+	// for good); Stop of its name forgets it.
+	good, err := os.ReadFile(filepath.Join(dir, "pattern.yaml"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "pattern.yaml"), append(good, "nodes: [broken\n"...), 0o644))
+	rt, api, ts = start()
+	resumed, err = api.Resume(context.Background())
+	require.ErrorContains(t, err, "kept: it is tried again at the next start")
+	assert.Empty(t, resumed)
+	stop(rt, api, ts)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "pattern.yaml"), good, 0o644))
+	rt, api, ts = start()
+	resumed, err = api.Resume(context.Background())
+	require.NoError(t, err)
+	require.Len(t, resumed, 1, "resumed once whole again")
+	stop(rt, api, ts)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "pattern.yaml"), append(good, "nodes: [broken\n"...), 0o644))
+	rt, api, ts = start()
+	defer stop(rt, api, ts)
+	_, err = api.Resume(context.Background())
+	require.Error(t, err)
+	require.NoError(t, api.Stop(context.Background(), "fromdir"), "stop forgets a pattern that did not resume")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "pattern.yaml"), good, 0o644))
+	resumed, err = api.Resume(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, resumed, "forgotten")
+	assert.Error(t, api.Stop(context.Background(), "fromdir"), "nothing left to stop")
 }
 
 // A restarted server resumes its instances in the order they were loaded,
