@@ -194,7 +194,19 @@ func (s *Server) Load(ctx context.Context, p *patterns.Pattern, opts LoadOptions
 		return Instance{}, &Error{Status: 409, Message: fmt.Sprintf("pattern %s is already loaded: stop it first (DELETE /v1/patterns/%s) or load it under another name", in.key(), in.key())}
 	}
 	s.mu.Unlock()
-	if err := s.rt.Load(ctx, rp); err != nil {
+	// The cells the load reset (the pattern was edited since they were
+	// stored) are said in the answer, not only in the server's log.
+	watch, endWatch := context.WithCancel(ctx)
+	statuses := s.rt.Subscribe(watch, 256)
+	err = s.rt.Load(ctx, rp)
+	endWatch()
+	var resets []Reset
+	for st := range statuses { // emitted before Load returned; closed after endWatch
+		if st.Kind == runtime.Reset && st.Node.Prefix() == in.prefix() {
+			resets = append(resets, Reset{Cell: st.Node.Name, Why: st.Err})
+		}
+	}
+	if err != nil {
 		return Instance{}, &Error{Status: 400, Message: err.Error()}
 	}
 	s.mu.Lock()
@@ -223,14 +235,17 @@ func (s *Server) Load(ctx context.Context, p *patterns.Pattern, opts LoadOptions
 		}
 	}
 	s.log.Info("pattern loaded", "pattern", in.key(), "source", in.source)
-	return s.describe(in)
+	d, err := s.describe(in)
+	d.Resets = resets
+	return d, err
 }
 
 // Resume loads again every instance recorded as loaded (Config.Persist),
 // in the order they were loaded: after a restart, cellbox serve runs what
 // it ran, where it stood, and short cell addresses mean what they meant.
 // An instance that no longer loads (its folder is gone, it no longer
-// compiles) is reported in the error and forgotten.
+// compiles) is reported in the error and kept, to be tried again at the
+// next start (Stop of its name forgets it).
 func (s *Server) Resume(ctx context.Context) ([]Instance, error) {
 	var recs []instanceRecord
 	err := s.store.View(func(tx cells.Tx) error {

@@ -777,3 +777,32 @@ func TestMaxString(t *testing.T) {
 		assert.Contains(t, body["error"], "max_string", path)
 	}
 }
+
+// TestLoadSaysResets: loading a pattern edited since its cells were stored
+// answers which cells it started anew and why (they were said only in the
+// server's log).
+func TestLoadSaysResets(t *testing.T) {
+	store := cells.NewMemory(cells.Options{})
+	defer store.Close()
+	rt := runtime.New(store, runtime.Options{})
+	defer rt.Close(context.Background())
+	api := runapi.New(runapi.Config{Runtime: rt, Store: store, Logger: slog.New(slog.DiscardHandler)})
+	ts := httptest.NewServer(api)
+	defer ts.Close()
+	defer api.Shutdown()
+	load := func(yaml string) (answer runapi.Instance) {
+		t.Helper()
+		resp, err := http.Post(ts.URL+"/v1/patterns", "application/yaml", strings.NewReader(yaml))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+		return answer
+	}
+	assert.Empty(t, load("name: ed\ncells:\n  s: abc\n").Resets)
+	require.NoError(t, api.Stop(context.Background(), "ed"))
+	got := load("name: ed\ncells:\n  s: {value: h, schema: {type: string, maxLength: 2}}\n")
+	require.Len(t, got.Resets, 1)
+	assert.Equal(t, "s", got.Resets[0].Cell)
+	assert.Contains(t, got.Resets[0].Why, `its stored value "abc" does not satisfy the cell's schema`)
+}

@@ -88,6 +88,15 @@ type Instance struct {
 	Version uint64 `json:"version"`
 	Cells   []Cell `json:"cells"`
 	Nodes   []Node `json:"nodes"`
+	// Resets, in the answer of a load, are the stored cells the pattern
+	// no longer fitted (edited since), which start from its definition.
+	Resets []Reset `json:"resets,omitempty"`
+}
+
+// Reset is a stored cell a load started anew, and why.
+type Reset struct {
+	Cell string `json:"cell"`
+	Why  string `json:"why"`
 }
 
 // Sent is the answer of a send.
