@@ -1,9 +1,12 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"sync"
 	"time"
@@ -107,7 +110,23 @@ func (m *mcpHTTP) admit(h http.Handler, newSession bool) http.Handler {
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
+		var method string
+		var id json.RawMessage
 		if r.Method == http.MethodPost && r.Header.Get("Mcp-Session-Id") == "" {
+			method, id = rpcMethod(r)
+		}
+		if method == "server/discover" {
+			// The stateless protocol's probe (SEP-2575), which clients
+			// send first: served by the SDK, it opened a session that
+			// lingered while the client went on to initialize, so an
+			// initialize within the cap was refused now and then. This
+			// server is stateful: the probe is answered "method not
+			// found", and the client falls back to initialize.
+			writeJSON(w, http.StatusOK, map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{
+				"code": -32601, "message": "server/discover is not served here (a stateful server): send initialize"}})
+			return
+		}
+		if method == "initialize" {
 			keyed, unbound := m.sessions(m.keyedServers)
 			other, _ := m.sessions(m.sessionServers)
 			open, limit := keyed+other, m.s.Config().MaxSessions
@@ -122,6 +141,23 @@ func (m *mcpHTTP) admit(h http.Handler, newSession bool) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// rpcMethod returns the method and id of the JSON-RPC message r's body
+// holds (r: a POST without Mcp-Session-Id), putting the body back: of an
+// initialize, the one message that opens an MCP session, only these are
+// held to the cap (a batch, or a body that does not parse, counts as one).
+func rpcMethod(r *http.Request) (method string, id json.RawMessage) {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxToolBody))
+	r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), r.Body))
+	var msg struct {
+		Method string          `json:"method"`
+		ID     json.RawMessage `json:"id"`
+	}
+	if err != nil || json.Unmarshal(body, &msg) != nil {
+		return "initialize", nil // the SDK says what is wrong with it
+	}
+	return msg.Method, msg.ID
 }
 
 // sessions counts the MCP sessions of servers, and those of them that

@@ -233,3 +233,19 @@ func postMCP(t *testing.T, url, token, mcpSession, msg string) (int, string) {
 	resp.Body.Close()
 	return resp.StatusCode, string(body)
 }
+
+// TestMCPDiscover: the stateless protocol's server/discover probe, which
+// the SDK's client sends before initialize, is answered "method not found"
+// (this server is stateful) and opens no session: served by the SDK, its
+// session lingered and an initialize within the cap was refused now and
+// then (TestMCPSessionCap failed about one run in sixty).
+func TestMCPDiscover(t *testing.T) {
+	s, _ := boxtest.Service(t, boxtest.Options{MaxSessions: 1})
+	url := startHTTP(t, s)
+	status, body := postMCP(t, url+"/v1/mcp", "", "", `{"jsonrpc":"2.0","id":7,"method":"server/discover","params":{}}`)
+	assert.Equal(t, http.StatusOK, status)
+	assert.JSONEq(t, `{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"server/discover is not served here (a stateful server): send initialize"}}`, body)
+	c := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", "")) // the one session the cap lets in
+	_, err := c.ListTools(context.Background(), nil)
+	require.NoError(t, err)
+}
