@@ -251,6 +251,12 @@ type Options struct {
 	// keys); past it the least recently used results are evicted, and a
 	// result larger than it is not cached. 0 is DefaultMemoLimit.
 	MemoLimit int64
+	// OnGone, if set, is told of each node a load finds its pattern no
+	// longer has (removed, or now a node of another builtin or a cell),
+	// by its output cell and builtin, after the load's commit: what the
+	// node kept outside the store (a sandbox node's box) can go too. It is
+	// called with the runtime locked: it must not block or call back.
+	OnGone func(node cells.Address, builtin string)
 }
 
 // StatusKind is what happened to a node.
@@ -270,11 +276,6 @@ const (
 	// changed, or its value breaks the cell's schema now), so it starts
 	// from the pattern's definition. Node is the cell, Err says why.
 	Reset StatusKind = "reset"
-	// Gone: a loaded pattern no longer has the node whose output Node
-	// was (removed, or now a node of another builtin or a cell): Builtin
-	// names what it was, so that what the node kept outside the store (a
-	// sandbox node's box) can go too.
-	Gone StatusKind = "gone"
 )
 
 // Status is one node status event, for live views.
@@ -289,8 +290,6 @@ type Status struct {
 	Err string
 	// Stream is the stream whose event was handled, if any.
 	Stream string
-	// Builtin is the builtin of the node that is Gone.
-	Builtin string
 }
 
 // NodeState is a node's current state.

@@ -78,8 +78,9 @@ func (b *batch) reconcile(pat *pattern, p Pattern) error {
 		if !recorded {
 			was = b.guessKind(c)
 		}
-		if builtin, node := strings.CutPrefix(was, kindNode); node && builtin != "?" && was != kind {
-			b.status = append(b.status, Status{Node: c.Addr, Kind: Gone, Builtin: builtin})
+		if builtin, node := strings.CutPrefix(was, kindNode); node && builtin != "?" && was != kind && b.r.opts.OnGone != nil {
+			addr, gone := c.Addr, b.r.opts.OnGone
+			b.then(func() { gone(addr, builtin) })
 		}
 		if !ok {
 			if err := b.drop(c.Addr); err != nil {

@@ -330,7 +330,7 @@ func (h *runtimeHost) start(ln net.Listener, handler http.Handler) <-chan error 
 		idle = defaultIdleTimeout
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: headerTimeout, IdleTimeout: idle, MaxHeaderBytes: maxHeaderBytes,
-		BaseContext: func(net.Listener) context.Context { return h.requests() }}
+		BaseContext: func(net.Listener) context.Context { return h.reqs }}
 	srv.RegisterOnShutdown(h.api.Shutdown) // end watches
 	h.servers = append(h.servers, srv)
 	stopped := make(chan error, 1)

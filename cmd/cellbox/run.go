@@ -321,22 +321,15 @@ type runtimeHost struct {
 	teardowns *builtins.Teardowns
 	// reqs is the context of every request of the servers, ended by
 	// endReqs when close's grace runs out.
-	reqsOnce sync.Once
-	reqs     context.Context
-	endReqs  context.CancelCauseFunc
-	stopGone func() // ends forgetGone
+	reqs    context.Context
+	endReqs context.CancelCauseFunc
+	gone    sync.WaitGroup // removeBox calls
 }
 
 // errShuttingDown ends the requests still in flight when a stop's grace
 // has run out: a tool call's command is killed and the call answered
 // with this, rather than its connection cut with no answer.
 var errShuttingDown = errors.New("the server is shutting down: the call was ended, its command stopped; call again once the server is back")
-
-// requests is the context of the servers' requests.
-func (h *runtimeHost) requests() context.Context {
-	h.reqsOnce.Do(func() { h.reqs, h.endReqs = context.WithCancelCause(context.Background()) })
-	return h.reqs
-}
 
 // newRuntimeHost starts a runtime over store whose exec and sandbox nodes
 // drive boxes of boxes' session (kept in the store so that a restart
@@ -348,37 +341,32 @@ func newRuntimeHost(dataDir string, store cells.Store, boxes *sandboxes, log *sl
 	if err != nil {
 		return nil, err
 	}
-	rt := runtime.New(store, runtime.Options{Logger: log, MemoLimit: memoLimit})
-	api := runapi.New(runapi.Config{Runtime: rt, Store: store, Env: env, Logger: log, Persist: persist})
-	h := &runtimeHost{dataDir: dataDir, rt: rt, api: api, boxes: boxes, teardowns: env.Teardowns}
-	h.stopGone = forgetGone(rt, env, log)
+	h := &runtimeHost{dataDir: dataDir, boxes: boxes, teardowns: env.Teardowns}
+	h.reqs, h.endReqs = context.WithCancelCause(context.Background())
+	h.rt = runtime.New(store, runtime.Options{Logger: log, MemoLimit: memoLimit, OnGone: func(node cells.Address, builtin string) {
+		if builtin == string(patterns.KindSandbox) {
+			h.removeBox(env, log, node)
+		}
+	}})
+	h.api = runapi.New(runapi.Config{Runtime: h.rt, Store: store, Env: env, Logger: log, Persist: persist})
 	return h, nil
 }
 
-// forgetGone removes what the runtime says a loaded pattern's removed
-// nodes left outside the store (runtime.Gone: a sandbox node's box). The
-// returned func stops it once it has handled what was said until then (a
+// removeBox destroys the box of a sandbox node its pattern no longer has
+// (runtime.Options.OnGone), off the runtime's lock; close waits for it (a
 // run --once may end right after the load that removed the node).
-func forgetGone(rt *runtime.Runtime, env builtins.Env, log *slog.Logger) func() {
-	ctx, cancel := context.WithCancel(context.Background())
-	statuses := rt.Subscribe(ctx, 1024)
-	done := make(chan struct{})
+func (h *runtimeHost) removeBox(env builtins.Env, log *slog.Logger, node cells.Address) {
+	h.gone.Add(1)
 	go func() {
-		defer close(done)
-		for s := range statuses { // after cancel, the buffered ones
-			if s.Kind != runtime.Gone || s.Builtin != string(patterns.KindSandbox) {
-				continue
-			}
-			dctx, dcancel := context.WithTimeout(context.Background(), time.Minute)
-			if err := builtins.SandboxGone(dctx, env, s.Node); err != nil {
-				log.Warn("remove a removed node's box", "node", s.Node.String(), "error", err)
-			} else {
-				log.Info("removed the box of a sandbox node the pattern no longer has", "node", s.Node.String())
-			}
-			dcancel()
+		defer h.gone.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := builtins.SandboxGone(ctx, env, node); err != nil {
+			log.Warn("remove a removed node's box", "node", node.String(), "error", err)
+			return
 		}
+		log.Info("removed the box of a sandbox node the pattern no longer has", "node", node.String())
 	}()
-	return func() { cancel(); <-done }
 }
 
 // memoLimitEnv caps the exec memo cache of run and serve (bytes, or with a
@@ -493,7 +481,6 @@ func (h *runtimeHost) close() error {
 		// The grace is over: the calls still running are ended, and
 		// answered so (a tool call's error result), before their
 		// connections are closed.
-		h.requests()
 		h.endReqs(errShuttingDown)
 		ectx, ecancel := context.WithTimeout(context.Background(), endGrace)
 		defer ecancel()
@@ -511,7 +498,7 @@ func (h *runtimeHost) close() error {
 		}
 	}
 	rterr := h.rt.Close(ctx)
-	h.stopGone()
+	h.gone.Wait()
 	twerr := h.teardowns.Wait(ctx)
 	// The boxes get their own bound: a runtime slow to close does not
 	// leave them running.

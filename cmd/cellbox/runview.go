@@ -195,9 +195,6 @@ func (v *view) status(s runtime.Status) {
 		return
 	}
 	name := s.Node.Name
-	if s.Kind == runtime.Gone { // a node the pattern no longer has
-		return
-	}
 	if s.Kind == runtime.Reset { // a cell, as the pattern loaded
 		v.dirty = true
 		v.warn("cell %s reset: %s", name, oneLine(s.Err))
