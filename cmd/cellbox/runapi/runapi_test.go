@@ -493,22 +493,31 @@ func mustJSON(v any) string {
 
 // With Persist, a restarted server resumes the instances that were loaded
 // (from a request's YAML or a folder), with their cells as they stood; a
+
+// persisting returns how to start a server that records its loaded
+// patterns in store (Persist), as serve runs it, and how to stop it, as
+// a restart does.
+func persisting(t *testing.T, store cells.Store) (start func() (*runtime.Runtime, *runapi.Server, *httptest.Server), stop func(*runtime.Runtime, *runapi.Server, *httptest.Server)) {
+	start = func() (*runtime.Runtime, *runapi.Server, *httptest.Server) {
+		rt := runtime.New(store, runtime.Options{})
+		api := runapi.New(runapi.Config{Runtime: rt, Store: store, Logger: slog.New(slog.DiscardHandler), Persist: true})
+		return rt, api, httptest.NewServer(api)
+	}
+	stop = func(rt *runtime.Runtime, api *runapi.Server, ts *httptest.Server) {
+		api.Shutdown()
+		ts.Close()
+		require.NoError(t, rt.Close(context.Background()))
+	}
+	return start, stop
+}
+
 // stopped instance is forgotten.
 func TestPersistResume(t *testing.T) {
 	store := cells.NewMemory(cells.Options{})
 	defer store.Close()
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "pattern.yaml"), []byte(strings.Replace(tinyYAML, "name: tiny", "name: fromdir", 1)), 0o644))
-	start := func() (*runtime.Runtime, *runapi.Server, *httptest.Server) {
-		rt := runtime.New(store, runtime.Options{})
-		api := runapi.New(runapi.Config{Runtime: rt, Store: store, Logger: slog.New(slog.DiscardHandler), Persist: true})
-		return rt, api, httptest.NewServer(api)
-	}
-	stop := func(rt *runtime.Runtime, api *runapi.Server, ts *httptest.Server) {
-		api.Shutdown()
-		ts.Close()
-		require.NoError(t, rt.Close(context.Background()))
-	}
+	start, stop := persisting(t, store)
 
 	rt, api, ts := start()
 	c := runapi.NewClient(ts.URL)
@@ -580,16 +589,7 @@ func TestPersistResume(t *testing.T) {
 func TestResumeKeepsLoadOrder(t *testing.T) {
 	store := cells.NewMemory(cells.Options{})
 	defer store.Close()
-	start := func() (*runtime.Runtime, *runapi.Server, *httptest.Server) {
-		rt := runtime.New(store, runtime.Options{})
-		api := runapi.New(runapi.Config{Runtime: rt, Store: store, Logger: slog.New(slog.DiscardHandler), Persist: true})
-		return rt, api, httptest.NewServer(api)
-	}
-	stop := func(rt *runtime.Runtime, api *runapi.Server, ts *httptest.Server) {
-		api.Shutdown()
-		ts.Close()
-		require.NoError(t, rt.Close(context.Background()))
-	}
+	start, stop := persisting(t, store)
 	names := func(c *runapi.Client) []string {
 		ins, err := c.Patterns(context.Background())
 		require.NoError(t, err)
