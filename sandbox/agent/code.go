@@ -629,12 +629,16 @@ wait:
 			serverDone = nil
 			interrupt()
 		case <-c.p.done:
-			select { // an answer written just before the exit still counts
+			// An answer written just before the exit still counts,
+			// however late its reader runs; the answers end when the
+			// pipe does (unless something the cell left running holds
+			// it: then not past markerWait).
+			select {
 			case a, ok := <-c.answers:
 				if ok {
 					answer = a
 				}
-			default:
+			case <-time.After(markerWait):
 			}
 			break wait
 		case <-again:
@@ -702,6 +706,7 @@ type cellStream struct {
 	ended   bool
 	seen    chan struct{} // closed and replaced at each marker and at the end
 	done    map[int]cellOut
+	pipe    *outPipe
 }
 
 type cellOut struct {
@@ -713,7 +718,16 @@ const markerDigits = 8
 
 func newCellStream(r *os.File, prefix string) *cellStream {
 	s := &cellStream{prefix: []byte(prefix), max: DefaultMaxOutput, seen: make(chan struct{}), done: map[int]cellOut{}}
-	go s.drain(r)
+	s.pipe = newOutPipe(r, s.scan)
+	go func() {
+		<-s.pipe.ended()
+		s.mu.Lock()
+		s.keep(s.pending)
+		s.pending = nil
+		s.ended = true
+		close(s.seen)
+		s.mu.Unlock()
+	}()
 	return s
 }
 
@@ -721,24 +735,6 @@ func (s *cellStream) setMax(max int) {
 	s.mu.Lock()
 	s.max = max
 	s.mu.Unlock()
-}
-
-func (s *cellStream) drain(r *os.File) {
-	defer r.Close()
-	chunk := make([]byte, chunkSize)
-	for {
-		n, err := r.Read(chunk)
-		s.scan(chunk[:n])
-		if err != nil {
-			s.mu.Lock()
-			s.keep(s.pending)
-			s.pending = nil
-			s.ended = true
-			close(s.seen)
-			s.mu.Unlock()
-			return
-		}
-	}
 }
 
 // scan adds the output read to the cell up to the last byte that cannot
@@ -789,32 +785,32 @@ func (s *cellStream) keep(b []byte) {
 }
 
 // cell returns cell n's output once its marker has come, or, when wait
-// fires first (or the stream ended), what has come so far.
+// fires first (or the stream ended), what has come so far: everything
+// written before wait fired, however slowly the pipe is read.
 func (s *cellStream) cell(n int, wait <-chan struct{}) (string, bool) {
-	for {
+	for settled := false; ; {
 		s.mu.Lock()
 		if out, ok := s.done[n]; ok {
 			delete(s.done, n)
 			s.mu.Unlock()
 			return toUTF8(out.data, out.cut), out.cut
 		}
-		seen, ended := s.seen, s.ended
-		if ended {
-			out, cut := s.buf, s.cut
-			s.buf, s.cut = nil, false
-			s.mu.Unlock()
-			return toUTF8(out, cut), cut
-		}
-		s.mu.Unlock()
-		select {
-		case <-seen:
-		case <-wait:
-			s.mu.Lock()
+		if s.ended || settled {
 			s.keep(s.pending)
 			out, cut := s.buf, s.cut
 			s.buf, s.cut, s.pending = nil, false, nil
 			s.mu.Unlock()
 			return toUTF8(out, cut), cut
+		}
+		seen := s.seen
+		s.mu.Unlock()
+		select {
+		case <-seen:
+		case <-wait:
+			// The marker may be in the pipe still: read what it holds,
+			// then look once more.
+			s.pipe.settle(false)
+			settled = true
 		}
 	}
 }

@@ -112,56 +112,63 @@ type collector struct {
 	follow bool
 	buf    []byte
 	cut    bool
-	done   chan struct{} // closed when collection stopped (EOF or grace over)
-	pipe   *os.File
+	held   bool // something the command left running held the pipe: later output was cut
+	pipe   *outPipe
 }
 
 func newCollector(name string, max int, follow bool, pipe *os.File, emit func(string, []byte)) *collector {
-	c := &collector{name: name, max: max, follow: follow, emit: emit, pipe: pipe, done: make(chan struct{})}
-	go c.run()
+	c := &collector{name: name, max: max, follow: follow, emit: emit}
+	c.pipe = newOutPipe(pipe, c.add)
 	return c
 }
 
-func (c *collector) run() {
-	buf := make([]byte, chunkSize)
-	for {
-		n, err := c.pipe.Read(buf)
-		if n > 0 {
-			keep := min(n, c.max-len(c.buf))
-			if keep < n {
-				c.cut = true
-			}
-			if c.follow {
-				c.emit(c.name, buf[:n])
-			} else if keep > 0 {
-				c.buf = append(c.buf, buf[:keep]...)
-				if c.emit != nil {
-					c.emit(c.name, buf[:keep])
-				}
-			}
-		}
-		if err != nil {
-			close(c.done)
-			if os.IsTimeout(err) {
-				// Something the command left running still holds the pipe:
-				// keep draining so it never blocks, but stop collecting.
-				c.pipe.SetReadDeadline(time.Time{})
-				for {
-					if _, err := c.pipe.Read(buf); err != nil {
-						break
-					}
-				}
-			}
-			c.pipe.Close()
-			return
+// add takes a chunk; it runs on the pipe's goroutine.
+func (c *collector) add(b []byte) {
+	keep := min(len(b), c.max-len(c.buf))
+	if keep < len(b) {
+		c.cut = true
+	}
+	if c.follow {
+		c.emit(c.name, b)
+	} else if keep > 0 {
+		c.buf = append(c.buf, b[:keep]...)
+		if c.emit != nil {
+			c.emit(c.name, b[:keep])
 		}
 	}
 }
 
-// finish waits for EOF, or for exitGrace after the command exited.
-func (c *collector) finish() {
-	c.pipe.SetReadDeadline(time.Now().Add(exitGrace))
-	<-c.done
+// finishOutput ends the collection of a command's output once the command
+// has exited: everything it wrote is collected, however slow this agent
+// is. A pipe that something the command left running still holds is
+// waited for a moment (exitGrace), then cut, what it held buffered
+// collected too; the cut is said in the collector's held.
+func finishOutput(cs ...*collector) {
+	grace := time.NewTimer(exitGrace)
+	defer grace.Stop()
+	for _, c := range cs {
+		select {
+		case <-c.pipe.ended():
+		case <-grace.C:
+			grace.Reset(0) // spent: the other pipes are only settled
+		}
+		c.held = !c.pipe.settle(true)
+	}
+}
+
+// heldNotice is the notice of a result whose output was cut because the
+// command left something running that holds its output open.
+func heldNotice(cs ...*collector) string {
+	var held []string
+	for _, c := range cs {
+		if c.held {
+			held = append(held, c.name)
+		}
+	}
+	if len(held) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s: a process the command left running still holds it open; what it wrote after the command exited is not in this result (start it with background: true, or redirect its output)", strings.Join(held, " and "))
 }
 
 // outputLimit is the bytes kept per stream for a request's MaxOutput:
@@ -277,8 +284,10 @@ func (s *server) handleExec(w http.ResponseWriter, r *http.Request) {
 			res.Notices = append(res.Notices, leftoverNotice(n))
 		}
 	}
-	stdout.finish()
-	stderr.finish()
+	finishOutput(stdout, stderr)
+	if msg := heldNotice(stdout, stderr); msg != "" {
+		res.Notices = append(res.Notices, msg)
+	}
 	if msg := s.oomNotice(p, oomBefore); msg != "" {
 		res.Notices = append(res.Notices, msg)
 	}
@@ -336,7 +345,11 @@ func (s *server) handleStart(w http.ResponseWriter, r *http.Request) {
 	for _, n := range notices {
 		p.log.Write([]byte("cellbox: " + n + "\n"))
 	}
-	go p.log.fill(outR)
+	p.out = newOutPipe(outR, func(b []byte) { p.log.Write(b) })
+	go func() {
+		<-p.out.ended()
+		p.log.close()
+	}()
 	if req.TimeoutMs > 0 {
 		t := time.AfterFunc(time.Duration(req.TimeoutMs)*time.Millisecond, func() { p.kill() })
 		go func() { <-p.done; t.Stop() }()
@@ -421,7 +434,6 @@ func (s *server) handleLogs(w http.ResponseWriter, r *http.Request) {
 	}
 	rc := http.NewResponseController(w)
 	exited := p.done
-	var grace <-chan time.Time
 	for {
 		if len(data) > 0 {
 			if _, err := w.Write(data); err != nil {
@@ -434,10 +446,16 @@ func (s *server) handleLogs(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-changed:
 		case <-exited:
-			// Output written just before the exit may still be in the
-			// pipe; something the process left behind may hold it open.
-			exited, grace = nil, time.After(exitGrace)
-		case <-grace:
+			// What it wrote before it exited may still be in the pipe,
+			// however slowly the pipe's reader runs; something the
+			// process left behind may hold the pipe open: what that
+			// writes after a moment is not followed.
+			exited = nil
+			select {
+			case <-p.out.ended():
+			case <-time.After(exitGrace):
+			}
+			p.out.settle(false)
 			closed = true
 		case <-r.Context().Done():
 			return
@@ -492,18 +510,8 @@ func (r *ring) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-func (r *ring) fill(f *os.File) {
-	buf := make([]byte, chunkSize)
-	for {
-		n, err := f.Read(buf)
-		if n > 0 {
-			r.Write(buf[:n])
-		}
-		if err != nil {
-			break
-		}
-	}
-	f.Close()
+// close marks the writer done.
+func (r *ring) close() {
 	r.mu.Lock()
 	r.closed = true
 	close(r.changed)

@@ -27,8 +27,9 @@ type proc struct {
 	pid        int
 	started    time.Time
 	background bool
-	keep       bool  // KeepLeftovers: what it leaves running is owned by its group
-	log        *ring // combined output; background processes only
+	keep       bool     // KeepLeftovers: what it leaves running is owned by its group
+	log        *ring    // combined output; background processes only
+	out        *outPipe // the pipe that fills log
 
 	done     chan struct{}  // closed when the process has exited
 	ended    time.Time      // valid after done
