@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cellbox/cellbox/internal/crashpoint"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
@@ -387,6 +388,7 @@ func (s *Service) create(ctx context.Context, sess *Session, name string, b *box
 		s.removeBox(context.WithoutCancel(ctx), b.rec.ID)
 		return err
 	}
+	crashpoint.Hit("box.stored", b.rec.ID)
 	s.log.Info("box created", "session", sess.ID, "name", name, "box", b.rec.ID, "image", b.rec.Image, "ms", time.Since(start).Milliseconds())
 	return nil
 }
@@ -452,6 +454,7 @@ func (s *Service) recreate(ctx context.Context, name string, b *box) error {
 func (s *Service) makeBox(ctx context.Context, rec boxRecord, session, name string, made bool) (*agent.Client, error) {
 	spec, err := s.backendSpec(rec, session, name)
 	if err == nil && !made {
+		crashpoint.Hit("box.hostdir", rec.ID)
 		_, err = s.be.Create(ctx, spec)
 	}
 	if err != nil {
@@ -459,11 +462,13 @@ func (s *Service) makeBox(ctx context.Context, rec boxRecord, session, name stri
 		s.removeBox(context.WithoutCancel(ctx), rec.ID)
 		return nil, fmt.Errorf("%s backend: create box %s (image %s): %w", s.be.Name(), rec.ID, rec.Image, err)
 	}
+	crashpoint.Hit("box.created", rec.ID)
 	cl, err := s.wake(ctx, rec.ID)
 	if err != nil {
 		s.removeBox(context.WithoutCancel(ctx), rec.ID)
 		return nil, err
 	}
+	crashpoint.Hit("box.started", rec.ID)
 	return cl, nil
 }
 

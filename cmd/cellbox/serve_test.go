@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -112,28 +113,37 @@ func TestServeSessionTool(t *testing.T) {
 
 // serveProc is a running `cellbox serve`.
 type serveProc struct {
-	cmd  *exec.Cmd
-	url  string
-	key  string     // the server key, from the page address of the banner
-	done chan error // Wait's result, once
+	cmd    *exec.Cmd
+	url    string
+	key    string      // the server key, from the page address of the banner
+	done   chan error  // Wait's result, once
+	stderr *syncBuffer // all it printed there
 }
 
 // startServe starts `cellbox serve` on the local backend over data, on a
-// free loopback port, with args added (--pool N), and returns once it
-// prints its URL. Cleanup stops it as a user would (SIGTERM).
+// free loopback port, with args added (--pool N, --backend docker), and
+// returns once it prints its URL. Cleanup stops it as a user would
+// (SIGTERM).
 func startServe(t *testing.T, data string, args ...string) *serveProc {
 	t.Helper()
+	return startServeEnv(t, data, nil, args...)
+}
+
+// startServeEnv is startServe with env added to serve's environment.
+func startServeEnv(t *testing.T, data string, env []string, args ...string) *serveProc {
+	t.Helper()
 	cmd := exec.Command(testenv.CellboxBinary(t), append([]string{"serve", "--backend", "local", "--data", data, "--addr", "127.0.0.1:0"}, args...)...)
-	cmd.Env = cleanEnv()
+	cmd.Env = append(cleanEnv(), env...)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	p := &serveProc{cmd: cmd, done: make(chan error, 1)}
+	p := &serveProc{cmd: cmd, done: make(chan error, 1), stderr: &syncBuffer{}}
 	urls := make(chan [2]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		re := regexp.MustCompile(`page: (http://127\.0\.0\.1:\d+)/#token=([0-9a-f]+) `)
 		for sc.Scan() {
+			fmt.Fprintln(p.stderr, sc.Text())
 			if m := re.FindStringSubmatch(sc.Text()); m != nil {
 				urls <- [2]string{m[1], m[2]}
 			}
@@ -149,7 +159,7 @@ func startServe(t *testing.T, data string, args ...string) *serveProc {
 		p.url, p.key = u[0], u[1]
 	case err := <-p.done:
 		p.done <- err
-		t.Fatalf("serve exited before serving: %v", err)
+		t.Fatalf("serve exited before serving: %v; it said:\n%s", err, p.stderr)
 	case <-time.After(time.Minute):
 		t.Fatal("serve printed no URL within a minute")
 	}

@@ -212,7 +212,11 @@ type Backend interface {
 	// Info (State created). Spec.Validate's rules apply; an ID that exists
 	// is an error wrapping ErrExists and leaves that box alone. A Create
 	// that fails leaves nothing behind (or nothing a later Remove of the
-	// ID would not delete).
+	// ID would not delete). A Create cut short by the death of its process,
+	// at any step, leaves nothing the next process cannot find: either the
+	// backend removes it when it is opened again, or List reports the box
+	// (State created, Info.Exit saying its making was cut short) for the
+	// caller's reconciliation to Remove.
 	Create(ctx context.Context, spec Spec) (Info, error)
 
 	// Start starts a created or stopped box and returns once its PID 1
@@ -237,7 +241,8 @@ type Backend interface {
 	Inspect(ctx context.Context, id string) (Info, error)
 
 	// List returns the managed boxes whose labels include every given
-	// label, also those made by an earlier process. A pool reconciles at
+	// label, also those made by an earlier process and those whose Create
+	// an earlier process did not finish (see Create). A pool reconciles at
 	// start with List(ctx, {LabelManaged: "1", …}): boxes it knows are
 	// reattached (running ones keep running), the others are orphans to
 	// Remove.

@@ -63,6 +63,7 @@ import (
 	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/client"
 
+	"github.com/cellbox/cellbox/internal/crashpoint"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/backend/boxdisk"
 	"github.com/cellbox/cellbox/sandbox/backend/boxuid"
@@ -155,7 +156,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	b.sweepOrphanDisks(ctx, OrphanDiskAge)
 	// Free the uids of boxes a killed Create reserved but never made: the
 	// disk goes last on Remove and is made right after the reservation.
-	b.uids().Sweep(func(id string) bool {
+	b.uids().Sweep(time.Minute, func(id string) bool {
 		if backend.ValidID(id) != nil {
 			return false
 		}
@@ -171,12 +172,13 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 // engine) keeps its disk.
 const OrphanDiskAge = 10 * time.Minute
 
-// sweepOrphanDisks removes the disks in the disk directory whose box's
-// container no longer exists and that are older than age: a `docker rm -f`
-// behind cellbox's back, or a data directory deleted with its boxes
-// asleep, leaves a disk mounted that no server would ever reconcile. The
-// containers of every instance are listed, so only disks no box on this
-// engine has are removed.
+// sweepOrphanDisks removes the disks (and markers, see mark) in the disk
+// directory whose box's container no longer exists and that are older
+// than age: a `docker rm -f` behind cellbox's back, or a data directory
+// deleted with its boxes asleep, leaves a disk mounted that no server
+// would ever reconcile. The containers of every instance are listed, so
+// only disks no box on this engine has are removed. (A server's own
+// half-made boxes go sooner: List reports them to it.)
 func (b *Backend) sweepOrphanDisks(ctx context.Context, age time.Duration) {
 	ents, err := os.ReadDir(b.disks)
 	if err != nil {
@@ -184,20 +186,31 @@ func (b *Backend) sweepOrphanDisks(ctx context.Context, age time.Duration) {
 	}
 	// The disks old enough first: the engine is asked for its boxes only
 	// when there is one (not at every start).
-	var old []string
-	seen := map[string]bool{}
+	isOld := map[string]bool{} // every part of the box's old enough
+	consider := func(id string, e fs.DirEntry) {
+		if backend.ValidID(id) != nil {
+			return
+		}
+		fi, err := e.Info()
+		ok, seen := isOld[id]
+		isOld[id] = err == nil && time.Since(fi.ModTime()) >= age && (ok || !seen)
+	}
 	for _, e := range ents {
 		// A disk is its image (ID.img) and its mount point (ID); either
 		// may be left alone (an image deleted under its mount).
-		id := strings.TrimSuffix(e.Name(), ".img")
-		if seen[id] || backend.ValidID(id) != nil || id == e.Name() && !e.IsDir() {
-			continue
+		if id := strings.TrimSuffix(e.Name(), ".img"); id != e.Name() || e.IsDir() {
+			consider(id, e)
 		}
-		seen[id] = true
-		if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < age {
-			continue
+	}
+	marks, _ := os.ReadDir(b.making())
+	for _, e := range marks {
+		consider(e.Name(), e)
+	}
+	var old []string
+	for id, ok := range isOld {
+		if ok {
+			old = append(old, id)
 		}
-		old = append(old, id)
 	}
 	if len(old) == 0 {
 		return
@@ -219,6 +232,8 @@ func (b *Backend) sweepOrphanDisks(ctx context.Context, age time.Duration) {
 			b.log.Warn("docker backend: remove the disk of a box whose container is gone", "box", id, "err", err)
 			continue
 		}
+		b.uids().Release(id)
+		b.unmark(id)
 		b.log.Warn("docker backend: removed the disk of a box whose container is gone", "box", id)
 	}
 }
@@ -286,17 +301,30 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d
 	if err != nil {
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}
+	// Until its container exists, a marker names the box with its labels:
+	// a Create cut short at any step (the process killed) leaves a box
+	// List reports and Remove deletes, uid, disk and all.
+	if err := b.mark(spec); err != nil {
+		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
+	}
+	crashpoint.Hit("docker.marked", spec.ID)
+	made := false
+	defer func() {
+		if !made {
+			b.unmark(spec.ID)
+		}
+	}()
 	// The box user is a host uid of the box's own (see the package doc).
 	uid, err := b.uids().Alloc(spec.ID)
 	if err != nil {
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}
-	made := false
 	defer func() {
 		if !made {
 			b.uids().Free(spec.ID, uid)
 		}
 	}()
+	crashpoint.Hit("docker.uid", spec.ID)
 	// The agent runs as the box user and makes its socket in HostDir.
 	if err := os.Lchown(spec.HostDir, uid, uid); err != nil {
 		return backend.Info{}, fmt.Errorf("create box %s: give host dir to the box user: %w", spec.ID, err)
@@ -320,6 +348,7 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d
 		_ = disk.Remove(context.WithoutCancel(ctx))
 		return backend.Info{}, fmt.Errorf("create box %s: accounts: %w", spec.ID, err)
 	}
+	crashpoint.Hit("docker.disk", spec.ID)
 	// The root filesystem is read-only; the box writes to its own disk.
 	mounts = append(mounts,
 		mount.Mount{Type: mount.TypeBind, Source: disk.Workspace(), Target: backend.Workspace},
@@ -394,7 +423,74 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}
 	made = true
+	crashpoint.Hit("docker.container", spec.ID)
+	b.unmark(spec.ID) // the container has the labels now
 	return b.Inspect(ctx, spec.ID)
+}
+
+// making is the directory of the markers of boxes being made: a name no
+// box id can have, so no disk clashes with it.
+func (b *Backend) making() string { return filepath.Join(b.disks, ".making") }
+
+// marker is what a marker holds.
+type marker struct {
+	Labels map[string]string `json:"labels"`
+}
+
+// mark writes box spec's marker; one that exists (an id in use) is
+// backend.ErrExists.
+func (b *Backend) mark(spec backend.Spec) error {
+	if err := os.MkdirAll(b.making(), 0o700); err != nil {
+		return err
+	}
+	data, _ := json.Marshal(marker{Labels: spec.BoxLabels()})
+	f, err := os.OpenFile(filepath.Join(b.making(), spec.ID), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("a box of this id is being made, or its making was cut short: %w", backend.ErrExists)
+	} else if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}
+
+func (b *Backend) unmark(id string) { _ = os.Remove(filepath.Join(b.making(), id)) }
+
+// halfMade lists the boxes whose Create was cut short (a marker and no
+// container) and whose labels include every given label.
+func (b *Backend) halfMade(labels map[string]string, containers map[string]bool) []backend.Info {
+	ents, err := os.ReadDir(b.making())
+	if err != nil {
+		return nil
+	}
+	var out []backend.Info
+	for _, e := range ents {
+		id := e.Name()
+		if containers[id] || backend.ValidID(id) != nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(b.making(), id))
+		var m marker
+		if err != nil || json.Unmarshal(data, &m) != nil {
+			continue // being written, or not ours to judge: sweepOrphanDisks ages it out
+		}
+		if !backend.MatchLabels(m.Labels, labels) {
+			continue
+		}
+		in := backend.Info{ID: id, Labels: m.Labels, State: backend.StateCreated,
+			Exit: "its making was cut short (the server stopped half-way); remove it"}
+		if fi, err := e.Info(); err == nil {
+			in.Created = fi.ModTime()
+		}
+		out = append(out, in)
+	}
+	return out
 }
 
 // uids is the block of host uids of Docker boxes, reserved under DiskDir.
@@ -545,10 +641,12 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 		return err
 	}
 	// Also when the container is gone: a Create killed half-way leaves a
-	// disk.
+	// disk, its uid reserved and its marker.
 	if err := b.disk(id).Remove(ctx); err != nil {
 		return fmt.Errorf("remove box %s: %w", id, err)
 	}
+	b.uids().Release(id)
+	b.unmark(id)
 	return nil
 }
 
@@ -624,10 +722,12 @@ func (b *Backend) List(ctx context.Context, labels map[string]string) ([]backend
 		return nil, fmt.Errorf("list boxes: %w", err)
 	}
 	out := make([]backend.Info, 0, len(res.Items))
+	containers := map[string]bool{}
 	for _, c := range res.Items {
 		out = append(out, info(c.Labels, c.State, time.Unix(c.Created, 0), c.Mounts))
+		containers[c.Labels[backend.LabelID]] = true
 	}
-	return out, nil
+	return append(out, b.halfMade(labels, containers)...), nil
 }
 
 func info(labels map[string]string, status container.ContainerState, created time.Time, mounts []container.MountPoint) backend.Info {

@@ -194,44 +194,25 @@ func TestServerPart(t *testing.T) {
 	require.Equal(t, 0, res.ExitCode)
 }
 
-// A box directory without spec.json (a process killed inside Create) is
-// removed by the next backend over the root once it is a minute old; a
-// fresh one may be a Create in flight and stays.
+// What a process killed inside Create or Clone left in the root — a box
+// directory without spec.json, a copy of a disk a fork had made — is
+// removed by the next backend over the root, however fresh: the root is
+// one backend's at a time, so no Create is in flight. The box's own disk
+// stays.
 func TestHalfMadeBoxDirsAreSwept(t *testing.T) {
 	testenv.RequireBwrap(t)
 	root := t.TempDir()
-	old, fresh := filepath.Join(root, "cb-halfmade-old"), filepath.Join(root, "cb-halfmade-new")
-	for _, d := range []string{old, fresh} {
-		require.NoError(t, os.MkdirAll(filepath.Join(d, "workspace"), 0o755))
-	}
-	past := time.Now().Add(-2 * time.Minute)
-	require.NoError(t, os.Chtimes(old, past, past))
-	newLocal(t, root)
-	assert.NoDirExists(t, old)
-	assert.DirExists(t, fresh)
-}
-
-// The disk copies a fork left in a source box's directory (a server killed
-// mid-fork) are removed by the next backend once an hour old; the box's
-// own disk and a copy of a fork in flight stay.
-func TestForkLeftoversAreSwept(t *testing.T) {
-	testenv.RequireBwrap(t)
-	root := t.TempDir()
+	half := filepath.Join(root, "cb-halfmade")
+	require.NoError(t, os.MkdirAll(filepath.Join(half, "workspace"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(half, "disk.img"), []byte("x"), 0o600))
 	dir := filepath.Join(root, "cb-forked")
 	require.NoError(t, os.MkdirAll(dir, 0o700))
-	files := map[string]time.Time{
-		".clone-cb-old.img": time.Now().Add(-2 * backend.StaleClone),
-		".clone-cb-new.img": time.Now(),
-		"disk.img":          time.Now().Add(-2 * backend.StaleClone),
-	}
-	for name, mtime := range files {
-		f := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(f, []byte("x"), 0o600))
-		require.NoError(t, os.Chtimes(f, mtime, mtime))
+	for _, name := range []string{".clone-cb-new.img", "disk.img", "spec.json"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o600))
 	}
 	newLocal(t, root)
-	assert.NoFileExists(t, filepath.Join(dir, ".clone-cb-old.img"))
-	assert.FileExists(t, filepath.Join(dir, ".clone-cb-new.img"))
+	assert.NoDirExists(t, half)
+	assert.NoFileExists(t, filepath.Join(dir, ".clone-cb-new.img"))
 	assert.FileExists(t, filepath.Join(dir, "disk.img"))
 }
 
@@ -309,14 +290,11 @@ func TestHostUIDReservations(t *testing.T) {
 	require.NoError(t, b.Remove(ctx, id))
 	assert.Empty(t, reserved())
 
-	// A reservation left by a process killed between the two.
-	// Old enough: a fresh one may be a Create in flight, which is spared.
+	// A reservation left by a process killed between the two goes with
+	// the next backend over the root, however fresh (the root is one
+	// backend's: no Create is in flight).
 	stale := filepath.Join(root, ".uids", "7")
 	require.NoError(t, os.WriteFile(stale, []byte("gone-box"), 0o600))
-	newLocal(t, root)
-	assert.Equal(t, []string{"gone-box"}, reserved(), "a reservation under a minute old is spared")
-	old := time.Now().Add(-2 * time.Minute)
-	require.NoError(t, os.Chtimes(stale, old, old))
 	newLocal(t, root)
 	assert.Empty(t, reserved())
 }

@@ -55,6 +55,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cellbox/cellbox/internal/crashpoint"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/backend/boxdisk"
 	"github.com/cellbox/cellbox/sandbox/backend/seccomp"
@@ -63,7 +64,10 @@ import (
 
 // Options configure New.
 type Options struct {
-	// Root holds one directory per box. Required.
+	// Root holds one directory per box. Required. It belongs to one
+	// Backend at a time (cellbox holds its data dir's lock while it runs
+	// one): New removes whatever a Create or a fork cut short by a crash
+	// left in it.
 	Root string
 	// ImagesDir holds the images built by `cellbox image build`:
 	// cellbox/NAME is ImagesDir/NAME/rootfs. Empty: only DefaultImage.
@@ -141,7 +145,7 @@ func New(opts Options) (*Backend, error) {
 	for _, c := range b.uids().Clashes("/etc") {
 		b.log.Warn("local backend: an account uses the host uids of boxes; a box escaping its namespaces would be that account", "entry", c, "range", fmt.Sprintf("%d-%d", b.uids().Base, b.uids().Last()))
 	}
-	b.sweepHalfMade(time.Minute)
+	b.sweepHalfMade()
 	cgRoot := opts.CgroupRoot
 	if cgRoot == "" {
 		cgRoot = "/sys/fs/cgroup"
@@ -314,14 +318,17 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d
 	} else if err != nil {
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}
+	crashpoint.Hit("local.dir", spec.ID)
 	bf := boxFile{Spec: spec, Created: time.Now().UTC()}
 	// spec.json last: it marks a whole box (sweepHalfMade).
 	uid, err := b.allocUID(spec.ID)
 	if err == nil {
+		crashpoint.Hit("local.uid", spec.ID)
 		bf.UID = uid
 		err = makeDisk(diskOf(dir), uid)
 	}
 	if err == nil {
+		crashpoint.Hit("local.disk", spec.ID)
 		err = b.writeBoxFile(bf)
 	}
 	if err != nil {
@@ -795,13 +802,12 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 }
 
 // sweepHalfMade removes the disk copies a fork left in box directories
-// (backend.SweepClones), box directories that have no spec.json and are
-// older than age, then the host uid reservations of boxes that have no
-// directory.
-//
-// The directories: a process killed inside Create left them, List never
-// sees them, so nothing else would. The age spares a Create in flight.
-func (b *Backend) sweepHalfMade(age time.Duration) {
+// (backend.SweepClones), box directories that have no spec.json, then the
+// host uid reservations of boxes that have no directory: what a process
+// killed inside Create or Clone left. List never sees them, so nothing
+// else would. No Create is in flight: Root is this Backend's alone, and
+// New runs before any.
+func (b *Backend) sweepHalfMade() {
 	entries, err := os.ReadDir(b.root)
 	if err != nil {
 		return
@@ -811,13 +817,10 @@ func (b *Backend) sweepHalfMade(age time.Duration) {
 			continue
 		}
 		dir := b.dir(e.Name())
-		for _, f := range backend.SweepClones(dir, backend.StaleClone) {
+		for _, f := range backend.SweepClones(dir, 0) {
 			b.log.Warn("local backend: removed the copy of a disk a fork left", "file", f)
 		}
 		if _, err := os.Lstat(filepath.Join(dir, "spec.json")); !errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < age {
 			continue
 		}
 		b.log.Warn("local backend: removing a half-made box directory", "dir", dir)

@@ -43,9 +43,9 @@ func (b *Backend) freeUID(id string, uid int) { b.uids().Free(id, uid) }
 
 // sweepUIDs frees the reservations of boxes without a directory (a
 // process killed in Create or Remove). Create makes the directory before
-// it reserves, so no Create in flight loses its reservation.
+// it reserves, and none is in flight (sweepHalfMade).
 func (b *Backend) sweepUIDs() {
-	b.uids().Sweep(func(id string) bool {
+	b.uids().Sweep(0, func(id string) bool {
 		if !validID(id) {
 			return false
 		}

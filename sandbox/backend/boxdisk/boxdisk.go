@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cellbox/cellbox/internal/crashpoint"
 )
 
 // Disk is one box's disk: the image File mounted at Dir.
@@ -71,14 +73,17 @@ func (d Disk) Make(ctx context.Context, size int64, uid, gid int) (err error) {
 	if err != nil {
 		return fmt.Errorf("box disk %s: size %d: %w", d.File, size, err)
 	}
+	crashpoint.Hit("disk.file", d.File)
 	// -m 0: no blocks reserved for root; lazy init and nodiscard: format
 	// in milliseconds without writing the whole file.
 	if err := run(ctx, mkfs, "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", d.File); err != nil {
 		return fmt.Errorf("box disk %s: format: %w", d.File, err)
 	}
+	crashpoint.Hit("disk.formatted", d.File)
 	if err := d.Mount(ctx); err != nil {
 		return err
 	}
+	crashpoint.Hit("disk.mounted", d.File)
 	for _, dir := range []struct {
 		path     string
 		mode     fs.FileMode

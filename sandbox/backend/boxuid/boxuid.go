@@ -106,18 +106,33 @@ func (r Range) Free(id string, uid int) {
 	}
 }
 
-// Sweep frees the reservations of the boxes gone says are gone (a
-// process killed between a reservation and its box's record). A
-// reservation younger than a minute is left alone: its Create may be in
-// flight.
-func (r Range) Sweep(gone func(id string) bool) {
+// Release frees every reservation box id holds (its uid unknown: a
+// Create cut short before it recorded it).
+func (r Range) Release(id string) {
 	ents, err := os.ReadDir(r.Dir)
 	if err != nil {
 		return
 	}
 	for _, e := range ents {
 		p := filepath.Join(r.Dir, e.Name())
-		if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < time.Minute {
+		if owner, err := os.ReadFile(p); err == nil && string(owner) == id {
+			_ = os.Remove(p)
+		}
+	}
+}
+
+// Sweep frees the reservations of the boxes gone says are gone (a
+// process killed between a reservation and its box's record). A
+// reservation younger than minAge is left alone: where another process
+// shares Dir, its Create may be in flight.
+func (r Range) Sweep(minAge time.Duration, gone func(id string) bool) {
+	ents, err := os.ReadDir(r.Dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		p := filepath.Join(r.Dir, e.Name())
+		if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < minAge {
 			continue
 		}
 		id, err := os.ReadFile(p)

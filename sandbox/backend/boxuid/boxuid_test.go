@@ -72,7 +72,7 @@ func TestSweep(t *testing.T) {
 		slot, _ := r.Slot(uid)
 		require.NoError(t, os.Chtimes(filepath.Join(r.Dir, strconv.Itoa(slot)), past, past))
 	}
-	r.Sweep(func(id string) bool { return id != "old-alive" })
+	r.Sweep(time.Minute, func(id string) bool { return id != "old-alive" })
 	left, err := os.ReadDir(r.Dir)
 	require.NoError(t, err)
 	var names []string
