@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -29,6 +30,8 @@ type httpOptions struct {
 	keyFile      string        // default DATA/server.key
 	allowedHosts []string      // names besides loopback the server answers to
 	bodyTimeout  time.Duration // how long a client may take to send a request body
+	bodyGrace    time.Duration // how long its first bytes may take
+	bodyMinRate  int64         // bytes per second a body must keep up after the grace
 	idleTimeout  time.Duration // how long a kept-alive connection may sit idle
 	// shutdownGrace is how long a stop lets requests in flight finish
 	// before it ends them (their commands killed) and answers them that
@@ -40,6 +43,12 @@ type httpOptions struct {
 // generous; what it cuts is a client dribbling a body for ever.
 const (
 	defaultBodyTimeout = 5 * time.Minute
+	// A body must keep up defaultBodyMinRate after its first
+	// defaultBodyGrace (as Apache's mod_reqtimeout body=20,MinRate=500):
+	// a client dribbling a byte at a time is cut in seconds, an upload at
+	// any real rate runs on up to defaultBodyTimeout.
+	defaultBodyGrace   = 10 * time.Second
+	defaultBodyMinRate = 1024
 	defaultIdleTimeout = 2 * time.Minute
 	// defaultShutdownGrace is how long a stop lets requests in flight
 	// finish.
@@ -66,7 +75,9 @@ func addHTTPFlags(fs *flag.FlagSet) *httpOptions {
 	o := &httpOptions{}
 	fs.StringVar(&o.keyFile, "key-file", "", "file of the server key (default DATA/server.key, made on first start; env "+keyEnv+" overrides)")
 	fs.Var((*hostList)(&o.allowedHosts), "allowed-host", "a host name (besides localhost and loopback addresses) the server answers to, e.g. a name that reaches it through a proxy; repeatable")
-	fs.DurationVar(&o.bodyTimeout, "body-timeout", defaultBodyTimeout, "time a client may take to send a request body")
+	fs.DurationVar(&o.bodyTimeout, "body-timeout", defaultBodyTimeout, "time a client may take to send a request body, however fast it sends")
+	fs.DurationVar(&o.bodyGrace, "body-grace", defaultBodyGrace, "time a request body may take before it must keep up --body-min-rate")
+	fs.Int64Var(&o.bodyMinRate, "body-min-rate", defaultBodyMinRate, "bytes per second a request body must arrive at after --body-grace; a slower one is cut (408) (0: no minimum)")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", defaultIdleTimeout, "time an idle kept-alive connection stays open")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "time a stop lets calls in flight finish; then their commands are ended and they are answered that the server is shutting down")
 	return o
@@ -104,7 +115,7 @@ func (h *runtimeHost) serveHTTP(addr string) (base, key string, created bool, st
 	// before it would pay for them (or open the sandbox service).
 	boxes := h.boxes.handler(func(svc *sandbox.Service) http.Handler { return httpapi.Handler(svc) })
 	g := newGuard(key, hosts, boxes, withRuntimeAPI(boxes, h.api, lazyHandler(webui.Handler)))
-	return base, key, created, h.start(ln, withBodyDeadline(h.opts.bodyTimeout, g)), nil
+	return base, key, created, h.start(ln, withBodyPace(h.opts.pace(), g)), nil
 }
 
 // lazyHandler is the handler build returns, built on its first request.
@@ -291,36 +302,141 @@ func writeGuardError(w http.ResponseWriter, status int, msg string) {
 	json.NewEncoder(w).Encode(map[string]string{"error": msg})
 }
 
-// withBodyDeadline gives a request's body d to arrive, then lifts the
-// deadline once it has (http.Server.ReadTimeout would also cut the
-// connection under a long-lived response, such as a watch, and cancel its
-// context).
-func withBodyDeadline(d time.Duration, h http.Handler) http.Handler {
+// bodyPace is how fast a request body must arrive: its first bytes within
+// grace, then at minRate bytes a second on average, and the whole of it
+// within max however fast it comes.
+type bodyPace struct {
+	grace   time.Duration
+	minRate int64
+	max     time.Duration
+}
+
+// pace is the body pace of the flags.
+func (o *httpOptions) pace() bodyPace {
+	return bodyPace{grace: o.bodyGrace, minRate: o.bodyMinRate, max: o.bodyTimeout}
+}
+
+// deadline is when a body that started at start and has brought got bytes
+// must have brought more: the grace, plus a second for each minRate bytes
+// (mod_reqtimeout's MinRate), never past max.
+func (p bodyPace) deadline(start time.Time, got int64) time.Time {
+	d := p.max
+	if p.minRate > 0 && p.grace < p.max {
+		d = min(p.grace+time.Duration(float64(got)/float64(p.minRate)*float64(time.Second)), p.max)
+	}
+	return start.Add(d)
+}
+
+// withBodyPace holds a request's body to p with a read deadline on its
+// connection, moved on as the body arrives and lifted once it has (an
+// http.Server.ReadTimeout would also cut the connection under a
+// long-lived response, such as a watch, and cancel its context). A body
+// that falls behind is answered 408, its connection closed.
+//
+// Hand-written: net/http has only whole-request timeouts, and a reverse
+// proxy in front (nginx's client_body_timeout, Apache's mod_reqtimeout)
+// is what usually does this; cellbox serves without one.
+func withBodyPace(p bodyPace, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if d > 0 && r.Body != nil && r.Body != http.NoBody {
-			rc := http.NewResponseController(w)
-			if rc.SetReadDeadline(time.Now().Add(d)) == nil {
-				r.Body = &deadlineBody{ReadCloser: r.Body, lift: func() { rc.SetReadDeadline(time.Time{}) }}
-			}
+		if p.max <= 0 || r.Body == nil || r.Body == http.NoBody {
+			h.ServeHTTP(w, r)
+			return
 		}
-		h.ServeHTTP(w, r)
+		rc := http.NewResponseController(w)
+		start := time.Now()
+		b := &pacedBody{ReadCloser: r.Body, rc: rc, pace: p, start: start, at: p.deadline(start, 0)}
+		if rc.SetReadDeadline(b.at) != nil {
+			h.ServeHTTP(w, r)
+			return
+		}
+		b.w = &cutWriter{ResponseWriter: w}
+		r.Body = b
+		h.ServeHTTP(b.w, r)
 	})
 }
 
-// deadlineBody lifts the read deadline when the body has been read whole.
-type deadlineBody struct {
+// pacedBody moves its connection's read deadline on as it is read.
+type pacedBody struct {
 	io.ReadCloser
-	lift func()
+	rc    *http.ResponseController
+	w     *cutWriter
+	pace  bodyPace
+	start time.Time
+	at    time.Time // the deadline set
+	got   int64
+	done  bool
 }
 
-func (b *deadlineBody) Read(p []byte) (int, error) {
+func (b *pacedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF && b.lift != nil {
-		b.lift()
-		b.lift = nil
+	if b.done {
+		return n, err
+	}
+	b.got += int64(n)
+	switch {
+	case err == io.EOF:
+		b.rc.SetReadDeadline(time.Time{})
+		b.done = true
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		b.done = true
+		b.w.cut(http.StatusRequestTimeout, fmt.Sprintf(
+			"request body too slow: %d bytes in %s; a body must start within %s, then keep up %d bytes/s, and end within %s (server flags --body-grace, --body-min-rate, --body-timeout)",
+			b.got, time.Since(b.start).Round(time.Millisecond), b.pace.grace, b.pace.minRate, b.pace.max))
+	case n > 0:
+		// Moved in steps of at least 100 ms: not a syscall per read.
+		if at := b.pace.deadline(b.start, b.got); at.Sub(b.at) >= 100*time.Millisecond {
+			if b.rc.SetReadDeadline(at) == nil {
+				b.at = at
+			}
+		}
 	}
 	return n, err
 }
+
+// cutWriter lets its handler answer until cut answers in its stead: what
+// the handler writes after that is dropped.
+type cutWriter struct {
+	http.ResponseWriter
+	wrote, isCut bool
+}
+
+// cut answers status with msg, unless the handler has begun its answer.
+func (w *cutWriter) cut(status int, msg string) {
+	if w.wrote || w.isCut {
+		return
+	}
+	w.isCut = true
+	w.Header().Set("Connection", "close")
+	writeGuardError(w.ResponseWriter, status, msg)
+}
+
+func (w *cutWriter) WriteHeader(status int) {
+	if w.isCut {
+		return
+	}
+	w.wrote = true
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *cutWriter) Write(p []byte) (int, error) {
+	if w.isCut {
+		return len(p), nil
+	}
+	w.wrote = true
+	return w.ResponseWriter.Write(p)
+}
+
+// Flush is for the handlers that ask for an http.Flusher themselves.
+func (w *cutWriter) Flush() {
+	if !w.isCut {
+		w.wrote = true
+		http.NewResponseController(w.ResponseWriter).Flush()
+	}
+}
+
+// Unwrap gives http.ResponseController the connection's writer (Flush,
+// deadlines, Hijack).
+func (w *cutWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // start serves handler on ln until h.close; the channel reports the
 // server stopping on its own.

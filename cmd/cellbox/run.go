@@ -453,7 +453,7 @@ func (h *runtimeHost) serve() (string, error) {
 		ln.Close()
 		return "", err
 	}
-	h.start(ln, withBodyDeadline(h.opts.bodyTimeout, h.api)) // the socket's file mode is its guard
+	h.start(ln, withBodyPace(h.opts.pace(), h.api)) // the socket's file mode is its guard
 	return h.sockPath, nil
 }
 

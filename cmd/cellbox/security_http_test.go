@@ -393,11 +393,13 @@ func TestHTTPRebinding(t *testing.T) {
 
 // TestHTTPSlowClients: connections that dribble a request body, or sit
 // idle after a request, are closed by the server (with short limits set by
-// flags), while a long-lived response (a watch) is not cut.
+// flags), while a long-lived response (a watch) is not cut. A dribbled
+// body is cut by its pace (--body-grace, --body-min-rate), answered 408,
+// long before --body-timeout (left at its 5 minutes).
 func TestHTTPSlowClients(t *testing.T) {
 	testenv.RequireBwrap(t)
 	data := t.TempDir()
-	srv := startServe(t, data, "--pool", "0", "--body-timeout", "1s", "--idle-timeout", "1s")
+	srv := startServe(t, data, "--pool", "0", "--body-grace", "1s", "--idle-timeout", "1s")
 	a := newAttacker(t, srv.url, data)
 	id, token := a.newSession()
 	addr := strings.TrimPrefix(srv.url, "http://")
@@ -412,6 +414,18 @@ func TestHTTPSlowClients(t *testing.T) {
 			return errors.New("the server kept the connection open")
 		}
 		return nil // EOF or reset: closed
+	}
+	// cut is closed for a dribbled body, which must be answered 408.
+	cut := func(conn net.Conn) error {
+		conn.SetReadDeadline(time.Now().Add(45 * time.Second))
+		line, err := bufio.NewReader(conn).ReadString('\n')
+		if err != nil {
+			return fmt.Errorf("no answer to a dribbled body: %w", err)
+		}
+		if !strings.HasPrefix(line, "HTTP/1.1 408 ") {
+			return fmt.Errorf("a dribbled body was answered %q, not 408", line)
+		}
+		return closed(conn)
 	}
 
 	const n = 20
@@ -440,7 +454,7 @@ func TestHTTPSlowClients(t *testing.T) {
 					}
 				}
 			}()
-			results <- closed(conn)
+			results <- cut(conn)
 		}()
 		// A kept-alive connection that sits idle after one request.
 		go func() {
@@ -489,7 +503,7 @@ func TestHTTPSlowClients(t *testing.T) {
 		}
 		close(lines)
 	}()
-	time.Sleep(2 * time.Second) // past the 1 s body limit
+	time.Sleep(2 * time.Second) // past the 1 s body grace
 	status, body = a.do("PUT", "/v1/cells/default/calc/a", "", "41", bearer(a.key))
 	require.Equal(t, http.StatusOK, status, body)
 	for line := range lines {
