@@ -272,13 +272,18 @@ func (r *run) exec(name string) execOut {
 	return o
 }
 
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+// safetyNet bounds every wait of these tests for something to happen: a
+// test waits for the event, however slow the machine; the bound only ends
+// a test whose event never comes.
+const safetyNet = 2 * time.Minute
+
+// waitFor polls cond until it holds (or the safety net is spent).
+func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(safetyNet)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+			t.Fatalf("timed out after %s waiting for %s", safetyNet, what)
 		}
 		time.Sleep(time.Millisecond)
 	}

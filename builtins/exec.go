@@ -263,7 +263,7 @@ func (x *Exec) Run(ctx context.Context, in runtime.Inputs) (any, error) {
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			failure = fmt.Sprintf("%s did not start: the run's timeout (%s) is spent", which, x.spec.Timeout)
+			failure = fmt.Sprintf("%s did not start: the run timed out after %s (timeout %s) before it (the timeout counts from the run's start: making its box and writing its files too)", which, time.Since(start).Round(time.Millisecond), x.spec.Timeout)
 			break
 		}
 		r, err := x.env.Client.Exec(rctx, box, api.ExecRequest{

@@ -163,7 +163,7 @@ func TestCSVPipeline(t *testing.T) {
 	// finishes that stage without repeating the finished ones.
 	before := boxes("big")
 	r.set("threshold", "13")
-	waitFor(t, 5*time.Second, "the slow stage's box", func() bool { return boxes("big") == before+1 })
+	waitFor(t, "the slow stage's box", func() bool { return boxes("big") == before+1 })
 	r.close(runtime.Shutdown)
 	assert.True(t, r.exec("big").Pending, "the stage stays pending in the store")
 	r = b.loadOn(t, store, csvPattern, csvFiles)

@@ -256,7 +256,7 @@ nodes:
 	r.set("q", `"b"`)
 	r.settle()
 	assert.Equal(t, "answer b", r.fetch("f").Result.Body)
-	waitFor(t, 5*time.Second, "the first request to be aborted", abortedA.Load)
+	waitFor(t, "the first request to be aborted", abortedA.Load)
 	once.Do(func() { close(releaseA) })
 	<-answeredA
 	r.set("q", `"c"`) // a later change, so anything written meanwhile is before it

@@ -194,7 +194,7 @@ nodes:
 	<-started
 	// The answer shows as it streams: the first piece is in the cell
 	// while the call is still pending.
-	waitFor(t, 5*time.Second, "the first piece of the answer", func() bool {
+	waitFor(t, "the first piece of the answer", func() bool {
 		o := r.llm("a")
 		return o.Pending && o.Result != nil && o.Result.Text == "stal"
 	})

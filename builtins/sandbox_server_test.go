@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -77,7 +76,7 @@ func TestSandboxServer(t *testing.T) {
 			r.settle()
 			ready := func(what string, restarts int) builtins.ServerStatus {
 				t.Helper()
-				waitFor(t, 20*time.Second, what, func() bool {
+				waitFor(t, what, func() bool {
 					st := r.server("web")
 					return st.State == builtins.ServerReady && st.Restarts == restarts
 				})
@@ -87,7 +86,7 @@ func TestSandboxServer(t *testing.T) {
 			assert.Contains(t, st.Output, "v1 up")
 			e := r.lastRun("web", fetchInBox)
 			assert.Equal(t, "hello\n", e.Stdout, "the port answers from inside the box: %s", e.Stderr)
-			waitFor(t, 5*time.Second, "the request in the server's output", func() bool {
+			waitFor(t, "the request in the server's output", func() bool {
 				return strings.Contains(r.server("web").Output, `"GET /index.html HTTP/1.1" 200`)
 			})
 			pid := strings.TrimSpace(r.lastRun("web", `{"command": "cat /tmp/server.pid"}`).Stdout)
@@ -102,7 +101,7 @@ func TestSandboxServer(t *testing.T) {
 
 			// A new command (its template's input changed) restarts it.
 			r.set("version", "2")
-			waitFor(t, 20*time.Second, "the new command to run", func() bool {
+			waitFor(t, "the new command to run", func() bool {
 				st := r.server("web")
 				return strings.Contains(st.Command, "v2") && st.State == builtins.ServerReady && strings.Contains(st.Output, "v2 up")
 			})
@@ -114,7 +113,7 @@ func TestSandboxServer(t *testing.T) {
 			r = b.loadOn(t, store, serverPattern, nil)
 			r.settle()
 			assert.Len(t, b.client.boxesCreated(), 1, "the same box, reattached")
-			waitFor(t, 20*time.Second, "the server to be ready after the restart", func() bool {
+			waitFor(t, "the server to be ready after the restart", func() bool {
 				return r.server("web").State == builtins.ServerReady
 			})
 			e = r.lastRun("web", fetchInBox)
@@ -142,7 +141,7 @@ nodes:
 `, nil)
 	r.settle()
 	var seen []int64
-	waitFor(t, 20*time.Second, "three backoffs", func() bool {
+	waitFor(t, "three backoffs", func() bool {
 		st := r.server("app")
 		if st.State == builtins.ServerBackoff && (len(seen) == 0 || seen[len(seen)-1] != st.RetryMs) {
 			seen = append(seen, st.RetryMs)
@@ -170,7 +169,7 @@ nodes:
       start: "head -c 3000000 /dev/zero | tr '\\0' x; echo; echo the-end; sleep 600"
 `, nil)
 	r.settle()
-	waitFor(t, 20*time.Second, "the end of the output", func() bool {
+	waitFor(t, "the end of the output", func() bool {
 		return strings.Contains(r.server("app").Output, "the-end")
 	})
 	st := r.server("app")
@@ -187,9 +186,9 @@ func TestSandboxServerBoxRemade(t *testing.T) {
 	b := newBox(t)
 	r := b.load(t, serverPattern, nil)
 	r.settle()
-	waitFor(t, 20*time.Second, "the server to be ready", func() bool { return r.server("web").State == builtins.ServerReady })
+	waitFor(t, "the server to be ready", func() bool { return r.server("web").State == builtins.ServerReady })
 	require.NoError(t, b.client.DestroyBox(t.Context(), r.sandbox("web").Box))
-	waitFor(t, 20*time.Second, "the server to be ready in the new box", func() bool {
+	waitFor(t, "the server to be ready in the new box", func() bool {
 		st := r.server("web")
 		return st.State == builtins.ServerReady && st.Restarts == 1
 	})

@@ -79,7 +79,7 @@ func TestSandbox(t *testing.T) {
 	cfg, ok := b.read(out.Box, "/workspace/config.json")
 	assert.True(t, ok)
 	assert.JSONEq(t, `{"port": 8080}`, cfg)
-	waitFor(t, time.Second, "output files read", func() bool { return len(r.sandbox("repl").Files) == 2 })
+	waitFor(t, "output files read", func() bool { return len(r.sandbox("repl").Files) == 2 })
 	assert.Equal(t, "null", r.file("repl", "/workspace/out/result.txt"), "a missing output file is null")
 
 	t.Run("run stream", func(t *testing.T) {
@@ -110,35 +110,35 @@ func TestSandbox(t *testing.T) {
 
 	t.Run("input binding", func(t *testing.T) {
 		r.set("cfg", `{"port": 9090}`)
-		waitFor(t, time.Second, "config.json and port.txt rewritten", func() bool {
+		waitFor(t, "config.json and port.txt rewritten", func() bool {
 			cfg, _ := b.read(out.Box, "/workspace/config.json")
 			port, _ := b.read(out.Box, "/workspace/port.txt")
 			return cfg == `{"port":9090}` && port == "port 9091"
 		})
 
 		r.set("cfg", `{"port": "x"}`)
-		waitFor(t, time.Second, "the input problem reported", func() bool {
+		waitFor(t, "the input problem reported", func() bool {
 			return strings.Contains(r.sandbox("repl").Error, "file /workspace/port.txt")
 		})
 		assert.Equal(t, "running", r.sandbox("repl").Status, "a failing input binding does not stop the box")
 		r.set("cfg", `{"port": 9090}`)
-		waitFor(t, time.Second, "the problem gone", func() bool { return r.sandbox("repl").Error == "" })
+		waitFor(t, "the problem gone", func() bool { return r.sandbox("repl").Error == "" })
 	})
 
 	t.Run("output bindings", func(t *testing.T) {
 		r.send("repl.run", `{"command": "echo done > /workspace/out/result.txt; echo '{\"a\": [1, 2]}' > /workspace/data.json"}`)
-		waitFor(t, 2*time.Second, "files updated", func() bool {
+		waitFor(t, "files updated", func() bool {
 			o := r.sandbox("repl")
 			return string(o.Files["/workspace/out/result.txt"]) == `"done\n"` && string(o.Files["/workspace/data.json"]) == `{"a":[1,2]}`
 		})
 		r.send("repl.run", `{"command": "rm /workspace/out/result.txt; echo '{' > /workspace/data.json"}`)
-		waitFor(t, 2*time.Second, "result.txt gone, data.json error", func() bool {
+		waitFor(t, "result.txt gone, data.json error", func() bool {
 			o := r.sandbox("repl")
 			return string(o.Files["/workspace/out/result.txt"]) == "null" && strings.Contains(o.Error, "output file /workspace/data.json is not JSON")
 		})
 		assert.Equal(t, `{"a":[1,2]}`, r.file("repl", "/workspace/data.json"), "a file that does not parse keeps its last value")
 		r.send("repl.run", `{"command": "echo 7 > /workspace/data.json"}`)
-		waitFor(t, 2*time.Second, "data.json fixed, and its command in the history", func() bool {
+		waitFor(t, "data.json fixed, and its command in the history", func() bool {
 			o := r.sandbox("repl")
 			h := o.History
 			return string(o.Files["/workspace/data.json"]) == "7" && o.Error == "" &&
@@ -147,12 +147,12 @@ func TestSandbox(t *testing.T) {
 		// Two broken outputs at once: error names both (it named one, the
 		// other kept its old value without a word).
 		r.send("repl.run", `{"command": "echo '{' > /workspace/data.json; mkdir /workspace/out/result.txt"}`)
-		waitFor(t, 2*time.Second, "both problems reported", func() bool {
+		waitFor(t, "both problems reported", func() bool {
 			e := r.sandbox("repl").Error
 			return strings.Contains(e, "output file /workspace/data.json is not JSON") && strings.Contains(e, "/workspace/out/result.txt")
 		})
 		r.send("repl.run", `{"command": "echo 7 > /workspace/data.json; rmdir /workspace/out/result.txt"}`)
-		waitFor(t, 2*time.Second, "both fixed", func() bool { return r.sandbox("repl").Error == "" })
+		waitFor(t, "both fixed", func() bool { return r.sandbox("repl").Error == "" })
 	})
 
 	t.Run("destroy and run again", func(t *testing.T) {
@@ -274,7 +274,7 @@ nodes:
 	// So many commands so fast back the node off (the runtime holds its
 	// writes for a second): wait for the last one.
 	var raw struct{ History []json.RawMessage }
-	waitFor(t, 5*time.Second, "the history of all commands", func() bool {
+	waitFor(t, "the history of all commands", func() bool {
 		require.NoError(t, json.Unmarshal(r.get("sh", nil).Value, &raw))
 		return len(raw.History) == builtins.HistoryLimit+1
 	})
@@ -290,7 +290,7 @@ nodes:
 	r.send("sh.run", `{"command": "sleep 300 & echo bg"}`)
 	r.settle()
 	var bg sandboxOut
-	waitFor(t, 5*time.Second, "the background command in the history", func() bool {
+	waitFor(t, "the background command in the history", func() bool {
 		r.get("sh", &bg)
 		return bg.History[len(bg.History)-1].Command == "sleep 300 & echo bg"
 	})
@@ -303,7 +303,7 @@ nodes:
 	r.settle()
 	// The node may still be backing off its writes: wait for the entry.
 	var o sandboxOut
-	waitFor(t, 5*time.Second, "the timed-out command in the history", func() bool {
+	waitFor(t, "the timed-out command in the history", func() bool {
 		r.get("sh", &o)
 		return o.History[len(o.History)-1].Command == "sleep 30"
 	})
@@ -313,7 +313,7 @@ nodes:
 	// exit -1 in the history, while the shell tool said why).
 	r.send("sh.run", `{"command": "kill -9 $$"}`)
 	r.settle()
-	waitFor(t, 5*time.Second, "the killed command in the history", func() bool {
+	waitFor(t, "the killed command in the history", func() bool {
 		r.get("sh", &o)
 		return o.History[len(o.History)-1].Command == "kill -9 $$"
 	})
@@ -331,12 +331,12 @@ func TestFileBindingsRoundTrips(t *testing.T) {
 	r := b.load(t, replPattern, nil)
 	r.settle()
 	box := r.sandbox("repl").Box
-	waitFor(t, time.Second, "output files read", func() bool { return len(r.sandbox("repl").Files) == 2 })
+	waitFor(t, "output files read", func() bool { return len(r.sandbox("repl").Files) == 2 })
 	const n = 5
 	for i := range n {
 		want := fmt.Sprintf(`{"port":%d}`, 10000+i)
 		r.set("cfg", want)
-		waitFor(t, 2*time.Second, "file in the box", func() bool {
+		waitFor(t, "file in the box", func() bool {
 			s, _ := b.read(box, "/workspace/config.json")
 			return s == want
 		})
@@ -344,7 +344,7 @@ func TestFileBindingsRoundTrips(t *testing.T) {
 		text := fmt.Sprintf("v%d", i)
 		_, err := b.client.Upload(context.Background(), box, "/workspace/out/result.txt", strings.NewReader(text))
 		require.NoError(t, err)
-		waitFor(t, 2*time.Second, "output cell", func() bool {
+		waitFor(t, "output cell", func() bool {
 			c, err := r.store.Get(r.addr("repl"))
 			return err == nil && strings.Contains(string(c.Value), `"/workspace/out/result.txt":"`+text+`"`)
 		})
@@ -381,7 +381,7 @@ nodes:
 	require.NotNil(t, r.exec("missing").Error)
 	assert.Contains(t, *r.exec("missing").Error, "output file /workspace/never.json (json) was not written")
 	r.send("repl.run", `{"command": "tr a-z A-Z < in.txt > out.txt"}`)
-	waitFor(t, 2*time.Second, "the output file", func() bool { return r.file("repl", "/workspace/out.txt") == `"HELLO"` })
+	waitFor(t, "the output file", func() bool { return r.file("repl", "/workspace/out.txt") == `"HELLO"` })
 	r.set("msg", `"bye"`)
 	r.settle()
 	assert.Equal(t, map[string]any{"/workspace/out.txt": "BYE"}, r.exec("job").Result.Files)
@@ -447,7 +447,7 @@ nodes:
 	r.settle()
 	o = r.sandbox("web")
 	first = o.Previews["8000"]
-	waitFor(t, 10*time.Second, "the server to answer through the preview URL", func() bool {
+	waitFor(t, "the server to answer through the preview URL", func() bool {
 		status, body := get(t, first.URL+"index.html", "")
 		return status == http.StatusOK && body == "hello from the box"
 	})
@@ -476,7 +476,7 @@ nodes:
 		var link string
 		r.get("link", &link)
 		assert.Equal(t, second, link)
-		waitFor(t, 10*time.Second, "the new box's server to answer", func() bool {
+		waitFor(t, "the new box's server to answer", func() bool {
 			status, body := get(t, second+"index.html", "")
 			return status == http.StatusOK && body == "hello from the box"
 		})
@@ -732,17 +732,17 @@ nodes:
 `, nil)
 	r.settle()
 	r.send("b.run", `{"command": "echo small > /workspace/out.txt"}`)
-	waitFor(t, 5*time.Second, "the small file read", func() bool { return r.file("b", "/workspace/out.txt") == `"small\n"` })
+	waitFor(t, "the small file read", func() bool { return r.file("b", "/workspace/out.txt") == `"small\n"` })
 
 	r.send("b.run", fmt.Sprintf(`{"command": "head -c %d /dev/zero | tr '\\0' a > /workspace/out.txt"}`, builtins.MaxOutputFile+1))
-	waitFor(t, 10*time.Second, "the too-large file reported", func() bool { return r.sandbox("b").Error != "" })
+	waitFor(t, "the too-large file reported", func() bool { return r.sandbox("b").Error != "" })
 	o := r.sandbox("b")
 	assert.Contains(t, o.Error, "output file /workspace/out.txt is larger than 16 MiB, the cap on an output file: it was not read")
 	assert.Equal(t, `"small\n"`, string(o.Files["/workspace/out.txt"]), "the cell keeps its last value")
 	assert.Equal(t, "running", o.Status)
 
 	r.send("b.run", `{"command": "echo fits > /workspace/out.txt"}`)
-	waitFor(t, 5*time.Second, "the file read again", func() bool {
+	waitFor(t, "the file read again", func() bool {
 		o := r.sandbox("b")
 		return string(o.Files["/workspace/out.txt"]) == `"fits\n"` && o.Error == ""
 	})
