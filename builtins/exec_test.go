@@ -474,7 +474,8 @@ func TestExecRerunsWithMoreTime(t *testing.T) {
 	r.settle()
 	out := r.exec("e")
 	require.NotNil(t, out.Error)
-	assert.Contains(t, *out.Error, "timeout (1ns) is spent")
+	assert.Contains(t, *out.Error, "did not start: the run timed out after")
+	assert.Contains(t, *out.Error, "(timeout 1ns)")
 	r.close(runtime.Stopped)
 
 	r = b.loadOn(t, store, pattern("1m"), nil)

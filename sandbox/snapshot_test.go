@@ -492,13 +492,24 @@ func TestSnapshotStoreCap(t *testing.T) {
 }
 
 // A sparse file (a box's `truncate -s 1G`) costs neither the snapshot
-// store nor a restored or branched box the gigabyte of zeros: it was
-// stored in full (3 GB of host disk for a box using none) and written
-// back in full.
+// store nor a restored, branched or transferred-to box the gigabyte of
+// zeros (it was stored in full, 3 GB of host disk for a box using none,
+// and written back in full), and the snapshot tells its size and its data
+// apart. The holes never cross a tar stream (agent.TestTarSparseFile).
 func TestSnapshotSparseFile(t *testing.T) {
-	rb := newRealService(t, "local", nil)
+	for _, kind := range []string{"local", "docker"} {
+		t.Run(kind, func(t *testing.T) { snapshotSparseFile(t, kind) })
+	}
+}
+
+func snapshotSparseFile(t *testing.T, kind string) {
+	rb := newRealService(t, kind, nil)
 	rb.sh("default", "truncate -s 1G sparse && printf x >> sparse")
-	id := rb.ok("snapshot", nil)["id"]
+	snap := rb.ok("snapshot", nil)
+	id := snap["id"]
+	assert.EqualValues(t, 1<<30+1, snap["size"], "size: as ls shows it")
+	assert.Less(t, snap["data_bytes"], float64(1<<20), "data_bytes: the holes are not data")
+	assert.Less(t, snap["added_bytes"], float64(1<<20), "added_bytes: what the store took")
 	var stored int64
 	require.NoError(t, filepath.WalkDir(rb.s.snaps.blobDir(rb.sess), func(p string, d os.DirEntry, err error) error {
 		if err == nil && !d.IsDir() {
@@ -511,10 +522,12 @@ func TestSnapshotSparseFile(t *testing.T) {
 	}))
 	assert.Less(t, stored, int64(1<<20), "host disk the snapshot's blobs take")
 
+	tr := rb.ok("transfer", map[string]any{"from_sandbox": "default", "from_path": "sparse", "to_sandbox": "other", "to_path": "sparse"})
+	assert.EqualValues(t, 1<<30+1, tr["bytes"], "transfer: %v", tr)
 	rb.sh("default", "rm sparse")
 	rb.ok("restore", map[string]any{"snapshot": id})
 	rb.ok("branch", map[string]any{"snapshot": id, "name": "copy"})
-	for _, box := range []string{"default", "copy"} {
+	for _, box := range []string{"default", "copy", "other"} {
 		out := rb.sh(box, "stat -c '%s %b %B' sparse && tail -c 1 sparse")
 		var size, blocks, unit int64
 		var last string

@@ -47,6 +47,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cellbox/cellbox/internal/sparse"
+	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
 )
@@ -67,26 +68,31 @@ type snapshotRecord struct {
 	ID      string    `json:"id"`
 	Label   string    `json:"label,omitempty"`
 	Session string    `json:"session"`
-	Sandbox string    `json:"sandbox"` // the box's name in the session
-	BoxID   string    `json:"box_id"`  // the box it was taken of
-	Spec    boxSpec   `json:"spec"`    // the box's settings, for branch
-	Created time.Time `json:"created"` // UTC
-	Size    int64     `json:"size"`    // bytes of the files
-	Files   int       `json:"files"`   // regular files
-	Added   int64     `json:"added"`   // bytes of blobs this snapshot added to the store
-	Entries int       `json:"entries"` // files, dirs and links
+	Sandbox string    `json:"sandbox"`        // the box's name in the session
+	BoxID   string    `json:"box_id"`         // the box it was taken of
+	Spec    boxSpec   `json:"spec"`           // the box's settings, for branch
+	Created time.Time `json:"created"`        // UTC
+	Size    int64     `json:"size"`           // bytes of the files, holes included
+	Data    *int64    `json:"data,omitempty"` // bytes of the files' data, holes not counted (nil: Size, a snapshot taken before sparse files were)
+	Files   int       `json:"files"`          // regular files
+	Added   int64     `json:"added"`          // bytes of blobs this snapshot added to the store
+	Entries int       `json:"entries"`        // files, dirs and links
 }
 
 // snapEntry is one entry of a manifest. Path is relative to the workspace,
 // slash-separated and clean.
 type snapEntry struct {
 	Path string      `json:"p"`
-	Type byte        `json:"t"` // tar.TypeDir, tar.TypeReg, tar.TypeSymlink, tar.TypeLink or tar.TypeFifo
-	Mode fs.FileMode `json:"m"` // permission bits
-	Size int64       `json:"s,omitempty"`
-	Hash string      `json:"h,omitempty"` // hex SHA-256 of a file's content
-	Link string      `json:"l,omitempty"` // a symlink's target; a hard link's file (a Path of the manifest)
-	Time time.Time   `json:"mt"`
+	Type byte        `json:"t"`           // tar.TypeDir, tar.TypeReg, tar.TypeSymlink, tar.TypeLink or tar.TypeFifo
+	Mode fs.FileMode `json:"m"`           // permission bits
+	Size int64       `json:"s,omitempty"` // a file's size, holes included
+	Hash string      `json:"h,omitempty"` // hex SHA-256 of a file's content (of its data, when Map is set)
+	// Map is where a sparse file's data lies (sparse.Map.Encode), Data
+	// its bytes: the blob holds the data only. Unset for other files.
+	Map  string    `json:"sp,omitempty"`
+	Data int64     `json:"d,omitempty"`
+	Link string    `json:"l,omitempty"` // a symlink's target; a hard link's file (a Path of the manifest)
+	Time time.Time `json:"mt"`
 }
 
 // MarshalJSON keeps a name or link target that is not UTF-8 (a file named
@@ -209,6 +215,15 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes, maxAdded int
 		case tar.TypeDir, tar.TypeFifo:
 		case tar.TypeReg, tar.TypeRegA:
 			e.Type = tar.TypeReg
+			// A sparse file comes as its data (agent.SparseOf), kept so.
+			e.Size = hdr.Size
+			m, isSparse, err := agent.SparseOf(hdr)
+			if err != nil {
+				return nil, 0, api.WithCode(api.CodeInvalidInput, fmt.Errorf("snapshot: %w", err))
+			}
+			if isSparse {
+				e.Size, e.Data, e.Map = m.Size, hdr.Size, m.Encode()
+			}
 			if total += hdr.Size; hdr.Size < 0 || total > maxBytes {
 				return nil, 0, api.WithCode(api.CodeTooLarge, fmt.Errorf("the workspace holds more than %d bytes, the most a snapshot of this box holds (its disk cap)", maxBytes))
 			}
@@ -216,7 +231,7 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes, maxAdded int
 			if err != nil {
 				return nil, 0, fmt.Errorf("snapshot: store %s from the tar stream: %w", rel, err)
 			}
-			e.Size, e.Hash, added = hdr.Size, hash, added+n
+			e.Hash, added = hash, added+n
 			if added > maxAdded {
 				return nil, 0, errStoreFull
 			}
@@ -347,6 +362,13 @@ func (ss *snapStore) writeTar(ctx context.Context, w io.Writer, session string, 
 			}
 			if e.Type == tar.TypeReg {
 				hdr.Size = e.Size
+				if e.Map != "" {
+					m, err := sparse.Parse(e.Size, e.Data, e.Map)
+					if err != nil {
+						return fmt.Errorf("snapshot entry %s: %w (the snapshot store is damaged)", e.Path, err)
+					}
+					agent.SetSparse(hdr, m)
+				}
 			}
 			if err := tw.WriteHeader(hdr); err != nil {
 				return err
@@ -368,8 +390,16 @@ func (ss *snapStore) copyBlob(w io.Writer, session string, e snapEntry) error {
 		return fmt.Errorf("snapshot blob of %s: %w (the snapshot store is damaged)", e.Path, err)
 	}
 	defer f.Close()
-	_, err = io.CopyN(w, f, e.Size)
+	_, err = io.CopyN(w, f, e.dataBytes())
 	return err
+}
+
+// dataBytes is the bytes of a file entry's data: its blob's size.
+func (e snapEntry) dataBytes() int64 {
+	if e.Map != "" {
+		return e.Data
+	}
+	return e.Size
 }
 
 // put records a snapshot and its manifest.

@@ -265,16 +265,12 @@ func transferTool(ctx context.Context, c *call, in api.TransferInput) (api.Trans
 		}
 	}
 	switch fi.Type {
-	case "file":
-		n, err := copyFile(ctx, src.client, dst.client, fi, to)
-		if err != nil {
-			return out, err
-		}
-		out.Bytes = n
-	case "dir":
-		if !in.Recursive {
+	case "file", "dir":
+		if fi.Type == "dir" && !in.Recursive {
 			return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("%s is a directory; set recursive: true to copy the tree", fi.Path))
 		}
+		// A file too goes as a tar of one entry: its mode, and a sparse
+		// file's holes, are kept (a 1 GiB file of holes arrived as 1 GiB).
 		n, err := copyTree(ctx, src.client, dst.client, fi.Path, to)
 		if err != nil {
 			return out, err
@@ -313,20 +309,6 @@ func notInside(ctx context.Context, cl *agent.Client, fi agent.FileInfo, to stri
 		return api.WithCode(api.CodeInvalidInput, fmt.Errorf("cannot copy %s into itself (%s is inside it); copy it to a path outside %s, or into another sandbox", fi.Path, to, fi.Path))
 	}
 	return nil
-}
-
-// copyFile streams one file from src to dst, keeping its mode.
-func copyFile(ctx context.Context, src, dst *agent.Client, fi agent.FileInfo, to string) (int64, error) {
-	pr, srcErr := pipeFrom("transfer", func(w io.Writer) error {
-		_, err := src.Download(ctx, fi.Path, w)
-		return err
-	})
-	n, err := dst.Upload(ctx, to, pr, fi.Mode)
-	pr.CloseWithError(err)
-	if err = pipeError(<-srcErr, err); err != nil {
-		return n, fmt.Errorf("transfer %s to %s: %w", fi.Path, to, err)
-	}
-	return n, nil
 }
 
 // pipeFrom runs src in a goroutine, writing into a pipe, and returns the
@@ -380,7 +362,8 @@ func copyTree(ctx context.Context, src, dst *agent.Client, from, to string) (int
 }
 
 // renameTar copies a tar stream, renaming the top-level entry oldTop to
-// newTop, and returns the size of the regular files.
+// newTop, and returns the size of the regular files (a sparse file's
+// holes included; its data alone is copied, see agent.SparseOf).
 func renameTar(r io.Reader, w io.Writer, oldTop, newTop string) (int64, error) {
 	tr, tw := tar.NewReader(r), tar.NewWriter(w)
 	var n int64
@@ -411,6 +394,11 @@ func renameTar(r io.Reader, w io.Writer, oldTop, newTop string) (int64, error) {
 			n += c
 			if err != nil {
 				return n, fmt.Errorf("copy tar entry %s: %w", h.Name, err)
+			}
+			if m, ok, err := agent.SparseOf(h); err != nil {
+				return n, err
+			} else if ok {
+				n += m.Size - c
 			}
 		}
 	}

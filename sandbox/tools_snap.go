@@ -35,7 +35,7 @@ const maxSnapshots = 256
 func snapshotTools() []*Tool {
 	return []*Tool{
 		defineTool("snapshot", ToolMeta{Title: "Snapshot a sandbox's workspace"},
-			"Save a sandbox's workspace (/workspace) as a snapshot of this session and return its id; use it with restore, branch and snapshot_delete. Kept: files, directories, hard links, FIFOs and symlinks (wherever they point), names byte for byte, permission bits, modification times. Not kept: sockets and devices (left out), owners, /tmp, processes. A file the sandbox cannot read fails the snapshot, naming it. Snapshots survive restarts and are stored deduplicated by whole file (an unchanged file costs nothing again; no compression); a session may keep 256, taking at most 16 GiB of store by default (cellbox serve --max-snapshot-bytes).",
+			"Save a sandbox's workspace (/workspace) as a snapshot of this session and return its id; use it with restore, branch and snapshot_delete. Kept: files, directories, hard links, FIFOs and symlinks (wherever they point), names byte for byte, permission bits, modification times. Not kept: sockets and devices (left out), owners, /tmp, processes. A file the sandbox cannot read fails the snapshot, naming it. Snapshots survive restarts and are stored deduplicated by whole file (an unchanged file costs nothing again; no compression; the holes of a sparse file are kept as holes, neither stored nor copied: size counts them, data_bytes does not; files counts regular files only, added_bytes what the snapshot added to the store); a session may keep 256, taking at most 16 GiB of store by default (cellbox serve --max-snapshot-bytes).",
 			snapshotTool),
 		defineTool("snapshot_list", ToolMeta{Title: "List snapshots", ReadOnly: true, Idempotent: true},
 			"List the snapshots of this session, oldest first, with label, source sandbox, size, and the bytes each added to the (deduplicated) store.",
@@ -56,7 +56,11 @@ func snapshotTools() []*Tool {
 }
 
 func snapInfo(r snapshotRecord) api.SnapshotInfo {
-	return api.SnapshotInfo{ID: r.ID, Label: r.Label, Sandbox: r.Sandbox, Created: r.Created, Size: r.Size, Files: r.Files, AddedBytes: r.Added}
+	data := r.Size
+	if r.Data != nil {
+		data = *r.Data
+	}
+	return api.SnapshotInfo{ID: r.ID, Label: r.Label, Sandbox: r.Sandbox, Created: r.Created, Size: r.Size, DataBytes: data, Files: r.Files, AddedBytes: r.Added}
 }
 
 // maxSnapshotLabel caps a snapshot's label, in bytes.
@@ -115,6 +119,8 @@ func newSnapshotRecord(c *call, l *lease, label string, entries []snapEntry, add
 		Created: time.Now().UTC(), Added: added, Entries: len(entries),
 	}
 	rec.Files, rec.Size = countFiles(entries)
+	data := dataBytes(entries)
+	rec.Data = &data
 	return rec
 }
 
@@ -327,6 +333,19 @@ func clearWorkspace(ctx context.Context, cl *agent.Client) error {
 	}
 }
 
+// dataBytes is the bytes of data of the files of entries, holes not
+// counted: what a copy of them moves.
+func dataBytes(entries []snapEntry) (n int64) {
+	for _, e := range entries {
+		if e.Hash != "" {
+			n += e.dataBytes()
+		}
+	}
+	return n
+}
+
+// countFiles counts the regular files of entries and their bytes, holes
+// included.
 func countFiles(entries []snapEntry) (files int, size int64) {
 	for _, e := range entries {
 		if e.Hash != "" {

@@ -20,7 +20,8 @@ import (
 // restarts the box (its workspace kept), so that it runs the host's agent.
 //
 // 2: process kill_all, code contexts, the egress forwarder.
-const ProtocolVersion = 2
+// 3: sparse files in tar streams (PAXSparseSize, PAXSparseMap).
+const ProtocolVersion = 3
 
 // ProtocolHeader is the response header that carries ProtocolVersion.
 const ProtocolHeader = "Cellbox-Agent-Protocol"

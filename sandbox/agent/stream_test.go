@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -362,4 +363,64 @@ func TestStaleSocketIsReplaced(t *testing.T) {
 	err := Serve(ctxT(t), Options{Socket: f, Workspace: a.workspace})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "is not a socket")
+}
+
+// A sparse file goes through a tar stream as its data only (the stream
+// is as small as the data, not the file: a 1 GiB file of holes took 6-8 s
+// to snapshot) and comes out with the same size, bytes and holes.
+func TestTarSparseFile(t *testing.T) {
+	a := startAgent(t)
+	ctx := ctxT(t)
+	const size = 1 << 30
+	f, err := os.Create(a.path("disk.img"))
+	require.NoError(t, err)
+	data := bytes.Repeat([]byte("cellbox"), 1000)
+	for _, off := range []int64{4096, 512 << 20, size - int64(len(data))} {
+		_, err := f.WriteAt(data, off)
+		require.NoError(t, err)
+	}
+	require.NoError(t, f.Close())
+
+	var buf bytes.Buffer
+	_, err = a.c.TarOut(ctx, "disk.img", &buf)
+	require.NoError(t, err)
+	assert.Less(t, buf.Len(), 1<<20, "the stream holds the data, not the holes")
+	h, err := tar.NewReader(bytes.NewReader(buf.Bytes())).Next()
+	require.NoError(t, err)
+	m, ok, err := SparseOf(h)
+	require.NoError(t, err)
+	require.True(t, ok, "a sparse entry")
+	assert.EqualValues(t, size, m.Size)
+
+	_, err = a.c.TarIn(ctx, filepath.Join(a.tmp, "copy"), bytes.NewReader(buf.Bytes()))
+	require.NoError(t, err)
+	got := filepath.Join(a.tmp, "copy", "disk.img")
+	fi, err := os.Stat(got)
+	require.NoError(t, err)
+	assert.EqualValues(t, size, fi.Size())
+	assert.Less(t, fi.Sys().(*syscall.Stat_t).Blocks*512, int64(1<<20), "the holes are holes again")
+	g, err := os.Open(got)
+	require.NoError(t, err)
+	defer g.Close()
+	for _, off := range []int64{4096, 512 << 20, size - int64(len(data)), 100 << 20} {
+		want := data
+		if off == 100<<20 {
+			want = make([]byte, len(data))
+		}
+		b := make([]byte, len(data))
+		_, err := g.ReadAt(b, off)
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(want, b), "the bytes at %d", off)
+	}
+
+	// A hostile map (a box's tar stream) is refused, not followed.
+	var bad bytes.Buffer
+	tw := tar.NewWriter(&bad)
+	require.NoError(t, tw.WriteHeader(&tar.Header{Name: "evil", Typeflag: tar.TypeReg, Mode: 0o644, Size: 4,
+		PAXRecords: map[string]string{PAXSparseSize: "100", PAXSparseMap: "98+4"}}))
+	tw.Write([]byte("evil"))
+	require.NoError(t, tw.Close())
+	_, err = a.c.TarIn(ctx, filepath.Join(a.tmp, "evil"), &bad)
+	e := requireCode(t, err, CodeInvalid)
+	assert.Contains(t, e.Message, "sparse map")
 }

@@ -9,12 +9,62 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/cellbox/cellbox/internal/sparse"
 )
+
+// Sparse files in the agent's tar streams (both ways): a regular file with
+// large holes goes as its data only — the entry's Size is the bytes of
+// data — with two PAX records saying where the data lies. Snapshots,
+// restores, transfers and forks of a sparse file then cost time in
+// proportion to its data, not its size (a 1 GiB file of holes took 6-8 s).
+// The streams are the agent protocol's own (host and agent of one
+// version), never handed to another tar reader; GNU's sparse format
+// would be the portable one, but archive/tar writes none of it.
+const (
+	PAXSparseSize = "CELLBOX.sparse.size" // the file's size, holes included
+	PAXSparseMap  = "CELLBOX.sparse.map"  // its data segments (sparse.Map.Encode)
+)
+
+// Which files go sparse: holes of at least sparseMinHoles bytes, in at most
+// sparseMaxSegments segments of data (the map is a PAX record).
+const (
+	sparseMinHoles    = 1 << 20
+	sparseMaxSegments = 1024
+)
+
+// SparseOf returns the map of a tar entry written with the sparse records
+// (ok false for any other), checked against the entry's Size: a map from a
+// box is hostile.
+func SparseOf(hdr *tar.Header) (m sparse.Map, ok bool, err error) {
+	size, has := hdr.PAXRecords[PAXSparseSize]
+	if !has {
+		return sparse.Map{}, false, nil
+	}
+	n, err := strconv.ParseInt(size, 10, 64)
+	if err != nil {
+		return sparse.Map{}, true, fmt.Errorf("tar entry %q: bad %s %q", hdr.Name, PAXSparseSize, size)
+	}
+	m, err = sparse.Parse(n, hdr.Size, hdr.PAXRecords[PAXSparseMap])
+	if err != nil {
+		return sparse.Map{}, true, fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+	}
+	return m, true, nil
+}
+
+// SetSparse makes hdr the entry of a file of map m: its Size the data's.
+func SetSparse(hdr *tar.Header, m sparse.Map) {
+	if hdr.PAXRecords == nil {
+		hdr.PAXRecords = map[string]string{}
+	}
+	hdr.PAXRecords[PAXSparseSize] = strconv.FormatInt(m.Size, 10)
+	hdr.PAXRecords[PAXSparseMap] = m.Encode()
+	hdr.Size = m.Data()
+}
 
 // countingWriter counts the bytes written through it.
 type countingWriter struct {
@@ -124,13 +174,24 @@ func writeTar(r *http.Request, w io.Writer, real, display string) error {
 		// nearest: a file restored could get a time in the future (and
 		// look newer than what is built from it). Cut down instead.
 		hdr.ModTime = hdr.ModTime.Truncate(time.Second)
+		var data io.Reader = f
+		if f != nil && hdr.Size >= sparseMinHoles {
+			m, err := sparse.Of(f, hdr.Size)
+			if err != nil {
+				return failed(p, err)
+			}
+			if m.Size-m.Data() >= sparseMinHoles && len(m.Segs) <= sparseMaxSegments {
+				SetSparse(hdr, m)
+				data = m.Reader(f)
+			}
+		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
 		if f == nil {
 			return nil
 		}
-		n, err := io.Copy(tw, io.LimitReader(f, hdr.Size))
+		n, err := io.Copy(tw, io.LimitReader(data, hdr.Size))
 		if err == nil && n < hdr.Size {
 			return failed(p, io.ErrUnexpectedEOF)
 		}
@@ -226,7 +287,13 @@ func extractTar(r io.Reader, dir, display string) error {
 			if err != nil {
 				return err
 			}
-			_, err = sparse.Copy(f, tr) // zeros as holes, as they were
+			if m, ok, perr := SparseOf(hdr); perr != nil {
+				err = &Error{Op: "untar", Path: display, Code: CodeInvalid, Message: fmt.Sprintf("untar into %s: %v; nothing after it was extracted", display, perr)}
+			} else if ok {
+				_, err = sparse.Write(f, tr, m) // its data, its holes
+			} else {
+				_, err = sparse.Copy(f, tr) // zeros as holes, as they were
+			}
 			f.Chmod(mode)
 			if cerr := f.Close(); err == nil {
 				err = cerr

@@ -486,9 +486,10 @@ type SnapshotInfo struct {
 	Label      string    `json:"label,omitempty"`
 	Sandbox    string    `json:"sandbox"` // the box it was taken of
 	Created    time.Time `json:"created"`
-	Size       int64     `json:"size"`        // bytes of its files
-	Files      int       `json:"files"`       // regular files
-	AddedBytes int64     `json:"added_bytes"` // store bytes it added (the rest was shared with earlier snapshots)
+	Size       int64     `json:"size"`        // bytes of its files, as ls shows them (apparent size: holes of sparse files included)
+	DataBytes  int64     `json:"data_bytes"`  // bytes of its files' data: holes of sparse files not counted, nor stored
+	Files      int       `json:"files"`       // regular files (not directories, links or FIFOs)
+	AddedBytes int64     `json:"added_bytes"` // bytes it added to the store (its data, less what earlier snapshots of the session shared)
 }
 
 // SnapshotListInput is the input of the snapshot_list tool.
