@@ -55,6 +55,27 @@ func (a Address) String() string { return a.Space + "/" + a.Pattern + "/" + a.Na
 // instance.
 func (a Address) Prefix() string { return a.Space + "/" + a.Pattern + "/" }
 
+// HasPrefix reports whether the address string addr is under prefix, a
+// prefix of whole segments: "" is every address; "s" and "s/p" name a
+// space and a pattern instance (not "s/pa"), and "s/", "s/p/" what is
+// under them; "s/p/n" names the cell n and the streams of a node n
+// ("s/p/n.run", not "s/p/nx"), "s/p/n." only its streams. Watch and List
+// match their prefix so; a caller filtering addresses by a prefix calls
+// this rather than strings.HasPrefix.
+func HasPrefix(addr, prefix string) bool {
+	rest, ok := strings.CutPrefix(addr, prefix)
+	switch {
+	case !ok:
+		return false
+	case rest == "" || prefix == "" || strings.HasSuffix(prefix, "/"):
+		return true
+	case strings.Count(prefix, "/") < 2: // ends in the space or the pattern
+		return rest[0] == '/'
+	default: // ends in the name
+		return rest[0] == '.' || strings.HasSuffix(prefix, ".")
+	}
+}
+
 // Valid reports whether every part is non-empty and free of '/'.
 func (a Address) Valid() error {
 	for _, p := range [...]struct{ what, v string }{{"space", a.Space}, {"pattern", a.Pattern}, {"name", a.Name}} {
@@ -156,13 +177,13 @@ type Store interface {
 	// serialized.
 	Update(fn func(Tx) error) error
 	// Watch sends every Batch committed after version from, limited to the
-	// changes whose address string starts with prefix ("" for all, "s/p/"
-	// for a pattern instance), then follows live until ctx ends, when the
-	// channel is closed. Batches without a matching change are skipped. If
-	// from is older than the change log's start (or newer than the store),
-	// the first Batch is a Snapshot of the current state. A slow reader
-	// never blocks writers and never loses a batch: the watch reads the log
-	// at its own pace.
+	// changes whose address is under prefix, as HasPrefix matches it ("" for
+	// all, "s/p/" for a pattern instance), then follows live until ctx ends,
+	// when the channel is closed. Batches without a matching change are
+	// skipped. If from is older than the change log's start (or newer than
+	// the store), the first Batch is a Snapshot of the current state. A
+	// slow reader never blocks writers and never loses a batch: the watch
+	// reads the log at its own pace.
 	Watch(ctx context.Context, prefix string, from uint64) (<-chan Batch, error)
 	// Close closes the store. Watches end.
 	Close() error
@@ -176,8 +197,8 @@ type Tx interface {
 	Version() uint64
 	// Get returns one cell, or an error wrapping ErrNotFound.
 	Get(addr Address) (Cell, error)
-	// List returns the cells whose address string starts with prefix, in
-	// address order.
+	// List returns the cells whose address is under prefix, as HasPrefix
+	// matches it (whole segments: "s/p" is not "s/pa"), in address order.
 	List(prefix string) ([]Cell, error)
 	// Declare creates the cell if it does not exist (value null) and sets
 	// its spec. Changing a declared cell's Stream flag is an error.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -422,6 +423,91 @@ func TestWatch(t *testing.T) {
 		for range all {
 		}
 	})
+}
+
+// A prefix names whole segments of an address (space / pattern / name,
+// and a node's streams after its name: "repl.run"), in List and Watch
+// alike: big/s is not big/small.
+func TestPrefixWholeSegments(t *testing.T) {
+	addrs := []string{
+		"default/big/s", "default/big/s.run", "default/big/small", "default/big/small.run",
+		"default/big.v2/s", "default/bigger/s", "big/s/a", "big/small/a", "bigs/s/a",
+	}
+	for _, tc := range []struct {
+		prefix string
+		want   []string
+	}{
+		{"", addrs},
+		{"default", addrs[:6]},
+		{"default/", addrs[:6]},
+		{"def", nil},
+		{"default/big", addrs[:4]},
+		{"default/big/", addrs[:4]},
+		{"default/bi", nil},
+		{"default/big.v2", []string{"default/big.v2/s"}},
+		{"default/big.", nil},
+		{"default/big/s", []string{"default/big/s", "default/big/s.run"}},
+		{"default/big/s.", []string{"default/big/s.run"}},
+		{"default/big/s.run", []string{"default/big/s.run"}},
+		{"default/big/s.r", nil},
+		{"default/big/sm", nil},
+		{"default/big/s/", nil},
+		{"big", []string{"big/s/a", "big/small/a"}},
+		{"big/s", []string{"big/s/a"}},
+		{"big/s/", []string{"big/s/a"}},
+		{"big/sm", nil},
+		{"big/s/a", []string{"big/s/a"}},
+		{"big/s/a/", nil},
+	} {
+		t.Run(tc.prefix, func(t *testing.T) {
+			each(t, func(t *testing.T, b backend) {
+				s, _ := b.open(t, Options{})
+				require.NoError(t, s.Update(func(tx Tx) error {
+					for _, a := range addrs {
+						a, err := Parse(a)
+						require.NoError(t, err)
+						if _, err := tx.Set(a, json.RawMessage(`1`)); err != nil {
+							return err
+						}
+					}
+					return nil
+				}))
+				want := slices.Sorted(slices.Values(tc.want))
+				var got []string
+				require.NoError(t, s.View(func(tx Tx) error {
+					list, err := tx.List(tc.prefix)
+					for _, c := range list {
+						got = append(got, c.Addr.String())
+					}
+					return err
+				}))
+				assert.Equal(t, want, got, "List(%q), in address order", tc.prefix)
+
+				if len(tc.want) == 0 {
+					return // a watch with nothing to send sends nothing
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				w, err := s.Watch(ctx, tc.prefix, 0)
+				require.NoError(t, err)
+				batch := collect(t, w, 1)[0]
+				got = nil
+				for _, c := range batch.Changes {
+					got = append(got, c.Cell.Addr.String())
+				}
+				assert.ElementsMatch(t, want, got, "Watch(%q) replaying the log", tc.prefix)
+				w, err = s.Watch(ctx, tc.prefix, 99)
+				require.NoError(t, err)
+				batch = collect(t, w, 1)[0]
+				require.True(t, batch.Snapshot)
+				got = nil
+				for _, c := range batch.Changes {
+					got = append(got, c.Cell.Addr.String())
+				}
+				assert.Equal(t, want, got, "Watch(%q)'s snapshot", tc.prefix)
+			})
+		})
+	}
 }
 
 func TestWatchCompacted(t *testing.T) {

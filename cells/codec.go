@@ -124,8 +124,8 @@ func encodeLog(at int64, changes []logChange) []byte {
 	return b
 }
 
-// decodeLog decodes a log entry, keeping the changes whose address starts
-// with prefix. The result owns its bytes.
+// decodeLog decodes a log entry, keeping the changes whose address is
+// under prefix (HasPrefix). The result owns its bytes.
 func decodeLog(b []byte, prefix string) ([]Change, error) {
 	at, n := binary.Varint(b)
 	if n <= 0 {
@@ -157,7 +157,7 @@ func decodeLog(b []byte, prefix string) ([]Change, error) {
 		if err != nil {
 			return nil, err
 		}
-		keep := len(key) >= len(prefix) && string(key[:len(prefix)]) == prefix
+		keep := len(key) >= len(prefix) && string(key[:len(prefix)]) == prefix && HasPrefix(string(key), prefix)
 		var ch Change
 		if keep {
 			if ch.Cell.Addr, err = Parse(string(key)); err != nil {

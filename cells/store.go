@@ -274,6 +274,9 @@ func (t *tx) List(prefix string) ([]Cell, error) {
 		if !bytes.HasPrefix(k, []byte(prefix)) {
 			return false
 		}
+		if !HasPrefix(string(k), prefix) { // "s/p" scans "s/pa/…" too
+			return true
+		}
 		var a Address
 		if a, err = Parse(string(k)); err != nil {
 			return false

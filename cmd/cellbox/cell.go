@@ -230,7 +230,7 @@ func cellOffline(ctx context.Context, af apiFlags, sub, arg string, since *uint6
 		if b.Err != nil {
 			return b.Err
 		}
-		b.Changes = slices.DeleteFunc(b.Changes, func(c cells.Change) bool { return !strings.HasPrefix(c.Cell.Addr.String(), prefix) })
+		b.Changes = slices.DeleteFunc(b.Changes, func(c cells.Change) bool { return !cells.HasPrefix(c.Cell.Addr.String(), prefix) })
 		if len(b.Changes) > 0 || b.Snapshot {
 			if err := printBatch(runapi.BatchOf(b), asJSON); err != nil {
 				return err
@@ -250,7 +250,7 @@ func cellOffline(ctx context.Context, af apiFlags, sub, arg string, since *uint6
 // cell; lookupErr, the error of looking it up as a cell address, says
 // which patterns and cells there are.
 func matchesNothing(prefix string, lookupErr error) error {
-	msg := fmt.Sprintf("no cell or pattern matches %q (write a pattern name, a cell name, pattern/name, or a prefix of full addresses space/pattern/name; `cellbox cell ls` lists them all)", prefix)
+	msg := fmt.Sprintf("no cell or pattern matches %q (write a pattern name, a cell name, pattern/name, or whole leading segments of full addresses space/pattern/name; `cellbox cell ls` lists them all)", prefix)
 	if lookupErr != nil {
 		return fmt.Errorf("%s: %w", msg, lookupErr)
 	}

@@ -115,7 +115,8 @@ func elsewhere(store cells.Store, loaded []Loaded, a cells.Address) *Error {
 // the store) means its cells ("default/csv/"); one naming a cell as Resolve
 // takes it ("report", "repl/report") means that cell (and its streams,
 // "default/repl/report.out"); anything else is matched against full
-// addresses as it is.
+// addresses as it is. Either way the store matches it in whole segments
+// (cells.HasPrefix): "big/s" is not "big/small".
 func ResolvePrefix(store cells.Store, loaded []Loaded, prefix string) (string, error) {
 	p, err := resolveInstancePrefix(store, loaded, prefix)
 	if err != nil || p != prefix || prefix == "" || strings.HasSuffix(prefix, "/") || strings.Count(prefix, "/") > 1 {

@@ -45,7 +45,8 @@
 //	                   loaded: in space "default")
 //	space/pattern/name the full address
 //
-// A watch or list prefix is matched against full addresses; a prefix that
+// A watch or list prefix is matched against full addresses in whole
+// segments (cells.HasPrefix: "big/s" is not "big/small"); a prefix that
 // names a loaded instance ("csv-pipeline" or "default/csv-pipeline") means
 // its cells, one that names a cell as above ("report", "repl/report") that
 // cell and its streams.

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -300,6 +301,61 @@ func TestWatch(t *testing.T) {
 	status, body := f.do(t, "GET", "/v1/watch?from=x", "")
 	assert.Equal(t, 400, status)
 	assert.Contains(t, body["error"], "want a version")
+}
+
+// A prefix names whole segments, as written and after it is resolved:
+// big/s (the cell s of pattern big) is not big/small, repl is the node's
+// output and its streams but not the cell replay, space big's pattern s
+// is not its pattern small. GET /v1/cells and a watch's snapshot agree.
+func TestPrefixWholeSegments(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	for _, y := range []string{"name: big\ncells:\n  s: 1\n  small: 2\n", "name: bigger\ncells:\n  s: 3\n"} {
+		status, body := f.do(t, "POST", "/v1/patterns", y)
+		require.Equal(t, http.StatusCreated, status, "%v", body)
+	}
+	require.NoError(t, f.rt.Load(ctx, runtime.Pattern{Space: "default", Name: "box", Cells: []runtime.Cell{{Name: "replay"}},
+		Nodes: []runtime.Node{{Name: "repl", Kind: quietService{}, Streams: []string{"run"}}}}))
+	require.NoError(t, f.rt.Load(ctx, runtime.Pattern{Space: "big", Name: "small", Cells: []runtime.Cell{{Name: "a"}}}))
+
+	big := []string{"default/big/s", "default/big/small"}
+	for _, tc := range []struct {
+		prefix string
+		want   []string
+	}{
+		{"big/s", []string{"default/big/s"}},
+		{"default/big/s", []string{"default/big/s"}},
+		{"s", []string{"default/big/s"}},
+		{"big", big},
+		{"default/big", big},
+		{"default/big/", big},
+		{"default/bi", nil},
+		{"box/repl", []string{"default/box/repl", "default/box/repl.run"}},
+		{"default/box/repl.run", []string{"default/box/repl.run"}},
+		{"big/small", []string{"big/small/a"}},
+		{"big/sm", nil},
+		{"big/", big}, // the instance big, as "big"
+		{"big/small/", []string{"big/small/a"}},
+		{"", []string{"big/small/a", "default/big/s", "default/big/small", "default/bigger/s", "default/box/repl", "default/box/repl.run", "default/box/replay"}},
+	} {
+		t.Run(tc.prefix, func(t *testing.T) {
+			list, err := f.c.Cells(ctx, tc.prefix)
+			require.NoError(t, err)
+			var got []string
+			for _, c := range list.Cells {
+				got = append(got, c.Address)
+			}
+			assert.Equal(t, tc.want, got, "GET /v1/cells?prefix=%s", tc.prefix)
+
+			first := <-sse(t, f.url+"/v1/watch?prefix="+url.QueryEscape(tc.prefix), "")
+			require.True(t, first.batch.Snapshot)
+			got = nil
+			for _, ch := range first.batch.Changes {
+				got = append(got, ch.Cell.Address)
+			}
+			assert.Equal(t, tc.want, got, "GET /v1/watch?prefix=%s", tc.prefix)
+		})
+	}
 }
 
 type sseEvent struct {
