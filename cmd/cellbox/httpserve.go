@@ -37,6 +37,9 @@ type httpOptions struct {
 	// before it ends them (their commands killed) and answers them that
 	// the server is shutting down.
 	shutdownGrace time.Duration
+	// mcpIdleTTL is how long an MCP session of /v1/mcp may go without a
+	// request before it is closed and its boxes deleted (0: never).
+	mcpIdleTTL time.Duration
 }
 
 // Defaults of the HTTP limits. A body may be a large upload, so its time is
@@ -80,6 +83,7 @@ func addHTTPFlags(fs *flag.FlagSet) *httpOptions {
 	fs.Int64Var(&o.bodyMinRate, "body-min-rate", defaultBodyMinRate, "bytes per second a request body must arrive at after --body-grace; a slower one is cut (408) (0: no minimum)")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", defaultIdleTimeout, "time an idle kept-alive connection stays open")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "time a stop lets calls in flight finish; then their commands are ended and they are answered that the server is shutting down")
+	fs.DurationVar(&o.mcpIdleTTL, "mcp-idle-ttl", httpapi.DefaultMCPIdleTTL, "close an MCP session of /v1/mcp that had no request this long, and delete its boxes (0: never; --session-ttl, if shorter, applies)")
 	return o
 }
 
@@ -113,7 +117,9 @@ func (h *runtimeHost) serveHTTP(addr string) (base, key string, created bool, st
 	// One handler of the tool API (its MCP sessions live in it), built on
 	// the first request as the page's is: a run with nothing to do exits
 	// before it would pay for them (or open the sandbox service).
-	boxes := h.boxes.handler(func(svc *sandbox.Service) http.Handler { return httpapi.Handler(svc) })
+	boxes := h.boxes.handler(func(svc *sandbox.Service) http.Handler {
+		return httpapi.HandlerWith(svc, httpapi.Options{MCPIdleTTL: ttlConfig(h.opts.mcpIdleTTL)})
+	})
 	g := newGuard(key, hosts, boxes, withRuntimeAPI(boxes, h.api, lazyHandler(webui.Handler)))
 	return base, key, created, h.start(ln, withBodyPace(h.opts.pace(), g)), nil
 }

@@ -196,6 +196,26 @@ func TestMCPServeHTTP(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond, "both MCP sessions ended: no boxes left")
 }
 
+// TestMCPServeIdleTTL: `cellbox serve --mcp-idle-ttl` closes an MCP
+// session of /v1/mcp that had no request for that long, and deletes its
+// session and boxes (the default is 30 minutes; it was --session-ttl's
+// day).
+func TestMCPServeIdleTTL(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	srv := startServe(t, data, "--pool", "0", "--mcp-idle-ttl", "1s")
+	before := len(mcptest.Sessions(t, srv.url, srv.key)) // the server's own
+	c := mcptest.MustConnect(t, mcptest.HTTP(srv.url+"/v1/mcp", srv.key))
+	c.Shell(t, "true")
+	require.Len(t, mcptest.Sessions(t, srv.url, srv.key), before+1)
+	require.Eventually(t, func() bool {
+		boxes, err := filepath.Glob(filepath.Join(data, "local", "cb-*"))
+		return err == nil && len(boxes) == 0 && len(mcptest.Sessions(t, srv.url, srv.key)) == before
+	}, 2*time.Minute, 50*time.Millisecond, "the idle MCP session ends, with its session and box")
+	_, err := c.ListTools(context.Background(), nil)
+	require.Error(t, err, "the MCP session is gone")
+}
+
 // TestMCPStdioBadLine: a line that is not JSON gets a JSON-RPC parse error
 // (-32700), JSON that is no JSON-RPC message an invalid request (-32600,
 // with its id when it has one), and the server reads on; before,

@@ -67,8 +67,30 @@ const MaxToolBody = 8 << 20
 // readall.BufferPool).
 var bodies, results = readall.BufferPool{Max: 5 << 20}, readall.BufferPool{Max: 5 << 20}
 
-// Handler returns the HTTP API of svc (the routes above).
-func Handler(svc *sandbox.Service) http.Handler {
+// DefaultMCPIdleTTL is how long an MCP session of /v1/mcp may go without
+// a request before it is closed and its boxes deleted: an IDE agent's
+// client seldom ends its session (DELETE), and boxes kept for the
+// server's SessionTTL (a day) after the editor was closed cost memory and
+// disk, while a pause of a user in the middle of work is shorter.
+const DefaultMCPIdleTTL = 30 * time.Minute
+
+// Options are the choices of a Handler beyond its service's Config.
+type Options struct {
+	// MCPIdleTTL is how long an MCP session of /v1/mcp may go without a
+	// request (a running call counts as one) before it is closed and its
+	// cellbox session deleted with its boxes; never longer than the
+	// service's SessionTTL. 0 means DefaultMCPIdleTTL, a negative value
+	// no limit of its own. cellbox serve and run set it with
+	// --mcp-idle-ttl.
+	MCPIdleTTL time.Duration
+}
+
+// Handler returns the HTTP API of svc (the routes above) with the default
+// Options.
+func Handler(svc *sandbox.Service) http.Handler { return HandlerWith(svc, Options{}) }
+
+// HandlerWith returns the HTTP API of svc (the routes above) with opts.
+func HandlerWith(svc *sandbox.Service, opts Options) http.Handler {
 	s := &server{svc: svc}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/sessions", s.handleNewSession)
@@ -76,7 +98,7 @@ func Handler(svc *sandbox.Service) http.Handler {
 	mux.HandleFunc("DELETE /v1/sessions/{id}", s.handleDeleteSession)
 	mux.HandleFunc("GET /v1/tools", s.handleTools)
 	mux.HandleFunc("POST /v1/sessions/{id}/tools/{name}", s.authed(s.handleTool))
-	m := newMCPHTTP(svc) // mcp.go
+	m := newMCPHTTP(svc, opts.mcpIdleTTL(svc.Config().SessionTTL)) // mcp.go
 	mux.Handle("/v1/mcp", m.keyed)
 	mux.HandleFunc("/v1/sessions/{id}/mcp", s.authed(m.serveSession))
 	mux.HandleFunc("POST /v1/sessions/{id}/boxes/{box}/exec", s.authed(s.handleExec))
@@ -109,6 +131,23 @@ func Handler(svc *sandbox.Service) http.Handler {
 		}
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// mcpIdleTTL is the SDK's SessionTTL of /v1/mcp's MCP sessions (0:
+// never) under a service whose sessions expire after sessionTTL
+// (negative: never).
+func (o Options) mcpIdleTTL(sessionTTL time.Duration) time.Duration {
+	ttl := o.MCPIdleTTL
+	switch {
+	case ttl == 0:
+		ttl = DefaultMCPIdleTTL
+	case ttl < 0:
+		ttl = 0
+	}
+	if sessionTTL > 0 && (ttl == 0 || sessionTTL < ttl) {
+		ttl = sessionTTL
+	}
+	return ttl
 }
 
 type statusRecorder struct {

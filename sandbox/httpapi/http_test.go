@@ -16,7 +16,12 @@ import (
 
 // startHTTP serves Handler(s) on a test server and returns its URL.
 func startHTTP(t *testing.T, s *sandbox.Service) string {
-	srv := httptest.NewServer(Handler(s))
+	return startHTTPWith(t, s, Options{})
+}
+
+// startHTTPWith is startHTTP with the handler's opts.
+func startHTTPWith(t *testing.T, s *sandbox.Service, opts Options) string {
+	srv := httptest.NewServer(HandlerWith(s, opts))
 	t.Cleanup(srv.Close)
 	s.SetBaseURL(srv.URL)
 	return srv.URL

@@ -26,7 +26,8 @@ import (
 //   - /v1/mcp, behind the server key (checked by the server in front of
 //     Handler): every MCP session gets a cellbox session of its own,
 //     made on its first tool call or resource read and deleted with its
-//     boxes when the MCP session ends (DELETE, or idle for SessionTTL).
+//     boxes when the MCP session ends (DELETE, or idle for idleTTL:
+//     Options.MCPIdleTTL).
 //   - /v1/sessions/{id}/mcp, with session id's token: the tools run in that
 //     existing session, which outlives the MCP sessions.
 //
@@ -49,21 +50,30 @@ type mcpHTTP struct {
 	open                         map[string]int // /v1/sessions/{id}/mcp: MCP sessions open on cellbox session id
 }
 
-func newMCPHTTP(s *sandbox.Service) *mcpHTTP {
+// newMCPHTTP makes the MCP routes of s. idleTTL (0: none) is how long an
+// MCP session of /v1/mcp may go without a request. The SDK's
+// SessionTimeout does the counting: its timer stops while a POST of the
+// session runs (a long call is no idleness) and closes the session when
+// it fires, which ends ss.Wait in end, which deletes the cellbox session
+// with its boxes. An MCP session of /v1/sessions/{id}/mcp holds no boxes
+// of its own and keeps the service's SessionTTL.
+func newMCPHTTP(s *sandbox.Service, idleTTL time.Duration) *mcpHTTP {
 	m := &mcpHTTP{s: s, ids: map[*mcp.ServerSession]string{}, open: map[string]int{}}
-	opts := &mcp.StreamableHTTPOptions{
-		SessionTimeout: max(s.Config().SessionTTL, 0),
-		// The server in front of Handler checks Host and Origin (see
-		// cmd/cellbox's guard, which also knows --allowed-host names).
-		DisableLocalhostProtection: true,
-		MaxRequestBodyBytes:        MaxToolBody,
-		Logger:                     s.Logger(),
+	opts := func(timeout time.Duration) *mcp.StreamableHTTPOptions {
+		return &mcp.StreamableHTTPOptions{
+			SessionTimeout: timeout,
+			// The server in front of Handler checks Host and Origin (see
+			// cmd/cellbox's guard, which also knows --allowed-host names).
+			DisableLocalhostProtection: true,
+			MaxRequestBodyBytes:        MaxToolBody,
+			Logger:                     s.Logger(),
+		}
 	}
 	var get func(r *http.Request) *mcp.Server
 	get, m.keyedServers = m.servers()
-	m.keyed = m.admit(mcp.NewStreamableHTTPHandler(get, opts), true)
+	m.keyed = m.admit(mcp.NewStreamableHTTPHandler(get, opts(idleTTL)), true)
 	get, m.sessionServers = m.servers()
-	m.session = mcp.NewStreamableHTTPHandler(get, opts)
+	m.session = mcp.NewStreamableHTTPHandler(get, opts(max(s.Config().SessionTTL, 0)))
 	return m
 }
 
@@ -98,7 +108,8 @@ func (m *mcpHTTP) serveSession(w http.ResponseWriter, r *http.Request, sess *san
 // of profiles, before it reaches the SDK (which would only say it has no
 // server), and a request that would open an MCP session past the
 // service's MaxSessions with 429 (code limit): the SDK keeps an MCP
-// session until it is deleted or idle for SessionTTL, and has no cap of
+// session until it is deleted or idle (for Options.MCPIdleTTL on
+// /v1/mcp, SessionTTL on the other route), and has no cap of
 // its own, so a client that opens sessions in a loop would otherwise grow
 // the server without bound. On /v1/mcp (newSession), where an MCP session
 // makes a cellbox session at its first call, the cellbox sessions count
@@ -135,7 +146,7 @@ func (m *mcpHTTP) admit(h http.Handler, newSession bool) http.Handler {
 				open, msg = n, fmt.Sprintf("this server has %d sessions (with MCP sessions that will make theirs), the most it keeps (--max-sessions)", n)
 			}
 			if open >= limit {
-				writeJSON(w, http.StatusTooManyRequests, api.ErrorBody{Code: api.CodeLimit, Error: msg + ": end yours with DELETE and its Mcp-Session-Id header when done (cellbox session rm for others), or wait for idle ones to end (after --session-ttl)"})
+				writeJSON(w, http.StatusTooManyRequests, api.ErrorBody{Code: api.CodeLimit, Error: msg + ": end yours with DELETE and its Mcp-Session-Id header when done (cellbox session rm for others), or wait for idle ones to end (after --mcp-idle-ttl on /v1/mcp, --session-ttl on /v1/sessions/{id}/mcp)"})
 				return
 			}
 		}

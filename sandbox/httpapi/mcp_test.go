@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -131,6 +132,93 @@ func TestMCPSessionExpires(t *testing.T) {
 	require.Len(t, mcptest.Sessions(t, url, ""), 1)
 	require.Eventually(t, func() bool { return len(mcptest.Sessions(t, url, "")) == 0 && boxes(s) == 0 }, 10*time.Second, 20*time.Millisecond,
 		"the idle MCP session ends, and its session and box with it")
+}
+
+// TestMCPIdleTTL: an MCP session of /v1/mcp with no request for
+// Options.MCPIdleTTL is closed — its Mcp-Session-Id is answered 404 — and
+// its cellbox session deleted with its box, though the service's
+// SessionTTL (a day) is far off: such a session lived until DELETE or the
+// SessionTTL, and IDE clients seldom send DELETE.
+func TestMCPIdleTTL(t *testing.T) {
+	s, _ := boxtest.Service(t, boxtest.Options{})
+	url := startHTTPWith(t, s, Options{MCPIdleTTL: 500 * time.Millisecond})
+	c := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
+	res, m := c.Call(t, "write_file", map[string]any{"path": "a.txt", "content": "x"})
+	require.False(t, res.IsError, m)
+	require.Len(t, mcptest.Sessions(t, url, ""), 1)
+	require.Equal(t, 1, boxes(s))
+
+	require.Eventually(t, func() bool { return len(mcptest.Sessions(t, url, "")) == 0 && boxes(s) == 0 }, 2*time.Minute, 50*time.Millisecond,
+		"the idle MCP session ends, and its session and box with it")
+	status, body := postMCP(t, url+"/v1/mcp", "", c.ID(), `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`)
+	assert.Equal(t, http.StatusNotFound, status, "the MCP session is gone: %s", body)
+}
+
+// TestMCPIdleTTLOption: the SDK's timeout of /v1/mcp's sessions (0:
+// none) is Options.MCPIdleTTL (0: the default, negative: none), never
+// longer than the service's SessionTTL (negative: none).
+func TestMCPIdleTTLOption(t *testing.T) {
+	day := 24 * time.Hour
+	for _, tt := range []struct{ idle, sessionTTL, want time.Duration }{
+		{0, day, DefaultMCPIdleTTL},
+		{time.Minute, day, time.Minute},
+		{-1, day, day},
+		{-1, -1, 0},
+		{time.Hour, time.Minute, time.Minute},
+		{0, -1, DefaultMCPIdleTTL},
+	} {
+		assert.Equal(t, tt.want, Options{MCPIdleTTL: tt.idle}.mcpIdleTTL(tt.sessionTTL), "MCPIdleTTL %v, SessionTTL %v", tt.idle, tt.sessionTTL)
+	}
+}
+
+// TestMCPIdleTTLInUse: a call that runs longer than Options.MCPIdleTTL
+// does not make its MCP session idle: while it runs, the session takes
+// other calls and keeps its box, and the call ends with its answer.
+func TestMCPIdleTTLInUse(t *testing.T) {
+	s, _ := boxtest.Service(t, boxtest.Options{})
+	url := startHTTPWith(t, s, Options{MCPIdleTTL: time.Second})
+	c := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
+	// The command outlives the TTL twice over before it says "past", then
+	// waits for the file another call of the session writes.
+	params := &mcp.CallToolParams{Name: "shell", Arguments: map[string]any{
+		"command":    "sleep 2; echo past; while [ ! -e go ]; do sleep 0.05; done; echo done",
+		"timeout_ms": 600000,
+	}}
+	params.SetProgressToken("long")
+	type answer struct {
+		res *mcp.CallToolResult
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		res, err := c.CallTool(context.Background(), params)
+		done <- answer{res, err}
+	}()
+	for safety := time.After(2 * time.Minute); len(c.Progress()) == 0; {
+		select {
+		case a := <-done:
+			t.Fatalf("the call ended before the command said past: %+v, %v", a.res, a.err)
+		case <-safety:
+			t.Fatal("the command did not say past")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	assert.Equal(t, []string{"past"}, c.Progress())
+	assert.Len(t, mcptest.Sessions(t, url, ""), 1, "the session keeps its box while its call runs")
+	res, m := c.Call(t, "write_file", map[string]any{"path": "go", "content": ""})
+	require.False(t, res.IsError, m)
+
+	var a answer
+	select {
+	case a = <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the call did not end once its file was written")
+	}
+	require.NoError(t, a.err)
+	var out map[string]any
+	require.NoError(t, json.Unmarshal([]byte(a.res.Content[0].(*mcp.TextContent).Text), &out))
+	require.False(t, a.res.IsError, out)
+	assert.Equal(t, "past\ndone\n", out["stdout"])
 }
 
 // TestMCPProfileOverHTTP: ?profile= picks the tool set on /v1/mcp; an
