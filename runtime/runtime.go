@@ -233,17 +233,30 @@ func (r *Runtime) Load(ctx context.Context, p Pattern) error {
 // stays pending, to resume on a later Load) and closes its services with
 // reason Stopped. Its cells stay in the store.
 func (r *Runtime) Stop(ctx context.Context, space, name string) error {
+	return r.remove(ctx, space, name, Stopped)
+}
+
+// Unload takes a loaded pattern instance out of the graph as Close takes
+// every one: its async runs are cancelled (their state stays pending) and
+// its services closed with reason Shutdown, keeping what they hold, so
+// that a Load of the instance, of the same or an edited version, resumes
+// it where it stood (a pattern reloaded while it runs).
+func (r *Runtime) Unload(ctx context.Context, space, name string) error {
+	return r.remove(ctx, space, name, Shutdown)
+}
+
+func (r *Runtime) remove(ctx context.Context, space, name string, reason CloseReason) error {
 	r.mu.Lock()
 	pat, ok := r.patterns[space+"/"+name]
 	if !ok {
 		r.mu.Unlock()
-		return fmt.Errorf("stop pattern %s/%s: not loaded", space, name)
+		return fmt.Errorf("%s pattern %s/%s: not loaded", map[CloseReason]string{Stopped: "stop", Shutdown: "unload"}[reason], space, name)
 	}
 	delete(r.patterns, pat.key())
 	r.unlink(pat)
 	svcs := r.detach(pat.nodes)
 	r.mu.Unlock()
-	return r.closeServices(ctx, svcs, Stopped)
+	return r.closeServices(ctx, svcs, reason)
 }
 
 // detach cancels the nodes' async runs and marks their services closing.

@@ -383,3 +383,32 @@ func TestWaitsForServiceOutput(t *testing.T) {
 		}
 	})
 }
+
+// TestUnloadThenLoadEdited: Unload closes a pattern's services as a
+// shutdown does (they keep what they hold) and leaves its cells; a Load of
+// an edited version then opens the service again on the new inputs, with
+// the stored values of the cells it still declares. What `cellbox run`
+// does when its pattern file is edited.
+func TestUnloadThenLoadEdited(t *testing.T) {
+	stores(t, func(t *testing.T, s cells.Store) {
+		b := newBox()
+		rt := start(t, s, boxPattern(b), runtime.Options{})
+		assert.Equal(t, runtime.Inputs{"cfg": 1}, <-b.opened)
+		set(t, rt, "cfg", `5`)
+		settle(t, rt)
+
+		require.NoError(t, rt.Unload(context.Background(), space, pat))
+		assert.Equal(t, runtime.Shutdown, <-b.closed, "unloaded, not stopped: the service keeps what it holds")
+		assert.Empty(t, rt.Nodes())
+
+		edited := boxPattern(b)
+		edited.Cells = append(edited.Cells, runtime.Cell{Name: "extra", Initial: json.RawMessage(`7`)})
+		edited.Nodes[0].Inputs = []string{"cfg", "extra"}
+		require.NoError(t, rt.Load(context.Background(), edited))
+		assert.Equal(t, runtime.Inputs{"cfg": 5, "extra": 7}, <-b.opened, "the stored cfg, the new cell's initial value")
+		settle(t, rt)
+		assert.Equal(t, 7.0, out(t, s).Inputs["extra"])
+
+		assert.ErrorContains(t, rt.Unload(context.Background(), space, "nope"), "not loaded")
+	})
+}

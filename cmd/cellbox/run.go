@@ -21,6 +21,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/fsnotify/fsnotify"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cellbox/cellbox/builtins"
@@ -139,6 +140,9 @@ func runRun(ctx context.Context, args []string) error {
 		fmt.Fprintf(os.Stderr, "  change a cell: cellbox cell set%s NAME JSON · stop: Ctrl-C (boxes sleep, a new run resumes them) · throw the boxes away: cellbox stop %s%s\n", dataFlag(*data), inst.Name, dataFlag(*data))
 	}
 	v.loaded() // the live view starts drawing below these lines
+	if !*once {
+		go watchPattern(ctx, patternFile(source), log, func() { reloadPattern(ctx, host.api, v, source, inst.Name) })
+	}
 
 	if *once {
 		err := host.rt.Wait(ctx)
@@ -149,7 +153,12 @@ func runRun(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		return printFinal(os.Stdout, store, host.rt, p, inst, pos[0], *data)
+		serversErr := waitServers(ctx, store, p, inst, serverReadyTimeout)
+		if ctx.Err() != nil {
+			finishView()
+			return errors.New("interrupted before the pattern's servers were up; a new run over the same data dir resumes it")
+		}
+		return errors.Join(printFinal(os.Stdout, store, host.rt, p, inst, pos[0], *data), serversErr)
 	}
 	select {
 	case <-ctx.Done():
@@ -161,6 +170,161 @@ func runRun(ctx context.Context, args []string) error {
 	finishView()
 	fmt.Fprintln(os.Stderr, "cellbox run: stopping (Ctrl-C again to quit at once)")
 	return nil
+}
+
+// patternFile is the file a pattern is read from: source itself, or its
+// pattern.yaml.
+func patternFile(source string) string {
+	if st, err := os.Stat(source); err == nil && st.IsDir() {
+		return filepath.Join(source, patterns.FileName)
+	}
+	return source
+}
+
+// reloadDebounce is how long a pattern file must be still after a change
+// before it is read again: an editor's save is several events.
+const reloadDebounce = 150 * time.Millisecond
+
+// watchPattern calls reload whenever file changes, until ctx ends, as a
+// dev server (air, nodemon, Vite) reloads on a save: its directory is
+// watched, so that an editor's save by rename counts too.
+func watchPattern(ctx context.Context, file string, log *slog.Logger, reload func()) {
+	w, err := fsnotify.NewWatcher()
+	if err == nil {
+		err = w.Add(filepath.Dir(file))
+	}
+	if err != nil {
+		log.Warn("cannot watch the pattern file: an edit will not reload it", "file", file, "err", err)
+		fmt.Fprintf(os.Stderr, "cellbox run: cannot watch %s (%v): edits take effect at the next run\n", file, err)
+		if w != nil {
+			w.Close()
+		}
+		return
+	}
+	defer w.Close()
+	var settle <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.Events:
+			if !ok {
+				return
+			}
+			if filepath.Clean(ev.Name) == file && ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename) != 0 {
+				settle = time.After(reloadDebounce)
+			}
+		case err, ok := <-w.Errors:
+			if ok {
+				log.Warn("watching the pattern file", "file", file, "err", err)
+			}
+		case <-settle:
+			settle = nil
+			reload()
+		}
+	}
+}
+
+// reloadPattern reads the pattern at source again and reloads instance
+// name with it (runapi.Server.Reload), saying in the view what came of
+// it: a version that does not load leaves the running one as it is.
+func reloadPattern(ctx context.Context, api *runapi.Server, v *view, source, name string) {
+	p, err := patterns.Load(source)
+	if err != nil {
+		v.reloaded(nil, fmt.Sprintf("%s changed, but it does not load; the pattern runs on as it was: %v", patternFile(source), oneLine(err.Error())))
+		return
+	}
+	if _, err := api.Reload(ctx, name, p); err != nil {
+		v.reloaded(nil, fmt.Sprintf("%s changed, but it does not load; the pattern runs on as it was: %v", patternFile(source), oneLine(err.Error())))
+		return
+	}
+	// The cells the new version started anew come as reset lines.
+	v.reloaded(p, fmt.Sprintf("reloaded %s (edited)", patternFile(source)))
+}
+
+// serverReadyTimeout bounds how long `run --once` waits for a sandbox
+// node's start: server to come up.
+const serverReadyTimeout = 2 * time.Minute
+
+// serverSettle is how long a server that declares no readiness (no port,
+// no ready command) must run before `run --once` counts it as up.
+const serverSettle = time.Second
+
+// waitServers waits, for `run --once`, until the start: server of every
+// sandbox node of p is up — ready (its port or ready command answered), or
+// running when it declares no readiness — and fails naming each that
+// exited before it was (a server that crash-loops: the run used to exit 0
+// at once) or was not up within timeout, with the tail of its output.
+func waitServers(ctx context.Context, store cells.Store, p *patterns.Pattern, inst runapi.Instance, timeout time.Duration) error {
+	var names []string
+	for _, n := range p.Nodes {
+		if n.Sandbox != nil && n.Sandbox.Start != nil {
+			names = append(names, n.Name)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var failed, waiting []string
+		for _, name := range names {
+			var o struct {
+				Status string                 `json:"status"`
+				Error  string                 `json:"error"`
+				Server *builtins.ServerStatus `json:"server"`
+			}
+			c, err := store.Get(cells.Address{Space: inst.Space, Pattern: inst.Name, Name: name})
+			if err == nil {
+				err = json.Unmarshal(c.Value, &o)
+			}
+			sv := o.Server
+			switch {
+			case err != nil:
+				failed = append(failed, fmt.Sprintf("node %s: read its server's state: %v", name, err))
+			case o.Error != "" && sv == nil:
+				failed = append(failed, fmt.Sprintf("node %s (sandbox): %s", name, oneLine(o.Error)))
+			case sv == nil || sv.State == builtins.ServerStarting:
+				waiting = append(waiting, name)
+			case sv.State == builtins.ServerReady:
+			case sv.State == builtins.ServerRunning && sv.Restarts == 0:
+				// Nothing says when it is ready: it counts as up once it
+				// has run a moment without exiting.
+				if sv.Started == nil || time.Since(*sv.Started) < serverSettle {
+					waiting = append(waiting, name)
+				}
+			default: // exited, in backoff, stopped, or running again after an exit
+				why := sv.State
+				if sv.ExitCode != nil {
+					why = fmt.Sprintf("exited with %d", *sv.ExitCode)
+				}
+				if sv.Error != "" {
+					why += ": " + oneLine(sv.Error)
+				}
+				msg := fmt.Sprintf("node %s: its server (%s) did not come up: %s, %d restarts", name, oneLine(sv.Command), why, sv.Restarts)
+				if tail := strings.TrimSpace(sv.Output); tail != "" {
+					msg += "; its output ends: " + oneLine(tail[max(len(tail)-500, 0):])
+				}
+				failed = append(failed, msg)
+			}
+		}
+		if len(failed) > 0 || len(waiting) == 0 {
+			if len(failed) == 0 {
+				return nil
+			}
+			return errors.New(strings.Join(failed, "\n  "))
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the start: server of %s was not up within %s", strings.Join(waiting, ", "), timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
 }
 
 // runPool is the most warm boxes `cellbox run` keeps.

@@ -159,6 +159,31 @@ func (v *view) loaded() {
 	v.dirty = true
 }
 
+// reloaded shows the pattern p (its file was edited and loaded again,
+// or failed to) from now on, with a note.
+func (v *view) reloaded(p *patterns.Pattern, note string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if p != nil {
+		v.p = p
+		nodes := map[string]*nodeView{}
+		for _, n := range p.Nodes {
+			if nv, ok := v.nodes[n.Name]; ok && nv.kind == string(n.Kind) {
+				nodes[n.Name] = nv
+			} else {
+				nodes[n.Name] = &nodeView{kind: string(n.Kind)}
+			}
+		}
+		v.nodes = nodes
+	}
+	v.dirty = true
+	if v.tty {
+		v.notes = append(v.notes, note)
+		return
+	}
+	v.line("%s", note)
+}
+
 func stamp(t time.Time) string { return t.Format("15:04:05.000") }
 
 // warn prints a warning: a timestamped line (plain mode), or a line kept

@@ -195,18 +195,7 @@ func (s *Server) Load(ctx context.Context, p *patterns.Pattern, opts LoadOptions
 		return Instance{}, &Error{Status: 409, Message: fmt.Sprintf("pattern %s is already loaded: stop it first (DELETE /v1/patterns/%s) or load it under another name", in.key(), in.key())}
 	}
 	s.mu.Unlock()
-	// The cells the load reset (the pattern was edited since they were
-	// stored) are said in the answer, not only in the server's log.
-	watch, endWatch := context.WithCancel(ctx)
-	statuses := s.rt.Subscribe(watch, 256)
-	err = s.rt.Load(ctx, rp)
-	endWatch()
-	var resets []Reset
-	for st := range statuses { // emitted before Load returned; closed after endWatch
-		if st.Kind == runtime.Reset && st.Node.Prefix() == in.prefix() {
-			resets = append(resets, Reset{Cell: st.Node.Name, Why: st.Err})
-		}
-	}
+	resets, err := s.loadRuntime(ctx, in, rp)
 	if err != nil {
 		return Instance{}, &Error{Status: 400, Message: err.Error()}
 	}
@@ -237,6 +226,73 @@ func (s *Server) Load(ctx context.Context, p *patterns.Pattern, opts LoadOptions
 	}
 	s.log.Info("pattern loaded", "pattern", in.key(), "source", in.source)
 	d, err := s.describe(in)
+	d.Resets = resets
+	return d, err
+}
+
+// loadRuntime loads rp, instance in's pattern, into the runtime and
+// returns the cells the load reset (the pattern was edited since they
+// were stored), to be said in the answer, not only in the server's log.
+func (s *Server) loadRuntime(ctx context.Context, in *instance, rp runtime.Pattern) ([]Reset, error) {
+	watch, endWatch := context.WithCancel(ctx)
+	statuses := s.rt.Subscribe(watch, 256)
+	err := s.rt.Load(ctx, rp)
+	endWatch()
+	var resets []Reset
+	for st := range statuses { // emitted before Load returned; closed after endWatch
+		if st.Kind == runtime.Reset && st.Node.Prefix() == in.prefix() {
+			resets = append(resets, Reset{Cell: st.Node.Name, Why: st.Err})
+		}
+	}
+	return resets, err
+}
+
+// Reload replaces the pattern of the loaded instance name by p (its file
+// was edited): the instance is unloaded as a shutdown would (its boxes and
+// runs kept, to resume) and loaded again in p's version, its stored cells
+// reconciled as a load after a restart does; the answer says which were
+// reset. A p that does not compile or load changes nothing: the instance
+// runs on in the version it had.
+func (s *Server) Reload(ctx context.Context, name string, p *patterns.Pattern) (Instance, error) {
+	s.loadMu.Lock()
+	defer s.loadMu.Unlock()
+	s.mu.Lock()
+	in := s.lookup(name)
+	s.mu.Unlock()
+	if in == nil {
+		return Instance{}, s.notLoaded(name)
+	}
+	rp, err := patterns.CompileInstance(p, s.env, in.space, in.name)
+	if err != nil {
+		return Instance{}, &Error{Status: 400, Message: err.Error()}
+	}
+	if err := s.rt.Unload(ctx, in.space, in.name); err != nil {
+		return Instance{}, err
+	}
+	resets, err := s.loadRuntime(ctx, in, rp)
+	if err != nil {
+		// The edit does not load here (a cycle, an input of another
+		// instance that is not there): the version that ran comes back.
+		old, cerr := patterns.CompileInstance(in.pattern, s.env, in.space, in.name)
+		if cerr == nil {
+			cerr = s.rt.Load(ctx, old)
+		}
+		if cerr != nil {
+			s.log.Error("reload failed, and the version that ran did not load again", "pattern", in.key(), "err", err, "again", cerr)
+		}
+		return Instance{}, &Error{Status: 400, Message: err.Error()}
+	}
+	// A new instance, not an edit of in: readers may hold in.
+	next := &instance{space: in.space, name: in.name, source: in.source, pattern: p, loaded: time.Now().UTC()}
+	s.mu.Lock()
+	for i, x := range s.instances {
+		if x == in {
+			s.instances[i] = next
+		}
+	}
+	s.mu.Unlock()
+	s.log.Info("pattern reloaded", "pattern", in.key(), "source", in.source, "resets", len(resets))
+	d, err := s.describe(next)
 	d.Resets = resets
 	return d, err
 }
