@@ -55,6 +55,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -116,7 +117,8 @@ type Backend struct {
 	log   *slog.Logger
 	disks string
 
-	hostImageMu sync.Mutex // serializes the on-demand import of HostImage
+	hostImageMu sync.Mutex  // serializes the on-demand import of HostImage
+	hostImage   atomic.Bool // the engine had HostImage when last asked
 
 	accountsMu sync.Mutex
 	accountsOf map[string][2][]byte // image ID → its /etc/passwd and /etc/group
@@ -375,7 +377,7 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d
 	}
 	noInit := false
 	timeout := stopTimeout
-	_, err = b.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+	opts := client.ContainerCreateOptions{
 		Name: spec.ID,
 		Config: &container.Config{
 			Image:       ref,
@@ -402,7 +404,15 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d
 				PidsLimit:  &pids,
 			},
 		},
-	})
+	}
+	_, err = b.cli.ContainerCreate(ctx, opts)
+	if cerrdefs.IsNotFound(err) && ref == HostImage {
+		// Removed behind our back since it was last seen: again.
+		b.hostImage.Store(false)
+		if err = b.ensureHostImage(ctx); err == nil {
+			_, err = b.cli.ContainerCreate(ctx, opts)
+		}
+	}
 	if err != nil {
 		_ = disk.Remove(context.WithoutCancel(ctx))
 	}
@@ -775,10 +785,19 @@ func notFound(err error) error {
 
 // ensureHostImage imports HostImage from image.SkeletonTar unless the
 // engine has it.
+//
+// Once the engine has it, later creates do not ask again (each asked under
+// the lock: a storm of creates queued on it, one engine call at a time); a
+// create that finds it gone (docker rmi behind cellbox's back) clears the
+// mark, and the next one imports it again.
 func (b *Backend) ensureHostImage(ctx context.Context) error {
+	if b.hostImage.Load() {
+		return nil
+	}
 	b.hostImageMu.Lock()
 	defer b.hostImageMu.Unlock()
 	if id, err := b.ImageID(ctx, HostImage); err != nil || id != "" {
+		b.hostImage.Store(err == nil)
 		return err
 	}
 	var buf bytes.Buffer
@@ -790,6 +809,7 @@ func (b *Backend) ensureHostImage(ctx context.Context) error {
 		return err
 	}
 	b.log.Info("imported box image", "image", HostImage, "id", id)
+	b.hostImage.Store(true)
 	return nil
 }
 
