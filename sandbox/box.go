@@ -393,9 +393,10 @@ func (s *Service) create(ctx context.Context, sess *Session, name string, b *box
 	return nil
 }
 
-// errShuttingDown refuses a box made or woken after SleepAll.
+// errShuttingDown refuses a box made or woken after SleepAll: unavailable,
+// a call to make again once the server is back.
 func errShuttingDown(id string) error {
-	return fmt.Errorf("box %s was not started: the server is shutting down and has put its boxes to sleep; call again once it is back", id)
+	return api.WithCode(api.CodeUnavailable, fmt.Errorf("box %s was not started: the server is shutting down and has put its boxes to sleep; call again once it is back", id))
 }
 
 // adopt records the freshly made box b as running and owned, in memory and

@@ -40,7 +40,7 @@ Every tool is served by one registry, over HTTP (` + "`POST /v1/sessions/{id}/to
 the CLI (` + "`cellbox tool NAME '{json}'`" + `) and ` + "`GET /v1/tools`" + ` (name, description,
 JSON Schema of the input). A result is a JSON object with the fields below and
 ` + "`is_error`" + `; a failed call is ` + "`{\"is_error\": true, \"error\": \"...\", \"code\": \"...\"}`" + ` with a
-message a model can act on and a code a program can act on (` + "`invalid_input`, `not_found`, `no_box`, `no_session`, `outside_workspace`, `exists`, `too_large`, `timeout`, `refused`, `limit`, `internal`" + `; see
+message a model can act on and a code a program can act on (` + "`invalid_input`, `not_found`, `no_box`, `no_session`, `outside_workspace`, `exists`, `too_large`, `timeout`, `refused`, `limit`, `unavailable`, `internal`" + `; see
 [api.md](api.md#sessions-and-tools)). Every tool that works in a box takes ` + "`sandbox`" + `
 (default ` + "`default`" + `): the box's name in the session, created on first use.
 Paths are absolute or relative to ` + "`/workspace`" + `; file tools work under

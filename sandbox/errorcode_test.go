@@ -34,6 +34,7 @@ func TestErrorCode(t *testing.T) {
 		{"given code wins", api.WithCode(api.CodeRefused, &agent.Error{Code: agent.CodeNotFound}), api.CodeRefused},
 		{"unknown tool", fmt.Errorf("x: %w", ErrUnknownTool), api.CodeInvalidInput},
 		{"deadline", fmt.Errorf("exec: %w", context.DeadlineExceeded), api.CodeTimeout},
+		{"shutting down", fmt.Errorf("wake: %w", errShuttingDown("cb-x")), api.CodeUnavailable},
 		{"anything else", errors.New("backend down"), api.CodeInternal},
 	}
 	for _, tt := range tests {

@@ -615,6 +615,7 @@ func TestSleepAll(t *testing.T) {
 	// box again to run on after it exits (it used to wake it).
 	assert.Contains(t, last.toolErr("read_file", map[string]any{"sandbox": "a", "path": "f"}), "the server is shutting down and has put its boxes to sleep")
 	assert.Contains(t, last.toolErr("sandbox_create", map[string]any{"sandbox": "b"}), "the server is shutting down")
+	assert.Equal(t, api.CodeUnavailable, last.call("read_file", map[string]any{"sandbox": "a", "path": "f"})["code"], "call again once the server is back")
 	assert.Equal(t, backend.StateStopped, be.state(ids[len(ids)-1]))
 	require.NoError(t, s.SleepAll(context.Background()), "again, with nothing else running")
 

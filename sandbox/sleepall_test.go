@@ -3,8 +3,10 @@ package sandbox_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,6 +60,7 @@ func TestSleepAllRealBoxes(t *testing.T) {
 		raw, err := svc.CallToolAs(ctx, sessions[id], "", "shell", json.RawMessage(`{"sandbox": "work", "command": "true"}`))
 		require.NoError(t, err)
 		assert.Contains(t, string(raw), "the server is shutting down")
+		assert.Contains(t, string(raw), `"code":"unavailable"`, "a call to make again once the server is back, not a fault")
 		info, err := svc.Backend().Inspect(ctx, id)
 		require.NoError(t, err)
 		assert.Equal(t, backend.StateStopped, info.State, "box %s stays asleep", id)
@@ -91,7 +94,50 @@ func TestSleepAllThenWarmBox(t *testing.T) {
 	raw, err := svc.CallToolAs(ctx, sess, "", "sandbox_create", json.RawMessage(`{"sandbox": "late"}`))
 	require.NoError(t, err)
 	assert.Contains(t, string(raw), "the server is shutting down")
+	assert.Contains(t, string(raw), `"code":"unavailable"`)
 	list, err := svc.CallToolAs(ctx, sess, "", "sandbox_list", nil)
 	require.NoError(t, err)
 	assert.NotContains(t, string(list), `"late"`, "no box was handed out")
+}
+
+// TestCallEndedWithCause: a call whose caller ends it with a reason (a
+// server whose stop's grace ran out) is answered with that reason and the
+// code unavailable — call again once the server is back — not internal,
+// which says the service or its backend failed.
+func TestCallEndedWithCause(t *testing.T) {
+	svc, _ := boxtest.Service(t, boxtest.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sess, _, err := svc.NewSession(ctx)
+	require.NoError(t, err)
+	raw, err := svc.CallToolAs(ctx, sess, "", "shell", json.RawMessage(`{"command": "true"}`)) // the box is up
+	require.NoError(t, err)
+	require.Contains(t, string(raw), `"is_error":false`)
+
+	callCtx, end := context.WithCancelCause(ctx)
+	done := make(chan json.RawMessage, 1)
+	go func() {
+		raw, err := svc.CallToolAs(callCtx, sess, "", "shell", json.RawMessage(`{"command": "touch started; sleep 600", "timeout_ms": 900000}`))
+		assert.NoError(t, err)
+		done <- raw
+	}()
+	require.Eventually(t, func() bool {
+		raw, err := svc.CallToolAs(ctx, sess, "", "read_file", json.RawMessage(`{"path": "started"}`))
+		return err == nil && strings.Contains(string(raw), `"is_error":false`)
+	}, time.Minute, 20*time.Millisecond, "the long call runs")
+	end(errors.New("the server is shutting down: the call was ended"))
+	var out struct {
+		IsError bool   `json:"is_error"`
+		Error   string `json:"error"`
+		Code    string `json:"code"`
+	}
+	select {
+	case raw = <-done:
+	case <-ctx.Done():
+		t.Fatal("the call did not end")
+	}
+	require.NoError(t, json.Unmarshal(raw, &out), string(raw))
+	assert.True(t, out.IsError)
+	assert.Equal(t, "the server is shutting down: the call was ended", out.Error)
+	assert.Equal(t, "unavailable", out.Code)
 }

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -500,9 +501,13 @@ func (s *Service) callTool(ctx context.Context, dst []byte, sess *Session, t *To
 		}
 		// The caller ended the call with a reason (a server that
 		// stops): that is the answer (what failed then is the echo of
-		// it in the agent's connection).
+		// it in the agent's connection), with the reason's code, or
+		// unavailable: the call did not fail, it was not let finish,
+		// and may be made again once the server is back. (The one
+		// caller that gives a reason is cellbox's HTTP server when its
+		// --shutdown-grace runs out; its reason has no code.)
 		if cause := context.Cause(ctx); ctx.Err() != nil && cause != ctx.Err() {
-			err = cause
+			err = api.WithCode(cmp.Or(api.CodeOf(cause), api.CodeUnavailable), cause)
 		}
 	}
 	c.done()

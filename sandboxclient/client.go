@@ -88,6 +88,9 @@ var (
 	ErrRefused = api.ErrRefused
 	// ErrLimit: the cap on sandboxes per session or per server is reached.
 	ErrLimit = api.ErrLimit
+	// ErrUnavailable: the server is shutting down (the call was ended,
+	// or refused); call again once it is back.
+	ErrUnavailable = api.ErrUnavailable
 	// ErrInternal: a fault of the service or its backend.
 	ErrInternal = api.ErrInternal
 )

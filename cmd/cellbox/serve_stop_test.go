@@ -113,4 +113,6 @@ func TestServeStopAnswersCallsInFlight(t *testing.T) {
 	var failed *sandboxclient.ToolError
 	require.ErrorAs(t, a.err, &failed, "the call is answered with an error result, not cut")
 	assert.Equal(t, "shell: the server is shutting down: the call was ended, its command stopped; call again once the server is back", a.err.Error())
+	assert.Equal(t, api.CodeUnavailable, failed.Code, "call again once the server is back: not internal, a fault")
+	assert.ErrorIs(t, a.err, sandboxclient.ErrUnavailable)
 }

@@ -21,6 +21,7 @@ const (
 	CodeTimeout          = "timeout"           // the operation ran out of time
 	CodeRefused          = "refused"           // the command is outside the session's allowed_commands
 	CodeLimit            = "limit"             // a cap on sandboxes (per session or server) is reached
+	CodeUnavailable      = "unavailable"       // the server is shutting down: call again once it is back
 	CodeInternal         = "internal"          // anything else: a fault of the service or the backend
 )
 
@@ -39,7 +40,10 @@ var (
 	ErrTimeout  = errors.New("timed out")
 	ErrRefused  = errors.New("command not in allowed_commands")
 	ErrLimit    = errors.New("sandbox limit reached")
-	ErrInternal = errors.New("internal error")
+	// ErrUnavailable: the call did not fail on its own; the server could
+	// not serve it (it is shutting down). Retryable.
+	ErrUnavailable = errors.New("server unavailable")
+	ErrInternal    = errors.New("internal error")
 )
 
 // codes lists the codes with their sentinels, in the order CodeOf tries
@@ -58,6 +62,7 @@ var codes = []struct {
 	{CodeInvalidInput, ErrInvalidInput},
 	{CodeNotFound, ErrNotFound},
 	{CodeExists, ErrExists},
+	{CodeUnavailable, ErrUnavailable},
 	{CodeInternal, ErrInternal},
 }
 

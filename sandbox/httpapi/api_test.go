@@ -312,6 +312,41 @@ func TestBoxEndpointStatusFollowsCode(t *testing.T) {
 	assert.Equal(t, "hi\n", out)
 }
 
+// TestShuttingDownIsUnavailable: once the server is shutting down (its
+// boxes put to sleep), a box endpoint answers 503 with the code
+// unavailable, and a tool call an error result with that code: call again
+// once the server is back. Both said internal (502), a fault.
+func TestShuttingDownIsUnavailable(t *testing.T) {
+	s, _ := boxtest.Service(t, boxtest.Options{})
+	h := newHTTPSession(t, startHTTP(t, s))
+	h.tool("write_file", map[string]any{"path": "kept.txt", "content": "x"}) // the box is up
+	require.NoError(t, s.SleepAll(context.Background()))
+
+	m := h.call("read_file", map[string]any{"path": "kept.txt"})
+	assert.Equal(t, true, m["is_error"])
+	assert.Equal(t, api.CodeUnavailable, m["code"], m["error"])
+	assert.Contains(t, m["error"], "the server is shutting down")
+	for _, tc := range []struct{ method, path, body string }{
+		{http.MethodPost, "/boxes/default/exec", `{"command":"true"}`},
+		{http.MethodGet, "/boxes/default/files/kept.txt", ""},
+		{http.MethodPut, "/boxes/default/files/new.txt", "y"},
+	} {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			req, err := http.NewRequest(tc.method, h.url+"/v1/sessions/"+h.id+tc.path, strings.NewReader(tc.body))
+			require.NoError(t, err)
+			req.Header.Set("Authorization", "Bearer "+h.token)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			var e api.ErrorBody
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
+			assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, e.Error)
+			assert.Equal(t, api.CodeUnavailable, e.Code, e.Error)
+			assert.Contains(t, e.Error, "the server is shutting down")
+		})
+	}
+}
+
 // TestSessionLimitsOverHTTP: past --max-sessions, POST /v1/sessions answers
 // 429 with the code limit (it answered 500 with no code), and a client may
 // not delete the server's own session (the runtime's): 403 refused (the

@@ -382,6 +382,7 @@ var codeStatus = map[string]int{
 	api.CodeTooLarge:         http.StatusRequestEntityTooLarge,
 	api.CodeLimit:            http.StatusTooManyRequests,
 	api.CodeTimeout:          http.StatusGatewayTimeout,
+	api.CodeUnavailable:      http.StatusServiceUnavailable, // shutting down: call again once it is back
 }
 
 // errorStatus maps an error of a box operation to an HTTP status through

@@ -324,11 +324,13 @@ func (o *outputNotifier) send(stream string, line []byte) {
 
 // resourceError is a failed resources/read as a JSON-RPC error: invalid
 // params (-32602, also MCP's "resource not found") for what the client
-// asked wrong, internal error (-32603) for a fault of the server. A plain
-// error would reach the client with code 0.
+// asked wrong, internal error (-32603) for what the server could not do
+// (a fault, or unavailable: shutting down; the message says to read
+// again once it is back). A plain error would reach the client with
+// code 0.
 func resourceError(code, msg string) error {
 	c := int64(jsonrpc.CodeInvalidParams)
-	if code == "" || code == api.CodeInternal {
+	if code == "" || code == api.CodeInternal || code == api.CodeUnavailable {
 		c = jsonrpc.CodeInternalError
 	}
 	return &jsonrpc.Error{Code: c, Message: msg}
