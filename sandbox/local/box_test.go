@@ -194,28 +194,6 @@ func TestServerPart(t *testing.T) {
 	require.Equal(t, 0, res.ExitCode)
 }
 
-// What a process killed inside Create or Clone left in the root — a box
-// directory without spec.json, a copy of a disk a fork had made — is
-// removed by the next backend over the root, however fresh: the root is
-// one backend's at a time, so no Create is in flight. The box's own disk
-// stays.
-func TestHalfMadeBoxDirsAreSwept(t *testing.T) {
-	testenv.RequireBwrap(t)
-	root := t.TempDir()
-	half := filepath.Join(root, "cb-halfmade")
-	require.NoError(t, os.MkdirAll(filepath.Join(half, "workspace"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(half, "disk.img"), []byte("x"), 0o600))
-	dir := filepath.Join(root, "cb-forked")
-	require.NoError(t, os.MkdirAll(dir, 0o700))
-	for _, name := range []string{".clone-cb-new.img", "disk.img", "spec.json"} {
-		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o600))
-	}
-	newLocal(t, root)
-	assert.NoDirExists(t, half)
-	assert.NoFileExists(t, filepath.Join(dir, ".clone-cb-new.img"))
-	assert.FileExists(t, filepath.Join(dir, "disk.img"))
-}
-
 // The box user is a host uid of the box's own, not root: what it writes
 // is owned on the host by that uid, and two boxes do not share one.
 func TestBoxUserIsUnprivilegedHostUID(t *testing.T) {

@@ -55,6 +55,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cellbox/cellbox/internal/crashpoint"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/backend/boxdisk"
@@ -64,10 +66,9 @@ import (
 
 // Options configure New.
 type Options struct {
-	// Root holds one directory per box. Required. It belongs to one
-	// Backend at a time (cellbox holds its data dir's lock while it runs
-	// one): New removes whatever a Create or a fork cut short by a crash
-	// left in it.
+	// Root holds one directory per box. Required. New removes what a
+	// Create cut short by its process's death left in it, however fresh
+	// (a Create in flight in a live process is left alone).
 	Root string
 	// ImagesDir holds the images built by `cellbox image build`:
 	// cellbox/NAME is ImagesDir/NAME/rootfs. Empty: only DefaultImage.
@@ -313,7 +314,7 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d
 	}
 	defer b.lock(spec.ID)()
 	dir := b.dir(spec.ID)
-	if err := os.Mkdir(dir, 0o700); errors.Is(err, os.ErrExist) {
+	if err := b.makeBoxDir(dir); errors.Is(err, os.ErrExist) {
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, backend.ErrExists)
 	} else if err != nil {
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
@@ -336,7 +337,50 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d
 		b.freeUID(spec.ID, uid)
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}
+	_ = os.Remove(filepath.Join(dir, makerFile)) // whole now: spec.json says so
 	return b.info(bf, nil), nil
+}
+
+// makerFile, in a box directory without spec.json, names the process
+// making the box (a proc): sweepHalfMade tells a Create cut short by its
+// process's death from one in flight.
+const makerFile = "maker.json"
+
+// makeBoxDir makes a box's directory, with its maker file already in it
+// (made aside, then renamed into place; os.ErrExist if dir exists), so
+// that no box directory is ever without one of maker or spec.
+func (b *Backend) makeBoxDir(dir string) error {
+	me, err := currentProc(os.Getpid())
+	if err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(b.root, ".making-") // not a box id: List skips it
+	if err != nil {
+		return err
+	}
+	data, _ := json.Marshal(me)
+	err = os.WriteFile(filepath.Join(tmp, makerFile), data, 0o600)
+	if err == nil {
+		err = os.Chmod(tmp, 0o700)
+	}
+	if err == nil {
+		err = unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dir, unix.RENAME_NOREPLACE)
+		if errors.Is(err, unix.EEXIST) {
+			err = os.ErrExist
+		}
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+	}
+	return err
+}
+
+// madeByTheLiving reports whether the half-made box directory dir is
+// being made by a live process (its maker file names one).
+func madeByTheLiving(dir string) bool {
+	data, err := os.ReadFile(filepath.Join(dir, makerFile))
+	var maker proc
+	return err == nil && json.Unmarshal(data, &maker) == nil && maker.alive()
 }
 
 func (b *Backend) writeBoxFile(bf boxFile) error {
@@ -802,25 +846,30 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 }
 
 // sweepHalfMade removes the disk copies a fork left in box directories
-// (backend.SweepClones), box directories that have no spec.json, then the
+// (backend.SweepClones, an hour old), box directories that have no
+// spec.json and whose maker is dead (makeBoxDir), however fresh, then the
 // host uid reservations of boxes that have no directory: what a process
 // killed inside Create or Clone left. List never sees them, so nothing
-// else would. No Create is in flight: Root is this Backend's alone, and
-// New runs before any.
+// else would. A Create in flight in a live process (another Backend over
+// the root) is left alone.
 func (b *Backend) sweepHalfMade() {
 	entries, err := os.ReadDir(b.root)
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), ".making-") && !madeByTheLiving(b.dir(e.Name())) {
+			os.RemoveAll(b.dir(e.Name())) // cut short before it was renamed into place
+			continue
+		}
 		if !e.IsDir() || !validID(e.Name()) {
 			continue
 		}
 		dir := b.dir(e.Name())
-		for _, f := range backend.SweepClones(dir, 0) {
+		for _, f := range backend.SweepClones(dir, backend.StaleClone) {
 			b.log.Warn("local backend: removed the copy of a disk a fork left", "file", f)
 		}
-		if _, err := os.Lstat(filepath.Join(dir, "spec.json")); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Lstat(filepath.Join(dir, "spec.json")); !errors.Is(err, os.ErrNotExist) || madeByTheLiving(dir) {
 			continue
 		}
 		b.log.Warn("local backend: removing a half-made box directory", "dir", dir)
