@@ -362,7 +362,7 @@ type NetworkRules struct {
 // the server's secret named by Secret) never enters the box and is never
 // returned by a tool.
 type Inject struct {
-	Host   string `json:"host" desc:"Host the header goes to: a name (api.example.org), *.example.org, or an IP. It must also be allowed."`
+	Host   string `json:"host" desc:"Host the header goes to: a name (api.example.org), *.example.org, or an IP, without a port: the header goes on requests to every port of it that the allow list lets through. It must also be allowed."`
 	Header string `json:"header" desc:"Header name, e.g. Authorization or X-Api-Key; it replaces one the box sends."`
 	Value  string `json:"value,omitempty" desc:"The header's value (stored on the server, never shown again). Give value or secret."`
 	Secret string `json:"secret,omitempty" desc:"Name of a secret the server holds: the value of its environment variable CELLBOX_SECRET_<secret>, read at each request. Give value or secret."`
