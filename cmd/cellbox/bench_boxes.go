@@ -46,11 +46,12 @@ type boxesOptions struct {
 	benchCommon
 	data    string
 	treeMiB int
+	storm   int // boxes of the storm, one per session
 	only    []string // the groups of rows to measure (benchBoxGroups); nil: all
 }
 
 // benchBoxGroups are the groups of rows `cellbox bench boxes --only` picks.
-var benchBoxGroups = []string{"create", "shell", "files", "code", "transfer", "fork"}
+var benchBoxGroups = []string{"create", "shell", "files", "code", "transfer", "fork", "storm"}
 
 // want reports whether the group of rows is measured.
 func (o boxesOptions) want(group string) bool { return o.only == nil || slices.Contains(o.only, group) }
@@ -62,6 +63,7 @@ func benchBoxesCmd(ctx context.Context, args []string) (*benchReport, bool, erro
 		"box backend to measure: docker, local (bubblewrap) or both", "static cellbox binary run as the agent in every box (default: this executable)", false)
 	fs.StringVar(&o.data, "data", "", "directory for the bench's state and boxes (default: a temporary directory, removed at the end)")
 	fs.IntVar(&o.treeMiB, "tree-mib", 100, "size of the tree copied between two boxes, in files of 1 MiB")
+	fs.IntVar(&o.storm, "storm", 100, "boxes of the storm row: as many sessions each make one box at once")
 	only := fs.String("only", "", "comma-separated groups of rows to measure, of "+strings.Join(benchBoxGroups, ", ")+" (default: all)")
 	check := func() error {
 		if *only != "" {
@@ -71,6 +73,9 @@ func benchBoxesCmd(ctx context.Context, args []string) (*benchReport, bool, erro
 					return fmt.Errorf("--only %s: no group %q; groups: %s", *only, g, strings.Join(benchBoxGroups, ", "))
 				}
 			}
+		}
+		if err := positive("storm", o.storm); err != nil {
+			return err
 		}
 		return positive("tree-mib", o.treeMiB)
 	}
@@ -112,6 +117,9 @@ func benchBoxes(ctx context.Context, o boxesOptions) (rep *benchReport, err erro
 	}
 	if o.want("code") {
 		rep.note("run_code: a Python cell `1 + 1` in a warm code context (its interpreter runs on), and a stateless run_code (an interpreter started, run and ended per call); baseline: the shell tool running `python3 -c 'print(1 + 1)'`.")
+	}
+	if o.want("storm") {
+		rep.note("storm: %d sessions each make a box (sandbox_create, then shell `true` in it) all at once, on a service with no warm pool; the time until the last answers (one sample per round, the boxes destroyed between rounds, untimed). Baseline: %d `docker run --rm … true` (or `bwrap … true`) started at once, until the last exits.", o.storm, o.storm)
 	}
 	if o.want("transfer") {
 		rep.note("tree transfer: the transfer tool copying a directory of %d files of 1 MiB (random bytes) from one box to another of the session.", o.treeMiB)
@@ -220,6 +228,7 @@ func (b *boxesBench) measure(ctx context.Context) error {
 		{"code", func() error { return b.code(ctx, c) }},
 		{"transfer", func() error { return b.transfer(ctx, c) }},
 		{"fork", func() error { return b.fork(ctx, c) }},
+		{"storm", func() error { return b.stormRow(ctx) }},
 	} {
 		if !b.o.want(g.name) {
 			continue
@@ -228,6 +237,71 @@ func (b *boxesBench) measure(ctx context.Context) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// stormRow measures o.storm boxes made at once, one per session, on a
+// service with no warm pool, beside as many baseline boxes started at once.
+func (b *boxesBench) stormRow(ctx context.Context) error {
+	srv, err := b.startServer(ctx, "storm", 0)
+	if err != nil {
+		return err
+	}
+	defer b.stopServer(srv)
+	clients := make([]*sandboxclient.HTTP, b.o.storm)
+	for i := range clients {
+		if clients[i], err = sandboxclient.NewSession(ctx, srv.url); err != nil {
+			return fmt.Errorf("storm: session %d: %w", i, err)
+		}
+	}
+	// all runs fn(i) for every box at once and returns when the last ends.
+	all := func(fn func(i int) error) (time.Duration, error) {
+		return timed(func() error {
+			errs := make(chan error, b.o.storm)
+			for i := range b.o.storm {
+				go func() { errs <- fn(i) }()
+			}
+			var first error
+			for range b.o.storm {
+				if err := <-errs; err != nil && first == nil {
+					first = err
+				}
+			}
+			return first
+		})
+	}
+	iters := max(min(b.o.n/10, 3), 1)
+	samples, err := benchLoop(ctx, iters, b.o.budget, func(int) (time.Duration, error) {
+		d, err := all(func(i int) error {
+			if _, err := clients[i].CreateBox(ctx, api.SandboxCreateInput{Sandbox: "s"}); err != nil {
+				return err
+			}
+			return shellTrue(ctx, clients[i], "s")
+		})
+		for _, c := range clients { // untimed
+			if derr := c.DestroyBox(ctx, "s"); derr != nil && err == nil {
+				err = derr
+			}
+		}
+		return d, err
+	})
+	if err != nil {
+		return fmt.Errorf("storm: %w", err)
+	}
+	argv := append(bwrapArgv(), "--", "/usr/bin/true")
+	base := "bwrap … true"
+	if b.name == "docker" {
+		argv = []string{"docker", "run", "--rm", "--network", "none", "--label", "cellbox.bench=" + b.run, "-v", "/usr:/usr:ro", docker.HostImage, "true"}
+		base = "docker run --rm"
+	}
+	baseSamples, err := benchLoop(ctx, iters, b.o.budget, func(int) (time.Duration, error) {
+		return all(func(int) error { return runCmd(ctx, argv...) })
+	})
+	if err != nil {
+		return fmt.Errorf("storm baseline: %w", err)
+	}
+	p, _, _ := percentiles(baseSamples)
+	b.rep.add(b.name, fmt.Sprintf("storm: %d boxes at once (one per session), all answering", b.o.storm), samples, fmt.Sprintf("%d × %s at once", b.o.storm, base), p, 0)
 	return nil
 }
 
