@@ -46,7 +46,7 @@ type boxesOptions struct {
 	benchCommon
 	data    string
 	treeMiB int
-	storm   int // boxes of the storm, one per session
+	storm   int      // boxes of the storm, one per session
 	only    []string // the groups of rows to measure (benchBoxGroups); nil: all
 }
 
