@@ -104,9 +104,20 @@ func imageBuild(ctx context.Context, imagesDir, name, where string, force bool, 
 	if where == "local" {
 		return nil
 	}
+	err = imageImport(ctx, in, name, where, built, force)
+	if err != nil && ctx.Err() != nil {
+		// The rootfs is complete (Build installs only a finished one);
+		// Docker tags an import only once it is whole.
+		return fmt.Errorf("interrupted (%v) while importing into Docker: %s is as it was; the rootfs at %s is built, `cellbox image build %s` imports it", context.Cause(ctx), image.Ref(name), in.Rootfs, name)
+	}
+	return err
+}
+
+// imageImport imports a built rootfs into Docker as cellbox/NAME.
+func imageImport(ctx context.Context, in image.Info, name, where string, built, force bool) error {
 	d, err := docker.New(ctx, docker.Options{})
 	if err != nil {
-		if where == "both" {
+		if where == "both" && ctx.Err() == nil {
 			fmt.Printf("%s: not imported into Docker: %v\n", name, err)
 			return nil
 		}
@@ -121,9 +132,14 @@ func imageBuild(ctx context.Context, imagesDir, name, where string, force bool, 
 		return nil
 	}
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(image.Tar(ctx, in.Rootfs, pw)) }()
+	tarDone := make(chan struct{})
+	go func() {
+		defer close(tarDone)
+		pw.CloseWithError(image.Tar(ctx, in.Rootfs, pw))
+	}()
 	id, err := d.ImportImage(ctx, ref, pr)
 	pr.CloseWithError(err)
+	<-tarDone // no tar outlives the command
 	if err != nil {
 		return err
 	}

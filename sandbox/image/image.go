@@ -94,7 +94,10 @@ type BuildOptions struct {
 
 // Build makes image Name's rootfs unless it exists (or Force). It reports
 // whether it built. The rootfs is built beside its final place and renamed
-// there when complete, so a failed build leaves no half image.
+// there when complete, so a failed build leaves no half image. When ctx
+// ends (Ctrl-C, SIGTERM) every process of the build is stopped within
+// stopGrace, the partial rootfs is unmounted and removed, and the error
+// (which unwraps to ctx.Err()) says the build was interrupted.
 func Build(ctx context.Context, o BuildOptions) (Info, bool, error) {
 	extra, ok := packages[o.Name]
 	pkgs := append(slices.Clone(basePackages), extra...)
@@ -131,15 +134,30 @@ func Build(ctx context.Context, o BuildOptions) (Info, bool, error) {
 		}
 	}
 	tmp := rootfs + ".building"
-	if err := os.RemoveAll(tmp); err != nil {
+	if err := errors.Join(sweep(rootfs), removeBuilding(tmp)); err != nil {
 		return Info{}, false, fmt.Errorf("image build %s: clear %s: %w", o.Name, tmp, err)
 	}
 	if err := os.MkdirAll(filepath.Dir(rootfs), 0o755); err != nil {
 		return Info{}, false, fmt.Errorf("image build %s: %w", o.Name, err)
 	}
 	log.Info("debootstrap", "image", o.Name, "suite", o.Suite, "mirror", o.Mirror, "packages", pkgs)
+	// stopped ends a build cut short by ctx (Ctrl-C, SIGTERM): the steps
+	// are dead by now (runLogged kills each one's whole process group), so
+	// the partial rootfs goes; the finished one, if any, was never touched.
+	stopped := func(during string) error {
+		msg := fmt.Sprintf("image build %s: interrupted (%v) during %s; nothing was installed, the image built before, if any, is untouched", o.Name, context.Cause(ctx), during)
+		if left, err := discard(rootfs); err != nil {
+			msg += fmt.Sprintf("; the partial rootfs is left at %s (%v), the next build removes it", left, err)
+		} else if left != "" {
+			msg += fmt.Sprintf("; what is left of the partial rootfs, %s, goes with the next build", left)
+		}
+		return &interruptedError{msg, ctx.Err()}
+	}
 	run := func(what string, name string, args ...string) error {
 		tail, err := runLogged(ctx, o.Output, name, args...)
+		if err != nil && ctx.Err() != nil {
+			return stopped(what)
+		}
 		if err != nil {
 			if b, rerr := os.ReadFile(filepath.Join(tmp, "debootstrap", "debootstrap.log")); rerr == nil {
 				tail.Write(b)
@@ -160,14 +178,22 @@ func Build(ctx context.Context, o BuildOptions) (Info, bool, error) {
 				append(inRoot, append([]string{"apt-get", "install", "-y", "--no-install-recommends"}, extra...)...)...)
 		}
 	}
+	var stop *interruptedError
+	if errors.As(err, &stop) {
+		return Info{}, false, err
+	}
 	if err != nil {
-		_ = os.RemoveAll(tmp)
+		_ = removeBuilding(tmp)
 		return Info{}, false, err
 	}
 	in := Info{Name: o.Name, Rootfs: rootfs, Suite: o.Suite, Mirror: o.Mirror, Packages: pkgs, Built: time.Now().UTC()}
 	if err := finish(tmp, &in); err != nil {
-		_ = os.RemoveAll(tmp)
+		_ = removeBuilding(tmp)
 		return Info{}, false, fmt.Errorf("image build %s: %w", o.Name, err)
+	}
+	if ctx.Err() != nil {
+		// Complete, but the stop came first: a stopped build installs nothing.
+		return Info{}, false, stopped("the last step")
 	}
 	// Swap in the new rootfs; the old one goes (boxes still using it lose it).
 	old := rootfs + ".old"
@@ -318,7 +344,7 @@ func Tar(ctx context.Context, rootfs string, w io.Writer) error {
 // would be written concurrently (a data race the first build on a machine
 // hit).
 func runLogged(ctx context.Context, out io.Writer, name string, args ...string) (*tailWriter, error) {
-	cmd := exec.CommandContext(ctx, name, args...)
+	cmd := groupCommand(ctx, name, args...)
 	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C.UTF-8")
 	tail := &tailWriter{}
 	if out == nil {
@@ -326,7 +352,7 @@ func runLogged(ctx context.Context, out io.Writer, name string, args ...string) 
 	}
 	w := io.MultiWriter(out, tail)
 	cmd.Stdout, cmd.Stderr = w, w
-	return tail, cmd.Run()
+	return tail, runGroup(cmd)
 }
 
 // tailWriter keeps the last 4 KiB written to it, for error messages. It is
