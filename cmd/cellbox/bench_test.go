@@ -26,7 +26,7 @@ func TestBenchBoxesLocal(t *testing.T) {
 	data := t.TempDir()
 
 	var out bytes.Buffer
-	err := runBench(context.Background(), []string{"boxes", "--backend", "local", "--n", "3", "--tree-mib", "2",
+	err := runBench(context.Background(), []string{"boxes", "--backend", "local", "--n", "3", "--tree-mib", "2", "--storm", "5",
 		"--data", data, "--agent-binary", bin}, &out)
 	require.NoError(t, err, out.String())
 	t.Log("\n" + out.String())
@@ -43,6 +43,7 @@ func TestBenchBoxesLocal(t *testing.T) {
 		{"`run_code` python `1 + 1` stateless", "`shell` `python3 -c …`", false},
 		{"transfer 2 MiB tree (2 files) box → box", "host cp -r (no box)", false},
 		{"fork a 2 MiB / 1000-file workspace into 10 boxes, all answering (clone)", "host cp -a of the tree (one copy, no box)", true},
+		{"storm: 5 boxes at once (one per session), all answering", "5 × bwrap … true at once", false},
 	})
 	assert.Contains(t, out.String(), "load average")
 	assertNoBoxesLeft(t, data)
