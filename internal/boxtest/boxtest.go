@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/docker"
 	"github.com/cellbox/cellbox/sandbox/local"
 )
 
@@ -82,6 +84,7 @@ func Service(t testing.TB, opts Options) (*sandbox.Service, string) {
 func RemoveBoxes(t testing.TB, dataDir string) {
 	t.Helper()
 	defer testenv.UnmountUnder(t, filepath.Join(dataDir, "boxes"))
+	removeDockerBoxes(t, dataDir)
 	root := filepath.Join(dataDir, "local")
 	if _, err := os.Stat(root); err != nil {
 		return
@@ -100,6 +103,34 @@ func RemoveBoxes(t testing.TB, dataDir string) {
 	for _, in := range infos {
 		if err := lb.Remove(ctx, in.ID); err != nil {
 			t.Errorf("remove box %s of %s: %v", in.ID, dataDir, err)
+		}
+	}
+}
+
+// removeDockerBoxes removes the Docker boxes of a data directory (their
+// host directories lie under it), with their disks: a server a test
+// stopped puts them to sleep, and its data dir goes with the test, so
+// nothing else would. Nothing to do where no engine answers.
+func removeDockerBoxes(t testing.TB, dataDir string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+	db, err := docker.New(pctx, docker.Options{Logger: slog.New(slog.DiscardHandler)})
+	pcancel()
+	if err != nil {
+		return
+	}
+	defer db.Close()
+	infos, err := db.List(ctx, map[string]string{backend.LabelManaged: "1"})
+	if err != nil {
+		t.Errorf("remove the docker boxes of %s: %v", dataDir, err)
+		return
+	}
+	for _, in := range infos {
+		if in.HostDir != "" && strings.HasPrefix(in.HostDir, dataDir+"/") {
+			if err := db.Remove(ctx, in.ID); err != nil {
+				t.Errorf("remove docker box %s of %s: %v", in.ID, dataDir, err)
+			}
 		}
 	}
 }
