@@ -5,6 +5,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -303,8 +304,8 @@ func TestProtocolMismatch(t *testing.T) {
 		got    int
 		msg    string
 	}{
-		{"1", 1, "agent speaks protocol 1, host expects 2: restart the box to run this host's agent"},
-		{"", 0, "agent sent no valid Cellbox-Agent-Protocol header: not a cellbox agent or too old (host expects protocol 2): restart the box to run this host's agent"},
+		{"1", 1, fmt.Sprintf("agent speaks protocol 1, host expects %d: restart the box to run this host's agent", ProtocolVersion)},
+		{"", 0, fmt.Sprintf("agent sent no valid Cellbox-Agent-Protocol header: not a cellbox agent or too old (host expects protocol %d): restart the box to run this host's agent", ProtocolVersion)},
 	} {
 		sock := filepath.Join(dir, "s"+tt.header+".sock")
 		ln, err := net.Listen("unix", sock)
@@ -313,7 +314,7 @@ func TestProtocolMismatch(t *testing.T) {
 			if tt.header != "" {
 				w.Header().Set(ProtocolHeader, tt.header)
 			}
-			io.WriteString(w, `{"protocol":2}`)
+			fmt.Fprintf(w, `{"protocol":%d}`, ProtocolVersion)
 		})}
 		go hs.Serve(ln)
 		c := Dial(sock)
