@@ -4,10 +4,12 @@
 //
 // Generation is github.com/google/jsonschema-go's (the MCP Go SDK's schema
 // package), with the conventions For lists. Validation is
-// santhosh-tekuri/jsonschema's, and stays so: it passes the JSON Schema test
-// suite, asserts formats, and reports every violation as a structured error
-// (kind, instance path, schema path), which Validate turns into a list a
-// model can act on ("/edits/0/oldText: required property is missing").
+// santhosh-tekuri/jsonschema's (v6.0.3 with two patches, copied into
+// internal/third_party/jsonschema; see its PATCHES.md), and stays so: it
+// passes the JSON Schema test suite, asserts formats, and reports every
+// violation as a structured error (kind, instance path, schema path), which
+// Validate turns into a list a model can act on ("/edits/0/oldText: required
+// property is missing").
 // google/jsonschema-go's validator stops at the first violation and reports
 // it as text only, and does not check formats; cell schemas are written by
 // users, so they get the complete validator. One library generates, one
@@ -24,8 +26,8 @@ import (
 	"strings"
 	"sync"
 
-	js "github.com/santhosh-tekuri/jsonschema/v6"
-	"github.com/santhosh-tekuri/jsonschema/v6/kind"
+	js "github.com/cellbox/cellbox/internal/third_party/jsonschema"
+	"github.com/cellbox/cellbox/internal/third_party/jsonschema/kind"
 	"golang.org/x/text/language"
 	"golang.org/x/text/message"
 )
