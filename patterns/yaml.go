@@ -18,7 +18,6 @@ import (
 	"github.com/cellbox/cellbox/internal/readall"
 	"github.com/cellbox/cellbox/internal/suggest"
 	"github.com/cellbox/cellbox/sandbox/api"
-	"github.com/cellbox/cellbox/sandbox/egress"
 
 	"go.yaml.in/yaml/v4"
 )
@@ -636,7 +635,7 @@ func (l *loader) network(e entry) *api.Network {
 			return nil
 		}
 	}
-	if _, err := egress.CompileRules(nw.NetworkRules); err != nil {
+	if _, _, err := nw.Check(); err != nil {
 		l.errAt(n, e.path, "%v", err)
 		return nil
 	}

@@ -114,7 +114,7 @@ func TestEgress(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			const secret = "s3cret-Value-0f-the-key"
 			const secretEnv = "from-the-Server-env-42"
-			t.Setenv(egress.SecretEnvPrefix+"NETTEST", secretEnv)
+			t.Setenv(api.SecretEnvPrefix+"NETTEST", secretEnv)
 			logs := &syncBuffer{}
 			a, b, tlsAPI := newRecorder(t, "a"), newRecorder(t, "b"), startRecorder(t, "api", true)
 			rb := newRealService(t, kind, func(c *Config) {

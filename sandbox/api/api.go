@@ -1,7 +1,9 @@
 // Package api holds the wire types shared by the sandbox service and its
 // clients (sandboxclient): the tools' input and output objects, the
-// streaming exec frames, watch events and errors. It imports nothing of
-// cellbox, so both sides can use it.
+// streaming exec frames, watch events and errors, and the checks of a
+// box's network rules (NetworkRules.Check), which the egress proxy compiles
+// and the pattern compiler runs on a pattern's. It imports nothing of
+// cellbox but internal leaves, so both sides can use it.
 //
 // Every tool input struct is also the source of the tool's JSON Schema
 // (internal/jsonschema): json tags name the fields, omitempty makes a field

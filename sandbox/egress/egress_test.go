@@ -21,6 +21,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/sandbox/api"
 )
 
 func TestCompile(t *testing.T) {
@@ -35,7 +37,7 @@ func TestCompile(t *testing.T) {
 		{allow: []string{"example.org:0"}, err: "is not 1-65535"},
 		{allow: []string{"10.0.0.0/33"}, err: "not a CIDR"},
 		{allow: []string{"10.0.0.0/8:x"}, err: "is not 1-65535"},
-		{allow: make([]string, MaxAllow+1), err: "at most 256"},
+		{allow: make([]string, api.MaxAllow+1), err: "at most 256"},
 		// A URL or a bare wildcard is a mistake to name, not to guess at
 		// (before: `port "//example.org/" is not 1-65535`, and "*." meant "*").
 		{allow: []string{"http://example.org/"}, err: `allow "http://example.org/": a URL; give its host: "example.org"`},
@@ -52,33 +54,33 @@ func TestCompile(t *testing.T) {
 			assert.ErrorContains(t, err, tc.err, tc.allow)
 		}
 	}
-	t.Setenv(SecretEnvPrefix+"TOKEN", "s3cret")
-	p, err := Compile(nil, []Header{{Host: "a.org", Header: "X", Secret: "TOKEN"}, {Host: "b.org", Header: "X", Secret: "MISSING"}})
+	t.Setenv(api.SecretEnvPrefix+"TOKEN", "s3cret")
+	p, err := Compile(nil, []api.Inject{{Host: "a.org", Header: "X", Secret: "TOKEN"}, {Host: "b.org", Header: "X", Secret: "MISSING"}})
 	require.NoError(t, err)
 	assert.ErrorContains(t, p.MissingSecrets(), `secret "MISSING": the server has no CELLBOX_SECRET_MISSING`)
 	assert.NotContains(t, p.MissingSecrets().Error(), "TOKEN")
 	for _, tc := range []struct {
-		h   Header
+		h   api.Inject
 		err string
 	}{
-		{h: Header{Host: "api.example.org", Header: "Authorization", Value: "Bearer x"}},
-		{h: Header{Host: "*.example.org", Header: "X-Api-Key", Secret: "TOKEN"}},
-		{h: Header{Host: "api.example.org", Header: "Bad Header", Value: "x"}, err: "want an HTTP header name"},
+		{h: api.Inject{Host: "api.example.org", Header: "Authorization", Value: "Bearer x"}},
+		{h: api.Inject{Host: "*.example.org", Header: "X-Api-Key", Secret: "TOKEN"}},
+		{h: api.Inject{Host: "api.example.org", Header: "Bad Header", Value: "x"}, err: "want an HTTP header name"},
 		// Headers net/http writes itself: a rule naming one was taken,
 		// shown, and never sent.
-		{h: Header{Host: "api.example.org", Header: "Host", Value: "x"}, err: "which the proxy sets itself"},
-		{h: Header{Host: "api.example.org", Header: "content-length", Value: "1"}, err: "which the proxy sets itself"},
-		{h: Header{Host: "api.example.org", Header: "Transfer-Encoding", Value: "chunked"}, err: "which the proxy sets itself"},
-		{h: Header{Host: "api.example.org", Header: "Connection", Value: "x"}, err: "which the proxy sets itself"},
-		{h: Header{Host: "api.example.org", Header: "X", Value: "a\r\nEvil: 1"}, err: "line break"},
-		{h: Header{Host: "api.example.org", Header: "X"}, err: "exactly one of value and secret"},
-		{h: Header{Host: "api.example.org", Header: "X", Value: "v", Secret: "TOKEN"}, err: "exactly one of value and secret"},
-		{h: Header{Host: "", Header: "X", Value: "v"}, err: "host"},
-		{h: Header{Host: "a.org", Header: "X", Value: strings.Repeat("v", MaxValue+1)}, err: "at most 8192"},
-		{h: Header{Host: "a.org", Header: "X", Secret: strings.Repeat("S", 64)}},
-		{h: Header{Host: "a.org", Header: "X", Secret: strings.Repeat("S", 65)}, err: "want 1-64 letters"},
+		{h: api.Inject{Host: "api.example.org", Header: "Host", Value: "x"}, err: "which the proxy sets itself"},
+		{h: api.Inject{Host: "api.example.org", Header: "content-length", Value: "1"}, err: "which the proxy sets itself"},
+		{h: api.Inject{Host: "api.example.org", Header: "Transfer-Encoding", Value: "chunked"}, err: "which the proxy sets itself"},
+		{h: api.Inject{Host: "api.example.org", Header: "Connection", Value: "x"}, err: "which the proxy sets itself"},
+		{h: api.Inject{Host: "api.example.org", Header: "X", Value: "a\r\nEvil: 1"}, err: "line break"},
+		{h: api.Inject{Host: "api.example.org", Header: "X"}, err: "exactly one of value and secret"},
+		{h: api.Inject{Host: "api.example.org", Header: "X", Value: "v", Secret: "TOKEN"}, err: "exactly one of value and secret"},
+		{h: api.Inject{Host: "", Header: "X", Value: "v"}, err: "host"},
+		{h: api.Inject{Host: "a.org", Header: "X", Value: strings.Repeat("v", api.MaxInjectValue+1)}, err: "at most 8192"},
+		{h: api.Inject{Host: "a.org", Header: "X", Secret: strings.Repeat("S", 64)}},
+		{h: api.Inject{Host: "a.org", Header: "X", Secret: strings.Repeat("S", 65)}, err: "want 1-64 letters"},
 	} {
-		_, err := Compile(nil, []Header{tc.h})
+		_, err := Compile(nil, []api.Inject{tc.h})
 		if tc.err == "" {
 			assert.NoError(t, err, tc.h.Header)
 		} else {
@@ -156,12 +158,12 @@ func TestProxy(t *testing.T) {
 	assert.Equal(t, http.StatusForbidden, code, "nil policy: closed")
 	assert.Contains(t, body, "has no network access")
 
-	set := func(allow []string, h ...Header) {
+	set := func(allow []string, h ...api.Inject) {
 		p, err := Compile(allow, h)
 		require.NoError(t, err)
 		pol.Store(p)
 	}
-	set([]string{"127.0.0.1:" + port, "api.test"}, Header{Host: "127.0.0.1", Header: "Authorization", Value: "Bearer s3cret"})
+	set([]string{"127.0.0.1:" + port, "api.test"}, api.Inject{Host: "127.0.0.1", Header: "Authorization", Value: "Bearer s3cret"})
 	code, body = get(target)
 	assert.Equal(t, http.StatusOK, code, body)
 	assert.Equal(t, "Bearer s3cret", got.Load().(http.Header).Get("Authorization"), "header injected")
@@ -250,8 +252,8 @@ func TestSecretHeader(t *testing.T) {
 		got.Store(r.Header.Get("X-Api-Key"))
 	}))
 	defer srv.Close()
-	t.Setenv(SecretEnvPrefix+"API", "from-env")
-	p, err := Compile([]string{"127.0.0.1"}, []Header{{Host: "127.0.0.1", Header: "X-Api-Key", Secret: "API"}})
+	t.Setenv(api.SecretEnvPrefix+"API", "from-env")
+	p, err := Compile([]string{"127.0.0.1"}, []api.Inject{{Host: "127.0.0.1", Header: "X-Api-Key", Secret: "API"}})
 	require.NoError(t, err)
 	var pol atomic.Pointer[Policy]
 	pol.Store(p)
@@ -263,7 +265,7 @@ func TestSecretHeader(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, "from-env", got.Load(), "the rule's value replaces the box's")
 
-	os.Unsetenv(SecretEnvPrefix + "API")
+	os.Unsetenv(api.SecretEnvPrefix + "API")
 	resp, err = cl.Get(srv.URL)
 	require.NoError(t, err)
 	b, _ := io.ReadAll(resp.Body)
@@ -272,7 +274,7 @@ func TestSecretHeader(t *testing.T) {
 	assert.True(t, strings.Contains(string(b), "CELLBOX_SECRET_API"), string(b))
 }
 
-// TestTLSUpgrade: a Header with TLS takes the box's http:// request to the
+// TestTLSUpgrade: an inject rule with TLS takes the box's http:// request to the
 // https upstream with the header, so an HTTPS API gets its key.
 func TestTLSUpgrade(t *testing.T) {
 	var got atomic.Value
@@ -284,7 +286,7 @@ func TestTLSUpgrade(t *testing.T) {
 	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
 	roots := srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
 	var pol atomic.Pointer[Policy]
-	p, err := Compile([]string{"127.0.0.1:" + port}, []Header{{Host: "127.0.0.1", Header: "Authorization", Value: "Bearer k", TLS: true}})
+	p, err := Compile([]string{"127.0.0.1:" + port}, []api.Inject{{Host: "127.0.0.1", Header: "Authorization", Value: "Bearer k", TLS: true}})
 	require.NoError(t, err)
 	pol.Store(p)
 	cl, _ := startProxy(t, &pol, nil, roots)

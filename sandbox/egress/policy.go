@@ -12,12 +12,8 @@ package egress
 
 import (
 	"fmt"
-	"net"
-	"net/http"
 	"net/netip"
-	"net/url"
 	"os"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,21 +29,10 @@ const (
 	// ProxyPort is the TCP port on the box's loopback the agent forwards
 	// to SocketName.
 	ProxyPort = 3128
-	// SecretEnvPrefix prefixes the server's environment variables that
-	// Header.Secret may name: only those, so a rule cannot send any other
-	// variable of the server (a cloud credential) to a host of its choice.
-	SecretEnvPrefix = "CELLBOX_SECRET_"
 	// EnvListen is set in the environment of a box whose network goes
 	// through the proxy; the agent (PID 1) forwards that address to
 	// SocketName.
 	EnvListen = "CELLBOX_EGRESS"
-)
-
-// Bounds of a policy (it is stored with its box and checked per request).
-const (
-	MaxAllow   = 256
-	MaxHeaders = 32
-	MaxValue   = 8 << 10
 )
 
 // ProxyEnv is the environment a box whose network goes through the proxy
@@ -63,156 +48,35 @@ func ProxyEnv() map[string]string {
 	}
 }
 
-// Header is a header the proxy sets on plain HTTP requests to Host (a name
-// or an IP, "*.example.org" for its subdomains). Exactly one of Value and
-// Secret is set: Secret names SecretEnvPrefix+Secret in the server's
-// environment, read at each request. TLS upgrades those requests: the box
-// sends http://Host/..., the proxy adds the header and sends the request to
+// Policy is a box's network rules (api.NetworkRules) compiled: the proxy
+// lets the box reach what its allow entries admit and sets the headers of
+// its inject rules on plain HTTP requests to their hosts. An inject rule's
+// Secret names api.SecretEnvPrefix+Secret in the server's environment, read
+// at each request; its TLS upgrades the requests to its host: the box sends
+// http://Host/..., the proxy adds the header and sends the request to
 // https://Host/... (port 443 unless the URL names one), verifying the
 // certificate — the way to give a key to an HTTPS API, whose CONNECT
-// tunnels the proxy cannot (and does not) look into.
-type Header struct {
-	Host   string `json:"host"`
-	Header string `json:"header"`
-	Value  string `json:"value,omitempty"`
-	Secret string `json:"secret,omitempty"`
-	TLS    bool   `json:"tls,omitempty"`
-}
-
-// Policy is a compiled allow list with its headers. The zero Policy (and a
+// tunnels the proxy cannot (and does not) look into. The zero Policy (and a
 // nil one) allows nothing.
 type Policy struct {
-	rules   []rule
-	headers []Header
+	rules   []api.AllowEntry
+	headers []api.Inject
 }
 
-// rule is one entry of an allow list: a name pattern or a prefix, and a
-// port (0: any).
-type rule struct {
-	text   string
-	name   string // "example.org", "*.example.org", "*"; "" for a prefix
-	prefix netip.Prefix
-	port   int
-}
-
-var (
-	// The lengths are checked beside labelRE and secretRE, not by counted
-	// repetitions, which compile to large programs at every start.
-	labelRE = regexp.MustCompile(`^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?$`)
-	// framingHeaders are the headers an inject rule may not name: the
-	// request line's host, the body's framing and the hop-by-hop ones,
-	// which the proxy (net/http) writes itself and drops from a rule.
-	framingHeaders = []string{"Host", "Content-Length", "Transfer-Encoding", "Trailer", "Te", "Connection", "Keep-Alive", "Proxy-Connection", "Upgrade"}
-	headerRE       = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-	secretRE       = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
-)
-
-// CompileRules compiles the rules of a box's network as the tools and
-// patterns give them (api.NetworkRules).
+// CompileRules checks a box's network rules as the tools and patterns give
+// them (api.NetworkRules.Check, the one implementation of the checks) and
+// compiles them.
 func CompileRules(r api.NetworkRules) (*Policy, error) {
-	hs := make([]Header, len(r.Inject))
-	for i, in := range r.Inject {
-		hs[i] = Header{Host: in.Host, Header: in.Header, Value: in.Value, Secret: in.Secret, TLS: in.TLS}
+	rules, headers, err := r.Check()
+	if err != nil {
+		return nil, err
 	}
-	return Compile(r.Allow, hs)
+	return &Policy{rules: rules, headers: headers}, nil
 }
 
-// Compile checks an allow list and its headers and compiles them. Allow
-// entries are a name ("example.org"), a wildcard ("*.example.org": its
-// subdomains; "*": any name), an IP or a CIDR ("10.1.2.0/24"), each with
-// an optional port ("example.org:443", "10.1.2.0/24:8080", "[::1]:80").
-func Compile(allow []string, headers []Header) (*Policy, error) {
-	p := &Policy{}
-	var errs []string
-	if len(allow) > MaxAllow || len(headers) > MaxHeaders {
-		return nil, fmt.Errorf("network: %d allow entries and %d inject rules; at most %d and %d (use wildcards and CIDRs)", len(allow), len(headers), MaxAllow, MaxHeaders)
-	}
-	for _, a := range allow {
-		r, err := parseRule(a)
-		if err != nil {
-			errs = append(errs, err.Error())
-			continue
-		}
-		p.rules = append(p.rules, r)
-	}
-	for i, h := range headers {
-		h.Host = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(h.Host)), ".")
-		switch {
-		case h.Host == "" || (!validName(h.Host) && !validIP(h.Host)):
-			errs = append(errs, fmt.Sprintf("inject[%d]: host %q: want a name (api.example.org, *.example.org) or an IP", i, h.Host))
-		case !headerRE.MatchString(h.Header):
-			errs = append(errs, fmt.Sprintf("inject[%d]: header %q: want an HTTP header name (Authorization, X-Api-Key)", i, h.Header))
-		case slices.Contains(framingHeaders, http.CanonicalHeaderKey(h.Header)):
-			errs = append(errs, fmt.Sprintf("inject[%d]: header %q frames the request or its connection, which the proxy sets itself (it would never be sent); inject an application header (Authorization, X-Api-Key)", i, h.Header))
-		case (h.Value == "") == (h.Secret == ""):
-			errs = append(errs, fmt.Sprintf("inject[%d]: give exactly one of value and secret", i))
-		case len(h.Value) > MaxValue:
-			errs = append(errs, fmt.Sprintf("inject[%d]: value has %d bytes; at most %d", i, len(h.Value), MaxValue))
-		case strings.ContainsAny(h.Value, "\r\n\x00"):
-			errs = append(errs, fmt.Sprintf("inject[%d]: value holds a line break or NUL", i))
-		case h.Secret != "" && (len(h.Secret) > 64 || !secretRE.MatchString(h.Secret)):
-			errs = append(errs, fmt.Sprintf("inject[%d]: secret %q: want 1-64 letters, digits or '_' (the server reads %sNAME)", i, h.Secret, SecretEnvPrefix))
-		}
-		p.headers = append(p.headers, h)
-	}
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("network: %s", strings.Join(errs, "; "))
-	}
-	return p, nil
-}
-
-func parseRule(text string) (rule, error) {
-	r := rule{text: text}
-	s := strings.TrimSuffix(strings.ToLower(strings.TrimSpace(text)), ".")
-	bad := func(why string) (rule, error) {
-		return rule{}, fmt.Errorf("allow %q: %s (want example.org, *.example.org, 10.1.2.0/24 or 1.2.3.4, each optionally with :PORT)", text, why)
-	}
-	switch {
-	case s == "":
-		return bad("empty")
-	case strings.Contains(s, "://"):
-		if u, err := url.Parse(strings.TrimSpace(text)); err == nil && u.Host != "" {
-			return bad("a URL; give its host: " + strconv.Quote(u.Host))
-		}
-		return bad("a URL; give its host only")
-	case strings.HasSuffix(strings.TrimSpace(text), "*."):
-		return bad("a wildcard needs a domain (*.example.org), or * for any name")
-	}
-	host := s
-	if h, p, err := net.SplitHostPort(s); err == nil {
-		n, err := strconv.Atoi(p)
-		if err != nil || n < 1 || n > 65535 {
-			return bad("port " + strconv.Quote(p) + " is not 1-65535")
-		}
-		host, r.port = h, n
-	} else if i := strings.LastIndex(s, ":"); i >= 0 && strings.Contains(s, "/") && i > strings.Index(s, "/") {
-		// A CIDR with a port: 10.0.0.0/8:443 (SplitHostPort wants brackets).
-		n, err := strconv.Atoi(s[i+1:])
-		if err != nil || n < 1 || n > 65535 {
-			return bad("port " + strconv.Quote(s[i+1:]) + " is not 1-65535")
-		}
-		host, r.port = s[:i], n
-	}
-	if strings.Contains(host, "/") {
-		pfx, err := netip.ParsePrefix(host)
-		if err != nil {
-			return bad("not a CIDR: " + err.Error())
-		}
-		r.prefix = pfx.Masked()
-		return r, nil
-	}
-	if addr, err := netip.ParseAddr(host); err == nil {
-		if addr.Unmap().IsUnspecified() {
-			return bad("the unspecified address reaches every address of the host, cellbox's API included; name the service: 127.0.0.1:PORT")
-		}
-		r.prefix = netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen())
-		return r, nil
-	}
-	if !validName(host) {
-		return bad("not a host name")
-	}
-	r.name = host
-	return r, nil
+// Compile is CompileRules of an allow list and its inject rules.
+func Compile(allow []string, inject []api.Inject) (*Policy, error) {
+	return CompileRules(api.NetworkRules{Allow: allow, Inject: inject})
 }
 
 // Warnings says which allow entries open more than their authors may
@@ -224,34 +88,15 @@ func (p *Policy) Warnings() []string {
 		return nil
 	}
 	for _, r := range p.rules {
-		if r.name == "" && r.port == 0 && r.prefix.IsSingleIP() && r.prefix.Addr().IsLoopback() {
-			a := r.prefix.Addr().String()
-			if r.prefix.Addr().Is6() {
+		if r.Name == "" && r.Port == 0 && r.Prefix.IsSingleIP() && r.Prefix.Addr().IsLoopback() {
+			a := r.Prefix.Addr().String()
+			if r.Prefix.Addr().Is6() {
 				a = "[" + a + "]"
 			}
-			out = append(out, fmt.Sprintf("allow %q opens every port of this machine's loopback to the box, the cellbox API's and any local database's included; to open one service, name its port (%s:8080)", r.text, a))
+			out = append(out, fmt.Sprintf("allow %q opens every port of this machine's loopback to the box, the cellbox API's and any local database's included; to open one service, name its port (%s:8080)", r.Text, a))
 		}
 	}
 	return out
-}
-
-func validIP(s string) bool { _, err := netip.ParseAddr(s); return err == nil }
-
-// validName accepts a DNS name, "*.name" or "*".
-func validName(s string) bool {
-	if s == "*" {
-		return true
-	}
-	s = strings.TrimPrefix(s, "*.")
-	if len(s) > 253 {
-		return false
-	}
-	for _, l := range strings.Split(s, ".") {
-		if len(l) > 63 || !labelRE.MatchString(l) {
-			return false
-		}
-	}
-	return true
 }
 
 // matchName reports whether the name pattern pat matches host.
@@ -271,8 +116,8 @@ func matchName(pat, host string) bool {
 func (p *Policy) MissingSecrets() error {
 	var errs []string
 	for _, h := range p.headers {
-		if _, ok := os.LookupEnv(SecretEnvPrefix + h.Secret); h.Secret != "" && !ok {
-			errs = append(errs, fmt.Sprintf("secret %q: the server has no %s%s in its environment; set it where cellbox serve starts", h.Secret, SecretEnvPrefix, h.Secret))
+		if _, ok := os.LookupEnv(api.SecretEnvPrefix + h.Secret); h.Secret != "" && !ok {
+			errs = append(errs, fmt.Sprintf("secret %q: the server has no %s%s in its environment; set it where cellbox serve starts", h.Secret, api.SecretEnvPrefix, h.Secret))
 		}
 	}
 	if len(errs) > 0 {
@@ -288,15 +133,15 @@ func (p *Policy) Allow() []string {
 	}
 	out := make([]string, len(p.rules))
 	for i, r := range p.rules {
-		out[i] = r.text
+		out[i] = r.Text
 	}
 	return out
 }
 
 // nameAllowed reports whether a name rule admits host:port.
 func (p *Policy) nameAllowed(host string, port int) bool {
-	return p != nil && slices.ContainsFunc(p.rules, func(r rule) bool {
-		return r.name != "" && matchName(r.name, host) && (r.port == 0 || r.port == port)
+	return p != nil && slices.ContainsFunc(p.rules, func(r api.AllowEntry) bool {
+		return r.Name != "" && matchName(r.Name, host) && (r.Port == 0 || r.Port == port)
 	})
 }
 
@@ -308,9 +153,9 @@ func (p *Policy) nameAllowed(host string, port int) bool {
 func (p *Policy) addrAllowed(addr netip.Addr, port int) bool {
 	addr = addr.Unmap()
 	exactOnly := addr.IsLoopback() || addr.IsLinkLocalUnicast() || addr.IsUnspecified()
-	return p != nil && slices.ContainsFunc(p.rules, func(r rule) bool {
-		return r.name == "" && r.prefix.Contains(addr) && (r.port == 0 || r.port == port) &&
-			(!exactOnly || r.prefix.IsSingleIP())
+	return p != nil && slices.ContainsFunc(p.rules, func(r api.AllowEntry) bool {
+		return r.Name == "" && r.Prefix.Contains(addr) && (r.Port == 0 || r.Port == port) &&
+			(!exactOnly || r.Prefix.IsSingleIP())
 	})
 }
 
@@ -329,8 +174,8 @@ func (p *Policy) headersFor(host string) (out [][2]string, upgrade bool, err err
 		v := h.Value
 		if h.Secret != "" {
 			var ok bool
-			if v, ok = os.LookupEnv(SecretEnvPrefix + h.Secret); !ok {
-				return nil, false, fmt.Errorf("the rule injecting %s for %s names secret %q, and the server has no %s%s in its environment any more", h.Header, h.Host, h.Secret, SecretEnvPrefix, h.Secret)
+			if v, ok = os.LookupEnv(api.SecretEnvPrefix + h.Secret); !ok {
+				return nil, false, fmt.Errorf("the rule injecting %s for %s names secret %q, and the server has no %s%s in its environment any more", h.Header, h.Host, h.Secret, api.SecretEnvPrefix, h.Secret)
 			}
 		}
 		out = append(out, [2]string{h.Header, v})
