@@ -20,12 +20,12 @@ import (
 
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/cells"
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/httpapi"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 	"github.com/cellbox/cellbox/sandboxclient"
 )
 
@@ -141,7 +141,7 @@ func newBoxHTTP(t *testing.T) *box { return startBox(t, true) }
 
 func startBox(t *testing.T, overHTTP bool) *box {
 	t.Helper()
-	svc, _ := boxtest.Service(t, boxtest.Options{Pool: 2, Logger: quiet()})
+	svc, _ := sandboxtest.Service(t, sandboxtest.Options{Pool: 2, Logger: quiet()})
 	if overHTTP {
 		hs := httptest.NewServer(httpapi.Handler(svc))
 		t.Cleanup(hs.Close)
@@ -297,7 +297,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // the allow list offers them; branch (whose box takes the network of the
 // snapshot's box) needs network_set beside it.
 func TestBoxToolsDefaultSet(t *testing.T) {
-	svc, _ := boxtest.Service(t, boxtest.Options{Logger: quiet()})
+	svc, _ := sandboxtest.Service(t, sandboxtest.Options{Logger: quiet()})
 	id, _, err := svc.NewSession(context.Background())
 	require.NoError(t, err)
 	bind := func(allow ...string) (*builtins.BoxToolSet, error) {

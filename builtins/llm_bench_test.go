@@ -8,8 +8,8 @@ import (
 
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/builtins/llm"
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/llmtest"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 )
 
 // BenchmarkToolTurnInBox measures one turn of the tool loop with its box
@@ -20,7 +20,7 @@ import (
 // difference is what a box call costs; the scripted server's own time is
 // in both.
 func BenchmarkToolTurnInBox(b *testing.B) {
-	svc, _ := boxtest.Service(b, boxtest.Options{})
+	svc, _ := sandboxtest.Service(b, sandboxtest.Options{})
 	ctx := context.Background()
 	id, _, err := svc.NewSession(ctx)
 	require.NoError(b, err)

@@ -22,12 +22,12 @@ import (
 
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/cells"
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/sandbox/httpapi"
 	"github.com/cellbox/cellbox/sandbox/image"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 	"github.com/cellbox/cellbox/sandboxclient"
 )
 
@@ -494,7 +494,7 @@ func TestCSVPipelineKillRestart(t *testing.T) {
 	data, err := os.MkdirTemp("", "cbx-")
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		boxtest.RemoveBoxes(t, data) // a box left by a failed run holds a mounted disk
+		sandboxtest.RemoveBoxes(t, data) // a box left by a failed run holds a mounted disk
 		os.RemoveAll(data)
 	})
 	// A copy whose last stage takes a second, so that the kill lands while

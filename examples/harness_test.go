@@ -15,11 +15,11 @@ import (
 
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/cells"
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 )
 
 // The run-level tests run each example the way `cellbox run` does, in
@@ -77,7 +77,7 @@ type world struct {
 func newWorld(t *testing.T, imagesDir string) *world {
 	t.Helper()
 	w := &world{t: t}
-	w.svc, w.dir = boxtest.Service(t, boxtest.Options{ImagesDir: imagesDir, Logger: quiet, Wrap: func(be backend.Backend) backend.Backend {
+	w.svc, w.dir = sandboxtest.Service(t, sandboxtest.Options{ImagesDir: imagesDir, Logger: quiet, Wrap: func(be backend.Backend) backend.Backend {
 		w.be = &counting{Backend: be}
 		return w.be
 	}})

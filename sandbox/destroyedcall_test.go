@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 )
 
 // TestCallOnDestroyedBox: a shell call running in a box that sandbox_destroy
@@ -20,7 +20,7 @@ import (
 // — not that the box "died" and "the next call restarts it", which nothing
 // does.
 func TestCallOnDestroyedBox(t *testing.T) {
-	svc, _ := boxtest.Service(t, boxtest.Options{})
+	svc, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	call := func(id, tool string, in map[string]any) map[string]any {

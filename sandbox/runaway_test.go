@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cellbox/cellbox/internal/boxtest"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 )
 
 // TestShellLeftoversAndKillAll: through the tools, in a real box: what a
@@ -17,7 +17,7 @@ import (
 // tool without a background mode keeps it, as its seed does; process
 // kill_all ends every process of the box, background jobs included.
 func TestShellLeftoversAndKillAll(t *testing.T) {
-	svc, _ := boxtest.Service(t, boxtest.Options{})
+	svc, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	id, _, err := svc.NewSession(ctx)

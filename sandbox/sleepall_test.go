@@ -13,10 +13,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 )
 
 // TestSleepAllRealBoxes: on bubblewrap, SleepAll ends the processes of
@@ -25,7 +25,7 @@ import (
 // removed); no later call of that service starts a box again, and the
 // next service's first call wakes a box with its files.
 func TestSleepAllRealBoxes(t *testing.T) {
-	svc, dir := boxtest.Service(t, boxtest.Options{})
+	svc, dir := sandboxtest.Service(t, sandboxtest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	call := func(session, tool string, in map[string]any) map[string]any {
@@ -81,7 +81,7 @@ func TestSleepAllRealBoxes(t *testing.T) {
 // (whose boxes run already): it would run on after the process exited,
 // with nobody left to put it to sleep.
 func TestSleepAllThenWarmBox(t *testing.T) {
-	svc, _ := boxtest.Service(t, boxtest.Options{Pool: 1})
+	svc, _ := sandboxtest.Service(t, sandboxtest.Options{Pool: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sess, _, err := svc.NewSession(ctx)
@@ -105,7 +105,7 @@ func TestSleepAllThenWarmBox(t *testing.T) {
 // code unavailable — call again once the server is back — not internal,
 // which says the service or its backend failed.
 func TestCallEndedWithCause(t *testing.T) {
-	svc, _ := boxtest.Service(t, boxtest.Options{})
+	svc, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sess, _, err := svc.NewSession(ctx)

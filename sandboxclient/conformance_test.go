@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/httpapi"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 	"github.com/cellbox/cellbox/sandboxclient"
 	"github.com/cellbox/cellbox/sandboxclient/clienttest"
 )
@@ -20,7 +20,7 @@ import (
 // real service (local backend): in process, and over HTTP (the service's
 // own handler, which takes session tokens).
 func TestConformance(t *testing.T) {
-	svc, _ := boxtest.Service(t, boxtest.Options{})
+	svc, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	t.Run("local", func(t *testing.T) {
 		clienttest.Run(t, func(t *testing.T) sandboxclient.Client {
 			id, _, err := svc.NewSession(context.Background())
@@ -47,7 +47,7 @@ func TestConformance(t *testing.T) {
 // TestRefusedCode: a command outside the session's allowed_commands is a
 // tool error with the code refused on both clients.
 func TestRefusedCode(t *testing.T) {
-	svc, _ := boxtest.Service(t, boxtest.Options{})
+	svc, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	ctx := context.Background()
 	opts := api.NewSessionRequest{AllowedCommands: []string{"echo"}}
 	id, _, err := svc.NewSessionWith(ctx, opts)
@@ -79,7 +79,7 @@ func TestRefusedCode(t *testing.T) {
 // TestNoSessionCode: a deleted session is no_session on both clients, for
 // the box endpoints too (not a missing file).
 func TestNoSessionCode(t *testing.T) {
-	svc, _ := boxtest.Service(t, boxtest.Options{})
+	svc, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	ctx := context.Background()
 	hs := httptest.NewServer(httpapi.Handler(svc))
 	t.Cleanup(hs.Close)

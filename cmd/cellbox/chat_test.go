@@ -12,15 +12,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/builtins/llm"
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/llmtest"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 )
 
 // TestChat drives `cellbox chat`'s loop against the scripted server and a
 // real local box: the model writes a file through the tools, the
 // conversation is kept across messages, each call is printed.
 func TestChat(t *testing.T) {
-	svc, _ := boxtest.Service(t, boxtest.Options{})
+	svc, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	id, _, err := svc.NewSession(context.Background())
 	require.NoError(t, err)
 	c := svc.Client(id)
@@ -59,7 +59,7 @@ func TestChat(t *testing.T) {
 // full network gets tool errors naming the allow list, and the box keeps
 // no network.
 func TestChatWithheldTools(t *testing.T) {
-	svc, _ := boxtest.Service(t, boxtest.Options{})
+	svc, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	id, _, err := svc.NewSession(context.Background())
 	require.NoError(t, err)
 	c := svc.Client(id)
@@ -93,7 +93,7 @@ func TestChatWithheldTools(t *testing.T) {
 // prompt-injected model's text, a box's output in a tool result), and a
 // chat out of turns names its own flag, --max-turns.
 func TestChatShowsControlsAndFlag(t *testing.T) {
-	svc, _ := boxtest.Service(t, boxtest.Options{})
+	svc, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	id, _, err := svc.NewSession(context.Background())
 	require.NoError(t, err)
 	s := llmtest.New(t,
@@ -118,7 +118,7 @@ func TestChatShowsControlsAndFlag(t *testing.T) {
 // message, "interrupt signal received"); Ctrl-C at the prompt ends the
 // chat.
 func TestChatInterrupt(t *testing.T) {
-	svc, _ := boxtest.Service(t, boxtest.Options{})
+	svc, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	id, _, err := svc.NewSession(context.Background())
 	require.NoError(t, err)
 	hold, started := make(chan struct{}), make(chan struct{})

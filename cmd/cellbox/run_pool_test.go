@@ -15,9 +15,9 @@ import (
 
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/patterns"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 )
 
 // dirtyPattern's stage first shows what its box holds (files in
@@ -47,7 +47,7 @@ func TestRunExecBoxFromPoolIsFresh(t *testing.T) {
 	data, err := os.MkdirTemp("", "cbr-")
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		boxtest.RemoveBoxes(t, data)
+		sandboxtest.RemoveBoxes(t, data)
 		os.RemoveAll(data)
 	})
 	dir := t.TempDir()

@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 )
 
 // TestRunReloadsEditedPattern: editing pattern.yaml while `cellbox run`
@@ -88,7 +88,7 @@ func TestRunOnceWaitsForServers(t *testing.T) {
 			pattern := writePattern(t, "name: srv\nnodes:\n  web:\n    sandbox:\n      start: "+tc.start+"\n")
 			data, err := os.MkdirTemp("", "cbr-") // short: box sockets go under it
 			require.NoError(t, err)
-			t.Cleanup(func() { boxtest.RemoveBoxes(t, data); os.RemoveAll(data) })
+			t.Cleanup(func() { sandboxtest.RemoveBoxes(t, data); os.RemoveAll(data) })
 			out, errOut, err := cellbox(t, "run", pattern, "--once", "--data", data, "--backend", "local")
 			if tc.ok {
 				require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", out, errOut)

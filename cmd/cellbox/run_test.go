@@ -20,8 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 )
 
 const sumPattern = `name: calc
@@ -223,7 +223,7 @@ func TestRunRemovedSandboxNodeLeavesNoBox(t *testing.T) {
 	testenv.RequireBwrap(t)
 	dir := writePattern(t, "name: gone\nnodes:\n  box: {sandbox: {}}\n")
 	data := t.TempDir()
-	t.Cleanup(func() { boxtest.RemoveBoxes(t, data) })
+	t.Cleanup(func() { sandboxtest.RemoveBoxes(t, data) })
 	_, errOut, err := cellbox(t, "run", dir, "--once", "--data", data, "--backend", "local")
 	require.NoError(t, err, errOut)
 	boxes, err := os.ReadDir(filepath.Join(data, "boxes"))

@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 )
 
 // TestServeSessionTool drives the real binary: serve on the local backend,
@@ -152,7 +152,7 @@ func startServeEnv(t *testing.T, data string, env []string, args ...string) *ser
 	}()
 	t.Cleanup(func() {
 		p.stop(t)
-		boxtest.RemoveBoxes(t, data) // boxes a killed server left running, or asleep
+		sandboxtest.RemoveBoxes(t, data) // boxes a killed server left running, or asleep
 	})
 	select {
 	case u := <-urls:

@@ -12,16 +12,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 func TestHTTPProtocolFaults(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	url := startHTTP(t, s)
 	a, b := newHTTPSession(t, url), newHTTPSession(t, url)
 
@@ -87,7 +87,7 @@ func TestHTTPProtocolFaults(t *testing.T) {
 }
 
 func TestToolsEndpointSchemas(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	url := startHTTP(t, s)
 	resp, err := http.Get(url + "/v1/tools")
 	require.NoError(t, err)
@@ -132,7 +132,7 @@ func TestToolsEndpointSchemas(t *testing.T) {
 }
 
 func TestBrowsePreview(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	h := newHTTPSession(t, startHTTP(t, s))
 	// A server in the box (which has no network but loopback) that says
 	// what it was asked.
@@ -177,7 +177,7 @@ func TestBrowsePreview(t *testing.T) {
 }
 
 func TestMetricsAndHealth(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	h := newHTTPSession(t, startHTTP(t, s))
 	h.tool("shell", map[string]any{"command": "true"})
 	h.call("read_file", map[string]any{"path": "nope"})
@@ -219,7 +219,7 @@ http.server.HTTPServer(("127.0.0.1", 8080), H).serve_forever()
 // allowed_commands list (400), and the exec endpoint refuses a command
 // the list does not allow before it reaches a box.
 func TestAllowedCommandsOverHTTP(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	url := startHTTP(t, s)
 	for _, body := range []string{`{"allowed_commands":[""]}`, `{"allowed_commands":["echo; rm"]}`, `{"allowed":["ls"]}`} {
 		resp, err := http.Post(url+"/v1/sessions", "application/json", strings.NewReader(body))
@@ -260,7 +260,7 @@ func TestAllowedCommandsOverHTTP(t *testing.T) {
 // 400 invalid_input with a message naming the field; a good request
 // streams frames with 200.
 func TestBoxEndpointStatusFollowsCode(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	h := newHTTPSession(t, startHTTP(t, s))
 	for _, tc := range []struct {
 		name, method, path, body string
@@ -317,7 +317,7 @@ func TestBoxEndpointStatusFollowsCode(t *testing.T) {
 // unavailable, and a tool call an error result with that code: call again
 // once the server is back. Both said internal (502), a fault.
 func TestShuttingDownIsUnavailable(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	h := newHTTPSession(t, startHTTP(t, s))
 	h.tool("write_file", map[string]any{"path": "kept.txt", "content": "x"}) // the box is up
 	require.NoError(t, s.SleepAll(context.Background()))
@@ -352,7 +352,7 @@ func TestShuttingDownIsUnavailable(t *testing.T) {
 // not delete the server's own session (the runtime's): 403 refused (the
 // server key's DELETE broke every pattern until a restart).
 func TestSessionLimitsOverHTTP(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{MaxSessions: 2})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{MaxSessions: 2})
 	url := startHTTP(t, s)
 	own, ownToken, err := s.NewSession(context.Background())
 	require.NoError(t, err)

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/mcptest"
 	"github.com/cellbox/cellbox/sandbox/mcpserver"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -20,7 +20,7 @@ import (
 // TestMCPSessionPerClient: /v1/mcp gives every MCP session a cellbox
 // session of its own, deleted with its boxes when the client ends it.
 func TestMCPSessionPerClient(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	url := startHTTP(t, s)
 	a, b := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", "")), mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
 	assert.Equal(t, "2025-11-25", a.InitializeResult().ProtocolVersion, "the newest version of sessions")
@@ -48,7 +48,7 @@ func TestMCPSessionPerClient(t *testing.T) {
 // TestMCPInExistingSession: /v1/sessions/{id}/mcp runs in that session,
 // with its token only.
 func TestMCPInExistingSession(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	url := startHTTP(t, s)
 	a, b := newHTTPSession(t, url), newHTTPSession(t, url)
 	c := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/sessions/"+a.id+"/mcp", a.token))
@@ -84,7 +84,7 @@ func TestMCPInExistingSession(t *testing.T) {
 // sends notifications/cancelled) kills the command; its output came as
 // progress before.
 func TestMCPCancelKillsCommand(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	url := startHTTP(t, s)
 	h := newHTTPSession(t, url)
 	for _, tr := range []struct {
@@ -103,7 +103,7 @@ func TestMCPCancelKillsCommand(t *testing.T) {
 // and as log messages at level debug once the client sets it
 // (logging/setLevel: protocol 2025-11-25; 2026-07-28 asks per request).
 func TestMCPProgressAndLogs(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	c := mcptest.MustConnect(t, mcptest.HTTP(startHTTP(t, s)+"/v1/mcp", ""))
 	params := &mcp.CallToolParams{Name: "shell", Arguments: map[string]any{"command": "echo one; echo two >&2; printf three"}}
 	params.SetProgressToken(7)
@@ -124,7 +124,7 @@ func TestMCPProgressAndLogs(t *testing.T) {
 // TestMCPSessionExpires: an MCP session of /v1/mcp idle for SessionTTL is
 // closed by the SDK, and its cellbox session deleted with its boxes.
 func TestMCPSessionExpires(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{SessionTTL: 300 * time.Millisecond})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{SessionTTL: 300 * time.Millisecond})
 	url := startHTTP(t, s)
 	c := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
 	res, _ := c.Call(t, "write_file", map[string]any{"path": "a.txt", "content": "x"})
@@ -140,7 +140,7 @@ func TestMCPSessionExpires(t *testing.T) {
 // SessionTTL (a day) is far off: such a session lived until DELETE or the
 // SessionTTL, and IDE clients seldom send DELETE.
 func TestMCPIdleTTL(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	url := startHTTPWith(t, s, Options{MCPIdleTTL: 500 * time.Millisecond})
 	c := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
 	res, m := c.Call(t, "write_file", map[string]any{"path": "a.txt", "content": "x"})
@@ -175,7 +175,7 @@ func TestMCPIdleTTLOption(t *testing.T) {
 // does not make its MCP session idle: while it runs, the session takes
 // other calls and keeps its box, and the call ends with its answer.
 func TestMCPIdleTTLInUse(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	url := startHTTPWith(t, s, Options{MCPIdleTTL: time.Second})
 	c := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
 	// The command outlives the TTL twice over before it says "past", then
@@ -224,7 +224,7 @@ func TestMCPIdleTTLInUse(t *testing.T) {
 // TestMCPProfileOverHTTP: ?profile= picks the tool set on /v1/mcp; an
 // unknown one is a 400 that lists the profiles.
 func TestMCPProfileOverHTTP(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	url := startHTTP(t, s)
 	c := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp?profile=deerflow", ""))
 	list, err := c.ListTools(context.Background(), nil)
@@ -251,7 +251,7 @@ func TestMCPProfileOverHTTP(t *testing.T) {
 // their first call, cellbox sessions count too: an initialize was let in,
 // then every call of the session failed with JSON-RPC error code 0.
 func TestMCPSessionCap(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{MaxSessions: 3})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{MaxSessions: 3})
 	url := startHTTP(t, s)
 	a := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
 	mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
@@ -290,7 +290,7 @@ func TestMCPSessionCap(t *testing.T) {
 // since it opened) gets a failed tool result with code limit, not a
 // JSON-RPC error with code 0.
 func TestMCPCallWithoutSession(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{MaxSessions: 2})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{MaxSessions: 2})
 	url := startHTTP(t, s)
 	a := mcptest.MustConnect(t, mcptest.HTTP(url+"/v1/mcp", ""))
 	newHTTPSession(t, url)
@@ -328,7 +328,7 @@ func postMCP(t *testing.T, url, token, mcpSession, msg string) (int, string) {
 // session lingered and an initialize within the cap was refused now and
 // then (TestMCPSessionCap failed about one run in sixty).
 func TestMCPDiscover(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{MaxSessions: 1})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{MaxSessions: 1})
 	url := startHTTP(t, s)
 	status, body := postMCP(t, url+"/v1/mcp", "", "", `{"jsonrpc":"2.0","id":7,"method":"server/discover","params":{}}`)
 	assert.Equal(t, http.StatusOK, status)

@@ -10,9 +10,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/mcptest"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 )
 
 // newSessionWith posts body to /v1/sessions and returns the status and
@@ -47,7 +47,7 @@ func listed(h *httpSession) map[string]map[string]any {
 // overrides them; commands run in workspace_dir and relative file paths
 // resolve there.
 func TestWorkspaceSettings(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	url := startHTTP(t, s)
 	status, h, m := newSessionWith(t, url, api.NewSessionRequest{BoxDefaults: api.BoxDefaults{
 		Env: map[string]string{"GREETING": "hi", "WHO": "session"}, WorkspaceDir: "/workspace/app",
@@ -113,7 +113,7 @@ func TestWorkspaceSettings(t *testing.T) {
 // and sandbox_create overrides it. Today's closes keep working: deleting
 // the session destroys every box.
 func TestDestroyOnClose(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	url := startHTTP(t, s)
 	status, h, m := newSessionWith(t, url, map[string]any{"destroy_on_close": true})
 	require.Equal(t, http.StatusCreated, status, "%v", m)
@@ -154,7 +154,7 @@ func TestDestroyOnClose(t *testing.T) {
 // listens, and says listening: false (with a notice) when nothing does
 // within timeout_ms; bad input is a tool error.
 func TestWaitPort(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	h := newHTTPSession(t, startHTTP(t, s))
 	m := h.tool("wait_port", map[string]any{"port": 8125, "timeout_ms": 100})
 	assert.Equal(t, false, m["listening"])

@@ -6,9 +6,9 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/cellbox/cellbox/internal/boxtest"
 	"github.com/cellbox/cellbox/internal/mcptest"
 	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -42,7 +42,7 @@ func TestMCPToolMetadata(t *testing.T) {
 	for _, tool := range sandbox.Tools() {
 		assert.NotEmpty(t, tool.Meta.Title, "give a new tool its ToolMeta in defineTool")
 	}
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	c := connectInMemory(t, s)
 	list, err := c.ListTools(context.Background(), nil)
 	require.NoError(t, err)
@@ -123,7 +123,7 @@ func TestMCPToolMetadata(t *testing.T) {
 // TestMCPBoxResources: box files are resources of a template, read with
 // read_file's rules.
 func TestMCPBoxResources(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	c := connectInMemory(t, s)
 	tmpl, err := c.ListResourceTemplates(context.Background(), nil)
 	require.NoError(t, err)
@@ -178,7 +178,7 @@ func assertRPCCode(t *testing.T, err error, code int64) {
 // ForSession (as cellbox mcp serves it on stdio); sandbox/httpapi tests
 // the same over HTTP.
 func TestMCPCancelKillsCommand(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	connectInMemory(t, s).CancelSleep(t)
 }
 
@@ -186,7 +186,7 @@ func TestMCPCancelKillsCommand(t *testing.T) {
 // profile's tools, each with its base tool's metadata, and a tool whose
 // seed answers a plain string gives that string as its text.
 func TestMCPProfiles(t *testing.T) {
-	s, _ := boxtest.Service(t, boxtest.Options{})
+	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	ctx := context.Background()
 	for _, p := range sandbox.Profiles() {
 		t.Run(p.Name, func(t *testing.T) {

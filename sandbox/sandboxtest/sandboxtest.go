@@ -1,7 +1,10 @@
-// Package boxtest starts the sandbox service on the real local (bubblewrap)
-// backend for the tests of the packages above it (builtins, examples), as
-// `cellbox run` has it, and cleans up every box it made.
-package boxtest
+// Package sandboxtest starts the sandbox service on the real local
+// (bubblewrap) backend, as `cellbox run` has it, and cleans up every box it
+// made. It is the sandbox floor's test-support package, as net/http/httptest
+// is net/http's: sandbox's own external tests and the tests of the packages
+// above it (sandboxclient, builtins, examples, cmd/cellbox) use it; no
+// package but a test-support one imports it.
+package sandboxtest
 
 import (
 	"context"
