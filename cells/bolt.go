@@ -100,7 +100,8 @@ func (b boltBucket) scan(from []byte, fn func(k, v []byte) bool) {
 }
 
 // NewMemory returns an in-memory store (for unit tests). It behaves as the
-// bbolt store does, except that a read waits while a write is in progress.
+// bbolt store does (both pass cellstest), except that it keeps nothing past
+// Close and a read waits while a write is in progress.
 func NewMemory(opts Options) Store {
 	s, err := open(newMemKV(), opts)
 	if err != nil {

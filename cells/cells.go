@@ -27,7 +27,10 @@
 // Two implementations share one code path over a small ordered key/value
 // layer: OpenBolt (go.etcd.io/bbolt, one file, the default) and NewMemory
 // (in memory, for unit tests). The bbolt bucket layout is documented in
-// layout.go.
+// layout.go. Package cellstest is the conformance suite of the Store
+// contract below: every implementation runs it, and each promise the doc
+// comments of Store, Tx, Bucket, Batch, Change and Options make has a
+// subtest there.
 package cells
 
 import (
@@ -110,7 +113,8 @@ type Cell struct {
 	Error string
 	// Version is the version of the commit that last changed the cell.
 	Version uint64
-	// Changed is when that commit happened.
+	// Changed is when that commit happened: the same time for every cell
+	// the commit changed.
 	Changed time.Time
 	// Stream marks a stream cell: it queues events instead of a value.
 	Stream bool
@@ -119,30 +123,37 @@ type Cell struct {
 // Spec declares a cell's kind and constraints.
 type Spec struct {
 	// Schema is an optional JSON Schema; a Set that violates it is refused
-	// with a *SchemaError. Nil means none.
+	// with a *SchemaError. Nil means none. Declaring a schema does not
+	// check the value the cell holds: it holds for the Sets after it.
 	Schema json.RawMessage
 	// Stream makes the cell a stream. A cell's kind cannot change once
-	// declared.
+	// declared (until the cell is deleted).
 	Stream bool
 }
 
 // Event is one event queued on a stream cell.
 type Event struct {
-	// ID is unique in the store and increases with every Send.
-	ID      uint64
+	// ID is unique in the store and increases with every Send, on any
+	// stream; it is never reused (not after a Delete of the stream, nor
+	// after the store is closed and opened again).
+	ID uint64
+	// Payload is the event's JSON value, compact.
 	Payload json.RawMessage
-	Sent    time.Time
+	// Sent is when the commit that sent the event happened.
+	Sent time.Time
 }
 
 // Change is one cell's change in a committed transaction.
 type Change struct {
 	// Cell is the cell's state after the commit (for a Send: the stream
-	// cell, whose Version moved to the commit's).
+	// cell, whose Version moved to the commit's; see Batch.Changes for a
+	// cell deleted and written again in one commit).
 	Cell Cell
 	// Event is the event appended by a Send, nil otherwise. A commit with
 	// several Sends has one Change per event.
 	Event *Event
-	// Deleted says the cell was removed.
+	// Deleted says the cell was removed. Cell then holds its address, the
+	// value null, and the commit's Version and Changed.
 	Deleted bool
 }
 
@@ -150,86 +161,152 @@ type Change struct {
 type Batch struct {
 	// Version is the commit's version: watch again from it to resume.
 	Version uint64
-	// Snapshot says Changes are the full current state of every cell under
-	// the watch prefix (sent when the watch started before the start of the
-	// change log): a client replaces what it knew with it.
+	// Snapshot says Changes are the full state at Version of every cell
+	// under the watch prefix, in address order — streams as their cells,
+	// without their queued events (read those with Tx.Events) — sent when
+	// the commits after the watch's version are no longer all in the
+	// change log (see Store.Watch): a client replaces what it knew with
+	// it. A Snapshot is sent even when no cell is under the prefix (then
+	// with no Changes).
 	Snapshot bool
-	// Changes lists the cells the commit changed, in first-write order; a
-	// cell written twice appears once, with its final state.
+	// Changes lists what the commit changed under the watch prefix, in the
+	// order of the transaction's calls. The writes to a cell (Declare,
+	// Set, SetRef, SetError) make one Change, placed at the first of them
+	// and holding the cell's state after the last; a Delete ends that run
+	// with a Deleted Change of its own, and writes to the cell after it
+	// start a new Change. Each Send adds a Change of its own, with its
+	// Event. Applying the Changes in order leaves what the commit left.
 	Changes []Change
 	// Err, on the last batch of a watch (no changes), says why the watch
 	// ended early: the store's change log could not be read (a corrupt
-	// entry, the store closed). Version is the last version delivered.
+	// entry, or the store closed while the watch read it). Version is the
+	// last version delivered. A watch ended by its context, or by Close
+	// while it was waiting for a commit, ends without one: its channel
+	// just closes.
 	Err error
 }
 
 // Store is a cell store. All methods are safe for concurrent use.
 type Store interface {
-	// Get returns one cell, or an error wrapping ErrNotFound.
+	// Get returns one cell, or an error wrapping ErrNotFound (an invalid
+	// address is an error that does not wrap it).
 	Get(addr Address) (Cell, error)
-	// Version returns the version of the last commit (0 for an empty store).
+	// Version returns the version of the last commit that changed a cell
+	// (0 for an empty store).
 	Version() uint64
-	// View runs fn in a read-only transaction.
+	// View runs fn in a read-only transaction, which sees every commit
+	// made before it began and none of a commit in progress, and returns
+	// fn's error. Writes in it fail with ErrReadOnly.
 	View(fn func(Tx) error) error
-	// Update runs fn in a read-write transaction: if fn returns nil,
-	// everything it wrote commits at once and watchers get one Batch; if it
-	// returns an error (or panics), nothing is written. Updates are
-	// serialized.
+	// Update runs fn in a read-write transaction, which reads its own
+	// writes. If fn returns nil, everything it wrote commits at once: a
+	// reader sees all of it or none, and if it changed a cell the commit
+	// takes the next version and watchers get one Batch. A commit that
+	// changes no cell (it only wrote Meta, acked events, changed the spec
+	// of existing cells, or wrote values equal to the stored ones) takes
+	// no version and sends no Batch. If fn returns an error, Update
+	// returns it; if fn panics, the panic goes on to Update's caller;
+	// either way nothing is written, and the store goes on. Updates are
+	// serialized: one runs at a time.
 	Update(fn func(Tx) error) error
 	// Watch sends every Batch committed after version from, limited to the
 	// changes whose address is under prefix, as HasPrefix matches it ("" for
-	// all, "s/p/" for a pattern instance), then follows live until ctx ends,
-	// when the channel is closed. Batches without a matching change are
-	// skipped. If from is older than the change log's start (or newer than
-	// the store), the first Batch is a Snapshot of the current state. A
-	// slow reader never blocks writers and never loses a batch: the watch
-	// reads the log at its own pace.
+	// all, "s/p/" for a pattern instance), one per commit in version order,
+	// then follows live until ctx ends, when the channel is closed. Batches
+	// without a matching change are skipped. From Version() it sends the
+	// next commit first. If a commit after from is no longer in the change
+	// log (from < Version()-LogLimit, or past LogBytes; see Options), or
+	// from is newer than the store (another store's version), the first
+	// Batch is a Snapshot of the current state instead, and the batches
+	// after it follow from its Version. A slow reader never blocks writers
+	// and loses no batch the change log still holds: the watch reads the
+	// log at its own pace. A reader that falls behind the log's limits
+	// gets a Snapshot where its next batch is gone, as a watch from an old
+	// version does, and goes on from there. Watch on a closed store
+	// returns ErrClosed.
 	Watch(ctx context.Context, prefix string, from uint64) (<-chan Batch, error)
-	// Close closes the store. Watches end.
+	// Close closes the store: every watch's channel closes (see
+	// Batch.Err), and Get, View, Update and Watch fail with ErrClosed from
+	// then on (View and Update without calling fn). A second Close
+	// returns nil.
 	Close() error
 }
 
 // Tx is a store transaction. It must not be used after View or Update
-// returns. Byte slices it returns are copies the caller may keep.
+// returns. Byte slices it returns are copies the caller may keep and
+// change; byte slices given to it are copied before the call returns, so
+// the caller may reuse them.
+//
+// Every method that takes an Address refuses an invalid one (Valid) with an
+// error. A call refused for what it was given (an invalid address, value,
+// payload or schema, a schema violation, the wrong kind of cell, no such
+// cell, ErrHandled, ErrReadOnly) writes nothing and leaves the transaction
+// usable: what else it wrote commits if fn returns nil. After any other
+// error (the store failing), fn should return it, so that nothing commits.
+// In a View, every write fails with ErrReadOnly.
 type Tx interface {
 	// Version is the version this transaction's writes get (in a read-only
 	// transaction: the store's current version).
 	Version() uint64
 	// Get returns one cell, or an error wrapping ErrNotFound.
 	Get(addr Address) (Cell, error)
-	// List returns the cells whose address is under prefix, as HasPrefix
-	// matches it (whole segments: "s/p" is not "s/pa"), in address order.
+	// List returns the cells (value cells and streams) whose address is
+	// under prefix, as HasPrefix matches it (whole segments: "s/p" is not
+	// "s/pa"), in address order.
 	List(prefix string) ([]Cell, error)
-	// Declare creates the cell if it does not exist (value null) and sets
-	// its spec. Changing a declared cell's Stream flag is an error.
+	// Declare creates the cell if it does not exist (value null; a change
+	// of the commit) and sets its spec. On an existing cell it only sets
+	// the spec — a schema replaced, or removed by a Spec without one —
+	// which changes no cell: no version, no Batch, and the value is not
+	// checked against the new schema. Declaring a cell as the other kind
+	// (a stream as a value cell, or back) is an error, as is a schema that
+	// is not JSON.
 	Declare(addr Address, spec Spec) error
-	// Spec returns a cell's spec (zero for an undeclared cell).
+	// Spec returns a cell's spec: zero for a cell that was never declared
+	// (made by Set or SetError) and for no cell.
 	Spec(addr Address) (Spec, error)
 	// Set writes a JSON value, creating the cell if needed, and clears its
-	// Error. The value is validated and stored compact. A value byte-equal
-	// to the current one (and no Error to clear) changes nothing and
-	// reports false. A value that breaks the cell's schema is refused with
-	// a *SchemaError. Set on a stream is an error.
+	// Error. The value must be one JSON value (an empty one is an error:
+	// write null for none) and is stored compact. A value byte-equal, once
+	// compact, to the current one (and no Error to clear) changes nothing
+	// and reports false; so does null on a declared cell never written. A
+	// value that breaks the cell's schema is refused with a *SchemaError.
+	// Set on a stream is an error.
 	Set(addr Address, value json.RawMessage) (changed bool, err error)
 	// SetRef is Set of the cell r refers to, for a writer that sets the
-	// same cells transaction after transaction (see Ref).
+	// same cells transaction after transaction (see Ref). It behaves as
+	// Set in every way, through deletes and re-creations of the cell.
 	SetRef(r *Ref, value json.RawMessage) (changed bool, err error)
 	// SetError marks the cell failed with msg, keeping its value; "" clears
-	// it. It reports whether anything changed.
+	// it. A missing cell is created (value null) by a msg that is not "".
+	// It reports whether anything changed: the same msg again, or "" on a
+	// cell without an error (or on no cell), changes nothing.
 	SetError(addr Address, msg string) (changed bool, err error)
-	// Delete removes a cell with its spec and queued events.
+	// Delete removes a cell with its spec, its queued events and its ack
+	// receipt; watchers get a Deleted change. Deleting no cell is not an
+	// error and changes nothing.
 	Delete(addr Address) error
-	// Send appends an event to a declared stream.
+	// Send appends an event to a declared stream: an error wrapping
+	// ErrNotFound if there is no such cell, an error if it is a value
+	// cell. The payload must be JSON; it is stored compact. The stream
+	// cell's Version moves to the transaction's, and watchers get a Change
+	// with the Event.
 	Send(addr Address, payload json.RawMessage) (Event, error)
-	// Events returns the stream's events not yet acked, oldest first.
+	// Events returns the stream's events not yet acked, oldest first (an
+	// error wrapping ErrNotFound if there is no such cell, an error if it
+	// is a value cell).
 	Events(addr Address) ([]Event, error)
-	// Ack records that the stream's events up to and including id are
-	// handled and drops them. Acking an id already acked returns an error
-	// wrapping ErrHandled.
+	// Ack records that the stream's events with IDs up to and including id
+	// are handled and drops them; IDs are store-wide, so id need not be
+	// one of this stream's. An id at or below the last one acked on this
+	// stream returns an error wrapping ErrHandled. The receipt commits
+	// with the transaction; by itself it changes no cell (no version, no
+	// Batch).
 	Ack(addr Address, id uint64) error
 	// Meta returns a named key/value bucket for a client's own state (the
-	// runtime keeps node state and its memo cache there). Its writes commit
-	// with the transaction and cause no notification.
+	// runtime keeps node state and its memo cache there), apart from the
+	// cells and from the other buckets. Its writes commit or roll back
+	// with the transaction, and cause no version and no notification.
 	Meta(bucket string) Bucket
 }
 
@@ -258,30 +335,42 @@ func (r *Ref) Addr() Address { return r.addr }
 
 // Bucket is a key/value bucket inside a transaction.
 type Bucket interface {
-	// Get returns a copy of the value, or nil, false.
+	// Get returns a copy of the value (empty, not nil, for an empty value),
+	// or nil, false.
 	Get(key string) ([]byte, bool)
-	// Put stores value (an empty value is stored as empty, not deleted).
+	// Put stores a copy of value under key, replacing what was there (an
+	// empty value is stored as empty, not deleted). An empty key is an
+	// error.
 	Put(key string, value []byte) error
 	// Delete removes key; a missing key is not an error.
 	Delete(key string) error
-	// ForEach calls fn for each key starting with prefix, in key order,
-	// until fn returns an error, which ForEach returns.
+	// ForEach calls fn with each key starting with prefix and a copy of
+	// its value, in key (byte) order, until fn returns an error, which
+	// ForEach returns.
 	ForEach(prefix string, fn func(key string, value []byte) error) error
 }
 
 // Options tune a store.
 type Options struct {
-	// LogLimit is how many commits the change log keeps (default 10000).
+	// LogLimit is how many commits the change log keeps (default 10000):
+	// the last LogLimit, so a watch from a version v replays when
+	// v >= Version()-LogLimit (and LogBytes kept them), and starts with a
+	// Snapshot otherwise.
 	LogLimit int
-	// LogBytes caps the bytes of the change log's entries (default 64 MiB;
-	// the newest entry stays whatever its size).
+	// LogBytes caps the size of the change log's entries as the store
+	// keeps them (each holds the records of the cells its commit changed,
+	// values and events included; default 64 MiB): past it the oldest
+	// entries go, however few commits the log holds, but the newest stays
+	// whatever its size.
 	LogBytes int
-	// NoSync skips fsync on commit (bbolt only; for tests and benchmarks).
+	// NoSync skips fsync on commit (bbolt only; for tests and benchmarks):
+	// a crash of the machine may then lose the last commits, or the file.
 	NoSync bool
 }
 
 var (
-	// ErrNotFound: no such cell.
+	// ErrNotFound: no such cell (Get), or no such stream (Send, Events,
+	// Ack).
 	ErrNotFound = errors.New("no such cell")
 	// ErrHandled: a stream event was already handled.
 	ErrHandled = errors.New("event already handled")
