@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"maps"
 	"path/filepath"
 	"regexp"
@@ -529,7 +530,7 @@ func (s *Service) wake(ctx context.Context, id string) (*agent.Client, error) {
 // box still runs, so that a box that cannot start (its agent died: no
 // memory, pids: 1, a broken image) fails at once, saying why.
 func (s *Service) connect(ctx context.Context, id string, timeout time.Duration) (*agent.Client, error) {
-	cl := agent.Dial(filepath.Join(s.hostDir(id), backend.SocketName))
+	cl := s.agentClient(id)
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var pe *agent.ProtocolError
@@ -558,6 +559,17 @@ func (s *Service) connect(ctx context.Context, id string, timeout time.Duration)
 			return nil, fmt.Errorf("box %s stopped while starting: %s", id, exitReason(info))
 		}
 	}
+}
+
+// agentClient is a client of box id's agent, connected through the
+// backend (Backend.Dial): the one way to a box. On a backend whose boxes
+// run here, waiting for the agent sleeps on its socket's directory.
+func (s *Service) agentClient(id string) *agent.Client {
+	cl := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return s.be.Dial(ctx, id) })
+	if !s.caps.Remote {
+		cl.WatchSocket(filepath.Join(s.hostDir(id), backend.SocketName))
+	}
+	return cl
 }
 
 // connectRound is how long connect waits for the agent between two looks

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -174,6 +175,28 @@ next:
 		out = append(out, b.info)
 	}
 	return out, nil
+}
+
+// Capabilities: no clone, every limit (none is enforced: the fake's boxes
+// are goroutines), as many CPUs as this host.
+func (f *fakeBackend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{Network: backend.NetworkNamespace, MaxCPUs: runtime.NumCPU(),
+		Limits: backend.Enforcement{Memory: true, CPU: true, Pids: true, Disk: true}}
+}
+
+// Dial connects to the agent's socket in the box's host dir.
+func (f *fakeBackend) Dial(ctx context.Context, id string) (net.Conn, error) {
+	f.mu.Lock()
+	b, ok := f.boxes[id]
+	f.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("dial %s: %w", id, backend.ErrNotFound)
+	}
+	conn, err := agent.DialSocket(ctx, filepath.Join(b.info.HostDir, backend.SocketName))
+	if err != nil {
+		err = fmt.Errorf("dial %s: %w: %w", id, backend.ErrNotReady, err)
+	}
+	return conn, err
 }
 
 // count returns the number of boxes the fake holds.

@@ -156,6 +156,7 @@ type Config struct {
 type Service struct {
 	cfg     Config
 	be      backend.Backend
+	caps    backend.Capabilities // be's, asked once
 	st      *store
 	snaps   *snapStore
 	log     *slog.Logger
@@ -264,6 +265,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	s := &Service{
 		cfg:      cfg,
 		be:       cfg.Backend,
+		caps:     cfg.Backend.Capabilities(),
 		st:       st,
 		snaps:    snaps,
 		log:      cfg.Logger,

@@ -342,7 +342,7 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 	if err := backend.ValidEnv(spec.Env); err != nil {
 		return out, api.WithCode(api.CodeInvalidInput, err)
 	}
-	if err := toBackendLimits(spec.Limits).Validate(); err != nil {
+	if err := toBackendLimits(spec.Limits).Validate(c.s.caps.MaxCPUs); err != nil {
 		return out, api.WithCode(api.CodeInvalidInput, err)
 	}
 	s, sess := c.s, c.sess

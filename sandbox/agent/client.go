@@ -32,12 +32,15 @@ const (
 	maxFrame = 16 << 20
 )
 
-// Client talks to one agent over its unix socket. It is safe for concurrent
-// use; connections are pooled (keep-alive).
+// Client talks to one agent over connections its DialFunc makes (a unix
+// socket on this host, a stream through an engine's API). It is safe for
+// concurrent use; connections are pooled (keep-alive).
 type Client struct {
-	socket string
-	hc     *http.Client
-	tr     *http.Transport
+	dial     DialFunc
+	watchDir string // a host directory the agent's socket appears in, or ""
+	socket   string // the socket's path there, or ""
+	hc       *http.Client
+	tr       *http.Transport
 	// heal, if set, is called when a request could not reach the agent
 	// (see SetHeal).
 	heal func(ctx context.Context) error
@@ -68,12 +71,38 @@ type undeliveredError struct{ err error }
 func (e *undeliveredError) Error() string { return e.err.Error() }
 func (e *undeliveredError) Unwrap() error { return e.err }
 
-// Dial returns a Client for the agent at socketPath. It does not connect;
-// each call does (or reuses a pooled connection).
+// DialFunc makes a new connection to an agent. An error means nothing was
+// sent; one wrapping ErrNotSocket is a refusal (the client does not try to
+// heal the box over it).
+type DialFunc func(ctx context.Context) (net.Conn, error)
+
+// Dial returns a Client for the agent listening at socketPath on this
+// host (DialSocket). It does not connect; each call does (or reuses a
+// pooled connection).
 func Dial(socketPath string) *Client {
-	c := &Client{socket: socketPath}
+	c := NewClient(func(ctx context.Context) (net.Conn, error) { return DialSocket(ctx, socketPath) })
+	c.watchDir, c.socket = filepath.Dir(socketPath), socketPath
+	return c
+}
+
+// WatchSocket tells the client that the agent's socket appears at path on
+// this host, so that WaitReady sleeps on an inotify watch of its directory
+// until it does rather than dial every few milliseconds. Call it before
+// the client is shared.
+func (c *Client) WatchSocket(path string) { c.watchDir, c.socket = filepath.Dir(path), path }
+
+// NewClient returns a Client whose connections dial makes. It does not
+// connect; each call does (or reuses a pooled connection).
+func NewClient(dial DialFunc) *Client {
+	c := &Client{dial: dial}
 	c.tr = &http.Transport{
-		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return c.dial(ctx) },
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			conn, err := c.dial(ctx)
+			if err != nil && !errors.Is(err, ErrNotSocket) {
+				err = &undeliveredError{err}
+			}
+			return conn, err
+		},
 		MaxIdleConns:        32,
 		MaxIdleConnsPerHost: 32,
 		IdleConnTimeout:     90 * time.Second,
@@ -83,7 +112,12 @@ func Dial(socketPath string) *Client {
 	return c
 }
 
-// dial connects to the agent's socket without following a link.
+// ErrNotSocket is DialSocket's refusal of a path that is not a unix socket
+// (a box put something else in its place).
+var ErrNotSocket = errors.New("refusing to connect")
+
+// DialSocket connects to an agent's unix socket at path on this host
+// without following a link.
 //
 // The directory the socket lives in is writable by the box (the agent must
 // be able to bind there), so the box can swap agent.sock for a symlink to a
@@ -98,25 +132,21 @@ func Dial(socketPath string) *Client {
 // on other mounts and cannot be hard-linked in (EXDEV). (Connecting through
 // /proc/self/fd/DIRFD/agent.sock would not do: that walk follows a final
 // symlink.)
-func (c *Client) dial(ctx context.Context) (net.Conn, error) {
-	fd, err := unix.Open(c.socket, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+func DialSocket(ctx context.Context, path string) (net.Conn, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, &undeliveredError{fmt.Errorf("agent socket %s: %w", c.socket, err)}
+		return nil, fmt.Errorf("agent socket %s: %w", path, err)
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("agent socket %s: %w", c.socket, err)
+		return nil, fmt.Errorf("agent socket %s: %w", path, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-		return nil, fmt.Errorf("agent socket %s is not a unix socket (mode %#o); refusing to connect", c.socket, st.Mode)
+		return nil, fmt.Errorf("agent socket %s is not a unix socket (mode %#o); %w", path, st.Mode, ErrNotSocket)
 	}
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
-	if err != nil {
-		return nil, &undeliveredError{err}
-	}
-	return conn, nil
+	return d.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
 }
 
 // Close drops the pooled connections.
@@ -317,7 +347,10 @@ func (c *Client) Version(ctx context.Context) (Version, error) {
 // every millisecond — the moments between bind and listen. Where inotify
 // is not to be had, it tries every 2 ms.
 func (c *Client) WaitReady(ctx context.Context) error {
-	w := newDirWatch(filepath.Dir(c.socket))
+	var w *dirWatch
+	if c.watchDir != "" {
+		w = newDirWatch(c.watchDir)
+	}
 	defer w.close()
 	for {
 		_, err := c.Version(ctx)
@@ -338,7 +371,11 @@ func (c *Client) WaitReady(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("agent at %s not ready: %w (last error: %v)", c.socket, ctx.Err(), err)
+			where := ""
+			if c.socket != "" {
+				where = " at " + c.socket
+			}
+			return fmt.Errorf("agent%s not ready: %w (last error: %v)", where, ctx.Err(), err)
 		case <-time.After(wait):
 		}
 	}

@@ -12,7 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"runtime"
+	"net"
 	"strings"
 	"time"
 )
@@ -23,6 +23,11 @@ var ErrNotFound = errors.New("box not found")
 
 // ErrExists is returned (wrapped) by Create for an ID that is taken.
 var ErrExists = errors.New("box already exists")
+
+// ErrNotReady is returned (wrapped) by Dial when the box's agent cannot be
+// reached yet: the box does not run, or its agent has not begun to listen.
+// Nothing was sent.
+var ErrNotReady = errors.New("agent not reachable")
 
 // ErrNoImage is returned (wrapped) by Create for an image the backend
 // does not have (not loaded into the engine, not built); the message says
@@ -96,15 +101,16 @@ func (l Limits) Defaults() Limits {
 // Validate checks limits against the bounds every backend enforces, so a
 // value one backend would take and the other refuse (or silently ignore)
 // is refused on both with the same message. Zero fields mean the default
-// and are fine. CPUs may not exceed the host's CPU count: a quota above it
-// enforces nothing.
-func (l Limits) Validate() error {
+// and are fine. CPUs may not exceed maxCPUs, the CPU count of the machine
+// the box runs on (Capabilities.MaxCPUs): a quota above it enforces
+// nothing.
+func (l Limits) Validate(maxCPUs int) error {
 	var errs []string
 	if l.MemoryBytes != 0 && l.MemoryBytes < MinMemoryBytes {
 		errs = append(errs, fmt.Sprintf("memory_bytes %d: want at least 16 MiB (%d)", l.MemoryBytes, int64(MinMemoryBytes)))
 	}
-	if ncpu := runtime.NumCPU(); l.CPUs != 0 && (l.CPUs < MinCPUs || l.CPUs > float64(ncpu) || math.IsNaN(l.CPUs)) {
-		errs = append(errs, fmt.Sprintf("cpus %g: want between %g and %d (this host's CPU count)", l.CPUs, MinCPUs, ncpu))
+	if l.CPUs != 0 && (l.CPUs < MinCPUs || l.CPUs > float64(maxCPUs) || math.IsNaN(l.CPUs)) {
+		errs = append(errs, fmt.Sprintf("cpus %g: want between %g and %d (the CPU count of the machine boxes run on)", l.CPUs, MinCPUs, maxCPUs))
 	}
 	if l.Pids < 0 || l.Pids > MaxPids {
 		errs = append(errs, fmt.Sprintf("pids %d: want between 1 and %d (the kernel's most)", l.Pids, MaxPids))
@@ -239,6 +245,19 @@ type Backend interface {
 	// Inspect says what the backend knows of a box; an unknown ID is an
 	// error wrapping ErrNotFound.
 	Inspect(ctx context.Context, id string) (Info, error)
+
+	// Dial connects to the agent of box id: the one way to reach a box.
+	// The connection carries the agent protocol (HTTP/1.1, see package
+	// agent); each call is a new connection (the caller pools them). A box
+	// that does not run, or whose agent does not listen yet, is an error
+	// wrapping ErrNotReady (nothing was sent: the caller may wait and try
+	// again); an unknown ID wraps ErrNotFound. Where the agent listens is
+	// the backend's business: the caller never builds a path or address.
+	Dial(ctx context.Context, id string) (net.Conn, error)
+
+	// Capabilities says what the backend can do and enforce on this
+	// host; it does not change while the backend is open.
+	Capabilities() Capabilities
 
 	// List returns the managed boxes whose labels include every given
 	// label, also those made by an earlier process and those whose Create

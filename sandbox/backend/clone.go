@@ -22,7 +22,7 @@ import (
 func CloneAll(ctx context.Context, be Backend, src boxdisk.Disk, dir string, specs []Spec, create func(spec Spec, image string) (Info, error)) ([]Info, error) {
 	images := make([]string, len(specs))
 	for i, spec := range specs {
-		if err := spec.Validate(); err != nil {
+		if err := spec.Validate(be.Capabilities()); err != nil {
 			return nil, err
 		}
 		images[i] = filepath.Join(dir, clonePrefix+spec.ID+".img")

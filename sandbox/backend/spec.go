@@ -45,16 +45,41 @@ func ValidID(id string) error {
 // Enforcement says which Limits a backend enforces on this host, and why not
 // where it does not.
 type Enforcement struct {
-	Memory, CPU, Pids bool
-	Warnings          []string
+	Memory, CPU, Pids, Disk bool
+	Warnings                []string
 }
 
-// Enforcer is implemented by backends whose enforcement of Limits depends
-// on the host (local: cgroups may be unavailable). A backend that does not
-// implement it enforces every limit.
-type Enforcer interface {
-	Enforcement() Enforcement
+// Capabilities say what a backend can do and what it enforces, so that
+// callers (the pool, the docs, the tests) ask it instead of testing its
+// name. In the style of Nomad's driver Capabilities.
+type Capabilities struct {
+	// Clone: the backend copies a box's disk whole (it implements
+	// Cloner); otherwise fork copies files through the agents.
+	Clone bool
+	// Remote: the boxes run on another machine than this process (a
+	// remote engine, a cluster): the backend takes no host path from the
+	// caller, and the caller reaches a box only through Dial. False for
+	// every backend so far: the host directory and the agent binary are
+	// paths of this host.
+	Remote bool
+	// Limits: which of Spec.Limits hold, and why not where they do not.
+	Limits Enforcement
+	// Network is how a box without Spec.Network is kept off the network:
+	// NetworkNamespace (a network namespace with loopback only; the
+	// kernel enforces it). A backend that cannot keep a box off the
+	// network says NetworkNone, and the caller refuses boxes without
+	// network on it.
+	Network string
+	// MaxCPUs is the most CPUs one box may be given (Limits.CPUs): the
+	// CPU count of the machine its boxes run on.
+	MaxCPUs int
 }
+
+// Network isolations (Capabilities.Network).
+const (
+	NetworkNamespace = "namespace"
+	NetworkNone      = "none"
+)
 
 // ImageOrDefault is the Spec's image, or DefaultImage when none is named.
 func (s Spec) ImageOrDefault() string {
@@ -65,8 +90,8 @@ func (s Spec) ImageOrDefault() string {
 }
 
 // Validate checks what every backend needs of a Spec and says what is wrong
-// in terms a caller can act on.
-func (s Spec) Validate() error {
+// in terms a caller can act on; limits are checked against caps.
+func (s Spec) Validate(caps Capabilities) error {
 	if err := ValidID(s.ID); err != nil {
 		return err
 	}
@@ -89,7 +114,7 @@ func (s Spec) Validate() error {
 	if err := ValidEnv(s.Env); err != nil {
 		return fmt.Errorf("box %s: %w", s.ID, err)
 	}
-	if err := s.Limits.Validate(); err != nil {
+	if err := s.Limits.Validate(caps.MaxCPUs); err != nil {
 		return fmt.Errorf("box %s: %w", s.ID, err)
 	}
 	if err := ValidWorkDir(s.WorkDir); err != nil {

@@ -17,7 +17,8 @@ func TestSpecValidate(t *testing.T) {
 	bin := filepath.Join(dir, "cellbox")
 	require.NoError(t, os.WriteFile(bin, []byte("x"), 0o755))
 	good := backend.Spec{ID: "s1-box_a.b", AgentBinary: bin, HostDir: dir}
-	require.NoError(t, good.Validate())
+	caps := backend.Capabilities{MaxCPUs: 4}
+	require.NoError(t, good.Validate(caps))
 
 	tests := []struct {
 		name   string
@@ -39,7 +40,8 @@ func TestSpecValidate(t *testing.T) {
 		{"pids past the kernel's maximum", func(s *backend.Spec) { s.Limits.Pids = backend.MaxPids + 1 }, "pids 4194305: want between 1 and 4194304"},
 		{"tiny memory", func(s *backend.Spec) { s.Limits.MemoryBytes = 1 << 20 }, "memory_bytes 1048576: want at least 16 MiB"},
 		{"negative memory", func(s *backend.Spec) { s.Limits.MemoryBytes = -1 }, "want at least 16 MiB"},
-		{"more cpus than the host", func(s *backend.Spec) { s.Limits.CPUs = 1000 }, "cpus 1000: want between 0.01 and"},
+		{"more cpus than the host", func(s *backend.Spec) { s.Limits.CPUs = 1000 }, "cpus 1000: want between 0.01 and 4 (the CPU count of the machine boxes run on)"},
+		{"more cpus than the backend's machine", func(s *backend.Spec) { s.Limits.CPUs = 5 }, "cpus 5: want between 0.01 and 4"},
 		{"tiny cpus", func(s *backend.Spec) { s.Limits.CPUs = 0.001 }, "cpus 0.001: want between 0.01 and"},
 		{"tiny disk", func(s *backend.Spec) { s.Limits.DiskBytes = 1 << 20 }, "disk_bytes 1048576: want between 64 MiB"},
 	}
@@ -47,7 +49,7 @@ func TestSpecValidate(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := good
 			tc.mutate(&s)
-			assert.ErrorContains(t, s.Validate(), tc.want)
+			assert.ErrorContains(t, s.Validate(caps), tc.want)
 		})
 	}
 }

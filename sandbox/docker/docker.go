@@ -50,8 +50,10 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -113,9 +115,11 @@ const DefaultDiskDir = "/var/lib/cellbox/disks"
 
 // Backend makes boxes as Docker containers. Safe for concurrent use.
 type Backend struct {
-	cli   *client.Client
-	log   *slog.Logger
-	disks string
+	cli    *client.Client
+	log    *slog.Logger
+	disks  string
+	ncpu   int // the engine's CPU count
+	dialer *backend.SocketDialer
 
 	hostImageMu sync.Mutex  // serializes the on-demand import of HostImage
 	hostImage   atomic.Bool // the engine had HostImage when last asked
@@ -151,7 +155,17 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if disks == "" {
 		disks = DefaultDiskDir
 	}
-	b := &Backend{cli: cli, log: log, disks: disks}
+	b := &Backend{cli: cli, log: log, disks: disks, ncpu: runtime.NumCPU()}
+	if info, err := cli.Info(ctx, client.InfoOptions{}); err == nil && info.Info.NCPU > 0 {
+		b.ncpu = info.Info.NCPU
+	}
+	b.dialer = backend.NewSocketDialer(func(ctx context.Context, id string) (string, error) {
+		c, err := b.container(ctx, id)
+		if err != nil {
+			return "", err
+		}
+		return hostDirOf(c.Mounts), nil
+	})
 	for _, f := range backend.SweepClones(disks, backend.StaleClone) {
 		log.Warn("docker backend: removed the copy of a disk a fork left", "file", f)
 	}
@@ -240,6 +254,20 @@ func (b *Backend) sweepOrphanDisks(ctx context.Context, age time.Duration) {
 	}
 }
 
+// Capabilities: disks copied whole (Clone), every limit enforced (by the
+// engine, the disk by boxdisk), no network but loopback (network mode
+// none), on a local engine whose CPU count bounds a box's CPUs.
+func (b *Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{Clone: true, Network: backend.NetworkNamespace, MaxCPUs: b.ncpu,
+		Limits: backend.Enforcement{Memory: true, CPU: true, Pids: true, Disk: true}}
+}
+
+// Dial connects to box id's agent, on its socket in the box's host dir
+// (bound into the container at backend.SocketDir).
+func (b *Backend) Dial(ctx context.Context, id string) (net.Conn, error) {
+	return b.dialer.Dial(ctx, id)
+}
+
 // Close releases the client's connections.
 func (b *Backend) Close() error { return b.cli.Close() }
 
@@ -278,7 +306,7 @@ func (b *Backend) Clone(ctx context.Context, src string, specs []backend.Spec) (
 
 // create makes a box whose disk makeDisk makes.
 func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d boxdisk.Disk, uid int) error) (backend.Info, error) {
-	if err := spec.Validate(); err != nil {
+	if err := spec.Validate(b.Capabilities()); err != nil {
 		return backend.Info{}, err
 	}
 	ref := spec.ImageOrDefault()
@@ -433,6 +461,7 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}
 	made = true
+	b.dialer.Remember(spec.ID, spec.HostDir)
 	crashpoint.Hit("docker.container", spec.ID)
 	b.unmark(spec.ID) // the container has the labels now
 	return b.Inspect(ctx, spec.ID)
@@ -657,6 +686,7 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 	}
 	b.uids().Release(id)
 	b.unmark(id)
+	b.dialer.Forget(id)
 	return nil
 }
 

@@ -50,7 +50,7 @@ func newLocal(t *testing.T, root string) *local.Backend {
 
 func requireCgroups(t *testing.T, b *local.Backend) {
 	t.Helper()
-	if e := b.Enforcement(); !e.Memory || !e.Pids || !e.CPU || len(e.Warnings) > 0 {
+	if e := b.Capabilities().Limits; !e.Memory || !e.Pids || !e.CPU || len(e.Warnings) > 0 {
 		testenv.Missing(t, fmt.Sprintf("writable cgroups v1 (%v)", e.Warnings))
 	}
 }
@@ -104,11 +104,11 @@ func TestWithoutCgroupsReportsWhatIsNotEnforced(t *testing.T) {
 	testenv.RequireBwrap(t)
 	b, err := local.New(local.Options{Root: t.TempDir(), CgroupRoot: "-"})
 	require.NoError(t, err)
-	e := b.Enforcement()
+	e := b.Capabilities().Limits
 	assert.True(t, e.Memory, "memory falls back to RLIMIT_DATA")
 	assert.False(t, e.Pids)
 	assert.False(t, e.CPU)
-	assert.Len(t, b.Warnings(), 3)
+	assert.Len(t, b.Capabilities().Limits.Warnings, 3)
 	_, c := box(t, b, "nocg-"+fmt.Sprint(time.Now().UnixNano()), backend.Limits{MemoryBytes: 64 << 20})
 	res, err := c.Exec(context.Background(), agent.ExecRequest{Command: "ulimit -d"}, nil)
 	require.NoError(t, err)

@@ -44,10 +44,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -100,6 +102,7 @@ type Backend struct {
 	cg                       *cgroups
 	enf                      backend.Enforcement
 	log                      *slog.Logger
+	dialer                   *backend.SocketDialer
 
 	mu    sync.Mutex
 	locks map[string]*boxLock // per box: Create, Start, Stop, Remove
@@ -131,6 +134,10 @@ func New(opts Options) (*Backend, error) {
 	}
 	b := &Backend{root: opts.Root, images: opts.ImagesDir, bwrap: bwPath, etc: filepath.Join(opts.Root, ".etc"),
 		log: opts.Logger, locks: map[string]*boxLock{}}
+	b.dialer = backend.NewSocketDialer(func(ctx context.Context, id string) (string, error) {
+		bf, _, err := b.load(id)
+		return bf.Spec.HostDir, err
+	})
 	if b.log == nil {
 		b.log = slog.Default()
 	}
@@ -155,7 +162,7 @@ func New(opts Options) (*Backend, error) {
 	if cgRoot != "-" {
 		b.cg = newCgroups(cgRoot)
 	}
-	b.enf = backend.Enforcement{Memory: true, CPU: b.cg.has("cpu"), Pids: b.cg.has("pids")}
+	b.enf = backend.Enforcement{Memory: true, CPU: b.cg.has("cpu"), Pids: b.cg.has("pids"), Disk: true}
 	if !b.cg.has("memory") {
 		b.enf.Warnings = append(b.enf.Warnings, "memory: no writable cgroup memory controller; each process limited by RLIMIT_DATA (at least 128 MiB; heap only, not page cache or shared memory)")
 	}
@@ -197,11 +204,18 @@ func writeEtc(dir string) error {
 // Name is "local".
 func (b *Backend) Name() string { return "local" }
 
-// Enforcement reports which limits hold on this host.
-func (b *Backend) Enforcement() backend.Enforcement { return b.enf }
+// Capabilities: disks are copied whole (Clone), boxes run here with no
+// network but loopback in a namespace of their own; which limits hold
+// depends on the cgroups this process may make.
+func (b *Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{Clone: true, Limits: b.enf, Network: backend.NetworkNamespace, MaxCPUs: runtime.NumCPU()}
+}
 
-// Warnings lists the limits this host does not let the backend enforce.
-func (b *Backend) Warnings() []string { return b.enf.Warnings }
+// Dial connects to box id's agent, on its socket in the box's host dir.
+func (b *Backend) Dial(ctx context.Context, id string) (net.Conn, error) {
+	return b.dialer.Dial(ctx, id)
+}
+
 
 type boxFile struct {
 	Spec    backend.Spec `json:"spec"`
@@ -305,7 +319,7 @@ func (b *Backend) Clone(ctx context.Context, src string, specs []backend.Spec) (
 
 // create makes a box whose disk makeDisk makes for the box's host uid.
 func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d boxdisk.Disk, uid int) error) (backend.Info, error) {
-	if err := spec.Validate(); err != nil {
+	if err := spec.Validate(b.Capabilities()); err != nil {
 		return backend.Info{}, err
 	}
 	spec.Image = spec.ImageOrDefault()
@@ -338,6 +352,7 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}
 	_ = os.Remove(filepath.Join(dir, makerFile)) // whole now: spec.json says so
+	b.dialer.Remember(spec.ID, spec.HostDir)
 	return b.info(bf, nil), nil
 }
 
@@ -842,6 +857,7 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 		return fmt.Errorf("remove box %s: %w", id, err)
 	}
 	b.freeUID(id, bf.UID)
+	b.dialer.Forget(id)
 	return nil
 }
 

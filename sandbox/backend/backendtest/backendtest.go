@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -54,6 +55,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, agentBinar
 func RunWith(t *testing.T, newBackend func(t *testing.T) backend.Backend, o Options) {
 	s := &suite{newBackend: newBackend, o: o, session: "cbt-" + randHex(4)}
 	s.b = newBackend(t)
+	t.Run("Capabilities", s.capabilities)
 	t.Run("Lifecycle", s.lifecycle)
 	t.Run("Errors", s.errors)
 	t.Run("ListByLabel", s.list)
@@ -121,12 +123,14 @@ func (s *suite) up(t *testing.T, spec backend.Spec) *agent.Client {
 	info, err := s.b.Start(ctx, spec.ID)
 	require.NoError(t, err)
 	require.Equal(t, backend.StateRunning, info.State)
-	return waitAgent(t, spec)
+	return s.waitAgent(t, spec)
 }
 
-func waitAgent(t *testing.T, spec backend.Spec) *agent.Client {
+// waitAgent waits for the agent of box spec, reached as every caller
+// reaches it: through the backend's Dial.
+func (s *suite) waitAgent(t *testing.T, spec backend.Spec) *agent.Client {
 	t.Helper()
-	c := agent.Dial(filepath.Join(spec.HostDir, backend.SocketName))
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return s.b.Dial(ctx, spec.ID) })
 	t.Cleanup(func() { c.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -161,6 +165,8 @@ func (s *suite) lifecycle(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, spec.ID, info.ID)
 	assert.Equal(t, backend.StateCreated, info.State)
+	_, err = s.b.Dial(ctx, spec.ID)
+	assert.ErrorIs(t, err, backend.ErrNotReady, "dial a box that was never started")
 	assert.Equal(t, spec.ImageOrDefault(), info.Image)
 	assert.Equal(t, spec.HostDir, info.HostDir)
 	assert.WithinRange(t, info.Created, before, time.Now().Add(2*time.Second))
@@ -176,7 +182,7 @@ func (s *suite) lifecycle(t *testing.T) {
 	info, err = s.b.Start(ctx, spec.ID)
 	require.NoError(t, err)
 	assert.Equal(t, backend.StateRunning, info.State)
-	c := waitAgent(t, spec)
+	c := s.waitAgent(t, spec)
 	v, err := c.Version(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, 1, v.PID, "the agent is PID 1")
@@ -199,6 +205,8 @@ func (s *suite) lifecycle(t *testing.T) {
 	_, err = c.Version(short)
 	cancel()
 	assert.Error(t, err, "a stopped box's agent does not answer")
+	_, err = s.b.Dial(ctx, spec.ID)
+	assert.ErrorIs(t, err, backend.ErrNotReady, "dial a stopped box")
 
 	// The caller may make the host dir anew while the box is stopped (the
 	// service's is a tmpfs it unmounts then): Start gives it to the box
@@ -208,7 +216,7 @@ func (s *suite) lifecycle(t *testing.T) {
 	info, err = s.b.Start(ctx, spec.ID)
 	require.NoError(t, err)
 	assert.Equal(t, backend.StateRunning, info.State)
-	c = waitAgent(t, spec)
+	c = s.waitAgent(t, spec)
 	assert.Equal(t, "kept", ok(t, c, "cat /workspace/keep.txt"), "the workspace survives stop and start")
 	assert.Equal(t, "x", ok(t, c, "cat /workspace/d/y"))
 
@@ -223,6 +231,24 @@ func (s *suite) lifecycle(t *testing.T) {
 	assert.Error(t, err, "a removed box's agent does not answer")
 }
 
+// capabilities: what the backend says of itself holds together: Clone
+// exactly when it is a Cloner, a CPU count, a network isolation; the
+// suites below skip nothing the backend claims.
+func (s *suite) capabilities(t *testing.T) {
+	caps := s.b.Capabilities()
+	_, cloner := s.b.(backend.Cloner)
+	assert.Equal(t, cloner, caps.Clone, "Capabilities.Clone says whether it implements Cloner")
+	assert.GreaterOrEqual(t, caps.MaxCPUs, 1)
+	assert.Contains(t, []string{backend.NetworkNamespace, backend.NetworkNone}, caps.Network)
+	l := caps.Limits
+	if !(l.Memory && l.CPU && l.Pids && l.Disk) {
+		assert.NotEmpty(t, l.Warnings, "a limit not enforced says why")
+	}
+	assert.Equal(t, caps, s.b.Capabilities(), "it does not change")
+	err := backend.Limits{CPUs: float64(caps.MaxCPUs) + 1}.Validate(caps.MaxCPUs)
+	assert.ErrorContains(t, err, fmt.Sprintf("want between 0.01 and %d", caps.MaxCPUs))
+}
+
 func (s *suite) errors(t *testing.T) {
 	t.Parallel()
 	ctx := ctxFor(t, time.Minute)
@@ -231,6 +257,8 @@ func (s *suite) errors(t *testing.T) {
 	assert.ErrorIs(t, err, backend.ErrNotFound, "inspect")
 	_, err = s.b.Start(ctx, unknown)
 	assert.ErrorIs(t, err, backend.ErrNotFound, "start")
+	_, err = s.b.Dial(ctx, unknown)
+	assert.ErrorIs(t, err, backend.ErrNotFound, "dial")
 	assert.ErrorIs(t, s.b.Stop(ctx, unknown), backend.ErrNotFound, "stop")
 	assert.NoError(t, s.b.Remove(ctx, unknown), "remove")
 
@@ -357,7 +385,7 @@ func (s *suite) reattach(t *testing.T) {
 	assert.Equal(t, backend.StateStopped, in.State)
 	_, err = b2.Start(ctx, spec.ID)
 	require.NoError(t, err)
-	c = waitAgent(t, spec)
+	c = s.waitAgent(t, spec)
 	assert.Equal(t, "before", ok(t, c, "cat /workspace/f"))
 }
 
@@ -451,7 +479,7 @@ func (s *suite) workDir(t *testing.T) {
 	require.NoError(t, s.b.Stop(ctx, spec.ID))
 	_, err = s.b.Start(ctx, spec.ID)
 	require.NoError(t, err)
-	c = waitAgent(t, spec)
+	c = s.waitAgent(t, spec)
 	assert.Equal(t, spec.WorkDir+"\nrel", ok(t, c, "pwd; cat rel.txt"), "after a restart")
 
 	for _, dir := range []string{"/etc/app", "/", "workspace/app", "/workspace/../etc"} {
@@ -494,12 +522,7 @@ c = socket.create_connection(s.getsockname()); print("lo-ok")'`), "loopback work
 	})
 }
 
-func (s *suite) enforcement() backend.Enforcement {
-	if e, ok := s.b.(backend.Enforcer); ok {
-		return e.Enforcement()
-	}
-	return backend.Enforcement{Memory: true, CPU: true, Pids: true}
-}
+func (s *suite) enforcement() backend.Enforcement { return s.b.Capabilities().Limits }
 
 // enforced reports whether the backend enforces a limit, so that its test
 // goes on. A backend that does not must say why (Enforcement's warnings)
