@@ -216,7 +216,6 @@ func (b *Backend) Dial(ctx context.Context, id string) (net.Conn, error) {
 	return b.dialer.Dial(ctx, id)
 }
 
-
 type boxFile struct {
 	Spec    backend.Spec `json:"spec"`
 	Created time.Time    `json:"created"`
