@@ -137,8 +137,9 @@ type Spec struct {
 	Env     map[string]string
 	Network bool // false: loopback only
 	Limits  Limits
-	// AgentBinary is the host path of a static cellbox binary, mounted
-	// read-only at AgentPath and started as `cellbox agent` (PID 1).
+	// AgentBinary is the path, on this machine, of a static cellbox
+	// binary, put read-only at AgentPath in the box (mounted, or copied to
+	// a remote engine) and started as `cellbox agent` (PID 1).
 	AgentBinary string
 	// WorkDir is the box's working directory: where commands run and file
 	// paths that are not absolute resolve (the agent's --workspace; made if
@@ -149,7 +150,8 @@ type Spec struct {
 	// The agent creates its socket there. Create and every Start give it
 	// to the box user: the caller may make it anew while the box is
 	// stopped. The host must treat everything in it as hostile (lstat,
-	// never follow links).
+	// never follow links). Empty for a backend whose boxes run on
+	// another machine (Capabilities.Remote), which takes none.
 	HostDir string
 }
 
@@ -204,12 +206,15 @@ func ExitSummary(log string) string {
 // point below from inside real boxes.
 //
 // Every box, on every backend: no network but loopback unless
-// Spec.Network; Spec.Limits enforced (or reported unenforced, see
-// Enforcer); no capabilities and no-new-privileges; the unprivileged box
-// user (BoxUID/BoxGID inside, HOME=Workspace), which is never host root;
-// a read-only root with Workspace and /tmp on a disk of the box's own
-// (Limits.DiskBytes; full is ENOSPC inside); the agent (Spec.AgentBinary)
-// as PID 1, listening in Spec.HostDir, which the host treats as hostile.
+// Spec.Network; Spec.Limits enforced (or reported unenforced, with why, in
+// Capabilities.Limits); no capabilities and no-new-privileges; the
+// unprivileged box user (BoxUID/BoxGID inside, HOME=Workspace), which is
+// never host root; a read-only root with Workspace and /tmp writable
+// (capped at Limits.DiskBytes where Capabilities.Limits.Disk; full is
+// ENOSPC inside); the agent (Spec.AgentBinary) as PID 1, reached only
+// through Dial. On a backend whose boxes run here (not
+// Capabilities.Remote) the agent listens in Spec.HostDir, which the host
+// treats as hostile, and the box user is a host uid of the box's own.
 type Backend interface {
 	// Name is "docker" or "local".
 	Name() string
