@@ -4,8 +4,9 @@
 //
 // Boxes are made by a backend.Backend (sandbox/docker, sandbox/local); every
 // operation inside a box is a request to the box's agent (sandbox/agent).
-// Sessions and boxes are kept in one bbolt file in the data directory, so a
-// restarted service serves the same sessions and reattaches to their boxes.
+// Sessions, boxes and snapshot records are kept in a state.Store (by
+// default the bbolt file of the data directory), so a restarted service
+// serves the same sessions and reattaches to their boxes.
 //
 // Where things are:
 //
@@ -14,7 +15,8 @@
 //   - box.go: a box's life (create, wake, recreate, destroy) and leases;
 //     heal.go: dead boxes noticed and restarted; reaper.go: idle sleep and
 //     the periodic round; reconcile.go: matching the store with the
-//     backend at start; warmpool.go: pre-started boxes; store.go: bbolt.
+//     backend at start; warmpool.go: pre-started boxes; store.go: the
+//     records in the state store; snapstore.go: snapshots.
 //   - tools.go: the registry (defineTool: name, ToolMeta, description,
 //     input and output types, handler) and CallTool; tools_box.go,
 //     tools_files.go: the handlers; profiles.go and profile_*.go: the seed
@@ -46,11 +48,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/egress"
+	"github.com/cellbox/cellbox/sandbox/state"
 )
 
 // Defaults of Config.
@@ -82,13 +83,15 @@ const StateFile = "cellbox.db"
 type Config struct {
 	// Backend makes the boxes. Required.
 	Backend backend.Backend
-	// DataDir holds the state file (StateFile) and the boxes' host
-	// directories (boxes/<id>). Required.
+	// DataDir holds the state file (StateFile, unless State is set), the
+	// snapshots' blobs and the boxes' host directories (boxes/<id>).
+	// Required.
 	DataDir string
-	// DB, if set, is the open state file to keep sessions and boxes in,
-	// shared with its opener (cellbox run and serve keep cells in the same
-	// file); the service does not close it.
-	DB *bolt.DB
+	// State, if set, is the store to keep sessions, boxes and snapshot
+	// records in (cellbox run and serve give state.OpenBolt over the file
+	// they keep cells in); the service does not close it. Unset, the
+	// service opens DataDir/StateFile and closes it on Close.
+	State state.Store
 	// AgentBinary is the static cellbox binary run as every box's agent.
 	// Default: os.Executable().
 	AgentBinary string
@@ -252,11 +255,11 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err := makeEgressDir(cfg.DataDir); err != nil {
 		return nil, err
 	}
-	st, err := openStore(filepath.Join(cfg.DataDir, StateFile), cfg.DB)
+	st, err := openStore(ctx, filepath.Join(cfg.DataDir, StateFile), cfg.State)
 	if err != nil {
 		return nil, err
 	}
-	snaps, err := openSnapStore(st.db, cfg.DataDir)
+	snaps, err := openSnapStore(st.st, cfg.DataDir)
 	if err != nil {
 		st.close()
 		return nil, err

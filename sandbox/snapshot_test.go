@@ -16,10 +16,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	bolt "go.etcd.io/bbolt"
 
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/state"
 )
 
 // sh runs a shell command in box that must exit 0 and returns its stdout.
@@ -135,7 +135,7 @@ func TestSnapshots(t *testing.T) {
 			// A deleted session's snapshots and content go with it.
 			require.NoError(t, rb.s.DeleteSession(context.Background(), own))
 			assert.NoDirExists(t, rb.s.snaps.blobDir(own))
-			ids, err := rb.s.snaps.sessionIDs(own)
+			ids, err := rb.s.snaps.sessionIDs(context.Background(), own)
 			require.NoError(t, err)
 			assert.Empty(t, ids)
 			rb.sess = other
@@ -226,8 +226,7 @@ func TestSnapshotHostileTar(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			db := openTestDB(t, dir)
-			ss, err := openSnapStore(db, dir)
+			ss, err := openSnapStore(state.NewMemory(), dir)
 			require.NoError(t, err)
 			var buf bytes.Buffer
 			tw := tar.NewWriter(&buf)
@@ -256,7 +255,7 @@ func TestSnapshotHostileTar(t *testing.T) {
 // venv's bin/python) are kept.
 func TestSnapshotCaptureKeepsLinks(t *testing.T) {
 	dir := t.TempDir()
-	ss, err := openSnapStore(openTestDB(t, dir), dir)
+	ss, err := openSnapStore(state.NewMemory(), dir)
 	require.NoError(t, err)
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -287,13 +286,6 @@ func TestSnapshotCaptureKeepsLinks(t *testing.T) {
 	assert.Equal(t, snapEntry{Path: "hard", Type: tar.TypeLink, Link: "d/f", Time: entries[5].Time}, entries[5], "a hard link names its file")
 	assert.Equal(t, "/usr/bin/python3", entries[6].Link)
 	assert.Equal(t, "../../etc", entries[4].Link)
-}
-
-func openTestDB(t *testing.T, dir string) *bolt.DB {
-	st, err := openStore(filepath.Join(dir, "state.db"), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { st.close() })
-	return st.db
 }
 
 // TestRestoreTooLargeKeepsWorkspace: restoring a snapshot larger than the

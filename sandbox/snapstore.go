@@ -4,7 +4,8 @@ package sandbox
 // per distinct content, named by its SHA-256, under
 // DataDir/snapshots/blobs/SESSION) plus a manifest per snapshot (path,
 // type, mode, size, hash, link target) kept with the snapshot's metadata in
-// the state file (bbolt, like sessions and boxes). Two snapshots of one
+// the state store (state.Snapshots and state.SnapshotManifests, like
+// sessions and boxes). Two snapshots of one
 // workspace share every unchanged file, so many snapshots cost little more
 // than their differences. Blobs no manifest names are removed when a
 // snapshot is deleted.
@@ -38,23 +39,18 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/cellbox/cellbox/internal/sparse"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
-)
-
-var (
-	bucketSnapshots     = []byte("snapshots")      // id -> snapshotRecord
-	bucketSnapshotFiles = []byte("snapshot_files") // id -> []snapEntry
+	"github.com/cellbox/cellbox/sandbox/state"
 )
 
 // Caps on what one snapshot may hold, beside the box's disk cap on bytes.
@@ -134,9 +130,11 @@ func (e *snapEntry) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// snapStore is the blob directory and the two buckets.
+// snapStore is the blob directory and the two kinds of records:
+// state.Snapshots (id -> snapshotRecord) and state.SnapshotManifests (id ->
+// []snapEntry), written in one commit.
 type snapStore struct {
-	db  *bolt.DB
+	st  state.Store
 	dir string // DataDir/snapshots
 	// gc is held for reading while blobs are written or a manifest not yet
 	// stored is in use (capture, fork), and for writing while unreferenced
@@ -145,8 +143,8 @@ type snapStore struct {
 	gc sync.RWMutex
 }
 
-func openSnapStore(db *bolt.DB, dataDir string) (*snapStore, error) {
-	ss := &snapStore{db: db, dir: filepath.Join(dataDir, "snapshots")}
+func openSnapStore(st state.Store, dataDir string) (*snapStore, error) {
+	ss := &snapStore{st: st, dir: filepath.Join(dataDir, "snapshots")}
 	if err := os.MkdirAll(ss.tmpDir(), 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot store: %w", err)
 	}
@@ -155,17 +153,6 @@ func openSnapStore(db *bolt.DB, dataDir string) (*snapStore, error) {
 		for _, e := range ents {
 			os.Remove(filepath.Join(ss.tmpDir(), e.Name()))
 		}
-	}
-	err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketSnapshots, bucketSnapshotFiles} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("snapshot store: %w", err)
 	}
 	return ss, nil
 }
@@ -402,47 +389,66 @@ func (e snapEntry) dataBytes() int64 {
 	return e.Size
 }
 
-// put records a snapshot and its manifest.
-func (ss *snapStore) put(rec snapshotRecord, entries []snapEntry) error {
+// put records a snapshot and its manifest, in one commit. It is not
+// cancelled with ctx: the blobs are stored, and a snapshot taken is kept.
+func (ss *snapStore) put(ctx context.Context, rec snapshotRecord, entries []snapEntry) error {
 	files, err := json.Marshal(entries)
 	if err != nil {
 		return err
 	}
-	return ss.db.Update(func(tx *bolt.Tx) error {
-		if err := putJSON(tx.Bucket(bucketSnapshots), rec.ID, rec); err != nil {
-			return err
-		}
-		return tx.Bucket(bucketSnapshotFiles).Put([]byte(rec.ID), files)
-	})
+	r, err := putJSON(state.Snapshots, rec.ID, rec)
+	if err != nil {
+		return err
+	}
+	_, err = ss.st.Commit(context.WithoutCancel(ctx), r, state.Put(state.SnapshotManifests, rec.ID, files))
+	return err
 }
 
 // get returns snapshot id if it belongs to session; any other id is "no
 // such snapshot", whether it exists in another session or not.
-func (ss *snapStore) get(session, id string) (snapshotRecord, []snapEntry, error) {
-	var rec snapshotRecord
-	var entries []snapEntry
-	found := false
-	err := ss.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketSnapshots).Get([]byte(id))
-		if v == nil {
-			return nil
-		}
-		if err := json.Unmarshal(v, &rec); err != nil {
-			return fmt.Errorf("snapshot %s: %w", id, err)
-		}
-		if rec.Session != session {
-			return nil
-		}
-		found = true
-		return json.Unmarshal(tx.Bucket(bucketSnapshotFiles).Get([]byte(id)), &entries)
-	})
+func (ss *snapStore) get(ctx context.Context, session, id string) (snapshotRecord, []snapEntry, error) {
+	rec, _, err := ss.record(ctx, session, id)
 	if err != nil {
 		return rec, nil, err
 	}
-	if !found {
-		return rec, nil, errNoSnapshot(id)
+	entries, err := ss.manifest(ctx, id)
+	if err != nil {
+		return rec, nil, err
 	}
 	return rec, entries, nil
+}
+
+// record returns snapshot id of session and its revision; any other id
+// is errNoSnapshot.
+func (ss *snapStore) record(ctx context.Context, session, id string) (snapshotRecord, uint64, error) {
+	var rec snapshotRecord
+	r, err := ss.st.Get(ctx, state.Snapshots, id)
+	if errors.Is(err, state.ErrNotFound) || errors.Is(err, state.ErrInvalid) { // invalid: an empty or over-long id
+		return rec, 0, errNoSnapshot(id)
+	}
+	if err != nil {
+		return rec, 0, err
+	}
+	if err := json.Unmarshal(r.Value, &rec); err != nil {
+		return rec, 0, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	if rec.Session != session {
+		return snapshotRecord{}, 0, errNoSnapshot(id)
+	}
+	return rec, r.Revision, nil
+}
+
+// manifest returns the manifest of snapshot id.
+func (ss *snapStore) manifest(ctx context.Context, id string) ([]snapEntry, error) {
+	var entries []snapEntry
+	r, err := ss.st.Get(ctx, state.SnapshotManifests, id)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	if err := json.Unmarshal(r.Value, &entries); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	return entries, nil
 }
 
 // errNoSnapshot is get's and delete's answer for an id that is not a
@@ -452,73 +458,52 @@ func errNoSnapshot(id string) error {
 }
 
 // list returns the session's snapshots, oldest first.
-func (ss *snapStore) list(session string) ([]snapshotRecord, error) {
-	var out []snapshotRecord
-	err := ss.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketSnapshots).ForEach(func(k, v []byte) error {
-			var rec snapshotRecord
-			if err := json.Unmarshal(v, &rec); err != nil {
-				return fmt.Errorf("snapshot %s: %w", k, err)
-			}
-			if rec.Session == session {
-				out = append(out, rec)
-			}
-			return nil
-		})
-	})
+func (ss *snapStore) list(ctx context.Context, session string) ([]snapshotRecord, error) {
+	all, err := loadJSON[snapshotRecord](ctx, ss.st, state.Snapshots)
+	out := slices.DeleteFunc(all, func(rec snapshotRecord) bool { return rec.Session != session })
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out, err
 }
 
 // delete removes snapshots (of session) and then the session's blobs no
-// remaining snapshot of it references; it returns the bytes freed.
-func (ss *snapStore) delete(session string, ids ...string) (int64, error) {
+// remaining snapshot of it references; it returns the bytes freed. It is
+// not cancelled with ctx once it has begun.
+func (ss *snapStore) delete(ctx context.Context, session string, ids ...string) (int64, error) {
 	ss.gc.Lock()
 	defer ss.gc.Unlock()
-	live := map[string]bool{}
-	// Without ids (freeLater, sweep) nothing is deleted: a read-only
-	// transaction, where an update would write and sync pages for nothing.
-	txn := ss.db.Update
-	if len(ids) == 0 {
-		txn = ss.db.View
-	}
-	err := txn(func(tx *bolt.Tx) error {
-		sb, fb := tx.Bucket(bucketSnapshots), tx.Bucket(bucketSnapshotFiles)
+	ctx = context.WithoutCancel(ctx)
+	// Without ids (freeLater, sweep) nothing is deleted: no commit, and
+	// so no write and sync for nothing.
+	if len(ids) > 0 {
+		ops := make([]state.Op, 0, 2*len(ids))
 		for _, id := range ids {
-			var rec snapshotRecord
-			if v := sb.Get([]byte(id)); v == nil || json.Unmarshal(v, &rec) != nil || rec.Session != session {
-				return errNoSnapshot(id)
+			_, rev, err := ss.record(ctx, session, id)
+			if err != nil {
+				return 0, err
 			}
-			if err := sb.Delete([]byte(id)); err != nil {
-				return err
-			}
-			if err := fb.Delete([]byte(id)); err != nil {
-				return err
-			}
+			ops = append(ops, state.Delete(state.Snapshots, id).If(rev), state.Delete(state.SnapshotManifests, id))
 		}
-		return sb.ForEach(func(k, v []byte) error {
-			var rec snapshotRecord
-			if err := json.Unmarshal(v, &rec); err != nil {
-				return fmt.Errorf("snapshot %s: %w", k, err)
-			}
-			if rec.Session != session {
-				return nil
-			}
-			v = fb.Get(k)
-			var entries []snapEntry
-			if err := json.Unmarshal(v, &entries); err != nil {
-				return fmt.Errorf("snapshot %s: %w", k, err)
-			}
-			for _, e := range entries {
-				if e.Hash != "" {
-					live[e.Hash] = true
-				}
-			}
-			return nil
-		})
-	})
+		if _, err := ss.st.Commit(ctx, ops...); err != nil {
+			return 0, err
+		}
+	}
+	// The blobs the session's remaining snapshots name: no capture adds a
+	// snapshot while gc is held.
+	live := map[string]bool{}
+	recs, err := ss.list(ctx, session)
 	if err != nil {
 		return 0, err
+	}
+	for _, rec := range recs {
+		entries, err := ss.manifest(ctx, rec.ID)
+		if err != nil {
+			return 0, err
+		}
+		for _, e := range entries {
+			if e.Hash != "" {
+				live[e.Hash] = true
+			}
+		}
 	}
 	var freed int64
 	if len(live) == 0 {
@@ -552,7 +537,7 @@ func (ss *snapStore) delete(session string, ids ...string) (int64, error) {
 // the background, once every hold on gc, the caller's included, is gone.
 func (ss *snapStore) freeLater(log *slog.Logger, session string, ids ...string) {
 	go func() {
-		if _, err := ss.delete(session, ids...); err != nil {
+		if _, err := ss.delete(context.Background(), session, ids...); err != nil {
 			log.Warn("free the snapshot blobs no snapshot names", "session", session, "snapshots", ids, "err", err)
 		}
 	}()
@@ -570,7 +555,7 @@ func (ss *snapStore) sweep(ctx context.Context, log *slog.Logger) {
 		if ctx.Err() != nil {
 			return
 		}
-		if freed, err := ss.delete(d.Name()); err != nil {
+		if freed, err := ss.delete(ctx, d.Name()); err != nil {
 			log.Warn("free the snapshot blobs no snapshot names", "session", d.Name(), "err", err)
 		} else if freed > 0 {
 			log.Info("freed snapshot blobs no snapshot names", "session", d.Name(), "bytes", freed)
@@ -579,8 +564,8 @@ func (ss *snapStore) sweep(ctx context.Context, log *slog.Logger) {
 }
 
 // sessionIDs returns the ids of session's snapshots.
-func (ss *snapStore) sessionIDs(session string) ([]string, error) {
-	recs, err := ss.list(session)
+func (ss *snapStore) sessionIDs(ctx context.Context, session string) ([]string, error) {
+	recs, err := ss.list(ctx, session)
 	ids := make([]string, len(recs))
 	for i, r := range recs {
 		ids[i] = r.ID

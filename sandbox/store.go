@@ -1,29 +1,19 @@
 package sandbox
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cellbox/cellbox/sandbox/api"
-)
-
-// schemaVersion is the version of the records in the state file. A file
-// written by a newer cellbox is refused rather than misread.
-const schemaVersion = 1
-
-var (
-	bucketMeta     = []byte("meta")
-	bucketSessions = []byte("sessions")
-	bucketBoxes    = []byte("boxes")
-	keySchema      = []byte("schema")
-	keyInstance    = []byte("instance")
+	"github.com/cellbox/cellbox/sandbox/state"
 )
 
 // sessionRecord is a session as stored.
@@ -65,89 +55,83 @@ type boxRecord struct {
 	OneShot bool `json:"-"`
 }
 
-// store keeps sessions and boxes in one bbolt file: the data dir's own,
-// or one the caller shares (Config.DB) with the cell store.
+// store keeps sessions and boxes in a state.Store: the one the caller
+// gives (Config.State), or one over the data dir's own bbolt file. Records
+// are JSON, under their ids. The service keeps its maps as the working
+// copy and writes every change through, unguarded: it is the store's only
+// writer.
 type store struct {
-	db       *bolt.DB
-	owned    bool   // opened here, so closed here
-	instance string // random id of this data dir; labels its backend boxes
+	st       state.Store
+	db       *bolt.DB // the file opened here (no Config.State), closed by close
+	instance string   // random id of the data; labels its backend boxes
 }
 
-func openStore(path string, shared *bolt.DB) (*store, error) {
-	db, owned := shared, false
-	if db == nil {
-		var err error
-		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
-		if err != nil {
-			return nil, fmt.Errorf("open state file %s: %w (is another cellbox serve or run using this data dir?)", path, err)
-		}
-		owned = true
+// openStore returns the store over shared, or (shared nil) over a bbolt
+// file at path, opened here and closed by close.
+func openStore(ctx context.Context, path string, shared state.Store) (*store, error) {
+	if shared != nil {
+		return newStore(ctx, shared, nil)
 	}
-	st := &store{db: db, owned: owned}
-	err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMeta, bucketSessions, bucketBoxes} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		meta := tx.Bucket(bucketMeta)
-		if v := meta.Get(keySchema); v != nil {
-			n, err := strconv.Atoi(string(v))
-			if err != nil || n > schemaVersion {
-				return fmt.Errorf("state file has schema version %q; this cellbox understands up to %d (upgrade cellbox)", v, schemaVersion)
-			}
-		} else if err := meta.Put(keySchema, []byte(strconv.Itoa(schemaVersion))); err != nil {
-			return err
-		}
-		if v := meta.Get(keyInstance); v != nil {
-			st.instance = string(v)
-			return nil
-		}
-		st.instance = randomID(6)
-		return meta.Put(keyInstance, []byte(st.instance))
-	})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
 	if err != nil {
-		st.close()
-		return nil, fmt.Errorf("init state file %s: %w", db.Path(), err)
+		return nil, fmt.Errorf("open state file %s: %w (is another cellbox serve or run using this data dir?)", path, err)
 	}
-	return st, nil
+	st, err := state.OpenBolt(ctx, db)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	return newStore(ctx, st, db)
 }
 
-func (st *store) close() error {
-	if !st.owned {
+func newStore(ctx context.Context, st state.Store, db *bolt.DB) (*store, error) {
+	s := &store{st: st, db: db}
+	var err error
+	if s.instance, err = st.Instance(ctx); err != nil {
+		s.close()
+		return nil, fmt.Errorf("state: %w", err)
+	}
+	return s, nil
+}
+
+// close closes the state store and file opened here; a Config.State is
+// its giver's to close.
+func (s *store) close() error {
+	if s.db == nil {
 		return nil
 	}
-	return st.db.Close()
+	return errors.Join(s.st.Close(), s.db.Close())
 }
 
 // load returns every stored session and box.
-func (st *store) load() ([]sessionRecord, []boxRecord, error) {
-	var sessions []sessionRecord
-	var boxes []boxRecord
-	err := st.db.View(func(tx *bolt.Tx) error {
-		if err := tx.Bucket(bucketSessions).ForEach(func(k, v []byte) error {
-			var r sessionRecord
-			if err := json.Unmarshal(v, &r); err != nil {
-				return fmt.Errorf("session %s: %w", k, err)
-			}
-			sessions = append(sessions, r)
-			return nil
-		}); err != nil {
-			return err
-		}
-		return tx.Bucket(bucketBoxes).ForEach(func(k, v []byte) error {
-			var r boxRecord
-			if err := json.Unmarshal(v, &r); err != nil {
-				return fmt.Errorf("box %s: %w", k, err)
-			}
-			boxes = append(boxes, r)
-			return nil
-		})
-	})
+func (s *store) load() ([]sessionRecord, []boxRecord, error) {
+	ctx := context.Background()
+	sessions, err := loadJSON[sessionRecord](ctx, s.st, state.Sessions)
+	if err != nil {
+		return nil, nil, fmt.Errorf("load state: %w", err)
+	}
+	boxes, err := loadJSON[boxRecord](ctx, s.st, state.Boxes)
 	if err != nil {
 		return nil, nil, fmt.Errorf("load state: %w", err)
 	}
 	return sessions, boxes, nil
+}
+
+// loadJSON returns every record of kind, decoded.
+func loadJSON[T any](ctx context.Context, st state.Store, kind state.Kind) ([]T, error) {
+	rs, err := st.List(ctx, kind, "")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, 0, len(rs))
+	for _, r := range rs {
+		var v T
+		if err := json.Unmarshal(r.Value, &v); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", kind, r.Key, err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }
 
 // change is one write of a batch: a record to put, or a key to delete.
@@ -158,40 +142,69 @@ type change struct {
 	delBox     string
 }
 
-// apply writes changes in one transaction.
-func (st *store) apply(changes ...change) error {
+// apply writes changes in one commit. It is not cancelled: the caller's
+// maps have changed already, and the store must not fall behind them.
+func (s *store) apply(changes ...change) error {
 	changes = slices.DeleteFunc(changes, func(c change) bool { return c.box != nil && c.box.OneShot })
 	if len(changes) == 0 {
 		return nil // no commit (and its sync) for nothing
 	}
-	return st.db.Update(func(tx *bolt.Tx) error {
-		sb, bb := tx.Bucket(bucketSessions), tx.Bucket(bucketBoxes)
-		for _, c := range changes {
-			var err error
-			switch {
-			case c.session != nil:
-				err = putJSON(sb, c.session.ID, c.session)
-			case c.box != nil:
-				err = putJSON(bb, c.box.ID, c.box)
-			case c.delSession != "":
-				err = sb.Delete([]byte(c.delSession))
-			case c.delBox != "":
-				err = bb.Delete([]byte(c.delBox))
-			}
-			if err != nil {
-				return fmt.Errorf("write state: %w", err)
-			}
+	ops := make([]state.Op, 0, len(changes))
+	for _, c := range changes {
+		var op state.Op
+		var err error
+		switch {
+		case c.session != nil:
+			op, err = putJSON(state.Sessions, c.session.ID, c.session)
+		case c.box != nil:
+			op, err = putJSON(state.Boxes, c.box.ID, c.box)
+		case c.delSession != "":
+			op = state.Delete(state.Sessions, c.delSession)
+		case c.delBox != "":
+			op = state.Delete(state.Boxes, c.delBox)
+		default:
+			continue
 		}
-		return nil
-	})
+		if err != nil {
+			return fmt.Errorf("write state: %w", err)
+		}
+		ops = append(ops, op)
+	}
+	_, err := s.st.Commit(context.Background(), lastWins(ops)...)
+	return err
 }
 
-func putJSON(b *bolt.Bucket, key string, v any) error {
+// lastWins keeps the last op of each record: a batch may write one record
+// twice (a box's record after its session's change), where a commit names
+// each once.
+func lastWins(ops []state.Op) []state.Op {
+	type name struct {
+		kind state.Kind
+		key  string
+	}
+	last := make(map[name]int, len(ops))
+	for i, op := range ops {
+		last[name{op.Kind, op.Key}] = i
+	}
+	if len(last) == len(ops) {
+		return ops
+	}
+	out := ops[:0:0]
+	for i, op := range ops {
+		if last[name{op.Kind, op.Key}] == i {
+			out = append(out, op)
+		}
+	}
+	return out
+}
+
+// putJSON is the put of v, as JSON, at key of kind.
+func putJSON(kind state.Kind, key string, v any) (state.Op, error) {
 	data, err := json.Marshal(v)
 	if err != nil {
-		return err
+		return state.Op{}, err
 	}
-	return b.Put([]byte(key), data)
+	return state.Put(kind, key, data), nil
 }
 
 // randomID returns n random bytes as hex.

@@ -75,7 +75,7 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 		return api.SnapshotInfo{}, err
 	}
 	ss := c.s.snaps
-	if ids, err := ss.sessionIDs(c.sess.ID); err != nil {
+	if ids, err := ss.sessionIDs(ctx, c.sess.ID); err != nil {
 		return api.SnapshotInfo{}, err
 	} else if len(ids) >= maxSnapshots {
 		return api.SnapshotInfo{}, api.WithCode(api.CodeLimit, fmt.Errorf("this session has %d snapshots, the most a session may keep; delete some with snapshot_delete", len(ids)))
@@ -102,7 +102,7 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 	}
 	c.noticeUnkept(l.name, l.b.rec, "a snapshot")
 	rec := newSnapshotRecord(c, l, in.Label, entries, added)
-	if err := ss.put(rec, entries); err != nil {
+	if err := ss.put(ctx, rec, entries); err != nil {
 		ss.freeLater(c.s.log, c.sess.ID) // the blobs no record names now
 		return api.SnapshotInfo{}, fmt.Errorf("save snapshot of %q: %w", l.name, err)
 	}
@@ -125,7 +125,7 @@ func newSnapshotRecord(c *call, l *lease, label string, entries []snapEntry, add
 }
 
 func snapshotListTool(ctx context.Context, c *call, in api.SnapshotListInput) (api.SnapshotListOutput, error) {
-	recs, err := c.s.snaps.list(c.sess.ID)
+	recs, err := c.s.snaps.list(ctx, c.sess.ID)
 	if err != nil {
 		return api.SnapshotListOutput{}, err
 	}
@@ -137,7 +137,7 @@ func snapshotListTool(ctx context.Context, c *call, in api.SnapshotListInput) (a
 }
 
 func snapshotDeleteTool(ctx context.Context, c *call, in api.SnapshotDeleteInput) (api.SnapshotDeleteOutput, error) {
-	freed, err := c.s.snaps.delete(c.sess.ID, in.Snapshot)
+	freed, err := c.s.snaps.delete(ctx, c.sess.ID, in.Snapshot)
 	if err != nil {
 		return api.SnapshotDeleteOutput{}, err
 	}
@@ -146,7 +146,7 @@ func snapshotDeleteTool(ctx context.Context, c *call, in api.SnapshotDeleteInput
 
 func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOutput, error) {
 	ss := c.s.snaps
-	if _, _, err := ss.get(c.sess.ID, in.Snapshot); err != nil {
+	if _, _, err := ss.get(ctx, c.sess.ID, in.Snapshot); err != nil {
 		return api.SeedOutput{}, err // before the box is woken or made
 	}
 	l, err := c.box(ctx, in.Sandbox)
@@ -159,7 +159,7 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 	defer l.b.workspace.Unlock()
 	ss.gc.RLock()
 	defer ss.gc.RUnlock()
-	_, entries, err := ss.get(c.sess.ID, in.Snapshot)
+	_, entries, err := ss.get(ctx, c.sess.ID, in.Snapshot)
 	if err != nil {
 		return api.SeedOutput{}, err
 	}
@@ -181,7 +181,7 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: saving the workspace first failed, so nothing was changed: %w", in.Snapshot, l.name, err)
 	}
 	before := newSnapshotRecord(c, l, "before restore of "+in.Snapshot, prior, added)
-	if err := ss.put(before, prior); err != nil {
+	if err := ss.put(ctx, before, prior); err != nil {
 		ss.freeLater(c.s.log, c.sess.ID)
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: saving the workspace first failed, so nothing was changed: %w", in.Snapshot, l.name, err)
 	}
@@ -211,7 +211,7 @@ func branchTool(ctx context.Context, c *call, in api.BranchInput) (api.SeedOutpu
 	ss := c.s.snaps
 	ss.gc.RLock()
 	defer ss.gc.RUnlock()
-	rec, entries, err := ss.get(c.sess.ID, in.Snapshot)
+	rec, entries, err := ss.get(ctx, c.sess.ID, in.Snapshot)
 	if err != nil {
 		return api.SeedOutput{}, err
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/state"
 )
 
 func init() {
@@ -369,7 +370,7 @@ func openRun(ctx context.Context, cfg runConfig) (_ *runParts, err error) {
 		// Exec stages take fresh boxes from a warm pool of the default
 		// image whose size follows their use: none until a stage runs, at
 		// most runPool, shrinking again when the run is idle.
-		return sandbox.New(ctx, sandbox.Config{Backend: be, DataDir: cfg.dataDir, DB: r.state.db,
+		return sandbox.New(ctx, sandbox.Config{Backend: be, DataDir: cfg.dataDir, State: r.state.sandbox,
 			AgentBinary: cfg.agentBinary, Pool: map[string]int{backend.DefaultImage: runPool}, PoolFollowsUse: true, OneShot: builtins.IsExecBox,
 			Logger: cfg.log})
 	})
@@ -425,11 +426,12 @@ func dataFlag(data string) string {
 }
 
 // dataState is a data directory's one bbolt file (DATA/cellbox.db), open:
-// the cell store lives in it, and the sandbox service keeps its sessions
-// and boxes in it too (sandbox.Config.DB).
+// the cell store lives in it, and the sandbox service keeps its sessions,
+// boxes and snapshot records in it too (sandbox.Config.State).
 type dataState struct {
-	db    *bolt.DB
-	cells cells.Store
+	db      *bolt.DB
+	cells   cells.Store
+	sandbox state.Store
 }
 
 // openState opens (creating) DATA/cellbox.db; a file another process holds
@@ -453,7 +455,13 @@ func openState(dataDir string) (*dataState, error) {
 		db.Close()
 		return nil, err
 	}
-	return &dataState{db: db, cells: store}, nil
+	sandboxState, err := state.OpenBolt(context.Background(), db)
+	if err != nil {
+		store.Close()
+		db.Close()
+		return nil, err
+	}
+	return &dataState{db: db, cells: store, sandbox: sandboxState}, nil
 }
 
 // schemaCacheFile, in the data dir, names the cell schemas that passed the
@@ -466,8 +474,10 @@ func rememberSchemas(dataDir string) {
 	jsonschema.RememberValid(filepath.Join(dataDir, schemaCacheFile))
 }
 
-// Close closes the cell store, then the file.
-func (d *dataState) Close() error { return errors.Join(d.cells.Close(), d.db.Close()) }
+// Close closes the stores, then the file.
+func (d *dataState) Close() error {
+	return errors.Join(d.sandbox.Close(), d.cells.Close(), d.db.Close())
+}
 
 // runtimeHost is a runtime over a cell store, its API, and the servers
 // that serve the API (the unix socket DATA/run.sock; serveHTTP: an HTTP

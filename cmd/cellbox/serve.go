@@ -64,7 +64,7 @@ func runServe(ctx context.Context, args []string) error {
 	svc, err := sandbox.New(ctx, sandbox.Config{
 		Backend:     be,
 		DataDir:     dataDir,
-		DB:          state.db,
+		State:       state.sandbox,
 		AgentBinary: *agentBinary,
 		Pool:        map[string]int{backend.DefaultImage: max(*pool, 0)},
 
