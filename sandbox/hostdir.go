@@ -39,8 +39,12 @@ const (
 // boxTop is box id's DATA/boxes/ID.
 func (s *Service) boxTop(id string) string { return filepath.Join(s.cfg.DataDir, "boxes", id) }
 
-// hostDir is the host directory of box id bound at backend.SocketDir.
+// hostDir is the host directory of box id bound at backend.SocketDir; ""
+// on a backend whose boxes run on another machine, which takes none.
 func (s *Service) hostDir(id string) string {
+	if s.caps.Remote {
+		return ""
+	}
 	top := s.boxTop(id)
 	if legacyHostDir(top) {
 		return top
@@ -108,6 +112,9 @@ func (s *Service) removeHostDir(id string) error {
 // prepareHost readies the host side of box id before it starts: its host
 // directory, and its egress proxy unless it has the full network.
 func (s *Service) prepareHost(id string, network bool) error {
+	if s.caps.Remote {
+		return nil // nothing of a remote box is on this machine
+	}
 	if err := s.makeHostDir(id); err != nil || network {
 		return err
 	}

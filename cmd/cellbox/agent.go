@@ -27,6 +27,7 @@ func runAgent(ctx context.Context, args []string) error {
 	workspace := fs.String("workspace", backend.Workspace, "the box's working directory (created if missing)")
 	pids := fs.Int64("pids-limit", 0, "the box's pids limit, named in messages when the box runs out of processes (default: read from the box's cgroup)")
 	memory := fs.Int64("memory-limit", 0, "the box's memory limit in bytes, named in out-of-memory messages (default: read from the box's cgroup)")
+	connect := fs.Bool("connect", false, "instead of serving, connect to the agent's socket and carry one connection over stdin and stdout (a remote engine's exec stream reaches the agent this way)")
 	if err := fs.Parse(args); err == flag.ErrHelp {
 		return nil
 	} else if err != nil {
@@ -34,6 +35,9 @@ func runAgent(ctx context.Context, args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *connect {
+		return agent.Pipe(ctx, *socket, os.Stdin, os.Stdout)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	// File tools reach the whole disk of the box (Workspace and /tmp)

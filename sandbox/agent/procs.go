@@ -83,13 +83,18 @@ type procTable struct {
 	byPID    map[int]*proc
 	finished []string // ids of finished background processes, oldest first
 	kept     []int    // process groups of finished execs whose leftovers are kept (KeepLeftovers), newest last
+	// peers counts the open connections of processes of the box connected
+	// to the agent's socket, by pid: `cellbox agent --connect`, the pipe a
+	// remote engine's exec stream reaches the agent through, is such a
+	// process; sweeps spare them (that pid only, not its children).
+	peers map[int]int
 }
 
 // maxKept bounds procTable.kept.
 const maxKept = 64
 
 func newProcTable(log *slog.Logger, reaper bool) *procTable {
-	t := &procTable{log: log, reaper: reaper, byID: map[string]*proc{}, byPID: map[int]*proc{}}
+	t := &procTable{log: log, reaper: reaper, byID: map[string]*proc{}, byPID: map[int]*proc{}, peers: map[int]int{}}
 	if reaper {
 		ch := make(chan os.Signal, 1)
 		signal.Notify(ch, syscall.SIGCHLD)

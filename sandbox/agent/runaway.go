@@ -20,6 +20,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"runtime"
 	"strconv"
@@ -27,6 +29,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // reservedThreads is how many OS threads the agent holds from its start:
@@ -151,6 +155,9 @@ func (t *procTable) victimsLocked(all bool) []int {
 	}
 	var out []int
 	for pid := range stats {
+		if t.peers[pid] > 0 {
+			continue // a connection to the agent itself (see peers)
+		}
 		if all || !owned(pid, 0) {
 			out = append(out, pid)
 		}
@@ -362,4 +369,48 @@ func (s *server) memoryLimit() int64 {
 	}
 	v, _ := strconv.ParseInt(boxLimit("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max"), 10, 64)
 	return v
+}
+
+// maxPeers bounds the processes of the box that sweeps spare for being
+// connected to the agent: a bomb connecting to the socket does not make
+// itself immune.
+const maxPeers = 64
+
+// connState counts the connections of processes of the box to the agent
+// (http.Server.ConnState): their pid comes from the socket's peer
+// credentials; a peer outside the box's pid namespace (the host) has none.
+func (t *procTable) connState(c net.Conn, state http.ConnState) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return
+	}
+	var add int
+	switch state {
+	case http.StateNew:
+		add = 1
+	case http.StateClosed, http.StateHijacked:
+		add = -1
+	default:
+		return
+	}
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return
+	}
+	var cred *unix.Ucred
+	rc.Control(func(fd uintptr) { cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if err != nil || cred == nil || cred.Pid <= 0 {
+		return
+	}
+	pid := int(cred.Pid)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case add > 0 && (t.peers[pid] > 0 || len(t.peers) < maxPeers):
+		t.peers[pid]++
+	case add < 0 && t.peers[pid] > 0:
+		if t.peers[pid]--; t.peers[pid] == 0 {
+			delete(t.peers, pid)
+		}
+	}
 }

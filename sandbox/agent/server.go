@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -37,11 +38,16 @@ type server struct {
 // Serve runs the agent until ctx ends: it creates the workspace, removes a
 // stale socket, listens on opts.Socket and answers requests. When it runs as
 // PID 1 it also reaps every zombie in the box. On return every process it
-// started has been killed.
+// started has been killed. A Socket that starts with '@' is an abstract
+// unix socket (of the box's network namespace; no file).
 func Serve(ctx context.Context, opts Options) error {
 	s, err := newServer(ctx, opts)
 	if err != nil {
 		return err
+	}
+	abstract := strings.HasPrefix(opts.Socket, "@")
+	if abstract {
+		return s.serve(ctx, opts)
 	}
 	if err := os.MkdirAll(filepath.Dir(opts.Socket), 0o755); err != nil {
 		return fmt.Errorf("agent: create socket dir: %w", err)
@@ -54,17 +60,25 @@ func Serve(ctx context.Context, opts Options) error {
 			return fmt.Errorf("agent: remove stale socket: %w", err)
 		}
 	}
+	return s.serve(ctx, opts)
+}
+
+// serve listens on opts.Socket and answers until ctx ends.
+func (s *server) serve(ctx context.Context, opts Options) error {
 	ln, err := net.Listen("unix", opts.Socket)
 	if err != nil {
 		return fmt.Errorf("agent: listen on %s: %w", opts.Socket, err)
 	}
 	// The host may run as another uid than the box; the per-box directory
 	// holding the socket is what guards access.
-	if err := os.Chmod(opts.Socket, 0o666); err != nil {
-		ln.Close()
-		return fmt.Errorf("agent: chmod socket: %w", err)
+	if !strings.HasPrefix(opts.Socket, "@") {
+		if err := os.Chmod(opts.Socket, 0o666); err != nil {
+			ln.Close()
+			return fmt.Errorf("agent: chmod socket: %w", err)
+		}
 	}
-	srv := &http.Server{Handler: s.routes(), ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	srv := &http.Server{Handler: s.routes(), ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		ConnState: s.procs.connState}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	s.log.Info("agent listening", "socket", opts.Socket, "workspace", s.workspace, "pid", os.Getpid())

@@ -103,13 +103,18 @@ func (s Spec) Validate(caps Capabilities) error {
 	} else if !fi.Mode().IsRegular() {
 		return fmt.Errorf("box %s: agent binary %s is not a regular file", s.ID, s.AgentBinary)
 	}
-	if !filepath.IsAbs(s.HostDir) {
+	switch {
+	case caps.Remote && s.HostDir != "":
+		return fmt.Errorf("box %s: host dir %q: a backend whose boxes run on another machine takes none", s.ID, s.HostDir)
+	case caps.Remote:
+	case !filepath.IsAbs(s.HostDir):
 		return fmt.Errorf("box %s: host dir %q: want an absolute host path", s.ID, s.HostDir)
-	}
-	if fi, err := os.Lstat(s.HostDir); err != nil {
-		return fmt.Errorf("box %s: host dir: %w", s.ID, err)
-	} else if !fi.IsDir() {
-		return fmt.Errorf("box %s: host dir %s is not a directory", s.ID, s.HostDir)
+	default:
+		if fi, err := os.Lstat(s.HostDir); err != nil {
+			return fmt.Errorf("box %s: host dir: %w", s.ID, err)
+		} else if !fi.IsDir() {
+			return fmt.Errorf("box %s: host dir %s is not a directory", s.ID, s.HostDir)
+		}
 	}
 	if err := ValidEnv(s.Env); err != nil {
 		return fmt.Errorf("box %s: %w", s.ID, err)

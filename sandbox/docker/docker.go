@@ -115,11 +115,18 @@ const DefaultDiskDir = "/var/lib/cellbox/disks"
 
 // Backend makes boxes as Docker containers. Safe for concurrent use.
 type Backend struct {
-	cli    *client.Client
-	log    *slog.Logger
+	*engine
 	disks  string
-	ncpu   int // the engine's CPU count
 	dialer *backend.SocketDialer
+}
+
+// engine is a connection to a Docker Engine and what the backends on it
+// (Backend, on this machine's engine; Remote) share: its API client, its
+// CPU count, the box image it imports and the accounts of images.
+type engine struct {
+	cli  *client.Client
+	log  *slog.Logger
+	ncpu int // the engine's CPU count
 
 	hostImageMu sync.Mutex  // serializes the on-demand import of HostImage
 	hostImage   atomic.Bool // the engine had HostImage when last asked
@@ -133,32 +140,16 @@ var _ backend.Backend = (*Backend)(nil)
 // New connects to a Docker Engine and negotiates the API version. It fails
 // when no engine answers.
 func New(ctx context.Context, opts Options) (*Backend, error) {
-	clientOpts := []client.Opt{client.FromEnv}
-	if opts.Host != "" {
-		clientOpts = append(clientOpts, client.WithHost(opts.Host))
-	}
-	cli, err := client.New(clientOpts...)
+	e, err := newEngine(ctx, opts.Host, opts.Logger)
 	if err != nil {
-		return nil, fmt.Errorf("docker: client: %w", err)
+		return nil, err
 	}
-	ping, err := cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
-	if err != nil {
-		cli.Close()
-		return nil, fmt.Errorf("docker: engine at %s does not answer: %w", cli.DaemonHost(), err)
-	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	log.Debug("docker backend", "host", cli.DaemonHost(), "api", cli.ClientVersion(), "engine_api", ping.APIVersion)
+	log := e.log
 	disks := opts.DiskDir
 	if disks == "" {
 		disks = DefaultDiskDir
 	}
-	b := &Backend{cli: cli, log: log, disks: disks, ncpu: runtime.NumCPU()}
-	if info, err := cli.Info(ctx, client.InfoOptions{}); err == nil && info.Info.NCPU > 0 {
-		b.ncpu = info.Info.NCPU
-	}
+	b := &Backend{engine: e, disks: disks}
 	b.dialer = backend.NewSocketDialer(func(ctx context.Context, id string) (string, error) {
 		c, err := b.container(ctx, id)
 		if err != nil {
@@ -268,11 +259,39 @@ func (b *Backend) Dial(ctx context.Context, id string) (net.Conn, error) {
 	return b.dialer.Dial(ctx, id)
 }
 
+// newEngine connects to a Docker Engine (host: its address, "": DOCKER_HOST
+// or the default socket) and negotiates the API version. It fails when no
+// engine answers.
+func newEngine(ctx context.Context, host string, log *slog.Logger) (*engine, error) {
+	clientOpts := []client.Opt{client.FromEnv}
+	if host != "" {
+		clientOpts = append(clientOpts, client.WithHost(host))
+	}
+	cli, err := client.New(clientOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("docker: client: %w", err)
+	}
+	ping, err := cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
+	if err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("docker: engine at %s does not answer: %w", cli.DaemonHost(), err)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	log.Debug("docker backend", "host", cli.DaemonHost(), "api", cli.ClientVersion(), "engine_api", ping.APIVersion)
+	e := &engine{cli: cli, log: log, ncpu: runtime.NumCPU()}
+	if info, err := cli.Info(ctx, client.InfoOptions{}); err == nil && info.Info.NCPU > 0 {
+		e.ncpu = info.Info.NCPU
+	}
+	return e, nil
+}
+
 // Close releases the client's connections.
-func (b *Backend) Close() error { return b.cli.Close() }
+func (e *engine) Close() error { return e.cli.Close() }
 
 // Name is "docker".
-func (b *Backend) Name() string { return "docker" }
+func (e *engine) Name() string { return "docker" }
 
 // Create makes the container (not started). See the package doc for what
 // it gets.
@@ -359,7 +378,6 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d
 	if err := os.Lchown(spec.HostDir, uid, uid); err != nil {
 		return backend.Info{}, fmt.Errorf("create box %s: give host dir to the box user: %w", spec.ID, err)
 	}
-	lim := spec.Limits.Defaults()
 	disk := b.disk(spec.ID)
 	if err := makeDisk(disk, uid); errors.Is(err, fs.ErrExist) {
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, backend.ErrExists)
@@ -386,53 +404,10 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d
 		mount.Mount{Type: mount.TypeBind, Source: filepath.Join(etc, "passwd"), Target: "/etc/passwd", ReadOnly: true},
 		mount.Mount{Type: mount.TypeBind, Source: filepath.Join(etc, "group"), Target: "/etc/group", ReadOnly: true})
 
-	pids := lim.Pids
 	labels := spec.BoxLabels()
 	labels[labelImage] = spec.ImageOrDefault()
 	labels[labelUID] = strconv.Itoa(uid)
-	env := make([]string, 0, len(backend.BoxEnv)+len(spec.Env))
-	for k, v := range backend.BoxEnv {
-		if _, over := spec.Env[k]; !over {
-			env = append(env, k+"="+v)
-		}
-	}
-	for k, v := range spec.Env {
-		env = append(env, k+"="+v)
-	}
-	network := container.NetworkMode("none")
-	if spec.Network {
-		network = "bridge"
-	}
-	noInit := false
-	timeout := stopTimeout
-	opts := client.ContainerCreateOptions{
-		Name: spec.ID,
-		Config: &container.Config{
-			Image:       ref,
-			Cmd:         spec.AgentCommand(),
-			Env:         env,
-			Labels:      labels,
-			WorkingDir:  backend.Workspace,
-			User:        fmt.Sprintf("%d:%d", uid, uid),
-			Hostname:    "box",
-			StopTimeout: &timeout,
-		},
-		HostConfig: &container.HostConfig{
-			Mounts:         mounts,
-			ReadonlyRootfs: true,
-			NetworkMode:    network,
-			CapDrop:        []string{"ALL"},
-			// The same calls refused as in bubblewrap boxes (package seccomp).
-			SecurityOpt: []string{"no-new-privileges", "seccomp=" + seccomp.DockerProfile()},
-			Init:        &noInit,
-			Resources: container.Resources{
-				Memory:     lim.MemoryBytes,
-				MemorySwap: lim.MemoryBytes,
-				NanoCPUs:   int64(lim.CPUs * 1e9),
-				PidsLimit:  &pids,
-			},
-		},
-	}
+	opts := boxContainer(spec, ref, labels, fmt.Sprintf("%d:%d", uid, uid), mounts)
 	_, err = b.cli.ContainerCreate(ctx, opts)
 	if cerrdefs.IsNotFound(err) && ref == HostImage {
 		// Removed behind our back since it was last seen: again.
@@ -465,6 +440,58 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec, makeDisk func(d
 	crashpoint.Hit("docker.container", spec.ID)
 	b.unmark(spec.ID) // the container has the labels now
 	return b.Inspect(ctx, spec.ID)
+}
+
+// boxContainer is the container of box spec, on either engine: image ref,
+// the agent as PID 1 run as user, a read-only root with mounts, no
+// capabilities, no-new-privileges, the seccomp profile, no network but
+// loopback unless Spec.Network, and the limits.
+func boxContainer(spec backend.Spec, ref string, labels map[string]string, user string, mounts []mount.Mount) client.ContainerCreateOptions {
+	lim := spec.Limits.Defaults()
+	pids := lim.Pids
+	env := make([]string, 0, len(backend.BoxEnv)+len(spec.Env))
+	for k, v := range backend.BoxEnv {
+		if _, over := spec.Env[k]; !over {
+			env = append(env, k+"="+v)
+		}
+	}
+	for k, v := range spec.Env {
+		env = append(env, k+"="+v)
+	}
+	network := container.NetworkMode("none")
+	if spec.Network {
+		network = "bridge"
+	}
+	noInit := false
+	timeout := stopTimeout
+	return client.ContainerCreateOptions{
+		Name: spec.ID,
+		Config: &container.Config{
+			Image:       ref,
+			Cmd:         spec.AgentCommand(),
+			Env:         env,
+			Labels:      labels,
+			WorkingDir:  backend.Workspace,
+			User:        user,
+			Hostname:    "box",
+			StopTimeout: &timeout,
+		},
+		HostConfig: &container.HostConfig{
+			Mounts:         mounts,
+			ReadonlyRootfs: true,
+			NetworkMode:    network,
+			CapDrop:        []string{"ALL"},
+			// The same calls refused as in bubblewrap boxes (package seccomp).
+			SecurityOpt: []string{"no-new-privileges", "seccomp=" + seccomp.DockerProfile()},
+			Init:        &noInit,
+			Resources: container.Resources{
+				Memory:     lim.MemoryBytes,
+				MemorySwap: lim.MemoryBytes,
+				NanoCPUs:   int64(lim.CPUs * 1e9),
+				PidsLimit:  &pids,
+			},
+		},
+	}
 }
 
 // making is the directory of the markers of boxes being made: a name no
@@ -541,44 +568,44 @@ func (b *Backend) uids() boxuid.Range {
 
 // accounts returns the /etc/passwd and /etc/group of image ref, read once
 // per image from a container made (not started) for the purpose.
-func (b *Backend) accounts(ctx context.Context, ref string) (passwd, group []byte, err error) {
+func (e *engine) accounts(ctx context.Context, ref string) (passwd, group []byte, err error) {
 	if ref == HostImage {
 		return []byte(image.BoxEtc["passwd"]), []byte(image.BoxEtc["group"]), nil
 	}
-	img, err := b.cli.ImageInspect(ctx, ref)
+	img, err := e.cli.ImageInspect(ctx, ref)
 	if err != nil {
 		return nil, nil, nil // ContainerCreate says what is wrong with the image
 	}
-	b.accountsMu.Lock()
-	defer b.accountsMu.Unlock()
-	if a, ok := b.accountsOf[img.ID]; ok {
+	e.accountsMu.Lock()
+	defer e.accountsMu.Unlock()
+	if a, ok := e.accountsOf[img.ID]; ok {
 		return a[0], a[1], nil
 	}
-	c, err := b.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+	c, err := e.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
 		Config:     &container.Config{Image: img.ID, Cmd: []string{"/nonexistent"}, Labels: map[string]string{"cellbox.accounts": "1"}},
 		HostConfig: &container.HostConfig{NetworkMode: "none"},
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("read the accounts of image %s: %w", ref, err)
 	}
-	defer b.cli.ContainerRemove(context.WithoutCancel(ctx), c.ID, client.ContainerRemoveOptions{Force: true})
+	defer e.cli.ContainerRemove(context.WithoutCancel(ctx), c.ID, client.ContainerRemoveOptions{Force: true})
 	var a [2][]byte
 	for i, p := range []string{"/etc/passwd", "/etc/group"} {
-		if a[i], err = b.copyFile(ctx, c.ID, p); err != nil {
+		if a[i], err = e.copyFile(ctx, c.ID, p); err != nil {
 			return nil, nil, fmt.Errorf("read the accounts of image %s: %w", ref, err)
 		}
 	}
-	if b.accountsOf == nil {
-		b.accountsOf = map[string][2][]byte{}
+	if e.accountsOf == nil {
+		e.accountsOf = map[string][2][]byte{}
 	}
-	b.accountsOf[img.ID] = a
+	e.accountsOf[img.ID] = a
 	return a[0], a[1], nil
 }
 
 // copyFile reads one file (at most 1 MiB) of a container; a missing file
 // is empty.
-func (b *Backend) copyFile(ctx context.Context, id, path string) ([]byte, error) {
-	res, err := b.cli.CopyFromContainer(ctx, id, client.CopyFromContainerOptions{SourcePath: path})
+func (e *engine) copyFile(ctx context.Context, id, path string) ([]byte, error) {
+	res, err := e.cli.CopyFromContainer(ctx, id, client.CopyFromContainerOptions{SourcePath: path})
 	if cerrdefs.IsNotFound(err) {
 		return nil, nil
 	} else if err != nil {
@@ -649,15 +676,23 @@ func (b *Backend) Start(ctx context.Context, id string) (backend.Info, error) {
 // Stop stops the container (SIGTERM, SIGKILL after 2 s); its filesystem,
 // and so the workspace, is kept.
 func (b *Backend) Stop(ctx context.Context, id string) error {
-	if _, err := b.container(ctx, id); err != nil {
+	if err := b.stop(ctx, id); err != nil {
 		return err
-	}
-	timeout := stopTimeout
-	if _, err := b.cli.ContainerStop(ctx, id, client.ContainerStopOptions{Timeout: &timeout}); err != nil && !cerrdefs.IsNotModified(err) {
-		return fmt.Errorf("stop box %s: %w", id, notFound(err))
 	}
 	if err := b.disk(id).Unmount(ctx); err != nil { // Start mounts it again
 		return fmt.Errorf("stop box %s: %w", id, err)
+	}
+	return nil
+}
+
+// stop stops box id's container (SIGTERM, SIGKILL after stopTimeout).
+func (e *engine) stop(ctx context.Context, id string) error {
+	if _, err := e.container(ctx, id); err != nil {
+		return err
+	}
+	timeout := stopTimeout
+	if _, err := e.cli.ContainerStop(ctx, id, client.ContainerStopOptions{Timeout: &timeout}); err != nil && !cerrdefs.IsNotModified(err) {
+		return fmt.Errorf("stop box %s: %w", id, notFound(err))
 	}
 	return nil
 }
@@ -692,8 +727,8 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 
 // Inspect reports a box. Containers without the cellbox labels are not
 // boxes (ErrNotFound), even when the name matches.
-func (b *Backend) Inspect(ctx context.Context, id string) (backend.Info, error) {
-	c, err := b.container(ctx, id)
+func (e *engine) Inspect(ctx context.Context, id string) (backend.Info, error) {
+	c, err := e.container(ctx, id)
 	if err != nil {
 		return backend.Info{}, err
 	}
@@ -704,15 +739,15 @@ func (b *Backend) Inspect(ctx context.Context, id string) (backend.Info, error) 
 	}
 	in := info(c.Config.Labels, status, created, c.Mounts)
 	if c.State != nil && in.State == backend.StateStopped {
-		in.Exit = b.exitReason(ctx, id, c.State)
+		in.Exit = e.exitReason(ctx, id, c.State)
 	}
 	return in, nil
 }
 
 // container inspects box id's container, without working out why it
 // stopped (Inspect does; Start, Stop and Remove only need it to exist).
-func (b *Backend) container(ctx context.Context, id string) (container.InspectResponse, error) {
-	res, err := b.cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+func (e *engine) container(ctx context.Context, id string) (container.InspectResponse, error) {
+	res, err := e.cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
 	if err != nil {
 		return container.InspectResponse{}, fmt.Errorf("inspect box %s: %w", id, notFound(err))
 	}
@@ -725,7 +760,7 @@ func (b *Backend) container(ctx context.Context, id string) (container.InspectRe
 
 // exitReason says why a container stopped: its state and, when its agent
 // failed by itself (not killed, not stopped), the end of its log.
-func (b *Backend) exitReason(ctx context.Context, id string, st *container.State) string {
+func (e *engine) exitReason(ctx context.Context, id string, st *container.State) string {
 	why := fmt.Sprintf("container exited with code %d", st.ExitCode)
 	if st.OOMKilled {
 		why += " (killed by the kernel's OOM killer: out of memory)"
@@ -738,7 +773,7 @@ func (b *Backend) exitReason(ctx context.Context, id string, st *container.State
 	}
 	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	logs, err := b.cli.ContainerLogs(lctx, id, client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true})
+	logs, err := e.cli.ContainerLogs(lctx, id, client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true})
 	if err != nil {
 		return why
 	}
@@ -753,21 +788,33 @@ func (b *Backend) exitReason(ctx context.Context, id string, st *container.State
 
 // List returns the boxes whose labels include every given label.
 func (b *Backend) List(ctx context.Context, labels map[string]string) ([]backend.Info, error) {
+	out, err := b.listContainers(ctx, labels)
+	if err != nil {
+		return nil, err
+	}
+	containers := map[string]bool{}
+	for _, in := range out {
+		containers[in.ID] = true
+	}
+	return append(out, b.halfMade(labels, containers)...), nil
+}
+
+// listContainers returns the boxes of the engine's containers whose
+// labels include every given label.
+func (e *engine) listContainers(ctx context.Context, labels map[string]string) ([]backend.Info, error) {
 	f := client.Filters{}.Add("label", backend.LabelManaged+"=1")
 	for k, v := range labels {
 		f.Add("label", k+"="+v)
 	}
-	res, err := b.cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
+	res, err := e.cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
 	if err != nil {
 		return nil, fmt.Errorf("list boxes: %w", err)
 	}
 	out := make([]backend.Info, 0, len(res.Items))
-	containers := map[string]bool{}
 	for _, c := range res.Items {
 		out = append(out, info(c.Labels, c.State, time.Unix(c.Created, 0), c.Mounts))
-		containers[c.Labels[backend.LabelID]] = true
 	}
-	return append(out, b.halfMade(labels, containers)...), nil
+	return out, nil
 }
 
 func info(labels map[string]string, status container.ContainerState, created time.Time, mounts []container.MountPoint) backend.Info {
@@ -820,32 +867,32 @@ func notFound(err error) error {
 // the lock: a storm of creates queued on it, one engine call at a time); a
 // create that finds it gone (docker rmi behind cellbox's back) clears the
 // mark, and the next one imports it again.
-func (b *Backend) ensureHostImage(ctx context.Context) error {
-	if b.hostImage.Load() {
+func (e *engine) ensureHostImage(ctx context.Context) error {
+	if e.hostImage.Load() {
 		return nil
 	}
-	b.hostImageMu.Lock()
-	defer b.hostImageMu.Unlock()
-	if id, err := b.ImageID(ctx, HostImage); err != nil || id != "" {
-		b.hostImage.Store(err == nil)
+	e.hostImageMu.Lock()
+	defer e.hostImageMu.Unlock()
+	if id, err := e.ImageID(ctx, HostImage); err != nil || id != "" {
+		e.hostImage.Store(err == nil)
 		return err
 	}
 	var buf bytes.Buffer
 	if err := image.SkeletonTar(&buf); err != nil {
 		return fmt.Errorf("make %s: %w", HostImage, err)
 	}
-	id, err := b.ImportImage(ctx, HostImage, &buf)
+	id, err := e.ImportImage(ctx, HostImage, &buf)
 	if err != nil {
 		return err
 	}
-	b.log.Info("imported box image", "image", HostImage, "id", id)
-	b.hostImage.Store(true)
+	e.log.Info("imported box image", "image", HostImage, "id", id)
+	e.hostImage.Store(true)
 	return nil
 }
 
 // ImageID returns the engine's id of an image, "" when it has none.
-func (b *Backend) ImageID(ctx context.Context, ref string) (string, error) {
-	res, err := b.cli.ImageInspect(ctx, ref)
+func (e *engine) ImageID(ctx context.Context, ref string) (string, error) {
+	res, err := e.cli.ImageInspect(ctx, ref)
 	if cerrdefs.IsNotFound(err) {
 		return "", nil
 	}
@@ -857,8 +904,8 @@ func (b *Backend) ImageID(ctx context.Context, ref string) (string, error) {
 
 // ImportImage imports a root filesystem tar stream as image ref (like
 // `docker import`) and returns the new image's id.
-func (b *Backend) ImportImage(ctx context.Context, ref string, rootfsTar io.Reader) (string, error) {
-	rc, err := b.cli.ImageImport(ctx, client.ImageImportSource{Source: rootfsTar, SourceName: "-"}, ref, client.ImageImportOptions{
+func (e *engine) ImportImage(ctx context.Context, ref string, rootfsTar io.Reader) (string, error) {
+	rc, err := e.cli.ImageImport(ctx, client.ImageImportSource{Source: rootfsTar, SourceName: "-"}, ref, client.ImageImportOptions{
 		Changes: []string{"WORKDIR " + backend.Workspace, fmt.Sprintf("USER %d:%d", backend.BoxUID, backend.BoxGID)},
 	})
 	if err != nil {

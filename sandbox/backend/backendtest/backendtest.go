@@ -35,10 +35,11 @@ type Options struct {
 	// Image is the image of the boxes; default backend.DefaultImage.
 	Image string
 	// Unenforced says the backend was set up so that it cannot enforce
-	// limits (the local backend without cgroups). The limit tests then
-	// check that it says so (Enforcement's warnings) instead of checking
-	// the limits; otherwise a limit it does not enforce fails the suite
-	// under CI.
+	// some limits (the local backend without cgroups; a remote engine,
+	// whose /workspace has no size cap). The tests of a limit it says it
+	// does not enforce then check that it says why (Enforcement's
+	// warnings) instead of checking the limit; otherwise a limit it does
+	// not enforce fails the suite under CI.
 	Unenforced bool
 }
 
@@ -51,10 +52,21 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, agentBinar
 	RunWith(t, newBackend, Options{AgentBinary: agentBinary})
 }
 
-// RunWith runs the suite with options.
+// RunWith runs the suite with options: the portable part on every backend,
+// and the host-side part (HostSide) on one whose boxes run on this machine
+// (not Capabilities.Remote).
+//
+// The portable part uses only the contract: a box is reached through
+// Dial, its host directory is never looked into, and what a backend says
+// it does not enforce (Capabilities.Limits) is not required of it. The
+// host-side part checks what only a backend whose boxes run here can
+// promise: the agent's socket in the box's host directory and a box that
+// swaps it for a link, the host uid of the box user, the host directory
+// made anew between a stop and a start.
 func RunWith(t *testing.T, newBackend func(t *testing.T) backend.Backend, o Options) {
 	s := &suite{newBackend: newBackend, o: o, session: "cbt-" + randHex(4)}
 	s.b = newBackend(t)
+	s.remote = s.b.Capabilities().Remote
 	t.Run("Capabilities", s.capabilities)
 	t.Run("Lifecycle", s.lifecycle)
 	t.Run("Errors", s.errors)
@@ -67,9 +79,15 @@ func RunWith(t *testing.T, newBackend func(t *testing.T) backend.Backend, o Opti
 	t.Run("PidsLimit", s.pids)
 	t.Run("Runaway", s.runaway)
 	t.Run("Leftovers", s.leftovers)
-	t.Run("AgentSocketSwap", s.socketSwap)
 	t.Run("DiskCap", s.diskCap)
 	t.Run("OOMSparesAgent", s.oomSparesAgent)
+	if !s.remote {
+		t.Run("HostSide", func(t *testing.T) {
+			t.Run("SocketInHostDir", s.socketInHostDir)
+			t.Run("HostUID", s.hostUIDs)
+			t.Run("AgentSocketSwap", s.socketSwap)
+		})
+	}
 }
 
 type suite struct {
@@ -77,6 +95,7 @@ type suite struct {
 	b          backend.Backend
 	o          Options
 	session    string
+	remote     bool // the backend's boxes run on another machine: no host dir
 }
 
 func randHex(n int) string {
@@ -95,15 +114,21 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 // are removed when the test ends.
 func (s *suite) spec(t *testing.T, name string) backend.Spec {
 	t.Helper()
-	// Short paths: a unix socket path must fit in 108 bytes.
-	dir, err := os.MkdirTemp("", "cbt")
-	require.NoError(t, err)
+	dir := "" // a remote backend takes no host dir
+	if !s.remote {
+		// Short paths: a unix socket path must fit in 108 bytes.
+		var err error
+		dir, err = os.MkdirTemp("", "cbt")
+		require.NoError(t, err)
+	}
 	id := s.session + "-" + name + "-" + randHex(3)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		assert.NoError(t, s.b.Remove(ctx, id), "remove box %s", id)
-		_ = os.RemoveAll(dir)
+		if dir != "" {
+			_ = os.RemoveAll(dir)
+		}
 	})
 	return backend.Spec{
 		ID:          id,
@@ -186,9 +211,6 @@ func (s *suite) lifecycle(t *testing.T) {
 	v, err := c.Version(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, 1, v.PID, "the agent is PID 1")
-	fi, err := os.Lstat(filepath.Join(spec.HostDir, backend.SocketName))
-	require.NoError(t, err)
-	assert.Equal(t, os.ModeSocket, fi.Mode().Type(), "the agent's socket is in the host dir")
 	ok(t, c, "echo kept > /workspace/keep.txt && mkdir -p /workspace/d && echo x > /workspace/d/y")
 
 	info, err = s.b.Start(ctx, spec.ID)
@@ -208,11 +230,6 @@ func (s *suite) lifecycle(t *testing.T) {
 	_, err = s.b.Dial(ctx, spec.ID)
 	assert.ErrorIs(t, err, backend.ErrNotReady, "dial a stopped box")
 
-	// The caller may make the host dir anew while the box is stopped (the
-	// service's is a tmpfs it unmounts then): Start gives it to the box
-	// user again.
-	require.NoError(t, os.RemoveAll(spec.HostDir))
-	require.NoError(t, os.Mkdir(spec.HostDir, 0o700))
 	info, err = s.b.Start(ctx, spec.ID)
 	require.NoError(t, err)
 	assert.Equal(t, backend.StateRunning, info.State)
@@ -247,6 +264,51 @@ func (s *suite) capabilities(t *testing.T) {
 	assert.Equal(t, caps, s.b.Capabilities(), "it does not change")
 	err := backend.Limits{CPUs: float64(caps.MaxCPUs) + 1}.Validate(caps.MaxCPUs)
 	assert.ErrorContains(t, err, fmt.Sprintf("want between 0.01 and %d", caps.MaxCPUs))
+}
+
+// socketInHostDir: the agent listens in the box's host directory, and a
+// host directory made anew while the box is stopped (the service's is a
+// tmpfs it unmounts then) is given to the box user again by Start.
+func (s *suite) socketInHostDir(t *testing.T) {
+	t.Parallel()
+	spec := s.spec(t, "hostdir")
+	ctx := ctxFor(t, time.Minute)
+	c := s.up(t, spec)
+	fi, err := os.Lstat(filepath.Join(spec.HostDir, backend.SocketName))
+	require.NoError(t, err)
+	assert.Equal(t, os.ModeSocket, fi.Mode().Type(), "the agent's socket is in the host dir")
+	ok(t, c, "echo kept > /workspace/keep.txt")
+	require.NoError(t, s.b.Stop(ctx, spec.ID))
+	require.NoError(t, os.RemoveAll(spec.HostDir))
+	require.NoError(t, os.Mkdir(spec.HostDir, 0o700))
+	_, err = s.b.Start(ctx, spec.ID)
+	require.NoError(t, err)
+	c = s.waitAgent(t, spec)
+	assert.Equal(t, "kept", ok(t, c, "cat /workspace/keep.txt"))
+}
+
+// hostUIDs: the box user is a uid of the box's own from the reserved
+// block, never a real account (Docker boxes once ran as host uid 1000),
+// with a name; a host root file bound into the box stays unreadable.
+func (s *suite) hostUIDs(t *testing.T) {
+	t.Parallel()
+	spec := s.spec(t, "uid")
+	// A host root file the box can see (its socket dir is bound in).
+	require.NoError(t, os.WriteFile(filepath.Join(spec.HostDir, "root-only"), []byte("secret"), 0o600))
+	c := s.up(t, spec)
+	res := sh(t, c, "cat "+backend.SocketDir+"/root-only")
+	assert.NotEqual(t, 0, res.ExitCode, "the box read a host root 0600 file: %q", res.Stdout)
+	host := hostUID(t, c)
+	assert.GreaterOrEqual(t, host, 1_900_000_000, "host uid of the box user")
+	assert.Less(t, host, 1<<31, "host uid of the box user")
+	other := s.up(t, s.spec(t, "uid2"))
+	assert.NotEqual(t, host, hostUID(t, other), "two boxes share a host uid")
+	// Files it writes are its own on the host.
+	ok(t, c, "echo mine > "+backend.SocketDir+"/mine")
+	fi, err := os.Lstat(filepath.Join(spec.HostDir, "mine"))
+	require.NoError(t, err)
+	assert.EqualValues(t, host, fi.Sys().(*syscall.Stat_t).Uid, "owner on the host of a file the box wrote")
+	assert.Equal(t, backend.BoxUser+"\n"+backend.Workspace, ok(t, c, "id -un; getent passwd $(id -u) | cut -d: -f6"), "the box user has a name and home")
 }
 
 func (s *suite) errors(t *testing.T) {
@@ -394,8 +456,6 @@ func (s *suite) confinement(t *testing.T) {
 	t.Parallel()
 	spec := s.spec(t, "conf")
 	spec.Env = map[string]string{"CELLBOX_TEST_VAR": "a b=c"}
-	// A host root file the box can see (its socket dir is bound in).
-	require.NoError(t, os.WriteFile(filepath.Join(spec.HostDir, "root-only"), []byte("secret"), 0o600))
 	c := s.up(t, spec)
 
 	// Not host root: an escape from the box's user namespace must not
@@ -404,23 +464,6 @@ func (s *suite) confinement(t *testing.T) {
 	t.Run("the box user is not host root", func(t *testing.T) {
 		host := hostUID(t, c)
 		assert.NotEqual(t, 0, host, "the box user is host uid 0")
-		res := sh(t, c, "cat "+backend.SocketDir+"/root-only")
-		assert.NotEqual(t, 0, res.ExitCode, "the box read a host root 0600 file: %q", res.Stdout)
-	})
-	// A uid of the box's own from the reserved block, never a real
-	// account (Docker boxes once ran as host uid 1000), with a name.
-	t.Run("the box user is a reserved host uid of its own", func(t *testing.T) {
-		host := hostUID(t, c)
-		assert.GreaterOrEqual(t, host, 1_900_000_000, "host uid of the box user")
-		assert.Less(t, host, 1<<31, "host uid of the box user")
-		other := s.up(t, s.spec(t, "conf2"))
-		assert.NotEqual(t, host, hostUID(t, other), "two boxes share a host uid")
-		// Files it writes are its own on the host.
-		ok(t, c, "echo mine > "+backend.SocketDir+"/mine")
-		fi, err := os.Lstat(filepath.Join(spec.HostDir, "mine"))
-		require.NoError(t, err)
-		assert.EqualValues(t, host, fi.Sys().(*syscall.Stat_t).Uid, "owner on the host of a file the box wrote")
-		assert.Equal(t, backend.BoxUser+"\n"+backend.Workspace, ok(t, c, "id -un; getent passwd $(id -u) | cut -d: -f6"), "the box user has a name and home")
 	})
 
 	tests := []struct {
@@ -446,7 +489,9 @@ import os, stat
 try:
     os.mknod("/tmp/null", stat.S_IFCHR | 0o666, os.makedev(1, 3)); print("made")
 except PermissionError: print("denied")'`, "denied"},
-		{"the socket dir is mounted", "test -S " + backend.SocketDir + "/" + backend.SocketName + " && echo yes", "yes"},
+	}
+	if !s.remote { // a remote box's agent listens where its backend chose
+		tests = append(tests, struct{ name, cmd, want string }{"the socket dir is mounted", "test -S " + backend.SocketDir + "/" + backend.SocketName + " && echo yes", "yes"})
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -683,6 +728,9 @@ while time.time() < end:
 // the host's disk without bound.)
 func (s *suite) diskCap(t *testing.T) {
 	t.Parallel()
+	if !s.enforced(t, "disk", s.enforcement().Disk) {
+		return
+	}
 	spec := s.spec(t, "disk")
 	spec.Limits.DiskBytes = 256 << 20
 	c := s.up(t, spec)
@@ -749,7 +797,7 @@ func (s *suite) oomSparesAgent(t *testing.T) {
 // and returns the time from Create to the agent's first answer, sorted.
 func MeasureStartup(t *testing.T, b backend.Backend, o Options, n int) []time.Duration {
 	t.Helper()
-	s := &suite{b: b, o: o, session: "cbt-" + randHex(4)}
+	s := &suite{b: b, o: o, session: "cbt-" + randHex(4), remote: b.Capabilities().Remote}
 	ctx := ctxFor(t, 5*time.Minute)
 	out := make([]time.Duration, 0, n)
 	for i := 0; i < n; i++ {
@@ -759,7 +807,10 @@ func MeasureStartup(t *testing.T, b backend.Backend, o Options, n int) []time.Du
 		require.NoError(t, err)
 		_, err = b.Start(ctx, spec.ID)
 		require.NoError(t, err)
-		c := agent.Dial(filepath.Join(spec.HostDir, backend.SocketName))
+		c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.Dial(ctx, spec.ID) })
+		if !s.remote {
+			c.WatchSocket(filepath.Join(spec.HostDir, backend.SocketName))
+		}
 		require.NoError(t, c.WaitReady(ctx))
 		out = append(out, time.Since(t0))
 		c.Close()
