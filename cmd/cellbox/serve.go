@@ -20,7 +20,7 @@ import (
 func init() {
 	register(command{
 		name:  "serve",
-		usage: "[--addr 127.0.0.1:7077] [--data DIR] [--backend auto|docker|local] [--pool N] [--max-boxes-per-session N] [--max-boxes N] [--max-sessions N] [--max-snapshot-bytes N] [--session-ttl 24h] [--agent-binary PATH] [--key-file F] [--allowed-host H]...  serve the sandbox tool API and the runtime API (patterns, cells) over HTTP",
+		usage: "[--addr 127.0.0.1:7077] [--data DIR] [--backend auto|docker|docker-remote|local] [--pool N] [--max-boxes-per-session N] [--max-boxes N] [--max-sessions N] [--max-snapshot-bytes N] [--session-ttl 24h] [--agent-binary PATH] [--key-file F] [--allowed-host H]...  serve the sandbox tool API and the runtime API (patterns, cells) over HTTP",
 		run:   runServe,
 	})
 }
@@ -32,7 +32,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	addr := fs.String("addr", defaultAddr, "address to listen on")
 	data := fs.String("data", defaultDataDir(), "data directory: state file, box directories (images are shared: env "+imagesEnv+")")
-	backendName := addBackendFlag(fs, "box backend `name`: docker, local (bubblewrap), or auto (docker if an engine answers, else local)")
+	backendName := addBackendFlag(fs, "box backend `name`: docker, docker-remote (an engine on another machine, DOCKER_HOST), local (bubblewrap), or auto (docker if an engine answers, else local)")
 	agentBinary := fs.String("agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
 	pool := fs.Int("pool", sandbox.DefaultPoolSize, "pre-started boxes kept for the default image (0: none)")
 	maxPerSession := fs.Int("max-boxes-per-session", sandbox.DefaultMaxBoxesPerSession, "sandboxes one session may have at once")
@@ -142,6 +142,11 @@ func openBackend(ctx context.Context, name, dataDir string) (backend.Backend, er
 		return openLocal()
 	case "docker":
 		return docker.New(ctx, docker.Options{})
+	case "docker-remote":
+		// An engine on another machine: DOCKER_HOST (tcp:// with
+		// DOCKER_TLS_VERIFY and DOCKER_CERT_PATH, or a unix socket
+		// forwarded over ssh), sharing nothing but its API.
+		return docker.NewRemote(ctx, docker.RemoteOptions{DefaultImage: os.Getenv(remoteImageEnv)})
 	case "auto":
 		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
@@ -155,8 +160,12 @@ func openBackend(ctx context.Context, name, dataDir string) (backend.Backend, er
 	return nil, errUnknownBackend(name)
 }
 
+// remoteImageEnv names the image boxes of the default image get on a
+// remote engine (docker-remote); default docker.DefaultRemoteImage.
+const remoteImageEnv = "CELLBOX_REMOTE_IMAGE"
+
 func errUnknownBackend(name string) error {
-	return fmt.Errorf("unknown backend %q: want docker, local or auto", name)
+	return fmt.Errorf("unknown backend %q: want docker, docker-remote, local or auto", name)
 }
 
 // backendFlag is the --backend flag of the commands that run boxes (run,
@@ -176,7 +185,7 @@ func (b *backendFlag) String() string { return string(*b) }
 
 func (b *backendFlag) Set(s string) error {
 	switch s {
-	case "docker", "local", "auto":
+	case "docker", "docker-remote", "local", "auto":
 		*b = backendFlag(s)
 		return nil
 	}

@@ -2,12 +2,6 @@ package docker_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"io"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -18,77 +12,16 @@ import (
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/backend/backendtest"
 	"github.com/cellbox/cellbox/sandbox/docker"
-	"github.com/cellbox/cellbox/sandbox/image"
+	"github.com/cellbox/cellbox/sandbox/docker/remotetest"
 )
-
-// RemoteEngine is a Docker Engine on "another machine" for a test: dockerd
-// in namespaces of its own (scripts/remote-engine.sh), whose filesystem is
-// not this one's, reached only through its API socket. The engine is
-// taken down when the test ends.
-func RemoteEngine(t *testing.T) (host string) {
-	t.Helper()
-	testenv.RequireRoot(t, "a Docker Engine in namespaces of its own")
-	for _, c := range []string{"dockerd", "docker-init", "ip", "nsenter", "unshare"} {
-		testenv.RequireCommand(t, c)
-	}
-	script, err := filepath.Abs("../../scripts/remote-engine.sh")
-	require.NoError(t, err)
-	b := make([]byte, 4)
-	rand.Read(b)
-	dir := "/var/lib/cbre-" + hex.EncodeToString(b) // short: its socket's path must fit
-	out, err := exec.Command("bash", script, "up", dir).CombinedOutput()
-	require.NoError(t, err, "remote engine up: %s", out)
-	t.Cleanup(func() {
-		if out, err := exec.Command("bash", script, "down", dir).CombinedOutput(); err != nil {
-			t.Errorf("remote engine down: %v: %s", err, out)
-		}
-	})
-	return "unix://" + dir + "/root/run/docker.sock"
-}
-
-// remoteBase puts cellbox/base (the default image of remote boxes) into
-// the engine at host, building its rootfs first if this machine has none.
-func remoteBase(t *testing.T, host string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	dir := testImagesDir()
-	in, err := image.Read(image.RootfsDir(dir, "base"))
-	if err != nil {
-		testenv.RequireCommand(t, "debootstrap")
-		in, _, err = image.Build(ctx, image.BuildOptions{ImagesDir: dir, Name: "base"})
-		require.NoError(t, err, "build cellbox/base")
-	}
-	r, err := docker.NewRemote(ctx, docker.RemoteOptions{Host: host})
-	require.NoError(t, err)
-	defer r.Close()
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(image.Tar(ctx, in.Rootfs, pw)) }()
-	_, err = r.ImportImage(ctx, docker.DefaultRemoteImage, pr)
-	pr.CloseWithError(err)
-	require.NoError(t, err, "import cellbox/base into the remote engine")
-}
-
-// testImagesDir is where `cellbox image build` puts images.
-func testImagesDir() string {
-	if d := os.Getenv("CELLBOX_IMAGES"); d != "" {
-		return d
-	}
-	data := os.Getenv("CELLBOX_DATA")
-	if data == "" {
-		home, _ := os.UserHomeDir()
-		data = filepath.Join(home, ".local", "share", "cellbox")
-	}
-	return filepath.Join(data, "images")
-}
 
 // TestRemoteConformance runs the portable suite on a Docker Engine that
 // shares nothing with this machine but its API: the agent is shipped in
 // as an image, reached through exec streams, the workspace a volume of
 // the engine. A bind of any host path would fail there.
 func TestRemoteConformance(t *testing.T) {
-	host := RemoteEngine(t)
-	remoteBase(t, host)
+	host := remotetest.Engine(t)
+	remotetest.LoadBase(t, host)
 	var once sync.Once
 	newRemote := func(t *testing.T) backend.Backend {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
