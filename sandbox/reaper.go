@@ -41,8 +41,10 @@ func (s *Service) reaper() {
 // round runs.
 func (s *Service) tick() {
 	defer safe.Recover(s.log, "reaper", nil)
-	s.expireSessions(s.ctx)
-	s.reap(s.ctx)
+	if s.holds(leaseReaper) {
+		s.expireSessions(s.ctx)
+		s.reap(s.ctx)
+	}
 	s.flushLastUsed()
 	s.shrinkPools(s.ctx)
 	s.fillPools()

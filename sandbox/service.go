@@ -51,6 +51,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/egress"
+	leases "github.com/cellbox/cellbox/sandbox/lease"
 	"github.com/cellbox/cellbox/sandbox/state"
 )
 
@@ -123,6 +124,13 @@ type Config struct {
 	GlobalConcurrency  int
 	// ReapInterval is how often idle boxes are looked for. Default 5s.
 	ReapInterval time.Duration
+	// Leaser grants the leases of the reaper and the warm pools: they act
+	// only while this server holds them (owner.go). Default lease.Local,
+	// which always does; several servers sharing state share a Leaser.
+	Leaser leases.Leaser
+	// Holder names this server to Leaser. Default: host, pid and a random
+	// part.
+	Holder string
 	// ReadyTimeout bounds the wait for a started box's agent. Default 30s.
 	ReadyTimeout time.Duration
 	// MaxBoxesPerSession and MaxBoxes cap the sandboxes of one session and
@@ -184,6 +192,8 @@ type Service struct {
 	// (hostdir.go), so that two wakes never mount one twice.
 	hostDirMu sync.Mutex
 	filler    chan struct{} // the one pool fill in flight
+	leaseMu   sync.Mutex
+	held      map[string]*leases.Held // the leases this server holds, by name
 	closed    bool
 	// asleep is set by SleepAll: the process is shutting down, and no box
 	// starts again (wake refuses) to run on after it exits.
@@ -218,6 +228,12 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if cfg.GlobalConcurrency <= 0 {
 		cfg.GlobalConcurrency = DefaultGlobalConcurrency
+	}
+	if cfg.Leaser == nil {
+		cfg.Leaser = leases.NewLocal()
+	}
+	if cfg.Holder == "" {
+		cfg.Holder = defaultHolder()
 	}
 	if cfg.ReapInterval <= 0 {
 		cfg.ReapInterval = DefaultReapInterval
@@ -277,6 +293,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		ctx:      sctx,
 		cancel:   cancel,
 		sessions: map[string]*Session{},
+		held:     map[string]*leases.Held{},
 		boxes:    map[string]*box{},
 		previews: map[string]previewTarget{},
 		pools:    map[string]*warmPool{},
@@ -331,6 +348,7 @@ func (s *Service) Close() error {
 	s.drainPools(ctx)
 	s.stopAllEgress()
 	s.flushLastUsed()
+	s.releaseLeases()
 	s.mu.Lock()
 	for _, b := range s.boxes {
 		if cl := b.client; cl != nil {

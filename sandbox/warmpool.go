@@ -108,6 +108,9 @@ func (s *Service) shrinkPools(ctx context.Context) {
 
 // fillPools starts the creation of the boxes the warm pools lack.
 func (s *Service) fillPools() {
+	if !s.holds(leaseWarmPool) {
+		return // another server keeps the warm pool
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {

@@ -60,7 +60,7 @@ var house = []floor{
 	// revisions, guarded commits, reservations for caps), its bbolt and
 	// in-memory stores, and statetest, the suite they pass. It knows
 	// nothing of what the records mean.
-	{"state", []string{"sandbox/state/..."}, []string{"internal"}},
+	{"state", []string{"sandbox/state/...", "sandbox/lease/..."}, []string{"internal"}},
 	// The Backend contract (with backendtest, its suite, and its disk, uid
 	// and seccomp helpers), the Docker and bubblewrap backends, images.
 	{"backends", []string{"sandbox/backend/...", "sandbox/docker/...", "sandbox/local", "sandbox/image"},
