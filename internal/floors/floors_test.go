@@ -33,7 +33,7 @@ var house = []floor{
 	// HTTP API and the web page: everything is below them. examples holds
 	// only tests of the whole.
 	{"cmd", []string{"cmd/...", "examples"},
-		[]string{"patterns", "builtins", "runtime", "cells", "sandboxclient", "sandbox", "state", "backends", "box", "wire", "internal"}},
+		[]string{"patterns", "builtins", "runtime", "cells", "sandboxclient", "sandbox", "state", "blobs", "backends", "box", "wire", "internal"}},
 	// The pattern compiler: YAML and Go → a runtime graph of built-ins. It
 	// knows the sandbox side only by its wire types (a box's network).
 	{"patterns", []string{"patterns/..."},
@@ -55,12 +55,16 @@ var house = []floor{
 	// faces, and sandboxtest, which starts the service for the tests of the
 	// packages above (as net/http/httptest does for net/http).
 	{"sandbox", []string{"sandbox", "sandbox/httpapi", "sandbox/mcpserver", "sandbox/sandboxtest"},
-		[]string{"state", "backends", "box", "wire", "internal"}},
+		[]string{"state", "blobs", "backends", "box", "wire", "internal"}},
 	// The sandbox service's state contract (records by kind with
 	// revisions, guarded commits, reservations for caps), its bbolt and
 	// in-memory stores, and statetest, the suite they pass. It knows
 	// nothing of what the records mean.
 	{"state", []string{"sandbox/state/...", "sandbox/lease/..."}, []string{"internal"}},
+	// The contract of the snapshots' content (blobs named by their
+	// SHA-256, in namespaces), its directory store, and blobstest, the
+	// suite every store passes. It knows nothing of snapshots or sessions.
+	{"blobs", []string{"sandbox/blobs/..."}, []string{"internal"}},
 	// The Backend contract (with backendtest, its suite, and its disk, uid
 	// and seccomp helpers), the Docker and bubblewrap backends, images.
 	{"backends", []string{"sandbox/backend/...", "sandbox/docker/...", "sandbox/local", "sandbox/image"},
@@ -208,6 +212,8 @@ func TestFloorOf(t *testing.T) {
 		"sandbox/egress":              "box",
 		"sandbox/state":               "state",
 		"sandbox/state/statetest":     "state",
+		"sandbox/blobs":               "blobs",
+		"sandbox/blobs/blobstest":     "blobs",
 		"sandbox/backend":             "backends",
 		"sandbox/backend/backendtest": "backends",
 		"sandboxclient/clienttest":    "sandboxclient",
