@@ -50,6 +50,17 @@ func (rb *realBox) restart() {
 	rb.s = s
 }
 
+// blobDir is where the service keeps session's snapshot blobs: the layout
+// of blobs.OpenDir over DATA/snapshots, which data dirs keep.
+func (rb *realBox) blobDir(session string) string {
+	return filepath.Join(rb.s.cfg.DataDir, "snapshots", "blobs", session)
+}
+
+// blobPath is where the blob hash of session is.
+func (rb *realBox) blobPath(session, hash string) string {
+	return filepath.Join(rb.blobDir(session), hash[:2], hash)
+}
+
 // TestSnapshots drives snapshot, restore, branch, fork, snapshot_list and
 // snapshot_delete through the tool API on both real backends.
 func TestSnapshots(t *testing.T) {
@@ -134,7 +145,7 @@ func TestSnapshots(t *testing.T) {
 
 			// A deleted session's snapshots and content go with it.
 			require.NoError(t, rb.s.DeleteSession(context.Background(), own))
-			assert.NoDirExists(t, rb.s.snaps.blobDir(own))
+			assert.NoDirExists(t, rb.blobDir(own))
 			ids, err := rb.s.snaps.sessionIDs(context.Background(), own)
 			require.NoError(t, err)
 			assert.Empty(t, ids)
@@ -388,8 +399,8 @@ func TestSnapshotOrphanBlobsSwept(t *testing.T) {
 	rb := newRealService(t, "local", nil)
 	rb.sh("default", "echo kept > a.txt")
 	id := rb.ok("snapshot", nil)["id"]
-	orphan := rb.s.snaps.blobPath(rb.sess, strings.Repeat("ab", 32))
-	gone := rb.s.snaps.blobPath("sess-gone", strings.Repeat("cd", 32))
+	orphan := rb.blobPath(rb.sess, strings.Repeat("ab", 32))
+	gone := rb.blobPath("sess-gone", strings.Repeat("cd", 32))
 	for _, p := range []string{orphan, gone} {
 		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o700))
 		require.NoError(t, os.WriteFile(p, []byte("left by a killed capture"), 0o600))
@@ -397,7 +408,7 @@ func TestSnapshotOrphanBlobsSwept(t *testing.T) {
 	rb.restart()
 	require.Eventually(t, func() bool {
 		_, err1 := os.Stat(orphan)
-		_, err2 := os.Stat(rb.s.snaps.blobDir("sess-gone"))
+		_, err2 := os.Stat(rb.blobDir("sess-gone"))
 		return os.IsNotExist(err1) && os.IsNotExist(err2)
 	}, 10*time.Second, 10*time.Millisecond, "orphan blobs are freed at start")
 	rb.sh("default", "rm a.txt")
@@ -503,7 +514,7 @@ func snapshotSparseFile(t *testing.T, kind string) {
 	assert.Less(t, snap["data_bytes"], float64(1<<20), "data_bytes: the holes are not data")
 	assert.Less(t, snap["added_bytes"], float64(1<<20), "added_bytes: what the store took")
 	var stored int64
-	require.NoError(t, filepath.WalkDir(rb.s.snaps.blobDir(rb.sess), func(p string, d os.DirEntry, err error) error {
+	require.NoError(t, filepath.WalkDir(rb.blobDir(rb.sess), func(p string, d os.DirEntry, err error) error {
 		if err == nil && !d.IsDir() {
 			var st syscall.Stat_t
 			if syscall.Stat(p, &st) == nil {

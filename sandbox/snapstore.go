@@ -1,11 +1,12 @@
 package sandbox
 
-// The snapshot store: workspaces kept as content-addressed blobs (one file
-// per distinct content, named by its SHA-256, under
-// DataDir/snapshots/blobs/SESSION) plus a manifest per snapshot (path,
-// type, mode, size, hash, link target) kept with the snapshot's metadata in
-// the state store (state.Snapshots and state.SnapshotManifests, like
-// sessions and boxes). Two snapshots of one
+// The snapshot store: workspaces kept as content-addressed blobs (one per
+// distinct content, named by its SHA-256, in a blobs.Store namespace per
+// session: blobs.OpenDir's store over DataDir/snapshots, which keeps them
+// under DataDir/snapshots/blobs/SESSION) plus a manifest per snapshot
+// (path, type, mode, size, hash, link target) kept with the snapshot's
+// metadata in the state store (state.Snapshots and
+// state.SnapshotManifests, like sessions and boxes). Two snapshots of one
 // workspace share every unchanged file, so many snapshots cost little more
 // than their differences. Blobs no manifest names are removed when a
 // snapshot is deleted.
@@ -28,15 +29,12 @@ package sandbox
 import (
 	"archive/tar"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
-	"os"
 	"path"
 	"path/filepath"
 	"slices"
@@ -50,6 +48,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/blobs"
 	"github.com/cellbox/cellbox/sandbox/state"
 )
 
@@ -130,42 +129,28 @@ func (e *snapEntry) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// snapStore is the blob directory and the two kinds of records:
-// state.Snapshots (id -> snapshotRecord) and state.SnapshotManifests (id ->
-// []snapEntry), written in one commit.
+// snapStore is the blobs (a namespace per session) and the two kinds of
+// records: state.Snapshots (id -> snapshotRecord) and
+// state.SnapshotManifests (id -> []snapEntry), written in one commit.
 type snapStore struct {
-	st  state.Store
-	dir string // DataDir/snapshots
+	st    state.Store
+	blobs blobs.Store
 	// gc is held for reading while blobs are written or a manifest not yet
 	// stored is in use (capture, fork), and for writing while unreferenced
 	// blobs are removed, so a collection never takes a blob about to be
-	// referenced.
+	// referenced: the blob store leaves a delete racing a Put of the same
+	// content to its caller.
 	gc sync.RWMutex
 }
 
+// openSnapStore keeps the blobs in DataDir/snapshots (blobs.OpenDir),
+// where every version has kept them.
 func openSnapStore(st state.Store, dataDir string) (*snapStore, error) {
-	ss := &snapStore{st: st, dir: filepath.Join(dataDir, "snapshots")}
-	if err := os.MkdirAll(ss.tmpDir(), 0o700); err != nil {
+	b, err := blobs.OpenDir(filepath.Join(dataDir, "snapshots"))
+	if err != nil {
 		return nil, fmt.Errorf("snapshot store: %w", err)
 	}
-	// Half-written blobs of an earlier process.
-	if ents, err := os.ReadDir(ss.tmpDir()); err == nil {
-		for _, e := range ents {
-			os.Remove(filepath.Join(ss.tmpDir(), e.Name()))
-		}
-	}
-	return ss, nil
-}
-
-func (ss *snapStore) tmpDir() string { return filepath.Join(ss.dir, "tmp") }
-
-// blobDir holds the blobs of session.
-func (ss *snapStore) blobDir(session string) string {
-	return filepath.Join(ss.dir, "blobs", session)
-}
-
-func (ss *snapStore) blobPath(session, hash string) string {
-	return filepath.Join(ss.blobDir(session), hash[:2], hash)
+	return &snapStore{st: st, blobs: b}, nil
 }
 
 // capture reads a tar of the workspace (entries named workspace/...) from
@@ -214,7 +199,8 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes, maxAdded int
 			if total += hdr.Size; hdr.Size < 0 || total > maxBytes {
 				return nil, 0, api.WithCode(api.CodeTooLarge, fmt.Errorf("the workspace holds more than %d bytes, the most a snapshot of this box holds (its disk cap)", maxBytes))
 			}
-			hash, n, err := ss.putBlob(session, tr, hdr.Size)
+			// No context: the stream comes from the box and ends with the call.
+			hash, n, err := ss.blobs.Put(context.Background(), session, tr, hdr.Size)
 			if err != nil {
 				return nil, 0, fmt.Errorf("snapshot: store %s from the tar stream: %w", rel, err)
 			}
@@ -295,39 +281,6 @@ func checkLink(rel, target string) error {
 	return nil
 }
 
-// putBlob stores size bytes of r as a blob and returns its hash and the
-// bytes it added (0 when the content was there already).
-func (ss *snapStore) putBlob(session string, r io.Reader, size int64) (string, int64, error) {
-	f, err := os.CreateTemp(ss.tmpDir(), "blob-")
-	if err != nil {
-		return "", 0, err
-	}
-	defer os.Remove(f.Name())
-	h := sha256.New()
-	n, err := sparse.Copy(f, io.TeeReader(io.LimitReader(r, size), h)) // zeros as holes
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil && n != size {
-		err = fmt.Errorf("tar entry cut short (%d of %d bytes)", n, size)
-	}
-	if err != nil {
-		return "", 0, err
-	}
-	hash := hex.EncodeToString(h.Sum(nil))
-	dst := ss.blobPath(session, hash)
-	if _, err := os.Lstat(dst); err == nil {
-		return hash, 0, nil
-	}
-	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-		return "", 0, err
-	}
-	if err := os.Rename(f.Name(), dst); err != nil {
-		return "", 0, err
-	}
-	return hash, size, nil
-}
-
 // writeTar writes the manifest (of a snapshot of session) as a tar with
 // names relative to the workspace, for the agent to extract there:
 // directories, files and FIFOs in path order, then the hard links (their
@@ -363,7 +316,7 @@ func (ss *snapStore) writeTar(ctx context.Context, w io.Writer, session string, 
 			if e.Type != tar.TypeReg {
 				continue
 			}
-			if err := ss.copyBlob(tw, session, e); err != nil {
+			if err := ss.copyBlob(ctx, tw, session, e); err != nil {
 				return err
 			}
 		}
@@ -371,13 +324,18 @@ func (ss *snapStore) writeTar(ctx context.Context, w io.Writer, session string, 
 	return tw.Close()
 }
 
-func (ss *snapStore) copyBlob(w io.Writer, session string, e snapEntry) error {
-	f, err := os.Open(ss.blobPath(session, e.Hash))
+// copyBlob writes the data of file entry e (of a snapshot of session) to w.
+func (ss *snapStore) copyBlob(ctx context.Context, w io.Writer, session string, e snapEntry) error {
+	r, size, err := ss.blobs.Open(ctx, session, e.Hash)
+	if err == nil && size != e.dataBytes() {
+		r.Close()
+		err = fmt.Errorf("blob of %d bytes for %d", size, e.dataBytes())
+	}
 	if err != nil {
 		return fmt.Errorf("snapshot blob of %s: %w (the snapshot store is damaged)", e.Path, err)
 	}
-	defer f.Close()
-	_, err = io.CopyN(w, f, e.dataBytes())
+	defer r.Close()
+	_, err = io.CopyN(w, r, size)
 	return err
 }
 
@@ -505,30 +463,19 @@ func (ss *snapStore) delete(ctx context.Context, session string, ids ...string) 
 			}
 		}
 	}
-	var freed int64
 	if len(live) == 0 {
-		freed := ss.bytes(session)
-		if err := os.RemoveAll(ss.blobDir(session)); err != nil {
-			return 0, err
-		}
-		return freed, nil
+		return ss.blobs.DeleteNamespace(ctx, session)
 	}
-	walkErr := filepath.WalkDir(ss.blobDir(session), func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return err
+	var dead []string
+	if err := ss.blobs.List(ctx, session, func(hash string) error {
+		if !live[hash] {
+			dead = append(dead, hash)
 		}
-		if d.IsDir() || live[d.Name()] {
-			return nil
-		}
-		if fi, err := d.Info(); err == nil {
-			freed += fi.Size()
-		}
-		return os.Remove(p)
-	})
-	return freed, walkErr
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	return ss.blobs.Delete(ctx, session, dead...)
 }
 
 // freeLater deletes the snapshots ids of session (restore's copy of the
@@ -547,18 +494,19 @@ func (ss *snapStore) freeLater(log *slog.Logger, session string, ids ...string) 
 // a process killed during a capture left (a capture's blobs are written
 // before its manifest), and the stores of sessions that are gone.
 func (ss *snapStore) sweep(ctx context.Context, log *slog.Logger) {
-	dirs, err := os.ReadDir(filepath.Join(ss.dir, "blobs"))
+	sessions, err := ss.blobs.Namespaces(ctx)
 	if err != nil {
-		return // none yet
+		log.Warn("list the sessions of the snapshot blob store", "err", err)
+		return
 	}
-	for _, d := range dirs {
+	for _, session := range sessions {
 		if ctx.Err() != nil {
 			return
 		}
-		if freed, err := ss.delete(ctx, d.Name()); err != nil {
-			log.Warn("free the snapshot blobs no snapshot names", "session", d.Name(), "err", err)
+		if freed, err := ss.delete(ctx, session); err != nil {
+			log.Warn("free the snapshot blobs no snapshot names", "session", session, "err", err)
 		} else if freed > 0 {
-			log.Info("freed snapshot blobs no snapshot names", "session", d.Name(), "bytes", freed)
+			log.Info("freed snapshot blobs no snapshot names", "session", session, "bytes", freed)
 		}
 	}
 }
@@ -573,16 +521,9 @@ func (ss *snapStore) sessionIDs(ctx context.Context, session string) ([]string, 
 	return ids, err
 }
 
-// bytes returns the size of session's blobs.
+// bytes returns the bytes session's blobs take (blobs.Store.Size: holes
+// not counted). As ever, a blob it cannot read counts nothing.
 func (ss *snapStore) bytes(session string) int64 {
-	var n int64
-	filepath.WalkDir(ss.blobDir(session), func(p string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() {
-			if fi, err := d.Info(); err == nil {
-				n += fi.Size()
-			}
-		}
-		return nil
-	})
+	n, _ := ss.blobs.Size(context.Background(), session)
 	return n
 }
