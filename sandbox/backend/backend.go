@@ -38,8 +38,10 @@ var ErrNoImage = errors.New("no such image")
 const (
 	// AgentPath is where the cellbox binary is mounted read-only.
 	AgentPath = "/.cellbox/cellbox"
-	// SocketDir is where the host's per-box directory is mounted read-write;
-	// the agent listens on SocketDir/agent.sock.
+	// SocketDir is where the host's per-box directory is mounted
+	// read-write, on a backend whose boxes run here; the agent listens on
+	// SocketDir/agent.sock there (a remote backend's boxes listen where it
+	// chose: Dial knows).
 	SocketDir = "/run/cellbox"
 	// SocketName is the agent socket's file name inside SocketDir.
 	SocketName = "agent.sock"

@@ -58,9 +58,9 @@ type Capabilities struct {
 	Clone bool
 	// Remote: the boxes run on another machine than this process (a
 	// remote engine, a cluster): the backend takes no host path from the
-	// caller, and the caller reaches a box only through Dial. False for
-	// every backend so far: the host directory and the agent binary are
-	// paths of this host.
+	// caller, and the caller reaches a box only through Dial
+	// (docker.Remote). Where it is false (local; docker on this machine's
+	// engine) Spec.HostDir is a directory of this host.
 	Remote bool
 	// Limits: which of Spec.Limits hold, and why not where they do not.
 	Limits Enforcement

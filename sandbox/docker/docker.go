@@ -124,9 +124,10 @@ type Backend struct {
 // (Backend, on this machine's engine; Remote) share: its API client, its
 // CPU count, the box image it imports and the accounts of images.
 type engine struct {
-	cli  *client.Client
-	log  *slog.Logger
-	ncpu int // the engine's CPU count
+	cli      *client.Client
+	log      *slog.Logger
+	ncpu     int    // the engine's CPU count
+	engineID string // the engine's ID ("" if it did not say)
 
 	hostImageMu sync.Mutex  // serializes the on-demand import of HostImage
 	hostImage   atomic.Bool // the engine had HostImage when last asked
@@ -157,6 +158,12 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		}
 		return hostDirOf(c.Mounts), nil
 	})
+	if err := b.claimDisks(); err != nil {
+		// The disks here are another engine's (DOCKER_HOST names an engine
+		// on another machine): its containers say nothing of them.
+		log.Warn("docker backend: not sweeping the disk directory", "dir", disks, "err", err)
+		return b, nil
+	}
 	for _, f := range backend.SweepClones(disks, backend.StaleClone) {
 		log.Warn("docker backend: removed the copy of a disk a fork left", "file", f)
 	}
@@ -171,6 +178,35 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return errors.Is(err, fs.ErrNotExist)
 	})
 	return b, nil
+}
+
+// engineFile, in the disk directory, names the engine whose boxes the disks
+// are (its ID), written by the first backend over the directory.
+const engineFile = ".engine"
+
+// claimDisks checks that the disk directory's disks are this engine's
+// boxes', marking them so the first time: a backend pointed at an engine
+// on another machine (DOCKER_HOST) must not take this machine's disks for
+// orphans of its containers and remove them.
+func (b *Backend) claimDisks() error {
+	p := filepath.Join(b.disks, engineFile)
+	if b.engineID == "" {
+		return errors.New("the engine did not say its ID")
+	}
+	data, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(b.disks, 0o700); err != nil {
+			return err
+		}
+		return os.WriteFile(p, []byte(b.engineID), 0o600)
+	}
+	if err != nil {
+		return err
+	}
+	if got := strings.TrimSpace(string(data)); got != b.engineID {
+		return fmt.Errorf("its disks belong to engine %s, not this one (%s): is DOCKER_HOST an engine on another machine? use --backend docker-remote for it", got, b.engineID)
+	}
+	return nil
 }
 
 // OrphanDiskAge is how old a disk with no container must be for New to
@@ -281,8 +317,11 @@ func newEngine(ctx context.Context, host string, log *slog.Logger) (*engine, err
 	}
 	log.Debug("docker backend", "host", cli.DaemonHost(), "api", cli.ClientVersion(), "engine_api", ping.APIVersion)
 	e := &engine{cli: cli, log: log, ncpu: runtime.NumCPU()}
-	if info, err := cli.Info(ctx, client.InfoOptions{}); err == nil && info.Info.NCPU > 0 {
-		e.ncpu = info.Info.NCPU
+	if info, err := cli.Info(ctx, client.InfoOptions{}); err == nil {
+		if info.Info.NCPU > 0 {
+			e.ncpu = info.Info.NCPU
+		}
+		e.engineID = info.Info.ID
 	}
 	return e, nil
 }

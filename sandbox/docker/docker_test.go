@@ -189,4 +189,19 @@ func TestOrphanDisksAreSwept(t *testing.T) {
 	assert.FileExists(t, disk(sp.ID).File, "a box's disk stays")
 	_, err = b2.Start(ctx, sp.ID)
 	require.NoError(t, err, "the box still starts")
+
+	// Disks of another engine (DOCKER_HOST pointed at an engine on another
+	// machine, whose containers say nothing of them) are never swept.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ".engine"), []byte("another-engine-id"), 0o600))
+	stray := disk("cb-stray")
+	require.NoError(t, stray.Make(ctx, 64<<20, 0, 0))
+	t.Cleanup(func() { stray.Remove(context.Background()) })
+	for _, p := range []string{stray.File, stray.Dir} {
+		require.NoError(t, os.Chtimes(p, old, old))
+	}
+	b3, err := docker.New(ctx, docker.Options{DiskDir: dir})
+	require.NoError(t, err)
+	defer b3.Close()
+	assert.FileExists(t, stray.File, "another engine's disk stays")
+	assert.True(t, stray.Mounted())
 }

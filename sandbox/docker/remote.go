@@ -27,8 +27,9 @@ import (
 )
 
 // Remote is the Backend of boxes on a Docker Engine on another machine
-// (DOCKER_HOST over TCP with TLS, or SSH, or any engine whose files are not
-// this machine's): nothing is shared with it but its API.
+// (DOCKER_HOST over TCP with TLS, a socket forwarded over SSH, or any
+// engine whose files are not this machine's): nothing is shared with it
+// but its API.
 //
 //   - The agent goes into the engine as an image of its own,
 //     cellbox/agent:DIGEST (the binary alone, imported), copied into a
@@ -63,9 +64,11 @@ var _ backend.Backend = (*Remote)(nil)
 
 // RemoteOptions configure NewRemote.
 type RemoteOptions struct {
-	// Host is the engine's address (tcp://host:2376, ssh://user@host,
-	// unix:///path); empty: DOCKER_HOST (with DOCKER_TLS_VERIFY and
-	// DOCKER_CERT_PATH, as the docker CLI reads them).
+	// Host is the engine's address (tcp://host:2376, or unix:///path: a
+	// socket forwarded from the other machine with ssh -L; the client
+	// speaks no ssh:// itself); empty: DOCKER_HOST (with
+	// DOCKER_TLS_VERIFY and DOCKER_CERT_PATH, as the docker CLI reads
+	// them).
 	Host string
 	// DefaultImage is the image a box of backend.DefaultImage gets on the
 	// engine. Default DefaultRemoteImage.
@@ -86,8 +89,14 @@ func NewRemote(ctx context.Context, opts RemoteOptions) (*Remote, error) {
 	if r.defaultImage == "" {
 		r.defaultImage = DefaultRemoteImage
 	}
+	for _, w := range r.Capabilities().Limits.Warnings {
+		e.log.Warn("docker remote backend: limit not enforced", "detail", w)
+	}
 	return r, nil
 }
+
+// Name is "docker-remote".
+func (r *Remote) Name() string { return "docker-remote" }
 
 // Capabilities: a remote engine's boxes, limits but the disk enforced.
 func (r *Remote) Capabilities() backend.Capabilities {
