@@ -9,8 +9,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
 	"time"
 
 	leases "github.com/cellbox/cellbox/sandbox/lease"
@@ -24,13 +22,6 @@ const (
 	// it: another server takes over its work after at most this.
 	leaseTTL = 10 * time.Second
 )
-
-// defaultHolder names this process among the servers that share leases:
-// host, pid and a random part (a restarted process is another holder).
-func defaultHolder() string {
-	host, _ := os.Hostname()
-	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), randomID(4))
-}
 
 // holds reports whether this server holds the lease on name now, taking it
 // when it is free; a lease lost since is given up (the work it covers

@@ -233,7 +233,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		cfg.Leaser = leases.NewLocal()
 	}
 	if cfg.Holder == "" {
-		cfg.Holder = defaultHolder()
+		cfg.Holder = leases.DefaultHolder()
 	}
 	if cfg.ReapInterval <= 0 {
 		cfg.ReapInterval = DefaultReapInterval

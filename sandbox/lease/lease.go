@@ -19,8 +19,10 @@ package lease
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 )
@@ -126,6 +128,15 @@ func (l *Local) Holder(ctx context.Context, name string) (string, error) {
 		return cur.Holder, nil
 	}
 	return "", nil
+}
+
+// DefaultHolder names this process among the servers that share leases:
+// host, pid and a random part (a restarted process is another holder).
+func DefaultHolder() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	rand.Read(b)
+	return fmt.Sprintf("%s/%d/%x", host, os.Getpid(), b)
 }
 
 // check refuses what no Leaser can grant.
