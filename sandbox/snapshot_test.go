@@ -192,6 +192,13 @@ func (rb *realBox) checkFork(method string) {
 // portable path through the agents.
 type noClone struct{ backend.Backend }
 
+// Capabilities says it does not clone.
+func (n noClone) Capabilities() backend.Capabilities {
+	c := n.Backend.Capabilities()
+	c.Clone = false
+	return c
+}
+
 // TestForkThroughAgents: fork without a copy-on-write backend copies the
 // files through the agents' tar streams, on both backends.
 func TestForkThroughAgents(t *testing.T) {

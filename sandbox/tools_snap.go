@@ -245,7 +245,7 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 	}
 	spec := specOf(src.b.rec)
 	c.noticeUnkept(src.name, src.b.rec, "a fork")
-	if _, ok := c.s.be.(backend.Cloner); ok {
+	if _, ok := c.s.be.(backend.Cloner); ok && c.s.caps.Clone {
 		ls, err := c.s.newBoxes(ctx, c, names, spec, src.b.rec.ID, nil)
 		switch ErrorCode(err) {
 		case "":
