@@ -250,7 +250,7 @@ func (r *run) send(stream, payload string) {
 // get decodes a cell's value into v and returns the cell.
 func (r *run) get(name string, v any) cells.Cell {
 	r.t.Helper()
-	c, err := r.store.Get(r.addr(name))
+	c, err := r.store.Get(context.Background(), r.addr(name))
 	require.NoError(r.t, err)
 	if v != nil {
 		require.NoError(r.t, json.Unmarshal(c.Value, v), "cell %s: %s", name, c.Value)

@@ -224,7 +224,7 @@ func TestSandboxReattach(t *testing.T) {
 	r.close(runtime.Shutdown)
 	assert.Equal(t, []string{box}, b.list(t), "a shutdown keeps the box")
 	var asleep sandboxOut
-	require.NoError(t, store.View(func(tx cells.Tx) error {
+	require.NoError(t, store.View(context.Background(), func(tx cells.Tx) error {
 		c, err := tx.Get(cells.Address{Space: "default", Pattern: "repl", Name: "repl"})
 		if err == nil {
 			err = json.Unmarshal(c.Value, &asleep)
@@ -345,7 +345,7 @@ func TestFileBindingsRoundTrips(t *testing.T) {
 		_, err := b.client.Upload(context.Background(), box, "/workspace/out/result.txt", strings.NewReader(text))
 		require.NoError(t, err)
 		waitFor(t, "output cell", func() bool {
-			c, err := r.store.Get(r.addr("repl"))
+			c, err := r.store.Get(context.Background(), r.addr("repl"))
 			return err == nil && strings.Contains(string(c.Value), `"/workspace/out/result.txt":"`+text+`"`)
 		})
 	}
@@ -496,11 +496,11 @@ type refusing struct {
 	fails atomic.Int32
 }
 
-func (s *refusing) Update(fn func(cells.Tx) error) error {
+func (s *refusing) Update(ctx context.Context, fn func(cells.Tx) error) error {
 	if s.fails.Add(-1) >= 0 {
 		return errors.New("write cellbox.db: no space left on device")
 	}
-	return s.Store.Update(fn)
+	return s.Store.Update(ctx, fn)
 }
 
 // A command's history entry the store refuses is written again; when the
@@ -572,7 +572,7 @@ func TestSandboxUnreadableOutputKept(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	addr := cells.Address{Space: "default", Pattern: "odd", Name: "repl"}
-	require.NoError(t, store.Update(func(tx cells.Tx) error {
+	require.NoError(t, store.Update(context.Background(), func(tx cells.Tx) error {
 		if err := tx.Declare(addr, cells.Spec{}); err != nil {
 			return err
 		}

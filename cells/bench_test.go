@@ -29,7 +29,7 @@ func BenchmarkWatchLatency(b *testing.B) {
 			}
 			defer s.Close()
 			write := func(i int) {
-				if err := s.Update(func(tx Tx) error {
+				if err := s.Update(context.Background(), func(tx Tx) error {
 					_, err := tx.Set(Address{"b", "p", "x"}, json.RawMessage(strconv.Itoa(i)))
 					return err
 				}); err != nil {

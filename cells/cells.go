@@ -24,11 +24,15 @@
 // first gets a Snapshot batch with the current state of every cell under its
 // prefix.
 //
-// Two implementations share one code path over a small ordered key/value
-// layer: OpenBolt (go.etcd.io/bbolt, one file, the default) and NewMemory
-// (in memory, for unit tests). The bbolt bucket layout is documented in
-// layout.go. Package cellstest is the conformance suite of the Store
-// contract below: every implementation runs it, and each promise the doc
+// There is one implementation of Store, over a KV: an ordered key/value
+// store in transactions, whose contract (kv.go) is what a store of cells
+// needs of one — atomic commits, snapshot reads, serializable writes with
+// conflicts said, a dense revision that is the cells' version. Open makes
+// a Store over any KV; OpenBolt (go.etcd.io/bbolt, one file, the default)
+// and NewMemory (in memory, for unit tests) over the package's own. The
+// layout of the store in a KV is documented in layout.go. Package
+// cellstest is the conformance suite of the Store contract below: every
+// store runs it (package kvtest's remote KV too), and each promise the doc
 // comments of Store, Tx, Bucket, Batch, Change and Options make has a
 // subtest there.
 package cells
@@ -187,17 +191,27 @@ type Batch struct {
 }
 
 // Store is a cell store. All methods are safe for concurrent use.
+//
+// The calls that may wait (Get, View, Update, Watch) take a context. It
+// bounds what the store can stop: a remote KV's round trips, the pauses
+// between the runs of a conflicting Update; when it has ended the call
+// returns its error without running fn. A transaction's own calls (Tx,
+// Bucket) go on under the context of its View or Update. OpenBolt's and
+// NewMemory's stores look at it only when a call begins.
 type Store interface {
 	// Get returns one cell, or an error wrapping ErrNotFound (an invalid
 	// address is an error that does not wrap it).
-	Get(addr Address) (Cell, error)
+	Get(ctx context.Context, addr Address) (Cell, error)
 	// Version returns the version of the last commit that changed a cell
-	// (0 for an empty store).
+	// (0 for an empty store), without waiting: the last this store knows
+	// of (over a KV that other stores share, another's commit shows soon
+	// after it; see KV.Revision).
 	Version() uint64
 	// View runs fn in a read-only transaction, which sees every commit
 	// made before it began and none of a commit in progress, and returns
-	// fn's error. Writes in it fail with ErrReadOnly.
-	View(fn func(Tx) error) error
+	// fn's error, or the store's if it failed while fn read (see Tx).
+	// Writes in it fail with ErrReadOnly.
+	View(ctx context.Context, fn func(Tx) error) error
 	// Update runs fn in a read-write transaction, which reads its own
 	// writes. If fn returns nil, everything it wrote commits at once: a
 	// reader sees all of it or none, and if it changed a cell the commit
@@ -206,9 +220,22 @@ type Store interface {
 	// of existing cells, or wrote values equal to the stored ones) takes
 	// no version and sends no Batch. If fn returns an error, Update
 	// returns it; if fn panics, the panic goes on to Update's caller;
-	// either way nothing is written, and the store goes on. Updates are
-	// serialized: one runs at a time.
-	Update(fn func(Tx) error) error
+	// either way nothing is written, and the store goes on.
+	//
+	// Updates are serializable: each takes effect as if it alone ran, one
+	// after another, and what an Update that writes read is still what
+	// the store holds when it commits. fn may run more than once: over a
+	// KV that runs writable transactions at once (see KV), an Update whose
+	// commit conflicts with another's writes nothing and runs fn again, in
+	// a new transaction, up to 32 times (then it returns an error wrapping
+	// ErrConflict); and the fns of several Updates may run at once. So fn
+	// must change nothing outside its transaction that a run which does
+	// not commit would leave wrong. Over OpenBolt's and NewMemory's
+	// stores, whose KV runs one writable transaction at a time, one fn
+	// runs at a time and each runs once. An error of the commit itself
+	// (neither fn's nor a conflict) over a remote KV may leave it unknown
+	// whether the commit happened (see KVTx.Commit).
+	Update(ctx context.Context, fn func(Tx) error) error
 	// Watch sends every Batch committed after version from, limited to the
 	// changes whose address is under prefix, as HasPrefix matches it ("" for
 	// all, "s/p/" for a pattern instance), one per commit in version order,
@@ -227,7 +254,8 @@ type Store interface {
 	Watch(ctx context.Context, prefix string, from uint64) (<-chan Batch, error)
 	// Close closes the store: every watch's channel closes (see
 	// Batch.Err), and Get, View, Update and Watch fail with ErrClosed from
-	// then on (View and Update without calling fn). A second Close
+	// then on (View and Update without calling fn). It waits for the
+	// calls in progress to return, then closes the KV. A second Close
 	// returns nil.
 	Close() error
 }
@@ -241,9 +269,11 @@ type Store interface {
 // error. A call refused for what it was given (an invalid address, value,
 // payload or schema, a schema violation, the wrong kind of cell, no such
 // cell, ErrHandled, ErrReadOnly) writes nothing and leaves the transaction
-// usable: what else it wrote commits if fn returns nil. After any other
-// error (the store failing), fn should return it, so that nothing commits.
-// In a View, every write fails with ErrReadOnly.
+// usable: what else it wrote commits if fn returns nil. Any other error
+// is the store failing (its KV could not be read or written): it fails the
+// transaction, so that View and Update return it even if fn does not, and
+// nothing commits; a failure in a call that cannot return one (Bucket.Get)
+// does the same. In a View, every write fails with ErrReadOnly.
 type Tx interface {
 	// Version is the version this transaction's writes get (in a read-only
 	// transaction: the store's current version).

@@ -49,7 +49,7 @@ func addr(name string) Address { return Address{"s", "p", name} }
 
 func set(t *testing.T, s Store, name, value string) {
 	t.Helper()
-	require.NoError(t, s.Update(func(tx Tx) error {
+	require.NoError(t, s.Update(t.Context(), func(tx Tx) error {
 		_, err := tx.Set(addr(name), json.RawMessage(value))
 		return err
 	}))
@@ -89,10 +89,13 @@ func TestLogBytes(t *testing.T) {
 			set(t, s, "a", big(byte('a'+i)))
 		}
 		logStart := func() (start, size uint64) {
-			require.NoError(t, s.View(func(x Tx) error {
-				info, err := x.(*tx).bucket(bucketInfo)
+			require.NoError(t, s.View(t.Context(), func(x Tx) error {
+				b, err := x.(*tx).get(bucketInfo, keyLogStart)
 				require.NoError(t, err)
-				start, size = readU64(info.get(keyLogStart)), readU64(info.get(keyLogBytes))
+				start = readU64(b)
+				b, err = x.(*tx).get(bucketInfo, keyLogBytes)
+				require.NoError(t, err)
+				size = readU64(b)
 				return nil
 			}))
 			return start, size
@@ -108,10 +111,8 @@ func TestLogBytes(t *testing.T) {
 		assert.Equal(t, uint64(11), start)
 
 		// A store from before the count: it is counted at the next commit.
-		require.NoError(t, s.Update(func(x Tx) error {
-			info, err := x.(*tx).write(bucketInfo)
-			require.NoError(t, err)
-			return info.del([]byte(keyLogBytes))
+		require.NoError(t, s.Update(t.Context(), func(x Tx) error {
+			return x.(*tx).del(bucketInfo, keyLogBytes)
 		}))
 		set(t, s, "b", `1`)
 		start, size = logStart()
@@ -163,7 +164,7 @@ func TestOpenBoltDBShared(t *testing.T) {
 	a := Address{Space: "s", Pattern: "p", Name: "x"}
 	s, err := OpenBoltDB(db, Options{})
 	require.NoError(t, err)
-	require.NoError(t, s.Update(func(tx Tx) error { _, err := tx.Set(a, json.RawMessage(`1`)); return err }))
+	require.NoError(t, s.Update(t.Context(), func(tx Tx) error { _, err := tx.Set(a, json.RawMessage(`1`)); return err }))
 	require.NoError(t, s.Close())
 
 	require.NoError(t, db.View(func(tx *bolt.Tx) error {
@@ -173,7 +174,7 @@ func TestOpenBoltDBShared(t *testing.T) {
 	s, err = OpenBoltDB(db, Options{})
 	require.NoError(t, err)
 	defer s.Close()
-	c, err := s.Get(a)
+	c, err := s.Get(t.Context(), a)
 	require.NoError(t, err)
 	assert.Equal(t, "1", string(c.Value))
 }
@@ -189,7 +190,7 @@ func TestWatchEndsWithReason(t *testing.T) {
 	defer s.Close()
 	a := Address{Space: "s", Pattern: "p", Name: "x"}
 	for _, v := range []string{`1`, `2`, `3`} {
-		require.NoError(t, s.Update(func(tx Tx) error { _, err := tx.Set(a, json.RawMessage(v)); return err }))
+		require.NoError(t, s.Update(t.Context(), func(tx Tx) error { _, err := tx.Set(a, json.RawMessage(v)); return err }))
 	}
 	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket([]byte(bucketLog)).Put(u64(2), []byte{0xff, 0xff, 0xff})
@@ -220,11 +221,11 @@ func TestBoltUpdateWithoutWrites(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Close()
 	a := Address{Space: "s", Pattern: "p", Name: "a"}
-	require.NoError(t, s.Update(func(tx Tx) error { _, err := tx.Set(a, json.RawMessage(`1`)); return err }))
+	require.NoError(t, s.Update(t.Context(), func(tx Tx) error { _, err := tx.Set(a, json.RawMessage(`1`)); return err }))
 	before, err := os.ReadFile(path)
 	require.NoError(t, err)
 
-	require.NoError(t, s.Update(func(tx Tx) error {
+	require.NoError(t, s.Update(t.Context(), func(tx Tx) error {
 		_, err := tx.Get(a)
 		_, _ = tx.Meta("m").Get("k")
 		return err
@@ -233,8 +234,8 @@ func TestBoltUpdateWithoutWrites(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, before, after, "nothing written, nothing committed")
 
-	require.NoError(t, s.Update(func(tx Tx) error { return tx.Meta("m").Put("k", []byte("v")) }))
-	require.NoError(t, s.View(func(tx Tx) error {
+	require.NoError(t, s.Update(t.Context(), func(tx Tx) error { return tx.Meta("m").Put("k", []byte("v")) }))
+	require.NoError(t, s.View(t.Context(), func(tx Tx) error {
 		v, ok := tx.Meta("m").Get("k")
 		assert.True(t, ok)
 		assert.Equal(t, "v", string(v))
@@ -251,7 +252,7 @@ func TestBoltReopenAndRedeclareWithoutWrites(t *testing.T) {
 	b := Address{Space: "s", Pattern: "p", Name: "b"}
 	schema := json.RawMessage(`{"type":"number"}`)
 	declare := func(s Store, sch json.RawMessage) {
-		require.NoError(t, s.Update(func(tx Tx) error {
+		require.NoError(t, s.Update(t.Context(), func(tx Tx) error {
 			if err := tx.Declare(a, Spec{Schema: sch}); err != nil {
 				return err
 			}
@@ -273,7 +274,7 @@ func TestBoltReopenAndRedeclareWithoutWrites(t *testing.T) {
 	assert.Equal(t, before, after, "reopened and declared again: nothing written")
 
 	declare(s, json.RawMessage(`{"type":"string"}`))
-	require.NoError(t, s.Update(func(tx Tx) error {
+	require.NoError(t, s.Update(t.Context(), func(tx Tx) error {
 		_, err := tx.Set(a, json.RawMessage(`1`))
 		var se *SchemaError
 		assert.ErrorAs(t, err, &se, "the changed schema holds")
@@ -315,4 +316,62 @@ func TestBoltLocked(t *testing.T) {
 	s, err = OpenBolt(path, Options{})
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
+}
+
+// TestBoltLayoutV1: a file in layout 1, as the code before the KV
+// contract wrote it (the store's version in "cellbox"/"version", which
+// boltKV now keeps as its revision), opens with its version, cells and
+// log, and its version goes on from there in the same key.
+func TestBoltLayoutV1(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cells.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	at := time.Unix(1700000000, 0).UnixNano()
+	rec := func(v string, version uint64) []byte {
+		r := record{version: version, changed: at, value: []byte(v)}
+		return r.encode()
+	}
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		put := func(bucket, k string, v []byte) {
+			b, err := tx.CreateBucketIfNotExists([]byte(bucket))
+			require.NoError(t, err)
+			require.NoError(t, b.Put([]byte(k), v))
+		}
+		put(bucketInfo, keyLayout, []byte("1"))
+		put(bucketInfo, keyVersion, u64(2))
+		put(bucketInfo, keyLogStart, u64(1))
+		put(bucketCells, "s/p/a", rec(`"two"`, 2))
+		put(bucketLog, string(u64(1)), encodeLog(at, []logChange{{kind: changeCell, key: "s/p/a", rec: rec(`"one"`, 1)}}))
+		put(bucketLog, string(u64(2)), encodeLog(at, []logChange{{kind: changeCell, key: "s/p/a", rec: rec(`"two"`, 2)}}))
+		return nil
+	}))
+	require.NoError(t, db.Close())
+
+	s, err := OpenBolt(path, Options{})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2), s.Version())
+	c, err := s.Get(t.Context(), addr("a"))
+	require.NoError(t, err)
+	assert.Equal(t, `"two"`, string(c.Value))
+	assert.Equal(t, uint64(2), c.Version)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	w, err := s.Watch(ctx, "", 0)
+	require.NoError(t, err)
+	for _, want := range []string{`"one"`, `"two"`} {
+		b := <-w
+		require.NoError(t, b.Err)
+		assert.Equal(t, want, string(b.Changes[0].Cell.Value))
+	}
+	set(t, s, "a", `"three"`)
+	assert.Equal(t, uint64(3), (<-w).Version)
+	require.NoError(t, s.Close())
+
+	db, err = bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, db.View(func(tx *bolt.Tx) error {
+		assert.Equal(t, uint64(3), readU64(tx.Bucket([]byte(bucketInfo)).Get([]byte(keyVersion))), "the version, where it was")
+		return nil
+	}))
 }

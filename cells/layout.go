@@ -1,13 +1,17 @@
 package cells
 
-// Store layout, version 1. Both implementations use the same buckets; in
-// bbolt each is a top-level bucket of one file, which other state may share
-// (OpenBoltDB): the sandbox service keeps "meta", "sessions" and "boxes".
+// Store layout, version 1: the buckets of a KV (see kv.go) that a Store
+// keeps, the same in every KV. In bbolt each is a top-level bucket of one
+// file, which other state may share (OpenBoltDB): the sandbox service
+// keeps "meta", "sessions" and "boxes".
 //
 //	"cellbox"  "layout"   -> decimal layout version ("1"); a store with a
 //	                         higher number is refused, one without the key
 //	                         but with other buckets is not a cellbox store
-//	           "version"  -> uint64 BE: the last commit's version
+//	           "version"  -> uint64 BE: the last commit's version; in bbolt
+//	                         only: it is boltKV's revision, put by
+//	                         every versioned commit (another KV keeps
+//	                         its revision its own way)
 //	           "event"    -> uint64 BE: the last event id
 //	           "logstart" -> uint64 BE: the oldest version still in "log"
 //	           "logbytes" -> uint64 BE: the bytes of the entries in "log"
@@ -16,7 +20,8 @@ package cells
 //	"schemas"  address -> the cell's JSON Schema
 //	"events"   address 0x00 id (uint64 BE) -> event record (queued events)
 //	"acks"     address -> uint64 BE: the last acked event id (the receipt)
-//	"log"      version (uint64 BE) -> the commit's changes (log entry)
+//	"log"      version (uint64 BE) -> the commit's changes (log entry),
+//	                         written by the commit it describes
 //	"meta.NAME" client buckets (Tx.Meta): the runtime uses
 //	           "meta.runtime.nodes", "meta.runtime.memo",
 //	           "meta.runtime.services"

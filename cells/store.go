@@ -2,11 +2,12 @@ package cells
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,85 +23,159 @@ const defaultLogLimit = 10000
 // from before the log's start gets a Snapshot, as past LogLimit).
 const defaultLogBytes = 64 << 20
 
-// db is the Store over a kv.
+// maxAttempts bounds how many times Update runs fn when its commits meet
+// conflicts (over a KV that runs writable transactions at once).
+const maxAttempts = 32
+
+// db is the Store over a KV.
 type db struct {
-	kv       kv
+	kv       KV
 	logLimit uint64
 	logBytes uint64
 
-	mu      sync.Mutex // serializes Update
-	version atomic.Uint64
-	closed  atomic.Bool
-	done    chan struct{}
+	// closeMu orders Close after the calls in flight: a call enters
+	// (inflight.Add) only while the store is open, and Close waits for
+	// those that entered before it closed the store.
+	closeMu  sync.Mutex
+	inflight sync.WaitGroup
+	closed   atomic.Bool
+	done     chan struct{}
 
-	watchMu  sync.Mutex
-	watchers map[*watcher]struct{}
-
-	// spare is the change list's array, kept (emptied) for the next
-	// Update, as memKV keeps its undo log's. Guarded by mu.
-	spare []logChange
+	// spare is a change list's array, kept (emptied) for the next
+	// Update, as memKV keeps its undo log's.
+	spareMu sync.Mutex
+	spare   []logChange
 }
 
-func open(k kv, opts Options) (*db, error) {
-	s := &db{kv: k, logLimit: defaultLogLimit, logBytes: defaultLogBytes, done: make(chan struct{}), watchers: map[*watcher]struct{}{}}
+// Open returns a Store over k, which it owns from then on (Close closes
+// it). A KV holding no store gets the layout (layout.go); one holding a
+// store of a newer layout than this build knows, or keys that are not a
+// store's, is refused. ctx bounds the opening only.
+func Open(ctx context.Context, k KV, opts Options) (Store, error) {
+	s, err := open(ctx, k, opts)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func open(ctx context.Context, k KV, opts Options) (*db, error) {
+	s := &db{kv: k, logLimit: defaultLogLimit, logBytes: defaultLogBytes, done: make(chan struct{})}
 	if opts.LogLimit > 0 {
 		s.logLimit = uint64(opts.LogLimit)
 	}
 	if opts.LogBytes > 0 {
 		s.logBytes = uint64(opts.LogBytes)
 	}
-	t, err := k.begin(true)
+	err := retry(ctx, func() error { return s.init(ctx) })
 	if err != nil {
 		return nil, err
-	}
-	defer t.rollback()
-	info, err := t.bucket(bucketInfo)
-	if err != nil {
-		return nil, err
-	}
-	s.version.Store(readU64(info.get(keyVersion)))
-	switch l := info.get(keyLayout); {
-	case l == nil:
-		for _, name := range []string{bucketCells, bucketLog} {
-			b, err := t.bucket(name)
-			if err != nil {
-				return nil, err
-			}
-			nonEmpty := false
-			b.scan(nil, func(_, _ []byte) bool { nonEmpty = true; return false })
-			if nonEmpty {
-				return nil, fmt.Errorf("not a cellbox store: it has cells but no layout version")
-			}
-		}
-		if err := info.put(keyLayout, []byte(strconv.Itoa(layoutVersion))); err != nil {
-			return nil, err
-		}
-		if err := info.put(keyLogStart, u64(1)); err != nil {
-			return nil, err
-		}
-		// Only a new store is written, so only its open commits: a store
-		// made before opens without a commit (and its sync), in
-		// microseconds for a run with nothing to do.
-		if err := t.commit(); err != nil {
-			return nil, err
-		}
-	default:
-		v, err := strconv.Atoi(string(l))
-		if err != nil {
-			return nil, fmt.Errorf("not a cellbox store: bad layout version %q", l)
-		}
-		if v > layoutVersion {
-			return nil, fmt.Errorf("the store has layout version %d, newer than this cellbox understands (%d): use a newer cellbox", v, layoutVersion)
-		}
 	}
 	return s, nil
 }
 
-func (s *db) Version() uint64 { return s.version.Load() }
+// init checks the layout of the store in the KV, or writes it into a KV
+// that holds none.
+func (s *db) init(ctx context.Context) error {
+	t, err := s.kv.Begin(ctx, true)
+	if err != nil {
+		return err
+	}
+	defer t.Rollback()
+	info, err := t.Bucket(bucketInfo)
+	if err != nil {
+		return err
+	}
+	l, err := info.Get(ctx, keyLayout)
+	if err != nil {
+		return err
+	}
+	if l != nil {
+		v, err := strconv.Atoi(string(l))
+		if err != nil {
+			return fmt.Errorf("not a cellbox store: bad layout version %q", l)
+		}
+		if v > layoutVersion {
+			return fmt.Errorf("the store has layout version %d, newer than this cellbox understands (%d): use a newer cellbox", v, layoutVersion)
+		}
+		return nil
+	}
+	for _, name := range []string{bucketCells, bucketLog} {
+		b, err := t.Bucket(name)
+		if err != nil {
+			return err
+		}
+		nonEmpty := false
+		if err := b.Scan(ctx, "", "", func(string, []byte) bool { nonEmpty = true; return false }); err != nil {
+			return err
+		}
+		if nonEmpty {
+			return fmt.Errorf("not a cellbox store: it has cells but no layout version")
+		}
+	}
+	if err := info.Put(keyLayout, []byte(strconv.Itoa(layoutVersion))); err != nil {
+		return err
+	}
+	if err := info.Put(keyLogStart, u64(1)); err != nil {
+		return err
+	}
+	// Only a new store is written, so only its open commits: a store made
+	// before opens without a commit (and its sync), in microseconds for a
+	// run with nothing to do.
+	if _, err = t.Commit(ctx, false); errors.Is(err, ErrConflict) {
+		return &conflictError{err}
+	}
+	return err
+}
 
-func (s *db) Get(addr Address) (Cell, error) {
+// retry runs attempt until it returns anything but a conflict (a
+// *conflictError), up to maxAttempts times, pausing a little longer (and
+// at random) each time so that the transactions that conflicted spread
+// out.
+func retry(ctx context.Context, attempt func() error) error {
+	for n := 1; ; n++ {
+		err := attempt()
+		var ce *conflictError
+		if !errors.As(err, &ce) {
+			return err
+		}
+		if n == maxAttempts {
+			return fmt.Errorf("%d commits in a row met a conflict, the last: %w", n, ce.err)
+		}
+		pause := time.Duration(rand.Int64N(int64(min(50*time.Microsecond<<n, 20*time.Millisecond))))
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// conflictError is a commit's conflict (it wraps ErrConflict), which
+// retry runs again; an error of Update's fn that wraps ErrConflict is
+// not one, and is returned as it is.
+type conflictError struct{ err error }
+
+func (e *conflictError) Error() string { return e.err.Error() }
+func (e *conflictError) Unwrap() error { return e.err }
+
+func (s *db) Version() uint64 { return s.kv.Revision() }
+
+// enter admits a call while the store is open; the call leaves with
+// s.inflight.Done.
+func (s *db) enter() error {
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	s.inflight.Add(1)
+	return nil
+}
+
+func (s *db) Get(ctx context.Context, addr Address) (Cell, error) {
 	var c Cell
-	err := s.View(func(tx Tx) error {
+	err := s.View(ctx, func(tx Tx) error {
 		var err error
 		c, err = tx.Get(addr)
 		return err
@@ -108,117 +183,191 @@ func (s *db) Get(addr Address) (Cell, error) {
 	return c, err
 }
 
-func (s *db) View(fn func(Tx) error) error {
-	if s.closed.Load() {
-		return ErrClosed
+func (s *db) View(ctx context.Context, fn func(Tx) error) error {
+	if err := s.enter(); err != nil {
+		return err
 	}
-	k, err := s.kv.begin(false)
+	defer s.inflight.Done()
+	k, err := s.kv.Begin(ctx, false)
 	if err != nil {
 		return fmt.Errorf("begin read: %w", err)
 	}
-	defer k.rollback()
-	t := &tx{db: s, kv: k}
-	info, err := k.bucket(bucketInfo)
-	if err != nil {
+	defer k.Rollback()
+	t := &tx{db: s, kv: k, ctx: ctx, version: k.Revision()}
+	if err := fn(t); err != nil {
 		return err
 	}
-	t.version = readU64(info.get(keyVersion))
-	return fn(t)
+	return t.err
 }
 
-func (s *db) Update(fn func(Tx) error) (err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed.Load() {
-		return ErrClosed
+func (s *db) Update(ctx context.Context, fn func(Tx) error) error {
+	if err := s.enter(); err != nil {
+		return err
 	}
-	k, err := s.kv.begin(true)
+	defer s.inflight.Done()
+	return retry(ctx, func() error { return s.update(ctx, fn) })
+}
+
+// update is one attempt of Update. A commit that met a conflict returns
+// a *conflictError.
+func (s *db) update(ctx context.Context, fn func(Tx) error) (err error) {
+	k, err := s.kv.Begin(ctx, true)
 	if err != nil {
 		return fmt.Errorf("begin write: %w", err)
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			k.rollback()
-		}
-	}()
-	t := &tx{db: s, kv: k, writable: true, version: s.version.Load() + 1, now: time.Now().UnixNano(), changes: s.spare}
+	defer k.Rollback()
+	s.spareMu.Lock()
+	changes := s.spare
+	s.spare = nil
+	s.spareMu.Unlock()
+	t := &tx{db: s, kv: k, ctx: ctx, writable: true, version: k.Revision() + 1, now: time.Now().UnixNano(), changes: changes}
 	defer func() {
 		clear(t.changes) // let the records be collected
+		s.spareMu.Lock()
 		s.spare = t.changes[:0]
+		s.spareMu.Unlock()
 	}()
 	if err := fn(t); err != nil {
 		return err
+	}
+	if t.err != nil {
+		return t.err
 	}
 	if !t.dirty {
 		// Nothing written: no commit, whose sync would cost milliseconds
 		// (a run with nothing to do does several such transactions).
 		return nil
 	}
-	if len(t.changes) > 0 {
+	versioned := len(t.changes) > 0
+	if versioned {
 		if err := t.writeLog(); err != nil {
 			return fmt.Errorf("write change log: %w", err)
 		}
 	}
-	if err := k.commit(); err != nil {
+	rev, err := k.Commit(ctx, versioned)
+	switch {
+	case errors.Is(err, ErrConflict):
+		return &conflictError{fmt.Errorf("commit: %w", err)}
+	case err != nil:
 		return fmt.Errorf("commit: %w", err)
-	}
-	committed = true
-	if len(t.changes) > 0 {
-		s.version.Store(t.version)
-		s.notify()
+	case versioned && rev != t.version:
+		return fmt.Errorf("commit: the KV gave it version %d, not %d", rev, t.version)
 	}
 	return nil
 }
 
 func (s *db) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.closeMu.Lock()
 	if s.closed.Swap(true) {
+		s.closeMu.Unlock()
 		return nil
 	}
 	close(s.done)
-	return s.kv.close()
+	s.closeMu.Unlock()
+	s.inflight.Wait()
+	return s.kv.Close()
 }
 
 // tx implements Tx.
 type tx struct {
 	db       *db
-	kv       kvTx
+	kv       KVTx
+	ctx      context.Context // View's or Update's: the KV's reads take it
 	writable bool
 	dirty    bool // something was written (through write)
 	version  uint64
 	now      int64
+	// err is the first failure of the KV in the transaction: View and
+	// Update return it even if fn does not, and nothing commits.
+	err error
 
-	buckets map[string]kvBucket
+	buckets map[string]KVBucket
 	changes []logChange
 	index   map[string]int // cell changes by address
 }
 
 func (t *tx) Version() uint64 { return t.version }
 
-func (t *tx) bucket(name string) (kvBucket, error) {
+// fail notes a failure of the KV, which fails the transaction, and
+// returns it.
+func (t *tx) fail(err error) error {
+	if t.err == nil {
+		t.err = err
+	}
+	return err
+}
+
+func (t *tx) bucket(name string) (KVBucket, error) {
 	if b, ok := t.buckets[name]; ok {
 		return b, nil
 	}
-	b, err := t.kv.bucket(name)
+	b, err := t.kv.Bucket(name)
 	if err != nil {
-		return nil, err
+		return nil, t.fail(fmt.Errorf("bucket %q: %w", name, err))
 	}
 	if t.buckets == nil {
-		t.buckets = map[string]kvBucket{}
+		t.buckets = map[string]KVBucket{}
 	}
 	t.buckets[name] = b
 	return b, nil
 }
 
 // write returns a bucket to write to, or ErrReadOnly.
-func (t *tx) write(name string) (kvBucket, error) {
+func (t *tx) write(name string) (KVBucket, error) {
 	if !t.writable {
 		return nil, ErrReadOnly
 	}
 	t.dirty = true
 	return t.bucket(name)
+}
+
+// get reads key in the bucket name: nil for a missing key.
+func (t *tx) get(name, key string) ([]byte, error) {
+	b, err := t.bucket(name)
+	if err != nil {
+		return nil, err
+	}
+	v, err := b.Get(t.ctx, key)
+	if err != nil {
+		return nil, t.fail(fmt.Errorf("read %s %q: %w", name, key, err))
+	}
+	return v, nil
+}
+
+// scan scans the keys in [from, to) of the bucket name.
+func (t *tx) scan(name, from, to string, fn func(k string, v []byte) bool) error {
+	b, err := t.bucket(name)
+	if err != nil {
+		return err
+	}
+	if err := b.Scan(t.ctx, from, to, fn); err != nil {
+		return t.fail(fmt.Errorf("scan %s: %w", name, err))
+	}
+	return nil
+}
+
+// put writes key in the bucket name.
+func (t *tx) put(name, key string, v []byte) error {
+	b, err := t.write(name)
+	if err != nil {
+		return err
+	}
+	if err := b.Put(key, v); err != nil {
+		return t.fail(fmt.Errorf("write %s %q: %w", name, key, err))
+	}
+	return nil
+}
+
+// del deletes key in the bucket name.
+func (t *tx) del(name, key string) error {
+	b, err := t.write(name)
+	if err != nil {
+		return err
+	}
+	if err := b.Delete(key); err != nil {
+		return t.fail(fmt.Errorf("delete %s %q: %w", name, key, err))
+	}
+	return nil
 }
 
 func (t *tx) load(addr Address) (key string, rec record, found bool, err error) {
@@ -240,8 +389,8 @@ func (t *tx) loadKey(key string, hint *kvHint) (rec record, found bool, err erro
 	var raw []byte
 	if hb, ok := b.(hintedBucket); ok && hint != nil {
 		raw = hb.getHinted(key, hint)
-	} else {
-		raw = b.get(key)
+	} else if raw, err = b.Get(t.ctx, key); err != nil {
+		return rec, false, t.fail(fmt.Errorf("read cell %s: %w", key, err))
 	}
 	if raw == nil {
 		return rec, false, nil
@@ -265,20 +414,14 @@ func (t *tx) Get(addr Address) (Cell, error) {
 }
 
 func (t *tx) List(prefix string) ([]Cell, error) {
-	b, err := t.bucket(bucketCells)
-	if err != nil {
-		return nil, err
-	}
 	var out []Cell
-	b.scan([]byte(prefix), func(k, v []byte) bool {
-		if !bytes.HasPrefix(k, []byte(prefix)) {
-			return false
-		}
-		if !HasPrefix(string(k), prefix) { // "s/p" scans "s/pa/…" too
+	var err error
+	serr := t.scan(bucketCells, prefix, prefixEnd(prefix), func(k string, v []byte) bool {
+		if !HasPrefix(k, prefix) { // "s/p" scans "s/pa/…" too
 			return true
 		}
 		var a Address
-		if a, err = Parse(string(k)); err != nil {
+		if a, err = Parse(k); err != nil {
 			return false
 		}
 		var r record
@@ -289,20 +432,19 @@ func (t *tx) List(prefix string) ([]Cell, error) {
 		out = append(out, r.cell(a))
 		return true
 	})
+	if serr != nil {
+		return nil, serr
+	}
 	return out, err
 }
 
-// put stores rec and records the change.
-func (t *tx) put(key string, rec *record, kind byte, ev *Event) error {
-	b, err := t.write(bucketCells)
-	if err != nil {
-		return err
-	}
+// putCell stores rec and records the change.
+func (t *tx) putCell(key string, rec *record, kind byte, ev *Event) error {
 	again := rec.version == t.version // changed earlier in this transaction
 	rec.version, rec.changed = t.version, t.now
 	enc := rec.encode()
-	if err := b.put(key, enc); err != nil {
-		return fmt.Errorf("write cell %s: %w", key, err)
+	if err := t.put(bucketCells, key, enc); err != nil {
+		return err
 	}
 	t.record(logChange{kind: kind, key: key, rec: enc, event: ev}, again)
 	return nil
@@ -355,23 +497,15 @@ func (t *tx) Declare(addr Address, spec Spec) error {
 		flags |= flagHasSchema
 		// Unchanged, it is not written again: a pattern loaded over a
 		// settled store then commits nothing (no sync).
-		if cur, err := t.bucket(bucketSchemas); err != nil {
+		if cur, err := t.get(bucketSchemas, key); err != nil {
 			return err
-		} else if !bytes.Equal(cur.get(key), spec.Schema) {
-			schemas, err := t.write(bucketSchemas)
-			if err != nil {
-				return err
-			}
-			if err := schemas.put(key, append([]byte(nil), spec.Schema...)); err != nil {
+		} else if !bytes.Equal(cur, spec.Schema) {
+			if err := t.put(bucketSchemas, key, append([]byte(nil), spec.Schema...)); err != nil {
 				return err
 			}
 		}
 	} else if found && rec.flags&flagHasSchema != 0 {
-		schemas, err := t.write(bucketSchemas)
-		if err != nil {
-			return err
-		}
-		if err := schemas.del([]byte(key)); err != nil {
+		if err := t.del(bucketSchemas, key); err != nil {
 			return err
 		}
 	}
@@ -381,11 +515,10 @@ func (t *tx) Declare(addr Address, spec Spec) error {
 		}
 		// A schema flag change rewrites the record in place: no new version.
 		rec.flags = flags
-		b, _ := t.write(bucketCells)
-		return b.put(key, rec.encode())
+		return t.put(bucketCells, key, rec.encode())
 	}
 	rec = record{flags: flags, value: []byte("null")}
-	return t.put(key, &rec, changeCell, nil)
+	return t.putCell(key, &rec, changeCell, nil)
 }
 
 func (t *tx) Spec(addr Address) (Spec, error) {
@@ -395,11 +528,11 @@ func (t *tx) Spec(addr Address) (Spec, error) {
 	}
 	spec := Spec{Stream: rec.flags&flagStream != 0}
 	if rec.flags&flagHasSchema != 0 {
-		b, err := t.bucket(bucketSchemas)
+		schema, err := t.get(bucketSchemas, key)
 		if err != nil {
-			return spec, err
+			return Spec{}, err
 		}
-		spec.Schema = append(json.RawMessage(nil), b.get(key)...)
+		spec.Schema = append(json.RawMessage(nil), schema...)
 	}
 	return spec, nil
 }
@@ -437,16 +570,16 @@ func (t *tx) set(addr Address, key string, hint *kvHint, value json.RawMessage) 
 		return false, nil
 	}
 	if found && rec.flags&flagHasSchema != 0 {
-		b, err := t.bucket(bucketSchemas)
+		schema, err := t.get(bucketSchemas, key)
 		if err != nil {
 			return false, err
 		}
-		if err := jsonschema.Validate(b.get(key), v); err != nil {
+		if err := jsonschema.Validate(schema, v); err != nil {
 			return false, &SchemaError{Addr: addr, Err: err}
 		}
 	}
 	rec.value, rec.err = v, nil
-	return true, t.put(key, &rec, changeCell, nil)
+	return true, t.putCell(key, &rec, changeCell, nil)
 }
 
 // compactValue validates a JSON value and returns it compact. A scalar
@@ -508,7 +641,7 @@ func (t *tx) SetError(addr Address, msg string) (bool, error) {
 		rec.value = []byte("null")
 	}
 	rec.err = []byte(msg)
-	return true, t.put(key, &rec, changeCell, nil)
+	return true, t.putCell(key, &rec, changeCell, nil)
 }
 
 func (t *tx) Delete(addr Address) error {
@@ -523,28 +656,20 @@ func (t *tx) Delete(addr Address) error {
 		return nil
 	}
 	for _, name := range []string{bucketCells, bucketSchemas, bucketAcks} {
-		b, err := t.write(name)
-		if err != nil {
-			return err
-		}
-		if err := b.del([]byte(key)); err != nil {
+		if err := t.del(name, key); err != nil {
 			return err
 		}
 	}
-	evs, err := t.write(bucketEvents)
-	if err != nil {
+	var keys []string
+	from, to := eventRange(key)
+	if err := t.scan(bucketEvents, from, to, func(k string, _ []byte) bool {
+		keys = append(keys, k)
+		return true
+	}); err != nil {
 		return err
 	}
-	var keys [][]byte
-	evs.scan(eventKey(key, 0), func(k, _ []byte) bool {
-		if !bytes.HasPrefix(k, eventKey(key, 0)[:len(key)+1]) {
-			return false
-		}
-		keys = append(keys, append([]byte(nil), k...))
-		return true
-	})
 	for _, k := range keys {
-		if err := evs.del(k); err != nil {
+		if err := t.del(bucketEvents, k); err != nil {
 			return err
 		}
 	}
@@ -555,12 +680,15 @@ func (t *tx) Delete(addr Address) error {
 	return nil
 }
 
-func eventKey(addr string, id uint64) []byte {
+func eventKey(addr string, id uint64) string {
 	k := make([]byte, 0, len(addr)+9)
 	k = append(k, addr...)
 	k = append(k, 0)
-	return append(k, u64(id)...)
+	return string(append(k, u64(id)...))
 }
+
+// eventRange is the range of the keys of the events of the stream at addr.
+func eventRange(addr string) (from, to string) { return addr + "\x00", addr + "\x01" }
 
 func (t *tx) stream(addr Address, verb string) (string, record, error) {
 	key, rec, found, err := t.load(addr)
@@ -588,22 +716,18 @@ func (t *tx) Send(addr Address, payload json.RawMessage) (Event, error) {
 	if err := json.Compact(&buf, payload); err != nil || buf.Len() == 0 {
 		return Event{}, fmt.Errorf("send to %s: payload is not JSON: %v", key, err)
 	}
-	info, err := t.write(bucketInfo)
+	last, err := t.get(bucketInfo, keyEvent)
 	if err != nil {
 		return Event{}, err
 	}
-	ev := Event{ID: readU64(info.get(keyEvent)) + 1, Payload: buf.Bytes(), Sent: time.Unix(0, t.now)}
-	if err := info.put(keyEvent, u64(ev.ID)); err != nil {
+	ev := Event{ID: readU64(last) + 1, Payload: buf.Bytes(), Sent: time.Unix(0, t.now)}
+	if err := t.put(bucketInfo, keyEvent, u64(ev.ID)); err != nil {
 		return Event{}, err
 	}
-	evs, err := t.write(bucketEvents)
-	if err != nil {
+	if err := t.put(bucketEvents, eventKey(key, ev.ID), append(binaryVarint(t.now), ev.Payload...)); err != nil {
 		return Event{}, err
 	}
-	if err := evs.put(string(eventKey(key, ev.ID)), append(binaryVarint(t.now), ev.Payload...)); err != nil {
-		return Event{}, err
-	}
-	return ev, t.put(key, &rec, changeEvent, &ev)
+	return ev, t.putCell(key, &rec, changeEvent, &ev)
 }
 
 func (t *tx) Events(addr Address) ([]Event, error) {
@@ -611,24 +735,20 @@ func (t *tx) Events(addr Address) ([]Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := t.bucket(bucketEvents)
-	if err != nil {
-		return nil, err
-	}
-	prefix := eventKey(key, 0)[:len(key)+1]
+	from, to := eventRange(key)
 	var out []Event
-	b.scan(prefix, func(k, v []byte) bool {
-		if !bytes.HasPrefix(k, prefix) {
-			return false
-		}
+	serr := t.scan(bucketEvents, from, to, func(k string, v []byte) bool {
 		sent, n := binaryUvarintTime(v)
 		if n <= 0 {
 			err = fmt.Errorf("event on %s: %w", key, errCorrupt)
 			return false
 		}
-		out = append(out, Event{ID: readU64(k[len(prefix):]), Sent: sent, Payload: append([]byte(nil), v[n:]...)})
+		out = append(out, Event{ID: readU64([]byte(k[len(from):])), Sent: sent, Payload: append([]byte(nil), v[n:]...)})
 		return true
 	})
+	if serr != nil {
+		return nil, serr
+	}
 	return out, err
 }
 
@@ -637,32 +757,33 @@ func (t *tx) Ack(addr Address, id uint64) error {
 	if err != nil {
 		return err
 	}
-	acks, err := t.write(bucketAcks)
+	if !t.writable {
+		return ErrReadOnly
+	}
+	acked, err := t.get(bucketAcks, key)
 	if err != nil {
 		return err
 	}
-	if last := readU64(acks.get(key)); id <= last {
+	if last := readU64(acked); id <= last {
 		return fmt.Errorf("ack event %d on %s (handled up to %d): %w", id, key, last, ErrHandled)
 	}
-	evs, err := t.write(bucketEvents)
-	if err != nil {
-		return err
-	}
-	prefix := eventKey(key, 0)[:len(key)+1]
-	var done [][]byte
-	evs.scan(prefix, func(k, _ []byte) bool {
-		if !bytes.HasPrefix(k, prefix) || readU64(k[len(prefix):]) > id {
+	var done []string
+	from, to := eventRange(key)
+	if err := t.scan(bucketEvents, from, to, func(k string, _ []byte) bool {
+		if readU64([]byte(k[len(from):])) > id {
 			return false
 		}
-		done = append(done, append([]byte(nil), k...))
+		done = append(done, k)
 		return true
-	})
+	}); err != nil {
+		return err
+	}
 	for _, k := range done {
-		if err := evs.del(k); err != nil {
+		if err := t.del(bucketEvents, k); err != nil {
 			return err
 		}
 	}
-	return acks.put(key, u64(id))
+	return t.put(bucketAcks, key, u64(id))
 }
 
 func (t *tx) Meta(name string) Bucket { return &metaBucket{t: t, name: metaPrefix + name} }
@@ -671,44 +792,43 @@ func (t *tx) Meta(name string) Bucket { return &metaBucket{t: t, name: metaPrefi
 // beyond the limits: more than logLimit commits, or more than logBytes of
 // entries (the newest entry always stays).
 func (t *tx) writeLog() error {
-	info, err := t.write(bucketInfo)
-	if err != nil {
-		return err
-	}
-	lg, err := t.write(bucketLog)
-	if err != nil {
-		return err
-	}
 	entry := encodeLog(t.now, t.changes)
-	if err := lg.put(string(u64(t.version)), entry); err != nil {
+	if err := t.put(bucketLog, string(u64(t.version)), entry); err != nil {
 		return err
 	}
-	if err := info.put(keyVersion, u64(t.version)); err != nil {
+	b, err := t.get(bucketInfo, keyLogStart)
+	if err != nil {
 		return err
 	}
-	start := readU64(info.get(keyLogStart))
+	start := readU64(b)
 	if start == 0 {
 		start = 1
 	}
 	var size uint64
-	if b := info.get(keyLogBytes); b != nil {
+	if b, err := t.get(bucketInfo, keyLogBytes); err != nil {
+		return err
+	} else if b != nil {
 		size = readU64(b) + uint64(len(entry))
-	} else { // a store from before the key: count the log once
-		lg.scan(nil, func(_, v []byte) bool { size += uint64(len(v)); return true })
+	} else if err := t.scan(bucketLog, "", "", func(_ string, v []byte) bool { size += uint64(len(v)); return true }); err != nil {
+		return err // a store from before the key: the log is counted once
 	}
 	v := start
 	for ; v < t.version && (v+t.db.logLimit <= t.version || size > t.db.logBytes); v++ {
-		size -= min(uint64(len(lg.get(string(u64(v))))), size)
-		if err := lg.del(u64(v)); err != nil {
+		old, err := t.get(bucketLog, string(u64(v)))
+		if err != nil {
+			return err
+		}
+		size -= min(uint64(len(old)), size)
+		if err := t.del(bucketLog, string(u64(v))); err != nil {
 			return err
 		}
 	}
 	if v != start {
-		if err := info.put(keyLogStart, u64(v)); err != nil {
+		if err := t.put(bucketInfo, keyLogStart, u64(v)); err != nil {
 			return err
 		}
 	}
-	return info.put(keyLogBytes, u64(size))
+	return t.put(bucketInfo, keyLogBytes, u64(size))
 }
 
 type metaBucket struct {
@@ -716,49 +836,42 @@ type metaBucket struct {
 	name string
 }
 
+// Get fails the transaction when the KV fails: it has no error to say so.
 func (m *metaBucket) Get(key string) ([]byte, bool) {
-	b, err := m.t.bucket(m.name)
-	if err != nil {
-		return nil, false
-	}
-	v := b.get(key)
-	if v == nil {
+	v, err := m.t.get(m.name, key)
+	if err != nil || v == nil {
 		return nil, false
 	}
 	return append([]byte{}, v...), true
 }
 
 func (m *metaBucket) Put(key string, value []byte) error {
-	b, err := m.t.write(m.name)
-	if err != nil {
-		return err
+	if !m.t.writable {
+		return ErrReadOnly
 	}
 	if key == "" {
 		return errors.New("meta put: empty key")
 	}
-	return b.put(key, append([]byte{}, value...))
+	return m.t.put(m.name, key, append([]byte{}, value...))
 }
 
 func (m *metaBucket) Delete(key string) error {
-	b, err := m.t.write(m.name)
-	if err != nil {
-		return err
+	if key == "" {
+		if !m.t.writable {
+			return ErrReadOnly
+		}
+		return nil // no such key
 	}
-	return b.del([]byte(key))
+	return m.t.del(m.name, key)
 }
 
 func (m *metaBucket) ForEach(prefix string, fn func(key string, value []byte) error) error {
-	b, err := m.t.bucket(m.name)
-	if err != nil {
+	var ferr error
+	if err := m.t.scan(m.name, prefix, prefixEnd(prefix), func(k string, v []byte) bool {
+		ferr = fn(k, append([]byte{}, v...))
+		return ferr == nil
+	}); err != nil {
 		return err
 	}
-	var ferr error
-	b.scan([]byte(prefix), func(k, v []byte) bool {
-		if !strings.HasPrefix(string(k), prefix) {
-			return false
-		}
-		ferr = fn(string(k), append([]byte{}, v...))
-		return ferr == nil
-	})
 	return ferr
 }

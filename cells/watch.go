@@ -11,44 +11,29 @@ const watchChunk = 64
 type watcher struct {
 	prefix string
 	last   uint64
-	wake   chan struct{}
 	out    chan Batch
-}
-
-func (s *db) notify() {
-	s.watchMu.Lock()
-	for w := range s.watchers {
-		select {
-		case w.wake <- struct{}{}:
-		default:
-		}
-	}
-	s.watchMu.Unlock()
 }
 
 func (s *db) Watch(ctx context.Context, prefix string, from uint64) (<-chan Batch, error) {
 	if s.closed.Load() {
 		return nil, ErrClosed
 	}
-	w := &watcher{prefix: prefix, last: from, wake: make(chan struct{}, 1), out: make(chan Batch, 16)}
-	s.watchMu.Lock()
-	s.watchers[w] = struct{}{}
-	s.watchMu.Unlock()
+	w := &watcher{prefix: prefix, last: from, out: make(chan Batch, 16)}
 	go s.follow(ctx, w)
 	return w.out, nil
 }
 
+// follow sends the watch's batches: it reads the change log up to the
+// KV's revision, then waits (KV.Wait) for the next versioned commit.
 func (s *db) follow(ctx context.Context, w *watcher) {
-	defer func() {
-		s.watchMu.Lock()
-		delete(s.watchers, w)
-		s.watchMu.Unlock()
-		close(w.out)
-	}()
+	defer close(w.out)
 	for {
-		for w.last < s.version.Load() || w.last > s.version.Load() {
-			batches, err := s.catchUp(w)
+		for w.last != s.kv.Revision() {
+			batches, err := s.catchUp(ctx, w)
 			if err != nil {
+				if ctx.Err() != nil {
+					return // ended by its context: no reason to give
+				}
 				// The store closed under the watch, or its log is corrupt:
 				// deliver what was read, then end the watch saying why (the
 				// client may reconnect from w.last).
@@ -67,28 +52,24 @@ func (s *db) follow(ctx context.Context, w *watcher) {
 				return
 			}
 		}
-		select {
-		case <-w.wake:
-		case <-ctx.Done():
-			return
-		case <-s.done:
-			return
+		if _, err := s.kv.Wait(ctx, w.last); err != nil {
+			return // its context ended, or the store closed
 		}
 	}
 }
 
 // catchUp reads the next batches after w.last (or a snapshot) and advances
 // w.last past them.
-func (s *db) catchUp(w *watcher) ([]Batch, error) {
+func (s *db) catchUp(ctx context.Context, w *watcher) ([]Batch, error) {
 	var out []Batch
-	err := s.View(func(t Tx) error {
+	err := s.View(ctx, func(t Tx) error {
 		tt := t.(*tx)
-		info, err := tt.bucket(bucketInfo)
+		b, err := tt.get(bucketInfo, keyLogStart)
 		if err != nil {
 			return err
 		}
 		current := tt.version
-		start := readU64(info.get(keyLogStart))
+		start := readU64(b)
 		if w.last+1 < start || w.last > current {
 			cells, err := t.List(w.prefix)
 			if err != nil {
@@ -102,12 +83,8 @@ func (s *db) catchUp(w *watcher) ([]Batch, error) {
 			w.last = current
 			return nil
 		}
-		lg, err := tt.bucket(bucketLog)
-		if err != nil {
-			return err
-		}
-		lg.scan(u64(w.last+1), func(k, v []byte) bool {
-			ver := readU64(k)
+		serr := tt.scan(bucketLog, string(u64(w.last+1)), "", func(k string, v []byte) bool {
+			ver := readU64([]byte(k))
 			var changes []Change
 			if changes, err = decodeLog(v, w.prefix); err != nil {
 				err = fmt.Errorf("change log entry %d: %w", ver, err)
@@ -124,6 +101,9 @@ func (s *db) catchUp(w *watcher) ([]Batch, error) {
 			}
 			return len(out) < watchChunk && ver < current
 		})
+		if serr != nil {
+			return serr
+		}
 		if err == nil && w.last < current && len(out) < watchChunk {
 			// The log ended before the current version: should not happen.
 			err = fmt.Errorf("change log ends at %d, store at %d", w.last, current)

@@ -189,7 +189,7 @@ func (in *instance) send(node, stream string, v any) {
 // get decodes a cell's current value into out.
 func (in *instance) get(name string, out any) {
 	in.w.t.Helper()
-	c, err := in.w.store.Get(in.addr(name))
+	c, err := in.w.store.Get(context.Background(), in.addr(name))
 	require.NoError(in.w.t, err, "get %s", name)
 	require.NoError(in.w.t, json.Unmarshal(c.Value, out), "decode %s: %s", name, c.Value)
 }

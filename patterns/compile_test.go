@@ -109,7 +109,7 @@ nodes:
 	defer rt.Close(ctx)
 	require.NoError(t, rt.Wait(ctx))
 	get := func(name string) string {
-		c, err := store.Get(cells.Address{Space: "default", Pattern: "values", Name: name})
+		c, err := store.Get(context.Background(), cells.Address{Space: "default", Pattern: "values", Name: name})
 		require.NoError(t, err)
 		require.Empty(t, c.Error, name)
 		return string(c.Value)

@@ -227,7 +227,7 @@ func RecallStep(ctx context.Context, key string) (raw json.RawMessage, ok bool) 
 	if r == nil {
 		return nil, false
 	}
-	err := r.store.Update(func(tx cells.Tx) error {
+	err := r.store.Update(ctx, func(tx cells.Tx) error {
 		var err error
 		raw, ok, err = r.memo(tx).get(st.run + key)
 		return err
@@ -250,7 +250,7 @@ func RememberStep(ctx context.Context, key string, v any) error {
 	if err != nil {
 		return err
 	}
-	return r.store.Update(func(tx cells.Tx) error { return r.memo(tx).put(st.run+key, raw) })
+	return r.store.Update(context.WithoutCancel(ctx), func(tx cells.Tx) error { return r.memo(tx).put(st.run+key, raw) })
 }
 
 // storeRetries are the pauses between attempts to store a run's result

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -103,7 +104,7 @@ type batch struct {
 func (r *Runtime) batch(fn func(*batch) error) error {
 	r.batchID++
 	b := &batch{r: r, id: r.batchID, timed: r.nsubs.Load() > 0, queue: &r.queue, touched: r.touched}
-	err := r.store.Update(func(tx cells.Tx) error {
+	err := r.store.Update(context.Background(), func(tx cells.Tx) error {
 		b.tx = tx
 		if err := fn(b); err != nil {
 			return err

@@ -75,7 +75,7 @@ func set(t *testing.T, rt *runtime.Runtime, name string, v string) {
 
 func get(t *testing.T, s cells.Store, name string) cells.Cell {
 	t.Helper()
-	c, err := s.Get(at(name))
+	c, err := s.Get(context.Background(), at(name))
 	require.NoError(t, err)
 	return c
 }
@@ -196,10 +196,10 @@ func TestFailedLoadQueuesNothing(t *testing.T) {
 			Cells: []runtime.Cell{{Name: "y", Initial: json.RawMessage(`1`)}},
 			Nodes: []runtime.Node{computed(t, "z", "y * 10")}}
 		require.NoError(t, rt.Load(context.Background(), other))
-		z, err := s.Get(cells.Address{Space: space, Pattern: "other", Name: "z"})
+		z, err := s.Get(context.Background(), cells.Address{Space: space, Pattern: "other", Name: "z"})
 		require.NoError(t, err)
 		assert.JSONEq(t, `10`, string(z.Value))
-		_, err = s.Get(at("a"))
+		_, err = s.Get(context.Background(), at("a"))
 		require.ErrorIs(t, err, cells.ErrNotFound, "node a of the failed load did not run")
 	})
 }
@@ -451,7 +451,7 @@ func TestRestartResumes(t *testing.T) {
 	require.NoError(t, rt.Load(context.Background(), pattern(slow, fast)))
 	waitStarted(t, slow)
 	require.Eventually(t, func() bool {
-		c, _ := s.Get(at("fast"))
+		c, _ := s.Get(context.Background(), at("fast"))
 		return string(c.Value) == `{"pending":false,"result":{"out":20},"error":null}`
 	}, 5*time.Second, 10*time.Millisecond)
 	// Kill mid-run: close without finishing.
@@ -530,7 +530,7 @@ func TestWaitsForFirstAsyncResult(t *testing.T) {
 			}}
 		require.NoError(t, rt.Load(context.Background(), p))
 		assert.Equal(t, 1.0, waitStarted(t, w))
-		if c, err := s.Get(at("out")); err == nil {
+		if c, err := s.Get(context.Background(), at("out")); err == nil {
 			assert.Empty(t, c.Error, "out waits, it does not fail, while job's first run is in flight")
 			assert.Equal(t, "null", string(c.Value))
 		} else {
@@ -610,7 +610,7 @@ func TestWaitsTransitively(t *testing.T) {
 			}}))
 		assert.Equal(t, 1.0, waitStarted(t, w))
 		for _, n := range []string{"next", "last"} {
-			if c, err := s.Get(at(n)); err == nil {
+			if c, err := s.Get(context.Background(), at(n)); err == nil {
 				assert.Empty(t, c.Error, "%s waits for job's first result", n)
 			}
 		}
@@ -734,11 +734,11 @@ type refusing struct {
 	fails atomic.Int32
 }
 
-func (s *refusing) Update(fn func(cells.Tx) error) error {
+func (s *refusing) Update(ctx context.Context, fn func(cells.Tx) error) error {
 	if s.fails.Add(-1) >= 0 {
 		return errors.New("write /data/cellbox.db: no space left on device")
 	}
-	return s.Store.Update(fn)
+	return s.Store.Update(ctx, fn)
 }
 
 // A run's result the store refuses is written again; when the store keeps
@@ -801,7 +801,7 @@ func TestMemoLimit(t *testing.T) {
 		rt := start(t, s, asyncPattern(w), runtime.Options{MemoLimit: 35})
 		cached := func() []string {
 			var keys []string
-			require.NoError(t, s.View(func(tx cells.Tx) error {
+			require.NoError(t, s.View(context.Background(), func(tx cells.Tx) error {
 				return tx.Meta("runtime.memo").ForEach("", func(k string, _ []byte) error { keys = append(keys, k); return nil })
 			}))
 			return keys
@@ -836,7 +836,7 @@ func TestMemoLimit(t *testing.T) {
 func TestMemoLimitIndexesOldEntries(t *testing.T) {
 	s := cells.NewMemory(cells.Options{})
 	defer s.Close()
-	require.NoError(t, s.Update(func(tx cells.Tx) error {
+	require.NoError(t, s.Update(context.Background(), func(tx cells.Tx) error {
 		for _, k := range []string{"old1", "old2"} {
 			if err := tx.Meta("runtime.memo").Put(k, []byte(`{"out":"0123456789"}`)); err != nil {
 				return err
@@ -847,7 +847,7 @@ func TestMemoLimitIndexesOldEntries(t *testing.T) {
 	w := newWork(true, false)
 	start(t, s, asyncPattern(w), runtime.Options{MemoLimit: 40}) // runs x=1: 11 bytes, over 40 with both old ones (24 each)
 	var keys []string
-	require.NoError(t, s.View(func(tx cells.Tx) error {
+	require.NoError(t, s.View(context.Background(), func(tx cells.Tx) error {
 		return tx.Meta("runtime.memo").ForEach("", func(k string, _ []byte) error { keys = append(keys, k); return nil })
 	}))
 	assert.Equal(t, []string{"1", "old2"}, keys)
@@ -950,9 +950,9 @@ func TestLoadEditedPattern(t *testing.T) {
 		assert.True(t, get(t, s, "s").Stream, "an input cell that is now a stream is one")
 		assert.False(t, get(t, s, "ev").Stream, "a stream that is now a node's output is a value cell")
 		assert.Equal(t, `5`, string(get(t, s, "ev").Value))
-		_, err = s.Get(at("slow"))
+		_, err = s.Get(context.Background(), at("slow"))
 		assert.ErrorIs(t, err, cells.ErrNotFound, "a removed node's cell is removed")
-		require.NoError(t, s.View(func(tx cells.Tx) error {
+		require.NoError(t, s.View(context.Background(), func(tx cells.Tx) error {
 			for _, name := range []string{"slow", "both"} {
 				_, ok := tx.Meta("runtime.nodes").Get(at(name).String())
 				assert.False(t, ok, "the node state of %s is gone", name)
@@ -1010,7 +1010,7 @@ func TestLoadEditedPatternWithoutRecord(t *testing.T) {
 			}}
 		rt := start(t, s, v1, runtime.Options{})
 		require.NoError(t, rt.Close(context.Background()))
-		require.NoError(t, s.Update(func(tx cells.Tx) error { return tx.Meta("runtime.patterns").Delete(space + "/" + pat) }))
+		require.NoError(t, s.Update(context.Background(), func(tx cells.Tx) error { return tx.Meta("runtime.patterns").Delete(space + "/" + pat) }))
 
 		v2 := runtime.Pattern{Space: space, Name: pat,
 			Cells: []runtime.Cell{{Name: "n", Initial: json.RawMessage(`1`)}, {Name: "both", Initial: json.RawMessage(`7`)}},
@@ -1019,7 +1019,7 @@ func TestLoadEditedPatternWithoutRecord(t *testing.T) {
 		assert.Equal(t, `7`, string(get(t, s, "both").Value))
 		assert.Equal(t, `14`, string(get(t, s, "twice").Value))
 		assert.Equal(t, `3`, string(get(t, s, "n").Value), "an input cell stays what it was")
-		_, err := s.Get(at("slow"))
+		_, err := s.Get(context.Background(), at("slow"))
 		assert.ErrorIs(t, err, cells.ErrNotFound)
 	})
 }
@@ -1034,16 +1034,16 @@ func TestRemovedCellReadByAnotherInstance(t *testing.T) {
 			Nodes: []runtime.Node{{Name: "y", Inputs: []string{x}, Kind: orMinusOne(x)}}}))
 		settle(t, rt)
 		y := cells.Address{Space: space, Pattern: "reader", Name: "y"}
-		c, err := s.Get(y)
+		c, err := s.Get(context.Background(), y)
 		require.NoError(t, err)
 		require.Equal(t, `2`, string(c.Value))
 
 		require.NoError(t, rt.Stop(context.Background(), space, pat))
 		require.NoError(t, rt.Load(context.Background(), runtime.Pattern{Space: space, Name: pat, Cells: []runtime.Cell{{Name: "z"}}}))
 		settle(t, rt)
-		_, err = s.Get(at("x"))
+		_, err = s.Get(context.Background(), at("x"))
 		assert.ErrorIs(t, err, cells.ErrNotFound)
-		c, err = s.Get(y)
+		c, err = s.Get(context.Background(), y)
 		require.NoError(t, err)
 		assert.Equal(t, `-1`, string(c.Value), "the reader reran on the removed cell")
 	})

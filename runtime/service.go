@@ -258,7 +258,7 @@ func (h *handle) Get() (json.RawMessage, error) {
 	if s := h.n.out; s.known {
 		return append(json.RawMessage(nil), s.val.raw...), nil
 	}
-	c, err := h.r.store.Get(h.n.addr)
+	c, err := h.r.store.Get(context.Background(), h.n.addr)
 	return c.Value, err
 }
 
@@ -276,7 +276,7 @@ func (h *handle) Modify(ctx context.Context, fn func(cur json.RawMessage) (any, 
 
 func (h *handle) State() (json.RawMessage, error) {
 	var out json.RawMessage
-	err := h.r.store.View(func(tx cells.Tx) error {
+	err := h.r.store.View(context.Background(), func(tx cells.Tx) error {
 		out, _ = tx.Meta(bucketServices).Get(h.n.addr.String())
 		return nil
 	})
@@ -288,7 +288,7 @@ func (h *handle) SaveState(v any) error {
 	if err != nil {
 		return fmt.Errorf("save state of %s: %w", h.n.addr, err)
 	}
-	return h.r.store.Update(func(tx cells.Tx) error {
+	return h.r.store.Update(context.Background(), func(tx cells.Tx) error {
 		return tx.Meta(bucketServices).Put(h.n.addr.String(), raw)
 	})
 }
@@ -306,7 +306,7 @@ func (r *Runtime) write(n *node, fn func(cur json.RawMessage) (any, error)) erro
 	if cur == nil {
 		if s := n.out; s.known {
 			cur = s.val.raw
-		} else if c, err := r.store.Get(n.addr); err == nil {
+		} else if c, err := r.store.Get(context.Background(), n.addr); err == nil {
 			// Nothing has read the cell since the runtime started: what a
 			// service modifies (a history) is the stored value, not null.
 			cur = c.Value

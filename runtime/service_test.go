@@ -148,7 +148,7 @@ func TestService(t *testing.T) {
 		assert.Equal(t, "2", string(get(t, s, "seen").Value))
 		assert.EqualValues(t, 2, b.events.Load(), "a refused event is not handled")
 		assert.Eventually(t, func() bool { return st.count("box", runtime.Failed) == 1 }, 5*time.Second, 10*time.Millisecond)
-		require.NoError(t, s.View(func(tx cells.Tx) error {
+		require.NoError(t, s.View(context.Background(), func(tx cells.Tx) error {
 			evs, err := tx.Events(at("box.run"))
 			assert.Empty(t, evs, "the refused event %d is acked too", bad.ID)
 			return err
@@ -369,7 +369,7 @@ func TestWaitsForServiceOutput(t *testing.T) {
 				{Name: "next", Inputs: []string{"job"}, Kind: f, Builtin: "follow"},
 			}}))
 		for _, n := range []string{"code", "job", "next"} {
-			if c, err := s.Get(at(n)); err == nil {
+			if c, err := s.Get(context.Background(), at(n)); err == nil {
 				assert.Empty(t, c.Error, "%s waits for the service's output", n)
 			}
 		}

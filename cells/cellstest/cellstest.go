@@ -1,16 +1,20 @@
 // Package cellstest is the conformance suite of cells.Store: every store
-// (cells.NewMemory, cells.OpenBolt, cells.OpenBoltDB, and any other
-// implementation) runs it from its tests, and must pass all of it, so a
-// client of the contract never needs to know which store it holds.
+// (cells.NewMemory, cells.OpenBolt, cells.OpenBoltDB, cells.Open over a
+// KV of its own, as over kvtest's remote one) runs it from its tests, and
+// must pass all of it, so a client of the contract never needs to know
+// which store it holds.
 //
 // Each subtest checks one point of the contract as cells.go's doc comments
 // state it, on a store of its own, through the exported API only:
 //
 //	func TestMyStore(t *testing.T) {
 //		cellstest.Run(t, func(t *testing.T, opts cells.Options) (cells.Store, func(*testing.T) cells.Store) {
-//			s, err := mystore.Open(dsn(t), opts)
-//			require.NoError(t, err)
-//			return s, func(t *testing.T) cells.Store { s, err := mystore.Open(dsn(t), opts); require.NoError(t, err); return s }
+//			open := func(t *testing.T) cells.Store {
+//				s, err := cells.Open(t.Context(), mykv.Dial(endpoint(t)), opts)
+//				require.NoError(t, err)
+//				return s
+//			}
+//			return open(t), open
 //		})
 //	}
 package cellstest
@@ -68,6 +72,7 @@ func Run(t *testing.T, open Open) {
 		{"SetDeleteSetInOneTransaction", s.setDeleteSet},
 		{"UpdateWithoutChanges", s.updateWithoutChanges},
 		{"ConcurrentUpdates", s.concurrentUpdates},
+		{"InterleavedUpdates", s.interleavedUpdates},
 		{"Meta", s.meta},
 		// Watch.
 		{"Watch", s.watch},
@@ -81,6 +86,7 @@ func Run(t *testing.T, open Open) {
 		{"Streams", s.streams},
 		{"EventsAndAcks", s.eventsAndAcks},
 		// Lifecycle.
+		{"EndedContext", s.endedContext},
 		{"Close", s.close},
 		{"Reopen", s.reopen},
 	} {
@@ -121,7 +127,7 @@ func at(name string) cells.Address { return cells.Address{Space: "s", Pattern: "
 // set writes one cell's value in a transaction of its own.
 func set(t *testing.T, s cells.Store, a cells.Address, value string) {
 	t.Helper()
-	require.NoError(t, s.Update(func(tx cells.Tx) error {
+	require.NoError(t, s.Update(t.Context(), func(tx cells.Tx) error {
 		_, err := tx.Set(a, json.RawMessage(value))
 		return err
 	}))
@@ -130,7 +136,7 @@ func set(t *testing.T, s cells.Store, a cells.Address, value string) {
 // get returns a cell that must exist.
 func get(t *testing.T, s cells.Store, a cells.Address) cells.Cell {
 	t.Helper()
-	c, err := s.Get(a)
+	c, err := s.Get(t.Context(), a)
 	require.NoError(t, err)
 	return c
 }
@@ -138,7 +144,7 @@ func get(t *testing.T, s cells.Store, a cells.Address) cells.Cell {
 // value returns a cell's value, or "(none)" when there is no such cell.
 func value(t *testing.T, s cells.Store, a cells.Address) string {
 	t.Helper()
-	c, err := s.Get(a)
+	c, err := s.Get(t.Context(), a)
 	if err != nil {
 		require.ErrorIs(t, err, cells.ErrNotFound)
 		return "(none)"
@@ -150,7 +156,7 @@ func value(t *testing.T, s cells.Store, a cells.Address) string {
 func list(t *testing.T, s cells.Store, prefix string) []cells.Cell {
 	t.Helper()
 	var out []cells.Cell
-	require.NoError(t, s.View(func(tx cells.Tx) error {
+	require.NoError(t, s.View(t.Context(), func(tx cells.Tx) error {
 		var err error
 		out, err = tx.List(prefix)
 		return err

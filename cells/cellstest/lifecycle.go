@@ -30,15 +30,39 @@ func (s *suite) close(t *testing.T) {
 			assert.Equal(t, uint64(1), b.Version)
 		}
 	}
-	_, err := st.Get(at("a"))
+	_, err := st.Get(t.Context(), at("a"))
 	assert.ErrorIs(t, err, cells.ErrClosed, "Get")
 	called := false
-	assert.ErrorIs(t, st.View(func(cells.Tx) error { called = true; return nil }), cells.ErrClosed, "View")
-	assert.ErrorIs(t, st.Update(func(cells.Tx) error { called = true; return nil }), cells.ErrClosed, "Update")
+	assert.ErrorIs(t, st.View(t.Context(), func(cells.Tx) error { called = true; return nil }), cells.ErrClosed, "View")
+	assert.ErrorIs(t, st.Update(t.Context(), func(cells.Tx) error { called = true; return nil }), cells.ErrClosed, "Update")
 	assert.False(t, called, "fn runs on no closed store")
 	_, err = st.Watch(context.Background(), "", 0)
 	assert.ErrorIs(t, err, cells.ErrClosed, "Watch")
 	assert.NoError(t, st.Close(), "a second Close")
+}
+
+// endedContext: Get, View and Update given a context that has ended
+// return its error, without running fn, and write nothing; the store goes
+// on.
+func (s *suite) endedContext(t *testing.T) {
+	st := s.store(t)
+	set(t, st, at("a"), `1`)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err := st.Get(ctx, at("a"))
+	assert.ErrorIs(t, err, context.Canceled, "Get")
+	called := false
+	assert.ErrorIs(t, st.View(ctx, func(cells.Tx) error { called = true; return nil }), context.Canceled, "View")
+	assert.ErrorIs(t, st.Update(ctx, func(tx cells.Tx) error {
+		called = true
+		_, err := tx.Set(at("a"), json.RawMessage(`2`))
+		return err
+	}), context.Canceled, "Update")
+	assert.False(t, called, "fn runs with no ended context")
+	assert.Equal(t, "1", value(t, st, at("a")))
+	assert.Equal(t, uint64(1), st.Version())
+	set(t, st, at("a"), `3`)
+	assert.Equal(t, "3", value(t, st, at("a")), "the store goes on")
 }
 
 // reopen: a store that keeps its data past Close (reopen not nil) has it
@@ -55,7 +79,7 @@ func (s *suite) reopen(t *testing.T) {
 	var sent []cells.Event
 	set(t, st, at("a"), `1`)
 	set(t, st, at("a"), `2`)
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		if err := tx.Declare(at("n"), cells.Spec{Schema: json.RawMessage(schema)}); err != nil {
 			return err
 		}
@@ -74,7 +98,7 @@ func (s *suite) reopen(t *testing.T) {
 		}
 		return tx.Meta("m").Put("k", []byte("v"))
 	}))
-	require.NoError(t, st.Update(func(tx cells.Tx) error { return tx.Ack(at("ev"), sent[0].ID) }))
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error { return tx.Ack(at("ev"), sent[0].ID) }))
 	before := list(t, st, "")
 
 	st = reopen()
@@ -84,7 +108,7 @@ func (s *suite) reopen(t *testing.T) {
 	for i := range before {
 		sameCell(t, before[i], after[i], "%s", before[i].Addr)
 	}
-	require.NoError(t, st.View(func(tx cells.Tx) error {
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 		spec, err := tx.Spec(at("n"))
 		require.NoError(t, err)
 		assert.JSONEq(t, schema, string(spec.Schema))
@@ -99,9 +123,9 @@ func (s *suite) reopen(t *testing.T) {
 		assert.Equal(t, "v", string(v))
 		return nil
 	}))
-	assert.ErrorIs(t, st.Update(func(tx cells.Tx) error { return tx.Ack(at("ev"), sent[0].ID) }), cells.ErrHandled)
+	assert.ErrorIs(t, st.Update(t.Context(), func(tx cells.Tx) error { return tx.Ack(at("ev"), sent[0].ID) }), cells.ErrHandled)
 	var se *cells.SchemaError
-	assert.ErrorAs(t, st.Update(func(tx cells.Tx) error { _, err := tx.Set(at("n"), json.RawMessage(`"x"`)); return err }), &se)
+	assert.ErrorAs(t, st.Update(t.Context(), func(tx cells.Tx) error { _, err := tx.Set(at("n"), json.RawMessage(`"x"`)); return err }), &se)
 
 	got := collect(t, watch(t, st, "", 0), 3)
 	assert.Equal(t, []uint64{1, 2, 3}, versions(got), "the log survives")
@@ -109,7 +133,7 @@ func (s *suite) reopen(t *testing.T) {
 
 	set(t, st, at("a"), `3`)
 	assert.Equal(t, uint64(4), get(t, st, at("a")).Version, "the sequence continues")
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		e, err := tx.Send(at("ev"), json.RawMessage(`3`))
 		assert.Greater(t, e.ID, sent[1].ID, "event IDs continue")
 		return err

@@ -20,10 +20,10 @@ import (
 func (s *suite) streams(t *testing.T) {
 	st, reopen := s.storeWith(t, cells.Options{})
 	ev := at("node.run")
-	require.NoError(t, st.Update(func(tx cells.Tx) error { return tx.Declare(ev, cells.Spec{Stream: true}) }))
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error { return tx.Declare(ev, cells.Spec{Stream: true}) }))
 	w := watch(t, st, "", st.Version())
 	var sent []cells.Event
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		for _, p := range []string{`{"command":"ls"}`, `{ "command" : "pwd" }`} {
 			e, err := tx.Send(ev, json.RawMessage(p))
 			require.NoError(t, err)
@@ -63,18 +63,18 @@ func (s *suite) streams(t *testing.T) {
 		_, err = tx.Set(at("history"), evs[0].Payload)
 		return err
 	}
-	assert.ErrorIs(t, st.Update(func(tx cells.Tx) error { handle(tx); return crash }), crash)
-	_, err := st.Get(at("history"))
+	assert.ErrorIs(t, st.Update(t.Context(), func(tx cells.Tx) error { handle(tx); return crash }), crash)
+	_, err := st.Get(t.Context(), at("history"))
 	assert.ErrorIs(t, err, cells.ErrNotFound)
-	require.NoError(t, st.Update(handle))
+	require.NoError(t, st.Update(t.Context(), handle))
 	// Acking it again (a replayed handler) is refused.
-	err = st.Update(func(tx cells.Tx) error { return tx.Ack(ev, sent[0].ID) })
+	err = st.Update(t.Context(), func(tx cells.Tx) error { return tx.Ack(ev, sent[0].ID) })
 	assert.ErrorIs(t, err, cells.ErrHandled)
 
 	if reopen != nil {
 		st = reopen()
 	}
-	require.NoError(t, st.View(func(tx cells.Tx) error {
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 		evs, err := tx.Events(ev)
 		require.NoError(t, err)
 		sameEvents(t, sent[1:], evs, "the handled event is gone, the other queued")
@@ -82,7 +82,7 @@ func (s *suite) streams(t *testing.T) {
 	}))
 	h := get(t, st, at("history"))
 	assert.JSONEq(t, `{"command":"ls"}`, string(h.Value))
-	err = st.Update(func(tx cells.Tx) error { return tx.Ack(ev, sent[0].ID) })
+	err = st.Update(t.Context(), func(tx cells.Tx) error { return tx.Ack(ev, sent[0].ID) })
 	assert.ErrorIs(t, err, cells.ErrHandled, "the receipt lasts")
 }
 
@@ -93,7 +93,7 @@ func (s *suite) streams(t *testing.T) {
 func (s *suite) eventsAndAcks(t *testing.T) {
 	st := s.store(t)
 	x, y := at("x.run"), at("y.run")
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		if err := tx.Declare(x, cells.Spec{Stream: true}); err != nil {
 			return err
 		}
@@ -105,13 +105,13 @@ func (s *suite) eventsAndAcks(t *testing.T) {
 		require.NoError(t, err)
 		sent = append(sent, e)
 	}
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		send(tx, x, `"x1"`)
 		send(tx, y, `"y1"`)
 		send(tx, x, `"x2"`)
 		return nil
 	}))
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		send(tx, x, `"x3"`)
 		send(tx, y, `"y2"`)
 		return nil
@@ -123,7 +123,7 @@ func (s *suite) eventsAndAcks(t *testing.T) {
 	events := func(a cells.Address) []cells.Event {
 		t.Helper()
 		var evs []cells.Event
-		require.NoError(t, st.View(func(tx cells.Tx) error {
+		require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 			var err error
 			evs, err = tx.Events(a)
 			return err
@@ -134,7 +134,7 @@ func (s *suite) eventsAndAcks(t *testing.T) {
 	sameEvents(t, []cells.Event{sent[1], sent[4]}, events(y))
 
 	ack := func(a cells.Address, id uint64) error {
-		return st.Update(func(tx cells.Tx) error { return tx.Ack(a, id) })
+		return st.Update(t.Context(), func(tx cells.Tx) error { return tx.Ack(a, id) })
 	}
 	w := watch(t, st, "", st.Version())
 	before := st.Version()
@@ -153,7 +153,7 @@ func (s *suite) eventsAndAcks(t *testing.T) {
 
 	_, err := func() ([]cells.Event, error) {
 		var evs []cells.Event
-		err := st.View(func(tx cells.Tx) error {
+		err := st.View(t.Context(), func(tx cells.Tx) error {
 			var err error
 			evs, err = tx.Events(at("none"))
 			return err
@@ -162,6 +162,6 @@ func (s *suite) eventsAndAcks(t *testing.T) {
 	}()
 	assert.ErrorIs(t, err, cells.ErrNotFound, "the events of no stream")
 	assert.ErrorIs(t, ack(at("none"), 1), cells.ErrNotFound, "an ack on no stream")
-	err = st.Update(func(tx cells.Tx) error { _, err := tx.Send(at("none"), json.RawMessage(`1`)); return err })
+	err = st.Update(t.Context(), func(tx cells.Tx) error { _, err := tx.Send(at("none"), json.RawMessage(`1`)); return err })
 	assert.ErrorIs(t, err, cells.ErrNotFound, "a send to no stream")
 }

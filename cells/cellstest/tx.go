@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -18,7 +19,7 @@ import (
 func (s *suite) readOwnWrites(t *testing.T) {
 	st := s.store(t)
 	set(t, st, at("gone"), `0`)
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		_, err := tx.Set(at("a"), json.RawMessage(` [1] `))
 		require.NoError(t, err)
 		c, err := tx.Get(at("a"))
@@ -63,7 +64,7 @@ func (s *suite) rollback(t *testing.T) {
 	st := s.store(t)
 	set(t, st, at("a"), `1`)
 	var first cells.Event
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		if err := tx.Declare(at("ev"), cells.Spec{Stream: true}); err != nil {
 			return err
 		}
@@ -73,7 +74,7 @@ func (s *suite) rollback(t *testing.T) {
 	}))
 	w := watch(t, st, "", st.Version())
 	boom := errors.New("boom")
-	err := st.Update(func(tx cells.Tx) error {
+	err := st.Update(t.Context(), func(tx cells.Tx) error {
 		tx.Set(at("a"), json.RawMessage(`2`))
 		tx.Set(at("new"), json.RawMessage(`3`))
 		require.NoError(t, tx.Declare(at("n"), cells.Spec{Schema: json.RawMessage(`{"type":"number"}`)}))
@@ -86,7 +87,7 @@ func (s *suite) rollback(t *testing.T) {
 	})
 	assert.ErrorIs(t, err, boom, "Update returns fn's error")
 	assert.Panics(t, func() {
-		st.Update(func(tx cells.Tx) error {
+		st.Update(t.Context(), func(tx cells.Tx) error {
 			tx.Set(at("a"), json.RawMessage(`4`))
 			tx.Delete(at("ev"))
 			tx.Meta("m").Put("p", []byte("panicked"))
@@ -96,7 +97,7 @@ func (s *suite) rollback(t *testing.T) {
 	assert.Equal(t, "1", value(t, st, at("a")))
 	assert.Equal(t, "(none)", value(t, st, at("new")))
 	assert.Equal(t, "(none)", value(t, st, at("n")))
-	require.NoError(t, st.View(func(tx cells.Tx) error {
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 		spec, err := tx.Spec(at("a"))
 		assert.Equal(t, cells.Spec{}, spec)
 		require.NoError(t, err)
@@ -113,7 +114,7 @@ func (s *suite) rollback(t *testing.T) {
 
 	// The store works on, and the next commit takes the next version.
 	within(t, "an Update after a panicking one", func() {
-		assert.NoError(t, st.Update(func(tx cells.Tx) error {
+		assert.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 			_, err := tx.Set(at("a"), json.RawMessage(`5`))
 			return err
 		}))
@@ -141,14 +142,14 @@ func (s *suite) setDeleteSet(t *testing.T) {
 		}
 	}
 	boom := errors.New("boom")
-	err := st.Update(func(tx cells.Tx) error {
+	err := st.Update(t.Context(), func(tx cells.Tx) error {
 		require.NoError(t, setDeleteSet(`3`)(tx))
 		return boom
 	})
 	require.ErrorIs(t, err, boom)
 	assert.Equal(t, "1", value(t, st, at("a")), "rolled back")
 
-	require.NoError(t, st.Update(setDeleteSet(`4`)))
+	require.NoError(t, st.Update(t.Context(), setDeleteSet(`4`)))
 	a := get(t, st, at("a"))
 	assert.Equal(t, "4", string(a.Value))
 	assert.Equal(t, uint64(2), a.Version)
@@ -180,7 +181,7 @@ func (s *suite) setDeleteSet(t *testing.T) {
 func (s *suite) updateWithoutChanges(t *testing.T) {
 	st := s.store(t)
 	var ev cells.Event
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		if _, err := tx.Set(at("a"), json.RawMessage(`1`)); err != nil {
 			return err
 		}
@@ -212,13 +213,13 @@ func (s *suite) updateWithoutChanges(t *testing.T) {
 		{"ack", func(tx cells.Tx) error { return tx.Ack(at("ev"), ev.ID) }},
 		{"meta", func(tx cells.Tx) error { return tx.Meta("m").Put("k", []byte("v")) }},
 	} {
-		require.NoError(t, st.Update(func(tx cells.Tx) error {
+		require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 			assert.Equal(t, uint64(2), tx.Version(), "%s: the version its writes would get", c.name)
 			return c.fn(tx)
 		}), c.name)
 		assert.Equal(t, uint64(1), st.Version(), c.name)
 	}
-	require.NoError(t, st.View(func(tx cells.Tx) error {
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 		evs, err := tx.Events(at("ev"))
 		assert.Empty(t, evs, "the ack committed")
 		v, _ := tx.Meta("m").Get("k")
@@ -233,9 +234,9 @@ func (s *suite) updateWithoutChanges(t *testing.T) {
 	assert.Equal(t, "2", string(b.Changes[0].Cell.Value))
 }
 
-// concurrentUpdates: Updates are serialized (read-modify-write loses
-// nothing), a View sees a commit whole or not at all, and a watcher gets
-// every commit once, in order, whole.
+// concurrentUpdates: Updates are serializable (read-modify-write loses
+// nothing, of cells or of Meta), a View sees a commit whole or not at all,
+// and a watcher gets every commit once, in order, whole.
 func (s *suite) concurrentUpdates(t *testing.T) {
 	st := s.store(t)
 	const writers, each = 4, 20
@@ -252,7 +253,7 @@ func (s *suite) concurrentUpdates(t *testing.T) {
 					return
 				default:
 				}
-				err := st.View(func(tx cells.Tx) error {
+				err := st.View(t.Context(), func(tx cells.Tx) error {
 					n, errN := tx.Get(at("n"))
 					m, errM := tx.Get(at("m"))
 					if errors.Is(errN, cells.ErrNotFound) && errors.Is(errM, cells.ErrNotFound) {
@@ -278,7 +279,7 @@ func (s *suite) concurrentUpdates(t *testing.T) {
 		go func() {
 			defer writersWG.Done()
 			for range each {
-				err := st.Update(func(tx cells.Tx) error {
+				err := st.Update(t.Context(), func(tx cells.Tx) error {
 					n := 0
 					if c, err := tx.Get(at("n")); err == nil {
 						if n, err = strconv.Atoi(string(c.Value)); err != nil {
@@ -300,11 +301,38 @@ func (s *suite) concurrentUpdates(t *testing.T) {
 			}
 		}()
 	}
+	// Writers of Meta alone: commits that change no cell (no version).
+	for range writers {
+		writersWG.Add(1)
+		go func() {
+			defer writersWG.Done()
+			for range each {
+				err := st.Update(t.Context(), func(tx cells.Tx) error {
+					n := 0
+					if v, ok := tx.Meta("m").Get("n"); ok {
+						var err error
+						if n, err = strconv.Atoi(string(v)); err != nil {
+							return err
+						}
+					}
+					return tx.Meta("m").Put("n", []byte(strconv.Itoa(n+1)))
+				})
+				if !noErr(t, err) {
+					return
+				}
+			}
+		}()
+	}
 	within(t, "the writers", writersWG.Wait)
 	close(stop)
 	within(t, "the readers", readers.Wait)
 	assert.Equal(t, strconv.Itoa(writers*each), value(t, st, at("n")), "no update lost")
 	assert.Equal(t, uint64(writers*each), st.Version())
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
+		v, _ := tx.Meta("m").Get("n")
+		assert.Equal(t, strconv.Itoa(writers*each), string(v), "no update of Meta lost")
+		return nil
+	}))
 
 	bs := collect(t, w, writers*each)
 	for i, b := range bs {
@@ -316,13 +344,96 @@ func (s *suite) concurrentUpdates(t *testing.T) {
 	}
 }
 
+// interleavedUpdates: an Update that another Update commits in the midst
+// of loses nothing, of cells or of Meta (in commits that change a cell,
+// and in commits that change none). Over a store whose Updates run one at
+// a time, the other waits for it; over one whose Updates run at once (an
+// optimistic KV), the other commits while the first's fn runs, so the
+// first's commit conflicts and its fn runs again, reading what the other
+// wrote.
+func (s *suite) interleavedUpdates(t *testing.T) {
+	st := s.store(t)
+	for _, round := range []struct {
+		name  string
+		cells bool // write a cell too, not Meta alone
+	}{{"a cell and Meta", true}, {"Meta alone", false}} {
+		// incr reads the counters; the func it returns writes them plus 1.
+		incr := func(tx cells.Tx) func() error {
+			n, m := 0, 0
+			if c, err := tx.Get(at("n")); err == nil {
+				n, _ = strconv.Atoi(string(c.Value))
+			}
+			if v, ok := tx.Meta("m").Get("n"); ok {
+				m, _ = strconv.Atoi(string(v))
+			}
+			return func() error {
+				if round.cells {
+					if _, err := tx.Set(at("n"), json.RawMessage(strconv.Itoa(n+1))); err != nil {
+						return err
+					}
+				}
+				return tx.Meta("m").Put("n", []byte(strconv.Itoa(m+1)))
+			}
+		}
+		var (
+			runs, otherRuns int
+			otherStarted    = make(chan struct{})
+			otherDone       = make(chan error, 1)
+			start, started  sync.Once
+			otherCommitted  bool // while the first fn ran
+		)
+		within(t, "the updates", func() {
+			noErr(t, st.Update(t.Context(), func(tx cells.Tx) error {
+				runs++
+				write := incr(tx)
+				start.Do(func() {
+					go func() {
+						otherDone <- st.Update(t.Context(), func(tx cells.Tx) error {
+							otherRuns++
+							started.Do(func() { close(otherStarted) })
+							return incr(tx)()
+						})
+					}()
+					select {
+					case <-otherStarted: // it runs at once: let it commit
+						select {
+						case err := <-otherDone:
+							noErr(t, err)
+							otherCommitted = true
+						case <-time.After(wait / 4):
+						}
+					case <-time.After(200 * time.Millisecond): // it waits for this one
+					}
+				})
+				return write()
+			}))
+			if !otherCommitted {
+				noErr(t, <-otherDone)
+			}
+		})
+		if otherCommitted {
+			assert.Equal(t, 2, runs, "%s: the first fn ran again after the other committed", round.name)
+			assert.Equal(t, 1, otherRuns, round.name)
+		} else {
+			assert.Equal(t, 1, runs, "%s: one fn at a time, each once", round.name)
+		}
+	}
+	assert.Equal(t, "2", value(t, st, at("n")), "no update of a cell lost")
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
+		v, _ := tx.Meta("m").Get("n")
+		assert.Equal(t, "4", string(v), "no update of Meta lost")
+		return nil
+	}))
+	assert.Equal(t, uint64(2), st.Version())
+}
+
 // meta: Meta buckets keep a client's own keys and values, apart from each
 // other and from cells, in key order; their writes commit with the
 // transaction and cause no notification.
 func (s *suite) meta(t *testing.T) {
 	st := s.store(t)
 	w := watch(t, st, "", 0)
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		m := tx.Meta("nodes")
 		for _, k := range []string{"b", "a", "c", "x", "ab"} {
 			require.NoError(t, m.Put(k, []byte("v"+k)))
@@ -334,7 +445,7 @@ func (s *suite) meta(t *testing.T) {
 		return m.Delete("x")
 	}))
 	assert.Equal(t, uint64(0), st.Version(), "meta writes are not cell changes")
-	require.NoError(t, st.View(func(tx cells.Tx) error {
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 		v, ok := tx.Meta("nodes").Get("a")
 		assert.True(t, ok)
 		assert.Equal(t, "va2", string(v))

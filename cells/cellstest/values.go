@@ -19,16 +19,16 @@ import (
 func (s *suite) setGetVersions(t *testing.T) {
 	st := s.store(t)
 	assert.Equal(t, uint64(0), st.Version())
-	_, err := st.Get(at("a"))
+	_, err := st.Get(t.Context(), at("a"))
 	assert.ErrorIs(t, err, cells.ErrNotFound)
 	assert.Empty(t, list(t, st, ""), "an empty store lists nothing")
-	require.NoError(t, st.View(func(tx cells.Tx) error {
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 		assert.Equal(t, uint64(0), tx.Version(), "a read-only transaction has the store's version")
 		return nil
 	}))
 
 	// Several writes, one commit, one version.
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		assert.Equal(t, uint64(1), tx.Version(), "the version this transaction's writes get")
 		for _, n := range []string{"a", "b"} {
 			changed, err := tx.Set(at(n), json.RawMessage(`{ "x" : 1 }`))
@@ -49,13 +49,13 @@ func (s *suite) setGetVersions(t *testing.T) {
 	b := get(t, st, at("b"))
 	assert.Equal(t, uint64(1), b.Version, "every cell of a commit gets its version")
 	assert.True(t, a.Changed.Equal(b.Changed), "and its time")
-	require.NoError(t, st.View(func(tx cells.Tx) error {
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 		assert.Equal(t, uint64(1), tx.Version())
 		return nil
 	}))
 
 	// An equal value (once compact) changes nothing and takes no version.
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		for _, v := range []string{`{"x":1}`, ` { "x": 1 } `} {
 			changed, err := tx.Set(at("a"), json.RawMessage(v))
 			require.NoError(t, err)
@@ -72,7 +72,7 @@ func (s *suite) setGetVersions(t *testing.T) {
 	assert.Equal(t, uint64(1), get(t, st, at("a")).Version, "a cell the commit did not write keeps its version")
 
 	// Errors keep the value; Set clears them, even with the same value.
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		changed, err := tx.SetError(at("b"), "boom")
 		assert.True(t, changed)
 		return err
@@ -81,7 +81,7 @@ func (s *suite) setGetVersions(t *testing.T) {
 	assert.Equal(t, "boom", b.Error)
 	assert.Equal(t, "2", string(b.Value))
 	assert.Equal(t, uint64(3), b.Version)
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		changed, err := tx.Set(at("b"), json.RawMessage(`2`))
 		assert.True(t, changed, "clearing the error is a change")
 		return err
@@ -110,7 +110,7 @@ func (s *suite) setValues(t *testing.T) {
 		{`[ 1, [2] , {} ]`, `[1,[2],{}]`},
 		{"{\n\t\"k\": \"v w\"\n}", `{"k":"v w"}`},
 	} {
-		require.NoError(t, st.Update(func(tx cells.Tx) error {
+		require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 			_, err := tx.Set(at("v"), json.RawMessage(tc.in))
 			return err
 		}), tc.in)
@@ -118,9 +118,9 @@ func (s *suite) setValues(t *testing.T) {
 	}
 
 	// A declared cell holds null: setting null changes nothing.
-	require.NoError(t, st.Update(func(tx cells.Tx) error { return tx.Declare(at("d"), cells.Spec{}) }))
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error { return tx.Declare(at("d"), cells.Spec{}) }))
 	before := st.Version()
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		changed, err := tx.Set(at("d"), json.RawMessage(`null`))
 		assert.False(t, changed)
 		return err
@@ -128,7 +128,7 @@ func (s *suite) setValues(t *testing.T) {
 	assert.Equal(t, before, st.Version())
 
 	for _, bad := range []string{``, ` `, `{x`, `1 2`, `nul`, `{"a":1}}`} {
-		err := st.Update(func(tx cells.Tx) error {
+		err := st.Update(t.Context(), func(tx cells.Tx) error {
 			_, err := tx.Set(at("v"), json.RawMessage(bad))
 			return err
 		})
@@ -145,7 +145,7 @@ func (s *suite) setError(t *testing.T) {
 	st := s.store(t)
 	setErr := func(a cells.Address, msg string) (changed bool) {
 		t.Helper()
-		require.NoError(t, st.Update(func(tx cells.Tx) error {
+		require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 			var err error
 			changed, err = tx.SetError(a, msg)
 			return err
@@ -153,7 +153,7 @@ func (s *suite) setError(t *testing.T) {
 		return changed
 	}
 	assert.False(t, setErr(at("none"), ""), "clearing the error of no cell")
-	_, err := st.Get(at("none"))
+	_, err := st.Get(t.Context(), at("none"))
 	assert.ErrorIs(t, err, cells.ErrNotFound, "makes no cell")
 	assert.Equal(t, uint64(0), st.Version())
 
@@ -189,7 +189,7 @@ func (s *suite) declare(t *testing.T) {
 	spec := func(a cells.Address) cells.Spec {
 		t.Helper()
 		var sp cells.Spec
-		require.NoError(t, st.View(func(tx cells.Tx) error {
+		require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 			var err error
 			sp, err = tx.Spec(a)
 			return err
@@ -197,7 +197,7 @@ func (s *suite) declare(t *testing.T) {
 		return sp
 	}
 	declare := func(a cells.Address, sp cells.Spec) error {
-		return st.Update(func(tx cells.Tx) error { return tx.Declare(a, sp) })
+		return st.Update(t.Context(), func(tx cells.Tx) error { return tx.Declare(a, sp) })
 	}
 
 	assert.Equal(t, cells.Spec{}, spec(at("none")), "a missing cell has the zero spec")
@@ -229,7 +229,7 @@ func (s *suite) declare(t *testing.T) {
 	assert.JSONEq(t, schema, string(spec(at("v")).Schema))
 	assert.False(t, spec(at("v")).Stream)
 	assert.Equal(t, `"text"`, value(t, st, at("v")), "declaring a schema does not check or change the current value")
-	err := st.Update(func(tx cells.Tx) error { _, err := tx.Set(at("v"), json.RawMessage(`"more"`)); return err })
+	err := st.Update(t.Context(), func(tx cells.Tx) error { _, err := tx.Set(at("v"), json.RawMessage(`"more"`)); return err })
 	var se *cells.SchemaError
 	assert.ErrorAs(t, err, &se, "the schema holds from then on")
 	set(t, st, at("v"), `5`)
@@ -252,12 +252,12 @@ func (s *suite) declare(t *testing.T) {
 	assert.ErrorContains(t, declare(at("ev"), cells.Spec{}), "declare s/p/ev as a value cell: it is a stream")
 	assert.ErrorContains(t, declare(at("v"), cells.Spec{Stream: true}), "declare s/p/v as a stream: it is a value cell")
 	assert.ErrorContains(t, declare(at("bad"), cells.Spec{Schema: json.RawMessage(`{"type":`)}), "schema is not valid JSON")
-	_, err = st.Get(at("bad"))
+	_, err = st.Get(t.Context(), at("bad"))
 	assert.ErrorIs(t, err, cells.ErrNotFound)
 	assert.Equal(t, uint64(6), st.Version())
 
 	// Until the cell is deleted.
-	require.NoError(t, st.Update(func(tx cells.Tx) error { return tx.Delete(at("ev")) }))
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error { return tx.Delete(at("ev")) }))
 	require.NoError(t, declare(at("ev"), cells.Spec{}))
 	assert.False(t, get(t, st, at("ev")).Stream)
 }
@@ -268,11 +268,11 @@ func (s *suite) declare(t *testing.T) {
 func (s *suite) schema(t *testing.T) {
 	st := s.store(t)
 	schema := `{"type":"object","properties":{"n":{"type":"integer","minimum":0}},"required":["n"]}`
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		return tx.Declare(at("cfg"), cells.Spec{Schema: json.RawMessage(schema)})
 	}))
 	set(t, st, at("cfg"), `{"n":3}`)
-	err := st.Update(func(tx cells.Tx) error {
+	err := st.Update(t.Context(), func(tx cells.Tx) error {
 		_, err := tx.Set(at("cfg"), json.RawMessage(`{"n":-1}`))
 		return err
 	})
@@ -283,14 +283,14 @@ func (s *suite) schema(t *testing.T) {
 	assert.ErrorContains(t, err, "set s/p/cfg:")
 	assert.ErrorContains(t, err, "/n:")
 	assert.Equal(t, `{"n":3}`, value(t, st, at("cfg")), "refused write left the value")
-	require.NoError(t, st.View(func(tx cells.Tx) error {
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 		spec, err := tx.Spec(at("cfg"))
 		assert.JSONEq(t, schema, string(spec.Schema))
 		return err
 	}))
 
 	// A refused Set fails that call only: the transaction may go on.
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		_, err := tx.Set(at("cfg"), json.RawMessage(`{}`))
 		assert.ErrorAs(t, err, &se)
 		_, err = tx.Set(at("other"), json.RawMessage(`1`))
@@ -307,9 +307,9 @@ func (s *suite) delete(t *testing.T) {
 	st := s.store(t)
 	del := func(a cells.Address) {
 		t.Helper()
-		require.NoError(t, st.Update(func(tx cells.Tx) error { return tx.Delete(a) }))
+		require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error { return tx.Delete(a) }))
 	}
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		if err := tx.Declare(at("n"), cells.Spec{Schema: json.RawMessage(`{"type":"number"}`)}); err != nil {
 			return err
 		}
@@ -326,7 +326,7 @@ func (s *suite) delete(t *testing.T) {
 	w := watch(t, st, "", st.Version())
 
 	del(at("n"))
-	_, err := st.Get(at("n"))
+	_, err := st.Get(t.Context(), at("n"))
 	assert.ErrorIs(t, err, cells.ErrNotFound)
 	assert.Equal(t, uint64(3), st.Version())
 	b := next(t, w)
@@ -342,7 +342,7 @@ func (s *suite) delete(t *testing.T) {
 
 	// Its spec went with it.
 	set(t, st, at("n"), `"not a number"`)
-	require.NoError(t, st.View(func(tx cells.Tx) error {
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 		spec, err := tx.Spec(at("n"))
 		assert.Equal(t, cells.Spec{}, spec)
 		return err
@@ -351,25 +351,25 @@ func (s *suite) delete(t *testing.T) {
 
 	// So did a stream's queued events and its receipt; event IDs go on.
 	var first cells.Event
-	require.NoError(t, st.View(func(tx cells.Tx) error {
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 		evs, err := tx.Events(at("ev"))
 		require.Len(t, evs, 1)
 		first = evs[0]
 		return err
 	}))
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		_, err := tx.Send(at("ev"), json.RawMessage(`"acked"`))
 		require.NoError(t, err)
 		return tx.Ack(at("ev"), first.ID+1)
 	}))
 	del(at("ev"))
-	require.NoError(t, st.Update(func(tx cells.Tx) error { return tx.Declare(at("ev"), cells.Spec{Stream: true}) }))
-	require.NoError(t, st.View(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error { return tx.Declare(at("ev"), cells.Spec{Stream: true}) }))
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 		evs, err := tx.Events(at("ev"))
 		assert.Empty(t, evs)
 		return err
 	}))
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		e, err := tx.Send(at("ev"), json.RawMessage(`"again"`))
 		require.NoError(t, err)
 		assert.Greater(t, e.ID, first.ID+1, "an ID is never reused")
@@ -396,7 +396,7 @@ func (s *suite) setRef(t *testing.T) {
 	assert.Equal(t, at("a"), r.Addr())
 	setRef := func(v string) (changed bool) {
 		t.Helper()
-		require.NoError(t, st.Update(func(tx cells.Tx) error {
+		require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 			changed, err = tx.SetRef(r, json.RawMessage(v))
 			return err
 		}))
@@ -412,14 +412,14 @@ func (s *suite) setRef(t *testing.T) {
 	assert.True(t, setRef(` [ 3 ] `))
 	assert.Equal(t, "[3]", value(t, st, at("a")), "stored compact")
 
-	require.NoError(t, st.Update(func(tx cells.Tx) error { return tx.Delete(at("a")) }))
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error { return tx.Delete(at("a")) }))
 	assert.Equal(t, "(none)", value(t, st, at("a")))
 	assert.True(t, setRef(`4`), "a new cell")
 	assert.Equal(t, "4", value(t, st, at("a")))
 
 	boom := errors.New("boom")
-	require.NoError(t, st.Update(func(tx cells.Tx) error { return tx.Delete(at("a")) }))
-	require.ErrorIs(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error { return tx.Delete(at("a")) }))
+	require.ErrorIs(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		_, err := tx.SetRef(r, json.RawMessage(`5`))
 		require.NoError(t, err)
 		return boom
@@ -429,20 +429,20 @@ func (s *suite) setRef(t *testing.T) {
 	assert.Equal(t, "6", value(t, st, at("a")))
 
 	// Set's checks hold: errors cleared, schemas, streams, bad JSON.
-	require.NoError(t, st.Update(func(tx cells.Tx) error { _, err := tx.SetError(at("a"), "boom"); return err }))
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error { _, err := tx.SetError(at("a"), "boom"); return err }))
 	assert.True(t, setRef(`6`), "clears the error")
 	assert.Empty(t, get(t, st, at("a")).Error)
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		return tx.Declare(at("a"), cells.Spec{Schema: json.RawMessage(`{"type":"number"}`)})
 	}))
 	var se *cells.SchemaError
-	assert.ErrorAs(t, st.Update(func(tx cells.Tx) error { _, err := tx.SetRef(r, json.RawMessage(`"x"`)); return err }), &se)
-	assert.Error(t, st.Update(func(tx cells.Tx) error { _, err := tx.SetRef(r, json.RawMessage(`{x`)); return err }))
+	assert.ErrorAs(t, st.Update(t.Context(), func(tx cells.Tx) error { _, err := tx.SetRef(r, json.RawMessage(`"x"`)); return err }), &se)
+	assert.Error(t, st.Update(t.Context(), func(tx cells.Tx) error { _, err := tx.SetRef(r, json.RawMessage(`{x`)); return err }))
 	assert.Equal(t, "6", value(t, st, at("a")))
-	require.NoError(t, st.Update(func(tx cells.Tx) error { return tx.Declare(at("ev"), cells.Spec{Stream: true}) }))
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error { return tx.Declare(at("ev"), cells.Spec{Stream: true}) }))
 	ev, err := cells.NewRef(at("ev"))
 	require.NoError(t, err)
-	require.ErrorContains(t, st.Update(func(tx cells.Tx) error {
+	require.ErrorContains(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		_, err := tx.SetRef(ev, json.RawMessage(`1`))
 		return err
 	}), "it is a stream")
@@ -452,7 +452,7 @@ func (s *suite) setRef(t *testing.T) {
 // their state (streams, errors, versions).
 func (s *suite) list(t *testing.T) {
 	st := s.store(t)
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		for _, a := range []string{"s/q/b", "s/p/c", "s/p/a", "t/p/a", "s/p/b"} {
 			a, err := cells.Parse(a)
 			require.NoError(t, err)
@@ -462,7 +462,7 @@ func (s *suite) list(t *testing.T) {
 		}
 		return tx.Declare(at("b.run"), cells.Spec{Stream: true})
 	}))
-	require.NoError(t, st.Update(func(tx cells.Tx) error { _, err := tx.SetError(at("c"), "boom"); return err }))
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error { _, err := tx.SetError(at("c"), "boom"); return err }))
 	assert.Equal(t, []string{"s/p/a", "s/p/b", "s/p/b.run", "s/p/c", "s/q/b", "t/p/a"}, names(list(t, st, "")))
 	got := list(t, st, "s/p")
 	require.Equal(t, []string{"s/p/a", "s/p/b", "s/p/b.run", "s/p/c"}, names(got))
@@ -481,7 +481,7 @@ func (s *suite) list(t *testing.T) {
 // saying so, and a failed Update commits nothing.
 func (s *suite) badInput(t *testing.T) {
 	st := s.store(t)
-	require.NoError(t, st.Update(func(tx cells.Tx) error { return tx.Declare(at("ev"), cells.Spec{Stream: true}) }))
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error { return tx.Declare(at("ev"), cells.Spec{Stream: true}) }))
 	set(t, st, at("v"), `1`)
 	bad := cells.Address{Space: "s", Pattern: "", Name: "a"}
 	slash := cells.Address{Space: "s", Pattern: "p", Name: "a/b"}
@@ -507,13 +507,13 @@ func (s *suite) badInput(t *testing.T) {
 		{"redeclare kind", func(tx cells.Tx) error { return tx.Declare(at("ev"), cells.Spec{}) }, "declare s/p/ev as a value cell: it is a stream"},
 		{"meta empty key", func(tx cells.Tx) error { return tx.Meta("m").Put("", []byte("v")) }, "empty key"},
 	} {
-		err := st.Update(tc.fn)
+		err := st.Update(t.Context(), tc.fn)
 		assert.ErrorContains(t, err, tc.err, tc.name)
 	}
 	// An address with an empty or slashed part is refused by every call
 	// that takes one.
 	for _, a := range []cells.Address{bad, slash, {}} {
-		_, err := st.Get(a)
+		_, err := st.Get(t.Context(), a)
 		assert.Error(t, err, "Get %q", a)
 		assert.NotErrorIs(t, err, cells.ErrNotFound, "Get %q: not a missing cell but a bad address", a)
 		for name, fn := range map[string]func(tx cells.Tx) error{
@@ -527,7 +527,7 @@ func (s *suite) badInput(t *testing.T) {
 			"Events":   func(tx cells.Tx) error { _, err := tx.Events(a); return err },
 			"Ack":      func(tx cells.Tx) error { return tx.Ack(a, 1) },
 		} {
-			assert.Error(t, st.Update(fn), "%s %q", name, a)
+			assert.Error(t, st.Update(t.Context(), fn), "%s %q", name, a)
 		}
 	}
 	assert.Equal(t, uint64(2), st.Version(), "failed updates commit nothing")
@@ -536,7 +536,7 @@ func (s *suite) badInput(t *testing.T) {
 
 	// A refused call writes nothing and leaves its transaction usable.
 	w := watch(t, st, "", st.Version())
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		_, err := tx.Set(at("v"), json.RawMessage(`{x`))
 		assert.Error(t, err)
 		_, err = tx.Set(at("ev"), json.RawMessage(`1`))
@@ -557,7 +557,7 @@ func (s *suite) badInput(t *testing.T) {
 	require.Len(t, b.Changes, 1, "only the call that was not refused")
 	assert.Equal(t, at("ok"), b.Changes[0].Cell.Addr)
 	assert.Equal(t, "1", value(t, st, at("v")))
-	require.NoError(t, st.View(func(tx cells.Tx) error {
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 		evs, err := tx.Events(at("ev"))
 		assert.Empty(t, evs)
 		spec, _ := tx.Spec(at("v"))
@@ -571,7 +571,7 @@ func (s *suite) badInput(t *testing.T) {
 func (s *suite) readOnly(t *testing.T) {
 	st := s.store(t)
 	var id uint64
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		if _, err := tx.Set(at("a"), json.RawMessage(`1`)); err != nil {
 			return err
 		}
@@ -587,7 +587,7 @@ func (s *suite) readOnly(t *testing.T) {
 	}))
 	r, err := cells.NewRef(at("a"))
 	require.NoError(t, err)
-	require.NoError(t, st.View(func(tx cells.Tx) error {
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 		for name, fn := range map[string]func() error{
 			"Set":         func() error { _, err := tx.Set(at("a"), json.RawMessage(`2`)); return err },
 			"Set new":     func() error { _, err := tx.Set(at("new"), json.RawMessage(`2`)); return err },
@@ -622,7 +622,7 @@ func (s *suite) readOnly(t *testing.T) {
 
 	// View returns fn's error.
 	boom := errors.New("boom")
-	assert.ErrorIs(t, st.View(func(cells.Tx) error { return boom }), boom)
+	assert.ErrorIs(t, st.View(t.Context(), func(cells.Tx) error { return boom }), boom)
 }
 
 // copies: byte slices a transaction returns are the caller's to keep and
@@ -634,7 +634,7 @@ func (s *suite) copies(t *testing.T) {
 	meta := []byte("meta")
 	payload := []byte(`"payload"`)
 	schema := []byte(`{"type":"string"}`)
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		if err := tx.Declare(at("a"), cells.Spec{Schema: schema}); err != nil {
 			return err
 		}
@@ -664,7 +664,7 @@ func (s *suite) copies(t *testing.T) {
 		}
 	}
 	var kept [][]byte
-	require.NoError(t, st.View(func(tx cells.Tx) error {
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 		c, err := tx.Get(at("a"))
 		require.NoError(t, err)
 		l, err := tx.List("")
@@ -682,7 +682,7 @@ func (s *suite) copies(t *testing.T) {
 		kept = [][]byte{c.Value, l[0].Value, sp.Schema, evs[0].Payload, m, each}
 		return nil
 	}))
-	c, err := st.Get(at("a"))
+	c, err := st.Get(t.Context(), at("a"))
 	require.NoError(t, err)
 	kept = append(kept, c.Value)
 	assert.Equal(t, []string{`"value"`, `"value"`, `{"type":"string"}`, `"payload"`, "meta", "meta", `"value"`},
@@ -692,7 +692,7 @@ func (s *suite) copies(t *testing.T) {
 	for _, b := range kept {
 		scribble(b)
 	}
-	require.NoError(t, st.View(func(tx cells.Tx) error {
+	require.NoError(t, st.View(t.Context(), func(tx cells.Tx) error {
 		c, err := tx.Get(at("a"))
 		assert.NoError(t, err)
 		assert.Equal(t, `"value"`, string(c.Value))

@@ -20,7 +20,7 @@ import (
 func (s *suite) watch(t *testing.T) {
 	st := s.store(t)
 	set(t, st, at("a"), `1`)
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		tx.Set(at("a"), json.RawMessage(`2`))
 		tx.Set(at("b"), json.RawMessage(`3`))
 		tx.Set(at("a"), json.RawMessage(`4`))
@@ -63,7 +63,7 @@ func (s *suite) watch(t *testing.T) {
 
 	// Changes outside the prefix are not sent, nor batches without any.
 	set(t, st, at("c"), `"x"`)
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		_, err := tx.Set(cells.Address{Space: "s", Pattern: "other", Name: "z"}, json.RawMessage(`9`))
 		return err
 	}))
@@ -72,7 +72,7 @@ func (s *suite) watch(t *testing.T) {
 	assert.Equal(t, []uint64{4, 6}, versions(got))
 
 	// Deletes are changes too.
-	require.NoError(t, st.Update(func(tx cells.Tx) error { return tx.Delete(at("c")) }))
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error { return tx.Delete(at("c")) }))
 	d := next(t, all)
 	require.Len(t, d.Changes, 1)
 	assert.True(t, d.Changes[0].Deleted)
@@ -146,7 +146,7 @@ func (s *suite) watchSlowReader(t *testing.T) {
 	w := watch(t, st, "", 0)
 	within(t, "commits under a watch nobody reads", func() {
 		for i := range commits {
-			err := st.Update(func(tx cells.Tx) error {
+			err := st.Update(t.Context(), func(tx cells.Tx) error {
 				_, err := tx.Set(at("a"), json.RawMessage(strconv.Itoa(i)))
 				return err
 			})
@@ -170,7 +170,7 @@ func (s *suite) watchSlowReader(t *testing.T) {
 	w = watch(t, st, "", 0)
 	within(t, "commits under a watch nobody reads", func() {
 		for i := range commits {
-			err := st.Update(func(tx cells.Tx) error {
+			err := st.Update(t.Context(), func(tx cells.Tx) error {
 				_, err := tx.Set(at("a"), json.RawMessage(strconv.Itoa(i)))
 				return err
 			})
@@ -235,7 +235,7 @@ func (s *suite) prefixWholeSegments(t *testing.T) {
 	} {
 		t.Run(tc.prefix, func(t *testing.T) {
 			st := s.store(t)
-			require.NoError(t, st.Update(func(tx cells.Tx) error {
+			require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 				for _, a := range addrs {
 					a, err := cells.Parse(a)
 					require.NoError(t, err)
@@ -280,12 +280,12 @@ func (s *suite) prefixWholeSegments(t *testing.T) {
 // (in address order, at the store's version), then follows live.
 func (s *suite) watchCompacted(t *testing.T) {
 	st, _ := s.storeWith(t, cells.Options{LogLimit: 3})
-	require.NoError(t, st.Update(func(tx cells.Tx) error { return tx.Declare(at("ev"), cells.Spec{Stream: true}) }))
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error { return tx.Declare(at("ev"), cells.Spec{Stream: true}) }))
 	for i := range 9 {
 		set(t, st, at("a"), strconv.Itoa(i+1))
 	}
 	set(t, st, at("b"), `true`)
-	require.NoError(t, st.Update(func(tx cells.Tx) error {
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
 		_, err := tx.Set(cells.Address{Space: "s", Pattern: "other", Name: "z"}, json.RawMessage(`0`))
 		return err
 	}))

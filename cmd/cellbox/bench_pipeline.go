@@ -223,7 +223,7 @@ func (b *pipelineBench) cellbox(ctx context.Context, be string) error {
 		// then checks that node produced a new value with no error.
 		change := func(p *patterns.Pattern, cell string, v json.RawMessage, node string) (time.Duration, error) {
 			addr := cells.Address{Space: runapi.DefaultSpace, Pattern: p.Name, Name: node}
-			before, err := r.state.cells.Get(addr)
+			before, err := r.state.cells.Get(ctx, addr)
 			if err != nil {
 				return 0, err
 			}
@@ -236,7 +236,7 @@ func (b *pipelineBench) cellbox(ctx context.Context, be string) error {
 			if err != nil {
 				return 0, err
 			}
-			after, err := r.state.cells.Get(addr)
+			after, err := r.state.cells.Get(ctx, addr)
 			switch {
 			case err != nil:
 				return 0, err

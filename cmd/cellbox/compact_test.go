@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -27,7 +28,7 @@ func TestCompact(t *testing.T) {
 	big := []byte(strings.Repeat("x", 1<<20))
 	want := map[cells.Address]string{}
 	for i := range 32 {
-		require.NoError(t, state.cells.Update(func(tx cells.Tx) error {
+		require.NoError(t, state.cells.Update(context.Background(), func(tx cells.Tx) error {
 			a := cells.Address{Space: "default", Pattern: "p", Name: fmt.Sprintf("c%d", i)}
 			want[a] = fmt.Sprintf(`{"n":%d}`, i)
 			if _, err := tx.Set(a, json.RawMessage(want[a])); err != nil {
@@ -36,7 +37,7 @@ func TestCompact(t *testing.T) {
 			return tx.Meta("runtime.memo").Put(fmt.Sprintf("k%d", i), big)
 		}))
 	}
-	require.NoError(t, state.cells.Update(func(tx cells.Tx) error {
+	require.NoError(t, state.cells.Update(context.Background(), func(tx cells.Tx) error {
 		for i := range 32 {
 			if err := tx.Meta("runtime.memo").Delete(fmt.Sprintf("k%d", i)); err != nil {
 				return err
@@ -65,7 +66,7 @@ func TestCompact(t *testing.T) {
 	require.NoError(t, err)
 	defer state.Close()
 	for a, v := range want {
-		c, err := state.cells.Get(a)
+		c, err := state.cells.Get(context.Background(), a)
 		require.NoError(t, err, a.String())
 		assert.JSONEq(t, v, string(c.Value), a.String())
 	}

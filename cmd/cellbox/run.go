@@ -277,7 +277,7 @@ func waitServers(ctx context.Context, store cells.Store, p *patterns.Pattern, in
 				Error  string                 `json:"error"`
 				Server *builtins.ServerStatus `json:"server"`
 			}
-			c, err := store.Get(cells.Address{Space: inst.Space, Pattern: inst.Name, Name: name})
+			c, err := store.Get(ctx, cells.Address{Space: inst.Space, Pattern: inst.Name, Name: name})
 			if err == nil {
 				err = json.Unmarshal(c.Value, &o)
 			}
@@ -588,7 +588,7 @@ func runtimeSession(ctx context.Context, store cells.Store, svc *sandbox.Service
 	const bucket, key = "cmd.cellbox", "sandbox.session"
 	type rec struct{ ID, Token string }
 	var r rec
-	err := store.View(func(tx cells.Tx) error {
+	err := store.View(ctx, func(tx cells.Tx) error {
 		if b, ok := tx.Meta(bucket).Get(key); ok {
 			return json.Unmarshal(b, &r)
 		}
@@ -604,7 +604,7 @@ func runtimeSession(ctx context.Context, store cells.Store, svc *sandbox.Service
 		return "", fmt.Errorf("create the runtime's sandbox session: %w", err)
 	}
 	b, _ := json.Marshal(r)
-	err = store.Update(func(tx cells.Tx) error { return tx.Meta(bucket).Put(key, b) })
+	err = store.Update(ctx, func(tx cells.Tx) error { return tx.Meta(bucket).Put(key, b) })
 	if err != nil {
 		return "", fmt.Errorf("record the runtime's sandbox session: %w", err)
 	}
@@ -701,7 +701,7 @@ func printFinal(w io.Writer, store cells.Store, rt *runtime.Runtime, p *patterns
 		names = append(names, n.Name)
 	}
 	for _, name := range names {
-		c, err := store.Get(cells.Address{Space: inst.Space, Pattern: inst.Name, Name: name})
+		c, err := store.Get(context.Background(), cells.Address{Space: inst.Space, Pattern: inst.Name, Name: name})
 		if err != nil {
 			return fmt.Errorf("read final value of %s: %w", name, err)
 		}

@@ -75,7 +75,7 @@ func TestRunExecBoxFromPoolIsFresh(t *testing.T) {
 		require.NoError(t, r.host.rt.Wait(ctx))
 		assert.Equal(t, taken+1, svc.Metrics().WarmTaken, "run %d took its box from the warm pool", n)
 
-		c, err := r.state.cells.Get(stage)
+		c, err := r.state.cells.Get(context.Background(), stage)
 		require.NoError(t, err)
 		require.Empty(t, c.Error)
 		var res struct{ Result struct{ Stdout string } }

@@ -1,6 +1,7 @@
 package runapi
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -69,7 +70,7 @@ func Lookup(store cells.Store, loaded []Loaded, addr string) (cells.Cell, error)
 	if err != nil {
 		return cells.Cell{}, err
 	}
-	c, err := store.Get(a)
+	c, err := store.Get(context.Background(), a)
 	if errors.Is(err, cells.ErrNotFound) {
 		if !strings.Contains(addr, "/") && len(loaded) > 1 {
 			if e := elsewhere(store, loaded, a); e != nil {
@@ -89,7 +90,7 @@ func Lookup(store cells.Store, loaded []Loaded, addr string) (cells.Cell, error)
 // addresses to write instead. nil when none has it.
 func elsewhere(store cells.Store, loaded []Loaded, a cells.Address) *Error {
 	var there []string
-	_ = store.View(func(tx cells.Tx) error {
+	_ = store.View(context.Background(), func(tx cells.Tx) error {
 		for _, l := range loaded[1:] {
 			if _, err := tx.Get(cells.Address{Space: l.Space, Pattern: l.Name, Name: a.Name}); err == nil {
 				short := l.Name + "/" + a.Name
@@ -156,7 +157,7 @@ func resolveInstancePrefix(store cells.Store, loaded []Loaded, prefix string) (s
 // byName returns the addresses of the cells called name, in any instance.
 func byName(store cells.Store, name string) ([]cells.Address, error) {
 	var out []cells.Address
-	err := store.View(func(tx cells.Tx) error {
+	err := store.View(context.Background(), func(tx cells.Tx) error {
 		all, err := tx.List("")
 		for _, c := range all {
 			if c.Addr.Name == name {
@@ -174,7 +175,7 @@ func byName(store cells.Store, name string) ([]cells.Address, error) {
 // instancesIn lists the pattern instances that have cells in the store.
 func instancesIn(store cells.Store) ([]Loaded, error) {
 	var out []Loaded
-	err := store.View(func(tx cells.Tx) error {
+	err := store.View(context.Background(), func(tx cells.Tx) error {
 		all, err := tx.List("")
 		for _, c := range all {
 			l := Loaded{Space: c.Addr.Space, Name: c.Addr.Pattern}
@@ -199,7 +200,7 @@ func notFound(store cells.Store, a cells.Address) *Error {
 		prefix = ""
 	}
 	var names []string
-	_ = store.View(func(tx cells.Tx) error {
+	_ = store.View(context.Background(), func(tx cells.Tx) error {
 		cs, err := tx.List(prefix)
 		for _, c := range cs {
 			names = append(names, c.Addr.Name)

@@ -2,6 +2,7 @@ package runapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -284,7 +285,7 @@ func (s *Server) handleCells(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	list := CellList{Cells: []Cell{}}
-	err = s.store.View(func(tx cells.Tx) error {
+	err = s.store.View(r.Context(), func(tx cells.Tx) error {
 		cs, err := tx.List(prefix)
 		for _, c := range cs {
 			cell := CellOf(c)
@@ -338,7 +339,7 @@ func (s *Server) handleSet(w http.ResponseWriter, r *http.Request) {
 
 // writeCellBack answers with cell a as it stands after a change.
 func (s *Server) writeCellBack(w http.ResponseWriter, status int, a cells.Address) {
-	c, err := s.store.Get(a)
+	c, err := s.store.Get(context.Background(), a)
 	if err != nil {
 		writeErr(w, fmt.Errorf("read %s back: %w", a, err))
 		return
@@ -391,7 +392,7 @@ func (s *Server) handleSend(w http.ResponseWriter, r *http.Request) {
 // cell is set instead.
 func (s *Server) notStream(a cells.Address) error {
 	var streams []string
-	_ = s.store.View(func(tx cells.Tx) error {
+	_ = s.store.View(context.Background(), func(tx cells.Tx) error {
 		cs, err := tx.List(a.String() + ".")
 		for _, c := range cs {
 			if c.Stream {

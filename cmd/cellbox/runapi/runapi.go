@@ -204,7 +204,7 @@ func (s *Server) Load(ctx context.Context, p *patterns.Pattern, opts LoadOptions
 	s.mu.Unlock()
 	if s.persist {
 		opts.Space, opts.Name = in.space, in.name
-		err := s.store.Update(func(tx cells.Tx) error {
+		err := s.store.Update(context.WithoutCancel(ctx), func(tx cells.Tx) error {
 			b := tx.Meta(instancesBucket)
 			r := instanceRecord{LoadOptions: opts, Seq: 1}
 			err := b.ForEach("", func(_ string, v []byte) error {
@@ -305,7 +305,7 @@ func (s *Server) Reload(ctx context.Context, name string, p *patterns.Pattern) (
 // next start (Stop of its name forgets it).
 func (s *Server) Resume(ctx context.Context) ([]Instance, error) {
 	var recs []instanceRecord
-	err := s.store.View(func(tx cells.Tx) error {
+	err := s.store.View(ctx, func(tx cells.Tx) error {
 		return tx.Meta(instancesBucket).ForEach("", func(_ string, v []byte) error {
 			var o instanceRecord
 			if json.Unmarshal(v, &o) == nil {
@@ -355,7 +355,7 @@ func (s *Server) forgetUnresumed(name string) bool {
 		key = DefaultSpace + "/" + key
 	}
 	found := false
-	err := s.store.Update(func(tx cells.Tx) error {
+	err := s.store.Update(context.Background(), func(tx cells.Tx) error {
 		if _, found = tx.Meta(instancesBucket).Get(key); !found {
 			return nil
 		}
@@ -391,7 +391,7 @@ func (s *Server) Stop(ctx context.Context, name string) error {
 	s.instances = slices.DeleteFunc(s.instances, func(x *instance) bool { return x == in })
 	s.mu.Unlock()
 	if s.persist {
-		if err := s.store.Update(func(tx cells.Tx) error { return tx.Meta(instancesBucket).Delete(in.key()) }); err != nil {
+		if err := s.store.Update(context.WithoutCancel(ctx), func(tx cells.Tx) error { return tx.Meta(instancesBucket).Delete(in.key()) }); err != nil {
 			s.log.Warn("forget the stopped pattern", "pattern", in.key(), "err", err)
 		}
 	}
@@ -489,7 +489,7 @@ func (s *Server) describe(in *instance) (Instance, error) {
 		Space: in.space, Name: in.name, Description: in.pattern.Description,
 		Source: in.source, Loaded: in.loaded, Cells: []Cell{}, Nodes: []Node{},
 	}
-	err := s.store.View(func(tx cells.Tx) error {
+	err := s.store.View(context.Background(), func(tx cells.Tx) error {
 		cs, err := tx.List(in.prefix())
 		if err != nil {
 			return err

@@ -418,7 +418,7 @@ func TestSend(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "s/p/in.events", sent.Address)
 	var queued []cells.Event
-	require.NoError(t, f.store.View(func(tx cells.Tx) error {
+	require.NoError(t, f.store.View(context.Background(), func(tx cells.Tx) error {
 		queued, err = tx.Events(cells.Address{Space: "s", Pattern: "p", Name: "in.events"})
 		return err
 	}))
@@ -461,7 +461,7 @@ func TestSend(t *testing.T) {
 	status, body = f.do(t, "POST", "/v1/send/s/p/in.events", `{"command": "rm -rf ."}`)
 	assert.Equal(t, 409, status)
 	assert.Contains(t, body["error"], "pattern s/p is stopped, or was never loaded here; load it first")
-	require.NoError(t, f.store.View(func(tx cells.Tx) error {
+	require.NoError(t, f.store.View(context.Background(), func(tx cells.Tx) error {
 		queued, err = tx.Events(cells.Address{Space: "s", Pattern: "p", Name: "in.events"})
 		return err
 	}))
@@ -596,7 +596,7 @@ func TestPersistResume(t *testing.T) {
 	}
 	assert.ElementsMatch(t, []string{"tiny", "fromdir"}, names)
 	require.NoError(t, rt.Wait(context.Background()))
-	got, err := store.Get(cells.Address{Space: runapi.DefaultSpace, Pattern: "tiny", Name: "total"})
+	got, err := store.Get(context.Background(), cells.Address{Space: runapi.DefaultSpace, Pattern: "tiny", Name: "total"})
 	require.NoError(t, err)
 	assert.Equal(t, "42", string(got.Value), "the resumed instance kept its cells")
 	require.NoError(t, api.Stop(context.Background(), "tiny"))

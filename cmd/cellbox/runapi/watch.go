@@ -114,7 +114,7 @@ func watchFrom(param, lastID string) (uint64, bool, error) {
 // snapshot batch, at the store's current version.
 func Snapshot(store cells.Store, prefix string) (cells.Batch, error) {
 	b := cells.Batch{Snapshot: true}
-	err := store.View(func(tx cells.Tx) error {
+	err := store.View(context.Background(), func(tx cells.Tx) error {
 		cs, err := tx.List(prefix)
 		b.Version = tx.Version()
 		for _, c := range cs {

@@ -118,7 +118,7 @@ func TestPageCutValues(t *testing.T) {
 	mu.Lock()
 	assert.Empty(t, puts, "a cut value, or a rounded one, is never written back")
 	mu.Unlock()
-	c, err := store.Get(cells.Address{Space: "default", Pattern: "big", Name: "exact"})
+	c, err := store.Get(context.Background(), cells.Address{Space: "default", Pattern: "big", Name: "exact"})
 	require.NoError(t, err)
 	assert.JSONEq(t, exact, string(c.Value))
 	assert.Contains(t, string(c.Value), "12345678901234567890")
@@ -129,7 +129,7 @@ func TestPageCutValues(t *testing.T) {
 	assert.Equal(t, len(big)-2, s.Length, "the whole string, as text")
 	b.Eval(`document.getElementById('row-default/big/s').querySelector('button').click(), true`, nil)
 	waitFor(t, "the page to set it", func() bool { s = get("s"); return strings.HasPrefix(s.Msg, "set (version") })
-	c, err = store.Get(cells.Address{Space: "default", Pattern: "big", Name: "s"})
+	c, err = store.Get(context.Background(), cells.Address{Space: "default", Pattern: "big", Name: "s"})
 	require.NoError(t, err)
 	assert.Equal(t, big, string(c.Value), "set whole")
 
