@@ -9,6 +9,7 @@ import (
 
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/cells/cellstest"
+	"github.com/cellbox/cellbox/cells/kvtest"
 )
 
 // TestMemoryStore runs the conformance suite on the in-memory store.
@@ -49,6 +50,22 @@ func TestBoltDBStore(t *testing.T) {
 		}))
 		open := func(t *testing.T) cells.Store {
 			s, err := cells.OpenBoltDB(db, opts)
+			require.NoError(t, err)
+			return s
+		}
+		return open(t), open
+	})
+}
+
+// TestRemoteStore runs the conformance suite on a Store over kvtest's
+// remote KV (values copied in and out, optimistic transactions that
+// conflict, revisions from a counter), reopened over the same server:
+// the KV contract holds no more than a remote store can give.
+func TestRemoteStore(t *testing.T) {
+	cellstest.Run(t, func(t *testing.T, opts cells.Options) (cells.Store, func(*testing.T) cells.Store) {
+		srv := kvtest.NewServer()
+		open := func(t *testing.T) cells.Store {
+			s, err := cells.Open(t.Context(), srv.Client(), opts)
 			require.NoError(t, err)
 			return s
 		}
