@@ -80,6 +80,7 @@ import (
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
+	"github.com/cellbox/cellbox/sandbox/lease"
 )
 
 // DefaultSpace is the space of instances loaded without one.
@@ -99,7 +100,17 @@ type Config struct {
 	// when stopped), so that Resume loads them again after a restart: what
 	// cellbox serve does. cellbox run loads the one pattern it is given.
 	Persist bool
+	// Leaser grants the lease of each loaded instance ("pattern/SPACE/
+	// NAME"): an instance runs on the one server that holds it, and stops
+	// here when its lease is lost. Default lease.Local (one process).
+	Leaser lease.Leaser
+	// Holder names this server to Leaser; default lease.DefaultHolder().
+	Holder string
 }
+
+// patternLeaseTTL is how long a pattern instance's lease outlives a server
+// that stopped renewing it: another server resumes it after at most this.
+const patternLeaseTTL = 10 * time.Second
 
 // Server serves the runtime API. Create it with New; it is an
 // http.Handler and safe for concurrent use.
@@ -112,6 +123,11 @@ type Server struct {
 	persist bool
 
 	loadMu sync.Mutex // serializes Load and Stop
+
+	leaser   lease.Leaser
+	holder   string
+	leaseCtx context.Context // the leases' renewals; ends at Shutdown
+	endLease context.CancelFunc
 
 	shutdown     chan struct{} // closed by Shutdown: watches end
 	shutdownOnce sync.Once
@@ -126,6 +142,7 @@ type instance struct {
 	source      string
 	pattern     *patterns.Pattern
 	loaded      time.Time
+	held        *lease.Held // this server's lease on the instance
 }
 
 func (in *instance) key() string    { return in.space + "/" + in.name }
@@ -136,14 +153,27 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{rt: cfg.Runtime, store: cfg.Store, env: cfg.Env, log: cfg.Logger, persist: cfg.Persist, shutdown: make(chan struct{})}
+	s := &Server{rt: cfg.Runtime, store: cfg.Store, env: cfg.Env, log: cfg.Logger, persist: cfg.Persist, shutdown: make(chan struct{}),
+		leaser: cfg.Leaser, holder: cfg.Holder}
+	if s.leaser == nil {
+		s.leaser = lease.NewLocal()
+	}
+	if s.holder == "" {
+		s.holder = lease.DefaultHolder()
+	}
+	s.leaseCtx, s.endLease = context.WithCancel(context.Background())
 	s.mux = s.routes()
 	return s
 }
 
 // Shutdown ends the watches in flight (they would hold an http.Server's
 // Shutdown until its deadline). The server keeps answering other requests.
-func (s *Server) Shutdown() { s.shutdownOnce.Do(func() { close(s.shutdown) }) }
+func (s *Server) Shutdown() {
+	s.shutdownOnce.Do(func() {
+		close(s.shutdown)
+		s.endLease() // Keep releases each lease as its context ends
+	})
+}
 
 // LoadOptions name a pattern instance and say where it came from.
 type LoadOptions struct {
@@ -195,10 +225,19 @@ func (s *Server) Load(ctx context.Context, p *patterns.Pattern, opts LoadOptions
 		return Instance{}, &Error{Status: 409, Message: fmt.Sprintf("pattern %s is already loaded: stop it first (DELETE /v1/patterns/%s) or load it under another name", in.key(), in.key())}
 	}
 	s.mu.Unlock()
+	held, err := lease.Keep(s.leaseCtx, s.leaser, "pattern/"+in.key(), s.holder, patternLeaseTTL)
+	if errors.Is(err, lease.ErrHeld) {
+		return Instance{}, &Error{Status: 409, Message: fmt.Sprintf("pattern %s runs on another server: %v", in.key(), err), cause: err}
+	} else if err != nil {
+		return Instance{}, fmt.Errorf("take the lease of pattern %s: %w", in.key(), err)
+	}
+	in.held = held
 	resets, err := s.loadRuntime(ctx, in, rp)
 	if err != nil {
+		held.Release(context.WithoutCancel(ctx))
 		return Instance{}, &Error{Status: 400, Message: err.Error()}
 	}
+	go s.watchLease(in.key(), held)
 	s.mu.Lock()
 	s.instances = append(s.instances, in)
 	s.mu.Unlock()
@@ -283,7 +322,7 @@ func (s *Server) Reload(ctx context.Context, name string, p *patterns.Pattern) (
 		return Instance{}, &Error{Status: 400, Message: err.Error()}
 	}
 	// A new instance, not an edit of in: readers may hold in.
-	next := &instance{space: in.space, name: in.name, source: in.source, pattern: p, loaded: time.Now().UTC()}
+	next := &instance{space: in.space, name: in.name, source: in.source, pattern: p, loaded: time.Now().UTC(), held: in.held}
 	s.mu.Lock()
 	for i, x := range s.instances {
 		if x == in {
@@ -332,6 +371,10 @@ func (s *Server) Resume(ctx context.Context) ([]Instance, error) {
 		if err == nil {
 			in, err = s.Load(ctx, p, o)
 		}
+		if errors.Is(err, lease.ErrHeld) {
+			s.log.Info("pattern runs on another server; not resumed here", "pattern", o.Space+"/"+o.Name, "err", err)
+			continue
+		}
 		if err != nil {
 			// Kept, to be tried again at the next start: a file saved half
 			// way or a folder briefly away must not unload it for good.
@@ -371,6 +414,32 @@ func (s *Server) forgetUnresumed(name string) bool {
 	return found
 }
 
+// watchLease stops the instance key here when its lease (held) is lost
+// (this server was cut off and another took it): it runs on one server at
+// a time, and this one stops acting for it before the lease expires.
+func (s *Server) watchLease(key string, held *lease.Held) {
+	select {
+	case <-held.Lost():
+	case <-s.leaseCtx.Done():
+		return
+	}
+	s.loadMu.Lock()
+	defer s.loadMu.Unlock()
+	s.mu.Lock()
+	in := s.find(key)
+	s.mu.Unlock()
+	if in == nil || in.held != held {
+		return // stopped, or loaded again under a new lease
+	}
+	s.log.Warn("lost the lease of a pattern: it stops here (another server runs it)", "pattern", key)
+	if err := s.rt.Unload(context.Background(), in.space, in.name); err != nil {
+		s.log.Warn("unload the pattern whose lease was lost", "pattern", key, "err", err)
+	}
+	s.mu.Lock()
+	s.instances = slices.DeleteFunc(s.instances, func(x *instance) bool { return x == in })
+	s.mu.Unlock()
+}
+
 // Stop stops the loaded instance called name ("name" or "space/name").
 func (s *Server) Stop(ctx context.Context, name string) error {
 	s.loadMu.Lock()
@@ -390,6 +459,9 @@ func (s *Server) Stop(ctx context.Context, name string) error {
 	s.mu.Lock()
 	s.instances = slices.DeleteFunc(s.instances, func(x *instance) bool { return x == in })
 	s.mu.Unlock()
+	if in.held != nil {
+		in.held.Release(context.WithoutCancel(ctx))
+	}
 	if s.persist {
 		if err := s.store.Update(context.WithoutCancel(ctx), func(tx cells.Tx) error { return tx.Meta(instancesBucket).Delete(in.key()) }); err != nil {
 			s.log.Warn("forget the stopped pattern", "pattern", in.key(), "err", err)

@@ -123,9 +123,12 @@ type Error struct {
 	Path       *string     `json:"path,omitempty"`
 	Reason     string      `json:"reason,omitempty"`
 	Violations []Violation `json:"violations,omitempty"`
+	// cause is what the error stands for, for errors.Is (lease.ErrHeld).
+	cause error
 }
 
 func (e *Error) Error() string { return e.Message }
+func (e *Error) Unwrap() error { return e.cause }
 
 func errorf(status int, format string, args ...any) *Error {
 	return &Error{Status: status, Message: fmt.Sprintf(format, args...)}
