@@ -50,6 +50,7 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/blobs"
 	"github.com/cellbox/cellbox/sandbox/egress"
 	leases "github.com/cellbox/cellbox/sandbox/lease"
 	"github.com/cellbox/cellbox/sandbox/state"
@@ -124,6 +125,10 @@ type Config struct {
 	GlobalConcurrency  int
 	// ReapInterval is how often idle boxes are looked for. Default 5s.
 	ReapInterval time.Duration
+	// Blobs keeps the content of snapshots. Default: the directory
+	// DataDir/snapshots (blobs.Dir); several servers share one that all
+	// reach (an S3 bucket).
+	Blobs blobs.Store
 	// Leaser grants the leases of the reaper and the warm pools: they act
 	// only while this server holds them (owner.go). Default lease.Local,
 	// which always does; several servers sharing state share a Leaser.
@@ -275,7 +280,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	snaps, err := openSnapStore(st.st, cfg.DataDir)
+	snaps, err := openSnapStore(st.st, cfg.Blobs, cfg.DataDir)
 	if err != nil {
 		st.close()
 		return nil, err

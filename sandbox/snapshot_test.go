@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/blobs"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/state"
 )
@@ -244,7 +245,7 @@ func TestSnapshotHostileTar(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			ss, err := openSnapStore(state.NewMemory(), dir)
+			ss, err := openSnapStore(state.NewMemory(), nil, dir)
 			require.NoError(t, err)
 			var buf bytes.Buffer
 			tw := tar.NewWriter(&buf)
@@ -273,7 +274,7 @@ func TestSnapshotHostileTar(t *testing.T) {
 // venv's bin/python) are kept.
 func TestSnapshotCaptureKeepsLinks(t *testing.T) {
 	dir := t.TempDir()
-	ss, err := openSnapStore(state.NewMemory(), dir)
+	ss, err := openSnapStore(state.NewMemory(), nil, dir)
 	require.NoError(t, err)
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -611,4 +612,20 @@ func TestForkBranchKeepSettings(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestConfigBlobs: snapshot content goes to the blob store the service is
+// given (Config.Blobs: S3 for several servers), not to the data dir.
+func TestConfigBlobs(t *testing.T) {
+	other := t.TempDir()
+	store, err := blobs.OpenDir(other)
+	require.NoError(t, err)
+	rb := newRealService(t, "local", func(c *Config) { c.Blobs = store })
+	rb.sh("default", "printf 'in the given store' > kept.txt")
+	rb.ok("snapshot", nil)
+	size, err := store.Size(context.Background(), rb.sess)
+	require.NoError(t, err)
+	assert.Equal(t, int64(len("in the given store")), size, "the blob is in the given store")
+	_, err = os.Stat(filepath.Join(rb.s.cfg.DataDir, "snapshots", "blobs"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "and none in the data dir")
 }

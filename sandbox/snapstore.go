@@ -145,10 +145,13 @@ type snapStore struct {
 
 // openSnapStore keeps the blobs in DataDir/snapshots (blobs.OpenDir),
 // where every version has kept them.
-func openSnapStore(st state.Store, dataDir string) (*snapStore, error) {
-	b, err := blobs.OpenDir(filepath.Join(dataDir, "snapshots"))
-	if err != nil {
-		return nil, fmt.Errorf("snapshot store: %w", err)
+func openSnapStore(st state.Store, b blobs.Store, dataDir string) (*snapStore, error) {
+	if b == nil {
+		d, err := blobs.OpenDir(filepath.Join(dataDir, "snapshots"))
+		if err != nil {
+			return nil, fmt.Errorf("snapshot store: %w", err)
+		}
+		b = d
 	}
 	return &snapStore{st: st, blobs: b}, nil
 }
