@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/sandbox/api"
-	"github.com/cellbox/cellbox/sandbox/blobs"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/blobs"
 	"github.com/cellbox/cellbox/sandbox/state"
 )
 
