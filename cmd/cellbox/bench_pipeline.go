@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/cellbox/cellbox/cells"
-	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/docker"
+	"github.com/cellbox/cellbox/server/runapi"
 )
 
 // Targets of the pipeline bench (issue 10): an exec stage's overhead beyond

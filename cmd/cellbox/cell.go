@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/cellbox/cellbox/cells"
-	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/server/runapi"
 )
 
 func init() {

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 	"github.com/cellbox/cellbox/patterns"
+	"github.com/cellbox/cellbox/server/runapi"
 )
 
 func init() {

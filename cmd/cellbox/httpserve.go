@@ -18,10 +18,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
-	"github.com/cellbox/cellbox/cmd/cellbox/webui"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/httpapi"
+	"github.com/cellbox/cellbox/server/runapi"
+	"github.com/cellbox/cellbox/server/webui"
 )
 
 // httpOptions are the flags of the HTTP server of `cellbox serve` and

@@ -26,13 +26,13 @@ import (
 
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/cells"
-	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 	"github.com/cellbox/cellbox/internal/jsonschema"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/state"
+	"github.com/cellbox/cellbox/server/runapi"
 )
 
 func init() {

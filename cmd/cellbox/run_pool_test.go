@@ -14,10 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/cells"
-	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/sandbox/sandboxtest"
+	"github.com/cellbox/cellbox/server/runapi"
 )
 
 // dirtyPattern's stage first shows what its box holds (files in

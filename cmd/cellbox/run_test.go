@@ -19,9 +19,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox/sandboxtest"
+	"github.com/cellbox/cellbox/server/runapi"
 )
 
 const sumPattern = `name: calc

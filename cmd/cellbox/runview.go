@@ -18,9 +18,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cellbox/cellbox/cells"
-	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
+	"github.com/cellbox/cellbox/server/runapi"
 )
 
 // view shows a running pattern: on a terminal a table redrawn in place

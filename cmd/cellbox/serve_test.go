@@ -17,9 +17,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox/sandboxtest"
+	"github.com/cellbox/cellbox/server/runapi"
 )
 
 // TestServeSessionTool drives the real binary: serve on the local backend,

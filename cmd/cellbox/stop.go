@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
+	"github.com/cellbox/cellbox/server/runapi"
 )
 
 func init() {

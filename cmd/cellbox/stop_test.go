@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
+	"github.com/cellbox/cellbox/server/runapi"
 )
 
 // TestLiveBoxes: stop names the boxes it destroys: the sandbox nodes' live

@@ -29,10 +29,14 @@ type floor struct {
 
 // house is cellbox's floors, top to bottom.
 var house = []floor{
-	// The binary (serve, run, tool, mcp, image, agent...), the runtime's
-	// HTTP API and the web page: everything is below them. examples holds
-	// only tests of the whole.
+	// The binaries (cellbox: serve, run, tool, mcp, image, agent...):
+	// everything is below them. examples holds only tests of the whole.
 	{"cmd", []string{"cmd/...", "examples"},
+		[]string{"server", "patterns", "builtins", "runtime", "cells", "sandboxclient", "sandbox", "state", "blobs", "backends", "box", "wire", "internal"}},
+	// The server as a library: the runtime's HTTP API and its client, the
+	// web page. It composes the floors below; only the binaries are above
+	// it.
+	{"server", []string{"server/..."},
 		[]string{"patterns", "builtins", "runtime", "cells", "sandboxclient", "sandbox", "state", "blobs", "backends", "box", "wire", "internal"}},
 	// The pattern compiler: YAML and Go → a runtime graph of built-ins. It
 	// knows the sandbox side only by its wire types (a box's network).
@@ -206,7 +210,7 @@ func mayList(f floor) string {
 func TestFloorOf(t *testing.T) {
 	for rel, want := range map[string]string{
 		"cmd/cellbox":                 "cmd",
-		"cmd/cellbox/runapi":          "cmd",
+		"server/runapi":               "server",
 		"builtins/llm":                "builtins",
 		"sandbox":                     "sandbox",
 		"sandbox/egress":              "box",

@@ -2,7 +2,7 @@
 // HTML page (no external scripts, styles or fonts) that draws each loaded
 // pattern instance's graph, lists its input cells (editable) and its nodes,
 // and follows them live. Everything it shows comes from the runtime API
-// (cmd/cellbox/runapi) on the same origin: GET /v1/patterns, GET /v1/watch
+// (server/runapi) on the same origin: GET /v1/patterns, GET /v1/watch
 // (both with max_string: large values come cut, and a cut one is never
 // written back), GET and PUT /v1/cells/{addr}, POST /v1/send/{node}.{stream}.
 // `cellbox serve` and `cellbox run` mount it at / and /ui.

@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/cells"
-	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 	"github.com/cellbox/cellbox/internal/chromiumtest"
 	"github.com/cellbox/cellbox/runtime"
+	"github.com/cellbox/cellbox/server/runapi"
 )
 
 // TestPageCutValues opens the page in headless Chromium over a pattern

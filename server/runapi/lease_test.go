@@ -10,10 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/cells"
-	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/sandbox/lease"
+	"github.com/cellbox/cellbox/server/runapi"
 )
 
 // TestPatternLease: a pattern instance runs on the one server that holds

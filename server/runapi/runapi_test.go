@@ -22,9 +22,9 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cellbox/cellbox/cells"
-	"github.com/cellbox/cellbox/cmd/cellbox/runapi"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
+	"github.com/cellbox/cellbox/server/runapi"
 )
 
 const tinyYAML = `name: tiny
