@@ -132,10 +132,13 @@ func Run(t *testing.T, open func(t *testing.T) lease.Leaser) {
 		l := open(t)
 		kctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		h, err := lease.Keep(kctx, l, "n", "a", ttl)
+		// A kept lease renews every third of its ttl: three seconds leave a
+		// starved renewal a second of slack on a loaded machine.
+		const keepTTL = 3 * ttl
+		h, err := lease.Keep(kctx, l, "n", "a", keepTTL)
 		require.NoError(t, err)
 		// Kept past several times its ttl: no one else can take it.
-		deadline := time.Now().Add(3 * ttl)
+		deadline := time.Now().Add(2 * keepTTL)
 		for time.Now().Before(deadline) {
 			_, err := l.Acquire(ctx, "n", "b", ttl)
 			require.ErrorIs(t, err, lease.ErrHeld, "a kept lease stays its holder's")
@@ -145,7 +148,7 @@ func Run(t *testing.T, open func(t *testing.T) lease.Leaser) {
 			case <-time.After(ttl / 4):
 			}
 		}
-		_, err = lease.Keep(ctx, l, "n", "b", ttl)
+		_, err = lease.Keep(ctx, l, "n", "b", keepTTL)
 		require.ErrorIs(t, err, lease.ErrHeld)
 		require.NoError(t, h.Release(ctx))
 		_, err = l.Acquire(ctx, "n", "b", ttl)
@@ -154,7 +157,7 @@ func Run(t *testing.T, open func(t *testing.T) lease.Leaser) {
 
 	t.Run("KeepLost", func(t *testing.T) {
 		l := open(t)
-		h, err := lease.Keep(ctx, l, "n", "a", ttl)
+		h, err := lease.Keep(ctx, l, "n", "a", 3*ttl)
 		require.NoError(t, err)
 		defer h.Release(ctx)
 		// Taken from under its holder (released behind its back, then
