@@ -18,6 +18,7 @@ import (
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/server"
 )
 
 // targetBinding is the p50 a file binding should stay under, either way
@@ -41,7 +42,7 @@ func bindingRows(ctx context.Context, rep *benchReport, name string, o runtimeOp
 		return err
 	}
 	defer os.RemoveAll(dir)
-	be, err := openBackend(ctx, name, dir)
+	be, err := server.OpenBackend(ctx, name, dir)
 	if err != nil {
 		return err
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/docker"
 	"github.com/cellbox/cellbox/sandbox/httpapi"
 	"github.com/cellbox/cellbox/sandboxclient"
+	"github.com/cellbox/cellbox/server"
 )
 
 // Targets of the boxes bench (issue 2), and its sizes and time limits.
@@ -157,7 +158,7 @@ type boxesBench struct {
 }
 
 func (b *boxesBench) measure(ctx context.Context) error {
-	be, err := openBackend(ctx, b.name, b.root)
+	be, err := server.OpenBackend(ctx, b.name, b.root)
 	if err != nil {
 		return fmt.Errorf("%w (pick the backends to measure with --backend)", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/docker"
+	"github.com/cellbox/cellbox/server"
 	"github.com/cellbox/cellbox/server/runapi"
 )
 
@@ -105,7 +106,7 @@ func benchPipeline(ctx context.Context, o pipelineOptions) (*benchReport, error)
 	}
 	defer os.RemoveAll(root)
 	b := &pipelineBench{o: o, rep: newBenchReport("pipeline"), root: root, peers: map[string]scenarioSamples{}}
-	b.rep.note("csv rerun: the stages of %s (keep, summarize) after the threshold cell (make: the threshold file) flips between 50 and 100, with memoization off (`cache: false`) so that every change reruns them, as under make. cellbox: `cellbox run`'s runtime, backend and sandbox service in this process, from Runtime.Set of the cell until Runtime.Wait returns (the results are in their cells); before each change the bench waits, untimed, until run's warm pool (which grows with use, to %d boxes) is full again, as when changes come slower than it refills.", o.example, runPool)
+	b.rep.note("csv rerun: the stages of %s (keep, summarize) after the threshold cell (make: the threshold file) flips between 50 and 100, with memoization off (`cache: false`) so that every change reruns them, as under make. cellbox: `cellbox run`'s runtime, backend and sandbox service in this process, from Runtime.Set of the cell until Runtime.Wait returns (the results are in their cells); before each change the bench waits, untimed, until run's warm pool (which grows with use, to %d boxes) is full again, as when changes come slower than it refills.", o.example, server.RunPool)
 	b.rep.note("one stage: an exec node running `true` with /workspace/in.txt bound to a cell; make: a rule from in.txt running `true` in the sandbox, then touching its target.")
 	b.rep.note("nothing to do: `cellbox run PATTERN --once` over a data dir where the pattern is settled (a new process), against `make` with everything up to date.")
 	b.rep.note("make + bwrap: bwrap with every namespace unshared, the host's /usr read-only and the folder bound at /workspace; make + docker run: `docker run --rm --network none --user` (this user) of %s with the host's /usr and the folder at /workspace. Each make is `make -s -C DIR` as a new process.", docker.HostImage)
@@ -200,21 +201,21 @@ func copyExample(src, dir string) error {
 // cellbox measures the three scenarios under `cellbox run` on backend be.
 func (b *pipelineBench) cellbox(ctx context.Context, be string) error {
 	data := filepath.Join(b.root, "data-"+be)
-	r, err := openRun(ctx, runConfig{dataDir: data, backend: be, agentBinary: b.o.agentBinary, log: benchLogger()})
+	r, err := server.Open(ctx, server.RunConfig(data, be, b.o.agentBinary, benchLogger()))
 	if err != nil {
 		return fmt.Errorf("%w (pick the backends to measure with --backend)", err)
 	}
 	s := scenarioSamples{backend: be}
 	err = func() error {
-		defer r.close()
-		rt := r.host.rt
+		defer r.Close()
+		rt := r.Host.Runtime()
 		// load loads a pattern folder and waits for its first run.
 		load := func(dir string) (*patterns.Pattern, error) {
 			p, err := patterns.Load(dir)
 			if err != nil {
 				return nil, err
 			}
-			if _, err := r.host.api.Load(ctx, p, runapi.LoadOptions{Space: runapi.DefaultSpace, Name: p.Name, Source: dir}); err != nil {
+			if _, err := r.Host.API().Load(ctx, p, runapi.LoadOptions{Space: runapi.DefaultSpace, Name: p.Name, Source: dir}); err != nil {
 				return nil, err
 			}
 			return p, rt.Wait(ctx)
@@ -223,7 +224,7 @@ func (b *pipelineBench) cellbox(ctx context.Context, be string) error {
 		// then checks that node produced a new value with no error.
 		change := func(p *patterns.Pattern, cell string, v json.RawMessage, node string) (time.Duration, error) {
 			addr := cells.Address{Space: runapi.DefaultSpace, Pattern: p.Name, Name: node}
-			before, err := r.state.cells.Get(ctx, addr)
+			before, err := r.State.Cells.Get(ctx, addr)
 			if err != nil {
 				return 0, err
 			}
@@ -236,7 +237,7 @@ func (b *pipelineBench) cellbox(ctx context.Context, be string) error {
 			if err != nil {
 				return 0, err
 			}
-			after, err := r.state.cells.Get(ctx, addr)
+			after, err := r.State.Cells.Get(ctx, addr)
 			switch {
 			case err != nil:
 				return 0, err
@@ -251,16 +252,16 @@ func (b *pipelineBench) cellbox(ctx context.Context, be string) error {
 		// runs so far, is full again, as in a run whose changes come
 		// slower than its pool refills.
 		warm := func() error {
-			svc, _, err := r.boxes.get(ctx)
+			svc, _, err := r.Sandboxes.Get(ctx)
 			if err != nil {
 				return err
 			}
 			wctx, cancel := context.WithTimeout(ctx, benchPoolWait)
 			defer cancel()
-			for poolReady(svc) < runPool {
+			for poolReady(svc) < server.RunPool {
 				select {
 				case <-wctx.Done():
-					return fmt.Errorf("the warm pool did not fill to %d boxes in %s", runPool, benchPoolWait)
+					return fmt.Errorf("the warm pool did not fill to %d boxes in %s", server.RunPool, benchPoolWait)
 				case <-time.After(5 * time.Millisecond):
 				}
 			}

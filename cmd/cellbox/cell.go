@@ -18,6 +18,7 @@ import (
 
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/server"
 	"github.com/cellbox/cellbox/server/runapi"
 )
 
@@ -39,8 +40,8 @@ type apiFlags struct {
 
 func addAPIFlags(fs *flag.FlagSet) apiFlags {
 	return apiFlags{
-		data:   fs.String("data", defaultDataDir(), "data directory of the cellbox run (or serve) to talk to, over DATA/run.sock (with --server: where its server.key is)"),
-		server: fs.String("server", "", "URL of the runtime API instead (cellbox serve, or cellbox run --addr); sends the server key (env "+keyEnv+", or DATA/server.key)"),
+		data:   fs.String("data", server.DefaultDataDir(), "data directory of the cellbox run (or serve) to talk to, over DATA/run.sock (with --server: where its server.key is)"),
+		server: fs.String("server", "", "URL of the runtime API instead (cellbox serve, or cellbox run --addr); sends the server key (env "+server.KeyEnv+", or DATA/server.key)"),
 	}
 }
 
@@ -55,9 +56,9 @@ func (e errNoRun) Error() string {
 // DATA/run.sock.
 func (f apiFlags) client() (*runapi.Client, error) {
 	if *f.server != "" { // the server key: CELLBOX_KEY, or DATA/server.key
-		return runapi.NewClient(*f.server).WithKey(clientKey(*f.data)), nil
+		return runapi.NewClient(*f.server).WithKey(server.ClientKey(*f.data)), nil
 	}
-	sock := filepath.Join(*f.data, runSocketFile)
+	sock := filepath.Join(*f.data, server.RunSocketFile)
 	conn, err := net.DialTimeout("unix", sock, 2*time.Second)
 	if err != nil {
 		return nil, errNoRun{*f.data}
@@ -68,12 +69,12 @@ func (f apiFlags) client() (*runapi.Client, error) {
 
 // offlineStore opens the cell store of DATA when no process serves it, to
 // read it.
-func (f apiFlags) offlineStore() (*dataState, error) {
+func (f apiFlags) offlineStore() (*server.State, error) {
 	path := filepath.Join(*f.data, sandbox.StateFile)
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("%w, and it holds no cells yet (%s: %v)", errNoRun{*f.data}, path, errors.Unwrap(err))
 	}
-	return openState(*f.data)
+	return server.OpenState(*f.data)
 }
 
 func runCell(ctx context.Context, args []string) error {
@@ -181,7 +182,7 @@ func cellOffline(ctx context.Context, af apiFlags, sub, arg string, since *uint6
 		return err
 	}
 	defer state.Close()
-	store := state.cells
+	store := state.Cells
 	prefix, err := runapi.ResolvePrefix(store, nil, arg)
 	if err != nil {
 		return err

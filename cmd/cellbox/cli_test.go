@@ -15,6 +15,7 @@ import (
 
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/runtime"
+	"github.com/cellbox/cellbox/server"
 )
 
 // exitCode is the exit status of a finished cellbox (0 for nil).
@@ -145,7 +146,7 @@ func TestImagesShared(t *testing.T) {
 	testenv.RequireBwrap(t)
 	home := t.TempDir()
 	t.Setenv("CELLBOX_DATA", home) // the default data dir of the processes below
-	t.Setenv(imagesEnv, "")
+	t.Setenv(server.ImagesEnv, "")
 	makeRootfs(t, filepath.Join(home, "images", "tiny", "rootfs"))
 	out, errOut, err := cellbox(t, "run", writePattern(t, `name: shared
 nodes:

@@ -12,6 +12,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/server"
 )
 
 func init() {
@@ -32,7 +33,7 @@ const compactTxSize = 64 << 20
 // that big. The copy holds only what is live.
 func runCompact(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("compact", flag.ContinueOnError)
-	data := fs.String("data", defaultDataDir(), "data directory whose state file to compact")
+	data := fs.String("data", server.DefaultDataDir(), "data directory whose state file to compact")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err

@@ -7,46 +7,20 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"text/tabwriter"
 	"time"
 
 	"github.com/cellbox/cellbox/sandbox/docker"
 	"github.com/cellbox/cellbox/sandbox/image"
+	"github.com/cellbox/cellbox/server"
 )
 
 func init() {
 	register(command{
 		name:  "image",
-		usage: "build base|python|node [--images DIR] [--backend docker|local|both] [--force] | ls [--images DIR]  box images (shared by every data dir: $" + imagesEnv + ", else DATA/images of the default data dir)",
+		usage: "build base|python|node [--images DIR] [--backend docker|local|both] [--force] | ls [--images DIR]  box images (shared by every data dir: $" + server.ImagesEnv + ", else DATA/images of the default data dir)",
 		run:   runImage,
 	})
-}
-
-// defaultDataDir is $CELLBOX_DATA, else ~/.local/share/cellbox.
-func defaultDataDir() string {
-	if d := os.Getenv("CELLBOX_DATA"); d != "" {
-		return d
-	}
-	if home, err := os.UserHomeDir(); err == nil {
-		return filepath.Join(home, ".local", "share", "cellbox")
-	}
-	return "cellbox-data"
-}
-
-// imagesEnv names the images directory of the local backend's images
-// (cellbox/NAME is DIR/NAME/rootfs).
-const imagesEnv = "CELLBOX_IMAGES"
-
-// defaultImagesDir is $CELLBOX_IMAGES, else the images folder of the
-// default data dir. Images are built once and shared by every data dir,
-// as Docker's are by every container: a run with --data DIR finds the
-// images `cellbox image build` built, whatever DIR is.
-func defaultImagesDir() string {
-	if d := os.Getenv(imagesEnv); d != "" {
-		return d
-	}
-	return filepath.Join(defaultDataDir(), "images")
 }
 
 func runImage(ctx context.Context, args []string) error {
@@ -54,7 +28,7 @@ func runImage(ctx context.Context, args []string) error {
 		return errors.New("want a subcommand: build NAME or ls")
 	}
 	fs := flag.NewFlagSet("image "+args[0], flag.ContinueOnError)
-	images := fs.String("images", defaultImagesDir(), "images directory, shared by every data dir (env "+imagesEnv+")")
+	images := fs.String("images", server.DefaultImagesDir(), "images directory, shared by every data dir (env "+server.ImagesEnv+")")
 	switch args[0] {
 	case "build":
 		backendFlag := fs.String("backend", "both", "where the image is used: docker (rootfs + docker import), local (rootfs only), both")

@@ -24,6 +24,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/mcpserver"
 	"github.com/cellbox/cellbox/sandboxclient"
+	"github.com/cellbox/cellbox/server"
 )
 
 func init() {
@@ -38,7 +39,7 @@ func init() {
 func runMCP(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("mcp", flag.ContinueOnError)
 	cf := addClientFlags(fs, true)
-	data := fs.String("data", defaultDataDir(), "data directory of the in-process boxes (with --server: of the server, where its key DATA/"+keyFile+" is, unless "+keyEnv+" is set)")
+	data := fs.String("data", server.DefaultDataDir(), "data directory of the in-process boxes (with --server: of the server, where its key DATA/"+server.KeyFile+" is, unless "+server.KeyEnv+" is set)")
 	backendName := addBackendFlag(fs, "box backend `name` (without --server): docker, docker-remote (DOCKER_HOST on another machine), local (bubblewrap), or auto")
 	agentBinary := fs.String("agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
 	pool := fs.Int("pool", 1, "pre-started boxes kept for the default image (0: none)")
@@ -59,7 +60,7 @@ func runMCP(ctx context.Context, args []string) error {
 				return fmt.Errorf("--%s is for in-process boxes; with --server (or CELLBOX_SERVER) the server's own are used", local)
 			}
 		}
-		return mcpRemote(ctx, *cf.server, *cf.session, *cf.token, clientKey(*data), *profile)
+		return mcpRemote(ctx, *cf.server, *cf.session, *cf.token, server.ClientKey(*data), *profile)
 	}
 	if set["session"] || set["token"] {
 		return errors.New("--session and --token need --server URL (or CELLBOX_SERVER)")
@@ -79,7 +80,7 @@ func mcpLocal(ctx context.Context, data, backendName, agentBinary string, pool i
 	if err != nil {
 		return err
 	}
-	be, err := openBackend(ctx, backendName, dataDir)
+	be, err := server.OpenBackend(ctx, backendName, dataDir)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox/sandboxtest"
+	"github.com/cellbox/cellbox/server"
 	"github.com/cellbox/cellbox/server/runapi"
 )
 
@@ -147,7 +148,7 @@ func TestRunOnce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			data := t.TempDir()
 			out, errOut, err := cellbox(t, "run", writePattern(t, tc.pattern), "--once", "--data", data)
-			key, kerr := os.ReadFile(filepath.Join(data, keyFile))
+			key, kerr := os.ReadFile(filepath.Join(data, server.KeyFile))
 			require.NoError(t, kerr)
 			assert.NotContains(t, errOut, strings.TrimSpace(string(key)), "the server key stays out of a --once run's log")
 			if tc.ok {
@@ -244,7 +245,7 @@ func TestRunRemovedSandboxNodeLeavesNoBox(t *testing.T) {
 func TestRunRemembersValidSchemas(t *testing.T) {
 	data := t.TempDir()
 	pat := writePattern(t, sumPattern)
-	cache := filepath.Join(data, schemaCacheFile)
+	cache := filepath.Join(data, server.SchemaCacheFile)
 	_, errOut, err := cellbox(t, "run", pat, "--once", "--data", data)
 	require.NoError(t, err, errOut)
 	first, err := os.ReadFile(cache)
@@ -401,7 +402,7 @@ func TestRunRestartKeepsValues(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("cellbox run did not stop on SIGINT")
 	}
-	assert.NoFileExists(t, filepath.Join(data, runSocketFile))
+	assert.NoFileExists(t, filepath.Join(data, server.RunSocketFile))
 }
 
 func TestGraphCommand(t *testing.T) {
@@ -640,4 +641,25 @@ nodes:
 		return strings.Contains(run.out.String(), "node web server (python3 -m http.server 8001 --bind 127.0.0.1): ready")
 	})
 	assert.Contains(t, run.out.String(), "node web server (python3 -m http.server 8001 --bind 127.0.0.1): starting")
+}
+
+// TestRunOpensNoBackendWithoutBoxes: a run whose nodes need no box never
+// opens (or probes) its backend — before, `run` opened it first thing,
+// so an unreachable Docker Engine failed a pattern of computed cells and
+// the local backend set up its directory for nothing. Once a node needs
+// a box, an unreachable backend is that node's error.
+func TestRunOpensNoBackendWithoutBoxes(t *testing.T) {
+	t.Setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+	data := t.TempDir()
+	out, errOut, err := cellbox(t, "run", writePattern(t, sumPattern), "--once", "--data", data, "--backend", "docker")
+	require.NoError(t, err, errOut)
+	assert.Equal(t, "a = 1\nb = 2\ntotal = 3\ndouble = 6\n", out)
+
+	_, errOut, err = cellbox(t, "run", writePattern(t, sumPattern), "--once", "--data", data, "--backend", "local")
+	require.NoError(t, err, errOut)
+	assert.NoDirExists(t, filepath.Join(data, "local"), "the local backend was not set up")
+
+	out, errOut, err = cellbox(t, "run", writePattern(t, "name: one\nnodes:\n  stage:\n    exec:\n      command: \"true\"\n"), "--once", "--data", t.TempDir(), "--backend", "docker")
+	require.Error(t, err, "a stage needs the backend")
+	assert.Contains(t, out+errOut, "start the sandbox service")
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/image"
+	"github.com/cellbox/cellbox/server"
 )
 
 // TestRunKilledMidStageLeavesNoBox kills `cellbox run` (kill -9) while an
@@ -144,7 +145,7 @@ func removeContainers(t *testing.T, pattern string) {
 func TestRetryAfterTheCauseIsFixed(t *testing.T) {
 	testenv.RequireBwrap(t)
 	data, images := t.TempDir(), t.TempDir()
-	t.Setenv(imagesEnv, images) // for the cellbox processes below
+	t.Setenv(server.ImagesEnv, images) // for the cellbox processes below
 	pattern := writePattern(t, `name: later
 nodes:
   job:

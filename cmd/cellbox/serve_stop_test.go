@@ -14,6 +14,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandboxclient"
+	"github.com/cellbox/cellbox/server"
 )
 
 // TestServeStopSleepsBoxes stops `cellbox serve` as a user would (SIGTERM)
@@ -35,7 +36,7 @@ func TestServeStopSleepsBoxes(t *testing.T) {
 			data := t.TempDir()
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			be, err := openBackend(ctx, name, data)
+			be, err := server.OpenBackend(ctx, name, data)
 			require.NoError(t, err)
 
 			srv := startServe(t, data, "--pool", "1", "--backend", name)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox/sandboxtest"
+	"github.com/cellbox/cellbox/server"
 	"github.com/cellbox/cellbox/server/runapi"
 )
 
@@ -108,7 +109,7 @@ func TestServeSessionTool(t *testing.T) {
 	assert.Contains(t, out, "no such session")
 
 	assert.NoError(t, srv.stop(t), "graceful stop exits 0")
-	assert.NoFileExists(t, filepath.Join(data, urlFile), "a stopped server takes its URL back")
+	assert.NoFileExists(t, filepath.Join(data, server.URLFile), "a stopped server takes its URL back")
 }
 
 // serveProc is a running `cellbox serve`.

@@ -6,10 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandboxclient"
+	"github.com/cellbox/cellbox/server"
 )
 
 func init() {
@@ -72,7 +74,7 @@ func runSession(ctx context.Context, args []string) error {
 	switch args[0] {
 	case "new":
 		cf := addClientFlags(fs, false)
-		data := fs.String("data", defaultDataDir(), "data directory of the server, where its key is (DATA/"+keyFile+"); env "+keyEnv+" overrides")
+		data := fs.String("data", server.DefaultDataDir(), "data directory of the server, where its key is (DATA/"+server.KeyFile+"); env "+server.KeyEnv+" overrides")
 		var opts api.NewSessionRequest
 		env := envFlag{}
 		fs.Var(env, "env", "KEY=VALUE: an environment variable of every box of the session (repeat the flag for more)")
@@ -84,9 +86,9 @@ func runSession(ctx context.Context, args []string) error {
 		if len(env) > 0 {
 			opts.Env = env
 		}
-		key := clientKey(*data)
+		key := server.ClientKey(*data)
 		if key == "" {
-			return fmt.Errorf("no server key: creating a session needs the key of cellbox serve; give its --data DIR (the key is DATA/%s) or set %s", keyFile, keyEnv)
+			return fmt.Errorf("no server key: creating a session needs the key of cellbox serve; give its --data DIR (the key is DATA/%s) or set %s", server.KeyFile, server.KeyEnv)
 		}
 		server := serverOf(fs, *cf.server, *data)
 		c, err := sandboxclient.NewSessionWithOptions(ctx, server, key, opts)
@@ -98,7 +100,7 @@ func runSession(ctx context.Context, args []string) error {
 		return nil
 	case "rm":
 		cf := addClientFlags(fs, false)
-		data := fs.String("data", defaultDataDir(), "data directory of the server, where its key is (DATA/"+keyFile+"; env "+keyEnv+" overrides): the server key deletes any session, e.g. one whose token is lost")
+		data := fs.String("data", server.DefaultDataDir(), "data directory of the server, where its key is (DATA/"+server.KeyFile+"; env "+server.KeyEnv+" overrides): the server key deletes any session, e.g. one whose token is lost")
 		pos, err := parseArgs(fs, args[1:]) // session rm ID --data DIR
 		if err != nil {
 			return err
@@ -110,8 +112,8 @@ func runSession(ctx context.Context, args []string) error {
 		// or no token is at hand.
 		cred := *cf.token
 		if flagsGiven(fs)["data"] || cred == "" {
-			if cred = clientKey(*data); cred == "" {
-				return fmt.Errorf("no token and no server key: pass the session's --token (or set CELLBOX_TOKEN), or the server's --data DIR (its key is DATA/%s) or set %s", keyFile, keyEnv)
+			if cred = server.ClientKey(*data); cred == "" {
+				return fmt.Errorf("no token and no server key: pass the session's --token (or set CELLBOX_TOKEN), or the server's --data DIR (its key is DATA/%s) or set %s", server.KeyFile, server.KeyEnv)
 			}
 		}
 		return sandboxclient.New(serverOf(fs, *cf.server, *data), pos[0], cred).DeleteSession(ctx)
@@ -131,4 +133,27 @@ func (e envFlag) Set(s string) error {
 	}
 	e[k] = v
 	return nil
+}
+
+// flagsGiven returns the names of the flags of fs given on the command
+// line.
+func flagsGiven(fs *flag.FlagSet) map[string]bool {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
+}
+
+// serverOf is the server URL a client command uses: --server or
+// CELLBOX_SERVER when given, else the URL the server over data wrote
+// (DATA/server.url) while it runs, else the default address.
+func serverOf(fs *flag.FlagSet, flagValue, data string) string {
+	if flagsGiven(fs)["server"] || os.Getenv("CELLBOX_SERVER") != "" || data == "" {
+		return flagValue
+	}
+	if b, err := os.ReadFile(filepath.Join(data, server.URLFile)); err == nil {
+		if u := strings.TrimSpace(string(b)); strings.HasPrefix(u, "http://") || strings.HasPrefix(u, "https://") {
+			return u
+		}
+	}
+	return flagValue
 }

@@ -33,9 +33,10 @@ var house = []floor{
 	// everything is below them. examples holds only tests of the whole.
 	{"cmd", []string{"cmd/...", "examples"},
 		[]string{"server", "patterns", "builtins", "runtime", "cells", "sandboxclient", "sandbox", "state", "blobs", "backends", "box", "wire", "internal"}},
-	// The server as a library: the runtime's HTTP API and its client, the
-	// web page. It composes the floors below; only the binaries are above
-	// it.
+	// The server as a library: the composition root (a data dir's state,
+	// the backend, the sandbox service, the runtime host, the guard of
+	// what it serves), the runtime's HTTP API and its client, the web
+	// page. It composes the floors below; only the binaries are above it.
 	{"server", []string{"server/..."},
 		[]string{"patterns", "builtins", "runtime", "cells", "sandboxclient", "sandbox", "state", "blobs", "backends", "box", "wire", "internal"}},
 	// The pattern compiler: YAML and Go → a runtime graph of built-ins. It

@@ -63,8 +63,9 @@ func (s *Server) routes() *http.ServeMux {
 }
 
 // ServeHTTP serves the API. It does no authentication of its own: its
-// servers guard it (cmd/cellbox: on TCP, the server key and the Host and
-// Origin checks of every request; the unix socket: its file mode).
+// servers guard it (package server: on TCP, the server key and the Host
+// and Origin checks of every request, server.Guard; the unix socket: its
+// file mode).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -17,12 +17,13 @@ import (
 	"github.com/cellbox/cellbox/sandboxclient"
 )
 
-// sandboxes is the sandbox service of a runtime host and the host's
-// session in it. `cellbox run` opens them on first need — the first box a
-// node asks for, or the first request to the tool API — so that a run
-// with nothing to do never opens (or probes) the backend; `cellbox serve`
-// gives an open service.
-type sandboxes struct {
+// Sandboxes is the sandbox service of a Host and the host's session in
+// it, the session its runtime's boxes live in. `cellbox run` opens them on
+// first need (LazySandboxes) — the first box a node asks for, or the first
+// request to the tool API — so that a run with nothing to do never opens
+// (or probes) the backend; `cellbox serve` gives an open service
+// (OpenSandboxes).
+type Sandboxes struct {
 	store cells.Store
 	log   *slog.Logger
 	open  func(ctx context.Context) (*sandbox.Service, error) // opens the service, or returns the one given
@@ -39,23 +40,25 @@ type sandboxes struct {
 // openTimeout bounds opening the backend and the service on first need.
 const openTimeout = 2 * time.Minute
 
-// lazySandboxes opens the service with open on first need (and closes it
-// at close).
-func lazySandboxes(store cells.Store, log *slog.Logger, open func(ctx context.Context) (*sandbox.Service, error)) *sandboxes {
-	return &sandboxes{store: store, log: log, open: open, owned: true}
+// LazySandboxes opens the service with open on first need (and closes it
+// at Close). The runtime's session is recorded in store, so that a
+// restart finds its boxes again.
+func LazySandboxes(store cells.Store, log *slog.Logger, open func(ctx context.Context) (*sandbox.Service, error)) *Sandboxes {
+	return &Sandboxes{store: store, log: log, open: open, owned: true}
 }
 
-// openSandboxes uses the open service svc, its caller's to close; the
+// OpenSandboxes uses the open service svc, its caller's to close; the
 // session is found (or made) at once.
-func openSandboxes(ctx context.Context, store cells.Store, log *slog.Logger, svc *sandbox.Service) (*sandboxes, error) {
-	s := &sandboxes{store: store, log: log, open: func(context.Context) (*sandbox.Service, error) { return svc, nil }}
-	_, _, err := s.get(ctx)
+func OpenSandboxes(ctx context.Context, store cells.Store, log *slog.Logger, svc *sandbox.Service) (*Sandboxes, error) {
+	s := &Sandboxes{store: store, log: log, open: func(context.Context) (*sandbox.Service, error) { return svc, nil }}
+	_, _, err := s.Get(ctx)
 	return s, err
 }
 
-// get opens the service and the session if not yet done. The first
-// caller's cancellation does not cut the opening short for the others.
-func (s *sandboxes) get(ctx context.Context) (*sandbox.Service, string, error) {
+// Get returns the service and the runtime's session in it, opening them
+// if not yet done. The first caller's cancellation does not cut the
+// opening short for the others; an opening that failed fails every Get.
+func (s *Sandboxes) Get(ctx context.Context) (*sandbox.Service, string, error) {
 	s.once.Do(func() {
 		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), openTimeout)
 		defer cancel()
@@ -74,7 +77,7 @@ func (s *sandboxes) get(ctx context.Context) (*sandbox.Service, string, error) {
 
 // start opens the service, finds the session and removes the exec boxes
 // a killed process left in it.
-func (s *sandboxes) start(ctx context.Context) (*sandbox.Service, string, error) {
+func (s *Sandboxes) start(ctx context.Context) (*sandbox.Service, string, error) {
 	svc, err := s.open(ctx)
 	if err != nil {
 		return nil, "", err
@@ -95,15 +98,50 @@ func (s *sandboxes) start(ctx context.Context) (*sandbox.Service, string, error)
 	return svc, session, nil
 }
 
-// opened returns the service and session if they are open.
-func (s *sandboxes) opened() (*sandbox.Service, string) {
+// sessionBucket and sessionKey are where the runtime's session is
+// recorded: a meta bucket of the cell store (its name is from the days
+// this code lived in cmd/cellbox, and stays: data dirs hold it).
+const sessionBucket, sessionKey = "cmd.cellbox", "sandbox.session"
+
+// runtimeSession returns the sandbox session the runtime's boxes live in:
+// the one recorded in the store if the service still has it, else a new
+// one, recorded.
+func runtimeSession(ctx context.Context, store cells.Store, svc *sandbox.Service) (string, error) {
+	type rec struct{ ID, Token string }
+	var r rec
+	err := store.View(ctx, func(tx cells.Tx) error {
+		if b, ok := tx.Meta(sessionBucket).Get(sessionKey); ok {
+			return json.Unmarshal(b, &r)
+		}
+		return nil
+	})
+	if err == nil && r.ID != "" {
+		if _, err := svc.Authenticate(r.ID, r.Token); err == nil {
+			return r.ID, nil
+		}
+	}
+	r.ID, r.Token, err = svc.NewSession(ctx)
+	if err != nil {
+		return "", fmt.Errorf("create the runtime's sandbox session: %w", err)
+	}
+	b, _ := json.Marshal(r)
+	err = store.Update(ctx, func(tx cells.Tx) error { return tx.Meta(sessionBucket).Put(sessionKey, b) })
+	if err != nil {
+		return "", fmt.Errorf("record the runtime's sandbox session: %w", err)
+	}
+	return r.ID, nil
+}
+
+// Opened returns the service and session if they are open (nil and ""
+// before, and when the opening failed).
+func (s *Sandboxes) Opened() (*sandbox.Service, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.svc, s.session
 }
 
-// setBaseURL sets the base URL of previews, now or when the service opens.
-func (s *sandboxes) setBaseURL(u string) {
+// SetBaseURL sets the base URL of previews, now or when the service opens.
+func (s *Sandboxes) SetBaseURL(u string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.baseURL = u
@@ -112,32 +150,32 @@ func (s *sandboxes) setBaseURL(u string) {
 	}
 }
 
-// sleep puts every box of the service to sleep, if it was opened: those
+// Sleep puts every box of the service to sleep, if it was opened: those
 // of the runtime's session and those of the tool API's sessions. The host
 // calls it as the process shuts down, once its APIs stopped: nothing is
 // left to put a box to sleep after that (the reaper lives in this
 // process), and a running box holds a mounted disk.
-func (s *sandboxes) sleep(ctx context.Context) error {
-	if svc, _ := s.opened(); svc != nil {
+func (s *Sandboxes) Sleep(ctx context.Context) error {
+	if svc, _ := s.Opened(); svc != nil {
 		return svc.SleepAll(ctx)
 	}
 	return nil
 }
 
-// close closes a service this opened.
-func (s *sandboxes) close() error {
-	if svc, _ := s.opened(); svc != nil && s.owned {
+// Close closes a service this opened (LazySandboxes).
+func (s *Sandboxes) Close() error {
+	if svc, _ := s.Opened(); svc != nil && s.owned {
 		return svc.Close()
 	}
 	return nil
 }
 
-// handler is build(svc) for the open service, built on its first request
+// Handler is build(svc) for the open service, built on its first request
 // (which opens the service); if the service cannot open, every request
 // gets 503 saying why.
-func (s *sandboxes) handler(build func(*sandbox.Service) http.Handler) http.Handler {
+func (s *Sandboxes) Handler(build func(*sandbox.Service) http.Handler) http.Handler {
 	return lazyHandler(func() http.Handler {
-		svc, _, err := s.get(context.Background())
+		svc, _, err := s.Get(context.Background())
 		if err != nil {
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				http.Error(w, fmt.Sprintf("the sandbox service could not start: %v", err), http.StatusServiceUnavailable)
@@ -147,15 +185,16 @@ func (s *sandboxes) handler(build func(*sandbox.Service) http.Handler) http.Hand
 	})
 }
 
-// client is the session's client, opening the service on its first call.
-func (s *sandboxes) client() sandboxclient.Client { return lazyClient{s} }
+// Client is the session's client, opening the service on its first call.
+// It is also a sandboxclient.ToolLister.
+func (s *Sandboxes) Client() sandboxclient.Client { return lazyClient{s} }
 
 // lazyClient is a sandboxclient.Client (and ToolLister) that opens the
 // service on its first call.
-type lazyClient struct{ s *sandboxes }
+type lazyClient struct{ s *Sandboxes }
 
 func (c lazyClient) get(ctx context.Context) (*sandbox.LocalClient, error) {
-	svc, session, err := c.s.get(ctx)
+	svc, session, err := c.s.Get(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("start the sandbox service: %w", err)
 	}

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -24,22 +24,35 @@ import (
 	"github.com/cellbox/cellbox/server/webui"
 )
 
-// httpOptions are the flags of the HTTP server of `cellbox serve` and
-// `cellbox run`.
-type httpOptions struct {
-	keyFile      string        // default DATA/server.key
-	allowedHosts []string      // names besides loopback the server answers to
-	bodyTimeout  time.Duration // how long a client may take to send a request body
-	bodyGrace    time.Duration // how long its first bytes may take
-	bodyMinRate  int64         // bytes per second a body must keep up after the grace
-	idleTimeout  time.Duration // how long a kept-alive connection may sit idle
-	// shutdownGrace is how long a stop lets requests in flight finish
+// HTTPOptions are the options of a Host's servers (the flags of `cellbox
+// serve` and `cellbox run`: AddHTTPFlags). Start from
+// DefaultHTTPOptions: a zero field means what the flag's 0 means.
+type HTTPOptions struct {
+	KeyFile      string        // default DATA/server.key
+	AllowedHosts []string      // names besides loopback the server answers to
+	BodyTimeout  time.Duration // how long a client may take to send a request body (0: no limit on bodies)
+	BodyGrace    time.Duration // how long its first bytes may take
+	BodyMinRate  int64         // bytes per second a body must keep up after the grace (0: no minimum)
+	IdleTimeout  time.Duration // how long a kept-alive connection may sit idle (0: the default)
+	// ShutdownGrace is how long a stop lets requests in flight finish
 	// before it ends them (their commands killed) and answers them that
-	// the server is shutting down.
-	shutdownGrace time.Duration
-	// mcpIdleTTL is how long an MCP session of /v1/mcp may go without a
+	// the server is shutting down (0: the default).
+	ShutdownGrace time.Duration
+	// MCPIdleTTL is how long an MCP session of /v1/mcp may go without a
 	// request before it is closed and its boxes deleted (0: never).
-	mcpIdleTTL time.Duration
+	MCPIdleTTL time.Duration
+}
+
+// DefaultHTTPOptions are the options of the flags' defaults.
+func DefaultHTTPOptions() HTTPOptions {
+	return HTTPOptions{
+		BodyTimeout:   defaultBodyTimeout,
+		BodyGrace:     defaultBodyGrace,
+		BodyMinRate:   defaultBodyMinRate,
+		IdleTimeout:   defaultIdleTimeout,
+		ShutdownGrace: defaultShutdownGrace,
+		MCPIdleTTL:    httpapi.DefaultMCPIdleTTL,
+	}
 }
 
 // Defaults of the HTTP limits. A body may be a large upload, so its time is
@@ -73,55 +86,81 @@ func (l *hostList) Set(v string) error {
 	return nil
 }
 
-// addHTTPFlags adds the HTTP server's flags to fs.
-func addHTTPFlags(fs *flag.FlagSet) *httpOptions {
-	o := &httpOptions{}
-	fs.StringVar(&o.keyFile, "key-file", "", "file of the server key (default DATA/server.key, made on first start; env "+keyEnv+" overrides)")
-	fs.Var((*hostList)(&o.allowedHosts), "allowed-host", "a host name (besides localhost and loopback addresses) the server answers to, e.g. a name that reaches it through a proxy; repeatable")
-	fs.DurationVar(&o.bodyTimeout, "body-timeout", defaultBodyTimeout, "time a client may take to send a request body, however fast it sends")
-	fs.DurationVar(&o.bodyGrace, "body-grace", defaultBodyGrace, "time a request body may take before it must keep up --body-min-rate")
-	fs.Int64Var(&o.bodyMinRate, "body-min-rate", defaultBodyMinRate, "bytes per second a request body must arrive at after --body-grace; a slower one is cut (408) (0: no minimum)")
-	fs.DurationVar(&o.idleTimeout, "idle-timeout", defaultIdleTimeout, "time an idle kept-alive connection stays open")
-	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "time a stop lets calls in flight finish; then their commands are ended and they are answered that the server is shutting down")
-	fs.DurationVar(&o.mcpIdleTTL, "mcp-idle-ttl", httpapi.DefaultMCPIdleTTL, "close an MCP session of /v1/mcp that had no request this long, and delete its boxes (0: never; --session-ttl, if shorter, applies)")
+// AddHTTPFlags adds the flags of HTTPOptions to fs, with the defaults of
+// DefaultHTTPOptions.
+func AddHTTPFlags(fs *flag.FlagSet) *HTTPOptions {
+	o := &HTTPOptions{}
+	fs.StringVar(&o.KeyFile, "key-file", "", "file of the server key (default DATA/server.key, made on first start; env "+KeyEnv+" overrides)")
+	fs.Var((*hostList)(&o.AllowedHosts), "allowed-host", "a host name (besides localhost and loopback addresses) the server answers to, e.g. a name that reaches it through a proxy; repeatable")
+	fs.DurationVar(&o.BodyTimeout, "body-timeout", defaultBodyTimeout, "time a client may take to send a request body, however fast it sends")
+	fs.DurationVar(&o.BodyGrace, "body-grace", defaultBodyGrace, "time a request body may take before it must keep up --body-min-rate")
+	fs.Int64Var(&o.BodyMinRate, "body-min-rate", defaultBodyMinRate, "bytes per second a request body must arrive at after --body-grace; a slower one is cut (408) (0: no minimum)")
+	fs.DurationVar(&o.IdleTimeout, "idle-timeout", defaultIdleTimeout, "time an idle kept-alive connection stays open")
+	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace", defaultShutdownGrace, "time a stop lets calls in flight finish; then their commands are ended and they are answered that the server is shutting down")
+	fs.DurationVar(&o.MCPIdleTTL, "mcp-idle-ttl", httpapi.DefaultMCPIdleTTL, "close an MCP session of /v1/mcp that had no request this long, and delete its boxes (0: never; --session-ttl, if shorter, applies)")
 	return o
 }
 
-// serveHTTP serves the sandbox service's handler (the tool API, previews),
+// Endpoint is a Host's HTTP server on TCP (Host.ServeTCP), listening.
+type Endpoint struct {
+	// URL is its base URL, http://HOST:PORT (loopback when it listens on
+	// every address): the base of previews, and the page's address.
+	URL string
+	// Key is the server key; KeyCreated says it was just made (the
+	// command prints it then).
+	Key        string
+	KeyCreated bool
+	// Stopped reports the server stopping on its own; Host.Close stops
+	// it.
+	Stopped <-chan error
+}
+
+// ServeTCP serves the sandbox service's handler (the tool API, previews),
 // the runtime API and the web page together over HTTP on addr (`cellbox
-// serve`, `cellbox run`), all behind one guard (see guard), and sets the
+// serve`, `cellbox run`), all behind one guard (see Guard), and sets the
 // service's base URL to the address it listens on, so that browse hands
-// out URLs that reach this server. It returns that URL, the server key,
-// whether the key was just made, and a channel that reports the server
-// stopping on its own; h.close stops it.
-func (h *runtimeHost) serveHTTP(addr string) (base, key string, created bool, stopped <-chan error, err error) {
-	if key, created, err = serverKey(keyPathOf(h)); err != nil {
-		return "", "", false, nil, err
+// out URLs that reach this server. It notes that URL in DATA/server.url
+// while it serves; h.Close stops it.
+func (h *Host) ServeTCP(addr string) (*Endpoint, error) {
+	key, created, err := ServerKey(h.KeyPath())
+	if err != nil {
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return "", "", false, nil, fmt.Errorf("listen on %s: %w", addr, err)
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
 	host, port, _ := net.SplitHostPort(ln.Addr().String())
-	hosts := append([]string{host}, h.opts.allowedHosts...)
+	hosts := append([]string{host}, h.opts.AllowedHosts...)
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		host = "127.0.0.1" // listening on all addresses: this machine's browser uses loopback
 	}
-	base = "http://" + net.JoinHostPort(host, port)
-	h.boxes.setBaseURL(base)
+	base := "http://" + net.JoinHostPort(host, port)
+	h.boxes.SetBaseURL(base)
 	// Not a secret (the key is): 0644, and a failure only costs the hint.
-	h.urlPath = filepath.Join(h.dataDir, urlFile)
+	h.urlPath = filepath.Join(h.dataDir, URLFile)
 	if err := os.WriteFile(h.urlPath, []byte(base+"\n"), 0o644); err != nil {
 		slog.Warn("could not note the server's URL in the data dir", "err", err)
 	}
 	// One handler of the tool API (its MCP sessions live in it), built on
 	// the first request as the page's is: a run with nothing to do exits
 	// before it would pay for them (or open the sandbox service).
-	boxes := h.boxes.handler(func(svc *sandbox.Service) http.Handler {
-		return httpapi.HandlerWith(svc, httpapi.Options{MCPIdleTTL: ttlConfig(h.opts.mcpIdleTTL)})
+	boxes := h.boxes.Handler(func(svc *sandbox.Service) http.Handler {
+		return httpapi.HandlerWith(svc, httpapi.Options{MCPIdleTTL: TTL(h.opts.MCPIdleTTL)})
 	})
-	g := newGuard(key, hosts, boxes, withRuntimeAPI(boxes, h.api, lazyHandler(webui.Handler)))
-	return base, key, created, h.start(ln, withBodyPace(h.opts.pace(), g)), nil
+	g := NewGuard(key, hosts, boxes, withRuntimeAPI(boxes, h.api, lazyHandler(webui.Handler)))
+	stopped := h.Serve(ln, WithBodyPace(h.opts.Pace(), g))
+	return &Endpoint{URL: base, Key: key, KeyCreated: created, Stopped: stopped}, nil
+}
+
+// TTL turns a time to live given as a flag (0: never) into one of
+// sandbox.Config.SessionTTL or httpapi.Options.MCPIdleTTL (0: the
+// default, negative: never).
+func TTL(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
 
 // lazyHandler is the handler build returns, built on its first request.
@@ -145,7 +184,7 @@ func withRuntimeAPI(h, api, page http.Handler) http.Handler {
 	})
 }
 
-// guard is the one gate of everything served over TCP. In order:
+// Guard is the one gate of everything a Host serves over TCP. In order:
 //
 //  1. Host must be localhost, a loopback address, the address listened on,
 //     a name given with --allowed-host, or a preview host (ID.localhost):
@@ -164,22 +203,29 @@ func withRuntimeAPI(h, api, page http.Handler) http.Handler {
 //     fragment (#token=KEY; GET /?token=KEY redirects there) into its
 //     origin's localStorage and sends it as Authorization. No cookie
 //     carries it: a cookie goes to every port of the host.
-type guard struct {
+//
+// A server role that serves a handler of its own over TCP puts it behind
+// a Guard (and WithBodyPace) as ServeTCP does.
+type Guard struct {
 	key     string
 	hosts   map[string]bool // allowed host names besides loopback, lowercase
 	preview http.Handler
 	api     http.Handler
 }
 
-func newGuard(key string, hosts []string, preview, api http.Handler) *guard {
-	g := &guard{key: key, hosts: map[string]bool{}, preview: preview, api: api}
+// NewGuard guards api and preview with the server key: the preview hosts
+// (ID.localhost) go to preview, everything else that passes to api.
+// hosts are the names it answers to besides localhost and loopback
+// addresses: the address listened on and HTTPOptions.AllowedHosts.
+func NewGuard(key string, hosts []string, preview, api http.Handler) *Guard {
+	g := &Guard{key: key, hosts: map[string]bool{}, preview: preview, api: api}
 	for _, h := range hosts {
 		g.hosts[strings.ToLower(strings.Trim(h, "[]"))] = true
 	}
 	return g
 }
 
-func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (g *Guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	name, _ := splitHost(r.Host)
 	_, isPreview := sandbox.PreviewID(r.Host)
 	if !isPreview && !g.allowedHost(name) {
@@ -236,19 +282,19 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case !ok || key == "":
 		w.Header().Set("WWW-Authenticate", `Bearer realm="cellbox"`)
 		writeGuardError(w, http.StatusUnauthorized, fmt.Sprintf(
-			"%s %s needs the server key: send Authorization: Bearer KEY (KEY is in DATA/%s of the server, or %s); the web page: open the address the server printed (page: .../#token=KEY)", r.Method, r.URL.Path, keyFile, keyEnv))
+			"%s %s needs the server key: send Authorization: Bearer KEY (KEY is in DATA/%s of the server, or %s); the web page: open the address the server printed (page: .../#token=KEY)", r.Method, r.URL.Path, KeyFile, KeyEnv))
 	case !g.match(key):
-		writeGuardError(w, http.StatusForbidden, fmt.Sprintf("%s %s: wrong server key (it is in DATA/%s of the server, or %s)", r.Method, r.URL.Path, keyFile, keyEnv))
+		writeGuardError(w, http.StatusForbidden, fmt.Sprintf("%s %s: wrong server key (it is in DATA/%s of the server, or %s)", r.Method, r.URL.Path, KeyFile, KeyEnv))
 	default:
 		g.api.ServeHTTP(w, r)
 	}
 }
 
-func (g *guard) match(key string) bool {
+func (g *Guard) match(key string) bool {
 	return subtle.ConstantTimeCompare([]byte(key), []byte(g.key)) == 1
 }
 
-func (g *guard) allowedHost(name string) bool {
+func (g *Guard) allowedHost(name string) bool {
 	if name == "localhost" || g.hosts[name] {
 		return true
 	}
@@ -308,32 +354,32 @@ func writeGuardError(w http.ResponseWriter, status int, msg string) {
 	json.NewEncoder(w).Encode(map[string]string{"error": msg})
 }
 
-// bodyPace is how fast a request body must arrive: its first bytes within
-// grace, then at minRate bytes a second on average, and the whole of it
-// within max however fast it comes.
-type bodyPace struct {
-	grace   time.Duration
-	minRate int64
-	max     time.Duration
+// BodyPace is how fast a request body must arrive: its first bytes within
+// Grace, then at MinRate bytes a second on average, and the whole of it
+// within Max however fast it comes.
+type BodyPace struct {
+	Grace   time.Duration
+	MinRate int64         // 0: no minimum
+	Max     time.Duration // 0: no pace at all
 }
 
-// pace is the body pace of the flags.
-func (o *httpOptions) pace() bodyPace {
-	return bodyPace{grace: o.bodyGrace, minRate: o.bodyMinRate, max: o.bodyTimeout}
+// Pace is the body pace of the options.
+func (o HTTPOptions) Pace() BodyPace {
+	return BodyPace{Grace: o.BodyGrace, MinRate: o.BodyMinRate, Max: o.BodyTimeout}
 }
 
 // deadline is when a body that started at start and has brought got bytes
-// must have brought more: the grace, plus a second for each minRate bytes
-// (mod_reqtimeout's MinRate), never past max.
-func (p bodyPace) deadline(start time.Time, got int64) time.Time {
-	d := p.max
-	if p.minRate > 0 && p.grace < p.max {
-		d = min(p.grace+time.Duration(float64(got)/float64(p.minRate)*float64(time.Second)), p.max)
+// must have brought more: the grace, plus a second for each MinRate bytes
+// (mod_reqtimeout's MinRate), never past Max.
+func (p BodyPace) deadline(start time.Time, got int64) time.Time {
+	d := p.Max
+	if p.MinRate > 0 && p.Grace < p.Max {
+		d = min(p.Grace+time.Duration(float64(got)/float64(p.MinRate)*float64(time.Second)), p.Max)
 	}
 	return start.Add(d)
 }
 
-// withBodyPace holds a request's body to p with a read deadline on its
+// WithBodyPace holds a request's body to p with a read deadline on its
 // connection, moved on as the body arrives and lifted once it has (an
 // http.Server.ReadTimeout would also cut the connection under a
 // long-lived response, such as a watch, and cancel its context). A body
@@ -342,9 +388,9 @@ func (p bodyPace) deadline(start time.Time, got int64) time.Time {
 // Hand-written: net/http has only whole-request timeouts, and a reverse
 // proxy in front (nginx's client_body_timeout, Apache's mod_reqtimeout)
 // is what usually does this; cellbox serves without one.
-func withBodyPace(p bodyPace, h http.Handler) http.Handler {
+func WithBodyPace(p BodyPace, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if p.max <= 0 || r.Body == nil || r.Body == http.NoBody {
+		if p.Max <= 0 || r.Body == nil || r.Body == http.NoBody {
 			h.ServeHTTP(w, r)
 			return
 		}
@@ -366,7 +412,7 @@ type pacedBody struct {
 	io.ReadCloser
 	rc    *http.ResponseController
 	w     *cutWriter
-	pace  bodyPace
+	pace  BodyPace
 	start time.Time
 	at    time.Time // the deadline set
 	got   int64
@@ -387,7 +433,7 @@ func (b *pacedBody) Read(p []byte) (int, error) {
 		b.done = true
 		b.w.cut(http.StatusRequestTimeout, fmt.Sprintf(
 			"request body too slow: %d bytes in %s; a body must start within %s, then keep up %d bytes/s, and end within %s (server flags --body-grace, --body-min-rate, --body-timeout)",
-			b.got, time.Since(b.start).Round(time.Millisecond), b.pace.grace, b.pace.minRate, b.pace.max))
+			b.got, time.Since(b.start).Round(time.Millisecond), b.pace.Grace, b.pace.MinRate, b.pace.Max))
 	case n > 0:
 		// Moved in steps of at least 100 ms: not a syscall per read.
 		if at := b.pace.deadline(b.start, b.got); at.Sub(b.at) >= 100*time.Millisecond {
@@ -444,10 +490,14 @@ func (w *cutWriter) Flush() {
 // deadlines, Hijack).
 func (w *cutWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// start serves handler on ln until h.close; the channel reports the
-// server stopping on its own.
-func (h *runtimeHost) start(ln net.Listener, handler http.Handler) <-chan error {
-	idle := h.opts.idleTimeout
+// Serve serves handler on ln until h.Close, with the limits of the
+// Host's HTTPOptions and its stop (requests given the shutdown grace,
+// then ended; the runtime API's watches ended at once); the channel
+// reports the server stopping on its own. ServeUnix and ServeTCP serve
+// through it; a server role may serve a handler of its own so (over TCP,
+// behind a Guard).
+func (h *Host) Serve(ln net.Listener, handler http.Handler) <-chan error {
+	idle := h.opts.IdleTimeout
 	if idle <= 0 {
 		idle = defaultIdleTimeout
 	}

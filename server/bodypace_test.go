@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"bufio"
@@ -18,9 +18,9 @@ import (
 )
 
 // paceServer serves a handler that reads the whole body and answers its
-// length and digest, behind withBodyPace(p).
-func paceServer(t *testing.T, p bodyPace) string {
-	srv := httptest.NewServer(withBodyPace(p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// length and digest, behind WithBodyPace(p).
+func paceServer(t *testing.T, p BodyPace) string {
+	srv := httptest.NewServer(WithBodyPace(p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := sha256.New()
 		n, err := io.Copy(h, r.Body)
 		if err != nil {
@@ -67,7 +67,7 @@ func send(t *testing.T, addr string, chunks int, size int, every time.Duration) 
 // spent, long before the whole-body limit; a body that keeps up the
 // minimum rate, however long, and a large one sent at once are read whole.
 func TestBodyPace(t *testing.T) {
-	addr := paceServer(t, bodyPace{grace: 500 * time.Millisecond, minRate: 100, max: 5 * time.Minute})
+	addr := paceServer(t, BodyPace{Grace: 500 * time.Millisecond, MinRate: 100, Max: 5 * time.Minute})
 
 	t.Run("dribbled", func(t *testing.T) {
 		begin := time.Now()
@@ -88,7 +88,7 @@ func TestBodyPace(t *testing.T) {
 		assert.True(t, strings.HasPrefix(body, fmt.Sprint(64<<20)+" "), body)
 	})
 	t.Run("within the whole-body limit", func(t *testing.T) {
-		addr := paceServer(t, bodyPace{grace: 200 * time.Millisecond, minRate: 1 << 30, max: 300 * time.Millisecond})
+		addr := paceServer(t, BodyPace{Grace: 200 * time.Millisecond, MinRate: 1 << 30, Max: 300 * time.Millisecond})
 		status, body := send(t, addr, 100, 100, 100*time.Millisecond)
 		assert.Equal(t, http.StatusRequestTimeout, status, body)
 	})
@@ -96,9 +96,9 @@ func TestBodyPace(t *testing.T) {
 
 func TestBodyPaceDeadline(t *testing.T) {
 	start := time.Unix(1000, 0)
-	p := bodyPace{grace: 10 * time.Second, minRate: 1000, max: time.Minute}
+	p := BodyPace{Grace: 10 * time.Second, MinRate: 1000, Max: time.Minute}
 	assert.Equal(t, start.Add(10*time.Second), p.deadline(start, 0))
 	assert.Equal(t, start.Add(12*time.Second), p.deadline(start, 2000), "a second per minRate bytes")
 	assert.Equal(t, start.Add(time.Minute), p.deadline(start, 1<<40), "never past max")
-	assert.Equal(t, start.Add(time.Minute), bodyPace{grace: 10 * time.Second, max: time.Minute}.deadline(start, 0), "no minimum: max")
+	assert.Equal(t, start.Add(time.Minute), BodyPace{Grace: 10 * time.Second, Max: time.Minute}.deadline(start, 0), "no minimum: max")
 }

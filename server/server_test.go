@@ -1,4 +1,4 @@
-package main
+package server_test
 
 import (
 	"context"
@@ -16,7 +16,9 @@ import (
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/patterns"
+	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/sandboxtest"
+	"github.com/cellbox/cellbox/server"
 	"github.com/cellbox/cellbox/server/runapi"
 )
 
@@ -37,7 +39,7 @@ nodes:
 `
 
 // TestRunExecBoxFromPoolIsFresh runs an exec stage under `cellbox run`'s
-// setup again and again: from the second run on its box comes from the
+// setup (RunConfig) again and again: from the second run on its box comes from the
 // warm pool (before, run kept no pool and every stage waited for a cold
 // create), and each box holds nothing the previous run left: no file, no
 // process, no variable.
@@ -56,14 +58,15 @@ func TestRunExecBoxFromPoolIsFresh(t *testing.T) {
 	require.NoError(t, err)
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	r, err := openRun(ctx, runConfig{dataDir: data, backend: "local", agentBinary: testenv.CellboxBinary(t), log: log})
+	r, err := server.Open(ctx, server.RunConfig(data, "local", testenv.CellboxBinary(t), log))
 	require.NoError(t, err)
-	defer func() { require.NoError(t, r.close()) }()
-	_, err = r.host.api.Load(ctx, p, runapi.LoadOptions{Space: runapi.DefaultSpace, Name: p.Name, Source: dir})
+	defer func() { require.NoError(t, r.Close()) }()
+	rt := r.Host.Runtime()
+	_, err = r.Host.API().Load(ctx, p, runapi.LoadOptions{Space: runapi.DefaultSpace, Name: p.Name, Source: dir})
 	require.NoError(t, err)
-	require.NoError(t, r.host.rt.Wait(ctx))
+	require.NoError(t, rt.Wait(ctx))
 
-	svc, _, err := r.boxes.get(ctx) // opened by the first run
+	svc, _, err := r.Sandboxes.Get(ctx) // opened by the first run
 	require.NoError(t, err)
 	stage := cells.Address{Space: runapi.DefaultSpace, Pattern: p.Name, Name: "stage"}
 	for n := 1; n <= 3; n++ {
@@ -71,11 +74,11 @@ func TestRunExecBoxFromPoolIsFresh(t *testing.T) {
 		// takes one.
 		require.Eventually(t, func() bool { return poolReady(svc) > 0 }, time.Minute, 5*time.Millisecond, "a warm box for run %d", n)
 		taken := svc.Metrics().WarmTaken
-		require.NoError(t, r.host.rt.Set(ctx, cells.Address{Space: runapi.DefaultSpace, Pattern: p.Name, Name: "n"}, json.RawMessage(strconv.Quote(strconv.Itoa(n)))))
-		require.NoError(t, r.host.rt.Wait(ctx))
+		require.NoError(t, rt.Set(ctx, cells.Address{Space: runapi.DefaultSpace, Pattern: p.Name, Name: "n"}, json.RawMessage(strconv.Quote(strconv.Itoa(n)))))
+		require.NoError(t, rt.Wait(ctx))
 		assert.Equal(t, taken+1, svc.Metrics().WarmTaken, "run %d took its box from the warm pool", n)
 
-		c, err := r.state.cells.Get(context.Background(), stage)
+		c, err := r.State.Cells.Get(context.Background(), stage)
 		require.NoError(t, err)
 		require.Empty(t, c.Error)
 		var res struct{ Result struct{ Stdout string } }
@@ -88,23 +91,11 @@ func TestRunExecBoxFromPoolIsFresh(t *testing.T) {
 	}
 }
 
-// TestRunOpensNoBackendWithoutBoxes: a run whose nodes need no box never
-// opens (or probes) its backend — before, `run` opened it first thing,
-// so an unreachable Docker Engine failed a pattern of computed cells and
-// the local backend set up its directory for nothing. Once a node needs
-// a box, an unreachable backend is that node's error.
-func TestRunOpensNoBackendWithoutBoxes(t *testing.T) {
-	t.Setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-	data := t.TempDir()
-	out, errOut, err := cellbox(t, "run", writePattern(t, sumPattern), "--once", "--data", data, "--backend", "docker")
-	require.NoError(t, err, errOut)
-	assert.Equal(t, "a = 1\nb = 2\ntotal = 3\ndouble = 6\n", out)
-
-	_, errOut, err = cellbox(t, "run", writePattern(t, sumPattern), "--once", "--data", data, "--backend", "local")
-	require.NoError(t, err, errOut)
-	assert.NoDirExists(t, filepath.Join(data, "local"), "the local backend was not set up")
-
-	out, errOut, err = cellbox(t, "run", writePattern(t, "name: one\nnodes:\n  stage:\n    exec:\n      command: \"true\"\n"), "--once", "--data", t.TempDir(), "--backend", "docker")
-	require.Error(t, err, "a stage needs the backend")
-	assert.Contains(t, out+errOut, "start the sandbox service")
+// poolReady is the number of warm boxes ready in svc.
+func poolReady(svc *sandbox.Service) int {
+	n := 0
+	for _, c := range svc.Metrics().PoolReady {
+		n += c.N
+	}
+	return n
 }
