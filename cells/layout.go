@@ -2,8 +2,9 @@ package cells
 
 // Store layout, version 1: the buckets of a KV (see kv.go) that a Store
 // keeps, the same in every KV. In bbolt each is a top-level bucket of one
-// file, which other state may share (OpenBoltDB): the sandbox service
-// keeps "meta", "sessions" and "boxes".
+// file, which other state may share (OpenBoltDB): the sandbox service's
+// state store (sandbox/state, schema 2) keeps "meta", "records" and
+// "reservations".
 //
 //	"cellbox"  "layout"   -> decimal layout version ("1"); a store with a
 //	                         higher number is refused, one without the key

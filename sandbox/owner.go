@@ -1,9 +1,11 @@
 package sandbox
 
-// Ownership: the reaper (idle sessions and boxes, health checks, last-used
-// times) and the warm pools act only while this server holds their lease
-// (Config.Leaser), so that of several servers sharing state one at a time
-// does (issue: several servers, one state). On one machine the leaser is
+// Ownership: the reaper (idle sessions and boxes, health checks, the sweep
+// of snapshot blobs no snapshot names) and the warm pools act only while
+// this server holds their lease (Config.Leaser), so that of several
+// servers sharing state one at a time does (issue: several servers, one
+// state). Saving the last-used times of the boxes this server served is
+// its own business and needs none. On one machine the leaser is
 // lease.Local and this server always holds them.
 
 import (

@@ -24,7 +24,9 @@ import (
 // every ReapInterval until Close.
 func (s *Service) reaper() {
 	defer s.wg.Done()
-	s.snaps.sweep(s.ctx, s.log)
+	if s.holds(leaseReaper) { // blobs a capture of another server is writing are not orphans
+		s.snaps.sweep(s.ctx, s.log)
+	}
 	t := time.NewTicker(s.cfg.ReapInterval)
 	defer t.Stop()
 	for {
