@@ -214,6 +214,7 @@ func TestHelpShowsNoSecrets(t *testing.T) {
 	for k, v := range secrets {
 		t.Setenv(k, v)
 	}
+	testenv.BenchBinary(t) // beside cellbox: `cellbox bench` runs it
 	runs := [][]string{{"tool", "--bogus"}, {"mcp", "--nope"}}
 	for _, name := range commandNames() {
 		runs = append(runs, []string{name, "--help"})
@@ -238,4 +239,22 @@ func TestHelpShowsNoSecrets(t *testing.T) {
 	out, errOut, _ := cellbox(t, "tool", "--help")
 	assert.Contains(t, out+errOut, "session token (default: $CELLBOX_TOKEN)")
 	assert.Contains(t, out+errOut, "server URL (default: $CELLBOX_SERVER, else http://127.0.0.1:7077)")
+}
+
+// TestBenchRunsCellboxBench: `cellbox bench` runs cellbox-bench, which is
+// not part of the agent binary, from beside it, with the same arguments;
+// without one there it says how to build it.
+func TestBenchRunsCellboxBench(t *testing.T) {
+	testenv.BenchBinary(t)
+	out, errOut, err := cellbox(t, "bench", "disks")
+	assert.Equal(t, 1, exitCode(t, err), "stdout:\n%s\nstderr:\n%s", out, errOut)
+	assert.Contains(t, errOut, `cellbox-bench: unknown subcommand "disks": want boxes, pipeline or runtime`)
+
+	alone := filepath.Join(t.TempDir(), "cellbox")
+	data, err := os.ReadFile(testenv.CellboxBinary(t))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(alone, data, 0o755))
+	outb, err := exec.Command(alone, "bench", "boxes").CombinedOutput()
+	assert.Equal(t, 1, exitCode(t, err), "%s", outb)
+	assert.Contains(t, string(outb), "cellbox bench: the benchmarks are the binary cellbox-bench, and there is none beside "+alone+": build it there (CGO_ENABLED=0 go build -o "+filepath.Join(filepath.Dir(alone), "cellbox-bench")+" ./cmd/cellbox-bench)")
 }

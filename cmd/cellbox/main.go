@@ -1,5 +1,7 @@
-// Command cellbox is the one cellbox binary: the server, the pattern runner,
-// the CLI clients, the image builder, the benchmarks and the in-box agent.
+// Command cellbox is the cellbox binary: the server, the pattern runner,
+// the CLI clients, the image builder and the in-box agent (every box
+// mounts it). The benchmarks are cmd/cellbox-bench, which `cellbox bench`
+// runs; the server itself is package server, which serve and run wire up.
 package main
 
 import (

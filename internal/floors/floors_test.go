@@ -29,8 +29,9 @@ type floor struct {
 
 // house is cellbox's floors, top to bottom.
 var house = []floor{
-	// The binaries (cellbox: serve, run, tool, mcp, image, agent...):
-	// everything is below them. examples holds only tests of the whole.
+	// The binaries (cellbox: serve, run, tool, mcp, image, agent...;
+	// cellbox-bench): everything is below them. examples holds only tests
+	// of the whole.
 	{"cmd", []string{"cmd/...", "examples"},
 		[]string{"server", "patterns", "builtins", "runtime", "cells", "sandboxclient", "sandbox", "state", "blobs", "backends", "box", "wire", "internal"}},
 	// The server as a library: the composition root (a data dir's state,
@@ -211,6 +212,8 @@ func mayList(f floor) string {
 func TestFloorOf(t *testing.T) {
 	for rel, want := range map[string]string{
 		"cmd/cellbox":                 "cmd",
+		"cmd/cellbox-bench":           "cmd",
+		"server":                      "server",
 		"server/runapi":               "server",
 		"builtins/llm":                "builtins",
 		"sandbox":                     "sandbox",

@@ -1,5 +1,6 @@
 // Package testenv gives tests the real components they need: a Docker
-// Engine, bubblewrap, and a static cellbox binary to run as the in-box agent.
+// Engine, bubblewrap, a static cellbox binary to run as the in-box agent,
+// and the benchmarks' binary.
 //
 // A test that needs a component calls the matching Require function. When the
 // component is missing the test is skipped on a developer machine and fails
@@ -85,44 +86,70 @@ func RequireBwrap(t testing.TB) {
 	}
 }
 
-var (
-	buildOnce sync.Once
-	buildPath string
-	buildErr  error
-)
-
 // RepoRoot is the module root, found from this source file.
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
+// built is a binary of the module built once per test process.
+type built struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+var (
+	binDirOnce sync.Once
+	binDir     string
+	binDirErr  error
+	cellboxBin built
+	benchBin   built
+)
+
 // CellboxBinary builds cmd/cellbox once per test process, statically
 // (CGO_ENABLED=0, as in every box), and returns its path. Tests use it as the
 // agent binary mounted into boxes and to run the CLI.
 func CellboxBinary(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		sweepTestBinaries()
-		dir, err := os.MkdirTemp("", testBinPrefix+strconv.Itoa(os.Getpid())+"-")
-		if err != nil {
-			buildErr = err
+	return buildBinary(t, &cellboxBin, "cellbox")
+}
+
+// BenchBinary builds cmd/cellbox-bench once per test process, as
+// CellboxBinary builds cellbox and into the same directory, so that
+// `cellbox bench` (which runs the cellbox-bench beside it) and
+// cellbox-bench (which runs the cellbox beside it) find each other.
+func BenchBinary(t testing.TB) string {
+	t.Helper()
+	return buildBinary(t, &benchBin, "cellbox-bench")
+}
+
+// buildBinary builds ./cmd/NAME into the process's binary directory once.
+func buildBinary(t testing.TB, b *built, name string) string {
+	t.Helper()
+	b.once.Do(func() {
+		binDirOnce.Do(func() {
+			sweepTestBinaries()
+			binDir, binDirErr = os.MkdirTemp("", testBinPrefix+strconv.Itoa(os.Getpid())+"-")
+		})
+		if binDirErr != nil {
+			b.err = binDirErr
 			return
 		}
-		buildPath = filepath.Join(dir, "cellbox")
+		b.path = filepath.Join(binDir, name)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", buildPath, "./cmd/cellbox")
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", b.path, "./cmd/"+name)
 		cmd.Dir = RepoRoot()
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = &buildError{err: err, out: string(out)}
+			b.err = &buildError{err: err, out: string(out)}
 		}
 	})
-	if buildErr != nil {
-		t.Fatalf("build cellbox: %v", buildErr)
+	if b.err != nil {
+		t.Fatalf("build %s: %v", name, b.err)
 	}
-	return buildPath
+	return b.path
 }
 
 // testBinPrefix names the directories CellboxBinary builds into: the

@@ -170,6 +170,8 @@ func TestBenchBadInput(t *testing.T) {
 		{[]string{"pipeline", "--n", "-1"}, "--n -1: want a positive number"},
 		{[]string{"runtime", "--watch-n", "-5"}, "--watch-n -5: want a positive number"},
 		{[]string{"runtime", "--backend", "k8s"}, `--backend "k8s": want docker, local, both or none`},
+		// The test binary has no cellbox beside it: --agent-binary is needed.
+		{[]string{"boxes", "--backend", "local", "--n", "1"}, "no cellbox binary beside "},
 	}
 	for _, c := range cases {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {

@@ -49,7 +49,7 @@ func benchPipelineCmd(ctx context.Context, args []string) (*benchReport, bool, e
 	fs := flag.NewFlagSet("bench pipeline", flag.ContinueOnError)
 	var o pipelineOptions
 	o.flags(fs, 20, "iterations of each measurement", 30*time.Second,
-		"box backend to measure: docker, local (bubblewrap) or both", "static cellbox binary run as the agent in every box, and as `cellbox run --once` (default: this executable)", false)
+		"box backend to measure: docker, local (bubblewrap) or both", "static cellbox binary run as the agent in every box, and as `cellbox run --once` (default: cellbox beside this executable)", false)
 	fs.StringVar(&o.example, "example", "examples/csv-pipeline", "folder of the csv-pipeline example, whose stages are measured")
 	err := o.parse(fs, args, func() error {
 		if _, err := os.Stat(filepath.Join(o.example, patterns.FileName)); err != nil {
@@ -96,7 +96,7 @@ const (
 
 func benchPipeline(ctx context.Context, o pipelineOptions) (*benchReport, error) {
 	var err error
-	if o.agentBinary, err = agentBinaryOrSelf(o.agentBinary); err != nil {
+	if o.agentBinary, err = cellboxBinary(o.agentBinary); err != nil {
 		return nil, err
 	}
 	// Short, so that box socket paths under it stay within the limit.

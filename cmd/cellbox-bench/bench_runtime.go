@@ -41,7 +41,7 @@ func benchRuntimeCmd(ctx context.Context, args []string) (*benchReport, bool, er
 	fs := flag.NewFlagSet("bench runtime", flag.ContinueOnError)
 	var o runtimeOptions
 	o.flags(fs, 50, "propagations through each graph", 20*time.Second,
-		"box backend of the file-binding measurements: docker, local, both or none", "static cellbox binary run as the agent in every box (default: this executable)", true)
+		"box backend of the file-binding measurements: docker, local, both or none", "static cellbox binary run as the agent in every box (default: cellbox beside this executable)", true)
 	fs.IntVar(&o.nodes, "nodes", 10000, "nodes of each computed graph")
 	fs.IntVar(&o.watchN, "watch-n", 200, "cell writes of the watcher measurement")
 	err := o.parse(fs, args, func() error { return positive("watch-n", o.watchN) }, func() error {
@@ -105,7 +105,7 @@ func benchRuntime(ctx context.Context, o runtimeOptions) (*benchReport, error) {
 		return nil, err
 	}
 	if len(o.backends) > 0 {
-		if o.agentBinary, err = agentBinaryOrSelf(o.agentBinary); err != nil {
+		if o.agentBinary, err = cellboxBinary(o.agentBinary); err != nil {
 			return nil, err
 		}
 	}

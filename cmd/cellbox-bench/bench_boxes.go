@@ -61,7 +61,7 @@ func benchBoxesCmd(ctx context.Context, args []string) (*benchReport, bool, erro
 	fs := flag.NewFlagSet("bench boxes", flag.ContinueOnError)
 	var o boxesOptions
 	o.flags(fs, 50, "iterations of each measurement (creates at most 20, the tree transfer n/10 between 1 and 5)", 20*time.Second,
-		"box backend to measure: docker, local (bubblewrap) or both", "static cellbox binary run as the agent in every box (default: this executable)", false)
+		"box backend to measure: docker, local (bubblewrap) or both", "static cellbox binary run as the agent in every box (default: cellbox beside this executable)", false)
 	fs.StringVar(&o.data, "data", "", "directory for the bench's state and boxes (default: a temporary directory, removed at the end)")
 	fs.IntVar(&o.treeMiB, "tree-mib", 100, "size of the tree copied between two boxes, in files of 1 MiB")
 	fs.IntVar(&o.storm, "storm", 100, "boxes of the storm row: as many sessions each make one box at once")
@@ -100,7 +100,7 @@ func benchBoxes(ctx context.Context, o boxesOptions) (rep *benchReport, err erro
 	if root, err = filepath.Abs(root); err != nil {
 		return nil, err
 	}
-	if o.agentBinary, err = agentBinaryOrSelf(o.agentBinary); err != nil {
+	if o.agentBinary, err = cellboxBinary(o.agentBinary); err != nil {
 		return nil, err
 	}
 	rep = newBenchReport("boxes")
@@ -801,16 +801,22 @@ func waitPool(ctx context.Context, url string, want int) error {
 	}
 }
 
-// agentBinaryOrSelf returns path, or this executable when path is "".
-func agentBinaryOrSelf(path string) (string, error) {
+// cellboxBinary returns path, or the cellbox binary beside this
+// executable when path is "": the benches run it as the agent in every
+// box, and as `cellbox run --once`.
+func cellboxBinary(path string) (string, error) {
 	if path != "" {
 		return path, nil
 	}
 	exe, err := os.Executable()
 	if err != nil {
-		return "", fmt.Errorf("find the agent binary (pass --agent-binary): %w", err)
+		return "", fmt.Errorf("find the cellbox binary (pass --agent-binary): %w", err)
 	}
-	return exe, nil
+	bin := filepath.Join(filepath.Dir(exe), "cellbox")
+	if _, err := os.Stat(bin); err != nil {
+		return "", fmt.Errorf("no cellbox binary beside %s (%w): build it there (CGO_ENABLED=0 go build -o %s ./cmd/cellbox), or pass --agent-binary", exe, err, bin)
+	}
+	return bin, nil
 }
 
 // benchText is size bytes of printable text in lines of 1 KiB.

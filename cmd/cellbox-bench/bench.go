@@ -17,17 +17,7 @@ import (
 	"time"
 )
 
-func init() {
-	register(command{
-		name:  "bench",
-		usage: "boxes|pipeline|runtime [--json] [...]  measure box, pipeline and runtime latencies against baselines (bench boxes -h, bench pipeline -h, bench runtime -h)",
-		run: func(ctx context.Context, args []string) error {
-			return runBench(ctx, args, os.Stdout)
-		},
-	})
-}
-
-// runBench runs `cellbox bench SUBCOMMAND` and writes its report to w.
+// runBench runs `cellbox-bench SUBCOMMAND` and writes its report to w.
 func runBench(ctx context.Context, args []string, w io.Writer) error {
 	if len(args) == 0 {
 		return errors.New("want a subcommand: boxes, pipeline or runtime")
