@@ -25,7 +25,7 @@
 // A session token is checked here (Authorization: Bearer TOKEN against
 // the session in the path: none 401, wrong 403, unknown session 404). The
 // server key is NOT: the routes marked with it are open in Handler, and
-// the server in front of it guards them — cmd/cellbox asks for the key,
+// the server in front of it guards them — server.Guard asks for the key,
 // and checks Host and Origin on every request against DNS rebinding and
 // cross-site pages (docs/api.md "Who may call", docs/security.md). That
 // server marks a request that carried the right key (WithServerKey), and
@@ -187,7 +187,7 @@ func writeBoxError(w http.ResponseWriter, err error) {
 type serverKeyCtx struct{}
 
 // WithServerKey returns r marked as carrying the right server key. Only
-// the server that checks the key calls it (cmd/cellbox's guard); a client
+// the server that checks the key calls it (server.Guard); a client
 // cannot set a context value. Of the session routes, only
 // DELETE /v1/sessions/{id} honours it.
 func WithServerKey(r *http.Request) *http.Request {

@@ -63,7 +63,7 @@ func newMCPHTTP(s *sandbox.Service, idleTTL time.Duration) *mcpHTTP {
 		return &mcp.StreamableHTTPOptions{
 			SessionTimeout: timeout,
 			// The server in front of Handler checks Host and Origin (see
-			// cmd/cellbox's guard, which also knows --allowed-host names).
+			// server.Guard, which also knows --allowed-host names).
 			DisableLocalhostProtection: true,
 			MaxRequestBodyBytes:        MaxToolBody,
 			Logger:                     s.Logger(),

@@ -2,8 +2,8 @@
 // (bubblewrap) backend, as `cellbox run` has it, and cleans up every box it
 // made. It is the sandbox floor's test-support package, as net/http/httptest
 // is net/http's: sandbox's own external tests and the tests of the packages
-// above it (sandboxclient, builtins, examples, cmd/cellbox) use it; no
-// package but a test-support one imports it.
+// above it (sandboxclient, builtins, server, examples, cmd/cellbox) use it;
+// no package but a test-support one imports it.
 package sandboxtest
 
 import (
