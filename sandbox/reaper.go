@@ -25,7 +25,7 @@ import (
 func (s *Service) reaper() {
 	defer s.wg.Done()
 	if s.holds(leaseReaper) { // blobs a capture of another server is writing are not orphans
-		s.snaps.sweep(s.ctx, s.log)
+		s.snaps.Sweep(s.ctx, s.log)
 	}
 	t := time.NewTicker(s.cfg.ReapInterval)
 	defer t.Stop()

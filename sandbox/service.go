@@ -16,7 +16,8 @@
 //     heal.go: dead boxes noticed and restarted; reaper.go: idle sleep and
 //     the periodic round; reconcile.go: matching the store with the
 //     backend at start; warmpool.go: pre-started boxes; store.go: the
-//     records in the state store; snapstore.go: snapshots.
+//     records in the state store; tools_snap.go: the snapshot tools, over
+//     the snapshot store (sandbox/snapshots).
 //   - tools.go: the registry (defineTool: name, ToolMeta, description,
 //     input and output types, handler) and CallTool; tools_box.go,
 //     tools_files.go: the handlers; profiles.go and profile_*.go: the seed
@@ -53,6 +54,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/blobs"
 	"github.com/cellbox/cellbox/sandbox/egress"
 	leases "github.com/cellbox/cellbox/sandbox/lease"
+	"github.com/cellbox/cellbox/sandbox/snapshots"
 	"github.com/cellbox/cellbox/sandbox/state"
 )
 
@@ -174,7 +176,7 @@ type Service struct {
 	be      backend.Backend
 	caps    backend.Capabilities // be's, asked once
 	st      *store
-	snaps   *snapStore
+	snaps   *snapshots.Store
 	log     *slog.Logger
 	metrics *metrics
 	global  chan struct{} // global create/wake slots
@@ -280,7 +282,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	snaps, err := openSnapStore(st.st, cfg.Blobs, cfg.DataDir)
+	snaps, err := snapshots.Open(st.st, cfg.Blobs, cfg.DataDir)
 	if err != nil {
 		st.close()
 		return nil, err

@@ -152,10 +152,10 @@ func (s *Service) DeleteSession(ctx context.Context, id string) error {
 			errs = append(errs, err)
 		}
 	}
-	if ids, err := s.snaps.sessionIDs(context.WithoutCancel(ctx), id); err != nil { // the session is going: its snapshots go with it
+	if ids, err := s.snaps.SessionIDs(context.WithoutCancel(ctx), id); err != nil { // the session is going: its snapshots go with it
 		errs = append(errs, err)
 	} else if len(ids) > 0 {
-		if _, err := s.snaps.delete(ctx, id, ids...); err != nil {
+		if _, err := s.snaps.Delete(ctx, id, ids...); err != nil {
 			errs = append(errs, fmt.Errorf("delete the snapshots of session %s: %w", id, err))
 		}
 	}

@@ -1,12 +1,9 @@
 package sandbox
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
-	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,7 +17,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/blobs"
-	"github.com/cellbox/cellbox/sandbox/state"
+	"github.com/cellbox/cellbox/sandbox/snapshots"
 )
 
 // sh runs a shell command in box that must exit 0 and returns its stdout.
@@ -147,7 +144,7 @@ func TestSnapshots(t *testing.T) {
 			// A deleted session's snapshots and content go with it.
 			require.NoError(t, rb.s.DeleteSession(context.Background(), own))
 			assert.NoDirExists(t, rb.blobDir(own))
-			ids, err := rb.s.snaps.sessionIDs(context.Background(), own)
+			ids, err := rb.s.snaps.SessionIDs(context.Background(), own)
 			require.NoError(t, err)
 			assert.Empty(t, ids)
 			rb.sess = other
@@ -215,98 +212,6 @@ func TestForkThroughAgents(t *testing.T) {
 	}
 }
 
-// TestSnapshotHostileTar feeds crafted tar streams (what a compromised
-// agent could send) to the store: each is refused, and nothing is written
-// outside the store.
-func TestSnapshotHostileTar(t *testing.T) {
-	type ent struct {
-		name, link string
-		typ        byte
-		body       string
-		size       int64 // overrides len(body) in the header
-	}
-	cases := []struct {
-		name    string
-		entries []ent
-		want    string
-	}{
-		{"dotdot", []ent{{name: "workspace/../../etc/x", typ: tar.TypeReg, body: "x"}}, "escapes the workspace"},
-		{"absolute", []ent{{name: "/etc/x", typ: tar.TypeReg, body: "x"}}, "absolute name"},
-		{"outside workspace", []ent{{name: "etc/passwd", typ: tar.TypeReg, body: "x"}}, "is not in /workspace"},
-		{"prefix lookalike", []ent{{name: "workspace2/x", typ: tar.TypeReg, body: "x"}}, "is not in /workspace"},
-		{"entry under a symlink", []ent{{name: "workspace/l", typ: tar.TypeSymlink, link: "/etc"}, {name: "workspace/l/x", typ: tar.TypeReg, body: "x"}}, `"l/x" goes through the symlink l`},
-		{"entry under a symlink, link last", []ent{{name: "workspace/l/d/", typ: tar.TypeDir}, {name: "workspace/l", typ: tar.TypeSymlink, link: "/etc"}}, `"l/d" goes through the symlink l`},
-		{"symlink to nothing", []ent{{name: "workspace/l", typ: tar.TypeSymlink, link: ""}}, "empty, over-long or NUL-holding target"},
-		{"hardlink out", []ent{{name: "workspace/h", typ: tar.TypeLink, link: "etc/shadow"}}, "is not in /workspace"},
-		{"hardlink to nothing", []ent{{name: "workspace/h", typ: tar.TypeLink, link: "workspace/none"}}, "not a file earlier"},
-		{"over the cap", []ent{{name: "workspace/a", typ: tar.TypeReg, body: strings.Repeat("a", 600)}, {name: "workspace/b", typ: tar.TypeReg, body: strings.Repeat("b", 600)}}, "more than 1000 bytes"},
-		{"cut short", []ent{{name: "workspace/a", typ: tar.TypeReg, body: "abc", size: 10}}, "from the tar stream: unexpected EOF"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			ss, err := openSnapStore(state.NewMemory(), nil, dir)
-			require.NoError(t, err)
-			var buf bytes.Buffer
-			tw := tar.NewWriter(&buf)
-			for _, e := range tc.entries {
-				hdr := &tar.Header{Name: e.name, Typeflag: e.typ, Linkname: e.link, Mode: 0o644}
-				if e.typ == tar.TypeReg {
-					hdr.Size = int64(len(e.body))
-				}
-				if e.size > 0 {
-					hdr.Size = e.size // a header promising more than the stream holds
-				}
-				require.NoError(t, tw.WriteHeader(hdr))
-				io.WriteString(tw, e.body)
-			}
-			tw.Flush() // no Close: a cut stream has no end marker
-			_, _, err = ss.capture("s-test", &buf, 1000, math.MaxInt64)
-			require.Error(t, err)
-			assert.Contains(t, err.Error(), tc.want)
-			assert.NoFileExists(t, filepath.Join(dir, "etc", "x"))
-		})
-	}
-}
-
-// TestSnapshotCaptureKeepsLinks: the links a real workspace has (relative,
-// absolute into /workspace, hard links, and symlinks out of it such as a
-// venv's bin/python) are kept.
-func TestSnapshotCaptureKeepsLinks(t *testing.T) {
-	dir := t.TempDir()
-	ss, err := openSnapStore(state.NewMemory(), nil, dir)
-	require.NoError(t, err)
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, h := range []*tar.Header{
-		{Name: "workspace/", Typeflag: tar.TypeDir, Mode: 0o755},
-		{Name: "workspace/d/", Typeflag: tar.TypeDir, Mode: 0o700},
-		{Name: "workspace/d/f", Typeflag: tar.TypeReg, Mode: 0o600, Size: 2},
-		{Name: "workspace/d/rel", Typeflag: tar.TypeSymlink, Linkname: "../d/f"},
-		{Name: "workspace/abs", Typeflag: tar.TypeSymlink, Linkname: "/workspace/d/f"},
-		{Name: "workspace/hard", Typeflag: tar.TypeLink, Linkname: "workspace/d/f"},
-		{Name: "workspace/py", Typeflag: tar.TypeSymlink, Linkname: "/usr/bin/python3"},
-		{Name: "workspace/d/up", Typeflag: tar.TypeSymlink, Linkname: "../../etc"},
-	} {
-		require.NoError(t, tw.WriteHeader(h))
-		if h.Size > 0 {
-			io.WriteString(tw, "hi")
-		}
-	}
-	require.NoError(t, tw.Close())
-	entries, added, err := ss.capture("s-test", &buf, 1000, math.MaxInt64)
-	require.NoError(t, err)
-	assert.EqualValues(t, 2, added)
-	var paths []string
-	for _, e := range entries {
-		paths = append(paths, e.Path)
-	}
-	assert.Equal(t, []string{"abs", "d", "d/f", "d/rel", "d/up", "hard", "py"}, paths)
-	assert.Equal(t, snapEntry{Path: "hard", Type: tar.TypeLink, Link: "d/f", Time: entries[5].Time}, entries[5], "a hard link names its file")
-	assert.Equal(t, "/usr/bin/python3", entries[6].Link)
-	assert.Equal(t, "../../etc", entries[4].Link)
-}
-
 // TestRestoreTooLargeKeepsWorkspace: restoring a snapshot larger than the
 // box's disk cap is refused before the workspace is cleared (it used to
 // delete the workspace, then run out of space part way).
@@ -343,7 +248,7 @@ func TestRestoreStoppedPartWayPutsWorkspaceBack(t *testing.T) {
 	assert.Contains(t, msg, "the workspace is back as it was before the restore")
 	assert.Equal(t, "keep\ntwo\n", rb.sh("small", "cat precious.txt d/also.txt"))
 	assert.Equal(t, "gone\n", rb.sh("small", "test -e r.bin || echo gone"))
-	require.Eventually(t, func() bool { return rb.s.snaps.bytes(rb.sess) == 66000000 }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return rb.s.snaps.Bytes(rb.sess) == 66000000 }, 10*time.Second, 10*time.Millisecond,
 		"the copy of the workspace taken first is freed")
 	require.Eventually(t, func() bool { return len(rb.ok("snapshot_list", nil)["snapshots"].([]any)) == 1 }, 10*time.Second, 10*time.Millisecond,
 		"and its snapshot deleted")
@@ -492,7 +397,7 @@ func TestSnapshotStoreCap(t *testing.T) {
 	assert.Contains(t, m["error"], "more than 3145728 bytes (2000000 in use), the most a session may store: delete some with snapshot_delete, or raise the limit (cellbox serve --max-snapshot-bytes)")
 	list := rb.ok("snapshot_list", nil)
 	assert.Len(t, list["snapshots"], 2)
-	require.Eventually(t, func() bool { return rb.s.snaps.bytes(rb.sess) == 2000000 }, 10*time.Second, 10*time.Millisecond, "the refused snapshot's blobs are freed")
+	require.Eventually(t, func() bool { return rb.s.snaps.Bytes(rb.sess) == 2000000 }, 10*time.Second, 10*time.Millisecond, "the refused snapshot's blobs are freed")
 
 	// A label is a label: a megabyte of one is refused (it was kept, and
 	// shown by every snapshot_list).
@@ -628,4 +533,28 @@ func TestConfigBlobs(t *testing.T) {
 	assert.Equal(t, int64(len("in the given store")), size, "the blob is in the given store")
 	_, err = os.Stat(filepath.Join(rb.s.cfg.DataDir, "snapshots", "blobs"))
 	assert.ErrorIs(t, err, os.ErrNotExist, "and none in the data dir")
+}
+
+// TestSnapshotSpecRoundTrip: the settings stored with a snapshot (a
+// record as every version has written it) come back for branch, and a
+// new record stores them the same way.
+func TestSnapshotSpecRoundTrip(t *testing.T) {
+	const stored = `{"id":"snap-0123456789abcdef","label":"\u003cv1\u003e \u0026 more","session":"s-1","sandbox":"default","box_id":"cb-1","spec":{"Image":"img","Env":{"A":"\u003cb\u003e"},"Limits":{"disk_bytes":1073741824},"Network":false,"Egress":{"allow":["example.com"]},"SleepAfterMs":5,"ID":"","Shared":false,"WorkspaceDir":"/workspace/app","DestroyOnClose":true,"OneShot":false},"created":"2024-01-02T03:04:05.000000006Z","size":10,"data":7,"files":1,"added":3,"entries":2}`
+	var rec snapshots.Record
+	require.NoError(t, json.Unmarshal([]byte(stored), &rec))
+	spec, err := specOfSnapshot(rec)
+	require.NoError(t, err)
+	yes := true
+	want := boxSpec{Image: "img", Env: map[string]string{"A": "<b>"}, Limits: api.Limits{DiskBytes: 1 << 30},
+		Egress: &api.NetworkRules{Allow: []string{"example.com"}}, SleepAfterMs: 5, WorkspaceDir: "/workspace/app", DestroyOnClose: &yes}
+	assert.Equal(t, want, spec)
+	again, err := json.Marshal(specOf(boxRecord{Image: "img", Env: map[string]string{"A": "<b>"}, Limits: api.Limits{DiskBytes: 1 << 30},
+		Egress: &api.NetworkRules{Allow: []string{"example.com"}}, SleepAfterMs: 5, WorkspaceDir: "/workspace/app", DestroyOnClose: true}))
+	require.NoError(t, err)
+	assert.Equal(t, string(rec.Spec), string(again))
+
+	rec.Spec = nil // none stored: the defaults
+	spec, err = specOfSnapshot(rec)
+	require.NoError(t, err)
+	assert.Equal(t, boxSpec{}, spec)
 }

@@ -1,13 +1,15 @@
 package sandbox
 
 // The snapshot tools: snapshot, snapshot_list, snapshot_delete, restore,
-// branch and fork. Workspaces move through the agents' tar streams (the
-// portable path, snapstore.go); fork uses a backend's copy-on-write
-// (backend.Cloner) when it has one. Snapshots belong to the session that
-// took them: another session's id is "no such snapshot".
+// branch and fork, over the snapshot store (sandbox/snapshots).
+// Workspaces move through the agents' tar streams (the portable path);
+// fork uses a backend's copy-on-write (backend.Cloner) when it has one.
+// Snapshots belong to the session that took them: another session's id
+// is "no such snapshot".
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +25,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/egress"
+	"github.com/cellbox/cellbox/sandbox/snapshots"
 )
 
 // maxFork caps the boxes one fork makes.
@@ -55,7 +58,7 @@ func snapshotTools() []*Tool {
 	}
 }
 
-func snapInfo(r snapshotRecord) api.SnapshotInfo {
+func snapInfo(r snapshots.Record) api.SnapshotInfo {
 	data := r.Size
 	if r.Data != nil {
 		data = *r.Data
@@ -75,13 +78,13 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 		return api.SnapshotInfo{}, err
 	}
 	ss := c.s.snaps
-	if ids, err := ss.sessionIDs(ctx, c.sess.ID); err != nil {
+	if ids, err := ss.SessionIDs(ctx, c.sess.ID); err != nil {
 		return api.SnapshotInfo{}, err
 	} else if len(ids) >= maxSnapshots {
 		return api.SnapshotInfo{}, api.WithCode(api.CodeLimit, fmt.Errorf("this session has %d snapshots, the most a session may keep; delete some with snapshot_delete", len(ids)))
 	}
 	most := c.s.cfg.MaxSnapshotBytes
-	used := ss.bytes(c.sess.ID)
+	used := ss.Bytes(c.sess.ID)
 	full := func() error {
 		return api.WithCode(api.CodeLimit, fmt.Errorf("snapshot of %q: this session's snapshots would take more than %d bytes (%d in use), the most a session may store: delete some with snapshot_delete, or raise the limit (cellbox serve --max-snapshot-bytes)", l.name, most, used))
 	}
@@ -90,20 +93,22 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 	}
 	l.b.workspace.Lock()
 	defer l.b.workspace.Unlock()
-	ss.gc.RLock()
-	defer ss.gc.RUnlock()
+	defer ss.Hold()()
 	entries, added, err := c.s.captureBox(ctx, c.sess.ID, l, most-used)
 	if err != nil {
-		ss.freeLater(c.s.log, c.sess.ID) // what it stored before it failed
-		if errors.Is(err, errStoreFull) {
+		ss.FreeLater(c.s.log, c.sess.ID) // what it stored before it failed
+		if errors.Is(err, snapshots.ErrStoreFull) {
 			return api.SnapshotInfo{}, full()
 		}
 		return api.SnapshotInfo{}, err
 	}
 	c.noticeUnkept(l.name, l.b.rec, "a snapshot")
-	rec := newSnapshotRecord(c, l, in.Label, entries, added)
-	if err := ss.put(ctx, rec, entries); err != nil {
-		ss.freeLater(c.s.log, c.sess.ID) // the blobs no record names now
+	rec, err := newSnapshotRecord(c, l, in.Label, entries, added)
+	if err == nil {
+		err = ss.Put(ctx, rec, entries)
+	}
+	if err != nil {
+		ss.FreeLater(c.s.log, c.sess.ID) // the blobs no record names now
 		return api.SnapshotInfo{}, fmt.Errorf("save snapshot of %q: %w", l.name, err)
 	}
 	c.s.log.Info("snapshot taken", "session", c.sess.ID, "sandbox", l.name, "snapshot", rec.ID, "files", rec.Files, "bytes", rec.Size, "added", added)
@@ -112,24 +117,42 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 
 // newSnapshotRecord is the record of a new snapshot of the call's session:
 // entries, the manifest of l's workspace, which added bytes to the store.
-func newSnapshotRecord(c *call, l *lease, label string, entries []snapEntry, added int64) snapshotRecord {
-	rec := snapshotRecord{
+// Its Spec is l's settings (specOf), for branch (specOfSnapshot).
+func newSnapshotRecord(c *call, l *lease, label string, entries []snapshots.Entry, added int64) (snapshots.Record, error) {
+	spec, err := json.Marshal(specOf(l.b.rec))
+	if err != nil {
+		return snapshots.Record{}, err
+	}
+	rec := snapshots.Record{
 		ID: "snap-" + randomID(8), Label: label, Session: c.sess.ID,
-		Sandbox: l.name, BoxID: l.b.rec.ID, Spec: specOf(l.b.rec),
+		Sandbox: l.name, BoxID: l.b.rec.ID, Spec: spec,
 		Created: time.Now().UTC(), Added: added, Entries: len(entries),
 	}
-	rec.Files, rec.Size = countFiles(entries)
-	data := dataBytes(entries)
+	rec.Files, rec.Size = snapshots.CountFiles(entries)
+	data := snapshots.DataBytes(entries)
 	rec.Data = &data
-	return rec
+	return rec, nil
+}
+
+// specOfSnapshot is the spec of a new box made from snapshot rec (branch):
+// the settings its box had, as newSnapshotRecord stored them.
+func specOfSnapshot(rec snapshots.Record) (boxSpec, error) {
+	var spec boxSpec
+	if len(rec.Spec) == 0 {
+		return spec, nil
+	}
+	if err := json.Unmarshal(rec.Spec, &spec); err != nil {
+		return spec, fmt.Errorf("snapshot %s: %w", rec.ID, err)
+	}
+	return spec, nil
 }
 
 func snapshotListTool(ctx context.Context, c *call, in api.SnapshotListInput) (api.SnapshotListOutput, error) {
-	recs, err := c.s.snaps.list(ctx, c.sess.ID)
+	recs, err := c.s.snaps.List(ctx, c.sess.ID)
 	if err != nil {
 		return api.SnapshotListOutput{}, err
 	}
-	out := api.SnapshotListOutput{Snapshots: []api.SnapshotInfo{}, StoreBytes: c.s.snaps.bytes(c.sess.ID)}
+	out := api.SnapshotListOutput{Snapshots: []api.SnapshotInfo{}, StoreBytes: c.s.snaps.Bytes(c.sess.ID)}
 	for _, r := range recs {
 		out.Snapshots = append(out.Snapshots, snapInfo(r))
 	}
@@ -137,7 +160,7 @@ func snapshotListTool(ctx context.Context, c *call, in api.SnapshotListInput) (a
 }
 
 func snapshotDeleteTool(ctx context.Context, c *call, in api.SnapshotDeleteInput) (api.SnapshotDeleteOutput, error) {
-	freed, err := c.s.snaps.delete(ctx, c.sess.ID, in.Snapshot)
+	freed, err := c.s.snaps.Delete(ctx, c.sess.ID, in.Snapshot)
 	if err != nil {
 		return api.SnapshotDeleteOutput{}, err
 	}
@@ -146,7 +169,7 @@ func snapshotDeleteTool(ctx context.Context, c *call, in api.SnapshotDeleteInput
 
 func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOutput, error) {
 	ss := c.s.snaps
-	if _, _, err := ss.get(ctx, c.sess.ID, in.Snapshot); err != nil {
+	if _, _, err := ss.Get(ctx, c.sess.ID, in.Snapshot); err != nil {
 		return api.SeedOutput{}, err // before the box is woken or made
 	}
 	l, err := c.box(ctx, in.Sandbox)
@@ -157,13 +180,12 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 	// take them), then the snapshot again: it may be gone meanwhile.
 	l.b.workspace.Lock()
 	defer l.b.workspace.Unlock()
-	ss.gc.RLock()
-	defer ss.gc.RUnlock()
-	_, entries, err := ss.get(ctx, c.sess.ID, in.Snapshot)
+	defer ss.Hold()()
+	_, entries, err := ss.Get(ctx, c.sess.ID, in.Snapshot)
 	if err != nil {
 		return api.SeedOutput{}, err
 	}
-	files, size := countFiles(entries)
+	files, size := snapshots.CountFiles(entries)
 	// Checked before anything is deleted: a snapshot larger than the box's
 	// disk can never fit, and finding that out by running out of space
 	// would cost the workspace.
@@ -177,29 +199,32 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 	// nothing is lost. It goes once the restore is over.
 	prior, added, err := c.s.captureBox(ctx, c.sess.ID, l, math.MaxInt64)
 	if err != nil {
-		ss.freeLater(c.s.log, c.sess.ID)
+		ss.FreeLater(c.s.log, c.sess.ID)
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: saving the workspace first failed, so nothing was changed: %w", in.Snapshot, l.name, err)
 	}
-	before := newSnapshotRecord(c, l, "before restore of "+in.Snapshot, prior, added)
-	if err := ss.put(ctx, before, prior); err != nil {
-		ss.freeLater(c.s.log, c.sess.ID)
+	before, err := newSnapshotRecord(c, l, "before restore of "+in.Snapshot, prior, added)
+	if err == nil {
+		err = ss.Put(ctx, before, prior)
+	}
+	if err != nil {
+		ss.FreeLater(c.s.log, c.sess.ID)
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q: saving the workspace first failed, so nothing was changed: %w", in.Snapshot, l.name, err)
 	}
-	replace := func(entries []snapEntry) error {
+	replace := func(entries []snapshots.Entry) error {
 		if err := clearWorkspace(ctx, l.client); err != nil {
 			return err
 		}
-		return ss.seed(ctx, l.client, c.sess.ID, entries)
+		return seed(ctx, ss, l.client, c.sess.ID, entries)
 	}
 	err = replace(entries)
 	if err == nil {
-		ss.freeLater(c.s.log, c.sess.ID, before.ID) // the copy of the workspace: not needed now
+		ss.FreeLater(c.s.log, c.sess.ID, before.ID) // the copy of the workspace: not needed now
 		return api.SeedOutput{Sandbox: l.name, ID: l.b.rec.ID, Files: files, Bytes: size}, nil
 	}
 	if backErr := replace(prior); backErr != nil {
 		return api.SeedOutput{}, fmt.Errorf("restore %s into %q stopped part way: %w; putting the earlier files back failed too (%v). They are kept as snapshot %s (label %q): restore it into this sandbox or branch it into a new one", in.Snapshot, l.name, err, backErr, before.ID, before.Label)
 	}
-	ss.freeLater(c.s.log, c.sess.ID, before.ID)
+	ss.FreeLater(c.s.log, c.sess.ID, before.ID)
 	hint := "Free space in the sandbox (its disk cap counts /workspace and /tmp) and restore again"
 	if !errors.Is(err, syscall.ENOSPC) && !strings.Contains(err.Error(), "no space left") {
 		hint = "Restore again once the cause is fixed"
@@ -209,19 +234,22 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 
 func branchTool(ctx context.Context, c *call, in api.BranchInput) (api.SeedOutput, error) {
 	ss := c.s.snaps
-	ss.gc.RLock()
-	defer ss.gc.RUnlock()
-	rec, entries, err := ss.get(ctx, c.sess.ID, in.Snapshot)
+	defer ss.Hold()()
+	rec, entries, err := ss.Get(ctx, c.sess.ID, in.Snapshot)
 	if err != nil {
 		return api.SeedOutput{}, err
 	}
-	ls, err := c.s.newBoxes(ctx, c, []string{in.Name}, rec.Spec, "", func(ctx context.Context, l *lease) error {
-		return ss.seed(ctx, l.client, c.sess.ID, entries)
+	spec, err := specOfSnapshot(rec)
+	if err != nil {
+		return api.SeedOutput{}, err
+	}
+	ls, err := c.s.newBoxes(ctx, c, []string{in.Name}, spec, "", func(ctx context.Context, l *lease) error {
+		return seed(ctx, ss, l.client, c.sess.ID, entries)
 	})
 	if err != nil {
 		return api.SeedOutput{}, fmt.Errorf("branch %s: %w", in.Snapshot, err)
 	}
-	files, size := countFiles(entries)
+	files, size := snapshots.CountFiles(entries)
 	return api.SeedOutput{Sandbox: ls[0].name, ID: ls[0].b.rec.ID, Files: files, Bytes: size}, nil
 }
 
@@ -262,17 +290,16 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 		}
 	}
 	ss := c.s.snaps
-	ss.gc.RLock()
-	defer ss.gc.RUnlock()
+	defer ss.Hold()()
 	// The portable path: the source's workspace into the store once (what
 	// is there already is not written again), then into every new box.
 	entries, _, err := c.s.captureBox(ctx, c.sess.ID, src, math.MaxInt64) // transient: not counted against the snapshot cap
-	defer ss.freeLater(c.s.log, c.sess.ID)
+	defer ss.FreeLater(c.s.log, c.sess.ID)
 	if err != nil {
 		return out, fmt.Errorf("fork %q: %w", src.name, err)
 	}
 	ls, err := c.s.newBoxes(ctx, c, names, spec, "", func(ctx context.Context, l *lease) error {
-		return ss.seed(ctx, l.client, c.sess.ID, entries)
+		return seed(ctx, ss, l.client, c.sess.ID, entries)
 	})
 	if err != nil {
 		return out, fmt.Errorf("fork %q: %w", src.name, err)
@@ -280,22 +307,22 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 	for _, l := range ls {
 		out.Sandboxes = append(out.Sandboxes, l.name)
 	}
-	out.Files, out.Bytes = countFiles(entries)
+	out.Files, out.Bytes = snapshots.CountFiles(entries)
 	out.Method = "tar"
 	return out, nil
 }
 
 // captureBox stores the workspace of the leased box among session's blobs
-// (adding at most maxAdded bytes, else errStoreFull) and returns its
-// manifest and the bytes it added; the caller holds s.snaps.gc for
-// reading.
-func (s *Service) captureBox(ctx context.Context, session string, l *lease, maxAdded int64) ([]snapEntry, int64, error) {
+// (adding at most maxAdded bytes, else snapshots.ErrStoreFull) and returns
+// its manifest and the bytes it added; the caller holds s.snaps
+// (snapshots.Store.Hold).
+func (s *Service) captureBox(ctx context.Context, session string, l *lease, maxAdded int64) ([]snapshots.Entry, int64, error) {
 	pr, srcErr := pipeFrom("snapshot", func(w io.Writer) error {
 		_, err := l.client.TarOut(ctx, backend.Workspace, w)
 		return err
 	})
 	maxBytes := toBackendLimits(l.b.rec.Limits).Defaults().DiskBytes
-	entries, added, err := s.snaps.capture(session, pr, maxBytes, maxAdded)
+	entries, added, err := s.snaps.Capture(session, pr, maxBytes, maxAdded)
 	pr.Close() // the agent, if still writing, gets io.ErrClosedPipe (pipeError)
 	if err = pipeError(<-srcErr, err); err != nil {
 		return nil, 0, fmt.Errorf("snapshot of %q: %w", l.name, err)
@@ -303,10 +330,11 @@ func (s *Service) captureBox(ctx context.Context, session string, l *lease, maxA
 	return entries, added, nil
 }
 
-// seed extracts the manifest into cl's workspace.
-func (ss *snapStore) seed(ctx context.Context, cl *agent.Client, session string, entries []snapEntry) error {
+// seed extracts the manifest (of a snapshot of session in ss) into cl's
+// workspace; the caller holds ss (Hold).
+func seed(ctx context.Context, ss *snapshots.Store, cl *agent.Client, session string, entries []snapshots.Entry) error {
 	pr, _ := pipeFrom("restore", func(w io.Writer) error {
-		return ss.writeTar(ctx, w, session, entries)
+		return ss.WriteTar(ctx, w, session, entries)
 	})
 	_, err := cl.TarIn(ctx, backend.Workspace, pr)
 	pr.Close()
@@ -331,29 +359,6 @@ func clearWorkspace(ctx context.Context, cl *agent.Client) error {
 			return nil
 		}
 	}
-}
-
-// dataBytes is the bytes of data of the files of entries, holes not
-// counted: what a copy of them moves.
-func dataBytes(entries []snapEntry) (n int64) {
-	for _, e := range entries {
-		if e.Hash != "" {
-			n += e.dataBytes()
-		}
-	}
-	return n
-}
-
-// countFiles counts the regular files of entries and their bytes, holes
-// included.
-func countFiles(entries []snapEntry) (files int, size int64) {
-	for _, e := range entries {
-		if e.Hash != "" {
-			files++
-			size += e.Size
-		}
-	}
-	return files, size
 }
 
 // noticeUnkept tells the caller that what (a snapshot, a fork) of box

@@ -33,13 +33,13 @@ var house = []floor{
 	// cellbox-bench): everything is below them. examples holds only tests
 	// of the whole.
 	{"cmd", []string{"cmd/...", "examples"},
-		[]string{"server", "patterns", "builtins", "runtime", "cells", "sandboxclient", "sandbox", "state", "blobs", "backends", "box", "wire", "internal"}},
+		[]string{"server", "patterns", "builtins", "runtime", "cells", "sandboxclient", "sandbox", "snapshots", "state", "blobs", "backends", "box", "wire", "internal"}},
 	// The server as a library: the composition root (a data dir's state,
 	// the backend, the sandbox service, the runtime host, the guard of
 	// what it serves), the runtime's HTTP API and its client, the web
 	// page. It composes the floors below; only the binaries are above it.
 	{"server", []string{"server/..."},
-		[]string{"patterns", "builtins", "runtime", "cells", "sandboxclient", "sandbox", "state", "blobs", "backends", "box", "wire", "internal"}},
+		[]string{"patterns", "builtins", "runtime", "cells", "sandboxclient", "sandbox", "snapshots", "state", "blobs", "backends", "box", "wire", "internal"}},
 	// The pattern compiler: YAML and Go → a runtime graph of built-ins. It
 	// knows the sandbox side only by its wire types (a box's network).
 	{"patterns", []string{"patterns/..."},
@@ -61,6 +61,13 @@ var house = []floor{
 	// faces, and sandboxtest, which starts the service for the tests of the
 	// packages above (as net/http/httptest does for net/http).
 	{"sandbox", []string{"sandbox", "sandbox/httpapi", "sandbox/mcpserver", "sandbox/sandboxtest"},
+		[]string{"snapshots", "state", "blobs", "backends", "box", "wire", "internal"}},
+	// The snapshot store: workspaces captured from a box's tar stream into
+	// blobs (a namespace per session) with a manifest and a record in the
+	// state store, written back as a tar, and the collection of blobs no
+	// snapshot names. It knows a box only as the tar stream of its
+	// workspace and the settings the sandbox floor stores with a snapshot.
+	{"snapshots", []string{"sandbox/snapshots"},
 		[]string{"state", "blobs", "backends", "box", "wire", "internal"}},
 	// The sandbox service's state contract (records by kind with
 	// revisions, guarded commits, reservations for caps), its bbolt and
@@ -218,6 +225,7 @@ func TestFloorOf(t *testing.T) {
 		"builtins/llm":                "builtins",
 		"sandbox":                     "sandbox",
 		"sandbox/egress":              "box",
+		"sandbox/snapshots":           "snapshots",
 		"sandbox/state":               "state",
 		"sandbox/state/statetest":     "state",
 		"sandbox/blobs":               "blobs",

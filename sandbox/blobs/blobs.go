@@ -54,8 +54,9 @@ added) just before the Delete removes it, leaving the caller with a hash
 of no blob, or fail. Guarding against that is the caller's
 part: one that deletes the blobs its records do not name must keep Puts
 whose hashes are not yet in its records from running meanwhile (the
-sandbox service holds snapStore.gc: for reading while it stores blobs
-and until their manifest is recorded, for writing while it collects).
+snapshot store, sandbox/snapshots, holds its gc lock: for reading while
+it stores blobs and until their manifest is recorded, for writing while
+it collects).
 A Delete concurrent with an Open of the same blob may let the reader go on
 reading the whole content or make it fail; it never reads other content.
 */

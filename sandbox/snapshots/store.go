@@ -1,30 +1,39 @@
-package sandbox
+/*
+Package snapshots is the sandbox service's snapshot store: workspaces
+kept as content-addressed blobs (one per distinct content, named by its
+SHA-256, in a blobs.Store namespace per session: by default blobs.OpenDir's
+store over DataDir/snapshots, which keeps them under
+DataDir/snapshots/blobs/SESSION) plus a manifest per snapshot (path,
+type, mode, size, hash, link target) kept with the snapshot's metadata in
+the state store (state.Snapshots and state.SnapshotManifests, like
+sessions and boxes). Two snapshots of one workspace share every unchanged
+file, so many snapshots cost little more than their differences. Blobs no
+manifest names are removed when a snapshot is deleted, and by Sweep.
 
-// The snapshot store: workspaces kept as content-addressed blobs (one per
-// distinct content, named by its SHA-256, in a blobs.Store namespace per
-// session: blobs.OpenDir's store over DataDir/snapshots, which keeps them
-// under DataDir/snapshots/blobs/SESSION) plus a manifest per snapshot
-// (path, type, mode, size, hash, link target) kept with the snapshot's
-// metadata in the state store (state.Snapshots and
-// state.SnapshotManifests, like sessions and boxes). Two snapshots of one
-// workspace share every unchanged file, so many snapshots cost little more
-// than their differences. Blobs no manifest names are removed when a
-// snapshot is deleted.
-//
-// Content is shared within a session only: across sessions, "this
-// snapshot added no bytes" would tell one tenant that another holds a
-// file with exactly the content it guessed (a key, a password file).
-//
-// A workspace reaches the store as the agent's tar stream (so it works on
-// every backend, also on remote engines) and leaves it as a tar the agent
-// extracts. The stream comes from a box and is hostile: names are checked
-// (no absolute names, no "..", nothing outside the workspace, nothing
-// under a symlink), hard links must name a file of the stream, and the
-// bytes and entries are capped. A symlink is kept whatever it points to
-// (a venv's bin/python -> /usr/bin/python3): it is only a string here,
-// never made or followed on the host, and a restore makes it inside a
-// box, where it resolves in that box's own filesystem; the agent writes
-// no entry through a link that leaves the workspace.
+Content is shared within a session only: across sessions, "this
+snapshot added no bytes" would tell one tenant that another holds a
+file with exactly the content it guessed (a key, a password file).
+
+A workspace reaches the store as the agent's tar stream (Capture; so it
+works on every backend, also on remote engines) and leaves it as a tar
+the agent extracts (WriteTar). The stream comes from a box and is
+hostile: names are checked (no absolute names, no "..", nothing outside
+the workspace, nothing under a symlink), hard links must name a file of
+the stream, and the bytes and entries are capped. A symlink is kept
+whatever it points to (a venv's bin/python -> /usr/bin/python3): it is
+only a string here, never made or followed on the host, and a restore
+makes it inside a box, where it resolves in that box's own filesystem;
+the agent writes no entry through a link that leaves the workspace.
+
+The package knows snapshots, their sessions (an id and a namespace) and
+the tar streams of a workspace; it knows nothing of boxes beyond that:
+a Record's Spec is the settings of the box it was taken of as the
+sandbox service encodes them, kept and returned as they are. Snapshots
+belong to the session that took them: Get and Delete answer any other
+id as "no such snapshot" (api.CodeNotFound), whether another session
+has it or not.
+*/
+package snapshots
 
 import (
 	"archive/tar"
@@ -54,34 +63,38 @@ import (
 
 // Caps on what one snapshot may hold, beside the box's disk cap on bytes.
 const (
-	maxSnapshotEntries = 200_000
-	maxSnapshotPath    = 4096
+	maxEntries = 200_000 // files, dirs and links
+	maxPath    = 4096    // bytes of a tar entry's name or a symlink's target
 )
 
-// snapshotRecord is a snapshot's metadata as stored.
-type snapshotRecord struct {
-	ID      string    `json:"id"`
-	Label   string    `json:"label,omitempty"`
-	Session string    `json:"session"`
-	Sandbox string    `json:"sandbox"`        // the box's name in the session
-	BoxID   string    `json:"box_id"`         // the box it was taken of
-	Spec    boxSpec   `json:"spec"`           // the box's settings, for branch
-	Created time.Time `json:"created"`        // UTC
-	Size    int64     `json:"size"`           // bytes of the files, holes included
-	Data    *int64    `json:"data,omitempty"` // bytes of the files' data, holes not counted (nil: Size, a snapshot taken before sparse files were)
-	Files   int       `json:"files"`          // regular files
-	Added   int64     `json:"added"`          // bytes of blobs this snapshot added to the store
-	Entries int       `json:"entries"`        // files, dirs and links
+// Record is a snapshot's metadata as stored (JSON under its ID in
+// state.Snapshots).
+type Record struct {
+	ID      string `json:"id"`
+	Label   string `json:"label,omitempty"`
+	Session string `json:"session"`
+	Sandbox string `json:"sandbox"` // the box's name in the session
+	BoxID   string `json:"box_id"`  // the box it was taken of
+	// Spec is the box's settings, for branch: JSON the sandbox service
+	// encodes and decodes, kept here as it is.
+	Spec    json.RawMessage `json:"spec"`
+	Created time.Time       `json:"created"`        // UTC
+	Size    int64           `json:"size"`           // bytes of the files, holes included
+	Data    *int64          `json:"data,omitempty"` // bytes of the files' data, holes not counted (nil: Size, a snapshot taken before sparse files were)
+	Files   int             `json:"files"`          // regular files
+	Added   int64           `json:"added"`          // bytes of blobs this snapshot added to the store
+	Entries int             `json:"entries"`        // files, dirs and links
 }
 
-// snapEntry is one entry of a manifest. Path is relative to the workspace,
-// slash-separated and clean.
-type snapEntry struct {
+// Entry is one entry of a manifest (a snapshot's manifest is a []Entry,
+// stored as JSON under its ID in state.SnapshotManifests). Path is
+// relative to the workspace, slash-separated and clean.
+type Entry struct {
 	Path string      `json:"p"`
 	Type byte        `json:"t"`           // tar.TypeDir, tar.TypeReg, tar.TypeSymlink, tar.TypeLink or tar.TypeFifo
 	Mode fs.FileMode `json:"m"`           // permission bits
 	Size int64       `json:"s,omitempty"` // a file's size, holes included
-	Hash string      `json:"h,omitempty"` // hex SHA-256 of a file's content (of its data, when Map is set)
+	Hash string      `json:"h,omitempty"` // hex SHA-256 of a file's content (of its data, when Map is set); set for regular files only
 	// Map is where a sparse file's data lies (sparse.Map.Encode), Data
 	// its bytes: the blob holds the data only. Unset for other files.
 	Map  string    `json:"sp,omitempty"`
@@ -93,8 +106,8 @@ type snapEntry struct {
 // MarshalJSON keeps a name or link target that is not UTF-8 (a file named
 // in Latin-1, say) byte for byte: JSON strings would turn its bytes into
 // U+FFFD, so such a one is stored as bytes (base64) beside an empty string.
-func (e snapEntry) MarshalJSON() ([]byte, error) {
-	type plain snapEntry // without this method
+func (e Entry) MarshalJSON() ([]byte, error) {
+	type plain Entry // without this method
 	w := struct {
 		plain
 		RawPath []byte `json:"pb,omitempty"`
@@ -109,8 +122,9 @@ func (e snapEntry) MarshalJSON() ([]byte, error) {
 	return json.Marshal(w)
 }
 
-func (e *snapEntry) UnmarshalJSON(b []byte) error {
-	type plain snapEntry
+// UnmarshalJSON reads what MarshalJSON writes.
+func (e *Entry) UnmarshalJSON(b []byte) error {
+	type plain Entry
 	var w struct {
 		plain
 		RawPath []byte `json:"pb,omitempty"`
@@ -119,7 +133,7 @@ func (e *snapEntry) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &w); err != nil {
 		return err
 	}
-	*e = snapEntry(w.plain)
+	*e = Entry(w.plain)
 	if w.RawPath != nil {
 		e.Path = string(w.RawPath)
 	}
@@ -129,10 +143,10 @@ func (e *snapEntry) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// snapStore is the blobs (a namespace per session) and the two kinds of
-// records: state.Snapshots (id -> snapshotRecord) and
-// state.SnapshotManifests (id -> []snapEntry), written in one commit.
-type snapStore struct {
+// Store is the blobs (a namespace per session) and the two kinds of
+// records: state.Snapshots (id -> Record) and state.SnapshotManifests
+// (id -> []Entry), written in one commit. It is safe for concurrent use.
+type Store struct {
 	st    state.Store
 	blobs blobs.Store
 	// gc is held for reading while blobs are written or a manifest not yet
@@ -143,9 +157,10 @@ type snapStore struct {
 	gc sync.RWMutex
 }
 
-// openSnapStore keeps the blobs in DataDir/snapshots (blobs.OpenDir),
+// Open returns the store of the snapshots in st, their content in b.
+// With b nil it keeps the blobs in dataDir/snapshots (blobs.OpenDir),
 // where every version has kept them.
-func openSnapStore(st state.Store, b blobs.Store, dataDir string) (*snapStore, error) {
+func Open(st state.Store, b blobs.Store, dataDir string) (*Store, error) {
 	if b == nil {
 		d, err := blobs.OpenDir(filepath.Join(dataDir, "snapshots"))
 		if err != nil {
@@ -153,19 +168,31 @@ func openSnapStore(st state.Store, b blobs.Store, dataDir string) (*snapStore, e
 		}
 		b = d
 	}
-	return &snapStore{st: st, blobs: b}, nil
+	return &Store{st: st, blobs: b}, nil
 }
 
-// capture reads a tar of the workspace (entries named workspace/...) from
+// Hold keeps the blobs from being collected (by Delete, FreeLater, Sweep)
+// until release is called. Hold it across Capture and the Put of its
+// manifest, and while a manifest is in use (WriteTar; a capture that is
+// never Put, such as fork's transient copy): a collection would take
+// blobs no stored manifest names yet. Delete waits for every hold to be
+// released, so a goroutine that holds must not call it.
+// defer s.Hold()() holds it for the rest of a function.
+func (s *Store) Hold() (release func()) {
+	s.gc.RLock()
+	return s.gc.RUnlock
+}
+
+// Capture reads a tar of the workspace (entries named workspace/...) from
 // r, storing each file's content as a blob, and returns the manifest,
 // sorted by path, and the bytes of blobs it added to session's. maxBytes
-// caps the content, maxAdded the bytes it may add to the store (what it
-// added before failing stays until the next collection). The caller holds
-// ss.gc for reading.
-func (ss *snapStore) capture(session string, r io.Reader, maxBytes, maxAdded int64) ([]snapEntry, int64, error) {
+// caps the content, maxAdded the bytes it may add to the store (past it,
+// ErrStoreFull; what it added before failing stays until the next
+// collection). The caller holds the store (Hold).
+func (s *Store) Capture(session string, r io.Reader, maxBytes, maxAdded int64) ([]Entry, int64, error) {
 	top := strings.TrimPrefix(backend.Workspace, "/")
 	tr := tar.NewReader(r)
-	byPath := map[string]snapEntry{}
+	byPath := map[string]Entry{}
 	var total, added int64
 	for {
 		hdr, err := tr.Next()
@@ -182,10 +209,10 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes, maxAdded int
 		if rel == "" {
 			continue // the workspace itself
 		}
-		if len(byPath) >= maxSnapshotEntries {
-			return nil, 0, api.WithCode(api.CodeTooLarge, fmt.Errorf("the workspace has more than %d entries, the most a snapshot holds; remove build outputs or caches first", maxSnapshotEntries))
+		if len(byPath) >= maxEntries {
+			return nil, 0, api.WithCode(api.CodeTooLarge, fmt.Errorf("the workspace has more than %d entries, the most a snapshot holds; remove build outputs or caches first", maxEntries))
 		}
-		e := snapEntry{Path: rel, Type: hdr.Typeflag, Mode: fs.FileMode(hdr.Mode).Perm(), Time: hdr.ModTime.UTC()}
+		e := Entry{Path: rel, Type: hdr.Typeflag, Mode: fs.FileMode(hdr.Mode).Perm(), Time: hdr.ModTime.UTC()}
 		switch hdr.Typeflag {
 		case tar.TypeDir, tar.TypeFifo:
 		case tar.TypeReg, tar.TypeRegA:
@@ -203,13 +230,13 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes, maxAdded int
 				return nil, 0, api.WithCode(api.CodeTooLarge, fmt.Errorf("the workspace holds more than %d bytes, the most a snapshot of this box holds (its disk cap)", maxBytes))
 			}
 			// No context: the stream comes from the box and ends with the call.
-			hash, n, err := ss.blobs.Put(context.Background(), session, tr, hdr.Size)
+			hash, n, err := s.blobs.Put(context.Background(), session, tr, hdr.Size)
 			if err != nil {
 				return nil, 0, fmt.Errorf("snapshot: store %s from the tar stream: %w", rel, err)
 			}
 			e.Hash, added = hash, added+n
 			if added > maxAdded {
-				return nil, 0, errStoreFull
+				return nil, 0, ErrStoreFull
 			}
 		case tar.TypeSymlink:
 			if err := checkLink(rel, hdr.Linkname); err != nil {
@@ -223,7 +250,7 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes, maxAdded int
 			if err != nil {
 				return nil, 0, err
 			}
-			if s, ok := byPath[src]; !ok || s.Type != tar.TypeReg {
+			if f, ok := byPath[src]; !ok || f.Type != tar.TypeReg {
 				return nil, 0, api.WithCode(api.CodeInvalidInput, fmt.Errorf("snapshot: entry %q is a hard link to %q, which is not a file earlier in the stream", hdr.Name, hdr.Linkname))
 			}
 			e.Link = src
@@ -232,7 +259,7 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes, maxAdded int
 		}
 		byPath[rel] = e
 	}
-	out := make([]snapEntry, 0, len(byPath))
+	out := make([]Entry, 0, len(byPath))
 	for _, e := range byPath {
 		// A real tree has nothing under a symlink (the agent does not
 		// descend into links); a restore would write it through the link.
@@ -247,9 +274,9 @@ func (ss *snapStore) capture(session string, r io.Reader, maxBytes, maxAdded int
 	return out, added, nil
 }
 
-// errStoreFull is capture's error past maxAdded; the caller says which
+// ErrStoreFull is Capture's error past maxAdded; the caller says which
 // cap it was.
-var errStoreFull = errors.New("the snapshot store of this session is full")
+var ErrStoreFull = errors.New("the snapshot store of this session is full")
 
 // snapPath checks a tar entry name of the workspace's stream and returns
 // it relative to the workspace ("" for the workspace itself).
@@ -257,7 +284,7 @@ func snapPath(name, top string) (string, error) {
 	bad := func(why string) error {
 		return api.WithCode(api.CodeOutsideWorkspace, fmt.Errorf("snapshot: tar entry %q %s; the snapshot was not taken", name, why))
 	}
-	if len(name) > maxSnapshotPath || strings.IndexByte(name, 0) >= 0 {
+	if len(name) > maxPath || strings.IndexByte(name, 0) >= 0 {
 		return "", bad("is too long or holds a NUL byte")
 	}
 	if strings.HasPrefix(name, "/") {
@@ -276,19 +303,20 @@ func snapPath(name, top string) (string, error) {
 
 // checkLink refuses a symlink target that no real workspace has (empty,
 // over-long, with a NUL byte). Where it points is not checked: see the
-// file comment.
+// package comment.
 func checkLink(rel, target string) error {
-	if target == "" || len(target) > maxSnapshotPath || strings.IndexByte(target, 0) >= 0 {
+	if target == "" || len(target) > maxPath || strings.IndexByte(target, 0) >= 0 {
 		return api.WithCode(api.CodeInvalidInput, fmt.Errorf("snapshot: %s/%s is a symlink with an empty, over-long or NUL-holding target; the snapshot was not taken", backend.Workspace, rel))
 	}
 	return nil
 }
 
-// writeTar writes the manifest (of a snapshot of session) as a tar with
+// WriteTar writes the manifest (of a snapshot of session) as a tar with
 // names relative to the workspace, for the agent to extract there:
 // directories, files and FIFOs in path order, then the hard links (their
 // files are there), then the symlinks (so no file is written through one).
-func (ss *snapStore) writeTar(ctx context.Context, w io.Writer, session string, entries []snapEntry) error {
+// The caller holds the store (Hold).
+func (s *Store) WriteTar(ctx context.Context, w io.Writer, session string, entries []Entry) error {
 	tw := tar.NewWriter(w)
 	passOf := map[byte]int{tar.TypeLink: 1, tar.TypeSymlink: 2}
 	for pass := 0; pass < 3; pass++ {
@@ -319,7 +347,7 @@ func (ss *snapStore) writeTar(ctx context.Context, w io.Writer, session string, 
 			if e.Type != tar.TypeReg {
 				continue
 			}
-			if err := ss.copyBlob(ctx, tw, session, e); err != nil {
+			if err := s.copyBlob(ctx, tw, session, e); err != nil {
 				return err
 			}
 		}
@@ -328,11 +356,11 @@ func (ss *snapStore) writeTar(ctx context.Context, w io.Writer, session string, 
 }
 
 // copyBlob writes the data of file entry e (of a snapshot of session) to w.
-func (ss *snapStore) copyBlob(ctx context.Context, w io.Writer, session string, e snapEntry) error {
-	r, size, err := ss.blobs.Open(ctx, session, e.Hash)
-	if err == nil && size != e.dataBytes() {
+func (s *Store) copyBlob(ctx context.Context, w io.Writer, session string, e Entry) error {
+	r, size, err := s.blobs.Open(ctx, session, e.Hash)
+	if err == nil && size != e.DataBytes() {
 		r.Close()
-		err = fmt.Errorf("blob of %d bytes for %d", size, e.dataBytes())
+		err = fmt.Errorf("blob of %d bytes for %d", size, e.DataBytes())
 	}
 	if err != nil {
 		return fmt.Errorf("snapshot blob of %s: %w (the snapshot store is damaged)", e.Path, err)
@@ -342,37 +370,61 @@ func (ss *snapStore) copyBlob(ctx context.Context, w io.Writer, session string, 
 	return err
 }
 
-// dataBytes is the bytes of a file entry's data: its blob's size.
-func (e snapEntry) dataBytes() int64 {
+// DataBytes is the bytes of a file entry's data: its blob's size.
+func (e Entry) DataBytes() int64 {
 	if e.Map != "" {
 		return e.Data
 	}
 	return e.Size
 }
 
-// put records a snapshot and its manifest, in one commit. It is not
+// DataBytes is the bytes of data of the files of entries, holes not
+// counted: what a copy of them moves.
+func DataBytes(entries []Entry) (n int64) {
+	for _, e := range entries {
+		if e.Hash != "" {
+			n += e.DataBytes()
+		}
+	}
+	return n
+}
+
+// CountFiles counts the regular files of entries and their bytes, holes
+// included.
+func CountFiles(entries []Entry) (files int, size int64) {
+	for _, e := range entries {
+		if e.Hash != "" {
+			files++
+			size += e.Size
+		}
+	}
+	return files, size
+}
+
+// Put records a snapshot and its manifest, in one commit. It is not
 // cancelled with ctx: the blobs are stored, and a snapshot taken is kept.
-func (ss *snapStore) put(ctx context.Context, rec snapshotRecord, entries []snapEntry) error {
+func (s *Store) Put(ctx context.Context, rec Record, entries []Entry) error {
 	files, err := json.Marshal(entries)
 	if err != nil {
 		return err
 	}
-	r, err := putJSON(state.Snapshots, rec.ID, rec)
+	r, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	_, err = ss.st.Commit(context.WithoutCancel(ctx), r, state.Put(state.SnapshotManifests, rec.ID, files))
+	_, err = s.st.Commit(context.WithoutCancel(ctx), state.Put(state.Snapshots, rec.ID, r), state.Put(state.SnapshotManifests, rec.ID, files))
 	return err
 }
 
-// get returns snapshot id if it belongs to session; any other id is "no
-// such snapshot", whether it exists in another session or not.
-func (ss *snapStore) get(ctx context.Context, session, id string) (snapshotRecord, []snapEntry, error) {
-	rec, _, err := ss.record(ctx, session, id)
+// Get returns snapshot id and its manifest if it belongs to session; any
+// other id is "no such snapshot" (api.CodeNotFound), whether it exists in
+// another session or not.
+func (s *Store) Get(ctx context.Context, session, id string) (Record, []Entry, error) {
+	rec, _, err := s.record(ctx, session, id)
 	if err != nil {
 		return rec, nil, err
 	}
-	entries, err := ss.manifest(ctx, id)
+	entries, err := s.manifest(ctx, id)
 	if err != nil {
 		return rec, nil, err
 	}
@@ -381,9 +433,9 @@ func (ss *snapStore) get(ctx context.Context, session, id string) (snapshotRecor
 
 // record returns snapshot id of session and its revision; any other id
 // is errNoSnapshot.
-func (ss *snapStore) record(ctx context.Context, session, id string) (snapshotRecord, uint64, error) {
-	var rec snapshotRecord
-	r, err := ss.st.Get(ctx, state.Snapshots, id)
+func (s *Store) record(ctx context.Context, session, id string) (Record, uint64, error) {
+	var rec Record
+	r, err := s.st.Get(ctx, state.Snapshots, id)
 	if errors.Is(err, state.ErrNotFound) || errors.Is(err, state.ErrInvalid) { // invalid: an empty or over-long id
 		return rec, 0, errNoSnapshot(id)
 	}
@@ -394,15 +446,15 @@ func (ss *snapStore) record(ctx context.Context, session, id string) (snapshotRe
 		return rec, 0, fmt.Errorf("snapshot %s: %w", id, err)
 	}
 	if rec.Session != session {
-		return snapshotRecord{}, 0, errNoSnapshot(id)
+		return Record{}, 0, errNoSnapshot(id)
 	}
 	return rec, r.Revision, nil
 }
 
 // manifest returns the manifest of snapshot id.
-func (ss *snapStore) manifest(ctx context.Context, id string) ([]snapEntry, error) {
-	var entries []snapEntry
-	r, err := ss.st.Get(ctx, state.SnapshotManifests, id)
+func (s *Store) manifest(ctx context.Context, id string) ([]Entry, error) {
+	var entries []Entry
+	r, err := s.st.Get(ctx, state.SnapshotManifests, id)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", id, err)
 	}
@@ -412,51 +464,69 @@ func (ss *snapStore) manifest(ctx context.Context, id string) ([]snapEntry, erro
 	return entries, nil
 }
 
-// errNoSnapshot is get's and delete's answer for an id that is not a
+// errNoSnapshot is Get's and Delete's answer for an id that is not a
 // snapshot of the session, whether another session has it or not.
 func errNoSnapshot(id string) error {
 	return api.WithCode(api.CodeNotFound, fmt.Errorf("no snapshot %q in this session (see snapshot_list)", id))
 }
 
-// list returns the session's snapshots, oldest first.
-func (ss *snapStore) list(ctx context.Context, session string) ([]snapshotRecord, error) {
-	all, err := loadJSON[snapshotRecord](ctx, ss.st, state.Snapshots)
-	out := slices.DeleteFunc(all, func(rec snapshotRecord) bool { return rec.Session != session })
+// List returns the session's snapshots, oldest first.
+func (s *Store) List(ctx context.Context, session string) ([]Record, error) {
+	all, err := s.all(ctx)
+	out := slices.DeleteFunc(all, func(rec Record) bool { return rec.Session != session })
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out, err
 }
 
-// delete removes snapshots (of session) and then the session's blobs no
+// all returns every snapshot of every session, in key order.
+func (s *Store) all(ctx context.Context) ([]Record, error) {
+	rs, err := s.st.List(ctx, state.Snapshots, "")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Record, 0, len(rs))
+	for _, r := range rs {
+		var rec Record
+		if err := json.Unmarshal(r.Value, &rec); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", state.Snapshots, r.Key, err)
+		}
+		out = append(out, rec)
+	}
+	return out, nil
+}
+
+// Delete removes snapshots (of session) and then the session's blobs no
 // remaining snapshot of it references; it returns the bytes freed. It is
-// not cancelled with ctx once it has begun.
-func (ss *snapStore) delete(ctx context.Context, session string, ids ...string) (int64, error) {
-	ss.gc.Lock()
-	defer ss.gc.Unlock()
+// not cancelled with ctx once it has begun. It waits for every Hold to be
+// released.
+func (s *Store) Delete(ctx context.Context, session string, ids ...string) (int64, error) {
+	s.gc.Lock()
+	defer s.gc.Unlock()
 	ctx = context.WithoutCancel(ctx)
-	// Without ids (freeLater, sweep) nothing is deleted: no commit, and
+	// Without ids (FreeLater, Sweep) nothing is deleted: no commit, and
 	// so no write and sync for nothing.
 	if len(ids) > 0 {
 		ops := make([]state.Op, 0, 2*len(ids))
 		for _, id := range ids {
-			_, rev, err := ss.record(ctx, session, id)
+			_, rev, err := s.record(ctx, session, id)
 			if err != nil {
 				return 0, err
 			}
 			ops = append(ops, state.Delete(state.Snapshots, id).If(rev), state.Delete(state.SnapshotManifests, id))
 		}
-		if _, err := ss.st.Commit(ctx, ops...); err != nil {
+		if _, err := s.st.Commit(ctx, ops...); err != nil {
 			return 0, err
 		}
 	}
 	// The blobs the session's remaining snapshots name: no capture adds a
 	// snapshot while gc is held.
 	live := map[string]bool{}
-	recs, err := ss.list(ctx, session)
+	recs, err := s.List(ctx, session)
 	if err != nil {
 		return 0, err
 	}
 	for _, rec := range recs {
-		entries, err := ss.manifest(ctx, rec.ID)
+		entries, err := s.manifest(ctx, rec.ID)
 		if err != nil {
 			return 0, err
 		}
@@ -467,10 +537,10 @@ func (ss *snapStore) delete(ctx context.Context, session string, ids ...string) 
 		}
 	}
 	if len(live) == 0 {
-		return ss.blobs.DeleteNamespace(ctx, session)
+		return s.blobs.DeleteNamespace(ctx, session)
 	}
 	var dead []string
-	if err := ss.blobs.List(ctx, session, func(hash string) error {
+	if err := s.blobs.List(ctx, session, func(hash string) error {
 		if !live[hash] {
 			dead = append(dead, hash)
 		}
@@ -478,26 +548,30 @@ func (ss *snapStore) delete(ctx context.Context, session string, ids ...string) 
 	}); err != nil {
 		return 0, err
 	}
-	return ss.blobs.Delete(ctx, session, dead...)
+	return s.blobs.Delete(ctx, session, dead...)
 }
 
-// freeLater deletes the snapshots ids of session (restore's copy of the
+// FreeLater deletes the snapshots ids of session (restore's copy of the
 // workspace) and frees the blobs of session that no snapshot names (what a
 // refused snapshot stored, the transient copies of fork and restore) in
-// the background, once every hold on gc, the caller's included, is gone.
-func (ss *snapStore) freeLater(log *slog.Logger, session string, ids ...string) {
+// the background, once every Hold, the caller's included, is released.
+// A failure is logged to log.
+func (s *Store) FreeLater(log *slog.Logger, session string, ids ...string) {
 	go func() {
-		if _, err := ss.delete(context.Background(), session, ids...); err != nil {
+		if _, err := s.Delete(context.Background(), session, ids...); err != nil {
 			log.Warn("free the snapshot blobs no snapshot names", "session", session, "snapshots", ids, "err", err)
 		}
 	}()
 }
 
-// sweep frees the blobs no snapshot names in every session's store: what
+// Sweep frees the blobs no snapshot names in every session's store: what
 // a process killed during a capture left (a capture's blobs are written
-// before its manifest), and the stores of sessions that are gone.
-func (ss *snapStore) sweep(ctx context.Context, log *slog.Logger) {
-	sessions, err := ss.blobs.Namespaces(ctx)
+// before its manifest), and the stores of sessions that are gone. It
+// logs to log what it freed and what it could not. Only one server of those
+// sharing a store may sweep at a time (the service's reaper lease): the
+// blobs another server's capture is writing are no orphans.
+func (s *Store) Sweep(ctx context.Context, log *slog.Logger) {
+	sessions, err := s.blobs.Namespaces(ctx)
 	if err != nil {
 		log.Warn("list the sessions of the snapshot blob store", "err", err)
 		return
@@ -506,7 +580,7 @@ func (ss *snapStore) sweep(ctx context.Context, log *slog.Logger) {
 		if ctx.Err() != nil {
 			return
 		}
-		if freed, err := ss.delete(ctx, session); err != nil {
+		if freed, err := s.Delete(ctx, session); err != nil {
 			log.Warn("free the snapshot blobs no snapshot names", "session", session, "err", err)
 		} else if freed > 0 {
 			log.Info("freed snapshot blobs no snapshot names", "session", session, "bytes", freed)
@@ -514,9 +588,9 @@ func (ss *snapStore) sweep(ctx context.Context, log *slog.Logger) {
 	}
 }
 
-// sessionIDs returns the ids of session's snapshots.
-func (ss *snapStore) sessionIDs(ctx context.Context, session string) ([]string, error) {
-	recs, err := ss.list(ctx, session)
+// SessionIDs returns the ids of session's snapshots, oldest first.
+func (s *Store) SessionIDs(ctx context.Context, session string) ([]string, error) {
+	recs, err := s.List(ctx, session)
 	ids := make([]string, len(recs))
 	for i, r := range recs {
 		ids[i] = r.ID
@@ -524,9 +598,9 @@ func (ss *snapStore) sessionIDs(ctx context.Context, session string) ([]string, 
 	return ids, err
 }
 
-// bytes returns the bytes session's blobs take (blobs.Store.Size: holes
+// Bytes returns the bytes session's blobs take (blobs.Store.Size: holes
 // not counted). As ever, a blob it cannot read counts nothing.
-func (ss *snapStore) bytes(session string) int64 {
-	n, _ := ss.blobs.Size(context.Background(), session)
+func (s *Store) Bytes(session string) int64 {
+	n, _ := s.blobs.Size(context.Background(), session)
 	return n
 }
