@@ -13,6 +13,7 @@ import (
 
 	"github.com/cellbox/cellbox/internal/jsonschema"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/tools"
 )
 
 // TestToolDocs keeps docs/tools.md in step with the registry: the reference
@@ -73,7 +74,7 @@ returns a plain string puts it in ` + "`output`" + `.
 
 // writeToolDoc writes one tool's section: description, input table and
 // result fields.
-func writeToolDoc(b *strings.Builder, heading string, tool *Tool) {
+func writeToolDoc(b *strings.Builder, heading string, tool *tools.Tool) {
 	fmt.Fprintf(b, "%s `%s`\n\n", heading, tool.Name)
 	if tool.Base != "" {
 		fmt.Fprintf(b, "Served by `%s`. ", tool.Base)

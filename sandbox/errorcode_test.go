@@ -12,6 +12,7 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/tools"
 )
 
 // Every tool error result carries a code beside the message, one place
@@ -32,7 +33,7 @@ func TestErrorCode(t *testing.T) {
 		{"agent unknown code", &agent.Error{Code: "new_one"}, api.CodeInvalidInput},
 		{"no session", fmt.Errorf("session s: %w", ErrNoSession), api.CodeNoSession},
 		{"given code wins", api.WithCode(api.CodeRefused, &agent.Error{Code: agent.CodeNotFound}), api.CodeRefused},
-		{"unknown tool", fmt.Errorf("x: %w", ErrUnknownTool), api.CodeInvalidInput},
+		{"unknown tool", fmt.Errorf("x: %w", tools.ErrUnknownTool), api.CodeInvalidInput},
 		{"deadline", fmt.Errorf("exec: %w", context.DeadlineExceeded), api.CodeTimeout},
 		{"shutting down", fmt.Errorf("wake: %w", errShuttingDown("cb-x")), api.CodeUnavailable},
 		{"anything else", errors.New("backend down"), api.CodeInternal},
@@ -65,12 +66,12 @@ func TestServiceErrorCodes(t *testing.T) {
 	assert.NoError(t, s.checkCapsLocked(&Session{ID: "t", boxes: map[string]*box{}}, 1))
 	tool, ok := LookupTool("read_file")
 	require.True(t, ok)
-	_, err := tool.run(context.Background(), nil, json.RawMessage(`{"path":"x","bogus":1}`))
+	_, err := tool.Run(context.Background(), nil, json.RawMessage(`{"path":"x","bogus":1}`))
 	assert.Equal(t, api.CodeInvalidInput, ErrorCode(err))
 	// A port past 65535 is refused by the schema (before: "internal").
 	browse, ok := LookupTool("browse")
 	require.True(t, ok)
-	_, err = browse.run(context.Background(), nil, json.RawMessage(`{"port":70000}`))
+	_, err = browse.Run(context.Background(), nil, json.RawMessage(`{"port":70000}`))
 	assert.Equal(t, api.CodeInvalidInput, ErrorCode(err))
 	assert.ErrorContains(t, err, "port: must be <= 65535 (got 70000)")
 }

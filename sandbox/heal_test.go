@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"slices"
 
 	"io"
 	"log/slog"
@@ -206,7 +207,7 @@ var deaths = []struct {
 func TestDeadBoxHeals(t *testing.T) {
 	for _, kind := range []string{"local", "docker"} {
 		for _, d := range deaths {
-			if !contains(d.backends, kind) {
+			if !slices.Contains(d.backends, kind) {
 				continue
 			}
 			t.Run(kind+"/"+d.name, func(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/tools"
 )
 
 // The streaming operations behind the HTTP endpoints and the in-process
@@ -80,7 +81,7 @@ func DecodeExecRequest(body []byte) (api.ExecRequest, error) {
 	case err == nil:
 		return req, nil
 	case errors.As(err, &te):
-		err = fmt.Errorf("field %q of the exec request: expected %s, got %s", te.Field, jsonKind(te.Type), te.Value)
+		err = fmt.Errorf("field %q of the exec request: expected %s, got %s", te.Field, tools.JSONKind(te.Type), te.Value)
 	case strings.HasPrefix(err.Error(), "json: unknown field "): // encoding/json has no type for it
 		err = fmt.Errorf("%s in the exec request; valid fields: %s", strings.TrimPrefix(err.Error(), "json: "), strings.Join(jsonschema.PropertyNames(reflect.TypeFor[api.ExecRequest]()), ", "))
 	default:
@@ -196,7 +197,7 @@ func ErrorCode(err error) string {
 	if code := api.CodeOf(err); code != "" {
 		return code
 	}
-	if errors.Is(err, ErrUnknownTool) || errors.Is(err, ErrUnknownProfile) {
+	if errors.Is(err, tools.ErrUnknownTool) || errors.Is(err, tools.ErrUnknownProfile) {
 		return api.CodeInvalidInput
 	}
 	if errors.Is(err, backend.ErrNoImage) {

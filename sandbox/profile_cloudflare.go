@@ -11,6 +11,7 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/tools"
 )
 
 // --- seed 000: the Cloudflare agent tool API ("## Tool Definitions") ---
@@ -106,8 +107,8 @@ type cfTransferOutput struct {
 }
 
 // cloudflareTools is seed 000's tool set; descriptions are the seed's.
-func cloudflareTools() []*Tool {
-	return []*Tool{
+func cloudflareTools() []*tools.Tool {
+	return []*tools.Tool{
 		mapped("shell", "shell", "Execute a shell command in the sandbox.", func(ctx context.Context, c *call, in cfShellInput) (cfShellOutput, error) {
 			out, err := profileShell(ctx, c, api.ShellInput{Sandbox: in.Sandbox, Command: in.Command, TimeoutMs: cmp.Or(in.TimeoutMs, shellTimeoutMs), WorkingDir: in.WorkingDir}, shellOutputCap)
 			return cfShellOutput{Stdout: out.Stdout, Stderr: out.Stderr, ExitCode: out.ExitCode}, err

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/tools"
 )
 
 // --- seed 004: the DeerFlow sandbox tools (sections bash, ls, read_file,
@@ -53,8 +54,8 @@ type dfStrReplaceInput struct {
 }
 
 // deerflowTools is seed 004's tool set; descriptions are the seed's.
-func deerflowTools() []*Tool {
-	return []*Tool{
+func deerflowTools() []*tools.Tool {
+	return []*tools.Tool{
 		mapped("shell", "bash", "Execute a bash command in a Linux environment.", func(ctx context.Context, c *call, in dfBashInput) (textOutput, error) {
 			out, err := profileShell(ctx, c, api.ShellInput{Command: in.Command, TimeoutMs: dfBashTimeoutMs}, shellOutputCap)
 			if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/tools"
 )
 
 // --- seed 003: @cloudflare/fs-tools (sections read, write, edit, grep, exec) ---
@@ -69,8 +70,8 @@ type fsExecOutput struct {
 }
 
 // fsTools is seed 003's tool set.
-func fsTools() []*Tool {
-	return []*Tool{
+func fsTools() []*tools.Tool {
+	return []*tools.Tool{
 		mapped("read_file", "read", "Read a text file, a window of lines at a time (at most 2000 lines / 256 KiB per call). When the file goes on, nextOffset is the offset to call read with next.", func(ctx context.Context, c *call, in fsReadInput) (fsReadOutput, error) {
 			res, err := readFile(ctx, c, "", agent.ReadRequest{Path: in.Path, Offset: in.Offset, Limit: in.Limit})
 			if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/tools"
 )
 
 // seedTool is one tool as its seed document defines it: the property
@@ -145,11 +146,11 @@ func TestProfileToolListsMatchSeeds(t *testing.T) {
 	})
 
 	t.Run("default and unknown", func(t *testing.T) {
-		tools := getTools(t, "")
-		assert.Equal(t, "shell", tools[0].Name)
-		assert.Len(t, tools, len(Tools()), "the default profile is the registry")
+		infos := getTools(t, "")
+		assert.Equal(t, "shell", infos[0].Name)
+		assert.Len(t, infos, len(Tools()), "the default profile is the registry")
 		_, err := ToolInfosFor("openai")
-		assert.ErrorIs(t, err, ErrUnknownProfile)
+		assert.ErrorIs(t, err, tools.ErrUnknownProfile)
 		assert.ErrorContains(t, err, `unknown tool profile "openai"; profiles: cellbox, cloudflare, fs-tools, deerflow`)
 	})
 }
@@ -246,13 +247,13 @@ func TestProfileCallsInRealBox(t *testing.T) {
 
 	t.Run("unknown tool in profile", func(t *testing.T) {
 		_, err := h.rawIn("cloudflare", "read", `{}`)
-		assert.ErrorIs(t, err, ErrUnknownTool)
+		assert.ErrorIs(t, err, tools.ErrUnknownTool)
 		assert.ErrorContains(t, err, `unknown tool "read" in profile cloudflare; tools: browse, glob, read_file`)
 	})
 
 	t.Run("a typo of a tool gets a suggestion", func(t *testing.T) {
 		_, err := h.rawIn("", "shel", `{}`)
-		assert.ErrorIs(t, err, ErrUnknownTool)
+		assert.ErrorIs(t, err, tools.ErrUnknownTool)
 		assert.ErrorContains(t, err, `unknown tool "shel" in profile cellbox (did you mean "shell"?); tools: `)
 	})
 }
@@ -355,12 +356,4 @@ func TestProfileToolsTakeBaseMeta(t *testing.T) {
 			assert.Equal(t, base.Meta, tool.Meta, "%s/%s", p.Name, tool.Name)
 		}
 	}
-}
-
-// TestToolNeedsMeta: a tool defined without its title and hints is refused
-// where it is defined, so none reaches MCP unannotated.
-func TestToolNeedsMeta(t *testing.T) {
-	h := func(context.Context, *call, struct{}) (api.OKOutput, error) { return api.OKOutput{OK: true}, nil }
-	assert.PanicsWithValue(t, "sandbox: tool x has no title: give its ToolMeta where it is defined", func() { defineTool("x", ToolMeta{}, "d", h) })
-	assert.NotPanics(t, func() { defineTool("x", ToolMeta{Title: "X", ReadOnly: true}, "d", h) })
 }

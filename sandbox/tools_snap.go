@@ -26,6 +26,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/egress"
 	"github.com/cellbox/cellbox/sandbox/snapshots"
+	"github.com/cellbox/cellbox/sandbox/tools"
 )
 
 // maxFork caps the boxes one fork makes.
@@ -35,24 +36,24 @@ const maxFork = 16
 // box's disk cap).
 const maxSnapshots = 256
 
-func snapshotTools() []*Tool {
-	return []*Tool{
-		defineTool("snapshot", ToolMeta{Title: "Snapshot a sandbox's workspace"},
+func snapshotTools() []*tools.Tool {
+	return []*tools.Tool{
+		tools.Define("snapshot", tools.Meta{Title: "Snapshot a sandbox's workspace"},
 			"Save a sandbox's workspace (/workspace) as a snapshot of this session and return its id; use it with restore, branch and snapshot_delete. Kept: files, directories, hard links, FIFOs and symlinks (wherever they point), names byte for byte, permission bits, modification times. Not kept: sockets and devices (left out), owners, /tmp, processes. A file the sandbox cannot read fails the snapshot, naming it. Snapshots survive restarts and are stored deduplicated by whole file (an unchanged file costs nothing again; no compression; the holes of a sparse file are kept as holes, neither stored nor copied: size counts them, data_bytes does not; files counts regular files only, added_bytes what the snapshot added to the store); a session may keep 256, taking at most 16 GiB of store by default (cellbox serve --max-snapshot-bytes).",
 			snapshotTool),
-		defineTool("snapshot_list", ToolMeta{Title: "List snapshots", ReadOnly: true, Idempotent: true},
+		tools.Define("snapshot_list", tools.Meta{Title: "List snapshots", ReadOnly: true, Idempotent: true},
 			"List the snapshots of this session, oldest first, with label, source sandbox, size, and the bytes each added to the (deduplicated) store.",
 			snapshotListTool),
-		defineTool("snapshot_delete", ToolMeta{Title: "Delete a snapshot", Destructive: true},
+		tools.Define("snapshot_delete", tools.Meta{Title: "Delete a snapshot", Destructive: true},
 			"Delete a snapshot of this session; content no other snapshot shares is freed.",
 			snapshotDeleteTool),
-		defineTool("restore", ToolMeta{Title: "Restore a snapshot into a sandbox", Destructive: true, Idempotent: true},
+		tools.Define("restore", tools.Meta{Title: "Restore a snapshot into a sandbox", Destructive: true, Idempotent: true},
 			"Replace a sandbox's workspace with a snapshot's content: everything in /workspace is replaced. A snapshot larger than the sandbox's disk cap (limits.disk_bytes) is refused before anything is changed; use branch for it instead. If the copy stops part way (the disk fills), the earlier workspace is put back. Running processes keep running.",
 			restoreTool),
-		defineTool("branch", ToolMeta{Title: "Start a new sandbox from a snapshot"},
+		tools.Define("branch", tools.Meta{Title: "Start a new sandbox from a snapshot"},
 			"Make a NEW sandbox of this session (same image and settings as the snapshot's sandbox had when it was taken: env, limits, workspace_dir, destroy_on_close, network with its allow list and inject rules) whose workspace is the snapshot's content; the original sandbox is unchanged.",
 			branchTool),
-		defineTool("fork", ToolMeta{Title: "Fork a sandbox into several"},
+		tools.Define("fork", tools.Meta{Title: "Fork a sandbox into several"},
 			"Make count NEW sandboxes (up to 16) with a running sandbox's image and settings (env, limits, workspace_dir, destroy_on_close, network with its allow list and inject rules) whose workspaces are copies of its workspace (/workspace; /tmp starts empty), e.g. to try several fixes in parallel; each is independent afterwards. Processes are not copied.",
 			forkTool),
 	}

@@ -57,6 +57,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/tools"
 )
 
 // MaxToolBody caps the body of a tool call and of a streaming exec request.
@@ -340,7 +341,7 @@ func (s *server) handleTool(w http.ResponseWriter, r *http.Request, sess *sandbo
 	profile, name := r.URL.Query().Get("profile"), r.PathValue("name")
 	if _, err := sandbox.LookupToolIn(profile, name); err != nil {
 		status := http.StatusNotFound
-		if errors.Is(err, sandbox.ErrUnknownProfile) {
+		if errors.Is(err, tools.ErrUnknownProfile) {
 			status = http.StatusBadRequest
 		}
 		writeError(w, status, err.Error())

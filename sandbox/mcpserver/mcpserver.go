@@ -6,7 +6,7 @@
 // adapter from the registry to the SDK:
 //
 //   - a tool of the registry becomes an SDK tool with its title and
-//     annotations (the tool's sandbox.ToolMeta) and an output schema made
+//     annotations (the tool's tools.Meta) and an output schema made
 //     from its Go result type;
 //   - a call goes through a ToolCaller (a session of a sandbox.Service, or
 //     a remote server's) with the request's context, so
@@ -40,6 +40,7 @@ import (
 	"github.com/cellbox/cellbox/internal/jsonschema"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/tools"
 )
 
 // Instructions tell an MCP client's model how the tools fit together.
@@ -114,7 +115,7 @@ func New(profile string, tools []api.ToolInfo, bind Binder) *mcp.Server {
 }
 
 // mcpTool describes a registry tool to the SDK.
-func mcpTool(info api.ToolInfo, rt *sandbox.Tool) *mcp.Tool {
+func mcpTool(info api.ToolInfo, rt *tools.Tool) *mcp.Tool {
 	t := &mcp.Tool{Name: info.Name, Description: info.Description, InputSchema: info.InputSchema}
 	if rt == nil {
 		return t // a tool of a newer server: described by its info only
@@ -134,7 +135,7 @@ func mcpTool(info api.ToolInfo, rt *sandbox.Tool) *mcp.Tool {
 	return t
 }
 
-// resultFields are the fields toolResult adds to every successful result.
+// resultFields are the fields tools.AppendResult adds to every successful result.
 var resultFields = map[string]any{
 	"is_error": map[string]any{"type": "boolean", "description": "false: the tool ran (failures are results with isError and no structuredContent)"},
 	"notice":   map[string]any{"type": "string", "description": "something worth knowing happened, e.g. a lost box was recreated"},
@@ -172,7 +173,7 @@ func outputSchema(out reflect.Type) json.RawMessage {
 // callMCPTool runs one tools/call. ctx is the request's: the SDK cancels
 // it on notifications/cancelled (or when the session ends), which kills a
 // running command.
-func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, rt *sandbox.Tool, bind Binder) (*mcp.CallToolResult, error) {
+func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, rt *tools.Tool, bind Binder) (*mcp.CallToolResult, error) {
 	caller, err := bind(ctx, req)
 	if err != nil {
 		// The call cannot run (no session could be made for it: the

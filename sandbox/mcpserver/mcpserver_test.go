@@ -40,7 +40,7 @@ func mustMarshal(t *testing.T, v any) string {
 // schema that is valid JSON Schema, and structuredContent matches it.
 func TestMCPToolMetadata(t *testing.T) {
 	for _, tool := range sandbox.Tools() {
-		assert.NotEmpty(t, tool.Meta.Title, "give a new tool its ToolMeta in defineTool")
+		assert.NotEmpty(t, tool.Meta.Title, "give a new tool its tools.Meta where it is defined")
 	}
 	s, _ := sandboxtest.Service(t, sandboxtest.Options{})
 	c := connectInMemory(t, s)
