@@ -39,9 +39,7 @@ func TestSandboxCreateRefusesBadSpec(t *testing.T) {
 			for _, name := range []string{fmt.Sprint("fresh", i), "existing"} {
 				// Let the pool fill, so a fresh box would be a warm one.
 				require.Eventually(t, func() bool {
-					rb.s.mu.Lock()
-					defer rb.s.mu.Unlock()
-					return len(rb.s.pools[backend.DefaultImage].ready) == 1
+					return rb.s.pools.Ready()[backend.DefaultImage] == 1
 				}, time.Minute, 10*time.Millisecond)
 				in := map[string]any{"sandbox": name}
 				for k, v := range tt.input {

@@ -91,13 +91,10 @@ func (s *Service) Metrics() Metrics {
 	m.mu.Unlock()
 
 	states := map[boxState]int{}
-	pools := map[string]int{}
+	pools := s.pools.Ready()
 	s.mu.Lock()
 	for _, bx := range s.boxes {
 		states[bx.state]++
-	}
-	for image, p := range s.pools {
-		pools[image] = len(p.ready)
 	}
 	out.Sessions = len(s.sessions)
 	s.mu.Unlock()

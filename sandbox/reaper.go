@@ -48,8 +48,8 @@ func (s *Service) tick() {
 		s.reap(s.ctx)
 	}
 	s.flushLastUsed()
-	s.shrinkPools(s.ctx)
-	s.fillPools()
+	s.pools.Shrink(s.ctx)
+	s.pools.Fill()
 }
 
 // reap stops every running box idle for longer than its sleep_after_ms.

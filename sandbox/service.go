@@ -25,8 +25,8 @@
 //   - ops.go: the streaming operations and LocalClient, the in-process
 //     sandboxclient.Client; faces.go: what the faces need from the service.
 //
-// Locks: Service.mu guards the maps of sessions, boxes, previews and pools
-// and each box's state; a box's own life mutex serializes its transitions
+// Locks: Service.mu guards the maps of sessions, boxes and previews and
+// each box's state (the warm pools, sandbox/warm, have a lock of their own); a box's own life mutex serializes its transitions
 // (box.go says which fields each guards). Never take a life mutex while
 // holding Service.mu.
 //
@@ -56,6 +56,7 @@ import (
 	leases "github.com/cellbox/cellbox/sandbox/lease"
 	"github.com/cellbox/cellbox/sandbox/snapshots"
 	"github.com/cellbox/cellbox/sandbox/state"
+	"github.com/cellbox/cellbox/sandbox/warm"
 )
 
 // Defaults of Config.
@@ -180,6 +181,7 @@ type Service struct {
 	log     *slog.Logger
 	metrics *metrics
 	global  chan struct{} // global create/wake slots
+	pools   *warm.Pools[warmBox]
 	baseURL atomic.Pointer[string]
 
 	ctx    context.Context // ends at Close
@@ -190,7 +192,6 @@ type Service struct {
 	sessions map[string]*Session
 	boxes    map[string]*box          // by id; boxes that exist (or existed) in the backend
 	previews map[string]previewTarget // preview id -> box and port
-	pools    map[string]*warmPool     // by image
 	proxies  map[string]*egress.Proxy // egress proxies by box id
 	// egressMu serializes startEgress, so two starts for one box never
 	// both place a socket.
@@ -198,7 +199,6 @@ type Service struct {
 	// hostDirMu serializes mounting and removing boxes' host directories
 	// (hostdir.go), so that two wakes never mount one twice.
 	hostDirMu sync.Mutex
-	filler    chan struct{} // the one pool fill in flight
 	leaseMu   sync.Mutex
 	held      map[string]*leases.Held // the leases this server holds, by name
 	closed    bool
@@ -303,9 +303,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		held:     map[string]*leases.Held{},
 		boxes:    map[string]*box{},
 		previews: map[string]previewTarget{},
-		pools:    map[string]*warmPool{},
 		proxies:  map[string]*egress.Proxy{},
-		filler:   make(chan struct{}, 1),
 	}
 	s.SetBaseURL(cfg.BaseURL)
 	if err := s.reconcile(ctx); err != nil {
@@ -313,12 +311,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		st.close()
 		return nil, err
 	}
-	for image, n := range cfg.Pool {
-		if n > 0 {
-			s.pools[image] = s.newWarmPool(image, n)
-		}
-	}
-	s.fillPools()
+	s.pools = s.newPools()
+	s.pools.Fill()
 	s.wg.Add(1)
 	go s.reaper()
 	return s, nil
@@ -352,7 +346,7 @@ func (s *Service) Close() error {
 	s.wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s.drainPools(ctx)
+	s.pools.Close(ctx)
 	s.stopAllEgress()
 	s.flushLastUsed()
 	s.releaseLeases()

@@ -417,7 +417,7 @@ func TestWarmPool(t *testing.T) {
 	s := newTestService(t, be, "", func(c *Config) { c.Pool = map[string]int{backend.DefaultImage: 2} })
 	h := newSession(t, s)
 	require.Eventually(t, func() bool { return be.count() == 2 }, 5*time.Second, 5*time.Millisecond)
-	require.Eventually(t, func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.pools[backend.DefaultImage].ready) == 2 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return s.pools.Ready()[backend.DefaultImage] == 2 }, 5*time.Second, 5*time.Millisecond)
 
 	var took []time.Duration
 	for i := range 5 {
@@ -428,7 +428,7 @@ func TestWarmPool(t *testing.T) {
 		assert.Equal(t, "hi\n", sh["stdout"])
 		assert.Equal(t, true, c["created"])
 		// Wait for the refill so each create takes a warm box.
-		require.Eventually(t, func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.pools[backend.DefaultImage].ready) == 2 }, 5*time.Second, 2*time.Millisecond)
+		require.Eventually(t, func() bool { return s.pools.Ready()[backend.DefaultImage] == 2 }, 5*time.Second, 2*time.Millisecond)
 	}
 	t.Logf("create -> first exec from the warm pool: %v", took)
 	assert.Equal(t, 7, be.count())
@@ -453,7 +453,7 @@ func TestWarmPoolFollowsUse(t *testing.T) {
 		c.PoolIdle = time.Second
 		c.ReapInterval = 10 * time.Millisecond
 	})
-	ready := func() int { s.mu.Lock(); defer s.mu.Unlock(); return len(s.pools[backend.DefaultImage].ready) }
+	ready := func() int { return s.pools.Ready()[backend.DefaultImage] }
 	h := newSession(t, s)
 	time.Sleep(30 * time.Millisecond) // three reaper rounds
 	assert.Equal(t, 0, be.count(), "no box before one is asked for")

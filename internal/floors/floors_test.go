@@ -61,12 +61,15 @@ var house = []floor{
 	// faces, and sandboxtest, which starts the service for the tests of the
 	// packages above (as net/http/httptest does for net/http).
 	{"sandbox", []string{"sandbox", "sandbox/httpapi", "sandbox/mcpserver", "sandbox/sandboxtest"},
-		[]string{"tools", "snapshots", "state", "blobs", "backends", "box", "wire", "internal"}},
+		[]string{"tools", "warm", "snapshots", "state", "blobs", "backends", "box", "wire", "internal"}},
 	// The tool registry's machinery: defining a tool (its schema from its
 	// input struct), decoding and checking a call's input, profiles and
 	// result objects. It knows nothing of boxes or sessions: the sandbox
 	// floor defines the tools and their handlers on it.
 	{"tools", []string{"sandbox/tools"}, []string{"wire", "internal"}},
+	// The warm pools: boxes made ahead, taken ready, refilled, shrunk and
+	// drained. A box is whatever the caller's Make returns.
+	{"warm", []string{"sandbox/warm"}, []string{"internal"}},
 	// The snapshot store: workspaces captured from a box's tar stream into
 	// blobs (a namespace per session) with a manifest and a record in the
 	// state store, written back as a tar, and the collection of blobs no
@@ -232,6 +235,7 @@ func TestFloorOf(t *testing.T) {
 		"sandbox/egress":              "box",
 		"sandbox/snapshots":           "snapshots",
 		"sandbox/tools":               "tools",
+		"sandbox/warm":                "warm",
 		"sandbox/state":               "state",
 		"sandbox/state/statetest":     "state",
 		"sandbox/blobs":               "blobs",

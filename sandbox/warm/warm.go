@@ -1,0 +1,270 @@
+// Package warm keeps warm pools: boxes of an image made and started ahead,
+// so that a box with default settings is taken ready instead of waited
+// for. Filled in the background, drained at Close.
+//
+// A pooled box is one that was made and started and never used: taking it
+// hands over a box exactly as fresh as a new one (no files, processes or
+// environment of another run), it only skips the wait. The pools know a
+// box only as the B their Config.Make returns; making, starting and
+// removing one is the caller's (the sandbox service's).
+//
+// With Config.FollowsUse (cellbox run) a pool starts empty and its size
+// follows use: each take that counts, hit or miss, grows it by one up to
+// its size, and each Config.Idle without one shrinks it by one (Shrink
+// removes a ready box). Fills wait until no box was taken for
+// Config.Quiet, and run one at a time over all pools, so that refilling
+// does not compete for the CPU with the work that takes the boxes.
+package warm
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/cellbox/cellbox/internal/safe"
+)
+
+// Config says which pools to keep and how their boxes are made.
+type Config[B any] struct {
+	// Sizes is the number of boxes kept per image; an image absent or
+	// with 0 has no pool.
+	Sizes map[string]int
+	// FollowsUse starts each pool empty and lets its size follow use (see
+	// the package comment).
+	FollowsUse bool
+	// Idle is how long a use-following pool stays unused before Shrink
+	// takes a box from it.
+	Idle time.Duration
+	// Quiet is how long after the last take a pool waits to refill.
+	Quiet time.Duration
+	// Make makes and starts a box of image. A fill is not cancelled by
+	// Close, which waits for it (a box half made when the pools stop
+	// would be left behind): Make bounds its own time.
+	Make func(ctx context.Context, image string) (B, error)
+	// Discard closes and removes a box that was made and is no longer
+	// wanted (Shrink, Close, a fill that ended after Close).
+	Discard func(ctx context.Context, b B)
+	// MayFill reports whether this server may fill the pools now (it
+	// holds their lease); nil means always.
+	MayFill func() bool
+	// Log receives fill failures; nil is slog.Default().
+	Log *slog.Logger
+}
+
+// Pools are the warm pools of a service, one per image of Config.Sizes.
+type Pools[B any] struct {
+	cfg    Config[B]
+	log    *slog.Logger
+	done   chan struct{} // closed by Close: fills still waiting give up
+	filler chan struct{} // the one fill in flight
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	pools  map[string]*pool[B]
+	closed bool
+}
+
+// pool keeps the boxes of one image; its fields are guarded by Pools.mu.
+type pool[B any] struct {
+	image   string
+	max     int // its Config.Sizes entry
+	size    int // boxes to keep: max, or following use (FollowsUse)
+	lastUse time.Time
+	ready   []B
+	filling int
+}
+
+// New makes the pools of cfg, empty: Fill starts filling them.
+func New[B any](cfg Config[B]) *Pools[B] {
+	p := &Pools[B]{cfg: cfg, log: cfg.Log, done: make(chan struct{}), filler: make(chan struct{}, 1), pools: map[string]*pool[B]{}}
+	if p.log == nil {
+		p.log = slog.Default()
+	}
+	for image, n := range cfg.Sizes {
+		if n <= 0 {
+			continue
+		}
+		wp := &pool[B]{image: image, max: n, size: n, lastUse: time.Now()}
+		if cfg.FollowsUse {
+			wp.size = 0
+		}
+		p.pools[image] = wp
+	}
+	return p
+}
+
+// Take takes a ready box of image, if the pool has one. use says whether
+// the take counts as a use of the pool (its last use, and with FollowsUse
+// its growth), hit or miss. Either way a fill starts if the pool lacks
+// boxes.
+func (p *Pools[B]) Take(image string, use bool) (B, bool) {
+	var zero B
+	p.mu.Lock()
+	wp := p.pools[image]
+	if wp == nil {
+		p.mu.Unlock()
+		return zero, false
+	}
+	if use {
+		wp.lastUse = time.Now()
+		if p.cfg.FollowsUse && wp.size < wp.max {
+			wp.size++
+		}
+	}
+	if len(wp.ready) == 0 {
+		p.mu.Unlock()
+		p.Fill()
+		return zero, false
+	}
+	b := wp.ready[len(wp.ready)-1]
+	wp.ready = wp.ready[:len(wp.ready)-1]
+	p.mu.Unlock()
+	p.Fill()
+	return b, true
+}
+
+// Fill starts making the boxes the pools lack (unless MayFill says
+// another server keeps them, or the pools are closed).
+func (p *Pools[B]) Fill() {
+	if p.cfg.MayFill != nil && !p.cfg.MayFill() {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	for _, wp := range p.pools {
+		for len(wp.ready)+wp.filling < wp.size {
+			wp.filling++
+			p.wg.Add(1)
+			go p.fillOne(wp)
+		}
+	}
+}
+
+func (p *Pools[B]) fillOne(wp *pool[B]) {
+	defer p.wg.Done()
+	defer safe.Recover(p.log, "warm pool", nil)
+	made := false
+	defer func() {
+		if !made {
+			p.mu.Lock()
+			wp.filling--
+			p.mu.Unlock()
+		}
+	}()
+	// Not while boxes are being taken: a run's stages take one each, and
+	// a box made meanwhile competes with their commands for the CPU.
+	for {
+		p.mu.Lock()
+		wait := p.cfg.Quiet - time.Since(wp.lastUse)
+		p.mu.Unlock()
+		if wait <= 0 {
+			break
+		}
+		select {
+		case <-time.After(wait):
+		case <-p.done:
+			return
+		}
+	}
+	// One fill at a time; one that waited past Close, or past the pool
+	// shrinking, makes nothing.
+	select {
+	case p.filler <- struct{}{}:
+	case <-p.done:
+		return
+	}
+	defer func() { <-p.filler }()
+	p.mu.Lock()
+	wanted := !p.closed && len(wp.ready)+wp.filling <= wp.size
+	p.mu.Unlock()
+	if !wanted {
+		return
+	}
+	b, err := p.cfg.Make(context.Background(), wp.image)
+	if err != nil {
+		p.log.Warn("warm pool: create box", "image", wp.image, "err", err)
+		return
+	}
+	p.mu.Lock()
+	wp.filling--
+	made = true
+	if p.closed {
+		p.mu.Unlock()
+		p.cfg.Discard(context.Background(), b)
+		return
+	}
+	wp.ready = append(wp.ready, b)
+	p.mu.Unlock()
+}
+
+// Shrink takes a box from each use-following pool that was not used for
+// Config.Idle (the service's reaper calls it on each tick).
+func (p *Pools[B]) Shrink(ctx context.Context) {
+	if !p.cfg.FollowsUse {
+		return
+	}
+	var drop []B
+	p.mu.Lock()
+	for _, wp := range p.pools {
+		if wp.size == 0 || time.Since(wp.lastUse) < p.cfg.Idle {
+			continue
+		}
+		wp.size--
+		wp.lastUse = time.Now() // the next shrink is one more idle period away
+		if len(wp.ready) > wp.size {
+			drop = append(drop, wp.ready[0])
+			wp.ready = wp.ready[1:]
+		}
+	}
+	p.mu.Unlock()
+	for _, b := range drop {
+		p.cfg.Discard(ctx, b)
+	}
+}
+
+// Ready returns the number of ready boxes by image.
+func (p *Pools[B]) Ready() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]int, len(p.pools))
+	for image, wp := range p.pools {
+		out[image] = len(wp.ready)
+	}
+	return out
+}
+
+// Close stops the fills (one making a box finishes, and its box is
+// discarded), waits for them, and discards the ready boxes, all at once.
+// The pools are empty and fill no more after it.
+func (p *Pools[B]) Close(ctx context.Context) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	close(p.done)
+	p.mu.Unlock()
+	p.wg.Wait()
+	p.mu.Lock()
+	var ready []B
+	for _, wp := range p.pools {
+		ready = append(ready, wp.ready...)
+		wp.ready = nil
+	}
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, b := range ready {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer safe.Recover(p.log, "drain warm pool", nil)
+			p.cfg.Discard(ctx, b)
+		}()
+	}
+	wg.Wait()
+}
