@@ -6,40 +6,21 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
-	"regexp"
-	"strings"
 	"time"
 
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/previews"
 )
 
-// Preview URLs. A preview id is an unguessable random id that maps to a box
-// and a port; the proxy (sandbox/httpapi) tunnels each connection through
-// the box's agent (OpenPreview, Preview.Dial), so it works although the box
-// has no network. This file keeps the ids (made by the browse tool, stored
-// with their box, dropped when the box goes).
-//
-// A preview is served on an origin of its own, http://ID.localhost:PORT/
-// (browsers and curl resolve *.localhost to the loopback address), never on
-// the API's: a page a box serves must not be able to call the APIs with the
-// browser's blessing (same origin). The old path form BASE/preview/ID/...
-// only redirects there. The whole path goes to the app.
-
-// previewTarget is where a preview id leads.
-type previewTarget struct {
-	box  string
-	port int
-}
-
-// previewIDRE leaves the length (33) to IsPreviewID: a counted repetition
-// compiles to a larger program at every start.
-var previewIDRE = regexp.MustCompile(`^p[0-9a-f]+$`)
+// Previews (sandbox/previews): the browse tool makes a preview id for a
+// box's port, stored with its box and dropped when the box goes;
+// OpenPreview leases the box behind one for the HTTP proxy
+// (sandbox/httpapi), which tunnels each connection through the box's agent.
 
 // dropPreviewsLocked forgets b's preview ids; the caller holds Service.mu.
 func (s *Service) dropPreviewsLocked(b *box) {
 	for _, id := range b.previews {
-		delete(s.previews, id)
+		s.previews.Drop(id)
 	}
 	b.previews = nil
 }
@@ -113,12 +94,12 @@ func browseTool(ctx context.Context, c *call, in api.BrowseInput) (api.BrowseOut
 	id := b.previews[in.Port]
 	var rec *boxRecord
 	if id == "" {
-		id = "p" + randomID(16)
+		id = previews.NewID()
 		if b.previews == nil {
 			b.previews = map[int]string{}
 		}
 		b.previews[in.Port] = id
-		s.previews[id] = previewTarget{box: b.rec.ID, port: in.Port}
+		s.previews.Add(id, previews.Target{Box: b.rec.ID, Port: in.Port})
 		rec = b.record()
 	}
 	s.mu.Unlock()
@@ -127,7 +108,7 @@ func browseTool(ctx context.Context, c *call, in api.BrowseInput) (api.BrowseOut
 			return out, err
 		}
 	}
-	out.URL, err = PreviewURL(base, id, "/")
+	out.URL, err = previews.URL(base, id, "/")
 	if err != nil {
 		return out, err
 	}
@@ -142,34 +123,6 @@ func browseTool(ctx context.Context, c *call, in api.BrowseInput) (api.BrowseOut
 		c.notice(fmt.Sprintf("nothing listens on port %d in this sandbox yet; the URL works once a server does (start it with shell and background: true, listening on 127.0.0.1 or 0.0.0.0)", in.Port))
 	}
 	return out, nil
-}
-
-// PreviewURL is the address of path in preview id of the server at base:
-// http://ID.localhost:PORT/PATH, whatever host base names (a remote user
-// reaches it through a tunnel of PORT, as *.localhost resolves locally).
-func PreviewURL(base, id, path string) (string, error) {
-	u, err := url.Parse(base)
-	if err != nil || u.Host == "" {
-		return "", fmt.Errorf("base URL %q of this server is not a URL: previews need one (see Service.SetBaseURL)", base)
-	}
-	port := u.Port()
-	if port == "" {
-		port = "80"
-	}
-	return fmt.Sprintf("http://%s.localhost:%s%s", id, port, path), nil
-}
-
-// PreviewID returns the preview id of a Host header ID.localhost[:port]:
-// the origin of a preview, which must never reach the APIs.
-func PreviewID(host string) (string, bool) {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	id, rest, ok := strings.Cut(strings.ToLower(host), ".")
-	if !ok || rest != "localhost" || !IsPreviewID(id) {
-		return "", false
-	}
-	return id, true
 }
 
 // ErrNoPreview is returned (wrapped) by OpenPreview for an id no preview
@@ -197,19 +150,16 @@ func (p *Preview) Release() { p.l.release() }
 // if needed. Notices about the box are logged: the browser on the other
 // end is no agent to tell.
 func (s *Service) OpenPreview(ctx context.Context, id string) (*Preview, error) {
+	t, ok := s.previews.Get(id)
 	s.mu.Lock()
-	t, ok := s.previews[id]
-	b := s.boxes[t.box]
+	b := s.boxes[t.Box]
 	s.mu.Unlock()
 	if !ok || b == nil {
 		return nil, fmt.Errorf("preview %s: %w", id, ErrNoPreview)
 	}
-	l, err := s.use(ctx, nil, t.box, b, func(n string) { s.log.Info("preview: "+n, "box", t.box) })
+	l, err := s.use(ctx, nil, t.Box, b, func(n string) { s.log.Info("preview: "+n, "box", t.Box) })
 	if err != nil {
-		return nil, fmt.Errorf("preview of sandbox %s: %w", t.box, err)
+		return nil, fmt.Errorf("preview of sandbox %s: %w", t.Box, err)
 	}
-	return &Preview{Box: t.box, Port: t.port, l: l}, nil
+	return &Preview{Box: t.Box, Port: t.Port, l: l}, nil
 }
-
-// IsPreviewID reports whether id has the form of a preview id.
-func IsPreviewID(id string) bool { return len(id) == 33 && previewIDRE.MatchString(id) }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/previews"
 )
 
 // reconcile loads the store and matches it with the backend: running boxes
@@ -60,7 +61,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 		}
 		s.boxes[rec.ID] = b
 		for port, pid := range rec.Previews {
-			s.previews[pid] = previewTarget{box: rec.ID, port: port}
+			s.previews.Add(pid, previews.Target{Box: rec.ID, Port: port})
 		}
 	}
 	for _, rec := range sessions {

@@ -25,8 +25,9 @@
 //   - ops.go: the streaming operations and LocalClient, the in-process
 //     sandboxclient.Client; faces.go: what the faces need from the service.
 //
-// Locks: Service.mu guards the maps of sessions, boxes and previews and
-// each box's state (the warm pools, sandbox/warm, have a lock of their own); a box's own life mutex serializes its transitions
+// Locks: Service.mu guards the maps of sessions and boxes and each box's
+// state (the warm pools, sandbox/warm, and the preview ids,
+// sandbox/previews, have locks of their own); a box's own life mutex serializes its transitions
 // (box.go says which fields each guards). Never take a life mutex while
 // holding Service.mu.
 //
@@ -54,6 +55,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/blobs"
 	"github.com/cellbox/cellbox/sandbox/egress"
 	leases "github.com/cellbox/cellbox/sandbox/lease"
+	"github.com/cellbox/cellbox/sandbox/previews"
 	"github.com/cellbox/cellbox/sandbox/snapshots"
 	"github.com/cellbox/cellbox/sandbox/state"
 	"github.com/cellbox/cellbox/sandbox/warm"
@@ -182,7 +184,10 @@ type Service struct {
 	metrics *metrics
 	global  chan struct{} // global create/wake slots
 	pools   *warm.Pools[warmBox]
-	baseURL atomic.Pointer[string]
+	// previews maps preview ids to their boxes and ports (a lock of its
+	// own; taken under Service.mu, never the other way round).
+	previews *previews.Table
+	baseURL  atomic.Pointer[string]
 
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
@@ -191,7 +196,6 @@ type Service struct {
 	mu       sync.Mutex
 	sessions map[string]*Session
 	boxes    map[string]*box          // by id; boxes that exist (or existed) in the backend
-	previews map[string]previewTarget // preview id -> box and port
 	proxies  map[string]*egress.Proxy // egress proxies by box id
 	// egressMu serializes startEgress, so two starts for one box never
 	// both place a socket.
@@ -302,7 +306,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		sessions: map[string]*Session{},
 		held:     map[string]*leases.Held{},
 		boxes:    map[string]*box{},
-		previews: map[string]previewTarget{},
+		previews: previews.NewTable(),
 		proxies:  map[string]*egress.Proxy{},
 	}
 	s.SetBaseURL(cfg.BaseURL)

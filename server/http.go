@@ -20,6 +20,7 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/httpapi"
+	"github.com/cellbox/cellbox/sandbox/previews"
 	"github.com/cellbox/cellbox/server/runapi"
 	"github.com/cellbox/cellbox/server/webui"
 )
@@ -227,7 +228,7 @@ func NewGuard(key string, hosts []string, preview, api http.Handler) *Guard {
 
 func (g *Guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	name, _ := splitHost(r.Host)
-	_, isPreview := sandbox.PreviewID(r.Host)
+	_, isPreview := previews.IDFromHost(r.Host)
 	if !isPreview && !g.allowedHost(name) {
 		writeGuardError(w, http.StatusMisdirectedRequest, fmt.Sprintf(
 			"host %q is not one this server answers to (localhost, loopback addresses, preview hosts ID.localhost); if you reach it by that name on purpose, start it with --allowed-host %s", r.Host, name))
@@ -235,7 +236,7 @@ func (g *Guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if origin := r.Header.Get("Origin"); origin != "" && !sameOrigin(origin, r.Host) {
 		msg := fmt.Sprintf("origin %s may not call http://%s: browser pages of other origins are refused (open the page of this server, or call it from a client that sends no Origin)", origin, r.Host)
-		if _, fromPreview := sandbox.PreviewID(hostOf(origin)); fromPreview {
+		if _, fromPreview := previews.IDFromHost(hostOf(origin)); fromPreview {
 			msg = fmt.Sprintf("origin %s is a preview of a box: pages served from boxes may not call cellbox's APIs", origin)
 		}
 		writeGuardError(w, http.StatusForbidden, msg)

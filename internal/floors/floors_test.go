@@ -33,13 +33,13 @@ var house = []floor{
 	// cellbox-bench): everything is below them. examples holds only tests
 	// of the whole.
 	{"cmd", []string{"cmd/...", "examples"},
-		[]string{"server", "patterns", "builtins", "runtime", "cells", "sandboxclient", "sandbox", "snapshots", "state", "blobs", "backends", "box", "wire", "internal"}},
+		[]string{"server", "patterns", "builtins", "runtime", "cells", "sandboxclient", "sandbox", "tools", "warm", "previews", "snapshots", "state", "blobs", "backends", "box", "wire", "internal"}},
 	// The server as a library: the composition root (a data dir's state,
 	// the backend, the sandbox service, the runtime host, the guard of
 	// what it serves), the runtime's HTTP API and its client, the web
 	// page. It composes the floors below; only the binaries are above it.
 	{"server", []string{"server/..."},
-		[]string{"patterns", "builtins", "runtime", "cells", "sandboxclient", "sandbox", "snapshots", "state", "blobs", "backends", "box", "wire", "internal"}},
+		[]string{"patterns", "builtins", "runtime", "cells", "sandboxclient", "sandbox", "tools", "warm", "previews", "snapshots", "state", "blobs", "backends", "box", "wire", "internal"}},
 	// The pattern compiler: YAML and Go → a runtime graph of built-ins. It
 	// knows the sandbox side only by its wire types (a box's network).
 	{"patterns", []string{"patterns/..."},
@@ -61,7 +61,7 @@ var house = []floor{
 	// faces, and sandboxtest, which starts the service for the tests of the
 	// packages above (as net/http/httptest does for net/http).
 	{"sandbox", []string{"sandbox", "sandbox/httpapi", "sandbox/mcpserver", "sandbox/sandboxtest"},
-		[]string{"tools", "warm", "snapshots", "state", "blobs", "backends", "box", "wire", "internal"}},
+		[]string{"tools", "warm", "previews", "snapshots", "state", "blobs", "backends", "box", "wire", "internal"}},
 	// The tool registry's machinery: defining a tool (its schema from its
 	// input struct), decoding and checking a call's input, profiles and
 	// result objects. It knows nothing of boxes or sessions: the sandbox
@@ -70,6 +70,9 @@ var house = []floor{
 	// The warm pools: boxes made ahead, taken ready, refilled, shrunk and
 	// drained. A box is whatever the caller's Make returns.
 	{"warm", []string{"sandbox/warm"}, []string{"internal"}},
+	// Preview addressing (ids, their own origins ID.localhost, URLs) and
+	// the table of ids; the server's guard reads a Host with it.
+	{"previews", []string{"sandbox/previews"}, []string{"internal"}},
 	// The snapshot store: workspaces captured from a box's tar stream into
 	// blobs (a namespace per session) with a manifest and a record in the
 	// state store, written back as a tar, and the collection of blobs no
@@ -236,6 +239,7 @@ func TestFloorOf(t *testing.T) {
 		"sandbox/snapshots":           "snapshots",
 		"sandbox/tools":               "tools",
 		"sandbox/warm":                "warm",
+		"sandbox/previews":            "previews",
 		"sandbox/state":               "state",
 		"sandbox/state/statetest":     "state",
 		"sandbox/blobs":               "blobs",

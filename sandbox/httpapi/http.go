@@ -57,6 +57,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/previews"
 	"github.com/cellbox/cellbox/sandbox/tools"
 )
 
@@ -111,7 +112,7 @@ func HandlerWith(svc *sandbox.Service, opts Options) http.Handler {
 	mux.HandleFunc("/preview/{pid}", s.handlePreview)
 	mux.HandleFunc("/preview/{pid}/{rest...}", s.handlePreview)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if id, ok := sandbox.PreviewID(r.Host); ok {
+		if id, ok := previews.IDFromHost(r.Host); ok {
 			s.servePreview(w, r, id)
 			return
 		}

@@ -17,6 +17,7 @@ import (
 	"net/http/httputil"
 
 	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/sandbox/previews"
 )
 
 // servePreview proxies r to the preview id's box and port.
@@ -55,7 +56,7 @@ func (s *server) servePreview(w http.ResponseWriter, r *http.Request, id string)
 // redirect to the preview's own origin: it is never served on the API's.
 func (s *server) handlePreview(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("pid")
-	if !sandbox.IsPreviewID(id) {
+	if !previews.IsID(id) {
 		writeError(w, http.StatusNotFound, "no such preview (call browse for a preview URL)")
 		return
 	}
@@ -63,7 +64,7 @@ func (s *server) handlePreview(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		port = "80"
 	}
-	target, _ := sandbox.PreviewURL("http://localhost:"+port, id, "/"+r.PathValue("rest"))
+	target, _ := previews.URL("http://localhost:"+port, id, "/"+r.PathValue("rest"))
 	if r.URL.RawQuery != "" {
 		target += "?" + r.URL.RawQuery
 	}
