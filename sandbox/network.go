@@ -97,10 +97,7 @@ func boxEnv(rec boxRecord) map[string]string {
 func (s *Service) startEgress(id string) error {
 	s.egressMu.Lock()
 	defer s.egressMu.Unlock()
-	s.mu.Lock()
-	running := s.proxies[id] != nil
-	s.mu.Unlock()
-	if running {
+	if s.proxies[id] != nil {
 		return nil
 	}
 	ln, err := egress.Listen(s.egressStaging(id), s.hostDir(id))
@@ -122,13 +119,13 @@ func (s *Service) startEgress(id string) error {
 		RootCAs: s.cfg.EgressRootCAs,
 	})
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
 		ln.Close()
 		return nil
 	}
 	s.proxies[id] = p
-	s.mu.Unlock()
 	go func() {
 		defer safe.Recover(s.log, "egress proxy of box "+id, nil)
 		if err := p.Serve(ln); err != nil {
@@ -140,10 +137,10 @@ func (s *Service) startEgress(id string) error {
 
 // stopEgress stops the egress proxy of box id, if it has one.
 func (s *Service) stopEgress(id string) {
-	s.mu.Lock()
+	s.egressMu.Lock()
 	p := s.proxies[id]
 	delete(s.proxies, id)
-	s.mu.Unlock()
+	s.egressMu.Unlock()
 	if p != nil {
 		p.Close()
 		// The socket stays in the host dir until the box's directory goes.
@@ -152,9 +149,9 @@ func (s *Service) stopEgress(id string) {
 
 // stopAllEgress stops every proxy (Close).
 func (s *Service) stopAllEgress() {
-	s.mu.Lock()
+	s.egressMu.Lock()
 	ids := slices.Collect(maps.Keys(s.proxies))
-	s.mu.Unlock()
+	s.egressMu.Unlock()
 	for _, id := range ids {
 		s.stopEgress(id)
 	}

@@ -26,8 +26,8 @@
 //     sandboxclient.Client; faces.go: what the faces need from the service.
 //
 // Locks: Service.mu guards the maps of sessions and boxes and each box's
-// state (the warm pools, sandbox/warm, and the preview ids,
-// sandbox/previews, have locks of their own); a box's own life mutex serializes its transitions
+// state (the warm pools, sandbox/warm, the preview ids, sandbox/previews,
+// and the egress proxies, Service.egressMu, have locks of their own); a box's own life mutex serializes its transitions
 // (box.go says which fields each guards). Never take a life mutex while
 // holding Service.mu.
 //
@@ -195,17 +195,19 @@ type Service struct {
 
 	mu       sync.Mutex
 	sessions map[string]*Session
-	boxes    map[string]*box          // by id; boxes that exist (or existed) in the backend
-	proxies  map[string]*egress.Proxy // egress proxies by box id
-	// egressMu serializes startEgress, so two starts for one box never
-	// both place a socket.
+	boxes    map[string]*box // by id; boxes that exist (or existed) in the backend
+	closed   bool
+
+	// egressMu guards proxies, the egress proxies by box id, and
+	// serializes startEgress, so two starts for one box never both place
+	// a socket. Taken before Service.mu, never under it.
 	egressMu sync.Mutex
+	proxies  map[string]*egress.Proxy
 	// hostDirMu serializes mounting and removing boxes' host directories
 	// (hostdir.go), so that two wakes never mount one twice.
 	hostDirMu sync.Mutex
 	leaseMu   sync.Mutex
 	held      map[string]*leases.Held // the leases this server holds, by name
-	closed    bool
 	// asleep is set by SleepAll: the process is shutting down, and no box
 	// starts again (wake refuses) to run on after it exits.
 	asleep atomic.Bool
