@@ -12,9 +12,10 @@ import (
 	"github.com/cellbox/cellbox/sandbox/tools"
 )
 
-// The tool registry: the tools this service defines (tools_box.go,
-// tools_files.go, tools_snap.go, tools_code.go, preview.go, network.go)
-// and the profiles mapped onto them (profiles.go), on the machinery of
+// The tool registry: the box tools of sandbox/tools (shell, process, the
+// file tools, code, wait_port), the tools this service defines
+// (tools_sandboxes.go, tools_snap.go, preview.go, network.go) and the
+// profiles mapped onto them (profiles.go), on the machinery of
 // sandbox/tools. The HTTP API, MCP, the CLI and the llm built-in all serve
 // these.
 
@@ -88,7 +89,7 @@ func (c *call) existingBox(ctx context.Context, name string) (*lease, error) {
 }
 
 func (c *call) lease(ctx context.Context, name string, mustExist bool) (*lease, error) {
-	l, err := c.s.acquireBox(ctx, c.sess, name, c.notice, mustExist)
+	l, err := c.s.acquireBox(ctx, c.sess, name, c.Notice, mustExist)
 	if err != nil {
 		return nil, err
 	}
@@ -96,11 +97,24 @@ func (c *call) lease(ctx context.Context, name string, mustExist bool) (*lease, 
 	return l, nil
 }
 
-func (c *call) notice(n string) {
+// Box leases the session's box name for a box tool (tools.Call).
+func (c *call) Box(ctx context.Context, name string) (tools.Box, error) {
+	l, err := c.box(ctx, name)
+	if err != nil {
+		return tools.Box{}, err
+	}
+	return tools.Box{ID: l.b.rec.ID, Client: l.client, Env: l.b.rec.Env}, nil
+}
+
+// Notice adds n to the call's result (tools.Call).
+func (c *call) Notice(n string) {
 	c.mu.Lock()
 	c.notices = append(c.notices, n)
 	c.mu.Unlock()
 }
+
+// Allowed is the session's allowed_commands (tools.Call).
+func (c *call) Allowed() tools.AllowList { return c.sess.allowed }
 
 func (c *call) done() {
 	for _, l := range c.leases {
@@ -146,7 +160,7 @@ func (s *Service) callTool(ctx context.Context, dst []byte, sess *Session, t *to
 	}
 	start := time.Now()
 	c := &call{s: s, sess: sess}
-	out, err := s.runTool(withCall(ctx, sess, c.notice), t, c, raw)
+	out, err := s.runTool(withCall(ctx, sess, c.Notice), t, c, raw)
 	if err != nil {
 		for _, l := range c.leases {
 			err = s.explain(ctx, sess, l, err)

@@ -122,7 +122,7 @@ func writeToolDoc(b *strings.Builder, heading string, tool *tools.Tool) {
 // resultsOf names the result types of the tools whose handlers return any
 // (one of several types).
 var resultsOf = map[string][]reflect.Type{
-	"shell": {reflect.TypeOf(api.ShellOutput{}), reflect.TypeOf(shellBackground{})}, // run, or background: true
+	"shell": {reflect.TypeOf(api.ShellOutput{}), reflect.TypeOf(tools.ShellBackground{})}, // run, or background: true
 }
 
 func typeName(s *jsonschema.Schema) string {

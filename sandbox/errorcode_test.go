@@ -58,7 +58,7 @@ func TestErrorCode(t *testing.T) {
 
 // The service's own refusals carry their codes.
 func TestServiceErrorCodes(t *testing.T) {
-	assert.Equal(t, api.CodeRefused, ErrorCode(allowList{"ls"}.check("rm -rf /", nil)))
+	assert.Equal(t, api.CodeRefused, ErrorCode(tools.AllowList{"ls"}.Check("rm -rf /", nil)))
 	assert.Equal(t, api.CodeInvalidInput, ErrorCode(CheckName("no/slash")))
 	s := &Service{cfg: Config{MaxBoxesPerSession: 1, MaxBoxes: 10}}
 	full := &Session{ID: "s", boxes: map[string]*box{"a": {}}}

@@ -8,14 +8,15 @@ package sandbox
 // and box states stay in this package.
 
 import (
-	"context"
 	"log/slog"
 	"slices"
 	"time"
+
+	"github.com/cellbox/cellbox/sandbox/tools"
 )
 
 // MaxFileBytes is the most a file tool reads or writes in one call (2 MiB).
-const MaxFileBytes = fileToolMaxBytes
+const MaxFileBytes = tools.MaxFileBytes
 
 // Config returns the service's configuration, with the defaults New filled
 // in.
@@ -59,20 +60,4 @@ func (s *Service) Pin(id string) error {
 	}
 	s.pin(id)
 	return nil
-}
-
-// toolOutputKey carries the output callback of a tool call (WithToolOutput).
-type toolOutputKey struct{}
-
-// WithToolOutput returns ctx under which a tool that runs a command
-// (shell) hands its output to fn as it comes: the MCP face turns it into
-// progress and log notifications.
-func WithToolOutput(ctx context.Context, fn func(stream string, data []byte)) context.Context {
-	return context.WithValue(ctx, toolOutputKey{}, fn)
-}
-
-// toolOutput is the output callback of ctx, nil if none.
-func toolOutput(ctx context.Context) func(stream string, data []byte) {
-	fn, _ := ctx.Value(toolOutputKey{}).(func(stream string, data []byte))
-	return fn
 }

@@ -39,7 +39,7 @@ func (c *call) compileNetwork(r *api.NetworkRules) (*egress.Policy, error) {
 		return nil, api.WithCode(api.CodeInvalidInput, err)
 	}
 	for _, w := range pol.Warnings() {
-		c.notice(w)
+		c.Notice(w)
 	}
 	return pol, nil
 }

@@ -40,7 +40,7 @@ func (s *Service) Exec(ctx context.Context, sess *Session, box string, req api.E
 	if command == "" {
 		command = strings.Join(req.Argv, " ")
 	}
-	if err := sess.allowed.check(command, req.Env); err != nil {
+	if err := sess.allowed.Check(command, req.Env); err != nil {
 		return api.ExecResult{}, fmt.Errorf("exec: %w", err)
 	}
 	ctx = withCall(ctx, sess, notice)
@@ -56,7 +56,7 @@ func (s *Service) Exec(ctx context.Context, sess *Session, box string, req api.E
 		Command:   req.Command,
 		Argv:      req.Argv,
 		Cwd:       req.Cwd,
-		Env:       mergeEnv(l.b.rec.Env, req.Env),
+		Env:       tools.MergeEnv(l.b.rec.Env, req.Env),
 		Stdin:     req.Stdin,
 		TimeoutMs: req.TimeoutMs,
 		MaxOutput: req.MaxOutput,
@@ -105,7 +105,7 @@ func (s *Service) Download(ctx context.Context, sess *Session, box, path string,
 			return 0, err
 		}
 		if fi.Type != "file" {
-			return 0, &agent.Error{Op: "download", Path: fi.Path, Code: agent.CodeIsDir, Message: fmt.Sprintf("download %s: %s, not a file", fi.Path, kindOf(fi.Type))}
+			return 0, &agent.Error{Op: "download", Path: fi.Path, Code: agent.CodeIsDir, Message: fmt.Sprintf("download %s: %s, not a file", fi.Path, tools.KindOf(fi.Type))}
 		}
 		if err := start(fi); err != nil {
 			return 0, err

@@ -110,7 +110,7 @@ type cfTransferOutput struct {
 func cloudflareTools() []*tools.Tool {
 	return []*tools.Tool{
 		mapped("shell", "shell", "Execute a shell command in the sandbox.", func(ctx context.Context, c *call, in cfShellInput) (cfShellOutput, error) {
-			out, err := profileShell(ctx, c, api.ShellInput{Sandbox: in.Sandbox, Command: in.Command, TimeoutMs: cmp.Or(in.TimeoutMs, shellTimeoutMs), WorkingDir: in.WorkingDir}, shellOutputCap)
+			out, err := profileShell(ctx, c, api.ShellInput{Sandbox: in.Sandbox, Command: in.Command, TimeoutMs: cmp.Or(in.TimeoutMs, tools.ShellTimeoutMs), WorkingDir: in.WorkingDir}, tools.ShellOutputCap)
 			return cfShellOutput{Stdout: out.Stdout, Stderr: out.Stderr, ExitCode: out.ExitCode}, err
 		}),
 		mapped("read_file", "read_file", "Read a file from the sandbox filesystem.", func(ctx context.Context, c *call, in cfReadFileInput) (cfReadFileOutput, error) {
@@ -118,7 +118,7 @@ func cloudflareTools() []*tools.Tool {
 			if limit == 0 || limit > agent.DefaultReadBytes {
 				limit = agent.DefaultReadBytes
 			}
-			res, err := readFile(ctx, c, in.Sandbox, agent.ReadRequest{Path: in.Path, ByteOffset: in.Offset, ByteLimit: limit})
+			res, err := tools.ReadFile(ctx, c, in.Sandbox, agent.ReadRequest{Path: in.Path, ByteOffset: in.Offset, ByteLimit: limit})
 			if err != nil {
 				return cfReadFileOutput{}, err
 			}
@@ -137,13 +137,13 @@ func cloudflareTools() []*tools.Tool {
 			return cfReadFileOutput{Content: res.Content, Size: res.Size}, nil
 		}),
 		mapped("write_file", "write_file", "Write content to a file in the sandbox.", func(ctx context.Context, c *call, in cfWriteFileInput) (cfWriteFileOutput, error) {
-			out, err := writeFileTool(ctx, c, api.WriteFileInput{Sandbox: in.Sandbox, Path: in.Path, Content: in.Content, Append: in.Append})
+			out, err := tools.WriteFile(ctx, c, api.WriteFileInput{Sandbox: in.Sandbox, Path: in.Path, Content: in.Content, Append: in.Append})
 			return cfWriteFileOutput{OK: out.OK, Size: out.Size}, err
 		}),
 		mapped("glob", "glob", "List files matching a glob pattern.", func(ctx context.Context, c *call, in cfGlobInput) (cfGlobOutput, error) {
-			out, err := globTool(ctx, c, api.GlobInput{Sandbox: in.Sandbox, Pattern: in.Pattern, Cwd: in.Cwd})
+			out, err := tools.Glob(ctx, c, api.GlobInput{Sandbox: in.Sandbox, Pattern: in.Pattern, Cwd: in.Cwd})
 			if out.Truncated {
-				c.notice(fmt.Sprintf("only the first %d files are listed; narrow the pattern", globMax))
+				c.Notice(fmt.Sprintf("only the first %d files are listed; narrow the pattern", tools.GlobMax))
 			}
 			return cfGlobOutput{Files: out.Files}, err
 		}),
@@ -164,7 +164,7 @@ func cloudflareTools() []*tools.Tool {
 			return list, err
 		}),
 		mapped("transfer", "transfer", "Copy files between sandboxes.", func(ctx context.Context, c *call, in cfTransferInput) (cfTransferOutput, error) {
-			out, err := transferTool(ctx, c, api.TransferInput{FromSandbox: in.FromSandbox, FromPath: in.FromPath, ToSandbox: in.ToSandbox, ToPath: in.ToPath, Recursive: in.Recursive})
+			out, err := tools.Transfer(ctx, c, api.TransferInput{FromSandbox: in.FromSandbox, FromPath: in.FromPath, ToSandbox: in.ToSandbox, ToPath: in.ToPath, Recursive: in.Recursive})
 			return cfTransferOutput{OK: out.OK, Bytes: out.Bytes}, err
 		}),
 	}

@@ -57,7 +57,7 @@ type dfStrReplaceInput struct {
 func deerflowTools() []*tools.Tool {
 	return []*tools.Tool{
 		mapped("shell", "bash", "Execute a bash command in a Linux environment.", func(ctx context.Context, c *call, in dfBashInput) (textOutput, error) {
-			out, err := profileShell(ctx, c, api.ShellInput{Command: in.Command, TimeoutMs: dfBashTimeoutMs}, shellOutputCap)
+			out, err := profileShell(ctx, c, api.ShellInput{Command: in.Command, TimeoutMs: dfBashTimeoutMs}, tools.ShellOutputCap)
 			if err != nil {
 				return textOutput{}, err
 			}
@@ -74,7 +74,7 @@ func deerflowTools() []*tools.Tool {
 			return textOutput{Output: text}, nil
 		}),
 		mapped("ls", "ls", "List the contents of a directory up to 2 levels deep in tree format.", func(ctx context.Context, c *call, in dfLsInput) (textOutput, error) {
-			out, err := lsTool(ctx, c, api.LsInput{Path: in.Path})
+			out, err := tools.Ls(ctx, c, api.LsInput{Path: in.Path})
 			return textOutput{Output: out.Tree}, err
 		}),
 		mapped("read_file", "read_file", "Read the contents of a text file. Use this to examine source code, configuration files, logs, or any text-based file.", func(ctx context.Context, c *call, in dfReadFileInput) (textOutput, error) {
@@ -85,7 +85,7 @@ func deerflowTools() []*tools.Tool {
 				}
 				req.Limit = in.EndLine - max(in.StartLine, 1) + 1
 			}
-			res, err := readFile(ctx, c, "", req)
+			res, err := tools.ReadFile(ctx, c, "", req)
 			if err != nil {
 				return textOutput{}, err
 			}
@@ -103,11 +103,11 @@ func deerflowTools() []*tools.Tool {
 			return textOutput{Output: res.Content}, nil
 		}),
 		mapped("write_file", "write_file", "Write text content to a file.", func(ctx context.Context, c *call, in dfWriteFileInput) (textOutput, error) {
-			_, err := writeFileTool(ctx, c, api.WriteFileInput{Path: in.Path, Content: in.Content, Append: in.Append})
+			_, err := tools.WriteFile(ctx, c, api.WriteFileInput{Path: in.Path, Content: in.Content, Append: in.Append})
 			return textOutput{Output: "OK"}, err
 		}),
 		mapped("str_replace", "str_replace", "Replace a substring in a file with another substring.", func(ctx context.Context, c *call, in dfStrReplaceInput) (textOutput, error) {
-			_, err := strReplaceTool(ctx, c, api.StrReplaceInput{Path: in.Path, OldStr: in.OldStr, NewStr: in.NewStr, ReplaceAll: in.ReplaceAll})
+			_, err := tools.StrReplace(ctx, c, api.StrReplaceInput{Path: in.Path, OldStr: in.OldStr, NewStr: in.NewStr, ReplaceAll: in.ReplaceAll})
 			return textOutput{Output: "OK"}, err
 		}),
 	}

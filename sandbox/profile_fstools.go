@@ -73,7 +73,7 @@ type fsExecOutput struct {
 func fsTools() []*tools.Tool {
 	return []*tools.Tool{
 		mapped("read_file", "read", "Read a text file, a window of lines at a time (at most 2000 lines / 256 KiB per call). When the file goes on, nextOffset is the offset to call read with next.", func(ctx context.Context, c *call, in fsReadInput) (fsReadOutput, error) {
-			res, err := readFile(ctx, c, "", agent.ReadRequest{Path: in.Path, Offset: in.Offset, Limit: in.Limit})
+			res, err := tools.ReadFile(ctx, c, "", agent.ReadRequest{Path: in.Path, Offset: in.Offset, Limit: in.Limit})
 			if err != nil {
 				return fsReadOutput{}, err
 			}
@@ -81,17 +81,17 @@ func fsTools() []*tools.Tool {
 			return fsReadOutput{Content: res.Content, NextOffset: res.NextOffset}, nil
 		}),
 		mapped("write_file", "write", "Overwrite a file with content (at most 2 MiB). An existing file keeps its mode.", func(ctx context.Context, c *call, in fsWriteInput) (fsWriteOutput, error) {
-			if len(in.Content) > fileToolMaxBytes {
-				return fsWriteOutput{}, fmt.Errorf("content is %d bytes; write takes at most %d (2 MiB): change a large file with edit", len(in.Content), fileToolMaxBytes)
+			if len(in.Content) > tools.MaxFileBytes {
+				return fsWriteOutput{}, fmt.Errorf("content is %d bytes; write takes at most %d (2 MiB): change a large file with edit", len(in.Content), tools.MaxFileBytes)
 			}
-			out, err := writeFileTool(ctx, c, api.WriteFileInput{Path: in.Path, Content: in.Content})
+			out, err := tools.WriteFile(ctx, c, api.WriteFileInput{Path: in.Path, Content: in.Content})
 			return fsWriteOutput{OK: out.OK, Size: out.Size}, err
 		}),
 		mapped("edit", "edit", "Apply several replacements to a file at once. Each oldText is matched against the ORIGINAL file (not the result of the edits before it), so edits must not overlap; small whitespace differences are tolerated. Returns a unified diff.", func(ctx context.Context, c *call, in fsEditInput) (api.EditOutput, error) {
-			return editTool(ctx, c, api.EditInput{Path: in.Path, Edits: in.Edits})
+			return tools.Edit(ctx, c, api.EditInput{Path: in.Path, Edits: in.Edits})
 		}),
 		mapped("grep", "grep", "Search file contents under a path. Returns { hits: [{path, line, text}], truncated }; truncated means the hit cap (200) was reached — refine the query.", func(ctx context.Context, c *call, in fsGrepInput) (api.GrepOutput, error) {
-			return grepTool(ctx, c, api.GrepInput{Pattern: in.Pattern, Path: in.Path, Regex: in.Regex, IgnoreCase: in.IgnoreCase, Glob: in.Glob})
+			return tools.Grep(ctx, c, api.GrepInput{Pattern: in.Pattern, Path: in.Path, Regex: in.Regex, IgnoreCase: in.IgnoreCase, Glob: in.Glob})
 		}),
 		mapped("shell", "exec", "Run a shell command in the sandbox and return { exitCode, stdout, stderr, truncated }. stdout and stderr are each capped at 32 KiB; the command is killed after 60 s.", func(ctx context.Context, c *call, in fsExecInput) (fsExecOutput, error) {
 			out, err := profileShell(ctx, c, api.ShellInput{Command: in.Command, WorkingDir: in.Cwd, TimeoutMs: fsExecTimeoutMs}, fsExecOutputCap)

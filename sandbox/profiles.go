@@ -12,8 +12,8 @@ import (
 // Tool profiles: the tool sets agents are already written against (the
 // seed documents beside DESIGN.md), served under their own names, fields
 // and result shapes. A profile's tool does no work itself: it converts its
-// input into the input of one registry handler (tools_box.go,
-// tools_files.go), calls it, and converts the result. So every rule of the
+// input into the input of one registry handler (sandbox/tools, or
+// tools_sandboxes.go), calls it, and converts the result. So every rule of the
 // registry — paths confined to the box, caps, allowed_commands, notices —
 // holds in every profile.
 
@@ -38,10 +38,10 @@ type textOutput = tools.TextOutput
 // not: that it is base64, or that the file goes on.
 func readNotices(c *call, res agent.ReadResult, more string) {
 	if res.Encoding == "base64" {
-		c.notice("the file is not UTF-8 text; content is its bytes base64-encoded")
+		c.Notice("the file is not UTF-8 text; content is its bytes base64-encoded")
 	}
 	if more != "" {
-		c.notice(more)
+		c.Notice(more)
 	}
 }
 
@@ -50,13 +50,13 @@ func readNotices(c *call, res agent.ReadResult, more string) {
 // cut is told in a notice of its own. Lacking background, these tools keep
 // what a command leaves running (`nohup CMD &`), as their seeds do.
 func profileShell(ctx context.Context, c *call, in api.ShellInput, maxOutput int) (api.ShellOutput, error) {
-	out, err := runShell(ctx, c, in, maxOutput, true)
+	out, err := tools.RunShell(ctx, c, in, maxOutput, true)
 	switch {
 	case err != nil:
 	case out.TimedOut:
-		c.notice(fmt.Sprintf("the command was still running after %d ms and was killed with its process group; the output so far is above. Run long jobs in the background (nohup CMD > log 2>&1 &) and read their log.", in.TimeoutMs))
+		c.Notice(fmt.Sprintf("the command was still running after %d ms and was killed with its process group; the output so far is above. Run long jobs in the background (nohup CMD > log 2>&1 &) and read their log.", in.TimeoutMs))
 	case out.Truncated:
-		c.notice(fmt.Sprintf("output was cut at %d KiB per stream; redirect it to a file and read that", maxOutput>>10))
+		c.Notice(fmt.Sprintf("output was cut at %d KiB per stream; redirect it to a file and read that", maxOutput>>10))
 	}
 	return out, err
 }

@@ -1,6 +1,6 @@
 // Package sandbox is the box service: sessions, a pool of named boxes per
-// session (lazy create, idle sleep, transparent wake, destroy, reattach after
-// a restart, pre-started warm boxes) and the one tool registry.
+// session (lazy create, idle sleep, transparent wake, heal, destroy,
+// reattach after a restart, warm boxes) and the one tool registry.
 //
 // Boxes are made by a backend.Backend (sandbox/docker, sandbox/local); every
 // operation inside a box is a request to the box's agent (sandbox/agent).
@@ -8,28 +8,35 @@
 // default the bbolt file of the data directory), so a restarted service
 // serves the same sessions and reattaches to their boxes.
 //
-// Where things are:
+// Where things are (the concerns of their own are packages beside it:
+// sandbox/tools, the registry's machinery and the box tools' handlers;
+// sandbox/warm, the warm pools; sandbox/previews, preview ids and origins;
+// sandbox/snapshots, the snapshot store; sandbox/state, sandbox/blobs and
+// sandbox/lease, the contracts of state, content and ownership):
 //
 //   - service.go: Config, New, Close; session.go: sessions, tokens, caps,
 //     expiry and the create/wake slots.
-//   - box.go: a box's life (create, wake, recreate, destroy) and leases;
-//     heal.go: dead boxes noticed and restarted; reaper.go: idle sleep and
-//     the periodic round; reconcile.go: matching the store with the
-//     backend at start; warmpool.go: pre-started boxes; store.go: the
-//     records in the state store; tools_snap.go: the snapshot tools, over
-//     the snapshot store (sandbox/snapshots).
-//   - tools.go: the registry (defineTool: name, ToolMeta, description,
-//     input and output types, handler) and CallTool; tools_box.go,
-//     tools_files.go: the handlers; profiles.go and profile_*.go: the seed
-//     tool sets mapped onto them; preview.go: the ids browse makes.
+//   - box.go, box_backend.go: a box's life (create, wake, recreate,
+//     destroy) and leases; heal.go: dead boxes noticed and restarted;
+//     reaper.go: idle sleep and the periodic round; reconcile.go: matching
+//     the store with the backend at start; hostdir.go, network.go: a box's
+//     host directory and egress proxy; warmpool.go: what a warm box is;
+//     owner.go: the leases this server's background work holds; store.go:
+//     the records in the state store.
+//   - call.go: a tool call (the per-call value, a tools.Call), CallTool and
+//     the registry's profiles; tools_sandboxes.go: the list of tools and
+//     the tools that make, list and remove boxes; tools_snap.go: snapshot,
+//     restore, branch, fork; preview.go: browse and OpenPreview;
+//     network.go: network_set; profiles.go and profile_*.go: the seed tool
+//     sets mapped onto the registry's handlers.
 //   - ops.go: the streaming operations and LocalClient, the in-process
 //     sandboxclient.Client; faces.go: what the faces need from the service.
 //
 // Locks: Service.mu guards the maps of sessions and boxes and each box's
 // state (the warm pools, sandbox/warm, the preview ids, sandbox/previews,
-// and the egress proxies, Service.egressMu, have locks of their own); a box's own life mutex serializes its transitions
-// (box.go says which fields each guards). Never take a life mutex while
-// holding Service.mu.
+// and the egress proxies, Service.egressMu, have locks of their own); a
+// box's own life mutex serializes its transitions (box.go says which
+// fields each guards). Never take a life mutex while holding Service.mu.
 //
 // The faces are packages of their own over the exported API: sandbox/httpapi
 // (HTTP API, MCP over HTTP, preview proxy, /metrics) and sandbox/mcpserver

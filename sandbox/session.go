@@ -17,6 +17,7 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/tools"
 )
 
 // Session is one tenant: a bearer token and its named boxes.
@@ -30,7 +31,7 @@ type Session struct {
 	lastUsed  atomic.Int64    // unix nanoseconds of the last call; the reaper expires idle sessions
 	pinned    bool            // served in-process (see pin): never expires; guarded by Service.mu
 	own       bool            // the server's own, served by a LocalClient (its runtime's); guarded by Service.mu
-	allowed   allowList       // allowed_commands; fixed when the session is made
+	allowed   tools.AllowList // allowed_commands; fixed when the session is made
 	defaults  api.BoxDefaults // what its boxes get unless sandbox_create says otherwise; fixed too
 }
 
@@ -49,12 +50,12 @@ func (s *Service) NewSession(ctx context.Context) (id, token string, err error) 
 // NewSessionWith is NewSession with options (allowed_commands, the boxes'
 // defaults).
 func (s *Service) NewSessionWith(ctx context.Context, opts api.NewSessionRequest) (id, token string, err error) {
-	allowed, err := newAllowList(opts.AllowedCommands)
+	allowed, err := tools.NewAllowList(opts.AllowedCommands)
 	if err != nil {
 		return "", "", api.WithCode(api.CodeInvalidInput, err)
 	}
 	if len(opts.Env) > 0 {
-		if err := allowed.refusal("", opts.Env); err != nil {
+		if err := allowed.Refusal("", opts.Env); err != nil {
 			return "", "", api.WithCode(api.CodeInvalidInput, err)
 		}
 	}

@@ -285,7 +285,7 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 			return out, nil
 		case api.CodeInternal:
 			c.s.log.Warn("fork by copying the disk failed; copying through the agents", "sandbox", src.name, "err", err)
-			c.notice(fmt.Sprintf("the %s backend could not copy the disk of %q (%v); the files were copied through the sandboxes instead", c.s.be.Name(), src.name, err))
+			c.Notice(fmt.Sprintf("the %s backend could not copy the disk of %q (%v); the files were copied through the sandboxes instead", c.s.be.Name(), src.name, err))
 		default:
 			return out, fmt.Errorf("fork %q: %w", src.name, err)
 		}
@@ -318,14 +318,14 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 // its manifest and the bytes it added; the caller holds s.snaps
 // (snapshots.Store.Hold).
 func (s *Service) captureBox(ctx context.Context, session string, l *lease, maxAdded int64) ([]snapshots.Entry, int64, error) {
-	pr, srcErr := pipeFrom("snapshot", func(w io.Writer) error {
+	pr, srcErr := safe.PipeFrom("snapshot", func(w io.Writer) error {
 		_, err := l.client.TarOut(ctx, backend.Workspace, w)
 		return err
 	})
 	maxBytes := toBackendLimits(l.b.rec.Limits).Defaults().DiskBytes
 	entries, added, err := s.snaps.Capture(session, pr, maxBytes, maxAdded)
-	pr.Close() // the agent, if still writing, gets io.ErrClosedPipe (pipeError)
-	if err = pipeError(<-srcErr, err); err != nil {
+	pr.Close() // the agent, if still writing, gets io.ErrClosedPipe (safe.PipeError)
+	if err = safe.PipeError(<-srcErr, err); err != nil {
 		return nil, 0, fmt.Errorf("snapshot of %q: %w", l.name, err)
 	}
 	return entries, added, nil
@@ -334,7 +334,7 @@ func (s *Service) captureBox(ctx context.Context, session string, l *lease, maxA
 // seed extracts the manifest (of a snapshot of session in ss) into cl's
 // workspace; the caller holds ss (Hold).
 func seed(ctx context.Context, ss *snapshots.Store, cl *agent.Client, session string, entries []snapshots.Entry) error {
-	pr, _ := pipeFrom("restore", func(w io.Writer) error {
+	pr, _ := safe.PipeFrom("restore", func(w io.Writer) error {
 		return ss.WriteTar(ctx, w, session, entries)
 	})
 	_, err := cl.TarIn(ctx, backend.Workspace, pr)
@@ -368,7 +368,7 @@ func clearWorkspace(ctx context.Context, cl *agent.Client) error {
 // otherwise find its files gone without a word.
 func (c *call) noticeUnkept(name string, rec boxRecord, what string) {
 	if wd := rec.WorkspaceDir; wd != "" && wd != backend.Workspace && !strings.HasPrefix(wd, backend.Workspace+"/") {
-		c.notice(fmt.Sprintf("%q works in %s, outside %s: %s holds only %s, none of the files in %s", name, wd, backend.Workspace, what, backend.Workspace, wd))
+		c.Notice(fmt.Sprintf("%q works in %s, outside %s: %s holds only %s, none of the files in %s", name, wd, backend.Workspace, what, backend.Workspace, wd))
 	}
 }
 
@@ -527,7 +527,7 @@ func (s *Service) newBoxes(ctx context.Context, c *call, names []string, spec bo
 		go func() {
 			defer wg.Done()
 			defer safe.Recover(s.log, "new box", &errs[i])
-			l, err := s.use(ctx, sess, name, boxes[i], c.notice) // c.notice is safe for concurrent use
+			l, err := s.use(ctx, sess, name, boxes[i], c.Notice) // c.notice is safe for concurrent use
 			if err != nil {
 				errs[i] = err
 				return

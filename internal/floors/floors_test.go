@@ -62,11 +62,12 @@ var house = []floor{
 	// packages above (as net/http/httptest does for net/http).
 	{"sandbox", []string{"sandbox", "sandbox/httpapi", "sandbox/mcpserver", "sandbox/sandboxtest"},
 		[]string{"tools", "warm", "previews", "snapshots", "state", "blobs", "backends", "box", "wire", "internal"}},
-	// The tool registry's machinery: defining a tool (its schema from its
-	// input struct), decoding and checking a call's input, profiles and
-	// result objects. It knows nothing of boxes or sessions: the sandbox
-	// floor defines the tools and their handlers on it.
-	{"tools", []string{"sandbox/tools"}, []string{"wire", "internal"}},
+	// The tool registry's machinery (defining a tool, its schema from its
+	// input struct, decoding and checking a call's input, profiles, result
+	// objects) and the box tools' handlers (shell, process, files, code,
+	// wait_port), which reach a box through its agent, leased by the
+	// caller's tools.Call. It knows nothing of sessions, pools or backends.
+	{"tools", []string{"sandbox/tools"}, []string{"box", "wire", "internal"}},
 	// The warm pools: boxes made ahead, taken ready, refilled, shrunk and
 	// drained. A box is whatever the caller's Make returns.
 	{"warm", []string{"sandbox/warm"}, []string{"internal"}},

@@ -7,7 +7,9 @@
 package safe
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"runtime/debug"
 )
@@ -35,4 +37,28 @@ func Go(log *slog.Logger, what string, fn func()) {
 		defer Recover(log, what, nil)
 		fn()
 	}()
+}
+
+// PipeFrom runs src in a goroutine, writing into a pipe, and returns the
+// pipe's reader and the channel src's error (a panic's, as an error)
+// arrives on; the error also closes the pipe, so the reader sees it.
+func PipeFrom(what string, src func(w io.Writer) error) (*io.PipeReader, <-chan error) {
+	pr, pw := io.Pipe()
+	srcErr := make(chan error, 1)
+	go func() {
+		var err error
+		defer func() { pw.CloseWithError(err); srcErr <- err }()
+		defer Recover(nil, what, &err)
+		err = src(pw)
+	}()
+	return pr, srcErr
+}
+
+// PipeError picks the error to report of a copy from a source to a sink:
+// the source's, unless it only failed because the sink closed the pipe.
+func PipeError(srcErr, dstErr error) error {
+	if srcErr != nil && !errors.Is(srcErr, io.ErrClosedPipe) {
+		return srcErr
+	}
+	return dstErr
 }

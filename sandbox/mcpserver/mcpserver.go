@@ -184,7 +184,7 @@ func callMCPTool(ctx context.Context, req *mcp.CallToolRequest, rt *tools.Tool, 
 	}
 	name := req.Params.Name
 	out := newOutputNotifier(ctx, req)
-	res, err := caller.CallTool(sandbox.WithToolOutput(ctx, out.write), name, req.Params.Arguments)
+	res, err := caller.CallTool(tools.WithOutput(ctx, out.write), name, req.Params.Arguments)
 	out.flush()
 	if err != nil {
 		return nil, fmt.Errorf("tool %s: %w", name, err)

@@ -1,4 +1,4 @@
-package sandbox
+package tools
 
 import (
 	"archive/tar"
@@ -20,12 +20,15 @@ import (
 )
 
 const (
-	globMax = 1000
+	// MaxFileBytes is the most a file tool reads or writes in one call (2 MiB).
+	MaxFileBytes = 2 << 20
+	// GlobMax is the most files glob lists.
+	GlobMax = 1000
 	lsMax   = 500
 )
 
-func readFileTool(ctx context.Context, c *call, in api.ReadFileInput) (api.ReadFileOutput, error) {
-	res, err := readFile(ctx, c, in.Sandbox, agent.ReadRequest{Path: in.Path, Offset: in.Offset, Limit: in.Limit})
+func readFileTool(ctx context.Context, c Call, in api.ReadFileInput) (api.ReadFileOutput, error) {
+	res, err := ReadFile(ctx, c, in.Sandbox, agent.ReadRequest{Path: in.Path, Offset: in.Offset, Limit: in.Limit})
 	if err != nil {
 		return api.ReadFileOutput{}, err
 	}
@@ -35,17 +38,18 @@ func readFileTool(ctx context.Context, c *call, in api.ReadFileInput) (api.ReadF
 	}, nil
 }
 
-// readFile is read_file's handler for any window: lines (read_file, and
+// ReadFile is read_file's handler for any window: lines (read_file, and
 // the profiles' line readers) or bytes (seed 000's read_file).
-func readFile(ctx context.Context, c *call, box string, req agent.ReadRequest) (agent.ReadResult, error) {
-	l, err := c.box(ctx, box)
+func ReadFile(ctx context.Context, c Call, box string, req agent.ReadRequest) (agent.ReadResult, error) {
+	l, err := c.Box(ctx, box)
 	if err != nil {
 		return agent.ReadResult{}, err
 	}
-	return l.client.ReadFile(ctx, req)
+	return l.Client.ReadFile(ctx, req)
 }
 
-func writeFileTool(ctx context.Context, c *call, in api.WriteFileInput) (api.WriteFileOutput, error) {
+// WriteFile is write_file's handler.
+func WriteFile(ctx context.Context, c Call, in api.WriteFileInput) (api.WriteFileOutput, error) {
 	// Text goes to the agent from the string itself: a megabyte is not
 	// copied into bytes first.
 	var data interface {
@@ -59,21 +63,23 @@ func writeFileTool(ctx context.Context, c *call, in api.WriteFileInput) (api.Wri
 		}
 		data = bytes.NewReader(b)
 	}
-	if size := data.Len(); size > fileToolMaxBytes {
-		return api.WriteFileOutput{}, api.WithCode(api.CodeTooLarge, fmt.Errorf("content is %d bytes; write_file takes at most %d (2 MiB). Write it in parts with append: true, change a large file with edit, or upload it through the files endpoint", size, fileToolMaxBytes))
+	if size := data.Len(); size > MaxFileBytes {
+		return api.WriteFileOutput{}, api.WithCode(api.CodeTooLarge, fmt.Errorf("content is %d bytes; write_file takes at most %d (2 MiB). Write it in parts with append: true, change a large file with edit, or upload it through the files endpoint", size, MaxFileBytes))
 	}
-	l, err := c.box(ctx, in.Sandbox)
+	l, err := c.Box(ctx, in.Sandbox)
 	if err != nil {
 		return api.WriteFileOutput{}, err
 	}
-	res, err := l.client.WriteFileFrom(ctx, agent.WriteRequest{Path: in.Path, Append: in.Append, MaxBytes: fileToolMaxBytes}, data)
+	res, err := l.Client.WriteFileFrom(ctx, agent.WriteRequest{Path: in.Path, Append: in.Append, MaxBytes: MaxFileBytes}, data)
 	if err != nil {
 		return api.WriteFileOutput{}, err
 	}
 	return api.WriteFileOutput{OK: true, Size: res.Size, Path: res.Path}, nil
 }
 
-func editTool(ctx context.Context, c *call, in api.EditInput) (api.EditOutput, error) {
+// Edit is edit's handler: several replacements, each matched against the
+// original file.
+func Edit(ctx context.Context, c Call, in api.EditInput) (api.EditOutput, error) {
 	if len(in.Edits) == 0 {
 		return api.EditOutput{}, api.WithCode(api.CodeInvalidInput, errors.New("edits is empty; give at least one {oldText, newText}"))
 	}
@@ -86,7 +92,8 @@ func editTool(ctx context.Context, c *call, in api.EditInput) (api.EditOutput, e
 	})
 }
 
-func strReplaceTool(ctx context.Context, c *call, in api.StrReplaceInput) (api.EditOutput, error) {
+// StrReplace is str_replace's handler.
+func StrReplace(ctx context.Context, c Call, in api.StrReplaceInput) (api.EditOutput, error) {
 	return rewriteFile(ctx, c, in.Sandbox, in.Path, func(orig []byte) (textedit.Result, error) {
 		return textedit.StrReplace(orig, in.OldStr, in.NewStr, in.ReplaceAll, textedit.DiffOptions{Path: in.Path})
 	})
@@ -94,42 +101,43 @@ func strReplaceTool(ctx context.Context, c *call, in api.StrReplaceInput) (api.E
 
 // rewriteFile reads a file (at most 2 MiB), changes it with edit and
 // writes it back (keeping its mode).
-func rewriteFile(ctx context.Context, c *call, box, p string, edit func([]byte) (textedit.Result, error)) (api.EditOutput, error) {
+func rewriteFile(ctx context.Context, c Call, box, p string, edit func([]byte) (textedit.Result, error)) (api.EditOutput, error) {
 	var out api.EditOutput
-	l, err := c.box(ctx, box)
+	l, err := c.Box(ctx, box)
 	if err != nil {
 		return out, err
 	}
-	fi, err := l.client.Stat(ctx, p)
+	fi, err := l.Client.Stat(ctx, p)
 	if err != nil {
 		return out, err
 	}
 	if fi.Type != "file" {
-		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("%s is %s, not a file", fi.Path, kindOf(fi.Type)))
+		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("%s is %s, not a file", fi.Path, KindOf(fi.Type)))
 	}
-	if fi.Size > fileToolMaxBytes {
+	if fi.Size > MaxFileBytes {
 		return out, api.WithCode(api.CodeTooLarge, fmt.Errorf("%s is %d bytes; edit works on files up to 2 MiB — use shell (sed, patch) for larger ones", fi.Path, fi.Size))
 	}
 	var buf bytes.Buffer
-	if _, err := l.client.Download(ctx, p, &buf); err != nil {
+	if _, err := l.Client.Download(ctx, p, &buf); err != nil {
 		return out, err
 	}
 	res, err := edit(buf.Bytes())
 	if err != nil { // old text missing, ambiguous, overlapping: the input's fault
 		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("%s: %w", fi.Path, err))
 	}
-	if _, err := l.client.WriteFile(ctx, agent.WriteRequest{Path: p, Data: res.Content, MaxBytes: fileToolMaxBytes + int64(len(res.Content))}); err != nil {
+	if _, err := l.Client.WriteFile(ctx, agent.WriteRequest{Path: p, Data: res.Content, MaxBytes: MaxFileBytes + int64(len(res.Content))}); err != nil {
 		return out, err
 	}
 	return api.EditOutput{OK: true, Diff: res.Diff, Replacements: res.Replacements, Fuzzy: res.Fuzzy}, nil
 }
 
-func grepTool(ctx context.Context, c *call, in api.GrepInput) (api.GrepOutput, error) {
-	l, err := c.box(ctx, in.Sandbox)
+// Grep is grep's handler.
+func Grep(ctx context.Context, c Call, in api.GrepInput) (api.GrepOutput, error) {
+	l, err := c.Box(ctx, in.Sandbox)
 	if err != nil {
 		return api.GrepOutput{}, err
 	}
-	res, err := l.client.Grep(ctx, agent.GrepRequest{Pattern: in.Pattern, Path: in.Path, Regex: in.Regex, IgnoreCase: in.IgnoreCase, Glob: in.Glob, MaxHits: in.MaxHits})
+	res, err := l.Client.Grep(ctx, agent.GrepRequest{Pattern: in.Pattern, Path: in.Path, Regex: in.Regex, IgnoreCase: in.IgnoreCase, Glob: in.Glob, MaxHits: in.MaxHits})
 	if err != nil {
 		return api.GrepOutput{}, err
 	}
@@ -140,12 +148,13 @@ func grepTool(ctx context.Context, c *call, in api.GrepInput) (api.GrepOutput, e
 	return out, nil
 }
 
-func globTool(ctx context.Context, c *call, in api.GlobInput) (api.GlobOutput, error) {
-	l, err := c.box(ctx, in.Sandbox)
+// Glob is glob's handler.
+func Glob(ctx context.Context, c Call, in api.GlobInput) (api.GlobOutput, error) {
+	l, err := c.Box(ctx, in.Sandbox)
 	if err != nil {
 		return api.GlobOutput{}, err
 	}
-	files, truncated, err := l.client.Glob(ctx, in.Pattern, in.Cwd, globMax)
+	files, truncated, err := l.Client.Glob(ctx, in.Pattern, in.Cwd, GlobMax)
 	if err != nil {
 		return api.GlobOutput{}, err
 	}
@@ -155,12 +164,13 @@ func globTool(ctx context.Context, c *call, in api.GlobInput) (api.GlobOutput, e
 	return api.GlobOutput{Files: files, Truncated: truncated}, nil
 }
 
-func lsTool(ctx context.Context, c *call, in api.LsInput) (api.LsOutput, error) {
-	l, err := c.box(ctx, in.Sandbox)
+// Ls is ls's handler: a tree two levels deep.
+func Ls(ctx context.Context, c Call, in api.LsInput) (api.LsOutput, error) {
+	l, err := c.Box(ctx, in.Sandbox)
 	if err != nil {
 		return api.LsOutput{}, err
 	}
-	root, truncated, err := l.client.Tree(ctx, in.Path, 2, lsMax)
+	root, truncated, err := l.Client.Tree(ctx, in.Path, 2, lsMax)
 	if err != nil {
 		return api.LsOutput{}, renameOp(err, "tree", "ls")
 	}
@@ -239,28 +249,30 @@ func humanSize(n int64) string {
 	return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
 }
 
-func transferTool(ctx context.Context, c *call, in api.TransferInput) (api.TransferOutput, error) {
+// Transfer is transfer's handler: a file or tree from one box of the
+// session to another, as a tar stream between their agents.
+func Transfer(ctx context.Context, c Call, in api.TransferInput) (api.TransferOutput, error) {
 	var out api.TransferOutput
-	src, err := c.box(ctx, in.FromSandbox)
+	src, err := c.Box(ctx, in.FromSandbox)
 	if err != nil {
 		return out, err
 	}
-	dst, err := c.box(ctx, in.ToSandbox)
+	dst, err := c.Box(ctx, in.ToSandbox)
 	if err != nil {
 		return out, err
 	}
-	fi, err := src.client.Stat(ctx, in.FromPath)
+	fi, err := src.Client.Stat(ctx, in.FromPath)
 	if err != nil {
 		return out, err
 	}
 	to := in.ToPath
-	if dfi, err := dst.client.Stat(ctx, to); err == nil && dfi.Type == "dir" {
+	if dfi, err := dst.Client.Stat(ctx, to); err == nil && dfi.Type == "dir" {
 		to = path.Join(dfi.Path, path.Base(fi.Path))
 	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return out, err
 	}
-	if fi.Type == "dir" && src.b.rec.ID == dst.b.rec.ID {
-		if err := notInside(ctx, dst.client, fi, to); err != nil {
+	if fi.Type == "dir" && src.ID == dst.ID {
+		if err := notInside(ctx, dst.Client, fi, to); err != nil {
 			return out, err
 		}
 	}
@@ -271,15 +283,15 @@ func transferTool(ctx context.Context, c *call, in api.TransferInput) (api.Trans
 		}
 		// A file too goes as a tar of one entry: its mode, and a sparse
 		// file's holes, are kept (a 1 GiB file of holes arrived as 1 GiB).
-		n, err := copyTree(ctx, src.client, dst.client, fi.Path, to)
+		n, err := copyTree(ctx, src.Client, dst.Client, fi.Path, to)
 		if err != nil {
 			return out, err
 		}
 		out.Bytes = n
 	default:
-		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("%s is %s; transfer copies files and directories", fi.Path, kindOf(fi.Type)))
+		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("%s is %s; transfer copies files and directories", fi.Path, KindOf(fi.Type)))
 	}
-	dfi, err := dst.client.Stat(ctx, to)
+	dfi, err := dst.Client.Stat(ctx, to)
 	if err != nil {
 		return out, err
 	}
@@ -311,35 +323,11 @@ func notInside(ctx context.Context, cl *agent.Client, fi agent.FileInfo, to stri
 	return nil
 }
 
-// pipeFrom runs src in a goroutine, writing into a pipe, and returns the
-// pipe's reader and the channel src's error (a panic's, as an error)
-// arrives on; the error also closes the pipe, so the reader sees it.
-func pipeFrom(what string, src func(w io.Writer) error) (*io.PipeReader, <-chan error) {
-	pr, pw := io.Pipe()
-	srcErr := make(chan error, 1)
-	go func() {
-		var err error
-		defer func() { pw.CloseWithError(err); srcErr <- err }()
-		defer safe.Recover(nil, what, &err)
-		err = src(pw)
-	}()
-	return pr, srcErr
-}
-
-// pipeError picks the error to report of a copy from a source to a sink:
-// the source's, unless it only failed because the sink closed the pipe.
-func pipeError(srcErr, dstErr error) error {
-	if srcErr != nil && !errors.Is(srcErr, io.ErrClosedPipe) {
-		return srcErr
-	}
-	return dstErr
-}
-
 // copyTree streams the tree from (entries named base/...) through a tar
 // rewriter that renames its top to path.Base(to), into dst under
 // path.Dir(to). It returns the bytes of the files copied.
 func copyTree(ctx context.Context, src, dst *agent.Client, from, to string) (int64, error) {
-	outR, srcErr := pipeFrom("transfer", func(w io.Writer) error {
+	outR, srcErr := safe.PipeFrom("transfer", func(w io.Writer) error {
 		_, err := src.TarOut(ctx, from, w)
 		return err
 	})
@@ -355,7 +343,7 @@ func copyTree(ctx context.Context, src, dst *agent.Client, from, to string) (int
 	_, err := dst.TarIn(ctx, path.Dir(to), inR)
 	inR.CloseWithError(err)
 	files := <-done
-	if err = pipeError(<-srcErr, err); err != nil {
+	if err = safe.PipeError(<-srcErr, err); err != nil {
 		return 0, fmt.Errorf("transfer %s to %s: %w", from, to, err)
 	}
 	return files, nil
@@ -404,8 +392,8 @@ func renameTar(r io.Reader, w io.Writer, oldTop, newTop string) (int64, error) {
 	}
 }
 
-// kindOf names a type of agent.FileInfo for a message.
-func kindOf(typ string) string {
+// KindOf names a type of agent.FileInfo for a message.
+func KindOf(typ string) string {
 	switch typ {
 	case "file":
 		return "a file"

@@ -1,4 +1,4 @@
-package sandbox
+package tools
 
 import (
 	"context"
@@ -18,11 +18,12 @@ import (
 
 // refuseCode refuses arbitrary code in a session limited to
 // allowed_commands: the list is about command lines, and code can run any.
-func refuseCode(c *call, tool string) error {
-	if len(c.sess.allowed) == 0 {
+func refuseCode(c Call, tool string) error {
+	allowed := c.Allowed()
+	if len(allowed) == 0 {
 		return nil
 	}
-	return api.WithCode(api.CodeRefused, fmt.Errorf("%s refused: this session runs only commands starting with one of %q (allowed_commands), and code could run any command; use the shell tool with an allowed command", tool, []string(c.sess.allowed)))
+	return api.WithCode(api.CodeRefused, fmt.Errorf("%s refused: this session runs only commands starting with one of %q (allowed_commands), and code could run any command; use the shell tool with an allowed command", tool, []string(allowed)))
 }
 
 // codeErr gives agent errors about code contexts the code a caller acts on.
@@ -33,15 +34,15 @@ func codeErr(err error) error {
 	return err
 }
 
-func codeContextCreateTool(ctx context.Context, c *call, in api.CodeContextCreateInput) (api.CodeContextCreateOutput, error) {
+func codeContextCreateTool(ctx context.Context, c Call, in api.CodeContextCreateInput) (api.CodeContextCreateOutput, error) {
 	if err := refuseCode(c, "code_context_create"); err != nil {
 		return api.CodeContextCreateOutput{}, err
 	}
-	l, err := c.box(ctx, in.Sandbox)
+	l, err := c.Box(ctx, in.Sandbox)
 	if err != nil {
 		return api.CodeContextCreateOutput{}, err
 	}
-	cc, err := l.client.CodeCreate(ctx, agent.CodeContextRequest{Language: in.Language, Cwd: in.WorkingDir, Env: mergeEnv(l.b.rec.Env, in.Env)})
+	cc, err := l.Client.CodeCreate(ctx, agent.CodeContextRequest{Language: in.Language, Cwd: in.WorkingDir, Env: MergeEnv(l.Env, in.Env)})
 	if err != nil {
 		return api.CodeContextCreateOutput{}, codeErr(err)
 	}
@@ -49,12 +50,12 @@ func codeContextCreateTool(ctx context.Context, c *call, in api.CodeContextCreat
 		Hint: fmt.Sprintf(`run code in it with run_code {"context":%q,"code":...}; delete it with code_context_delete when done`, cc.ID)}, nil
 }
 
-func codeContextListTool(ctx context.Context, c *call, in api.CodeContextListInput) (api.CodeContextListOutput, error) {
-	l, err := c.box(ctx, in.Sandbox)
+func codeContextListTool(ctx context.Context, c Call, in api.CodeContextListInput) (api.CodeContextListOutput, error) {
+	l, err := c.Box(ctx, in.Sandbox)
 	if err != nil {
 		return api.CodeContextListOutput{}, err
 	}
-	list, err := l.client.CodeContexts(ctx)
+	list, err := l.Client.CodeContexts(ctx)
 	if err != nil {
 		return api.CodeContextListOutput{}, err
 	}
@@ -65,21 +66,21 @@ func codeContextListTool(ctx context.Context, c *call, in api.CodeContextListInp
 	return out, nil
 }
 
-func codeContextDeleteTool(ctx context.Context, c *call, in api.CodeContextDeleteInput) (api.OKOutput, error) {
+func codeContextDeleteTool(ctx context.Context, c Call, in api.CodeContextDeleteInput) (api.OKOutput, error) {
 	if strings.TrimSpace(in.ID) == "" {
 		return api.OKOutput{}, api.WithCode(api.CodeInvalidInput, errors.New("code_context_delete needs the id of a context (see code_context_list)"))
 	}
-	l, err := c.box(ctx, in.Sandbox)
+	l, err := c.Box(ctx, in.Sandbox)
 	if err != nil {
 		return api.OKOutput{}, err
 	}
-	if err := l.client.CodeDelete(ctx, in.ID); err != nil {
+	if err := l.Client.CodeDelete(ctx, in.ID); err != nil {
 		return api.OKOutput{}, err
 	}
 	return api.OKOutput{OK: true}, nil
 }
 
-func runCodeTool(ctx context.Context, c *call, in api.RunCodeInput) (api.RunCodeOutput, error) {
+func runCodeTool(ctx context.Context, c Call, in api.RunCodeInput) (api.RunCodeOutput, error) {
 	var out api.RunCodeOutput
 	if err := refuseCode(c, "run_code"); err != nil {
 		return out, err
@@ -90,13 +91,13 @@ func runCodeTool(ctx context.Context, c *call, in api.RunCodeInput) (api.RunCode
 	if in.Context != "" && in.Language != "" && !strings.HasPrefix(in.Context, in.Language+"-") {
 		return out, api.WithCode(api.CodeInvalidInput, fmt.Errorf("context %s is not a %s context; leave language out or use a %s context", in.Context, in.Language, in.Language))
 	}
-	l, err := c.box(ctx, in.Sandbox)
+	l, err := c.Box(ctx, in.Sandbox)
 	if err != nil {
 		return out, err
 	}
 	id := in.Context
 	if id == "" {
-		cc, err := l.client.CodeCreate(ctx, agent.CodeContextRequest{Language: in.Language, Env: l.b.rec.Env})
+		cc, err := l.Client.CodeCreate(ctx, agent.CodeContextRequest{Language: in.Language, Env: l.Env})
 		if err != nil {
 			if agent.IsCode(err, agent.CodeTooLarge) {
 				err = fmt.Errorf("a run without context needs an interpreter of its own, and %w (code_context_list shows them)", err)
@@ -107,14 +108,14 @@ func runCodeTool(ctx context.Context, c *call, in api.RunCodeInput) (api.RunCode
 		defer func() {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
-			l.client.CodeDelete(dctx, id) // it may have ended already
+			l.Client.CodeDelete(dctx, id) // it may have ended already
 		}()
 	}
 	timeout := in.TimeoutMs
 	if timeout <= 0 {
-		timeout = shellTimeoutMs
+		timeout = ShellTimeoutMs
 	}
-	res, err := l.client.CodeRun(ctx, id, agent.CodeRunRequest{Code: in.Code, TimeoutMs: timeout, MaxOutput: shellOutputCap})
+	res, err := l.Client.CodeRun(ctx, id, agent.CodeRunRequest{Code: in.Code, TimeoutMs: timeout, MaxOutput: ShellOutputCap})
 	if err != nil {
 		return out, err
 	}
@@ -139,7 +140,7 @@ func runCodeTool(ctx context.Context, c *call, in api.RunCodeInput) (api.RunCode
 	case res.TimedOut:
 		out.Hint = fmt.Sprintf("the code was interrupted after %d ms; raise timeout_ms for longer work, or run it in the background with the shell tool.", timeout)
 	case res.Truncated:
-		out.Hint = fmt.Sprintf("output was cut at %d KiB (each of stdout, stderr and value); write big output to a file and read it with read_file or grep", shellOutputCap>>10)
+		out.Hint = fmt.Sprintf("output was cut at %d KiB (each of stdout, stderr and value); write big output to a file and read it with read_file or grep", ShellOutputCap>>10)
 	}
 	return out, nil
 }
