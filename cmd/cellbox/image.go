@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"text/tabwriter"
 	"time"
 
@@ -18,7 +19,7 @@ import (
 func init() {
 	register(command{
 		name:  "image",
-		usage: "build base|python|node [--images DIR] [--backend docker|local|both] [--force] | ls [--images DIR]  box images (shared by every data dir: $" + server.ImagesEnv + ", else DATA/images of the default data dir)",
+		usage: "build base|python|node [--images DIR] [--backend docker|local|both] [--force] [--oci FILE] | ls [--images DIR]  box images (shared by every data dir: $" + server.ImagesEnv + ", else DATA/images of the default data dir)",
 		run:   runImage,
 	})
 }
@@ -34,6 +35,7 @@ func runImage(ctx context.Context, args []string) error {
 		backendFlag := fs.String("backend", "both", "where the image is used: docker (rootfs + docker import), local (rootfs only), both")
 		force := fs.Bool("force", false, "rebuild the rootfs and re-import it even if they exist")
 		quiet := fs.Bool("q", false, "do not show debootstrap's output")
+		oci := fs.String("oci", "", "also write the image as an OCI archive to `FILE` (for ctr images import on a Kubernetes node, or skopeo copy oci-archive:FILE docker://REF to a registry)")
 		name, rest := "", args[1:]
 		if len(rest) > 0 && rest[0] != "" && rest[0][0] != '-' {
 			name, rest = rest[0], rest[1:]
@@ -49,11 +51,23 @@ func runImage(ctx context.Context, args []string) error {
 		if *backendFlag != "docker" && *backendFlag != "local" && *backendFlag != "both" {
 			return fmt.Errorf("--backend %q: want docker, local or both", *backendFlag)
 		}
+		if *oci != "" {
+			// Said before a build of minutes, not after.
+			if fi, err := os.Stat(filepath.Dir(*oci)); err != nil || !fi.IsDir() {
+				return fmt.Errorf("--oci %s: its directory %s does not exist; make it, or name a file in an existing directory", *oci, filepath.Dir(*oci))
+			}
+		}
 		var out io.Writer = os.Stderr
 		if *quiet {
 			out = nil
 		}
-		return imageBuild(ctx, *images, name, *backendFlag, *force, out)
+		if err := imageBuild(ctx, *images, name, *backendFlag, *force, out); err != nil {
+			return err
+		}
+		if *oci == "" {
+			return nil
+		}
+		return imageOCI(ctx, *images, name, *oci)
 	case "ls":
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
@@ -118,6 +132,34 @@ func imageImport(ctx context.Context, in image.Info, name, where string, built, 
 		return err
 	}
 	fmt.Printf("%s: imported into Docker as %s (%s)\n", name, ref, id)
+	return nil
+}
+
+// imageOCI writes the built rootfs of image name as an OCI archive to
+// file, in place: a partial archive is removed.
+func imageOCI(ctx context.Context, imagesDir, name, file string) error {
+	in, err := image.Read(image.RootfsDir(imagesDir, name))
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+".*")
+	if err != nil {
+		return fmt.Errorf("--oci: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	start := time.Now()
+	desc, err := image.WriteOCI(ctx, in.Rootfs, name, tmp, image.OCIOptions{TempDir: filepath.Dir(file)})
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), file)
+	}
+	if err != nil {
+		return fmt.Errorf("--oci %s: %w", file, err)
+	}
+	fi, _ := os.Stat(file)
+	fmt.Printf("%s: OCI archive %s (%s, %s, manifest %s) in %s; load it with: ctr -n k8s.io images import %s\n", name, file, image.OCIName(name), humanBytes(fi.Size()), desc.Digest, time.Since(start).Round(time.Second), file)
 	return nil
 }
 

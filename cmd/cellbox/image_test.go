@@ -1,6 +1,8 @@
 package main
 
 import (
+	"archive/tar"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -172,4 +174,44 @@ func fetching(t *testing.T, dir, what string) bool {
 func fileText(f *os.File) string {
 	b, _ := os.ReadFile(f.Name())
 	return string(b)
+}
+
+// TestImageBuildOCI: `image build NAME --oci FILE` over a built rootfs
+// writes an OCI archive of it in place (its index names the image
+// cellbox/NAME), and a --oci in a directory that does not exist is refused
+// before anything is built.
+func TestImageBuildOCI(t *testing.T) {
+	images := t.TempDir()
+	rootfs := filepath.Join(images, "base", "rootfs")
+	require.NoError(t, os.MkdirAll(filepath.Join(rootfs, "workspace"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(rootfs, ".cellbox-image.json"), []byte(`{"name":"base","suite":"bookworm","built":"2020-01-02T03:04:05Z"}`), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(rootfs, "hello"), []byte("hi"), 0o644))
+	dir := t.TempDir()
+	file := filepath.Join(dir, "base.tar")
+	out, errOut, err := cellbox(t, "image", "build", "base", "--images", images, "--backend", "local", "--oci", file)
+	require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	assert.Contains(t, out, "OCI archive "+file+" (docker.io/cellbox/base:latest")
+	assert.Contains(t, out, "ctr -n k8s.io images import "+file)
+	f, err := os.Open(file)
+	require.NoError(t, err)
+	defer f.Close()
+	var names []string
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		names = append(names, h.Name)
+	}
+	assert.Contains(t, names, "oci-layout")
+	assert.Contains(t, names, "index.json")
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 1, "the archive and nothing else (no temporary layer or partial file)")
+
+	_, errOut, err = cellbox(t, "image", "build", "base", "--images", images, "--backend", "local", "--oci", "/nonexistent/base.tar")
+	assert.Equal(t, 1, exitCode(t, err))
+	assert.Contains(t, errOut, "--oci /nonexistent/base.tar: its directory /nonexistent does not exist")
 }
