@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"io/fs"
+	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -133,6 +136,34 @@ func testSupport(rel string) bool {
 	return strings.HasPrefix(base, "test") || strings.HasSuffix(base, "test")
 }
 
+// statSources stats every .go file of the module under root. go list
+// reads them in a process of its own, which Go's test cache does not
+// watch; the files this process stats are part of the cached result's
+// key, so a change of any import makes the test run again instead of
+// answering "ok (cached)".
+func statSources(t *testing.T, root string) {
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() && path != root {
+			if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
+				return filepath.SkipDir // a module of its own (scripts/kube)
+			}
+		}
+		if !d.IsDir() && strings.HasSuffix(path, ".go") {
+			_, err = os.Stat(path)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 type pkg struct {
 	ImportPath string
 	Imports    []string
@@ -143,6 +174,7 @@ type pkg struct {
 // files' imports are not among them).
 func packages(t *testing.T) []pkg {
 	goBin := testenv.RequireCommand(t, "go")
+	statSources(t, testenv.RepoRoot())
 	cmd := exec.Command(goBin, "list", "-e", "-json=ImportPath,Imports,Error", "./...")
 	cmd.Dir = testenv.RepoRoot()
 	out, err := cmd.Output()
