@@ -152,7 +152,13 @@ func TestSandbox(t *testing.T) {
 			return strings.Contains(e, "output file /workspace/data.json is not JSON") && strings.Contains(e, "/workspace/out/result.txt")
 		})
 		r.send("repl.run", `{"command": "echo 7 > /workspace/data.json; rmdir /workspace/out/result.txt"}`)
-		waitFor(t, "both fixed", func() bool { return r.sandbox("repl").Error == "" })
+		// The files are read again as the command writes them, which may
+		// be before its run ends: wait for both.
+		waitFor(t, "both fixed, and the command in the history", func() bool {
+			o := r.sandbox("repl")
+			h := o.History
+			return o.Error == "" && len(h) > 0 && h[len(h)-1].Command == "echo 7 > /workspace/data.json; rmdir /workspace/out/result.txt"
+		})
 	})
 
 	t.Run("destroy and run again", func(t *testing.T) {
