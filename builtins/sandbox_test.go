@@ -740,7 +740,10 @@ nodes:
 	r.send("b.run", `{"command": "echo small > /workspace/out.txt"}`)
 	waitFor(t, "the small file read", func() bool { return r.file("b", "/workspace/out.txt") == `"small\n"` })
 
-	r.send("b.run", fmt.Sprintf(`{"command": "head -c %d /dev/zero | tr '\\0' a > /workspace/out.txt"}`, builtins.MaxOutputFile+1))
+	// Written beside and renamed into place: a file read while a command
+	// still writes it is read as far as it got (the watch sees each
+	// write), which under load was a partial file under the cap.
+	r.send("b.run", fmt.Sprintf(`{"command": "head -c %d /dev/zero | tr '\\0' a > /workspace/big.tmp && mv /workspace/big.tmp /workspace/out.txt"}`, builtins.MaxOutputFile+1))
 	waitFor(t, "the too-large file reported", func() bool { return r.sandbox("b").Error != "" })
 	o := r.sandbox("b")
 	assert.Contains(t, o.Error, "output file /workspace/out.txt is larger than 16 MiB, the cap on an output file: it was not read")
