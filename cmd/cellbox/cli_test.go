@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"github.com/cellbox/cellbox/cells"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/server"
