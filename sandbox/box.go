@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/cellbox/cellbox/internal/crashpoint"
+	"github.com/cellbox/cellbox/internal/suggest"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
@@ -475,7 +476,7 @@ func (s *Service) destroyBox(ctx context.Context, sess *Session, name string) er
 	if b == nil {
 		names := sortedNames(sess.boxes)
 		s.mu.Unlock()
-		return api.WithCode(api.CodeNoBox, fmt.Errorf("no sandbox named %q in this session (sandboxes: %s)", name, listOrNone(names)))
+		return api.WithCode(api.CodeNoBox, fmt.Errorf("no sandbox named %q in this session (sandboxes: %s)", name, suggest.ListOrNone(names)))
 	}
 	delete(sess.boxes, name)
 	used := false

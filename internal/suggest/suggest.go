@@ -65,3 +65,12 @@ func distance(a, b string) int {
 	}
 	return d[len(ra)][len(rb)]
 }
+
+// ListOrNone is names joined with ", " for a message that lists what
+// there is instead ("sandboxes: a, b"), or "none".
+func ListOrNone(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
+}

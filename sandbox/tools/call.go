@@ -53,14 +53,6 @@ func Output(ctx context.Context) func(stream string, data []byte) {
 	return fn
 }
 
-// listOrNone is names joined for a message, or "none".
-func listOrNone(names []string) string {
-	if len(names) == 0 {
-		return "none"
-	}
-	return strings.Join(names, ", ")
-}
-
 // AllowList is a session's allowed_commands (seed 003's allowedCommands):
 // the prefixes every command line of the session must start with. Empty
 // allows everything. It is checked on the host, before a command reaches

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cellbox/cellbox/internal/suggest"
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/api"
 )
@@ -187,7 +188,7 @@ func findProcess(ctx context.Context, cl *agent.Client, id string) (agent.Proces
 		}
 		ids = append(ids, p.ID)
 	}
-	return agent.Process{}, api.WithCode(api.CodeNotFound, fmt.Errorf("no process %q in this sandbox (processes: %s)", id, listOrNone(ids)))
+	return agent.Process{}, api.WithCode(api.CodeNotFound, fmt.Errorf("no process %q in this sandbox (processes: %s)", id, suggest.ListOrNone(ids)))
 }
 
 // killProcess sends SIGTERM to the process group, then SIGKILL if it has
