@@ -16,14 +16,15 @@ import (
 func init() {
 	register(command{
 		name:  "agent",
-		usage: "[--socket PATH] [--workspace DIR]  run the in-box agent (PID 1 of every box)",
+		usage: "[--socket PATH|tcp:HOST:PORT] [--workspace DIR] [--install DST]  run the in-box agent (PID 1 of every box)",
 		run:   runAgent,
 	})
 }
 
 func runAgent(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
-	socket := fs.String("socket", filepath.Join(backend.SocketDir, backend.SocketName), "unix socket to listen on")
+	socket := fs.String("socket", filepath.Join(backend.SocketDir, backend.SocketName), "unix socket to listen on, or tcp:HOST:PORT (then every connection must open with the token in $"+agent.EnvToken+")")
+	install := fs.String("install", "", "instead of serving, copy this binary to `DST` (mode 0555) and exit: how a Kubernetes pod's init container puts the agent into the box")
 	workspace := fs.String("workspace", backend.Workspace, "the box's working directory (created if missing)")
 	pids := fs.Int64("pids-limit", 0, "the box's pids limit, named in messages when the box runs out of processes (default: read from the box's cgroup)")
 	memory := fs.Int64("memory-limit", 0, "the box's memory limit in bytes, named in out-of-memory messages (default: read from the box's cgroup)")
@@ -36,6 +37,12 @@ func runAgent(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	if *install != "" {
+		return agent.InstallSelf(*install)
+	}
+	// The token is the agent's alone: no command it runs inherits it.
+	token := os.Getenv(agent.EnvToken)
+	os.Unsetenv(agent.EnvToken)
 	if *connect {
 		return agent.Pipe(ctx, *socket, os.Stdin, os.Stdout)
 	}
@@ -44,7 +51,7 @@ func runAgent(ctx context.Context, args []string) error {
 	// whatever its working directory (a sandbox's workspace_dir).
 	roots := []string{backend.Workspace, "/tmp"}
 	return agent.Serve(ctx, agent.Options{
-		Socket: *socket, Workspace: *workspace, AllowedRoots: roots, Logger: log,
+		Socket: *socket, Token: token, Workspace: *workspace, AllowedRoots: roots, Logger: log,
 		EgressListen: os.Getenv(egress.EnvListen),
 		EgressSocket: filepath.Join(filepath.Dir(*socket), egress.SocketName),
 		PidsLimit:    *pids, MemoryLimit: *memory,

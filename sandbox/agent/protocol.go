@@ -28,8 +28,15 @@ const ProtocolHeader = "Cellbox-Agent-Protocol"
 
 // Options configure Serve.
 type Options struct {
-	// Socket is the unix socket path to listen on (a stale socket is removed).
+	// Socket is the unix socket path to listen on (a stale socket is
+	// removed), or "tcp:HOST:PORT": a TCP address of the box, for a
+	// backend that reaches the agent through a port (kubernetes, through
+	// the API server's port-forward); then Token is required.
 	Socket string
+	// Token is the box's secret: on a TCP Socket every connection must
+	// open with it (Handshake) before anything else is read, so that
+	// nothing that reaches the port without it can drive the agent.
+	Token string
 	// Workspace is the box's working directory, created if missing.
 	// Default /workspace.
 	Workspace string

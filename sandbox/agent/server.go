@@ -8,7 +8,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -45,8 +44,7 @@ func Serve(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	abstract := strings.HasPrefix(opts.Socket, "@")
-	if abstract {
+	if strings.HasPrefix(opts.Socket, "@") || strings.HasPrefix(opts.Socket, tcpPrefix) {
 		return s.serve(ctx, opts)
 	}
 	if err := os.MkdirAll(filepath.Dir(opts.Socket), 0o755); err != nil {
@@ -65,13 +63,13 @@ func Serve(ctx context.Context, opts Options) error {
 
 // serve listens on opts.Socket and answers until ctx ends.
 func (s *server) serve(ctx context.Context, opts Options) error {
-	ln, err := net.Listen("unix", opts.Socket)
+	ln, err := listen(opts)
 	if err != nil {
-		return fmt.Errorf("agent: listen on %s: %w", opts.Socket, err)
+		return err
 	}
 	// The host may run as another uid than the box; the per-box directory
 	// holding the socket is what guards access.
-	if !strings.HasPrefix(opts.Socket, "@") {
+	if !strings.HasPrefix(opts.Socket, "@") && !strings.HasPrefix(opts.Socket, tcpPrefix) {
 		if err := os.Chmod(opts.Socket, 0o666); err != nil {
 			ln.Close()
 			return fmt.Errorf("agent: chmod socket: %w", err)
