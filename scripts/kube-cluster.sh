@@ -221,18 +221,38 @@ alive() {
 	local f=$S/run/$1.pid p
 	[ -f "$f" ] || return 1
 	p=$(cat "$f")
-	[ -n "$p" ] && [ -r "/proc/$p/cmdline" ] && tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q -- "$S"
+	[ -n "$p" ] || return 1
+	local c
+	c=$(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline") || return 1
+	[[ $c == *"$S"* ]]
 }
 
-# stop NAME [SIGNAL]: TERM (or SIGNAL) the recorded process, KILL after 10 s.
+# running PID: the process exists and is not a zombie (pid 1 may be slow to
+# reap what it inherits).
+running() {
+	local st
+	st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+	[ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
+}
+
+# stop SIGNAL NAME...: signal the recorded processes (TERM or KILL), then
+# wait for them, KILL after 10 s.
 stop() {
-	alive "$1" || { rm -f "$S/run/$1.pid"; return 0; }
-	local p i
-	p=$(cat "$S/run/$1.pid")
-	kill "-${2:-TERM}" "$p" 2>/dev/null || true
-	for i in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.2; done
-	kill -0 "$p" 2>/dev/null && kill -9 "$p" 2>/dev/null || true
-	rm -f "$S/run/$1.pid"
+	local sig=$1 n p ps=() i
+	shift
+	for n in "$@"; do
+		if alive "$n"; then
+			p=$(cat "$S/run/$n.pid")
+			kill "-$sig" "$p" 2>/dev/null || true
+			ps+=("$p")
+		fi
+		rm -f "$S/run/$n.pid"
+	done
+	for p in "${ps[@]}"; do
+		for i in $(seq 1 50); do running "$p" || break; sleep 0.2; done
+		running "$p" && kill -9 "$p" 2>/dev/null || true
+	done
+	return 0
 }
 
 # waitfor SECONDS WHAT CMD...: poll CMD every half second.
@@ -297,9 +317,10 @@ killpods() {
 
 # shims N: the containerd-shim processes of node N's containerd.
 shims() {
-	local sock="$S/n$1/run/containerd.sock" f
+	local sock="$S/n$1/run/containerd.sock" f c
 	for f in /proc/[0-9]*/cmdline; do
-		tr '\0' ' ' <"$f" 2>/dev/null | grep -q -- "^[^ ]*containerd-shim[^ ]* .*-address $sock " && { f=${f#/proc/}; echo "${f%/cmdline}"; }
+		c=$(tr '\0' ' ' 2>/dev/null <"$f") || continue
+		[[ $c == *containerd-shim*" -address $sock "* ]] && { f=${f#/proc/}; echo "${f%/cmdline}"; }
 	done
 	return 0
 }
@@ -630,17 +651,10 @@ start_router() {
 # shims, and its pods' processes, all SIGKILLed.
 kill_node() {
 	local n=$1 p
-	for p in kubelet kube-router containerd; do
-		alive "n$n-$p" && kill -9 "$(cat "$S/run/n$n-$p.pid")" 2>/dev/null || true
-	done
+	stop KILL "n$n-kubelet" "n$n-kube-router" "n$n-containerd"
 	p=$(shims "$n")
 	[ -n "$p" ] && kill -9 $p 2>/dev/null || true
 	killpods "$n"
-	for p in kubelet kube-router containerd; do
-		alive "n$n-$p" && sleep 0.5
-		rm -f "$S/run/n$n-$p.pid"
-	done
-	return 0
 }
 
 start_node() {
@@ -726,14 +740,18 @@ up() {
 down() {
 	[ "$(id -u)" = 0 ] || die "down needs root"
 	local n c
-	for n in $NODES; do stop "n$n-kubelet"; stop "n$n-kube-router"; done
+	# all of it goes: no need to be gentle
+	stop KILL n1-kubelet n2-kubelet n1-kube-router n2-kube-router
+	mark "kubelets and kube-routers stopped"
+	for n in $NODES; do killpods "$n"; done
+	stop KILL n1-containerd n2-containerd
 	for n in $NODES; do
-		killpods "$n"
-		stop "n$n-containerd"
 		c=$(shims "$n")
 		[ -n "$c" ] && kill -9 $c 2>/dev/null || true
 	done
-	for c in scheduler controller-manager apiserver etcd; do stop $c; done
+	mark "pods, containerds and shims stopped"
+	stop KILL scheduler controller-manager apiserver etcd
+	mark "control plane stopped"
 	# every mount under the state dir: rootfs overlays, shm, pod netns, tokens
 	if [ -d "$S" ]; then
 		awk -v s="$S/" 'index($5, s) == 1 {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do
