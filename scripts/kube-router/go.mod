@@ -1,3 +1,8 @@
+// kube-router's NetworkPolicy controller for cellbox's test cluster
+// (scripts/kube-cluster.sh build, run with --run-firewall only in each
+// node's network namespace): iptables + ipset, which this kernel has, where
+// sigs.k8s.io/kube-network-policies needs nft queue, which it lacks. A
+// module of its own, so that cellbox's module never depends on it.
 module cellbox-kube-router
 
 go 1.24.0
