@@ -224,9 +224,12 @@ need() {
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || miss+=("$p")
 	done
 	[ ${#miss[@]} -eq 0 ] && return
-	echo "kube: apt-get install ${miss[*]}"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${miss[@]}" >/dev/null ||
-		{ apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${miss[@]}" >/dev/null; }
+	echo "kube: apt-get install ${miss[*]} (log: $TOP/apt.log)"
+	mkdir -p "$TOP"
+	export DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=l
+	apt-get install -y --no-install-recommends "${miss[@]}" >>"$TOP/apt.log" 2>&1 ||
+		{ apt-get update >>"$TOP/apt.log" 2>&1 && apt-get install -y --no-install-recommends "${miss[@]}" >>"$TOP/apt.log" 2>&1; } ||
+		die "apt-get install ${miss[*]} failed: see $TOP/apt.log"
 }
 
 # alive NAME: the process recorded in S/run/NAME.pid runs and is ours (its
