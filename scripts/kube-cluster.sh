@@ -6,7 +6,7 @@
 #   bash scripts/kube-cluster.sh build [BIN]   the binaries, from Go modules
 #   bash scripts/kube-cluster.sh up            start the cluster (builds what is missing)
 #   bash scripts/kube-cluster.sh down          stop it and remove every trace but BIN
-#   bash scripts/kube-cluster.sh status        nodes, Ready state, processes alive
+#   bash scripts/kube-cluster.sh status        processes alive, memory, nodes' Ready state
 #   bash scripts/kube-cluster.sh env           export KUBECONFIG=... lines for tests
 #   bash scripts/kube-cluster.sh load FILE.tar...   import OCI archives into every node
 #   bash scripts/kube-cluster.sh kill-node N   node N dies: kill -9 its kubelet,
@@ -27,13 +27,13 @@
 # cache: measured here (2026-12-02, under nice beside a loaded test run)
 # kube-apiserver 5,778 s, then with the cache it left controller-manager
 # 134 s, scheduler 11 s, kubelet 42 s, kubectl 53 s; kube-router 2.1.0
-# ~300 s; a second build 0.2 s.
+# 250 s (~410 CPU-s); a second build 0.2 s.
 #
 # Topology (all state in /var/lib/cellbox-kube/cluster, "S" below):
 #
 #   host: etcd (Debian etcd-server, 127.0.0.1:23790, --unsafe-no-fsync),
 #         kube-apiserver (10.250.0.1:6443), kube-controller-manager,
-#         kube-scheduler, all under nice; bridge cbk0 10.250.0.1/24; routes
+#         kube-scheduler; bridge cbk0 10.250.0.1/24; routes
 #         10.244.1.0/24 via 10.250.0.11 and 10.244.2.0/24 via 10.250.0.12.
 #   node cbk-n1 / cbk-n2: network namespace cbk-n1 / cbk-n2, eth0
 #         10.250.0.11 / .12 (a veth onto cbk0), default route via
@@ -47,6 +47,7 @@
 #         (firewall only) in the node's netns, so its iptables chains and
 #         ipsets are the node's own.
 #   admin kubeconfig: S/admin.kubeconfig (https://10.250.0.1:6443).
+#   every process the cluster runs is under nice -n 10.
 #   pause image: cellbox.local/pause:3.10 (the sandbox image of both
 #   containerds). No kube-proxy (Service ClusterIPs do not route), no DNS,
 #   no way out to the internet from pods: pod IPs and the host only.
@@ -62,12 +63,16 @@
 #   shared bind mount so the volumes it mounts there reach containerd, which
 #   is in the host's mount namespace; /var/lib/kubelet (device-plugins is
 #   hard-coded there) is a per-node directory bind-mounted in that namespace.
+#   That namespace is made with --propagation unchanged (the root dir must
+#   stay a peer of the host's) and / and /proc made slaves in it before the
+#   bind mounts, so on a host whose / is shared (systemd) they do not leak.
 # - two kubelets on one host: each has a cgroupRoot of its own (/cbk-nN,
 #   created here, in every hierarchy) so their kubepods trees don't collide;
 #   /var/log/containers is shared (the kubelet hard-codes it; names are
 #   unique per container).
 # - the controller-manager needs --use-service-account-credentials=true;
-#   --node-monitor-grace-period=20s marks a dead node NotReady in ~25 s.
+#   --node-monitor-grace-period=20s marks a dead node Ready=Unknown (what
+#   a node that stops posting shows, not False) in 12-17 s.
 # - Docker sets the host's FORWARD policy to DROP and
 #   bridge-nf-call-iptables=1, so frames bridged by cbk0 between the nodes
 #   are dropped: one rule "-i cbk0 -o cbk0 -j ACCEPT" (comment cellbox-kube)
@@ -79,19 +84,23 @@
 # - cellbox images are named docker.io/cellbox/NAME:latest: a ":latest"
 #   image is pulled by default, so pods need imagePullPolicy: Never (or
 #   IfNotPresent); nothing can be pulled.
+# - Debian's busybox-static 1.35 wget segfaults (on the host too): the
+#   checks use nc ("printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 2 IP 8080").
+# - pid 1 of these VMs reaps orphans ~2 s late: waiting for a killed
+#   process treats a zombie as gone.
 #
 # Figures measured here (2026-12-02, 2 cores, 24 GB, other jobs light):
 # - up from built binaries to both nodes Ready, kube-router running and the
 #   default service account there: 14-21 s (certificates 1-2 s, network 1 s,
 #   two containerds + pause image 1-3 s, etcd 1 s, kube-apiserver ready 4-6
 #   s, nodes Ready 4-5 s, kube-router + service account 3 s); up when up:
-#   0.8 s; down 1-2 s.
+#   0.8 s; down 1-5 s.
 # - two pods (one a node) created -> Ready 3-4 s; kubectl exec 0.35-0.5 s;
 #   port-forward first request 0.1 s; a NetworkPolicy takes effect in <= 2 s
 #   and its removal in ~1 s.
-# - kill-node 2: 1.6 s; cbk-n2 Ready=Unknown 13-17 s later; start-node 4-6
-#   s, its pods running again (restarted, new IPs) ~7 s after.
-# - memory: ~890 MiB RSS for the whole cluster with 3 pods (kube-apiserver
+# - kill-node 2: 1.6 s; cbk-n2 Ready=Unknown 12-17 s later; start-node 2-6
+#   s, its pods running again (restarted, new IPs) 5-7 s after.
+# - memory: ~820 MiB RSS for the whole cluster idle, ~890 with 3 pods (kube-apiserver
 #   265, controller-manager 109, kubelets 81-85 each, scheduler 63,
 #   kube-routers 55 each, containerds 43-48 each, etcd 47, a shim 13 per
 #   pod; a busybox pod's processes ~1-2 MiB). `status` prints the sum.
@@ -255,7 +264,7 @@ running() {
 # stop SIGNAL NAME...: signal the recorded processes (TERM or KILL), then
 # wait for them, KILL after 10 s.
 stop() {
-	local sig=$1 n p ps=() i
+	local sig=$1 n p ps=() _
 	shift
 	for n in "$@"; do
 		if alive "$n"; then
@@ -266,7 +275,7 @@ stop() {
 		rm -f "$S/run/$n.pid"
 	done
 	for p in "${ps[@]}"; do
-		for i in $(seq 1 50); do running "$p" || break; sleep 0.2; done
+		for _ in $(seq 1 50); do running "$p" || break; sleep 0.2; done
 		running "$p" && kill -9 "$p" 2>/dev/null || true
 	done
 	return 0
@@ -274,9 +283,9 @@ stop() {
 
 # waitfor SECONDS WHAT CMD...: poll CMD every half second.
 waitfor() {
-	local t=$1 what=$2 i
+	local t=$1 what=$2 _
 	shift 2
-	for i in $(seq 1 $((t * 2))); do
+	for _ in $(seq 1 $((t * 2))); do
 		"$@" >/dev/null 2>&1 && return 0
 		sleep 0.5
 	done
@@ -322,8 +331,8 @@ mkcgroups() {
 
 # killpods N: SIGKILL every process in node N's cgroups (its pods), until none.
 killpods() {
-	local n=$1 i d p pids
-	for i in $(seq 1 20); do
+	local n=$1 d p pids _
+	for _ in $(seq 1 20); do
 		pids=$(for d in $(cgdirs "$n"); do find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null; done | sort -u |
 			while read -r p; do running "$p" && echo "$p"; done)
 		[ -z "$pids" ] && return 0
@@ -634,7 +643,8 @@ start_kubelet() {
 	# the root dir shared, so what the kubelet mounts there reaches containerd
 	mountpoint -q "$d/kubelet" || { mount --bind "$d/kubelet" "$d/kubelet" && mount --make-rshared "$d/kubelet"; }
 	mkdir -p /var/lib/kubelet
-	local sh="set -e
+	local sh
+	sh="set -e
 mount --make-slave /proc
 mount --bind $d/sysctl/overcommit_memory /proc/sys/vm/overcommit_memory
 mount --bind $d/sysctl/panic_on_oom /proc/sys/vm/panic_on_oom
