@@ -867,6 +867,15 @@ nodearg() {
 	case "${1:-}" in 1 | 2) ;; *) die "usage: $2 N (N is 1 or 2)" ;; esac
 }
 
+# one at a time: tests in parallel may all call up
+case "${1:-}" in
+up | down | load | kill-node | start-node)
+	mkdir -p "$TOP"
+	exec 9>"$TOP/.lock"
+	flock 9
+	;;
+esac
+
 case "${1:-}" in
 build) shift; build "$@" ;;
 up) up ;;
