@@ -465,7 +465,7 @@ start_etcd() {
 	$NICE etcd --name cellbox --data-dir "$S/etcd" \
 		--listen-client-urls http://127.0.0.1:23790 --advertise-client-urls http://127.0.0.1:23790 \
 		--listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
-		--initial-cluster cellbox=http://127.0.0.1:23800 --unsafe-no-fsync >>"$S/logs/etcd.log" 2>&1 &
+		--initial-cluster cellbox=http://127.0.0.1:23800 --unsafe-no-fsync >>"$S/logs/etcd.log" 2>&1 9>&- &
 	echo $! >"$S/run/etcd.pid"
 	waitfor 60 etcd sh -c 'curl -s http://127.0.0.1:23790/health | grep -q true'
 }
@@ -486,7 +486,7 @@ start_apiserver() {
 		--service-cluster-ip-range=$SVC_CIDR --authorization-mode=Node,RBAC \
 		--enable-admission-plugins=NodeRestriction --allow-privileged=true \
 		--kubelet-client-certificate="$p/apiserver-kubelet-client.crt" --kubelet-client-key="$p/apiserver-kubelet-client.key" \
-		--kubelet-preferred-address-types=InternalIP --profiling=false >>"$S/logs/apiserver.log" 2>&1 &
+		--kubelet-preferred-address-types=InternalIP --profiling=false >>"$S/logs/apiserver.log" 2>&1 9>&- &
 	echo $! >"$S/run/apiserver.pid"
 	waitfor 180 kube-apiserver apiserver_ready
 }
@@ -500,12 +500,12 @@ start_controllers() {
 			--use-service-account-credentials=true \
 			--cluster-signing-cert-file="$p/ca.crt" --cluster-signing-key-file="$p/ca.key" \
 			--service-cluster-ip-range=$SVC_CIDR \
-			--node-monitor-grace-period=20s --node-monitor-period=2s >>"$S/logs/controller-manager.log" 2>&1 &
+			--node-monitor-grace-period=20s --node-monitor-period=2s >>"$S/logs/controller-manager.log" 2>&1 9>&- &
 		echo $! >"$S/run/controller-manager.pid"
 	fi
 	if ! alive scheduler; then
 		$NICE "$BIN/kube-scheduler" --kubeconfig="$S/scheduler.kubeconfig" \
-			--bind-address=127.0.0.1 --leader-elect=false --profiling=false >>"$S/logs/scheduler.log" 2>&1 &
+			--bind-address=127.0.0.1 --leader-elect=false --profiling=false >>"$S/logs/scheduler.log" 2>&1 9>&- &
 		echo $! >"$S/run/scheduler.pid"
 	fi
 }
@@ -630,7 +630,7 @@ start_containerd() {
 	alive "n$n-containerd" && return
 	rm -f "$d/run/containerd.sock" "$d/run/containerd.sock.ttrpc"
 	$NICE nsenter --net="/run/netns/cbk-n$n" containerd --config "$d/containerd/config.toml" \
-		>>"$S/logs/n$n-containerd.log" 2>&1 &
+		>>"$S/logs/n$n-containerd.log" 2>&1 9>&- &
 	echo $! >"$S/run/n$n-containerd.pid"
 	waitfor 30 "containerd of cbk-n$n" ctr -a "$d/run/containerd.sock" version
 	ctrn "$n" images ls -q | grep -qx "$PAUSE" || ctrn "$n" images import "$IMG/pause.tar" >/dev/null
@@ -658,7 +658,7 @@ exec $BIN/kubelet --config=$d/kubelet.yaml --kubeconfig=$S/kubelet-n$n.kubeconfi
  --root-dir=$d/kubelet --cert-dir=$d/kubelet-pki --hostname-override=cbk-n$n --node-ip=$(nodeip "$n") \
  --pod-infra-container-image=$PAUSE --v=1"
 	$NICE nsenter --net="/run/netns/cbk-n$n" unshare -m --propagation unchanged sh -c "$sh" \
-		>>"$S/logs/n$n-kubelet.log" 2>&1 &
+		>>"$S/logs/n$n-kubelet.log" 2>&1 9>&- &
 	echo $! >"$S/run/n$n-kubelet.pid"
 }
 
@@ -675,7 +675,7 @@ start_router() {
 	alive "n$n-kube-router" && return
 	$NICE nsenter --net="/run/netns/cbk-n$n" "$BIN/kube-router" --kubeconfig="$S/kube-router-n$n.kubeconfig" \
 		--hostname-override="cbk-n$n" --run-firewall=true --run-router=false --run-service-proxy=false \
-		--service-cluster-ip-range=$SVC_CIDR --metrics-port=0 --v=1 >>"$S/logs/n$n-kube-router.log" 2>&1 &
+		--service-cluster-ip-range=$SVC_CIDR --metrics-port=0 --v=1 >>"$S/logs/n$n-kube-router.log" 2>&1 9>&- &
 	echo $! >"$S/run/n$n-kube-router.pid"
 }
 
@@ -867,7 +867,8 @@ nodearg() {
 	case "${1:-}" in 1 | 2) ;; *) die "usage: $2 N (N is 1 or 2)" ;; esac
 }
 
-# one at a time: tests in parallel may all call up
+# one at a time: tests in parallel may all call up (the daemons started
+# close fd 9, or they would hold the lock for good)
 case "${1:-}" in
 up | down | load | kill-node | start-node)
 	mkdir -p "$TOP"
