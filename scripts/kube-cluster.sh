@@ -100,7 +100,8 @@
 #   and its removal in ~1 s.
 # - kill-node 2: 1.6 s; cbk-n2 Ready=Unknown 12-17 s later; start-node 2-6
 #   s, its pods running again (restarted, new IPs) 5-7 s after.
-# - memory: ~820 MiB RSS for the whole cluster idle, ~890 with 3 pods (kube-apiserver
+# - memory: 820-900 MiB RSS for the whole cluster without pods (the
+#   apiserver grows with use), ~890 with 3 pods (kube-apiserver
 #   265, controller-manager 109, kubelets 81-85 each, scheduler 63,
 #   kube-routers 55 each, containerds 43-48 each, etcd 47, a shim 13 per
 #   pod; a busybox pod's processes ~1-2 MiB). `status` prints the sum.
