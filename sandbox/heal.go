@@ -52,6 +52,9 @@ func (s *Service) check(ctx context.Context, sess *Session, name string, b *box,
 			return fmt.Errorf("sandbox %s: its agent does not answer (%v) and stopping it failed: %w", boxName(name, b.rec.ID), perr, err)
 		}
 		info.Exit = fmt.Sprintf("its agent did not answer: %v", perr)
+		if after, err := s.be.Inspect(ctx, b.rec.ID); err == nil {
+			info.Lost = after.Lost // what the stop could not keep
+		}
 	}
 	return s.revive(ctx, sess, name, b, info, err, notice)
 }
@@ -107,7 +110,11 @@ func (s *Service) revive(ctx context.Context, sess *Session, name string, b *box
 	}
 	s.setRunning(b, cl)
 	s.metrics.observeRevive()
-	notice(fmt.Sprintf("sandbox %s had died (%s); it was restarted with its workspace (processes it ran are gone)", what, why))
+	kept := "with its workspace"
+	if info.Lost != "" {
+		kept = "but " + info.Lost
+	}
+	notice(fmt.Sprintf("sandbox %s had died (%s); it was restarted %s (processes it ran are gone)", what, why, kept))
 	return nil
 }
 

@@ -2,19 +2,24 @@ package server
 
 import (
 	"context"
+
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/docker"
+	"github.com/cellbox/cellbox/sandbox/kube"
 	"github.com/cellbox/cellbox/sandbox/local"
 )
 
-// OpenBackend opens the named box backend: docker, docker-remote, local,
-// or auto (docker when an engine answers, else local). Box files of the
+// OpenBackend opens the named box backend: docker, docker-remote,
+// kubernetes (KubeEnv's variables), local, or auto (docker when an engine answers, else local). Box files of the
 // local backend live in DATA/local; its images are shared by every data
 // dir (DefaultImagesDir).
 func OpenBackend(ctx context.Context, name, dataDir string) (backend.Backend, error) {
@@ -31,6 +36,8 @@ func OpenBackend(ctx context.Context, name, dataDir string) (backend.Backend, er
 		// DOCKER_TLS_VERIFY and DOCKER_CERT_PATH, or a unix socket
 		// forwarded over ssh), sharing nothing but its API.
 		return docker.NewRemote(ctx, docker.RemoteOptions{DefaultImage: os.Getenv(RemoteImageEnv)})
+	case "kubernetes":
+		return openKube(ctx, dataDir)
 	case "auto":
 		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
@@ -44,6 +51,55 @@ func OpenBackend(ctx context.Context, name, dataDir string) (backend.Backend, er
 	return nil, errUnknownBackend(name)
 }
 
+// The environment of the kubernetes backend (docs/kubernetes.md), beside
+// KUBECONFIG, read as kubectl reads it.
+const (
+	KubeNamespaceEnv     = "CELLBOX_KUBE_NAMESPACE"      // default kube.DefaultNamespace
+	KubeImageEnv         = "CELLBOX_KUBE_IMAGE"          // the image of a box of the default image; default kube.DefaultImage
+	KubeAgentImageEnv    = "CELLBOX_KUBE_AGENT_IMAGE"    // default kube.AgentImage of the agent binary
+	KubeNetworkPolicyEnv = "CELLBOX_KUBE_NETWORK_POLICY" // probe (default), enforced, unenforced
+	KubeRuntimeClassEnv  = "CELLBOX_KUBE_RUNTIME_CLASS"  // a RuntimeClass for every box (gvisor, kata)
+	KubeNodeSelectorEnv  = "CELLBOX_KUBE_NODE_SELECTOR"  // k=v,k=v
+	KubeSeccompEnv       = "CELLBOX_KUBE_SECCOMP"        // a Localhost seccomp profile of the nodes; default RuntimeDefault
+	KubePullPolicyEnv    = "CELLBOX_KUBE_PULL_POLICY"    // IfNotPresent (default), Never, Always
+)
+
+// openKube opens the kubernetes backend as the environment says. Stopped
+// boxes' workspaces are kept in DATA/kube-kept.
+func openKube(ctx context.Context, dataDir string) (backend.Backend, error) {
+	o := kube.Options{
+		Namespace:        os.Getenv(KubeNamespaceEnv),
+		DefaultImage:     os.Getenv(KubeImageEnv),
+		AgentImage:       os.Getenv(KubeAgentImageEnv),
+		NetworkPolicy:    os.Getenv(KubeNetworkPolicyEnv),
+		RuntimeClass:     os.Getenv(KubeRuntimeClassEnv),
+		SeccompLocalhost: os.Getenv(KubeSeccompEnv),
+		PullPolicy:       corev1.PullPolicy(os.Getenv(KubePullPolicyEnv)),
+		Keeper:           backend.DirKeeper(filepath.Join(dataDir, "kube-kept")),
+	}
+	switch o.NetworkPolicy {
+	case "", "probe", "enforced", "unenforced":
+	default:
+		return nil, fmt.Errorf("%s=%q: want probe, enforced or unenforced", KubeNetworkPolicyEnv, o.NetworkPolicy)
+	}
+	switch o.PullPolicy {
+	case "", corev1.PullIfNotPresent, corev1.PullNever, corev1.PullAlways:
+	default:
+		return nil, fmt.Errorf("%s=%q: want IfNotPresent, Never or Always", KubePullPolicyEnv, o.PullPolicy)
+	}
+	if sel := os.Getenv(KubeNodeSelectorEnv); sel != "" {
+		o.NodeSelector = map[string]string{}
+		for _, kv := range strings.Split(sel, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return nil, fmt.Errorf("%s=%q: want key=value pairs separated by commas", KubeNodeSelectorEnv, sel)
+			}
+			o.NodeSelector[k] = v
+		}
+	}
+	return kube.New(ctx, o)
+}
+
 // RemoteImageEnv names the image boxes of the default image get on a
 // remote engine (docker-remote); default docker.DefaultRemoteImage.
 const RemoteImageEnv = "CELLBOX_REMOTE_IMAGE"
@@ -52,14 +108,14 @@ const RemoteImageEnv = "CELLBOX_REMOTE_IMAGE"
 // name is refused before anything starts.
 func CheckBackend(name string) error {
 	switch name {
-	case "docker", "docker-remote", "local", "auto":
+	case "docker", "docker-remote", "kubernetes", "local", "auto":
 		return nil
 	}
 	return errUnknownBackend(name)
 }
 
 func errUnknownBackend(name string) error {
-	return fmt.Errorf("unknown backend %q: want docker, docker-remote, local or auto", name)
+	return fmt.Errorf("unknown backend %q: want docker, docker-remote, kubernetes, local or auto", name)
 }
 
 // DataEnv names the default data directory.

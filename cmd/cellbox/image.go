@@ -13,13 +13,14 @@ import (
 
 	"github.com/cellbox/cellbox/sandbox/docker"
 	"github.com/cellbox/cellbox/sandbox/image"
+	"github.com/cellbox/cellbox/sandbox/kube"
 	"github.com/cellbox/cellbox/server"
 )
 
 func init() {
 	register(command{
 		name:  "image",
-		usage: "build base|python|node [--images DIR] [--backend docker|local|both] [--force] [--oci FILE] | ls [--images DIR]  box images (shared by every data dir: $" + server.ImagesEnv + ", else DATA/images of the default data dir)",
+		usage: "build base|python|node [--images DIR] [--backend docker|local|both] [--force] [--oci FILE] | agent --oci FILE [--binary PATH] | ls [--images DIR]  box images (shared by every data dir: $" + server.ImagesEnv + ", else DATA/images of the default data dir)",
 		run:   runImage,
 	})
 }
@@ -68,13 +69,23 @@ func runImage(ctx context.Context, args []string) error {
 			return nil
 		}
 		return imageOCI(ctx, *images, name, *oci)
+	case "agent":
+		oci := fs.String("oci", "", "write the agent image as an OCI archive to `FILE` (required)")
+		binary := fs.String("binary", "", "the static cellbox binary to pack (default: this one)")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		if *oci == "" || fs.NArg() > 0 {
+			return errors.New("want --oci FILE (and nothing else but --binary)")
+		}
+		return imageAgentOCI(ctx, *binary, *oci)
 	case "ls":
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
 		return imageList(ctx, *images)
 	default:
-		return fmt.Errorf("unknown subcommand %q: want build or ls", args[0])
+		return fmt.Errorf("unknown subcommand %q: want build, agent or ls", args[0])
 	}
 }
 
@@ -142,13 +153,27 @@ func imageOCI(ctx context.Context, imagesDir, name, file string) error {
 	if err != nil {
 		return err
 	}
+	start := time.Now()
+	if err := writeOCIFile(file, func(w io.Writer) error {
+		_, err := image.WriteOCI(ctx, in.Rootfs, name, w, image.OCIOptions{TempDir: filepath.Dir(file)})
+		return err
+	}); err != nil {
+		return err
+	}
+	fi, _ := os.Stat(file)
+	fmt.Printf("%s: OCI archive %s (%s, %s) in %s; load it with: ctr -n k8s.io images import %s\n", name, file, image.OCIName(name), humanBytes(fi.Size()), time.Since(start).Round(time.Second), file)
+	return nil
+}
+
+// writeOCIFile writes rootfs as an OCI archive to file, in place: a
+// partial archive is removed.
+func writeOCIFile(file string, write func(io.Writer) error) error {
 	tmp, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+".*")
 	if err != nil {
 		return fmt.Errorf("--oci: %w", err)
 	}
 	defer os.Remove(tmp.Name())
-	start := time.Now()
-	desc, err := image.WriteOCI(ctx, in.Rootfs, name, tmp, image.OCIOptions{TempDir: filepath.Dir(file)})
+	err = write(tmp)
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
@@ -158,8 +183,30 @@ func imageOCI(ctx context.Context, imagesDir, name, file string) error {
 	if err != nil {
 		return fmt.Errorf("--oci %s: %w", file, err)
 	}
-	fi, _ := os.Stat(file)
-	fmt.Printf("%s: OCI archive %s (%s, %s, manifest %s) in %s; load it with: ctr -n k8s.io images import %s\n", name, file, image.OCIName(name), humanBytes(fi.Size()), desc.Digest, time.Since(start).Round(time.Second), file)
+	return nil
+}
+
+// imageAgentOCI writes the agent image of a Kubernetes box (the static
+// cellbox binary alone, at /cellbox, named kube.AgentImage of it) as an
+// OCI archive to file.
+func imageAgentOCI(ctx context.Context, binary, file string) error {
+	if binary == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		binary = self
+	}
+	ref, err := kube.AgentImage(binary)
+	if err != nil {
+		return err
+	}
+	if err := writeOCIFile(file, func(w io.Writer) error {
+		return image.WriteAgentOCI(ctx, binary, ref, filepath.Dir(file), w)
+	}); err != nil {
+		return err
+	}
+	fmt.Printf("agent image %s: OCI archive %s; load it on every node with: ctr -n k8s.io images import %s\n", ref, file, file)
 	return nil
 }
 

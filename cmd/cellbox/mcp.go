@@ -30,7 +30,7 @@ import (
 func init() {
 	register(command{
 		name:  "mcp",
-		usage: "[--server URL [--session ID --token T] | --data DIR --backend auto|docker|docker-remote|local] [--profile NAME]  serve the sandbox tools to an MCP client over stdio (in-process boxes, or a running cellbox serve)",
+		usage: "[--server URL [--session ID --token T] | --data DIR --backend auto|docker|docker-remote|kubernetes|local] [--profile NAME]  serve the sandbox tools to an MCP client over stdio (in-process boxes, or a running cellbox serve)",
 		run:   runMCP,
 	})
 }
@@ -40,7 +40,7 @@ func runMCP(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("mcp", flag.ContinueOnError)
 	cf := addClientFlags(fs, true)
 	data := fs.String("data", server.DefaultDataDir(), "data directory of the in-process boxes (with --server: of the server, where its key DATA/"+server.KeyFile+" is, unless "+server.KeyEnv+" is set)")
-	backendName := addBackendFlag(fs, "box backend `name` (without --server): docker, docker-remote (DOCKER_HOST on another machine), local (bubblewrap), or auto")
+	backendName := addBackendFlag(fs, "box backend `name` (without --server): docker, docker-remote (DOCKER_HOST on another machine), kubernetes (KUBECONFIG; docs/kubernetes.md), local (bubblewrap), or auto")
 	agentBinary := fs.String("agent-binary", "", "static cellbox binary run as the agent in every box (default: this executable)")
 	pool := fs.Int("pool", 1, "pre-started boxes kept for the default image (0: none)")
 	profile := fs.String("profile", "", "tool set to serve: cellbox (default), cloudflare, fs-tools or deerflow")

@@ -30,7 +30,7 @@ import (
 func init() {
 	register(command{
 		name:  "run",
-		usage: "PATTERN [--data DIR] [--once] [--backend auto|docker|docker-remote|local] [--addr 127.0.0.1:PORT]  run a pattern and show its cells and nodes (and its boxes' preview URLs) as they change",
+		usage: "PATTERN [--data DIR] [--once] [--backend auto|docker|docker-remote|kubernetes|local] [--addr 127.0.0.1:PORT]  run a pattern and show its cells and nodes (and its boxes' preview URLs) as they change",
 		run:   runRun,
 	})
 }
@@ -42,7 +42,7 @@ func runRun(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	data := fs.String("data", server.DefaultDataDir(), "data directory: cell store, box state and directories (a restarted run over it resumes)")
 	once := fs.Bool("once", false, "run until nothing is left to do, print the final cells and exit (non-zero if a node failed)")
-	backendName := addBackendFlag(fs, "box backend `name`: docker, docker-remote (an engine on another machine, DOCKER_HOST), local (bubblewrap), or auto (docker if an engine answers, else local)")
+	backendName := addBackendFlag(fs, "box backend `name`: docker, docker-remote (an engine on another machine, DOCKER_HOST), kubernetes (pods of a cluster, KUBECONFIG; docs/kubernetes.md), local (bubblewrap), or auto (docker if an engine answers, else local)")
 	addr := fs.String("addr", "127.0.0.1:0", "serve preview URLs, the tool API and the runtime API over HTTP on this address (port 0: a free one)")
 	httpOpts := server.AddHTTPFlags(fs)
 	pos, err := parseArgs(fs, args)

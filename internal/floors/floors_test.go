@@ -95,7 +95,7 @@ var house = []floor{
 	{"blobs", []string{"sandbox/blobs/..."}, []string{"internal"}},
 	// The Backend contract (with backendtest, its suite, and its disk, uid
 	// and seccomp helpers), the Docker and bubblewrap backends, images.
-	{"backends", []string{"sandbox/backend/...", "sandbox/docker/...", "sandbox/local", "sandbox/image"},
+	{"backends", []string{"sandbox/backend/...", "sandbox/docker/...", "sandbox/local", "sandbox/image", "sandbox/kube/..."},
 		[]string{"box", "wire", "internal"}},
 	// What a box runs and is reached through besides its backend: the
 	// in-box agent and its client, the egress proxy, text edits.

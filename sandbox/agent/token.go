@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"context"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -176,3 +177,26 @@ func InstallSelf(dst string) error {
 	}
 	return os.Rename(tmp, dst)
 }
+
+// Probe waits probeDelay (for a network policy to take hold), then tries
+// a TCP connection to addr for up to probeDial: nil if it connects (the
+// Kubernetes backend's network policy probe, `cellbox agent --probe`).
+func Probe(ctx context.Context, addr string) error {
+	select {
+	case <-time.After(probeDelay):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	d := net.Dialer{Timeout: probeDial}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("probe %s: %w", addr, err)
+	}
+	c.Close()
+	return nil
+}
+
+const (
+	probeDelay = 5 * time.Second
+	probeDial  = 5 * time.Second
+)

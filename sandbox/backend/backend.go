@@ -179,6 +179,10 @@ type Info struct {
 	// runs or when the backend cannot tell. Inspect sets it; List, which
 	// would pay for it box by box, leaves it empty.
 	Exit string
+	// Lost says what a Start will not bring back of a box that stopped
+	// other than by Stop (a pod evicted, its node dead, on a backend whose
+	// boxes keep their disk only through a Keeper); "" when nothing is.
+	Lost string
 }
 
 // ExitSummary picks from the start of a box's log what says why its agent

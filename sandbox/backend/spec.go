@@ -70,6 +70,8 @@ type Capabilities struct {
 	// network says NetworkNone, and the caller refuses boxes without
 	// network on it.
 	Network string
+	// NetworkNote says why, when Network is NetworkNone.
+	NetworkNote string
 	// MaxCPUs is the most CPUs one box may be given (Limits.CPUs): the
 	// CPU count of the machine its boxes run on.
 	MaxCPUs int
@@ -78,7 +80,11 @@ type Capabilities struct {
 // Network isolations (Capabilities.Network).
 const (
 	NetworkNamespace = "namespace"
-	NetworkNone      = "none"
+	// NetworkPolicy: the box has a network interface, and a policy that
+	// its network plugin enforces (a Kubernetes NetworkPolicy, found
+	// enforced by a probe) refuses everything that leaves or reaches it.
+	NetworkPolicy = "policy"
+	NetworkNone   = "none"
 )
 
 // ImageOrDefault is the Spec's image, or DefaultImage when none is named.
@@ -118,6 +124,9 @@ func (s Spec) Validate(caps Capabilities) error {
 	}
 	if err := ValidEnv(s.Env); err != nil {
 		return fmt.Errorf("box %s: %w", s.ID, err)
+	}
+	if !s.Network && caps.Network == NetworkNone {
+		return fmt.Errorf("box %s: a box without network cannot be made here: %s", s.ID, caps.NetworkNote)
 	}
 	if err := s.Limits.Validate(caps.MaxCPUs); err != nil {
 		return fmt.Errorf("box %s: %w", s.ID, err)

@@ -11,8 +11,10 @@ import (
 	"hash"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	digest "github.com/opencontainers/go-digest"
@@ -48,6 +50,9 @@ type OCIOptions struct {
 	TempDir string
 	// Created is the image's creation time; zero is now.
 	Created time.Time
+	// Ref names the image (repository:tag, e.g. cellbox/agent:0123abcd);
+	// "" is Ref(name):latest.
+	Ref string
 }
 
 // WriteOCI writes the root filesystem rootfs as an OCI archive of image
@@ -108,10 +113,15 @@ func WriteOCI(ctx context.Context, rootfs, name string, w io.Writer, o OCIOption
 		return ocispec.Descriptor{}, err
 	}
 	manifestDesc := describe(ocispec.MediaTypeImageManifest, manifest)
+	full, repo, tag := OCIName(name), Ref(name), "latest"
+	if o.Ref != "" {
+		repo, tag, _ = strings.Cut(o.Ref, ":")
+		full = "docker.io/" + o.Ref
+	}
 	manifestDesc.Annotations = map[string]string{
-		"io.containerd.image.name":    OCIName(name),
-		ocispec.AnnotationRefName:     "latest",
-		ocispec.AnnotationTitle:       Ref(name),
+		"io.containerd.image.name":    full,
+		ocispec.AnnotationRefName:     tag,
+		ocispec.AnnotationTitle:       repo,
 		ocispec.AnnotationCreated:     created.Format(time.RFC3339),
 		ocispec.AnnotationDescription: "cellbox box image " + name + " (cellbox image build)",
 	}
@@ -168,3 +178,33 @@ func describe(mediaType string, b []byte) ocispec.Descriptor {
 }
 
 func blobPath(d digest.Digest) string { return "blobs/" + d.Algorithm().String() + "/" + d.Encoded() }
+
+// WriteAgentOCI writes the agent image of a Kubernetes box as an OCI
+// archive to w: the static cellbox binary alone, at /cellbox, named ref
+// (kube.AgentImage of the binary). tmp holds its one-file root while it
+// is written.
+func WriteAgentOCI(ctx context.Context, binary, ref, tmp string, w io.Writer) error {
+	root, err := os.MkdirTemp(tmp, ".cellbox-agent-root-*")
+	if err != nil {
+		return fmt.Errorf("agent image: %w", err)
+	}
+	defer os.RemoveAll(root)
+	in, err := os.Open(binary)
+	if err != nil {
+		return fmt.Errorf("agent image: %w", err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(filepath.Join(root, "cellbox"), os.O_CREATE|os.O_WRONLY, 0o555)
+	if err != nil {
+		return fmt.Errorf("agent image: %w", err)
+	}
+	_, err = io.Copy(out, in)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("agent image: %w", err)
+	}
+	_, err = WriteOCI(ctx, root, "agent", w, OCIOptions{TempDir: tmp, Ref: ref})
+	return err
+}

@@ -34,6 +34,12 @@ type Options struct {
 	AgentBinary string
 	// Image is the image of the boxes; default backend.DefaultImage.
 	Image string
+	// Outside is a TCP address that a box with network reaches (host:port,
+	// something that accepts connections), for a backend whose boxes
+	// have an interface either way (Capabilities.Network NetworkPolicy):
+	// a box without network must fail to connect to it, a box with
+	// network must connect.
+	Outside string
 	// Unenforced says the backend was set up so that it cannot enforce
 	// some limits (the local backend without cgroups; a remote engine,
 	// whose /workspace has no size cap). The tests of a limit it says it
@@ -256,7 +262,10 @@ func (s *suite) capabilities(t *testing.T) {
 	_, cloner := s.b.(backend.Cloner)
 	assert.Equal(t, cloner, caps.Clone, "Capabilities.Clone says whether it implements Cloner")
 	assert.GreaterOrEqual(t, caps.MaxCPUs, 1)
-	assert.Contains(t, []string{backend.NetworkNamespace, backend.NetworkNone}, caps.Network)
+	assert.Contains(t, []string{backend.NetworkNamespace, backend.NetworkPolicy, backend.NetworkNone}, caps.Network)
+	if caps.Network == backend.NetworkPolicy {
+		assert.NotEmpty(t, s.o.Outside, "a backend whose boxes are kept off the network by a policy is tested with an address outside (Options.Outside)")
+	}
 	l := caps.Limits
 	if !(l.Memory && l.CPU && l.Pids && l.Disk) {
 		assert.NotEmpty(t, l.Warnings, "a limit not enforced says why")
@@ -544,13 +553,23 @@ func interfaces(t *testing.T, c *agent.Client) []string {
 
 func (s *suite) network(t *testing.T) {
 	t.Parallel()
+	policy := s.b.Capabilities().Network == backend.NetworkPolicy
+	connect := func(addr string) string {
+		host, port, _ := net.SplitHostPort(addr)
+		return fmt.Sprintf(`python3 -c 'import socket; socket.create_connection(("%s", %s), timeout=5)'`, host, port)
+	}
 	t.Run("none by default", func(t *testing.T) {
 		t.Parallel()
 		c := s.up(t, s.spec(t, "nonet"))
-		assert.Equal(t, []string{"lo"}, interfaces(t, c), "loopback only")
-		res := sh(t, c, `python3 -c 'import socket; socket.create_connection(("1.1.1.1", 53), timeout=2)'`)
-		assert.NotEqual(t, 0, res.ExitCode)
-		assert.Contains(t, res.Stderr, "unreachable")
+		if policy {
+			res := sh(t, c, connect(s.o.Outside))
+			assert.NotEqual(t, 0, res.ExitCode, "a box without network reaches %s: %s", s.o.Outside, res.Stderr)
+		} else {
+			assert.Equal(t, []string{"lo"}, interfaces(t, c), "loopback only")
+			res := sh(t, c, `python3 -c 'import socket; socket.create_connection(("1.1.1.1", 53), timeout=2)'`)
+			assert.NotEqual(t, 0, res.ExitCode)
+			assert.Contains(t, res.Stderr, "unreachable")
+		}
 		assert.Equal(t, "lo-ok", ok(t, c, `python3 -c '
 import socket
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
@@ -564,6 +583,10 @@ c = socket.create_connection(s.getsockname()); print("lo-ok")'`), "loopback work
 		ifs := interfaces(t, c)
 		assert.Contains(t, ifs, "lo")
 		assert.Greater(t, len(ifs), 1, "an interface besides loopback: %v", ifs)
+		if policy {
+			res := sh(t, c, connect(s.o.Outside))
+			assert.Equal(t, 0, res.ExitCode, "a box with network reaches %s: %s", s.o.Outside, res.Stderr)
+		}
 	})
 }
 

@@ -1,0 +1,173 @@
+package kube
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/url"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	netv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cellbox/cellbox/sandbox/backend"
+)
+
+// Whether the cluster enforces NetworkPolicies is found out, not assumed:
+// two pods of the agent image try a TCP connection to the API server's
+// address, one of them under a policy that denies all egress. The open one
+// must connect (else the probe says nothing, and nothing is trusted); the
+// shut one must not. The answer is kept for the life of the process, per
+// API server and namespace.
+
+var probed sync.Map // host + "/" + namespace → probeResult
+
+type probeResult struct {
+	network, note string
+}
+
+// networkEnforcement is the Capabilities.Network of the cluster, with a
+// sentence for logs and warnings.
+func (b *Backend) networkEnforcement(ctx context.Context) (string, string) {
+	switch b.o.NetworkPolicy {
+	case "enforced":
+		return backend.NetworkPolicy, "enforced: the operator says so (network policy probe off)"
+	case "unenforced":
+		return backend.NetworkNone, "the cluster does not enforce NetworkPolicy (the operator says so): a box without network cannot be kept off it"
+	}
+	key := b.rest.Host + "/" + b.ns
+	if r, ok := probed.Load(key); ok {
+		return r.(probeResult).network, r.(probeResult).note
+	}
+	start := time.Now()
+	enforced, why, err := b.probe(ctx)
+	r := probeResult{backend.NetworkNone, ""}
+	switch {
+	case err != nil:
+		r.note = fmt.Sprintf("could not find out whether the cluster enforces NetworkPolicy (%v); a box without network cannot be made until it is known (fix the probe, or say --kube-network-policy enforced if the cluster's network plugin enforces policies)", err)
+	case !enforced:
+		r.note = "the cluster's network plugin does not enforce NetworkPolicy: a pod under a deny-all policy " + why + "; boxes without network cannot be kept off it, so none is made (install a plugin that enforces policies: Calico, Cilium, kube-router, ...)"
+	default:
+		r = probeResult{backend.NetworkPolicy, fmt.Sprintf("enforced (probed in %s: %s)", time.Since(start).Round(time.Millisecond), why)}
+	}
+	if err == nil {
+		probed.Store(key, r)
+	}
+	return r.network, r.note
+}
+
+// probe runs the two pods and reads their ends.
+func (b *Backend) probe(ctx context.Context) (enforced bool, why string, err error) {
+	u, err := url.Parse(b.rest.Host)
+	if err != nil {
+		return false, "", err
+	}
+	target := u.Host
+	if u.Port() == "" {
+		target = net.JoinHostPort(u.Hostname(), "443")
+	}
+	image := b.o.AgentImage
+	if image == "" {
+		if image, err = b.agentImage(b.o.AgentBinary); err != nil {
+			return false, "", err
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	suffix := make([]byte, 4)
+	rand.Read(suffix)
+	base := "cellbox-netprobe-" + hex.EncodeToString(suffix)
+	open, shut := base+"-open", base+"-shut"
+	defer func() {
+		bg := context.WithoutCancel(ctx)
+		zero := int64(0)
+		for _, n := range []string{open, shut} {
+			b.c.delete(bg, pods, n, &metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		}
+		b.c.delete(bg, policies, shut, &metav1.DeleteOptions{})
+	}()
+	deny := &netv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: shut},
+		Spec: netv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{labelName: shut}},
+			PolicyTypes: []netv1.PolicyType{netv1.PolicyTypeIngress, netv1.PolicyTypeEgress},
+		},
+	}
+	if err := b.c.create(ctx, policies, deny, &netv1.NetworkPolicy{}); err != nil {
+		return false, "", fmt.Errorf("create the probe's policy: %w", err)
+	}
+	for _, n := range []string{open, shut} {
+		if err := b.c.create(ctx, pods, b.probePod(n, image, target), &corev1.Pod{}); err != nil {
+			return false, "", fmt.Errorf("create probe pod %s: %w", n, err)
+		}
+	}
+	ends := map[string]string{}
+	for len(ends) < 2 {
+		for _, n := range []string{open, shut} {
+			if ends[n] != "" {
+				continue
+			}
+			p, err := b.pod(ctx, n)
+			if err != nil {
+				return false, "", err
+			}
+			if p == nil {
+				return false, "", fmt.Errorf("probe pod %s vanished", n)
+			}
+			switch p.Status.Phase {
+			case corev1.PodSucceeded:
+				ends[n] = "connected"
+			case corev1.PodFailed:
+				ends[n] = "refused"
+			default:
+				if st, why := podState(p); st != backend.StateRunning {
+					return false, "", fmt.Errorf("probe pod %s: %s", n, why)
+				}
+			}
+		}
+		if len(ends) < 2 {
+			select {
+			case <-ctx.Done():
+				return false, "", fmt.Errorf("the probe pods did not finish within %s: %w", probeTimeout, ctx.Err())
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}
+	if ends[open] != "connected" {
+		return false, "", fmt.Errorf("a pod without a policy could not reach the API server's address %s either, so the probe cannot tell", target)
+	}
+	if ends[shut] == "connected" {
+		return false, "reached " + target, nil
+	}
+	return true, "a pod under a deny-all policy could not reach " + target + ", one without could", nil
+}
+
+// probeTimeout bounds the probe (two pods' start and a few seconds each).
+const probeTimeout = 2 * time.Minute
+
+// probePod is a pod of the agent image that tries target after a wait
+// (a policy is in place some time after its pod appears).
+func (b *Backend) probePod(name, image, target string) *corev1.Pod {
+	no, yes := false, true
+	uid := int64(backend.BoxUID)
+	deadline := int64(90)
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{labelName: name, "app.kubernetes.io/managed-by": "cellbox-probe"}},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: &no, EnableServiceLinks: &no,
+			ActiveDeadlineSeconds: &deadline, NodeSelector: b.o.NodeSelector, Tolerations: b.o.Tolerations,
+			SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: &yes, RunAsUser: &uid,
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+			Containers: []corev1.Container{{
+				Name: "probe", Image: image, ImagePullPolicy: b.o.PullPolicy,
+				Command: []string{agentInImage, "agent", "--probe", target},
+				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes,
+					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
+			}},
+		},
+	}
+}
