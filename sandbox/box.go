@@ -55,6 +55,7 @@ type box struct {
 	inflight atomic.Int32                  // calls using the box; the reaper leaves it alone
 	lastUsed atomic.Int64                  // unix nanoseconds
 	saved    int64                         // lastUsed as last written to the store (guarded by Service.mu)
+	kept     int64                         // lastUsed at the last checkpoint (backend.Checkpointer; guarded by life)
 	previews map[int]string                // port -> preview id (guarded by Service.mu)
 	note     string                        // what the reaper did to the box, for the next call's notice (guarded by Service.mu)
 	// made says the backend box of a new box exists already (a fork's

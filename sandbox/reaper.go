@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/cellbox/cellbox/internal/safe"
+	"github.com/cellbox/cellbox/sandbox/backend"
 )
 
 // reaper frees the snapshot blobs no snapshot names (sweep), then puts
@@ -77,9 +78,29 @@ func (s *Service) reapOne(ctx context.Context, b *box, now time.Time) {
 		if idle > sleepAfter(b.rec.SleepAfterMs) {
 			_ = s.sleep(ctx, b, idle) // logged; the next round tries again
 		} else {
+			s.checkpoint(ctx, b)
 			s.checkIdle(ctx, b)
 		}
 	}
+}
+
+// checkpoint keeps the running box b's workspace through its backend
+// (backend.Checkpointer) if it was used since the last time; the caller
+// holds b.life and no call is in flight. A failure is logged: the health
+// check that follows finds a box that died.
+func (s *Service) checkpoint(ctx context.Context, b *box) {
+	cp, ok := s.be.(backend.Checkpointer)
+	lu := b.lastUsed.Load()
+	if !ok || lu == b.kept {
+		return
+	}
+	start := time.Now()
+	if err := cp.Checkpoint(ctx, b.rec.ID); err != nil {
+		s.log.Warn("checkpoint", "box", b.rec.ID, "err", err)
+		return
+	}
+	b.kept = lu
+	s.log.Debug("box checkpointed", "box", b.rec.ID, "ms", time.Since(start).Milliseconds())
 }
 
 // checkIdle is the reaper's health check of the running box b: a dead box

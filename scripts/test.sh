@@ -24,4 +24,16 @@ if [ -n "$unformatted" ]; then
 fi
 go vet ./...
 CGO_ENABLED=0 go build -o bin/cellbox ./cmd/cellbox
+# The kubernetes backend's tests run on a real two-node cluster of this
+# machine: built from Go modules on first use (scripts/kube-cluster.sh;
+# ~25 minutes from a cold Go build cache on 2 cores), started fresh, and
+# taken down after the tests.
+t0=$(date +%s)
+bash scripts/kube-cluster.sh build
+t1=$(date +%s)
+bash scripts/kube-cluster.sh up
+t2=$(date +%s)
+trap 'bash scripts/kube-cluster.sh down >/dev/null 2>&1 || true' EXIT
+echo "test: kube build $((t1 - t0)) s, cluster up $((t2 - t1)) s"
 go test -race -count=1 -timeout 40m ./...
+echo "test: go test $(($(date +%s) - t2)) s"

@@ -294,3 +294,13 @@ type Backend interface {
 type Cloner interface {
 	Clone(ctx context.Context, src string, specs []Spec) ([]Info, error)
 }
+
+// Checkpointer is an optional capability of a Backend whose boxes keep
+// their files only through a Keeper while they run on a node that may
+// die (kubernetes): Checkpoint keeps the running box id's workspace now,
+// without stopping it, so that a box lost without a Stop comes back with
+// what it had then (Info.Lost says since when). The pool calls it after a
+// box was used, once no call is in flight.
+type Checkpointer interface {
+	Checkpoint(ctx context.Context, id string) error
+}

@@ -57,6 +57,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -165,7 +166,7 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 		o.PullPolicy = corev1.PullIfNotPresent
 	}
 	b := &Backend{c: c, rest: cfg, ns: o.Namespace, o: o, log: o.Logger,
-		fw: forwarders{m: map[string]*forwarder{}}, tokens: map[string]string{}, agents: map[string]string{}}
+		fw: forwarders{m: map[string]*forwarder{}, lost: map[types.UID]string{}}, tokens: map[string]string{}, agents: map[string]string{}}
 	if b.log == nil {
 		b.log = slog.Default()
 	}
@@ -392,7 +393,7 @@ func (b *Backend) info(sec *corev1.Secret, p *corev1.Pod) backend.Info {
 		in.Lost = sec.Annotations[annLost]
 	case p == nil:
 	default:
-		in.State, in.Exit = podState(p)
+		in.State, in.Exit = b.podState(p)
 		if in.State != backend.StateRunning {
 			in.Lost = b.lostSince(sec)
 		}
@@ -403,9 +404,21 @@ func (b *Backend) info(sec *corev1.Secret, p *corev1.Pod) backend.Info {
 // lostSince says what a box whose pod died without a Stop loses.
 func (b *Backend) lostSince(sec *corev1.Secret) string {
 	if kept := sec.Annotations[annKept]; kept != "" {
-		return "what changed in /workspace since it last slept (" + kept + ") is lost, and /tmp"
+		return "what changed in /workspace since it was last kept (" + kept + ", a few seconds after its last call) is lost, and /tmp"
 	}
 	return "its files are lost (it never slept, so nothing of it was kept)"
+}
+
+// podState is podState, and a running pod whose port-forward failed is on
+// a node that does not answer.
+func (b *Backend) podState(p *corev1.Pod) (backend.State, string) {
+	st, why := podState(p)
+	if st == backend.StateRunning && p.Status.Phase == corev1.PodRunning {
+		if lost := b.unreachable(p); lost != "" {
+			return backend.StateStopped, fmt.Sprintf("its node %s does not answer (%s)", p.Spec.NodeName, lost)
+		}
+	}
+	return st, why
 }
 
 // podState maps a pod to a box state and, when it does not run, why.
@@ -433,6 +446,9 @@ func podState(p *corev1.Pod) (backend.State, string) {
 		}
 	}
 	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return backend.StateStopped, "no node of the cluster can take its pod: " + c.Message
+		}
 		if c.Type == corev1.PodReady && c.Status == corev1.ConditionFalse && c.Reason == "" && p.Status.Phase == corev1.PodRunning && nodeLost(p) {
 			return backend.StateStopped, fmt.Sprintf("its node %s does not answer: %s", node, c.Message)
 		}
@@ -513,12 +529,13 @@ func (b *Backend) Start(ctx context.Context, id string) (backend.Info, error) {
 		return backend.Info{}, fmt.Errorf("start box %s: %w", id, err)
 	}
 	if p != nil {
-		if st, _ := podState(p); st == backend.StateRunning {
+		st, why := b.podState(p)
+		if st == backend.StateRunning {
 			return b.info(sec, p), nil
 		}
 		// Dead (evicted, failed, its node lost): replaced, away from a
 		// node that does not answer.
-		if _, why := podState(p); strings.Contains(why, "does not answer") || strings.Contains(why, "being deleted") {
+		if strings.Contains(why, "does not answer") || strings.Contains(why, "being deleted") {
 			sec = b.annotate(ctx, sec, map[string]string{annAvoid: p.Spec.NodeName})
 		}
 		if err := b.deletePod(ctx, p, 0); err != nil {
@@ -569,7 +586,7 @@ func (b *Backend) restore(ctx context.Context, sec *corev1.Secret, p *corev1.Pod
 			return fmt.Errorf("its agent did not answer within %s to take back its workspace: %w", startTimeout, err)
 		}
 		if cur, gerr := b.pod(wctx, p.Name); gerr == nil && cur != nil {
-			if st, why := podState(cur); st != backend.StateRunning {
+			if st, why := b.podState(cur); st != backend.StateRunning {
 				return fmt.Errorf("its pod did not start: %s", why)
 			}
 		}
@@ -635,7 +652,7 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 	}
 	ann := map[string]string{annStopped: time.Now().UTC().Format(time.RFC3339)}
 	grace := int64(2)
-	if st, why := podState(p); st == backend.StateRunning {
+	if st, why := b.podState(p); st == backend.StateRunning {
 		if err := b.keep(ctx, id); err != nil {
 			b.log.Warn("kubernetes: stop box: its workspace could not be kept", "box", id, "err", err)
 			ann[annLost] = fmt.Sprintf("%s: its agent could not hand over its workspace when it stopped (%v)", strings.TrimSuffix(b.lostSince(sec), ", and /tmp"), err)
@@ -644,6 +661,7 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 		} else {
 			ann[annKept] = ann[annStopped]
 			ann[annLost] = ""
+			ann[annAvoid] = "" // the next pod may go anywhere again
 		}
 	} else {
 		ann[annLost] = fmt.Sprintf("%s (%s)", b.lostSince(sec), why)
@@ -655,6 +673,21 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// Checkpoint keeps the running box id's workspace without stopping it.
+func (b *Backend) Checkpoint(ctx context.Context, id string) error {
+	sec, err := b.secret(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := b.keep(ctx, id); err != nil {
+		return fmt.Errorf("checkpoint box %s: %w", id, err)
+	}
+	b.annotate(ctx, sec, map[string]string{annKept: time.Now().UTC().Format(time.RFC3339)})
+	return nil
+}
+
+var _ backend.Checkpointer = (*Backend)(nil)
 
 // keep streams box id's /workspace from its agent to the Keeper.
 func (b *Backend) keep(ctx context.Context, id string) error {
@@ -785,7 +818,7 @@ func (b *Backend) Dial(ctx context.Context, id string) (net.Conn, error) {
 		return nil, fmt.Errorf("dial box %s: it has no pod (not started, or stopped): %w", id, backend.ErrNotReady)
 	}
 	if p.Status.Phase != corev1.PodRunning {
-		st, why := podState(p)
+		st, why := b.podState(p)
 		if st != backend.StateRunning {
 			return nil, fmt.Errorf("dial box %s: %s: %w", id, why, backend.ErrNotReady)
 		}

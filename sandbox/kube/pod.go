@@ -82,8 +82,12 @@ func (b *Backend) podFor(sec *corev1.Secret, spec boxSpec) *corev1.Pod {
 				Command:         []string{agentInImage, "agent", "--install", backend.AgentPath},
 				SecurityContext: restricted,
 				VolumeMounts:    []corev1.VolumeMount{{Name: "agent", MountPath: agentDir}},
-				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
-					corev1.ResourceMemory: quantity(64 << 20), corev1.ResourceCPU: resource.MustParse("500m")}},
+				// Requests of its own: an init container's limits would
+				// otherwise be its requests, and a pod requests the most of
+				// its init containers' and the sum of its containers'.
+				Resources: corev1.ResourceRequirements{
+					Limits: corev1.ResourceList{corev1.ResourceMemory: quantity(64 << 20), corev1.ResourceCPU: resource.MustParse("500m")},
+					Requests: corev1.ResourceList{corev1.ResourceMemory: quantity(16 << 20), corev1.ResourceCPU: resource.MustParse("10m")}},
 			}},
 			Containers: []corev1.Container{{
 				Name: boxContainer, Image: image, ImagePullPolicy: b.o.PullPolicy,
@@ -112,9 +116,12 @@ func (b *Backend) podFor(sec *corev1.Secret, spec boxSpec) *corev1.Pod {
 		p.Spec.RuntimeClassName = &b.o.RuntimeClass
 	}
 	if avoid := sec.Annotations[annAvoid]; avoid != "" {
+		// Required, not preferred: the node's death may not show in its
+		// status for a while (node-monitor-grace-period), and until then
+		// the scheduler may well pick it, the emptiest node now.
 		p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
-			PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{Weight: 100,
-				Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{
+			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{
 					Key: "kubernetes.io/hostname", Operator: corev1.NodeSelectorOpNotIn, Values: []string{avoid}}}}}}}}
 	}
 	return p

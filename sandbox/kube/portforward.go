@@ -8,11 +8,13 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
@@ -38,8 +40,9 @@ type forwarder struct {
 
 // forwarders keeps one forwarder a pod.
 type forwarders struct {
-	mu sync.Mutex
-	m  map[string]*forwarder // pod name → connection
+	mu   sync.Mutex
+	m    map[string]*forwarder // pod name → connection
+	lost map[types.UID]string  // pods whose port-forward failed → why
 }
 
 // get returns the pod's forwarder, opening one if there is none or the one
@@ -112,8 +115,15 @@ func (b *Backend) dropForwarder(pod string) {
 func (b *Backend) dialAgent(ctx context.Context, pod *corev1.Pod, token string) (net.Conn, error) {
 	f, err := b.forwarder(ctx, pod)
 	if err != nil {
+		// The API server's "error dialing backend": it could not reach
+		// the pod's kubelet. Any other failure (the API server itself
+		// unreachable, a refusal) says nothing of the node.
+		if ctx.Err() == nil && strings.Contains(err.Error(), "dialing backend") {
+			b.lost(pod, err)
+		}
 		return nil, fmt.Errorf("port-forward to pod %s: %w: %w", pod.Name, backend.ErrNotReady, err)
 	}
+	b.found(pod)
 	id := strconv.FormatInt(f.next.Add(1), 10)
 	h := http.Header{}
 	h.Set(corev1.StreamType, corev1.StreamTypeError)
@@ -236,3 +246,26 @@ type pfAddr string
 
 func (a pfAddr) Network() string { return "portforward" }
 func (a pfAddr) String() string  { return "pod/" + string(a) + ":" + strconv.Itoa(agentPort) }
+
+// A pod whose port-forward fails although the API says it runs is on a
+// node that does not answer (its kubelet dead or cut off): the API
+// learns of it only after the node monitor's grace period, the
+// port-forward at once. lost notes it, found forgets it; podState reads it.
+func (b *Backend) lost(pod *corev1.Pod, err error) {
+	b.fw.mu.Lock()
+	defer b.fw.mu.Unlock()
+	b.fw.lost[pod.UID] = err.Error()
+}
+
+func (b *Backend) found(pod *corev1.Pod) {
+	b.fw.mu.Lock()
+	defer b.fw.mu.Unlock()
+	delete(b.fw.lost, pod.UID)
+}
+
+// unreachable says why pod's node does not answer, or "".
+func (b *Backend) unreachable(pod *corev1.Pod) string {
+	b.fw.mu.Lock()
+	defer b.fw.mu.Unlock()
+	return b.fw.lost[pod.UID]
+}

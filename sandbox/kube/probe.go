@@ -124,7 +124,7 @@ func (b *Backend) probe(ctx context.Context) (enforced bool, why string, err err
 			case corev1.PodFailed:
 				ends[n] = "refused"
 			default:
-				if st, why := podState(p); st != backend.StateRunning {
+				if st, why := b.podState(p); st != backend.StateRunning {
 					return false, "", fmt.Errorf("probe pod %s: %s", n, why)
 				}
 			}

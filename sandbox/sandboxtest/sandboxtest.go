@@ -32,6 +32,10 @@ type Options struct {
 	// ImagesDir holds images built by `cellbox image build` ("" for the
 	// default image only).
 	ImagesDir string
+	// Backend, if set, is the backend to use instead of a local one of
+	// the data directory (the test removes its boxes; the namespace of a
+	// kubernetes backend goes with the test).
+	Backend backend.Backend
 	// Wrap, if set, wraps the backend (to count the boxes it makes).
 	Wrap func(backend.Backend) backend.Backend
 	// Logger defaults to errors only: tests make boxes and nodes fail on
@@ -49,17 +53,22 @@ type Options struct {
 // those of a test that failed half-way.
 func Service(t testing.TB, opts Options) (*sandbox.Service, string) {
 	t.Helper()
-	testenv.RequireBwrap(t)
+	if opts.Backend == nil {
+		testenv.RequireBwrap(t)
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	}
 	dir, err := os.MkdirTemp("", "cbt-")
 	require.NoError(t, err)
-	lb, err := local.New(local.Options{Root: filepath.Join(dir, "local"), ImagesDir: opts.ImagesDir, Logger: opts.Logger})
-	require.NoError(t, err)
-	var be backend.Backend = lb
+	be := opts.Backend
+	if be == nil {
+		lb, err := local.New(local.Options{Root: filepath.Join(dir, "local"), ImagesDir: opts.ImagesDir, Logger: opts.Logger})
+		require.NoError(t, err)
+		be = lb
+	}
 	if opts.Wrap != nil {
-		be = opts.Wrap(lb)
+		be = opts.Wrap(be)
 	}
 	svc, err := sandbox.New(context.Background(), sandbox.Config{
 		Backend:     be,

@@ -15,12 +15,15 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/cellbox/cellbox/internal/testenv"
+	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/backend/seccomp"
 	"github.com/cellbox/cellbox/sandbox/image"
 	"github.com/cellbox/cellbox/sandbox/kube"
@@ -228,4 +231,80 @@ func InstallSeccomp(t testing.TB) {
 		require.NoError(t, os.MkdirAll(dir, 0o755))
 		require.NoError(t, os.WriteFile(filepath.Join(dir, Seccomp), []byte(seccomp.DockerProfile()), 0o644))
 	}
+}
+
+// Setup readies the cluster for a test and gives it a namespace: the
+// cluster's kubeconfig, the images and the seccomp profile in place, and
+// a namespace under the restricted standard. It holds the cluster shared
+// (Lock) until the test ends.
+func Setup(t testing.TB) (kubeconfig, namespace string) {
+	t.Helper()
+	return setup(t, false)
+}
+
+// SetupAlone is Setup for a test that kills a node: it holds the cluster
+// exclusively, so no other test's boxes are on the node it kills.
+func SetupAlone(t testing.TB) (kubeconfig, namespace string) {
+	t.Helper()
+	return setup(t, true)
+}
+
+func setup(t testing.TB, alone bool) (kubeconfig, namespace string) {
+	t.Helper()
+	kc := Cluster(t)
+	Lock(t, alone)
+	LoadImages(t)
+	InstallSeccomp(t)
+	return kc, Namespace(t, kc)
+}
+
+// Options are the backend options of a test: the test cluster's images
+// never pulled, cellbox's seccomp filter, a Keeper in a temporary
+// directory.
+func Options(t testing.TB, kubeconfig, namespace string) kube.Options {
+	return kube.Options{Kubeconfig: kubeconfig, Namespace: namespace, AgentBinary: testenv.CellboxBinary(t),
+		PullPolicy: corev1.PullNever, SeccompLocalhost: Seccomp, Keeper: backend.DirKeeper(t.TempDir())}
+}
+
+// Open opens the kubernetes backend with o.
+func Open(t testing.TB, o kube.Options) *kube.Backend {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := kube.New(ctx, o)
+	require.NoError(t, err)
+	return b
+}
+
+// ProcessEnv is the environment of a cellbox process that runs boxes on
+// namespace of the test cluster (--backend kubernetes).
+func ProcessEnv(kubeconfig, namespace string) []string {
+	return []string{"KUBECONFIG=" + kubeconfig, "CELLBOX_KUBE_NAMESPACE=" + namespace,
+		"CELLBOX_KUBE_PULL_POLICY=Never", "CELLBOX_KUBE_SECCOMP=" + Seccomp}
+}
+
+// Lock holds the test cluster until the test ends: shared by tests that
+// only make boxes, exclusively by one that kills a node (the tests of
+// several packages run at once, each in a process of its own).
+func Lock(t testing.TB, exclusive bool) {
+	t.Helper()
+	f, err := os.OpenFile("/var/lib/cellbox-kube/tests.lock", os.O_CREATE|os.O_RDWR, 0o600)
+	require.NoError(t, err)
+	how := syscall.LOCK_SH
+	if exclusive {
+		how = syscall.LOCK_EX
+	}
+	require.NoError(t, syscall.Flock(int(f.Fd()), how))
+	t.Cleanup(func() { f.Close() })
+}
+
+// Script runs scripts/kube-cluster.sh with args (kill-node N,
+// start-node N).
+func Script(t testing.TB, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(testenv.RepoRoot(), "scripts", "kube-cluster.sh")}, args...)...).CombinedOutput()
+	require.NoError(t, err, "kube-cluster.sh %v: %s", args, out)
+	return string(out)
 }

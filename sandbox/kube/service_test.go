@@ -1,0 +1,125 @@
+package kube_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cellbox/cellbox/sandbox/kube/kubetest"
+	"github.com/cellbox/cellbox/sandbox/sandboxtest"
+)
+
+// TestWorkflowAndNodeDeath runs the README's multi-box workflow (build in
+// one box, fork three, try three fixes, keep the one whose tests pass,
+// transfer between boxes) with every box a pod of the two-node cluster,
+// then kills the node that holds most of them (its kubelet, container
+// runtime and pods, kill -9): the next call on each box brings it back on
+// the other node with every file it had, and says what happened.
+func TestWorkflowAndNodeDeath(t *testing.T) {
+	kc, ns := kubetest.SetupAlone(t)
+	be := kubetest.Open(t, kubetest.Options(t, kc, ns))
+	svc, _ := sandboxtest.Service(t, sandboxtest.Options{Backend: be, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	ctx := context.Background()
+	sid, _, err := svc.NewSession(ctx)
+	require.NoError(t, err)
+	call := func(name string, in map[string]any) map[string]any {
+		t.Helper()
+		raw, _ := json.Marshal(in)
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		defer cancel()
+		res, err := svc.CallTool(cctx, sid, name, raw)
+		require.NoError(t, err, "%s %s", name, raw)
+		var out map[string]any
+		require.NoError(t, json.Unmarshal(res, &out))
+		if strings.Contains(fmt.Sprint(out["error"]), "the next call restarts it") {
+			// A call that met the death on a connection it had: the
+			// request may have been sent, so it is not sent again.
+			res, err = svc.CallTool(cctx, sid, name, raw)
+			require.NoError(t, err, "%s %s", name, raw)
+			out = nil
+			require.NoError(t, json.Unmarshal(res, &out))
+		}
+		require.NotEqual(t, true, out["is_error"], "%s %s: %s", name, raw, res)
+		return out
+	}
+	call("write_file", map[string]any{"sandbox": "build", "path": "app/calc.py", "content": "def add(a, b):\n    return a - b\n"})
+	call("write_file", map[string]any{"sandbox": "build", "path": "app/test_calc.py", "content": "from calc import add\nassert add(2, 3) == 5, add(2, 3)\nprint(\"tests pass\")\n"})
+	call("snapshot", map[string]any{"sandbox": "build", "label": "before the fix"})
+	fork := call("fork", map[string]any{"sandbox": "build", "count": 3, "names": []string{"fix1", "fix2", "fix3"}})
+	assert.Equal(t, "tar", fork["method"], "fork copies files through the agents on Kubernetes")
+	fixes := map[string]string{"fix1": "a * b", "fix2": "a + b", "fix3": "b - a"}
+	var codes []any
+	for _, b := range []string{"fix1", "fix2", "fix3"} {
+		call("str_replace", map[string]any{"sandbox": b, "path": "app/calc.py", "old_str": "a - b", "new_str": fixes[b]})
+		res := call("shell", map[string]any{"sandbox": b, "command": "cd app && python3 -B test_calc.py"})
+		codes = append(codes, res["exit_code"])
+	}
+	assert.Equal(t, []any{1.0, 0.0, 1.0}, codes, "fix2 passes")
+	call("transfer", map[string]any{"from_sandbox": "fix2", "from_path": "app", "to_sandbox": "web", "to_path": "site", "recursive": true})
+	got := call("read_file", map[string]any{"sandbox": "web", "path": "site/calc.py"})
+	assert.Contains(t, fmt.Sprint(got["content"]), "a + b")
+
+	want := map[string]string{"build": "a - b", "fix1": "a * b", "fix2": "a + b", "fix3": "b - a", "web": "a + b"}
+	paths := map[string]string{"build": "app/calc.py", "fix1": "app/calc.py", "fix2": "app/calc.py", "fix3": "app/calc.py", "web": "site/calc.py"}
+	// Every box was used: within a reaper round or two its workspace is
+	// kept (checkpointed) through its agent.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		out, err := kubetest.Kubectl(kc, "-n", ns, "get", "secrets", "-l", "app.kubernetes.io/managed-by=cellbox",
+			"-o", `jsonpath={range .items[*]}{.metadata.annotations.cellbox\.dev/kept}{"\n"}{end}`)
+		require.NoError(t, err, out)
+		lines := strings.Split(out, "\n")
+		if len(lines) == len(want) && !strings.Contains("\n"+out+"\n", "\n\n") {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "every box checkpointed: %q", out)
+		time.Sleep(time.Second)
+	}
+	nodes := podNodes(t, kc, ns)
+	count := map[string]int{}
+	for _, n := range nodes {
+		count[n]++
+	}
+	victim := "cbk-n1"
+	if count["cbk-n2"] > count["cbk-n1"] {
+		victim = "cbk-n2"
+	}
+	require.Positive(t, count[victim])
+	n := strings.TrimPrefix(victim, "cbk-n")
+	t.Logf("boxes on nodes %v; killing %s", nodes, victim)
+	kubetest.Script(t, "kill-node", n)
+	t.Cleanup(func() { kubetest.Script(t, "start-node", n) })
+
+	for name, w := range want {
+		res := call("shell", map[string]any{"sandbox": name, "command": "cat " + paths[name]})
+		assert.Contains(t, fmt.Sprint(res["stdout"]), w, "box %s keeps its files", name)
+		if nodes[name] == victim {
+			assert.Contains(t, fmt.Sprint(res["notice"]), "died", "box %s: the call says its box died and came back", name)
+		}
+	}
+	for name, node := range podNodes(t, kc, ns) {
+		assert.NotEqual(t, victim, node, "box %s runs on the node that lives", name)
+	}
+}
+
+// podNodes maps each box's name (the cellbox.box label) to its pod's node.
+func podNodes(t *testing.T, kc, ns string) map[string]string {
+	out, err := kubetest.Kubectl(kc, "-n", ns, "get", "pods", "-l", "app.kubernetes.io/managed-by=cellbox",
+		"-o", `jsonpath={range .items[*]}{.metadata.labels.cellbox\.box}{" "}{.spec.nodeName}{"\n"}{end}`)
+	require.NoError(t, err, out)
+	m := map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) == 2 {
+			m[f[0]] = f[1]
+		}
+	}
+	return m
+}
