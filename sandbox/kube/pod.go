@@ -86,7 +86,7 @@ func (b *Backend) podFor(sec *corev1.Secret, spec boxSpec) *corev1.Pod {
 				// otherwise be its requests, and a pod requests the most of
 				// its init containers' and the sum of its containers'.
 				Resources: corev1.ResourceRequirements{
-					Limits: corev1.ResourceList{corev1.ResourceMemory: quantity(64 << 20), corev1.ResourceCPU: resource.MustParse("500m")},
+					Limits:   corev1.ResourceList{corev1.ResourceMemory: quantity(64 << 20), corev1.ResourceCPU: resource.MustParse("500m")},
 					Requests: corev1.ResourceList{corev1.ResourceMemory: quantity(16 << 20), corev1.ResourceCPU: resource.MustParse("10m")}},
 			}},
 			Containers: []corev1.Container{{
