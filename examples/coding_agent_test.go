@@ -11,13 +11,24 @@ import (
 
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/internal/llmtest"
+	"github.com/cellbox/cellbox/sandbox/backend"
+	"github.com/cellbox/cellbox/sandbox/kube/kubetest"
 )
 
 // TestCodingAgent plays a scripted model over the OpenAI wire format: it
 // writes a buggy calc.py and its test, runs the test (fails), edits the
 // bug, reruns (passes) and answers. The box really holds the fixed code,
 // and the cells show the answer, the code and the tool calls.
-func TestCodingAgent(t *testing.T) {
+func TestCodingAgent(t *testing.T) { codingAgent(t, nil) }
+
+// TestCodingAgentOnKubernetes is TestCodingAgent with the agent's box a
+// pod of the two-node test cluster.
+func TestCodingAgentOnKubernetes(t *testing.T) {
+	kc, ns := kubetest.Setup(t)
+	codingAgent(t, kubetest.Open(t, kubetest.Options(t, kc, ns)))
+}
+
+func codingAgent(t *testing.T, be backend.Backend) {
 	call := func(id, name string, input any) llmtest.Call {
 		raw, _ := json.Marshal(input)
 		return llmtest.Call{ID: id, Name: name, Input: string(raw)}
@@ -34,7 +45,7 @@ func TestCodingAgent(t *testing.T) {
 		llmtest.Turn{Calls: []llmtest.Call{call("5", "shell", map[string]any{"command": "cd /workspace && python3 -B test_calc.py"})}},
 		llmtest.Turn{Text: "calc.add works and test_calc.py passes."},
 	)
-	w := newWorld(t, "")
+	w := newWorldOn(t, "", be)
 	env := s.Env()
 	w.env.LLM = builtins.LLMEnv{Getenv: func(k string) string { return env[k] }, HTTP: s.Client()}
 	in := w.load(load(t, "coding-agent"))

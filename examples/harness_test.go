@@ -76,8 +76,14 @@ type world struct {
 // paths must stay short). imagesDir may be "" (only the default image).
 func newWorld(t *testing.T, imagesDir string) *world {
 	t.Helper()
+	return newWorldOn(t, imagesDir, nil)
+}
+
+// newWorldOn is newWorld with boxes on be (nil: a local backend).
+func newWorldOn(t *testing.T, imagesDir string, be backend.Backend) *world {
+	t.Helper()
 	w := &world{t: t}
-	w.svc, w.dir = sandboxtest.Service(t, sandboxtest.Options{ImagesDir: imagesDir, Logger: quiet, Wrap: func(be backend.Backend) backend.Backend {
+	w.svc, w.dir = sandboxtest.Service(t, sandboxtest.Options{ImagesDir: imagesDir, Logger: quiet, Backend: be, Wrap: func(be backend.Backend) backend.Backend {
 		w.be = &counting{Backend: be}
 		return w.be
 	}})

@@ -98,7 +98,7 @@ type Options struct {
 	// so), "unenforced".
 	NetworkPolicy string
 	// AgentBinary is the static cellbox binary boxes run (the probe's
-	// pods use its image).
+	// pods use its image); "" is this process's own binary.
 	AgentBinary string
 	// Keeper keeps stopped boxes' workspaces (required).
 	Keeper backend.Keeper
@@ -164,6 +164,11 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 	}
 	if o.PullPolicy == "" {
 		o.PullPolicy = corev1.PullIfNotPresent
+	}
+	if o.AgentBinary == "" && o.AgentImage == "" {
+		if o.AgentBinary, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("kubernetes backend: the agent binary: %w", err)
+		}
 	}
 	b := &Backend{c: c, rest: cfg, ns: o.Namespace, o: o, log: o.Logger,
 		fw: forwarders{m: map[string]*forwarder{}, lost: map[types.UID]string{}}, tokens: map[string]string{}, agents: map[string]string{}}

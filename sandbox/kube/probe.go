@@ -48,7 +48,7 @@ func (b *Backend) networkEnforcement(ctx context.Context) (string, string) {
 	r := probeResult{backend.NetworkNone, ""}
 	switch {
 	case err != nil:
-		r.note = fmt.Sprintf("could not find out whether the cluster enforces NetworkPolicy (%v); a box without network cannot be made until it is known (fix the probe, or say --kube-network-policy enforced if the cluster's network plugin enforces policies)", err)
+		r.note = fmt.Sprintf("could not find out whether the cluster enforces NetworkPolicy (%v); a box without network cannot be made until it is known (fix the probe, or set CELLBOX_KUBE_NETWORK_POLICY=enforced if the cluster's network plugin enforces policies)", err)
 	case !enforced:
 		r.note = "the cluster's network plugin does not enforce NetworkPolicy: a pod under a deny-all policy " + why + "; boxes without network cannot be kept off it, so none is made (install a plugin that enforces policies: Calico, Cilium, kube-router, ...)"
 	default:
