@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/backend"
@@ -54,10 +55,18 @@ func runAgent(ctx context.Context, args []string) error {
 	// File tools reach the whole disk of the box (Workspace and /tmp)
 	// whatever its working directory (a sandbox's workspace_dir).
 	roots := []string{backend.Workspace, "/tmp"}
-	return agent.Serve(ctx, agent.Options{
+	err := agent.Serve(ctx, agent.Options{
 		Socket: *socket, Token: token, Workspace: *workspace, AllowedRoots: roots, Logger: log,
 		EgressListen: os.Getenv(egress.EnvListen),
 		EgressSocket: filepath.Join(filepath.Dir(*socket), egress.SocketName),
 		PidsLimit:    *pids, MemoryLimit: *memory,
 	})
+	if err == nil && ctx.Err() != nil && strings.HasPrefix(*socket, "tcp:") {
+		// A pod's agent stopped by a signal (the kubelet evicting or
+		// deleting the pod) exits as a process killed by SIGTERM would:
+		// a pod whose last container exits 0 is "Succeeded", and that
+		// phase hides the eviction the kubelet records.
+		os.Exit(143)
+	}
+	return err
 }
