@@ -46,18 +46,19 @@ func (st boxState) String() string {
 // written only while life is held too, so a holder of life may read them
 // without Service.mu.
 type box struct {
-	life     sync.Mutex
-	rec      boxRecord
-	state    boxState
-	client   *agent.Client
-	failed   error                         // why making a new box failed (for waiters)
-	policy   atomic.Pointer[egress.Policy] // compiled rec.Egress; nil allows nothing
-	inflight atomic.Int32                  // calls using the box; the reaper leaves it alone
-	lastUsed atomic.Int64                  // unix nanoseconds
-	saved    int64                         // lastUsed as last written to the store (guarded by Service.mu)
-	kept     int64                         // lastUsed at the last checkpoint (backend.Checkpointer; guarded by life)
-	previews map[int]string                // port -> preview id (guarded by Service.mu)
-	note     string                        // what the reaper did to the box, for the next call's notice (guarded by Service.mu)
+	life          sync.Mutex
+	rec           boxRecord
+	state         boxState
+	client        *agent.Client
+	failed        error                         // why making a new box failed (for waiters)
+	policy        atomic.Pointer[egress.Policy] // compiled rec.Egress; nil allows nothing
+	inflight      atomic.Int32                  // calls using the box; the reaper leaves it alone
+	lastUsed      atomic.Int64                  // unix nanoseconds
+	saved         int64                         // lastUsed as last written to the store (guarded by Service.mu)
+	kept          atomic.Int64                  // lastUsed at the last checkpoint (backend.Checkpointer)
+	checkpointing atomic.Bool                   // a checkpoint runs
+	previews      map[int]string                // port -> preview id (guarded by Service.mu)
+	note          string                        // what the reaper did to the box, for the next call's notice (guarded by Service.mu)
 	// made says the backend box of a new box exists already (a fork's
 	// clone made it), so creating it only starts it (guarded by life).
 	made bool

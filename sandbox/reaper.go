@@ -78,29 +78,39 @@ func (s *Service) reapOne(ctx context.Context, b *box, now time.Time) {
 		if idle > sleepAfter(b.rec.SleepAfterMs) {
 			_ = s.sleep(ctx, b, idle) // logged; the next round tries again
 		} else {
-			s.checkpoint(ctx, b)
 			s.checkIdle(ctx, b)
+			s.checkpoint(ctx, b)
 		}
 	}
 }
 
 // checkpoint keeps the running box b's workspace through its backend
-// (backend.Checkpointer) if it was used since the last time; the caller
-// holds b.life and no call is in flight. A failure is logged: the health
-// check that follows finds a box that died.
+// (backend.Checkpointer) if it was used since the last time, in the
+// background: calls go on meanwhile (the copy is of a live workspace, as a
+// snapshot's is), and the backend orders it with the box's Stop. The
+// caller holds b.life. A failure is logged: the next round tries again,
+// and the health check finds a box that died.
 func (s *Service) checkpoint(ctx context.Context, b *box) {
 	cp, ok := s.be.(backend.Checkpointer)
 	lu := b.lastUsed.Load()
-	if !ok || lu == b.kept {
+	if !ok || lu == b.kept.Load() || !b.checkpointing.CompareAndSwap(false, true) {
 		return
 	}
-	start := time.Now()
-	if err := cp.Checkpoint(ctx, b.rec.ID); err != nil {
-		s.log.Warn("checkpoint", "box", b.rec.ID, "err", err)
-		return
-	}
-	b.kept = lu
-	s.log.Debug("box checkpointed", "box", b.rec.ID, "ms", time.Since(start).Milliseconds())
+	id := b.rec.ID
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer b.checkpointing.Store(false)
+		start := time.Now()
+		if err := cp.Checkpoint(ctx, id); err != nil {
+			if !errors.Is(err, backend.ErrNotFound) && ctx.Err() == nil { // removed meanwhile, or closing
+				s.log.Warn("checkpoint", "box", id, "err", err)
+			}
+			return
+		}
+		b.kept.Store(lu)
+		s.log.Debug("box checkpointed", "box", id, "ms", time.Since(start).Milliseconds())
+	}()
 }
 
 // checkIdle is the reaper's health check of the running box b: a dead box

@@ -75,6 +75,7 @@ const (
 	DefaultSleepAfter         = 10 * time.Minute
 	DefaultReapInterval       = 5 * time.Second
 	DefaultReadyTimeout       = 30 * time.Second
+	DefaultRemoteReadyTimeout = 3 * time.Minute
 	DefaultPoolIdle           = 30 * time.Second
 	DefaultMaxBoxesPerSession = 32
 	DefaultMaxBoxes           = 256
@@ -147,7 +148,8 @@ type Config struct {
 	// Holder names this server to Leaser. Default: host, pid and a random
 	// part.
 	Holder string
-	// ReadyTimeout bounds the wait for a started box's agent. Default 30s.
+	// ReadyTimeout bounds the wait for a started box's agent. Default 30s,
+	// 3m on a backend whose boxes run elsewhere (Capabilities.Remote).
 	ReadyTimeout time.Duration
 	// MaxBoxesPerSession and MaxBoxes cap the sandboxes of one session and
 	// of all sessions (warm pool boxes aside); a creation beyond either is
@@ -259,6 +261,12 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = DefaultReadyTimeout
+		if cfg.Backend != nil && cfg.Backend.Capabilities().Remote {
+			// A pod is scheduled, its images and agent set up, by a
+			// cluster that may be busy: a box there takes seconds, not
+			// milliseconds, and ten made at once longer still.
+			cfg.ReadyTimeout = DefaultRemoteReadyTimeout
+		}
 	}
 	if cfg.PoolIdle <= 0 {
 		cfg.PoolIdle = DefaultPoolIdle

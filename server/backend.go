@@ -22,7 +22,10 @@ import (
 // kubernetes (KubeEnv's variables), local, or auto (docker when an engine answers, else local). Box files of the
 // local backend live in DATA/local; its images are shared by every data
 // dir (DefaultImagesDir).
-func OpenBackend(ctx context.Context, name, dataDir string) (backend.Backend, error) {
+//
+// agentBinary is the static cellbox binary boxes run ("": this process's
+// own), which the kubernetes backend's network policy probe runs too.
+func OpenBackend(ctx context.Context, name, dataDir, agentBinary string) (backend.Backend, error) {
 	openLocal := func() (backend.Backend, error) {
 		return local.New(local.Options{Root: filepath.Join(dataDir, "local"), ImagesDir: DefaultImagesDir()})
 	}
@@ -37,7 +40,7 @@ func OpenBackend(ctx context.Context, name, dataDir string) (backend.Backend, er
 		// forwarded over ssh), sharing nothing but its API.
 		return docker.NewRemote(ctx, docker.RemoteOptions{DefaultImage: os.Getenv(RemoteImageEnv)})
 	case "kubernetes":
-		return openKube(ctx, dataDir)
+		return openKube(ctx, dataDir, agentBinary)
 	case "auto":
 		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
@@ -66,8 +69,9 @@ const (
 
 // openKube opens the kubernetes backend as the environment says. Stopped
 // boxes' workspaces are kept in DATA/kube-kept.
-func openKube(ctx context.Context, dataDir string) (backend.Backend, error) {
+func openKube(ctx context.Context, dataDir, agentBinary string) (backend.Backend, error) {
 	o := kube.Options{
+		AgentBinary:      agentBinary,
 		Namespace:        os.Getenv(KubeNamespaceEnv),
 		DefaultImage:     os.Getenv(KubeImageEnv),
 		AgentImage:       os.Getenv(KubeAgentImageEnv),

@@ -83,7 +83,7 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	openService := func(ctx context.Context) (*sandbox.Service, error) {
-		be, err := OpenBackend(ctx, cfg.Backend, cfg.DataDir)
+		be, err := OpenBackend(ctx, cfg.Backend, cfg.DataDir, cfg.Sandbox.AgentBinary)
 		if err != nil {
 			return nil, err
 		}

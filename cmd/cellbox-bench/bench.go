@@ -325,16 +325,16 @@ func (c *benchCommon) parse(fs *flag.FlagSet, args []string, more ...func() erro
 // allowed) none.
 func parseBackends(v string, allowNone bool) ([]string, error) {
 	switch {
-	case v == "docker" || v == "local":
+	case v == "docker" || v == "local" || v == "kubernetes":
 		return []string{v}, nil
 	case v == "both":
 		return []string{"docker", "local"}, nil
 	case v == "none" && allowNone:
 		return nil, nil
 	case allowNone:
-		return nil, fmt.Errorf("--backend %q: want docker, local, both or none", v)
+		return nil, fmt.Errorf("--backend %q: want docker, local, kubernetes, both or none", v)
 	}
-	return nil, fmt.Errorf("--backend %q: want docker, local or both", v)
+	return nil, fmt.Errorf("--backend %q: want docker, local, kubernetes or both (docker and local)", v)
 }
 
 // positive checks a numeric flag.

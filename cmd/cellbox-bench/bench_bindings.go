@@ -42,7 +42,7 @@ func bindingRows(ctx context.Context, rep *benchReport, name string, o runtimeOp
 		return err
 	}
 	defer os.RemoveAll(dir)
-	be, err := server.OpenBackend(ctx, name, dir)
+	be, err := server.OpenBackend(ctx, name, dir, o.agentBinary)
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -25,6 +26,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/docker"
 	"github.com/cellbox/cellbox/sandbox/httpapi"
+	"github.com/cellbox/cellbox/sandbox/kube"
 	"github.com/cellbox/cellbox/sandboxclient"
 	"github.com/cellbox/cellbox/server"
 )
@@ -128,6 +130,9 @@ func benchBoxes(ctx context.Context, o boxesOptions) (rep *benchReport, err erro
 	if slices.Contains(o.backends, "docker") {
 		rep.note("docker baselines use the docker CLI: `docker run --rm` of the box image (%s with the host's /usr), `docker exec` and `docker cp` on a running box.", docker.HostImage)
 	}
+	if slices.Contains(o.backends, "kubernetes") {
+		rep.note("kubernetes baselines use kubectl ($CELLBOX_KUBECTL, else kubectl) in the box namespace: a pod of the box image created and waited for (`kubectl run`, `kubectl wait --for=condition=Ready`), `kubectl exec` and `kubectl cp` on the box's own pod. agent-sandbox (kubernetes-sigs) publishes ~200 ms to claim a sandbox from its warm pool.")
+	}
 	if slices.Contains(o.backends, "local") {
 		rep.note("local baselines: `bwrap` running /usr/bin/true in fresh namespaces with the host's /usr; host file I/O and `cp -r` of the same bytes with no box.")
 	}
@@ -158,7 +163,7 @@ type boxesBench struct {
 }
 
 func (b *boxesBench) measure(ctx context.Context) error {
-	be, err := server.OpenBackend(ctx, b.name, b.root)
+	be, err := server.OpenBackend(ctx, b.name, b.root, b.o.agentBinary)
 	if err != nil {
 		return fmt.Errorf("%w (pick the backends to measure with --backend)", err)
 	}
@@ -332,6 +337,9 @@ func (b *boxesBench) startBaselines(ctx context.Context, boxID string) (createNa
 		p, err := p50(append(bwrapArgv(), "--", "/usr/bin/true")...)
 		return "bwrap … true", p, "bwrap … true", p, err
 	}
+	if b.name == "kubernetes" {
+		return b.kubeBaselines(ctx, boxID)
+	}
 	run := []string{"docker", "run", "--rm", "--network", "none", "--label", "cellbox.bench=" + b.run,
 		"-v", "/usr:/usr:ro", docker.HostImage, "true"}
 	if createP50, err = p50(run...); err != nil {
@@ -423,7 +431,19 @@ func (b *boxesBench) files(ctx context.Context, c *sandboxclient.HTTP, boxID str
 	}
 	defer os.Remove(hostFile)
 	measure := func(fn func() error) (time.Duration, error) { return b.baselineP50(ctx, fn) }
-	if b.name == "docker" {
+	if b.name == "kubernetes" {
+		writeBase, readBase = "kubectl cp (host → box)", "kubectl cp (box → host)"
+		pod := kubePod(boxID)
+		writeP50, err = measure(func() error {
+			return runCmd(ctx, kubectl("cp", "-c", "box", hostFile, pod+":"+backend.Workspace+"/bench/cp.txt")...)
+		})
+		if err == nil {
+			readP50, err = measure(func() error {
+				return runCmd(ctx, kubectl("cp", "-c", "box", pod+":"+backend.Workspace+"/"+path, hostFile+".out")...)
+			})
+			os.Remove(hostFile + ".out")
+		}
+	} else if b.name == "docker" {
 		writeBase, readBase = "docker cp (host → box)", "docker cp (box → host)"
 		writeP50, err = measure(func() error {
 			return runCmd(ctx, "docker", "cp", hostFile, boxID+":"+backend.Workspace+"/bench/cp.txt")
@@ -845,4 +865,44 @@ func writeTree(dir string, k int) error {
 		}
 	}
 	return nil
+}
+
+// kubectl is a kubectl command line in the box namespace.
+func kubectl(args ...string) []string {
+	bin := cmp.Or(os.Getenv("CELLBOX_KUBECTL"), "kubectl")
+	return append([]string{bin, "-n", cmp.Or(os.Getenv(server.KubeNamespaceEnv), kube.DefaultNamespace)}, args...)
+}
+
+// kubePod is the namespace-less pod name of box id, as kubectl cp takes it.
+func kubePod(id string) string { return id }
+
+// kubeBaselines: a pod of the box image created and waited for Ready
+// (kubectl run + kubectl wait; deleted untimed), and kubectl exec of
+// true in the box's own pod.
+func (b *boxesBench) kubeBaselines(ctx context.Context, boxID string) (string, time.Duration, string, time.Duration, error) {
+	image := cmp.Or(os.Getenv(server.KubeImageEnv), kube.DefaultImage)
+	overrides := `{"spec":{"automountServiceAccountToken":false,"securityContext":{"runAsNonRoot":true,"runAsUser":1000,"seccompProfile":{"type":"RuntimeDefault"}},` +
+		`"containers":[{"name":"c","image":"` + image + `","imagePullPolicy":"Never","command":["sleep","3600"],` +
+		`"securityContext":{"allowPrivilegeEscalation":false,"readOnlyRootFilesystem":true,"capabilities":{"drop":["ALL"]}}}]}}`
+	n := 0
+	var pods []string
+	defer func() {
+		if len(pods) > 0 {
+			runCmd(context.WithoutCancel(ctx), kubectl(append([]string{"delete", "pod", "--wait=false", "--grace-period=0"}, pods...)...)...)
+		}
+	}()
+	createP50, err := b.baselineP50(ctx, func() error {
+		n++
+		name := fmt.Sprintf("%s-%d", b.run, n)
+		pods = append(pods, name)
+		if err := runCmd(ctx, kubectl("run", name, "--image", image, "--restart=Never", "--labels", "cellbox.bench="+b.run, "--overrides", overrides)...); err != nil {
+			return err
+		}
+		return runCmd(ctx, kubectl("wait", "--for=condition=Ready", "--timeout=120s", "pod/"+name)...)
+	})
+	if err != nil {
+		return "", 0, "", 0, err
+	}
+	execP50, err := b.baselineP50(ctx, func() error { return runCmd(ctx, kubectl("exec", kubePod(boxID), "-c", "box", "--", "true")...) })
+	return "kubectl run + wait Ready", createP50, "kubectl exec", execP50, err
 }

@@ -80,7 +80,7 @@ func mcpLocal(ctx context.Context, data, backendName, agentBinary string, pool i
 	if err != nil {
 		return err
 	}
-	be, err := server.OpenBackend(ctx, backendName, dataDir)
+	be, err := server.OpenBackend(ctx, backendName, dataDir, agentBinary)
 	if err != nil {
 		return err
 	}

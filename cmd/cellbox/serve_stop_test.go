@@ -36,7 +36,7 @@ func TestServeStopSleepsBoxes(t *testing.T) {
 			data := t.TempDir()
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			be, err := server.OpenBackend(ctx, name, data)
+			be, err := server.OpenBackend(ctx, name, data, "")
 			require.NoError(t, err)
 
 			srv := startServe(t, data, "--pool", "1", "--backend", name)

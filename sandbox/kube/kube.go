@@ -137,6 +137,9 @@ type Backend struct {
 	tokens map[string]string // object name → token
 	agMu   sync.Mutex
 	agents map[string]string // agent binary stamp → image
+
+	keepMu  sync.Mutex
+	keeping map[string]*sync.Mutex // box id → its keep's lock (see keep)
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -171,7 +174,7 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 		}
 	}
 	b := &Backend{c: c, rest: cfg, ns: o.Namespace, o: o, log: o.Logger,
-		fw: forwarders{m: map[string]*forwarder{}, lost: map[types.UID]string{}}, tokens: map[string]string{}, agents: map[string]string{}}
+		fw: forwarders{m: map[string]*forwarder{}, lost: map[types.UID]string{}}, tokens: map[string]string{}, agents: map[string]string{}, keeping: map[string]*sync.Mutex{}}
 	if b.log == nil {
 		b.log = slog.Default()
 	}
@@ -694,8 +697,13 @@ func (b *Backend) Checkpoint(ctx context.Context, id string) error {
 
 var _ backend.Checkpointer = (*Backend)(nil)
 
-// keep streams box id's /workspace from its agent to the Keeper.
+// keep streams box id's /workspace from its agent to the Keeper, one
+// copy of a box at a time: a checkpoint that began before a Stop ends
+// before the Stop's copy starts, so the Stop's is the one kept.
 func (b *Backend) keep(ctx context.Context, id string) error {
+	mu := b.keepLock(id)
+	mu.Lock()
+	defer mu.Unlock()
 	kctx, cancel := context.WithTimeout(ctx, keepTimeout)
 	defer cancel()
 	cl := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.Dial(ctx, id) })
@@ -708,6 +716,18 @@ func (b *Backend) keep(ctx context.Context, id string) error {
 	err := b.o.Keeper.Put(kctx, id, pr)
 	pr.Close()
 	return safe.PipeError(<-srcErr, err)
+}
+
+// keepLock is box id's lock of keep.
+func (b *Backend) keepLock(id string) *sync.Mutex {
+	b.keepMu.Lock()
+	defer b.keepMu.Unlock()
+	mu, ok := b.keeping[id]
+	if !ok {
+		mu = &sync.Mutex{}
+		b.keeping[id] = mu
+	}
+	return mu
 }
 
 // keepTimeout bounds the hand-over of a workspace at Stop.
@@ -802,6 +822,9 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 	b.tokMu.Lock()
 	delete(b.tokens, name)
 	b.tokMu.Unlock()
+	b.keepMu.Lock()
+	delete(b.keeping, id)
+	b.keepMu.Unlock()
 	return b.o.Keeper.Delete(ctx, id)
 }
 
