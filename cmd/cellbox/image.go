@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/cellbox/cellbox/sandbox/backend/seccomp"
 	"github.com/cellbox/cellbox/sandbox/docker"
 	"github.com/cellbox/cellbox/sandbox/image"
 	"github.com/cellbox/cellbox/sandbox/kube"
@@ -20,7 +21,7 @@ import (
 func init() {
 	register(command{
 		name:  "image",
-		usage: "build base|python|node [--images DIR] [--backend docker|local|both] [--force] [--oci FILE] | agent --oci FILE [--binary PATH] | ls [--images DIR]  box images (shared by every data dir: $" + server.ImagesEnv + ", else DATA/images of the default data dir)",
+		usage: "build base|python|node [--images DIR] [--backend docker|local|both] [--force] [--oci FILE] | agent --oci FILE [--binary PATH] | seccomp | ls [--images DIR]  box images (shared by every data dir: $" + server.ImagesEnv + ", else DATA/images of the default data dir)",
 		run:   runImage,
 	})
 }
@@ -79,13 +80,23 @@ func runImage(ctx context.Context, args []string) error {
 			return errors.New("want --oci FILE (and nothing else but --binary)")
 		}
 		return imageAgentOCI(ctx, *binary, *oci)
+	case "seccomp":
+		// cellbox's seccomp filter as a Docker/containerd seccomp profile:
+		// what a Kubernetes node needs as a Localhost profile
+		// (CELLBOX_KUBE_SECCOMP) for boxes to refuse what they refuse
+		// on the other backends.
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		fmt.Println(seccomp.DockerProfile())
+		return nil
 	case "ls":
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
 		return imageList(ctx, *images)
 	default:
-		return fmt.Errorf("unknown subcommand %q: want build, agent or ls", args[0])
+		return fmt.Errorf("unknown subcommand %q: want build, agent, seccomp or ls", args[0])
 	}
 }
 
