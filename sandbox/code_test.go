@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"syscall"
 	"testing"
@@ -22,26 +21,12 @@ import (
 	"github.com/cellbox/cellbox/sandbox/image"
 )
 
-// testImagesDir is where `cellbox image build` puts images
-// ($CELLBOX_IMAGES, else the default data dir's images).
-func testImagesDir() string {
-	if d := os.Getenv("CELLBOX_IMAGES"); d != "" {
-		return d
-	}
-	data := os.Getenv("CELLBOX_DATA")
-	if data == "" {
-		home, _ := os.UserHomeDir()
-		data = filepath.Join(home, ".local", "share", "cellbox")
-	}
-	return filepath.Join(data, "images")
-}
-
 // requireImage makes sure image cellbox/NAME, with package pkg, exists for
 // backend kind: built (debootstrap, minutes) and for Docker imported when
 // CI or CELLBOX_TEST_IMAGES=1 is set, else the test is skipped.
 func requireImage(t *testing.T, kind, name, pkg string) {
 	t.Helper()
-	dir := testImagesDir()
+	dir := testenv.ImagesDir()
 	in, err := image.Read(image.RootfsDir(dir, name))
 	fresh := err == nil && slices.Contains(in.Packages, pkg)
 	var db *docker.Backend

@@ -47,7 +47,7 @@ func newRealService(t *testing.T, kind string, mod func(*Config)) *realBox {
 	case "local":
 		testenv.RequireBwrap(t)
 		rb.local = filepath.Join(dir, "local")
-		lb, err := local.New(local.Options{Root: rb.local, ImagesDir: testImagesDir()})
+		lb, err := local.New(local.Options{Root: rb.local, ImagesDir: testenv.ImagesDir()})
 		require.NoError(t, err)
 		rb.be = lb
 	case "docker":

@@ -22,14 +22,25 @@ import (
 func TestRunOnRemoteEngine(t *testing.T) {
 	host := remotetest.Engine(t)
 	remotetest.LoadBase(t, host)
-	data, err := os.MkdirTemp("", "cbrm-")
+	runCSVPipeline(t, "docker-remote", "DOCKER_HOST="+host)
+
+	ps := exec.Command("docker", "-H", host, "ps", "-a", "--filter", "label=cellbox.managed=1", "--format", "{{.Names}} {{.Status}}")
+	got, err := ps.CombinedOutput()
+	require.NoError(t, err, "%s", got)
+	assert.Empty(t, strings.TrimSpace(string(got)), "exec stages leave no box on the engine")
+}
+
+// runCSVPipeline runs the csv-pipeline example once on backend, with env
+// added to a clean environment, and checks its report.
+func runCSVPipeline(t *testing.T, backend string, env ...string) {
+	t.Helper()
+	data, err := os.MkdirTemp("", "cbex-")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(data) })
 	example, err := filepath.Abs("../../examples/csv-pipeline")
 	require.NoError(t, err)
-
-	cmd := exec.Command(testenv.CellboxBinary(t), "run", example, "--once", "--backend", "docker-remote", "--data", data)
-	cmd.Env = append(cleanEnv(), "DOCKER_HOST="+host)
+	cmd := exec.Command(testenv.CellboxBinary(t), "run", example, "--once", "--backend", backend, "--data", data)
+	cmd.Env = append(cleanEnv(), env...)
 	out, err := cmd.Output()
 	var stderr string
 	if ee, ok := err.(*exec.ExitError); ok {
@@ -37,9 +48,4 @@ func TestRunOnRemoteEngine(t *testing.T) {
 	}
 	require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", out, stderr)
 	assert.Contains(t, string(out), `report = "13 sales, 1727.25 in all (smallest 50)"`)
-
-	ps := exec.Command("docker", "-H", host, "ps", "-a", "--filter", "label=cellbox.managed=1", "--format", "{{.Names}} {{.Status}}")
-	got, err := ps.CombinedOutput()
-	require.NoError(t, err, "%s", got)
-	assert.Empty(t, strings.TrimSpace(string(got)), "exec stages leave no box on the engine")
 }

@@ -7,6 +7,7 @@
 package safe
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -61,4 +62,20 @@ func PipeError(srcErr, dstErr error) error {
 		return srcErr
 	}
 	return dstErr
+}
+
+// ContextReader is r until ctx is done, then ctx's error: a copy from a
+// reader that never blocks for long ends with the context.
+func ContextReader(ctx context.Context, r io.Reader) io.Reader { return ctxReader{ctx, r} }
+
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }

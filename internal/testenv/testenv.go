@@ -227,3 +227,18 @@ func UnmountUnder(t testing.TB, dir string) {
 		}
 	}
 }
+
+// ImagesDir is where `cellbox image build` puts images: $CELLBOX_IMAGES,
+// else the images folder of the default data dir ($CELLBOX_DATA, else
+// ~/.local/share/cellbox).
+func ImagesDir() string {
+	if d := os.Getenv("CELLBOX_IMAGES"); d != "" {
+		return d
+	}
+	data := os.Getenv("CELLBOX_DATA")
+	if data == "" {
+		home, _ := os.UserHomeDir()
+		data = filepath.Join(home, ".local", "share", "cellbox")
+	}
+	return filepath.Join(data, "images")
+}

@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/cellbox/cellbox/internal/safe"
 )
 
 // Keeper holds the workspaces of stopped boxes for a backend whose boxes
@@ -55,7 +57,7 @@ func (d DirKeeper) Put(ctx context.Context, id string, r io.Reader) error {
 	if err != nil {
 		return fmt.Errorf("keep workspace of %s: %w", id, err)
 	}
-	_, err = io.Copy(f, ctxReader{ctx, r})
+	_, err = io.Copy(f, safe.ContextReader(ctx, r))
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -92,17 +94,4 @@ func (d DirKeeper) Delete(_ context.Context, id string) error {
 		return err
 	}
 	return nil
-}
-
-// ctxReader ends a copy when ctx does.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }

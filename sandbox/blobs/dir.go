@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/cellbox/cellbox/internal/safe"
 	"github.com/cellbox/cellbox/internal/sparse"
 )
 
@@ -91,7 +92,7 @@ func (d *Dir) Put(ctx context.Context, ns string, r io.Reader, size int64) (stri
 		}
 	}()
 	h := sha256.New()
-	r = ctxReader{ctx, r}
+	r = safe.ContextReader(ctx, r)
 	n, err := sparse.Copy(f, io.TeeReader(io.LimitReader(r, size), h)) // zeros as holes
 	if err == nil && n < size {
 		err = fmt.Errorf("the content ended after %d of %d bytes: %w", n, size, ErrSize)
@@ -143,19 +144,6 @@ func atEnd(r io.Reader, size int64) error {
 			return err
 		}
 	}
-}
-
-// ctxReader fails once ctx is done.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }
 
 // taken returns the bytes f takes, holes not counted: its size, or the

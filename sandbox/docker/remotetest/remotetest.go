@@ -9,7 +9,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"io"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -53,7 +52,7 @@ func LoadBase(t *testing.T, host string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	dir := testImagesDir()
+	dir := testenv.ImagesDir()
 	in, err := image.Read(image.RootfsDir(dir, "base"))
 	if err != nil {
 		testenv.RequireCommand(t, "debootstrap")
@@ -68,19 +67,6 @@ func LoadBase(t *testing.T, host string) {
 	_, err = r.ImportImage(ctx, docker.DefaultRemoteImage, pr)
 	pr.CloseWithError(err)
 	require.NoError(t, err, "import cellbox/base into the remote engine")
-}
-
-// testImagesDir is where `cellbox image build` puts images.
-func testImagesDir() string {
-	if d := os.Getenv("CELLBOX_IMAGES"); d != "" {
-		return d
-	}
-	data := os.Getenv("CELLBOX_DATA")
-	if data == "" {
-		home, _ := os.UserHomeDir()
-		data = filepath.Join(home, ".local", "share", "cellbox")
-	}
-	return filepath.Join(data, "images")
 }
 
 // repoRoot is the repository's root: where this file's module is.

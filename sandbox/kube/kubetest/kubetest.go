@@ -120,7 +120,7 @@ func loadImages(bin string) error {
 		files = append(files, agentTar)
 	}
 	if !onNodes("docker.io/cellbox/base:latest") {
-		imgs := ImagesDir()
+		imgs := testenv.ImagesDir()
 		in, err := image.Read(image.RootfsDir(imgs, "base"))
 		if err != nil {
 			if in, _, err = image.Build(ctx, image.BuildOptions{ImagesDir: imgs, Name: "base"}); err != nil {
@@ -187,19 +187,6 @@ func onNodes(ref string) bool {
 		}
 	}
 	return true
-}
-
-// ImagesDir is where `cellbox image build` keeps images.
-func ImagesDir() string {
-	if d := os.Getenv("CELLBOX_IMAGES"); d != "" {
-		return d
-	}
-	data := os.Getenv("CELLBOX_DATA")
-	if data == "" {
-		home, _ := os.UserHomeDir()
-		data = filepath.Join(home, ".local", "share", "cellbox")
-	}
-	return filepath.Join(data, "images")
 }
 
 func writeFile(path string, write func(*os.File) error) error {
