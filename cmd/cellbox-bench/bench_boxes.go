@@ -54,7 +54,7 @@ type boxesOptions struct {
 }
 
 // benchBoxGroups are the groups of rows `cellbox bench boxes --only` picks.
-var benchBoxGroups = []string{"create", "shell", "files", "code", "transfer", "fork", "storm"}
+var benchBoxGroups = []string{"create", "shell", "files", "code", "transfer", "fork", "wake", "storm"}
 
 // want reports whether the group of rows is measured.
 func (o boxesOptions) want(group string) bool { return o.only == nil || slices.Contains(o.only, group) }
@@ -124,6 +124,9 @@ func benchBoxes(ctx context.Context, o boxesOptions) (rep *benchReport, err erro
 	if o.want("storm") {
 		rep.note("storm: %d sessions each make a box (sandbox_create, then shell `true` in it) all at once, on a service with no warm pool; the time until the last answers (one sample per round, the boxes destroyed between rounds, untimed). Baseline: %d `docker run --rm … true` (or `bwrap … true`) started at once, until the last exits.", o.storm, o.storm)
 	}
+	if o.want("wake") {
+		rep.note("sleep → wake: a box holding a 1 MiB file, made with sleep_after_ms 500, left until sandbox_list says it sleeps, then the first shell `true` on it (its wake, then the call; on Kubernetes a new pod on any node and its workspace written back); baseline: the create baseline of the same run.")
+	}
 	if o.want("transfer") {
 		rep.note("tree transfer: the transfer tool copying a directory of %d files of 1 MiB (random bytes) from one box to another of the session.", o.treeMiB)
 	}
@@ -160,6 +163,9 @@ type boxesBench struct {
 	be      backend.Backend
 	servers []*benchServer
 	content []byte // the 1 MiB file
+
+	createBase string // the create baseline and its p50, once measured
+	createP50  time.Duration
 }
 
 func (b *boxesBench) measure(ctx context.Context) error {
@@ -218,6 +224,7 @@ func (b *boxesBench) measure(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		b.createBase, b.createP50 = createBase, createP50
 		if b.o.want("create") {
 			b.rep.add(b.name, "create → first result, warm pool", warmSamples, createBase, createP50, targetWarmCreate)
 			b.rep.add(b.name, "create → first result, cold (no pool)", coldSamples, createBase, createP50, 0)
@@ -234,6 +241,7 @@ func (b *boxesBench) measure(ctx context.Context) error {
 		{"code", func() error { return b.code(ctx, c) }},
 		{"transfer", func() error { return b.transfer(ctx, c) }},
 		{"fork", func() error { return b.fork(ctx, c) }},
+		{"wake", func() error { return b.wake(ctx, c) }},
 		{"storm", func() error { return b.stormRow(ctx) }},
 	} {
 		if !b.o.want(g.name) {
@@ -905,4 +913,40 @@ func (b *boxesBench) kubeBaselines(ctx context.Context, boxID string) (string, t
 	}
 	execP50, err := b.baselineP50(ctx, func() error { return runCmd(ctx, kubectl("exec", kubePod(boxID), "-c", "box", "--", "true")...) })
 	return "kubectl run + wait Ready", createP50, "kubectl exec", execP50, err
+}
+
+// wake measures the first call on a box that went to sleep.
+func (b *boxesBench) wake(ctx context.Context, c *sandboxclient.HTTP) error {
+	if _, err := c.CreateBox(ctx, api.SandboxCreateInput{Sandbox: "sleeper", SleepAfterMs: 500}); err != nil {
+		return err
+	}
+	if _, err := c.Upload(ctx, "sleeper", "bench/1m.txt", bytes.NewReader(b.content)); err != nil {
+		return err
+	}
+	samples, err := benchLoop(ctx, min(b.o.n, 5), b.o.budget, func(int) (time.Duration, error) {
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			list, err := callTool[api.SandboxListOutput](ctx, c, "sandbox_list", struct{}{})
+			if err != nil {
+				return 0, err
+			}
+			asleep := false
+			for _, s := range list.Sandboxes {
+				asleep = asleep || (s.Name == "sleeper" && s.Status == "sleeping")
+			}
+			if asleep {
+				break
+			}
+			if time.Now().After(deadline) {
+				return 0, errors.New("the box did not go to sleep within 2 minutes")
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		return timed(func() error { return shellTrue(ctx, c, "sleeper") })
+	})
+	if err != nil {
+		return fmt.Errorf("sleep → wake: %w", err)
+	}
+	b.rep.add(b.name, "sleep → wake (first `shell` `true` on a sleeping box)", samples, b.createBase, b.createP50, 0)
+	return nil
 }

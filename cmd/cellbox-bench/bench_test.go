@@ -43,6 +43,7 @@ func TestBenchBoxesLocal(t *testing.T) {
 		{"`run_code` python `1 + 1` stateless", "`shell` `python3 -c …`", false},
 		{"transfer 2 MiB tree (2 files) box → box", "host cp -r (no box)", false},
 		{"fork a 2 MiB / 1000-file workspace into 10 boxes, all answering (clone)", "host cp -a of the tree (one copy, no box)", true},
+		{"sleep → wake (first `shell` `true` on a sleeping box)", "bwrap … true", false},
 		{"storm: 5 boxes at once (one per session), all answering", "5 × bwrap … true at once", false},
 	})
 	assert.Contains(t, out.String(), "load average")
