@@ -29,7 +29,7 @@ func (c *call) compileNetwork(r *api.NetworkRules) (*egress.Policy, error) {
 		return nil, nil
 	}
 	if c.s.caps.Remote {
-		return nil, api.WithCode(api.CodeInvalidInput, fmt.Errorf("network allow lists need this server's egress proxy, which boxes on another machine (the %s backend's remote engine) cannot reach: give network: true for the full network, or leave it out for none", c.s.be.Name()))
+		return nil, api.WithCode(api.CodeInvalidInput, fmt.Errorf("network allow lists need this server's egress proxy, which boxes on another machine (the %s backend's) cannot reach: give network: true for the full network, or leave it out for none", c.s.be.Name()))
 	}
 	pol, err := egress.CompileRules(*r)
 	if err != nil {

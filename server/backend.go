@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 
 	"fmt"
 	"log/slog"
@@ -63,6 +64,7 @@ const (
 	KubeNetworkPolicyEnv = "CELLBOX_KUBE_NETWORK_POLICY" // probe (default), enforced, unenforced
 	KubeRuntimeClassEnv  = "CELLBOX_KUBE_RUNTIME_CLASS"  // a RuntimeClass for every box (gvisor, kata)
 	KubeNodeSelectorEnv  = "CELLBOX_KUBE_NODE_SELECTOR"  // k=v,k=v
+	KubeTolerationsEnv   = "CELLBOX_KUBE_TOLERATIONS"    // a JSON list of tolerations, as in a pod spec
 	KubeSeccompEnv       = "CELLBOX_KUBE_SECCOMP"        // a Localhost seccomp profile of the nodes; default RuntimeDefault
 	KubePullPolicyEnv    = "CELLBOX_KUBE_PULL_POLICY"    // IfNotPresent (default), Never, Always
 )
@@ -99,6 +101,11 @@ func openKube(ctx context.Context, dataDir, agentBinary string) (backend.Backend
 				return nil, fmt.Errorf("%s=%q: want key=value pairs separated by commas", KubeNodeSelectorEnv, sel)
 			}
 			o.NodeSelector[k] = v
+		}
+	}
+	if tol := os.Getenv(KubeTolerationsEnv); tol != "" {
+		if err := json.Unmarshal([]byte(tol), &o.Tolerations); err != nil {
+			return nil, fmt.Errorf("%s: want a JSON list of tolerations, as in a pod spec ([{\"key\": \"sandbox\", \"operator\": \"Exists\", \"effect\": \"NoSchedule\"}]): %w", KubeTolerationsEnv, err)
 		}
 	}
 	return kube.New(ctx, o)
