@@ -63,7 +63,7 @@ func benchBoxesCmd(ctx context.Context, args []string) (*benchReport, bool, erro
 	fs := flag.NewFlagSet("bench boxes", flag.ContinueOnError)
 	var o boxesOptions
 	o.flags(fs, 50, "iterations of each measurement (creates at most 20, the tree transfer n/10 between 1 and 5)", 20*time.Second,
-		"box backend to measure: docker, local (bubblewrap) or both", "static cellbox binary run as the agent in every box (default: cellbox beside this executable)", false)
+		"box backend to measure: docker, local (bubblewrap), both, or kubernetes (the cluster of $KUBECONFIG; docs/kubernetes.md)", "static cellbox binary run as the agent in every box (default: cellbox beside this executable)", false)
 	fs.StringVar(&o.data, "data", "", "directory for the bench's state and boxes (default: a temporary directory, removed at the end)")
 	fs.IntVar(&o.treeMiB, "tree-mib", 100, "size of the tree copied between two boxes, in files of 1 MiB")
 	fs.IntVar(&o.storm, "storm", 100, "boxes of the storm row: as many sessions each make one box at once")
@@ -82,6 +82,7 @@ func benchBoxesCmd(ctx context.Context, args []string) (*benchReport, bool, erro
 		}
 		return positive("tree-mib", o.treeMiB)
 	}
+	o.allowKube = true
 	if err := o.parse(fs, args, check); err != nil {
 		return nil, false, err
 	}

@@ -160,7 +160,7 @@ func TestBenchBadInput(t *testing.T) {
 	}{
 		{nil, "want a subcommand: boxes, pipeline or runtime"},
 		{[]string{"disks"}, `unknown subcommand "disks"`},
-		{[]string{"boxes", "--backend", "podman"}, `--backend "podman": want docker, local or both`},
+		{[]string{"boxes", "--backend", "podman"}, `--backend "podman": want docker, local, kubernetes or both (docker and local)`},
 		{[]string{"boxes", "--n", "0"}, "--n 0: want a positive number"},
 		{[]string{"boxes", "--budget", "-1s"}, "--budget -1s: want a positive duration"},
 		{[]string{"boxes", "local"}, `unexpected arguments ["local"]`},

@@ -193,7 +193,7 @@ func TestBadBackend(t *testing.T) {
 			data := filepath.Join(t.TempDir(), "data")
 			out, errOut, err := cellbox(t, append(args, "--backend", "bogus", "--data", data)...)
 			assert.Equal(t, 1, exitCode(t, err), "stdout:\n%s\nstderr:\n%s", out, errOut)
-			assert.Contains(t, errOut, `cellbox `+args[0]+`: invalid value "bogus" for flag -backend: unknown backend "bogus": want docker, docker-remote, local or auto`)
+			assert.Contains(t, errOut, `cellbox `+args[0]+`: invalid value "bogus" for flag -backend: unknown backend "bogus": want docker, docker-remote, kubernetes, local or auto`)
 			assert.NoDirExists(t, data, "nothing was done")
 		})
 	}

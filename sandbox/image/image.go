@@ -19,6 +19,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cellbox/cellbox/sandbox/backend"
@@ -133,12 +134,24 @@ func Build(ctx context.Context, o BuildOptions) (Info, bool, error) {
 			return Info{}, false, err
 		}
 	}
+	if err := os.MkdirAll(filepath.Dir(rootfs), 0o755); err != nil {
+		return Info{}, false, fmt.Errorf("image build %s: %w", o.Name, err)
+	}
+	// One build of an image at a time, across processes: a second
+	// `cellbox image build`, or tests of several packages at once, would
+	// remove each other's rootfs.building. The one that waited takes the
+	// image the first built.
+	unlock, err := lockBuild(ctx, filepath.Join(filepath.Dir(rootfs), "build.lock"), log, o.Name)
+	if err != nil {
+		return Info{}, false, err
+	}
+	defer unlock()
+	if in, err := Read(rootfs); err == nil && !o.Force {
+		return in, false, nil
+	}
 	tmp := rootfs + ".building"
 	if err := errors.Join(sweep(rootfs), removeBuilding(tmp)); err != nil {
 		return Info{}, false, fmt.Errorf("image build %s: clear %s: %w", o.Name, tmp, err)
-	}
-	if err := os.MkdirAll(filepath.Dir(rootfs), 0o755); err != nil {
-		return Info{}, false, fmt.Errorf("image build %s: %w", o.Name, err)
 	}
 	log.Info("debootstrap", "image", o.Name, "suite", o.Suite, "mirror", o.Mirror, "packages", pkgs)
 	// stopped ends a build cut short by ctx (Ctrl-C, SIGTERM): the steps
@@ -369,3 +382,31 @@ func (t *tailWriter) Write(p []byte) (int, error) {
 }
 
 func (t *tailWriter) String() string { return strings.TrimSpace(string(t.b)) }
+
+// lockBuild takes the build lock of an image (flock on path), waiting for
+// another process's build to end, or for ctx.
+func lockBuild(ctx context.Context, path string, log *slog.Logger, name string) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("image build %s: %w", name, err)
+	}
+	for said := false; ; said = true {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("image build %s: lock %s: %w", name, path, err)
+		}
+		if !said {
+			log.Info("another process is building the image; waiting for it", "image", name, "lock", path)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("image build %s: waiting for another build: %w", name, ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
