@@ -163,7 +163,13 @@ func (s *suite) waitAgent(t *testing.T, spec backend.Spec) *agent.Client {
 	t.Helper()
 	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return s.b.Dial(ctx, spec.ID) })
 	t.Cleanup(func() { c.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	// A box elsewhere is a pod scheduled and started by a cluster that
+	// the suite's parallel tests keep busy: seconds each, more at once.
+	wait := 20 * time.Second
+	if s.remote {
+		wait = 2 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	require.NoError(t, c.WaitReady(ctx), "agent of box %s never answered", spec.ID)
 	return c
@@ -808,7 +814,7 @@ func (s *suite) oomSparesAgent(t *testing.T) {
 	// 40 processes of ~5 MiB each: 200 MiB in a 128 MiB box, every one
 	// smaller than the agent.
 	res := sh(t, c, `for i in $(seq 40); do python3 -c 'import time; x = bytearray(5 << 20); time.sleep(5)' & done; wait; echo done`)
-	assert.Contains(t, res.Stdout, "done")
+	assert.Contains(t, res.Stdout, "done", "exit %d, timed out %v, stderr %q", res.ExitCode, res.TimedOut, res.Stderr)
 	assert.Contains(t, res.Stderr, "Killed", "the box ran out of memory and lost commands")
 	assert.Equal(t, "alive", ok(t, c, "echo alive"), "the agent survived the box's OOM")
 	v, err := c.Version(ctxFor(t, 10*time.Second))
