@@ -25,7 +25,8 @@ func init() {
 func runAgent(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	socket := fs.String("socket", filepath.Join(backend.SocketDir, backend.SocketName), "unix socket to listen on, or tcp:HOST:PORT (then every connection must open with the token in $"+agent.EnvToken+")")
-	probe := fs.String("probe", "", "instead of serving, wait a few seconds, then try a TCP connection to `HOST:PORT` and exit 0 if it connects: the Kubernetes backend's network policy probe")
+	probe := fs.String("probe", "", "instead of serving, try TCP connections to `HOST:PORT` for a while and exit 0 once one connects: the Kubernetes backend's network policy probe")
+	probeBlocked := fs.Bool("probe-blocked", false, "with --probe: exit 1 once a connection fails, 0 if every one connects")
 	install := fs.String("install", "", "instead of serving, copy this binary to `DST` (mode 0555) and exit: how a Kubernetes pod's init container puts the agent into the box")
 	workspace := fs.String("workspace", backend.Workspace, "the box's working directory (created if missing)")
 	pids := fs.Int64("pids-limit", 0, "the box's pids limit, named in messages when the box runs out of processes (default: read from the box's cgroup)")
@@ -40,7 +41,7 @@ func runAgent(ctx context.Context, args []string) error {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if *probe != "" {
-		return agent.Probe(ctx, *probe)
+		return agent.Probe(ctx, *probe, *probeBlocked)
 	}
 	if *install != "" {
 		return agent.InstallSelf(*install)

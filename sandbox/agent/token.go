@@ -178,25 +178,44 @@ func InstallSelf(dst string) error {
 	return os.Rename(tmp, dst)
 }
 
-// Probe waits probeDelay (for a network policy to take hold), then tries
-// a TCP connection to addr for up to probeDial: nil if it connects (the
-// Kubernetes backend's network policy probe, `cellbox agent --probe`).
-func Probe(ctx context.Context, addr string) error {
-	select {
-	case <-time.After(probeDelay):
-	case <-ctx.Done():
-		return ctx.Err()
+// Probe tries TCP connections to addr, one every probeEvery, for up to
+// probeFor (`cellbox agent --probe`, the Kubernetes backend's network
+// policy probe). Without blocked it returns nil at the first that
+// connects (a pod without a policy reaches addr). With blocked it returns
+// an error at the first that fails (a deny-all policy took hold: the
+// enforcer programs a new pod's rules some time after it starts, seconds
+// on a busy node) and nil if every one connected for probeFor (nothing
+// enforces the policy).
+func Probe(ctx context.Context, addr string, blocked bool) error {
+	deadline := time.Now().Add(probeFor)
+	var last error
+	for {
+		d := net.Dialer{Timeout: probeEvery}
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			c.Close()
+			if !blocked {
+				return nil
+			}
+		} else if blocked {
+			return fmt.Errorf("probe %s: blocked: %w", addr, err)
+		}
+		last = err
+		if time.Now().After(deadline) {
+			if blocked {
+				return nil // never blocked
+			}
+			return fmt.Errorf("probe %s: %w", addr, last)
+		}
+		select {
+		case <-time.After(probeEvery):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
-	d := net.Dialer{Timeout: probeDial}
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return fmt.Errorf("probe %s: %w", addr, err)
-	}
-	c.Close()
-	return nil
 }
 
 const (
-	probeDelay = 5 * time.Second
-	probeDial  = 5 * time.Second
+	probeFor   = 45 * time.Second
+	probeEvery = time.Second
 )

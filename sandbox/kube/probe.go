@@ -101,7 +101,7 @@ func (b *Backend) probe(ctx context.Context) (enforced bool, why string, err err
 		return false, "", fmt.Errorf("create the probe's policy: %w", err)
 	}
 	for _, n := range []string{open, shut} {
-		if err := b.c.create(ctx, pods, b.probePod(n, image, target), &corev1.Pod{}); err != nil {
+		if err := b.c.create(ctx, pods, b.probePod(n, image, target, n == shut), &corev1.Pod{}); err != nil {
 			return false, "", fmt.Errorf("create probe pod %s: %w", n, err)
 		}
 	}
@@ -141,7 +141,7 @@ func (b *Backend) probe(ctx context.Context) (enforced bool, why string, err err
 		return false, "", fmt.Errorf("a pod without a policy could not reach the API server's address %s either, so the probe cannot tell", target)
 	}
 	if ends[shut] == "connected" {
-		return false, "reached " + target, nil
+		return false, "kept reaching " + target + " for " + agentProbeFor, nil
 	}
 	return true, "a pod under a deny-all policy could not reach " + target + ", one without could", nil
 }
@@ -149,12 +149,20 @@ func (b *Backend) probe(ctx context.Context) (enforced bool, why string, err err
 // probeTimeout bounds the probe (two pods' start and a few seconds each).
 const probeTimeout = 2 * time.Minute
 
-// probePod is a pod of the agent image that tries target after a wait
-// (a policy is in place some time after its pod appears).
-func (b *Backend) probePod(name, image, target string) *corev1.Pod {
+// agentProbeFor is how long the shut probe pod keeps trying (agent.Probe).
+const agentProbeFor = "45 s"
+
+// probePod is a pod of the agent image that tries target: the open one
+// until it connects, the shut one until a policy blocks it (a policy is
+// in force some time after its pod appears: agent.Probe).
+func (b *Backend) probePod(name, image, target string, shut bool) *corev1.Pod {
+	cmd := []string{agentInImage, "agent", "--probe", target}
+	if shut {
+		cmd = append(cmd, "--probe-blocked")
+	}
 	no, yes := false, true
 	uid := int64(backend.BoxUID)
-	deadline := int64(90)
+	deadline := int64(110)
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{labelName: name, "app.kubernetes.io/managed-by": "cellbox-probe"}},
 		Spec: corev1.PodSpec{
@@ -164,7 +172,7 @@ func (b *Backend) probePod(name, image, target string) *corev1.Pod {
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
 			Containers: []corev1.Container{{
 				Name: "probe", Image: image, ImagePullPolicy: b.o.PullPolicy,
-				Command: []string{agentInImage, "agent", "--probe", target},
+				Command: cmd,
 				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes,
 					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
 			}},
