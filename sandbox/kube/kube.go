@@ -579,7 +579,7 @@ func (b *Backend) restore(ctx context.Context, sec *corev1.Secret, p *corev1.Pod
 		return fmt.Errorf("read its kept workspace: %w", err)
 	}
 	defer r.Close()
-	cl := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.Dial(ctx, spec.ID) })
+	cl := b.agentClient(spec.ID)
 	defer cl.Close()
 	wctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
@@ -706,7 +706,7 @@ func (b *Backend) keep(ctx context.Context, id string) error {
 	defer mu.Unlock()
 	kctx, cancel := context.WithTimeout(ctx, keepTimeout)
 	defer cancel()
-	cl := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.Dial(ctx, id) })
+	cl := b.agentClient(id)
 	defer cl.Close()
 	pr, srcErr := safe.PipeFrom("keep", func(w io.Writer) error {
 		n, err := cl.TarOut(kctx, backend.Workspace, w)
@@ -826,6 +826,12 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 	delete(b.keeping, id)
 	b.keepMu.Unlock()
 	return b.o.Keeper.Delete(ctx, id)
+}
+
+// agentClient is a client of box id's agent, through Dial: the backend's
+// own calls (keep, restore).
+func (b *Backend) agentClient(id string) *agent.Client {
+	return agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.Dial(ctx, id) })
 }
 
 // Dial connects to box id's agent through the API server's port-forward.
