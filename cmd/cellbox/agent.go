@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/cellbox/cellbox/sandbox/agent"
 	"github.com/cellbox/cellbox/sandbox/backend"
@@ -27,6 +28,7 @@ func runAgent(ctx context.Context, args []string) error {
 	socket := fs.String("socket", filepath.Join(backend.SocketDir, backend.SocketName), "unix socket to listen on, or tcp:HOST:PORT (then every connection must open with the token in $"+agent.EnvToken+")")
 	probe := fs.String("probe", "", "instead of serving, try TCP connections to `HOST:PORT` for a while and exit 0 once one connects: the Kubernetes backend's network policy probe")
 	probeBlocked := fs.Bool("probe-blocked", false, "with --probe: exit 1 once a connection fails, 0 if every one connects")
+	egressShut := fs.String("egress-shut", "", "before serving, wait until a TCP connection to `HOST:PORT` fails (a Kubernetes box without network: its NetworkPolicy holds); exit 1 if it still connects after 45 s")
 	install := fs.String("install", "", "instead of serving, copy this binary to `DST` (mode 0555) and exit: how a Kubernetes pod's init container puts the agent into the box")
 	workspace := fs.String("workspace", backend.Workspace, "the box's working directory (created if missing)")
 	pids := fs.Int64("pids-limit", 0, "the box's pids limit, named in messages when the box runs out of processes (default: read from the box's cgroup)")
@@ -53,6 +55,13 @@ func runAgent(ctx context.Context, args []string) error {
 		return agent.Pipe(ctx, *socket, os.Stdin, os.Stdout)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if *egressShut != "" {
+		start := time.Now()
+		if err := agent.WaitShut(ctx, *egressShut); err != nil {
+			return err
+		}
+		log.Info("network policy holds", "tried", *egressShut, "waited", time.Since(start).Round(time.Millisecond))
+	}
 	// File tools reach the whole disk of the box (Workspace and /tmp)
 	// whatever its working directory (a sandbox's workspace_dir).
 	roots := []string{backend.Workspace, "/tmp"}

@@ -187,10 +187,30 @@ func InstallSelf(dst string) error {
 // on a busy node) and nil if every one connected for probeFor (nothing
 // enforces the policy).
 func Probe(ctx context.Context, addr string, blocked bool) error {
+	return probe(ctx, addr, blocked, probeEvery)
+}
+
+// WaitShut returns once a TCP connection to addr fails (`cellbox agent
+// --egress-shut`): the agent of a Kubernetes box without network answers
+// no one until its pod's deny-all policy holds, which the network plugin
+// programs some time after the pod starts. If addr still answers after
+// probeFor it returns an error, and the agent does not serve.
+func WaitShut(ctx context.Context, addr string) error {
+	err := probe(ctx, addr, true, shutEvery)
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil:
+		return nil // shut
+	}
+	return fmt.Errorf("this box should have no network, but %s still answered %s after it started: its NetworkPolicy did not take hold, so the agent will not serve it (is the cluster's network plugin still enforcing policies?)", addr, probeFor)
+}
+
+func probe(ctx context.Context, addr string, blocked bool, every time.Duration) error {
 	deadline := time.Now().Add(probeFor)
 	var last error
 	for {
-		d := net.Dialer{Timeout: probeEvery}
+		d := net.Dialer{Timeout: every}
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
 			c.Close()
@@ -208,7 +228,7 @@ func Probe(ctx context.Context, addr string, blocked bool) error {
 			return fmt.Errorf("probe %s: %w", addr, last)
 		}
 		select {
-		case <-time.After(probeEvery):
+		case <-time.After(every):
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -218,4 +238,5 @@ func Probe(ctx context.Context, addr string, blocked bool) error {
 const (
 	probeFor   = 45 * time.Second
 	probeEvery = time.Second
+	shutEvery  = 100 * time.Millisecond // a box's start waits on it
 )

@@ -75,3 +75,35 @@ func TestTCPAgentNeedsItsToken(t *testing.T) {
 	err = Serve(ctx, Options{Socket: "tcp:127.0.0.1:0", Token: "short", Workspace: t.TempDir()})
 	assert.ErrorContains(t, err, "token of at least")
 }
+
+// TestWaitShut: the agent of a box without network waits while the
+// address it tries still answers, and goes on once it does not.
+func TestWaitShut(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	shut := make(chan time.Time, 1)
+	time.AfterFunc(500*time.Millisecond, func() { ln.Close(); shut <- time.Now() })
+	require.NoError(t, WaitShut(context.Background(), addr))
+	select {
+	case <-shut:
+	default:
+		t.Fatal("WaitShut returned while the address still answered")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	open, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer open.Close()
+	time.AfterFunc(300*time.Millisecond, cancel)
+	assert.ErrorIs(t, WaitShut(ctx, open.Addr().String()), context.Canceled, "a stopped agent stops waiting")
+}

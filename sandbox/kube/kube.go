@@ -124,13 +124,13 @@ const (
 
 // Backend is the kubernetes backend.
 type Backend struct {
-	c       *client
-	rest    *rest.Config
-	ns      string
-	o       Options
-	log     *slog.Logger
-	caps    backend.Capabilities
-	netNote string
+	c    *client
+	rest *rest.Config
+	ns   string
+	o    Options
+	log  *slog.Logger
+	caps backend.Capabilities
+	gate string // probeResult.gate
 
 	fw     forwarders
 	tokMu  sync.Mutex
@@ -184,8 +184,9 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 		return nil, fmt.Errorf("kubernetes backend: reach the API server at %s: %w", cfg.Host, err)
 	}
 	maxCPUs := b.maxCPUs(ctx)
-	network, note := b.networkEnforcement(ctx)
-	b.netNote = note
+	enf := b.networkEnforcement(ctx)
+	network, note := enf.network, enf.note
+	b.gate = enf.gate
 	b.caps = backend.Capabilities{Remote: true, Network: network, NetworkNote: note, MaxCPUs: maxCPUs,
 		Limits: backend.Enforcement{Memory: true, CPU: true, Warnings: []string{
 			"pids: a pod's process count is capped by the kubelet's podPidsLimit, one setting of each node, not per box",

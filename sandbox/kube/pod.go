@@ -46,6 +46,13 @@ func (b *Backend) podFor(sec *corev1.Secret, spec boxSpec) *corev1.Pod {
 	}
 	cmd := backend.Spec{WorkDir: spec.WorkDir}.AgentCommand()
 	cmd = append(cmd, "--socket", "tcp:127.0.0.1:"+strconv.Itoa(agentPort), "--memory-limit", strconv.FormatInt(lim.MemoryBytes, 10))
+	if !spec.Network && b.gate != "" {
+		// The box's NetworkPolicy holds only once the plugin programs
+		// it, some time after the pod starts: until then its agent
+		// answers no one, so no command runs with a network it should
+		// not have.
+		cmd = append(cmd, "--egress-shut", b.gate)
+	}
 	env := []corev1.EnvVar{{Name: agent.EnvToken, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
 		LocalObjectReference: corev1.LocalObjectReference{Name: name}, Key: keyToken}}}}
 	for k, v := range backend.BoxEnv {
@@ -93,6 +100,9 @@ func (b *Backend) podFor(sec *corev1.Secret, spec boxSpec) *corev1.Pod {
 				Name: boxContainer, Image: image, ImagePullPolicy: b.o.PullPolicy,
 				Command: cmd, Env: env, WorkingDir: backend.Workspace,
 				SecurityContext: restricted,
+				// The agent's last words (why it would not serve) become
+				// the container's termination message, which Inspect says.
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "agent", MountPath: agentDir, ReadOnly: true},
 					{Name: "workspace", MountPath: backend.Workspace},

@@ -28,47 +28,61 @@ var probed sync.Map // host + "/" + namespace → probeResult
 
 type probeResult struct {
 	network, note string
+	// gate is the address the probe found shut under deny-all, which a
+	// box without network waits to find shut before its agent answers
+	// (the enforcer programs a new pod's rules some time after it
+	// starts); "" when the operator declared the policy enforced.
+	gate string
 }
 
 // networkEnforcement is the Capabilities.Network of the cluster, with a
 // sentence for logs and warnings.
-func (b *Backend) networkEnforcement(ctx context.Context) (string, string) {
+func (b *Backend) networkEnforcement(ctx context.Context) probeResult {
 	switch b.o.NetworkPolicy {
 	case "enforced":
-		return backend.NetworkPolicy, "enforced: the operator says so (network policy probe off)"
+		return probeResult{network: backend.NetworkPolicy, note: "enforced: the operator says so (network policy probe off; a new box's first seconds, before the plugin programs its policy, are not checked)"}
 	case "unenforced":
-		return backend.NetworkNone, "the cluster does not enforce NetworkPolicy (the operator says so): a box without network cannot be kept off it"
+		return probeResult{network: backend.NetworkNone, note: "the cluster does not enforce NetworkPolicy (the operator says so): a box without network cannot be kept off it"}
 	}
 	key := b.rest.Host + "/" + b.ns
 	if r, ok := probed.Load(key); ok {
-		return r.(probeResult).network, r.(probeResult).note
+		return r.(probeResult)
 	}
 	start := time.Now()
 	enforced, why, err := b.probe(ctx)
-	r := probeResult{backend.NetworkNone, ""}
+	r := probeResult{network: backend.NetworkNone}
 	switch {
 	case err != nil:
 		r.note = fmt.Sprintf("could not find out whether the cluster enforces NetworkPolicy (%v); a box without network cannot be made until it is known (fix the probe, or set CELLBOX_KUBE_NETWORK_POLICY=enforced if the cluster's network plugin enforces policies)", err)
 	case !enforced:
 		r.note = "the cluster's network plugin does not enforce NetworkPolicy: a pod under a deny-all policy " + why + "; boxes without network cannot be kept off it, so none is made (install a plugin that enforces policies: Calico, Cilium, kube-router, ...)"
 	default:
-		r = probeResult{backend.NetworkPolicy, fmt.Sprintf("enforced (probed in %s: %s)", time.Since(start).Round(time.Millisecond), why)}
+		r = probeResult{network: backend.NetworkPolicy, note: fmt.Sprintf("enforced (probed in %s: %s)", time.Since(start).Round(time.Millisecond), why)}
+		r.gate, _ = b.apiAddr()
 	}
 	if err == nil {
 		probed.Store(key, r)
 	}
-	return r.network, r.note
+	return r
+}
+
+// apiAddr is the API server's host:port, the address the probe tries.
+func (b *Backend) apiAddr() (string, error) {
+	u, err := url.Parse(b.rest.Host)
+	if err != nil {
+		return "", err
+	}
+	if u.Port() == "" {
+		return net.JoinHostPort(u.Hostname(), "443"), nil
+	}
+	return u.Host, nil
 }
 
 // probe runs the two pods and reads their ends.
 func (b *Backend) probe(ctx context.Context) (enforced bool, why string, err error) {
-	u, err := url.Parse(b.rest.Host)
+	target, err := b.apiAddr()
 	if err != nil {
 		return false, "", err
-	}
-	target := u.Host
-	if u.Port() == "" {
-		target = net.JoinHostPort(u.Hostname(), "443")
 	}
 	image := b.o.AgentImage
 	if image == "" {

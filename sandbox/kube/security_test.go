@@ -94,6 +94,28 @@ except urllib.error.HTTPError as e: print(e.code)'`, api, ns))
 	assert.Regexp(t, `(?m)^40[13]$`, r.Stdout, "the API server refuses a box with network: %s %s", r.Stdout, r.Stderr)
 }
 
+// TestNoNetworkFromTheFirstCommand: a NetworkPolicy holds only once the
+// network plugin programs it, some time after the pod starts; the agent
+// of a box without network answers no one until it does, so not even a
+// new box's first command reaches out.
+func TestNoNetworkFromTheFirstCommand(t *testing.T) {
+	kc, ns := kubetest.Setup(t)
+	b := kubetest.Open(t, kubetest.Options(t, kc, ns))
+	host, port, _ := net.SplitHostPort(apiServer(t, kc))
+	for _, id := range []string{"first-a", "first-b"} {
+		t.Run(id, func(t *testing.T) {
+			t.Parallel()
+			c := up(t, b, backend.Spec{ID: id})
+			r := run(t, c, connect(host, atoi(port))+" && echo REACHED")
+			assert.NotContains(t, r.Stdout, "REACHED", "the first command of a box without network reached the API server")
+			logs, err := kubetest.Kubectl(kc, "-n", ns, "logs", id, "-c", "box")
+			require.NoError(t, err, logs)
+			assert.Contains(t, logs, "network policy holds", "the agent waited for its policy before it served")
+			t.Log(logs)
+		})
+	}
+}
+
 func atoi(s string) int {
 	var n int
 	fmt.Sscan(s, &n)
