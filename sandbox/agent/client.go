@@ -829,14 +829,23 @@ func (c *Client) Watch(ctx context.Context, path string, debounce time.Duration)
 // tunnelConn is the connection of a port tunnel; bytes the HTTP reader
 // buffered past the upgrade response are read first.
 type tunnelConn struct {
-	*net.UnixConn
+	net.Conn
 	r io.Reader
 }
 
 func (t *tunnelConn) Read(p []byte) (int, error) { return t.r.Read(p) }
 
+// CloseWrite half-closes where the connection underneath can (a unix
+// socket, a port-forward stream, an exec stream); else it closes.
+func (t *tunnelConn) CloseWrite() error {
+	if cw, ok := t.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return t.Conn.Close()
+}
+
 // DialPort connects to 127.0.0.1:port inside the box. The returned
-// connection supports CloseWrite (it is a *net.UnixConn underneath).
+// connection supports CloseWrite.
 func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	if port <= 0 || port > 65535 {
 		return nil, &Error{Op: "port", Code: CodeInvalid, Message: fmt.Sprintf("port %d: not a TCP port", port)}
@@ -874,11 +883,10 @@ func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
 		conn.Close()
 		return nil, fmt.Errorf("agent port %d: %w", port, ctx.Err())
 	}
-	uc := conn.(*net.UnixConn)
-	var r io.Reader = uc
+	var r io.Reader = conn
 	if n := br.Buffered(); n > 0 {
 		buffered, _ := br.Peek(n)
-		r = io.MultiReader(bytes.NewReader(bytes.Clone(buffered)), uc)
+		r = io.MultiReader(bytes.NewReader(bytes.Clone(buffered)), conn)
 	}
-	return &tunnelConn{UnixConn: uc, r: r}, nil
+	return &tunnelConn{Conn: conn, r: r}, nil
 }

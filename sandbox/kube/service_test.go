@@ -1,10 +1,14 @@
 package kube_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -13,7 +17,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/kube/kubetest"
+	"github.com/cellbox/cellbox/sandbox/previews"
 	"github.com/cellbox/cellbox/sandbox/sandboxtest"
 )
 
@@ -67,6 +73,18 @@ func TestWorkflowAndNodeDeath(t *testing.T) {
 	got := call("read_file", map[string]any{"sandbox": "web", "path": "site/calc.py"})
 	assert.Contains(t, fmt.Sprint(got["content"]), "a + b")
 
+	// A preview of a server in a pod: through the agent, over the API
+	// server's port-forward.
+	svc.SetBaseURL("http://127.0.0.1:7070")
+	call("shell", map[string]any{"sandbox": "web", "command": "cd site && python3 -m http.server 8000 --bind 127.0.0.1", "background": true})
+	require.Equal(t, true, call("wait_port", map[string]any{"sandbox": "web", "port": 8000})["listening"])
+	browse := call("browse", map[string]any{"sandbox": "web", "port": 8000})
+	u, err := url.Parse(fmt.Sprint(browse["url"]))
+	require.NoError(t, err)
+	pid, ok := previews.IDFromHost(u.Host)
+	require.True(t, ok, "a preview URL: %v", browse)
+	assert.Contains(t, getPreview(t, svc, pid, "/calc.py"), "a + b", "the preview serves the box's file")
+
 	want := map[string]string{"build": "a - b", "fix1": "a * b", "fix2": "a + b", "fix3": "b - a", "web": "a + b"}
 	paths := map[string]string{"build": "app/calc.py", "fix1": "app/calc.py", "fix2": "app/calc.py", "fix3": "app/calc.py", "web": "site/calc.py"}
 	// Every box was used: within a reaper round or two its workspace is
@@ -108,6 +126,29 @@ func TestWorkflowAndNodeDeath(t *testing.T) {
 	for name, node := range podNodes(t, kc, ns) {
 		assert.NotEqual(t, victim, node, "box %s runs on the node that lives", name)
 	}
+}
+
+// getPreview is the body of GET path from preview id, through
+// Service.OpenPreview as the HTTP API's proxy does it.
+func getPreview(t *testing.T, svc *sandbox.Service, id, path string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := svc.OpenPreview(ctx, id)
+	require.NoError(t, err)
+	defer p.Release()
+	conn, err := p.Dial(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(time.Minute))
+	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: box\r\nConnection: close\r\n\r\n", path)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+	return string(body)
 }
 
 // podNodes maps each box's name (the cellbox.box label) to its pod's node.
