@@ -112,11 +112,16 @@ func (s *Service) removeHostDir(id string) error {
 // prepareHost readies the host side of box id before it starts: its host
 // directory, and its egress proxy unless it has the full network.
 func (s *Service) prepareHost(id string, network bool) error {
-	if s.caps.Remote {
-		return nil // nothing of a remote box is on this machine
+	if network {
+		if s.caps.Remote {
+			return nil
+		}
+		return s.makeHostDir(id)
 	}
-	if err := s.makeHostDir(id); err != nil || network {
-		return err
+	if !s.caps.Remote { // nothing else of a remote box is on this machine
+		if err := s.makeHostDir(id); err != nil {
+			return err
+		}
 	}
 	return s.startEgress(id)
 }

@@ -6,16 +6,22 @@ package sandbox
 // (sandbox/egress), listening on a socket in its host directory that the
 // agent forwards 127.0.0.1:3128 to; its policy is the box's allow list (an
 // empty one refuses everything, with a message saying how to open it), kept
-// in the box's record and changeable on a running box with network_set.
+// in the box's record and changeable on a running box with network_set. A
+// box on another machine (a remote backend's) has no host directory here:
+// the server lends its agent connections (lendEgress), over which the
+// agent carries the box's connections back to the same proxy.
 
 import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
+	"github.com/cellbox/cellbox/internal/netpipe"
 	"github.com/cellbox/cellbox/internal/safe"
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/egress"
@@ -27,9 +33,6 @@ import (
 func (c *call) compileNetwork(r *api.NetworkRules) (*egress.Policy, error) {
 	if r == nil {
 		return nil, nil
-	}
-	if c.s.caps.Remote {
-		return nil, api.WithCode(api.CodeInvalidInput, fmt.Errorf("network allow lists need this server's egress proxy, which boxes on another machine (the %s backend's) cannot reach: give network: true for the full network, or leave it out for none", c.s.be.Name()))
 	}
 	pol, err := egress.CompileRules(*r)
 	if err != nil {
@@ -100,9 +103,19 @@ func (s *Service) startEgress(id string) error {
 	if s.proxies[id] != nil {
 		return nil
 	}
-	ln, err := egress.Listen(s.egressStaging(id), s.hostDir(id))
-	if err != nil {
-		return fmt.Errorf("box %s: %w", id, err)
+	var ln net.Listener
+	var lend func(ctx context.Context)
+	if s.caps.Remote {
+		// The box is on another machine: its agent carries its
+		// connections to the proxy back over connections this server
+		// lends it.
+		dl := netpipe.NewListener()
+		ln, lend = dl, func(ctx context.Context) { s.lendEgress(ctx, id, dl) }
+	} else {
+		var err error
+		if ln, err = egress.Listen(s.egressStaging(id), s.hostDir(id)); err != nil {
+			return fmt.Errorf("box %s: %w", id, err)
+		}
 	}
 	p := egress.New(egress.Options{
 		Box:    id,
@@ -125,15 +138,68 @@ func (s *Service) startEgress(id string) error {
 		ln.Close()
 		return nil
 	}
-	s.proxies[id] = p
+	ctx, cancel := context.WithCancel(s.ctx)
+	s.proxies[id] = &boxProxy{p: p, stop: cancel}
 	go func() {
 		defer safe.Recover(s.log, "egress proxy of box "+id, nil)
 		if err := p.Serve(ln); err != nil {
 			s.log.Warn("egress proxy stopped", "box", id, "err", err)
 		}
 	}()
+	if lend != nil {
+		for range egressLent {
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				defer safe.Recover(s.log, "egress lender of box "+id, nil)
+				lend(ctx)
+			}()
+		}
+	}
 	return nil
 }
+
+// boxProxy is a box's egress proxy, and what stops the connections lent
+// to its agent.
+type boxProxy struct {
+	p    *egress.Proxy
+	stop context.CancelFunc
+}
+
+// egressLent is how many connections the server keeps lent to a remote
+// box's agent, idle, for its next connections to its proxy; each one used
+// is replaced at once.
+const egressLent = 2
+
+// lendEgress keeps one connection lent to box id's agent (PullEgress) and
+// delivers each the box puts to use to its proxy's listener, until ctx
+// ends. While the agent does not answer (the box starting, or gone) it
+// tries again, less and less often.
+func (s *Service) lendEgress(ctx context.Context, id string, ln *netpipe.Listener) {
+	cl := s.agentClient(id)
+	defer cl.Close()
+	pause := lendPause
+	for ctx.Err() == nil {
+		conn, err := cl.PullEgress(ctx)
+		if err == nil {
+			pause = lendPause
+			if !ln.Deliver(conn) {
+				return
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, maxLendPause)
+	}
+}
+
+const (
+	lendPause    = 250 * time.Millisecond
+	maxLendPause = 5 * time.Second
+)
 
 // stopEgress stops the egress proxy of box id, if it has one.
 func (s *Service) stopEgress(id string) {
@@ -142,7 +208,8 @@ func (s *Service) stopEgress(id string) {
 	delete(s.proxies, id)
 	s.egressMu.Unlock()
 	if p != nil {
-		p.Close()
+		p.stop()
+		p.p.Close()
 		// The socket stays in the host dir until the box's directory goes.
 	}
 }

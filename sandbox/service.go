@@ -59,7 +59,6 @@ import (
 	"github.com/cellbox/cellbox/sandbox/api"
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/blobs"
-	"github.com/cellbox/cellbox/sandbox/egress"
 	leases "github.com/cellbox/cellbox/sandbox/lease"
 	"github.com/cellbox/cellbox/sandbox/previews"
 	"github.com/cellbox/cellbox/sandbox/snapshots"
@@ -210,7 +209,7 @@ type Service struct {
 	// serializes startEgress, so two starts for one box never both place
 	// a socket. Taken before Service.mu, never under it.
 	egressMu sync.Mutex
-	proxies  map[string]*egress.Proxy
+	proxies  map[string]*boxProxy
 	// hostDirMu serializes mounting and removing boxes' host directories
 	// (hostdir.go), so that two wakes never mount one twice.
 	hostDirMu sync.Mutex
@@ -323,7 +322,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		held:     map[string]*leases.Held{},
 		boxes:    map[string]*box{},
 		previews: previews.NewTable(),
-		proxies:  map[string]*egress.Proxy{},
+		proxies:  map[string]*boxProxy{},
 	}
 	s.SetBaseURL(cfg.BaseURL)
 	if err := s.reconcile(ctx); err != nil {

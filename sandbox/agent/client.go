@@ -850,16 +850,49 @@ func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	if port <= 0 || port > 65535 {
 		return nil, &Error{Op: "port", Code: CodeInvalid, Message: fmt.Sprintf("port %d: not a TCP port", port)}
 	}
+	return c.upgrade(ctx, fmt.Sprintf("/v1/port/%d", port), fmt.Sprintf("agent port %d", port))
+}
+
+// PullEgress lends the agent a connection for the box's egress, for a
+// box whose host holds no proxy socket (a remote backend's): it waits
+// until a process of the box connects to its egress address
+// (127.0.0.1:3128) and returns that connection, carrying what the process
+// sends to its proxy, for the server's egress proxy to serve. Until then
+// the agent holds it idle; ctx ending closes it.
+func (c *Client) PullEgress(ctx context.Context) (net.Conn, error) {
+	conn, err := c.upgrade(ctx, "/v1/egress/pull", "agent egress pull")
+	if err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	var mark [1]byte
+	_, err = io.ReadFull(conn, mark[:])
+	if !stop() {
+		return nil, ctx.Err()
+	}
+	if err != nil || mark[0] != egressMark {
+		conn.Close()
+		if err == nil {
+			err = fmt.Errorf("unexpected byte %q", mark[0])
+		}
+		return nil, fmt.Errorf("agent egress pull: %w", err)
+	}
+	return conn, nil
+}
+
+// upgrade makes a new connection to the agent and turns it into a raw
+// tunnel with GET path (Upgrade: tcp); what names the tunnel in errors.
+func (c *Client) upgrade(ctx context.Context, path, what string) (net.Conn, error) {
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	req := fmt.Sprintf("GET /v1/port/%d HTTP/1.1\r\nHost: cellbox-agent\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n", port)
+	req := "GET " + path + " HTTP/1.1\r\nHost: cellbox-agent\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n"
 	if _, err := io.WriteString(conn, req); err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("agent port %d: %w", port, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
@@ -868,20 +901,20 @@ func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}
-		return nil, fmt.Errorf("agent port %d: %w", port, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	if err := checkProtocol(resp.Header); err != nil {
 		conn.Close()
 		return nil, err
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols {
-		err := decodeError("/v1/port", resp)
+		err := decodeError(path, resp)
 		conn.Close()
 		return nil, err
 	}
 	if !stop() {
 		conn.Close()
-		return nil, fmt.Errorf("agent port %d: %w", port, ctx.Err())
+		return nil, fmt.Errorf("%s: %w", what, ctx.Err())
 	}
 	var r io.Reader = conn
 	if n := br.Buffered(); n > 0 {

@@ -1,9 +1,16 @@
 package agent
 
 import (
+	"bufio"
 	"context"
+	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"net"
+	"net/http"
+	"os"
+	"time"
 
 	"github.com/cellbox/cellbox/internal/netpipe"
 )
@@ -34,15 +41,97 @@ func (s *server) forwardEgress(ctx context.Context, addr, socket string) {
 		go func() {
 			defer s.tunnels.Done()
 			defer c.Close()
+			var up net.Conn
+			var upr io.Reader
 			up, err := (&net.Dialer{}).DialContext(ctx, "unix", socket)
+			if errors.Is(err, fs.ErrNotExist) {
+				// No socket: the server is on another machine and lends
+				// connections instead (GET /v1/egress/pull).
+				var p *pulled
+				if p, err = s.takePull(ctx); err == nil {
+					up, upr = p.c, p.r
+				}
+			}
 			if err != nil {
-				io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\ncellbox egress: the host's proxy is not reachable from this box ("+err.Error()+")\n")
+				io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\ncellbox egress: the server's proxy is not reachable from this box ("+err.Error()+")\n")
 				return
 			}
 			defer up.Close()
 			stop := context.AfterFunc(ctx, func() { c.Close(); up.Close() })
 			defer stop()
-			netpipe.Pipe(c, nil, up)
+			netpipe.Pipe(up, upr, c)
 		}()
 	}
 }
+
+// egressMark is the byte the agent sends on a pulled connection when it
+// puts it to use: what follows is a box's connection to its proxy.
+const egressMark = 'E'
+
+// pulled is a connection the server lent for the box's egress.
+type pulled struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+// pullWait bounds how long a box's connection to its proxy waits for the
+// server to lend one (it lends a few ahead, and another as each is used).
+const pullWait = 30 * time.Second
+
+// handleEgressPull (GET /v1/egress/pull) takes a connection the server
+// lends for the box's egress and holds it until a process of the box
+// connects to its proxy address (forwardEgress).
+func (s *server) handleEgressPull(w http.ResponseWriter, r *http.Request) {
+	conn, br, err := switchProtocols(w, "egress pull")
+	if err != nil {
+		return
+	}
+	p := &pulled{c: conn, r: br}
+	for {
+		select {
+		case s.pulls <- p:
+			return
+		default:
+			// Full: those of a server gone (restarted, or another one
+			// now) may fill it; the oldest makes room for the newest.
+			select {
+			case old := <-s.pulls:
+				old.c.Close()
+			default:
+			}
+		}
+	}
+}
+
+// takePull returns a live lent connection, marked as used, waiting up to
+// pullWait for one.
+func (s *server) takePull(ctx context.Context) (*pulled, error) {
+	timer := time.NewTimer(pullWait)
+	defer timer.Stop()
+	for {
+		select {
+		case p := <-s.pulls:
+			// One whose server end went away reads EOF at once; a live
+			// one has nothing to read (the server sends nothing first).
+			p.c.SetReadDeadline(time.Now().Add(time.Millisecond))
+			_, err := p.r.Peek(1)
+			p.c.SetReadDeadline(time.Time{})
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				p.c.Close()
+				continue
+			}
+			if _, err := p.c.Write([]byte{egressMark}); err != nil {
+				p.c.Close()
+				continue
+			}
+			return p, nil
+		case <-timer.C:
+			return nil, fmt.Errorf("the server lent no connection within %s", pullWait)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// maxPulls is how many lent connections the agent holds at most.
+const maxPulls = 16

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bufio"
 	"fmt"
 	"net"
 	"net/http"
@@ -24,10 +25,9 @@ func (s *server) handlePort(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &Error{Op: "port", Message: fmt.Sprintf("connect to port %d in the box: %v", port, err)})
 		return
 	}
-	conn, brw, err := http.NewResponseController(w).Hijack()
+	conn, br, err := switchProtocols(w, "port")
 	if err != nil {
 		up.Close()
-		writeError(w, &Error{Op: "port", Message: "port: cannot take over the connection: " + err.Error()})
 		return
 	}
 	s.tunnels.Add(1)
@@ -35,10 +35,6 @@ func (s *server) handlePort(w http.ResponseWriter, r *http.Request) {
 		defer s.tunnels.Done()
 		defer conn.Close()
 		defer up.Close()
-		fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: tcp\r\nConnection: Upgrade\r\n%s: %d\r\n\r\n", ProtocolHeader, ProtocolVersion)
-		if err := brw.Flush(); err != nil {
-			return
-		}
 		stop := make(chan struct{})
 		go func() {
 			select {
@@ -49,6 +45,24 @@ func (s *server) handlePort(w http.ResponseWriter, r *http.Request) {
 			}
 		}()
 		defer close(stop)
-		netpipe.Pipe(conn, brw.Reader, up)
+		netpipe.Pipe(conn, br, up)
 	}()
+}
+
+// switchProtocols takes over the connection of w and answers 101
+// (Upgrade: tcp): from then on it is a raw byte pipe, read through the
+// returned reader (which may hold bytes the client sent early). An error
+// has been answered (op names the request).
+func switchProtocols(w http.ResponseWriter, op string) (net.Conn, *bufio.Reader, error) {
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		writeError(w, &Error{Op: op, Message: op + ": cannot take over the connection: " + err.Error()})
+		return nil, nil, err
+	}
+	fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: tcp\r\nConnection: Upgrade\r\n%s: %d\r\n\r\n", ProtocolHeader, ProtocolVersion)
+	if err := brw.Flush(); err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	return conn, brw.Reader, nil
 }

@@ -31,6 +31,7 @@ type server struct {
 	code      *codeTable
 	ctx       context.Context // ends when Serve is asked to stop
 	tunnels   sync.WaitGroup
+	pulls     chan *pulled // connections the server lent for egress
 	limits    struct{ Pids, Memory int64 }
 }
 
@@ -138,7 +139,7 @@ func newServer(ctx context.Context, opts Options) (*server, error) {
 	if os.Getenv("PATH") == "" {
 		os.Setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	}
-	s := &server{log: log, workspace: ws, roots: resolved, ctx: ctx}
+	s := &server{log: log, workspace: ws, roots: resolved, ctx: ctx, pulls: make(chan *pulled, maxPulls)}
 	s.limits.Pids, s.limits.Memory = opts.PidsLimit, opts.MemoryLimit
 	s.procs = newProcTable(log, os.Getpid() == 1)
 	if s.procs.reaper {
@@ -178,6 +179,7 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("PUT /v1/fs/tar", s.handleTarIn)
 	mux.HandleFunc("GET /v1/watch", s.handleWatch)
 	mux.HandleFunc("GET /v1/port/{port}", s.handlePort)
+	mux.HandleFunc("GET /v1/egress/pull", s.handleEgressPull)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &Error{Op: "agent", Code: CodeInvalid, Message: fmt.Sprintf("agent: no endpoint %s %s", r.Method, r.URL.Path)})
 	})

@@ -3,7 +3,6 @@ package kube_test
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -33,29 +32,7 @@ func TestWorkflowAndNodeDeath(t *testing.T) {
 	kc, ns := kubetest.SetupAlone(t)
 	be := kubetest.Open(t, kubetest.Options(t, kc, ns))
 	svc, _ := sandboxtest.Service(t, sandboxtest.Options{Backend: be, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))})
-	ctx := context.Background()
-	sid, _, err := svc.NewSession(ctx)
-	require.NoError(t, err)
-	call := func(name string, in map[string]any) map[string]any {
-		t.Helper()
-		raw, _ := json.Marshal(in)
-		cctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		defer cancel()
-		res, err := svc.CallTool(cctx, sid, name, raw)
-		require.NoError(t, err, "%s %s", name, raw)
-		var out map[string]any
-		require.NoError(t, json.Unmarshal(res, &out))
-		if strings.Contains(fmt.Sprint(out["error"]), "the next call restarts it") {
-			// A call that met the death on a connection it had: the
-			// request may have been sent, so it is not sent again.
-			res, err = svc.CallTool(cctx, sid, name, raw)
-			require.NoError(t, err, "%s %s", name, raw)
-			out = nil
-			require.NoError(t, json.Unmarshal(res, &out))
-		}
-		require.NotEqual(t, true, out["is_error"], "%s %s: %s", name, raw, res)
-		return out
-	}
+	call := sandboxtest.Caller(t, svc)
 	call("write_file", map[string]any{"sandbox": "build", "path": "app/calc.py", "content": "def add(a, b):\n    return a - b\n"})
 	call("write_file", map[string]any{"sandbox": "build", "path": "app/test_calc.py", "content": "from calc import add\nassert add(2, 3) == 5, add(2, 3)\nprint(\"tests pass\")\n"})
 	call("snapshot", map[string]any{"sandbox": "build", "label": "before the fix"})
@@ -126,6 +103,18 @@ func TestWorkflowAndNodeDeath(t *testing.T) {
 	for name, node := range podNodes(t, kc, ns) {
 		assert.NotEqual(t, victim, node, "box %s runs on the node that lives", name)
 	}
+}
+
+// TestAllowListOnKubernetes: a box with a network allow list reaches
+// what its list allows and nothing else, through the server's egress
+// proxy; the pod itself has no egress at all (its agent carries the box's
+// connections back over connections the server lends it through the API
+// server).
+func TestAllowListOnKubernetes(t *testing.T) {
+	kc, ns := kubetest.Setup(t)
+	be := kubetest.Open(t, kubetest.Options(t, kc, ns))
+	svc, _ := sandboxtest.Service(t, sandboxtest.Options{Backend: be})
+	sandboxtest.AllowList(t, svc)
 }
 
 // getPreview is the body of GET path from preview id, through
