@@ -11,10 +11,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/backend/seccomp"
 	"github.com/cellbox/cellbox/sandbox/docker"
 	"github.com/cellbox/cellbox/sandbox/image"
-	"github.com/cellbox/cellbox/sandbox/kube"
 	"github.com/cellbox/cellbox/server"
 )
 
@@ -208,7 +208,7 @@ func imageAgentOCI(ctx context.Context, binary, file string) error {
 		}
 		binary = self
 	}
-	ref, err := kube.AgentImage(binary)
+	ref, err := backend.AgentImage(binary)
 	if err != nil {
 		return err
 	}

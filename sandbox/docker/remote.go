@@ -4,9 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -57,7 +55,7 @@ type Remote struct {
 	defaultImage string
 
 	agentMu sync.Mutex
-	agents  map[string]string // agent binary path and stamp → its volume
+	agents  map[string]bool // agent volumes known to exist
 }
 
 var _ backend.Backend = (*Remote)(nil)
@@ -85,7 +83,7 @@ func NewRemote(ctx context.Context, opts RemoteOptions) (*Remote, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Remote{engine: e, defaultImage: opts.DefaultImage, agents: map[string]string{}}
+	r := &Remote{engine: e, defaultImage: opts.DefaultImage, agents: map[string]bool{}}
 	if r.defaultImage == "" {
 		r.defaultImage = DefaultRemoteImage
 	}
@@ -160,25 +158,18 @@ var agentDir = backend.AgentPath[:strings.LastIndexByte(backend.AgentPath, '/')]
 // (new, empty) volume in the one create call, so a process killed half way
 // leaves no empty volume behind.
 func (r *Remote) agentVolume(ctx context.Context, path string) (string, error) {
-	fi, err := os.Stat(path)
+	ref, err := backend.AgentImage(path)
 	if err != nil {
-		return "", fmt.Errorf("agent binary: %w", err)
+		return "", err
 	}
-	stamp := fmt.Sprintf("%s:%d:%d", path, fi.Size(), fi.ModTime().UnixNano())
+	vol := "cellbox-agent-" + strings.TrimPrefix(ref, backend.AgentImagePrefix)
 	r.agentMu.Lock()
 	defer r.agentMu.Unlock()
-	if vol, ok := r.agents[stamp]; ok {
+	if r.agents[vol] {
 		return vol, nil
 	}
-	bin, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("agent binary: %w", err)
-	}
-	sum := sha256.Sum256(bin)
-	digest := hex.EncodeToString(sum[:])[:16]
-	ref, vol := "cellbox/agent:"+digest, "cellbox-agent-"+digest
 	if _, err := r.cli.VolumeInspect(ctx, vol, client.VolumeInspectOptions{}); err == nil {
-		r.agents[stamp] = vol
+		r.agents[vol] = true
 		return vol, nil
 	} else if !cerrdefs.IsNotFound(err) {
 		return "", fmt.Errorf("agent volume %s: %w", vol, err)
@@ -186,6 +177,10 @@ func (r *Remote) agentVolume(ctx context.Context, path string) (string, error) {
 	if id, err := r.ImageID(ctx, ref); err != nil {
 		return "", err
 	} else if id == "" {
+		bin, err := os.ReadFile(path)
+		if err != nil {
+			return "", fmt.Errorf("agent binary: %w", err)
+		}
 		var buf bytes.Buffer
 		tw := tar.NewWriter(&buf)
 		for _, h := range []*tar.Header{
@@ -216,7 +211,7 @@ func (r *Remote) agentVolume(ctx context.Context, path string) (string, error) {
 	if _, err := r.cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true}); err != nil {
 		r.log.Warn("docker remote: remove the container that filled the agent volume", "volume", vol, "err", err)
 	}
-	r.agents[stamp] = vol
+	r.agents[vol] = true
 	return vol, nil
 }
 

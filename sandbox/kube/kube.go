@@ -47,7 +47,6 @@ import (
 	"net"
 	"os"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -79,7 +78,7 @@ type Options struct {
 	// they pull from.
 	DefaultImage string
 	// AgentImage is the image whose /cellbox the init container copies
-	// into the box; "" is AgentImage(Spec.AgentBinary), the image
+	// into the box; "" is backend.AgentImage(Spec.AgentBinary), the image
 	// `cellbox image agent --oci FILE` writes.
 	AgentImage string
 	// PullPolicy of both images; "" is IfNotPresent.
@@ -135,8 +134,6 @@ type Backend struct {
 	fw     forwarders
 	tokMu  sync.Mutex
 	tokens map[string]string // object name → token
-	agMu   sync.Mutex
-	agents map[string]string // agent binary stamp → image
 
 	keepMu  sync.Mutex
 	keeping map[string]*sync.Mutex // box id → its keep's lock (see keep)
@@ -174,7 +171,7 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 		}
 	}
 	b := &Backend{c: c, rest: cfg, ns: o.Namespace, o: o, log: o.Logger,
-		fw: forwarders{m: map[string]*forwarder{}, lost: map[types.UID]string{}}, tokens: map[string]string{}, agents: map[string]string{}, keeping: map[string]*sync.Mutex{}}
+		fw: forwarders{m: map[string]*forwarder{}, lost: map[types.UID]string{}}, tokens: map[string]string{}, keeping: map[string]*sync.Mutex{}}
 	if b.log == nil {
 		b.log = slog.Default()
 	}
@@ -887,38 +884,7 @@ func (b *Backend) agentImage(path string) (string, error) {
 	if b.o.AgentImage != "" {
 		return b.o.AgentImage, nil
 	}
-	fi, err := os.Stat(path)
-	if err != nil {
-		return "", fmt.Errorf("agent binary: %w", err)
-	}
-	stamp := path + ":" + strconv.FormatInt(fi.Size(), 10) + ":" + strconv.FormatInt(fi.ModTime().UnixNano(), 10)
-	b.agMu.Lock()
-	defer b.agMu.Unlock()
-	if ref, ok := b.agents[stamp]; ok {
-		return ref, nil
-	}
-	ref, err := AgentImage(path)
-	if err != nil {
-		return "", err
-	}
-	b.agents[stamp] = ref
-	return ref, nil
-}
-
-// AgentImage is the name of the agent image of the cellbox binary at path:
-// cellbox/agent:<the first 16 hex digits of its SHA-256>, so that a server
-// never runs another build's agent.
-func AgentImage(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", fmt.Errorf("agent binary: %w", err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("agent binary: %w", err)
-	}
-	return "cellbox/agent:" + hex.EncodeToString(h.Sum(nil))[:16], nil
+	return backend.AgentImage(path)
 }
 
 // onNodes checks, when images are never pulled (PullPolicy Never), that

@@ -32,18 +32,8 @@ func (b *Backend) podFor(sec *corev1.Secret, spec boxSpec) *corev1.Pod {
 	if image == backend.DefaultImage {
 		image = b.o.DefaultImage
 	}
-	no, yes := false, true
-	uid, gid := int64(backend.BoxUID), int64(backend.BoxGID)
-	seccomp := &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
-	if b.o.SeccompLocalhost != "" {
-		seccomp = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: &b.o.SeccompLocalhost}
-	}
-	restricted := &corev1.SecurityContext{
-		RunAsNonRoot: &yes, RunAsUser: &uid, RunAsGroup: &gid,
-		AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes, Privileged: &no,
-		Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-		SeccompProfile: seccomp,
-	}
+	no := false
+	podSecurity, restricted := b.restricted()
 	cmd := backend.Spec{WorkDir: spec.WorkDir}.AgentCommand()
 	cmd = append(cmd, "--socket", "tcp:127.0.0.1:"+strconv.Itoa(agentPort), "--memory-limit", strconv.FormatInt(lim.MemoryBytes, 10))
 	if !spec.Network && b.gate != "" {
@@ -81,9 +71,7 @@ func (b *Backend) podFor(sec *corev1.Secret, spec boxSpec) *corev1.Pod {
 			Hostname:                      "box",
 			NodeSelector:                  b.o.NodeSelector,
 			Tolerations:                   b.o.Tolerations,
-			SecurityContext: &corev1.PodSecurityContext{
-				RunAsNonRoot: &yes, RunAsUser: &uid, RunAsGroup: &gid, FSGroup: &gid, SeccompProfile: seccomp,
-			},
+			SecurityContext:               podSecurity,
 			InitContainers: []corev1.Container{{
 				Name: agentContainer, Image: spec.Agent, ImagePullPolicy: b.o.PullPolicy,
 				Command:         []string{agentInImage, "agent", "--install", backend.AgentPath},
@@ -135,6 +123,26 @@ func (b *Backend) podFor(sec *corev1.Secret, spec boxSpec) *corev1.Pod {
 					Key: "kubernetes.io/hostname", Operator: corev1.NodeSelectorOpNotIn, Values: []string{avoid}}}}}}}}
 	}
 	return p
+}
+
+// restricted is the security context of every pod the backend makes and
+// of each of its containers: the restricted Pod Security Standard in
+// full, as the box user, under RuntimeDefault or cellbox's own seccomp
+// filter (Options.SeccompLocalhost).
+func (b *Backend) restricted() (*corev1.PodSecurityContext, *corev1.SecurityContext) {
+	no, yes := false, true
+	uid, gid := int64(backend.BoxUID), int64(backend.BoxGID)
+	seccomp := &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
+	if b.o.SeccompLocalhost != "" {
+		seccomp = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: &b.o.SeccompLocalhost}
+	}
+	return &corev1.PodSecurityContext{RunAsNonRoot: &yes, RunAsUser: &uid, RunAsGroup: &gid, FSGroup: &gid, SeccompProfile: seccomp},
+		&corev1.SecurityContext{
+			RunAsNonRoot: &yes, RunAsUser: &uid, RunAsGroup: &gid,
+			AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes, Privileged: &no,
+			Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile: seccomp,
+		}
 }
 
 // agentRoom is the disk the agent's copy takes (the binary, ~30 MB).

@@ -174,21 +174,18 @@ func (b *Backend) probePod(name, image, target string, shut bool) *corev1.Pod {
 	if shut {
 		cmd = append(cmd, "--probe-blocked")
 	}
-	no, yes := false, true
-	uid := int64(backend.BoxUID)
+	no := false
+	podSecurity, restricted := b.restricted()
 	deadline := int64(110)
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{labelName: name, "app.kubernetes.io/managed-by": "cellbox-probe"}},
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: &no, EnableServiceLinks: &no,
 			ActiveDeadlineSeconds: &deadline, NodeSelector: b.o.NodeSelector, Tolerations: b.o.Tolerations,
-			SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: &yes, RunAsUser: &uid,
-				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+			SecurityContext: podSecurity,
 			Containers: []corev1.Container{{
 				Name: "probe", Image: image, ImagePullPolicy: b.o.PullPolicy,
-				Command: cmd,
-				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes,
-					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
+				Command: cmd, SecurityContext: restricted,
 			}},
 		},
 	}

@@ -107,7 +107,7 @@ func loadImages(bin string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	ref, err := kube.AgentImage(bin)
+	ref, err := backend.AgentImage(bin)
 	if err != nil {
 		return err
 	}
