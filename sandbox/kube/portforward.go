@@ -99,12 +99,16 @@ func (b *Backend) forwarder(ctx context.Context, pod *corev1.Pod) (*forwarder, e
 	}
 }
 
-// drop closes and forgets pod's forwarder (the pod is gone).
-func (b *Backend) dropForwarder(pod string) {
+// dropForwarder closes and forgets pod's forwarder (the pod is gone), or
+// only f if f is not nil (a connection gone bad, perhaps replaced since).
+func (b *Backend) dropForwarder(pod string, f *forwarder) {
 	b.fw.mu.Lock()
 	defer b.fw.mu.Unlock()
-	if f := b.fw.m[pod]; f != nil {
+	if f != nil {
 		f.conn.Close()
+	}
+	if cur := b.fw.m[pod]; cur != nil && (f == nil || cur == f) {
+		cur.conn.Close()
 		delete(b.fw.m, pod)
 	}
 }
@@ -113,34 +117,34 @@ func (b *Backend) dropForwarder(pod string) {
 // over. An error wraps backend.ErrNotReady: nothing was sent but the
 // handshake.
 func (b *Backend) dialAgent(ctx context.Context, pod *corev1.Pod, token string) (net.Conn, error) {
-	f, err := b.forwarder(ctx, pod)
-	if err != nil {
-		// The API server's "error dialing backend": it could not reach
-		// the pod's kubelet. Any other failure (the API server itself
-		// unreachable, a refusal) says nothing of the node.
-		if ctx.Err() == nil && strings.Contains(err.Error(), "dialing backend") {
-			b.lost(pod, err)
+	var f *forwarder
+	var data, errStream httpstream.Stream
+	for try := 0; ; try++ {
+		var err error
+		if f, err = b.forwarder(ctx, pod); err != nil {
+			// The API server's "error dialing backend": it could not
+			// reach the pod's kubelet. Any other failure (the API server
+			// itself unreachable, a refusal) says nothing of the node.
+			if ctx.Err() == nil && strings.Contains(err.Error(), "dialing backend") {
+				b.lost(pod, err)
+			}
+			return nil, fmt.Errorf("port-forward to pod %s: %w: %w", pod.Name, backend.ErrNotReady, err)
 		}
-		return nil, fmt.Errorf("port-forward to pod %s: %w: %w", pod.Name, backend.ErrNotReady, err)
-	}
-	b.found(pod)
-	id := strconv.FormatInt(f.next.Add(1), 10)
-	h := http.Header{}
-	h.Set(corev1.StreamType, corev1.StreamTypeError)
-	h.Set(corev1.PortHeader, strconv.Itoa(agentPort))
-	h.Set(corev1.PortForwardRequestIDHeader, id)
-	errStream, err := f.conn.CreateStream(h)
-	if err != nil {
-		b.dropForwarder(pod.Name)
-		return nil, fmt.Errorf("port-forward to pod %s: %w: %w", pod.Name, backend.ErrNotReady, err)
-	}
-	errStream.Close() // nothing is written to it
-	h.Set(corev1.StreamType, corev1.StreamTypeData)
-	data, err := f.conn.CreateStream(h)
-	if err != nil {
-		f.conn.RemoveStreams(errStream)
-		b.dropForwarder(pod.Name)
-		return nil, fmt.Errorf("port-forward to pod %s: %w: %w", pod.Name, backend.ErrNotReady, err)
+		b.found(pod)
+		if data, errStream, err = b.streams(ctx, f, pod.Name); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("port-forward to pod %s: %w: %w", pod.Name, backend.ErrNotReady, err)
+		}
+		// A connection that makes no streams (seen on the test cluster:
+		// a pod's first one, now and then, answered none for 30 s) is
+		// dropped; a new one is tried once, as nothing was sent yet.
+		b.dropForwarder(pod.Name, f)
+		if try > 0 {
+			return nil, fmt.Errorf("port-forward to pod %s: %w: %w", pod.Name, backend.ErrNotReady, err)
+		}
+		b.log.Warn("kubernetes backend: a port-forward connection made no stream; trying a new one", "pod", pod.Name, "err", err)
 	}
 	c := &streamConn{f: f, data: data, errs: errStream, pod: pod.Name, failed: make(chan struct{})}
 	go c.watchErrors()
@@ -157,6 +161,62 @@ func (b *Backend) dialAgent(ctx context.Context, pod *corev1.Pod, token string) 
 	}
 	return c, nil
 }
+
+// streams makes the error and data streams of a new port-forward request
+// on f. Making a stream waits for the far end's reply (30 s in
+// httpstream, deaf to the connection's closing and to ctx): it runs on
+// its own, the caller leaves when ctx ends, and past streamTimeout f's
+// connection is closed and dropped, so that later dials make a new one
+// rather than queue on a connection that stalled.
+func (b *Backend) streams(ctx context.Context, f *forwarder, pod string) (data, errStream httpstream.Stream, err error) {
+	type made struct {
+		data, errs httpstream.Stream
+		err        error
+	}
+	ch := make(chan made, 1)
+	go func() {
+		timer := time.AfterFunc(streamTimeout, func() { b.dropForwarder(pod, f) })
+		defer timer.Stop()
+		h := http.Header{}
+		h.Set(corev1.StreamType, corev1.StreamTypeError)
+		h.Set(corev1.PortHeader, strconv.Itoa(agentPort))
+		h.Set(corev1.PortForwardRequestIDHeader, strconv.FormatInt(f.next.Add(1), 10))
+		errs, err := f.conn.CreateStream(h)
+		if err != nil {
+			ch <- made{err: err}
+			return
+		}
+		errs.Close() // nothing is written to it
+		h.Set(corev1.StreamType, corev1.StreamTypeData)
+		data, err := f.conn.CreateStream(h)
+		if err != nil {
+			f.conn.RemoveStreams(errs)
+		}
+		ch <- made{data, errs, err}
+	}()
+	stalled := time.NewTimer(streamTimeout)
+	defer stalled.Stop()
+	select {
+	case m := <-ch:
+		return m.data, m.errs, m.err
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-stalled.C:
+		err = fmt.Errorf("no stream within %s", streamTimeout)
+	}
+	go func() { // made after all: nobody wants them now
+		if m := <-ch; m.err == nil {
+			m.data.Reset()
+			m.errs.Reset()
+			f.conn.RemoveStreams(m.data, m.errs)
+		}
+	}()
+	return nil, nil, err
+}
+
+// streamTimeout bounds making a port-forward request's streams.
+// (milliseconds when all is well; seconds on a loaded node).
+const streamTimeout = 5 * time.Second
 
 // handshakeTimeout bounds the token handshake through the API server.
 const handshakeTimeout = 10 * time.Second

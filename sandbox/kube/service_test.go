@@ -24,8 +24,9 @@ import (
 
 // TestWorkflowAndNodeDeath runs the README's multi-box workflow (build in
 // one box, fork three, try three fixes, keep the one whose tests pass,
-// transfer between boxes) with every box a pod of the two-node cluster,
-// then kills the node that holds most of them (its kubelet, container
+// transfer between boxes; then branch and restore a snapshot, and preview
+// a server in a box) with every box a pod of the two-node cluster, then
+// kills the node that holds most of them (its kubelet, container
 // runtime and pods, kill -9): the next call on each box brings it back on
 // the other node with every file it had, and says what happened.
 func TestWorkflowAndNodeDeath(t *testing.T) {
@@ -35,7 +36,7 @@ func TestWorkflowAndNodeDeath(t *testing.T) {
 	call := sandboxtest.Caller(t, svc)
 	call("write_file", map[string]any{"sandbox": "build", "path": "app/calc.py", "content": "def add(a, b):\n    return a - b\n"})
 	call("write_file", map[string]any{"sandbox": "build", "path": "app/test_calc.py", "content": "from calc import add\nassert add(2, 3) == 5, add(2, 3)\nprint(\"tests pass\")\n"})
-	call("snapshot", map[string]any{"sandbox": "build", "label": "before the fix"})
+	snap := call("snapshot", map[string]any{"sandbox": "build", "label": "before the fix"})
 	fork := call("fork", map[string]any{"sandbox": "build", "count": 3, "names": []string{"fix1", "fix2", "fix3"}})
 	assert.Equal(t, "tar", fork["method"], "fork copies files through the agents on Kubernetes")
 	fixes := map[string]string{"fix1": "a * b", "fix2": "a + b", "fix3": "b - a"}
@@ -50,6 +51,14 @@ func TestWorkflowAndNodeDeath(t *testing.T) {
 	got := call("read_file", map[string]any{"sandbox": "web", "path": "site/calc.py"})
 	assert.Contains(t, fmt.Sprint(got["content"]), "a + b")
 
+	// A snapshot (through the agent) comes back as a new box, on
+	// whichever node the scheduler picks, and over a box that changed.
+	call("branch", map[string]any{"snapshot": snap["id"], "name": "retry"})
+	assert.Contains(t, fmt.Sprint(call("read_file", map[string]any{"sandbox": "retry", "path": "app/calc.py"})["content"]), "a - b")
+	call("write_file", map[string]any{"sandbox": "retry", "path": "app/calc.py", "content": "broken"})
+	call("restore", map[string]any{"sandbox": "retry", "snapshot": snap["id"]})
+	assert.Contains(t, fmt.Sprint(call("read_file", map[string]any{"sandbox": "retry", "path": "app/calc.py"})["content"]), "a - b")
+
 	// A preview of a server in a pod: through the agent, over the API
 	// server's port-forward.
 	svc.SetBaseURL("http://127.0.0.1:7070")
@@ -62,8 +71,8 @@ func TestWorkflowAndNodeDeath(t *testing.T) {
 	require.True(t, ok, "a preview URL: %v", browse)
 	assert.Contains(t, getPreview(t, svc, pid, "/calc.py"), "a + b", "the preview serves the box's file")
 
-	want := map[string]string{"build": "a - b", "fix1": "a * b", "fix2": "a + b", "fix3": "b - a", "web": "a + b"}
-	paths := map[string]string{"build": "app/calc.py", "fix1": "app/calc.py", "fix2": "app/calc.py", "fix3": "app/calc.py", "web": "site/calc.py"}
+	want := map[string]string{"build": "a - b", "fix1": "a * b", "fix2": "a + b", "fix3": "b - a", "web": "a + b", "retry": "a - b"}
+	paths := map[string]string{"build": "app/calc.py", "fix1": "app/calc.py", "fix2": "app/calc.py", "fix3": "app/calc.py", "web": "site/calc.py", "retry": "app/calc.py"}
 	// Every box was used: within a reaper round or two its workspace is
 	// kept (checkpointed) through its agent.
 	deadline := time.Now().Add(2 * time.Minute)
