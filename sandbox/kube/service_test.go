@@ -3,6 +3,7 @@ package kube_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -33,7 +34,7 @@ func TestWorkflowAndNodeDeath(t *testing.T) {
 	kc, ns := kubetest.SetupAlone(t)
 	be := kubetest.Open(t, kubetest.Options(t, kc, ns))
 	svc, _ := sandboxtest.Service(t, sandboxtest.Options{Backend: be, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))})
-	call := sandboxtest.Caller(t, svc)
+	call, sid := sandboxtest.Caller(t, svc)
 	call("write_file", map[string]any{"sandbox": "build", "path": "app/calc.py", "content": "def add(a, b):\n    return a - b\n"})
 	call("write_file", map[string]any{"sandbox": "build", "path": "app/test_calc.py", "content": "from calc import add\nassert add(2, 3) == 5, add(2, 3)\nprint(\"tests pass\")\n"})
 	snap := call("snapshot", map[string]any{"sandbox": "build", "label": "before the fix"})
@@ -98,9 +99,39 @@ func TestWorkflowAndNodeDeath(t *testing.T) {
 	}
 	require.Positive(t, count[victim])
 	n := strings.TrimPrefix(victim, "cbk-n")
-	t.Logf("boxes on nodes %v; killing %s", nodes, victim)
+	// A call under way on a box of the node when it dies.
+	var inFlight string
+	for name, node := range nodes {
+		if node == victim {
+			inFlight = name
+		}
+	}
+	midCall := make(chan map[string]any, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		res, err := svc.CallTool(ctx, sid, "shell", []byte(`{"sandbox": "`+inFlight+`", "command": "echo started; sleep 60; echo finished"}`))
+		var out map[string]any
+		if err == nil {
+			err = json.Unmarshal(res, &out)
+		}
+		if err != nil {
+			out = map[string]any{"go error": err.Error()}
+		}
+		midCall <- out
+	}()
+	time.Sleep(3 * time.Second) // the command runs
+	t.Logf("boxes on nodes %v; killing %s while %s runs a command", nodes, victim, inFlight)
 	kubetest.Script(t, "kill-node", n)
 	t.Cleanup(func() { kubetest.Script(t, "start-node", n) })
+	select {
+	case out := <-midCall:
+		t.Logf("the call under way: %v", out)
+		assert.Equal(t, true, out["is_error"], "the call under way on the dead node fails: %v", out)
+		assert.NotContains(t, fmt.Sprint(out), "finished")
+	case <-time.After(2 * time.Minute):
+		t.Fatal("a call under way on a node that died did not end within 2 minutes")
+	}
 
 	for name, w := range want {
 		res := call("shell", map[string]any{"sandbox": name, "command": "cat " + paths[name]})

@@ -20,8 +20,9 @@ import (
 
 // Caller returns a function that calls a tool in a new session of svc
 // and returns its result, failing the test on an error result (a call
-// that met its box's death on a connection it had is made once more).
-func Caller(t testing.TB, svc *sandbox.Service) func(name string, in map[string]any) map[string]any {
+// that met its box's death on a connection it had is made once more),
+// and the session's id.
+func Caller(t testing.TB, svc *sandbox.Service) (func(name string, in map[string]any) map[string]any, string) {
 	ctx := context.Background()
 	sid, _, err := svc.NewSession(ctx)
 	require.NoError(t, err)
@@ -44,7 +45,7 @@ func Caller(t testing.TB, svc *sandbox.Service) func(name string, in map[string]
 		}
 		require.NotEqual(t, true, out["is_error"], "%s %s: %s", name, raw, res)
 		return out
-	}
+	}, sid
 }
 
 // AllowList checks network allow lists on svc's backend (written for the
@@ -54,7 +55,7 @@ func Caller(t testing.TB, svc *sandbox.Service) func(name string, in map[string]
 // the box never sees; network_set changes the list of the running box.
 // Python is all it needs in the box.
 func AllowList(t *testing.T, svc *sandbox.Service) {
-	call := Caller(t, svc)
+	call, _ := Caller(t, svc)
 	var mu sync.Mutex
 	var hits []string
 	upstream := func(name string) string {
