@@ -761,7 +761,7 @@ func (b *Backend) annotate(ctx context.Context, sec *corev1.Secret, ann map[stri
 // processes ended; a pod of a node that does not answer is let go at
 // once: grace 0).
 func (b *Backend) deletePod(ctx context.Context, p *corev1.Pod, grace int64) error {
-	b.dropForwarder(p.Name, nil)
+	b.dropForwarder(p.Name)
 	uid := p.UID
 	err := b.c.delete(ctx, pods, p.Name, &metav1.DeleteOptions{GracePeriodSeconds: &grace, Preconditions: &metav1.Preconditions{UID: &uid}})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {

@@ -33,9 +33,26 @@ import (
 
 // forwarder is the port-forward connection of one pod.
 type forwarder struct {
-	conn httpstream.Connection
-	uid  string // the pod's UID: a new pod of the same name needs a new connection
-	next atomic.Int64
+	conn    httpstream.Connection
+	uid     string // the pod's UID: a new pod of the same name needs a new connection
+	next    atomic.Int64
+	active  atomic.Int64 // its streamConns not closed
+	retired atomic.Bool  // no longer handed out; closed when active reaches 0
+}
+
+// retire stops handing f out (it stalled) without cutting the calls
+// under way on it: its connection is closed when the last of its
+// streamConns is.
+func (b *Backend) retire(pod string, f *forwarder) {
+	b.fw.mu.Lock()
+	if b.fw.m[pod] == f {
+		delete(b.fw.m, pod)
+	}
+	b.fw.mu.Unlock()
+	f.retired.Store(true)
+	if f.active.Load() == 0 {
+		f.conn.Close()
+	}
 }
 
 // forwarders keeps one forwarder a pod.
@@ -99,16 +116,12 @@ func (b *Backend) forwarder(ctx context.Context, pod *corev1.Pod) (*forwarder, e
 	}
 }
 
-// dropForwarder closes and forgets pod's forwarder (the pod is gone), or
-// only f if f is not nil (a connection gone bad, perhaps replaced since).
-func (b *Backend) dropForwarder(pod string, f *forwarder) {
+// dropForwarder closes and forgets pod's forwarder (the pod is gone).
+func (b *Backend) dropForwarder(pod string) {
 	b.fw.mu.Lock()
 	defer b.fw.mu.Unlock()
-	if f != nil {
+	if f := b.fw.m[pod]; f != nil {
 		f.conn.Close()
-	}
-	if cur := b.fw.m[pod]; cur != nil && (f == nil || cur == f) {
-		cur.conn.Close()
 		delete(b.fw.m, pod)
 	}
 }
@@ -139,13 +152,14 @@ func (b *Backend) dialAgent(ctx context.Context, pod *corev1.Pod, token string) 
 		}
 		// A connection that makes no streams (seen on the test cluster:
 		// a pod's first one, now and then, answered none for 30 s) is
-		// dropped; a new one is tried once, as nothing was sent yet.
-		b.dropForwarder(pod.Name, f)
+		// retired; a new one is tried once, as nothing was sent yet.
+		b.retire(pod.Name, f)
 		if try > 0 {
 			return nil, fmt.Errorf("port-forward to pod %s: %w: %w", pod.Name, backend.ErrNotReady, err)
 		}
 		b.log.Warn("kubernetes backend: a port-forward connection made no stream; trying a new one", "pod", pod.Name, "err", err)
 	}
+	f.active.Add(1)
 	c := &streamConn{f: f, data: data, errs: errStream, pod: pod.Name, failed: make(chan struct{})}
 	go c.watchErrors()
 	dl, _ := ctx.Deadline()
@@ -175,7 +189,7 @@ func (b *Backend) streams(ctx context.Context, f *forwarder, pod string) (data, 
 	}
 	ch := make(chan made, 1)
 	go func() {
-		timer := time.AfterFunc(streamTimeout, func() { b.dropForwarder(pod, f) })
+		timer := time.AfterFunc(streamTimeout, func() { b.retire(pod, f) })
 		defer timer.Stop()
 		h := http.Header{}
 		h.Set(corev1.StreamType, corev1.StreamTypeError)
@@ -215,8 +229,10 @@ func (b *Backend) streams(ctx context.Context, f *forwarder, pod string) (data, 
 }
 
 // streamTimeout bounds making a port-forward request's streams.
-// (milliseconds when all is well; seconds on a loaded node).
-const streamTimeout = 5 * time.Second
+// (milliseconds when all is well; a second or so on a loaded node). One
+// that stalls is retired (retire), not closed: calls under way on it go
+// on.
+const streamTimeout = 3 * time.Second
 
 // handshakeTimeout bounds the token handshake through the API server.
 const handshakeTimeout = 10 * time.Second
@@ -278,6 +294,9 @@ func (c *streamConn) Close() error {
 	c.data.Reset()
 	c.errs.Reset()
 	c.f.conn.RemoveStreams(c.data, c.errs)
+	if c.f.active.Add(-1) == 0 && c.f.retired.Load() {
+		c.f.conn.Close()
+	}
 	return nil
 }
 
