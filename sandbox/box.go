@@ -417,6 +417,7 @@ func (s *Service) adopt(sess *Session, name string, b *box, cl *agent.Client) er
 	rec := b.record()
 	srec := s.sessionRecordLocked(sess)
 	s.mu.Unlock()
+	s.lendIfAllowed(rec.ID) // its allow list is known now (a warm box's too)
 	if rec.OneShot {
 		return nil // not stored: nothing to commit
 	}

@@ -104,13 +104,13 @@ func (s *Service) startEgress(id string) error {
 		return nil
 	}
 	var ln net.Listener
-	var lend func(ctx context.Context)
+	var delivered *netpipe.Listener
 	if s.caps.Remote {
 		// The box is on another machine: its agent carries its
 		// connections to the proxy back over connections this server
-		// lends it.
-		dl := netpipe.NewListener()
-		ln, lend = dl, func(ctx context.Context) { s.lendEgress(ctx, id, dl) }
+		// lends it (lendIfAllowed).
+		delivered = netpipe.NewListener()
+		ln = delivered
 	} else {
 		var err error
 		if ln, err = egress.Listen(s.egressStaging(id), s.hostDir(id)); err != nil {
@@ -139,31 +139,63 @@ func (s *Service) startEgress(id string) error {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(s.ctx)
-	s.proxies[id] = &boxProxy{p: p, stop: cancel}
+	bp := &boxProxy{p: p, ln: delivered, ctx: ctx, stop: cancel}
+	s.proxies[id] = bp
 	go func() {
 		defer safe.Recover(s.log, "egress proxy of box "+id, nil)
 		if err := p.Serve(ln); err != nil {
 			s.log.Warn("egress proxy stopped", "box", id, "err", err)
 		}
 	}()
-	if lend != nil {
-		for range egressLent {
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				defer safe.Recover(s.log, "egress lender of box "+id, nil)
-				lend(ctx)
-			}()
-		}
-	}
+	s.lendLocked(id, bp)
 	return nil
 }
 
-// boxProxy is a box's egress proxy, and what stops the connections lent
-// to its agent.
+// boxProxy is a box's egress proxy and, for a box on another machine, the
+// listener its lent connections are delivered to and what stops them.
 type boxProxy struct {
-	p    *egress.Proxy
-	stop context.CancelFunc
+	p       *egress.Proxy
+	ln      *netpipe.Listener // nil for a box of this machine
+	ctx     context.Context
+	stop    context.CancelFunc
+	lending bool
+}
+
+// lendIfAllowed starts lending connections to box id's agent if it is on
+// another machine and has an allow list now (its proxy may already run:
+// a box from the warm pool handed out with a list, or one given a list by
+// network_set). A box without one gets none: nothing to carry, no idle
+// streams or exec sessions, and its agent refuses at once.
+func (s *Service) lendIfAllowed(id string) {
+	s.egressMu.Lock()
+	defer s.egressMu.Unlock()
+	if bp := s.proxies[id]; bp != nil {
+		s.lendLocked(id, bp)
+	}
+}
+
+// lendLocked is lendIfAllowed for bp, box id's proxy; the caller holds
+// egressMu.
+func (s *Service) lendLocked(id string, bp *boxProxy) {
+	if bp.ln == nil || bp.lending {
+		return
+	}
+	s.mu.Lock()
+	b := s.boxes[id]
+	allowed := b != nil && b.policy.Load() != nil
+	s.mu.Unlock()
+	if !allowed {
+		return
+	}
+	bp.lending = true
+	for range egressLent {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer safe.Recover(s.log, "egress lender of box "+id, nil)
+			s.lendEgress(bp.ctx, id, bp.ln)
+		}()
+	}
 }
 
 // egressLent is how many connections the server keeps lent to a remote
@@ -264,6 +296,7 @@ func networkSetTool(ctx context.Context, c *call, in api.NetworkSetInput) (api.N
 	if err := s.st.apply(change{box: rec}); err != nil {
 		return out, fmt.Errorf("save the network of sandbox %q: %w", out.Sandbox, err)
 	}
+	s.lendIfAllowed(rec.ID)
 	s.log.Info("box network set", "box", rec.ID, "allow", rules.Allow, "inject", len(rules.Inject))
 	out.Network = networkInfo(*rec)
 	return out, nil

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/cellbox/cellbox/internal/netpipe"
@@ -52,8 +53,12 @@ func (s *server) forwardEgress(ctx context.Context, addr, socket string) {
 					up, upr = p.c, p.r
 				}
 			}
-			if err != nil {
-				io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\ncellbox egress: the server's proxy is not reachable from this box ("+err.Error()+")\n")
+			switch {
+			case errors.Is(err, errNoAllowList):
+				refuse(c, "403 Forbidden", err.Error())
+				return
+			case err != nil:
+				refuse(c, "502 Bad Gateway", "cellbox egress: the server's proxy is not reachable from this box ("+err.Error()+")")
 				return
 			}
 			defer up.Close()
@@ -63,6 +68,22 @@ func (s *server) forwardEgress(ctx context.Context, addr, socket string) {
 		}()
 	}
 }
+
+// refuse answers a box's connection to its proxy with an HTTP error, then
+// reads what the box sent (for up to a second) before it closes: closing
+// with the request unread would reset the connection, and the box would
+// see that rather than the answer.
+func refuse(c net.Conn, status, text string) {
+	io.WriteString(c, "HTTP/1.1 "+status+"\r\nContent-Type: text/plain\r\nContent-Length: "+strconv.Itoa(len(text)+1)+"\r\nConnection: close\r\n\r\n"+text+"\n")
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	io.Copy(io.Discard, io.LimitReader(c, 1<<20))
+}
+
+// errNoAllowList is takePull's answer while the server has lent nothing.
+var errNoAllowList = errors.New("cellbox egress: this box has no network access: the server opens a way to its egress proxy only for a box with an allow list (give one with the network_set tool)")
 
 // egressMark is the byte the agent sends on a pulled connection when it
 // puts it to use: what follows is a box's connection to its proxy.
@@ -75,8 +96,14 @@ type pulled struct {
 }
 
 // pullWait bounds how long a box's connection to its proxy waits for the
-// server to lend one (it lends a few ahead, and another as each is used).
-const pullWait = 30 * time.Second
+// server to lend one (it lends a few ahead, and another as each is used);
+// unlentWait is the bound while the server has lent none yet: it lends
+// only to a box with an allow list, so a box without one is refused
+// soon, and one just given a list gets its first within milliseconds.
+const (
+	pullWait   = 30 * time.Second
+	unlentWait = 2 * time.Second
+)
 
 // handleEgressPull (GET /v1/egress/pull) takes a connection the server
 // lends for the box's egress and holds it until a process of the box
@@ -87,6 +114,7 @@ func (s *server) handleEgressPull(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := &pulled{c: conn, r: br}
+	s.lent.Store(true)
 	for {
 		select {
 		case s.pulls <- p:
@@ -106,7 +134,11 @@ func (s *server) handleEgressPull(w http.ResponseWriter, r *http.Request) {
 // takePull returns a live lent connection, marked as used, waiting up to
 // pullWait for one.
 func (s *server) takePull(ctx context.Context) (*pulled, error) {
-	timer := time.NewTimer(pullWait)
+	wait := pullWait
+	if !s.lent.Load() {
+		wait = unlentWait
+	}
+	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
 		select {
@@ -126,7 +158,10 @@ func (s *server) takePull(ctx context.Context) (*pulled, error) {
 			}
 			return p, nil
 		case <-timer.C:
-			return nil, fmt.Errorf("the server lent no connection within %s", pullWait)
+			if !s.lent.Load() {
+				return nil, errNoAllowList
+			}
+			return nil, fmt.Errorf("the server lent no connection within %s", wait)
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}

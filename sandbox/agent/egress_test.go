@@ -85,3 +85,39 @@ func TestEgressPull(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "HTTP/1.1 200 OK\r\n", got, "and the server's answer reaches the box")
 }
+
+// TestEgressUnlent: while the server has lent nothing (it lends only to a
+// box with an allow list), a box's connection to its proxy is refused
+// soon, saying how to open the network.
+func TestEgressUnlent(t *testing.T) {
+	sockDir, err := os.MkdirTemp("", "cbeg")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	egressAddr := free.Addr().String()
+	free.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Serve(ctx, Options{Socket: filepath.Join(sockDir, "agent.sock"), Workspace: t.TempDir(),
+			EgressListen: egressAddr, EgressSocket: filepath.Join(sockDir, "egress.sock"),
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	c := Dial(filepath.Join(sockDir, "agent.sock"))
+	defer c.Close()
+	require.NoError(t, c.WaitReady(ctxT(t)))
+	box, err := net.Dial("tcp", egressAddr)
+	require.NoError(t, err)
+	defer box.Close()
+	io.WriteString(box, "GET http://example/ HTTP/1.1\r\nHost: example\r\n\r\n")
+	box.SetReadDeadline(time.Now().Add(20 * time.Second))
+	got, err := io.ReadAll(box)
+	require.NoError(t, err)
+	assert.Contains(t, string(got), "403 Forbidden")
+	assert.Contains(t, string(got), "network_set")
+}

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -32,6 +33,7 @@ type server struct {
 	ctx       context.Context // ends when Serve is asked to stop
 	tunnels   sync.WaitGroup
 	pulls     chan *pulled // connections the server lent for egress
+	lent      atomic.Bool  // the server has lent one (GET /v1/egress/pull)
 	limits    struct{ Pids, Memory int64 }
 }
 

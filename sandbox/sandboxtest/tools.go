@@ -98,4 +98,14 @@ except urllib.error.HTTPError as e: sys.stdout.write("refused %%d: %%s" %% (e.co
 	call("network_set", map[string]any{"sandbox": "net", "allow": []string{a, b}})
 	out = call("shell", map[string]any{"sandbox": "net", "command": get(b)})
 	assert.Equal(t, "hello from b", out["stdout"], "%v", out)
+
+	// A box without a list is refused, saying how to open it; given one
+	// while it runs, it reaches what the list allows.
+	call("sandbox_create", map[string]any{"sandbox": "closed"})
+	out = call("shell", map[string]any{"sandbox": "closed", "command": get(a)})
+	assert.Contains(t, out["stdout"], "refused 403", "%v", out)
+	assert.Contains(t, out["stdout"], "network_set", "%v", out)
+	call("network_set", map[string]any{"sandbox": "closed", "allow": []string{a}})
+	out = call("shell", map[string]any{"sandbox": "closed", "command": get(a)})
+	assert.Equal(t, "hello from a", out["stdout"], "%v", out)
 }
