@@ -112,16 +112,13 @@ func (s *Service) removeHostDir(id string) error {
 // prepareHost readies the host side of box id before it starts: its host
 // directory, and its egress proxy unless it has the full network.
 func (s *Service) prepareHost(id string, network bool) error {
-	if network {
-		if s.caps.Remote {
-			return nil
-		}
-		return s.makeHostDir(id)
-	}
-	if !s.caps.Remote { // nothing else of a remote box is on this machine
+	if !s.caps.Remote { // a remote box has no host directory here
 		if err := s.makeHostDir(id); err != nil {
 			return err
 		}
+	}
+	if network {
+		return nil
 	}
 	return s.startEgress(id)
 }

@@ -165,7 +165,8 @@ type boxProxy struct {
 // another machine and has an allow list now (its proxy may already run:
 // a box from the warm pool handed out with a list, or one given a list by
 // network_set). A box without one gets none: nothing to carry, no idle
-// streams or exec sessions, and its agent refuses at once.
+// streams or exec sessions, and its agent refuses its connections within
+// 2 s (agent.unlentWait).
 func (s *Service) lendIfAllowed(id string) {
 	s.egressMu.Lock()
 	defer s.egressMu.Unlock()

@@ -42,7 +42,6 @@ func (s *server) forwardEgress(ctx context.Context, addr, socket string) {
 		go func() {
 			defer s.tunnels.Done()
 			defer c.Close()
-			var up net.Conn
 			var upr io.Reader
 			up, err := (&net.Dialer{}).DialContext(ctx, "unix", socket)
 			if errors.Is(err, fs.ErrNotExist) {

@@ -20,27 +20,7 @@ import (
 // its egress address over a connection the server lent it, skipping lent
 // connections whose server end has gone.
 func TestEgressPull(t *testing.T) {
-	sockDir, err := os.MkdirTemp("", "cbeg")
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	free, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	egressAddr := free.Addr().String()
-	free.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- Serve(ctx, Options{Socket: filepath.Join(sockDir, "agent.sock"), Workspace: t.TempDir(),
-			EgressListen: egressAddr, EgressSocket: filepath.Join(sockDir, "egress.sock"),
-			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	c := Dial(filepath.Join(sockDir, "agent.sock"))
-	defer c.Close()
-	require.NoError(t, c.WaitReady(ctxT(t)))
+	c, egressAddr := startEgressAgent(t)
 
 	// A lent connection whose server end went away before it is used:
 	// it ends (EOF) but still takes writes, as a port-forward stream may
@@ -90,6 +70,23 @@ func TestEgressPull(t *testing.T) {
 // box with an allow list), a box's connection to its proxy is refused
 // soon, saying how to open the network.
 func TestEgressUnlent(t *testing.T) {
+	_, egressAddr := startEgressAgent(t)
+	box, err := net.Dial("tcp", egressAddr)
+	require.NoError(t, err)
+	defer box.Close()
+	io.WriteString(box, "GET http://example/ HTTP/1.1\r\nHost: example\r\n\r\n")
+	box.SetReadDeadline(time.Now().Add(20 * time.Second))
+	got, err := io.ReadAll(box)
+	require.NoError(t, err)
+	assert.Contains(t, string(got), "403 Forbidden")
+	assert.Contains(t, string(got), "network_set")
+}
+
+// startEgressAgent serves an agent whose box forwards egressAddr to a
+// proxy socket that does not exist (a box on another machine), and
+// returns a client of it.
+func startEgressAgent(t *testing.T) (*Client, string) {
+	t.Helper()
 	sockDir, err := os.MkdirTemp("", "cbeg")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
@@ -102,22 +99,14 @@ func TestEgressUnlent(t *testing.T) {
 	go func() {
 		done <- Serve(ctx, Options{Socket: filepath.Join(sockDir, "agent.sock"), Workspace: t.TempDir(),
 			EgressListen: egressAddr, EgressSocket: filepath.Join(sockDir, "egress.sock"),
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	}()
+	c := Dial(filepath.Join(sockDir, "agent.sock"))
 	t.Cleanup(func() {
+		c.Close()
 		cancel()
 		<-done
 	})
-	c := Dial(filepath.Join(sockDir, "agent.sock"))
-	defer c.Close()
 	require.NoError(t, c.WaitReady(ctxT(t)))
-	box, err := net.Dial("tcp", egressAddr)
-	require.NoError(t, err)
-	defer box.Close()
-	io.WriteString(box, "GET http://example/ HTTP/1.1\r\nHost: example\r\n\r\n")
-	box.SetReadDeadline(time.Now().Add(20 * time.Second))
-	got, err := io.ReadAll(box)
-	require.NoError(t, err)
-	assert.Contains(t, string(got), "403 Forbidden")
-	assert.Contains(t, string(got), "network_set")
+	return c, egressAddr
 }

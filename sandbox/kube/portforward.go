@@ -179,9 +179,10 @@ func (b *Backend) dialAgent(ctx context.Context, pod *corev1.Pod, token string) 
 // streams makes the error and data streams of a new port-forward request
 // on f. Making a stream waits for the far end's reply (30 s in
 // httpstream, deaf to the connection's closing and to ctx): it runs on
-// its own, the caller leaves when ctx ends, and past streamTimeout f's
-// connection is closed and dropped, so that later dials make a new one
-// rather than queue on a connection that stalled.
+// its own, the caller leaves when ctx ends or after streamTimeout, and
+// past streamTimeout f is retired (even if every caller left), so that
+// later dials make a new connection rather than queue on one that
+// stalled.
 func (b *Backend) streams(ctx context.Context, f *forwarder, pod string) (data, errStream httpstream.Stream, err error) {
 	type made struct {
 		data, errs httpstream.Stream
