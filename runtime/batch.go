@@ -30,8 +30,9 @@ type node struct {
 	async   Async
 	service Service
 
-	queued   uint64 // id of the batch that last queued it
-	detached bool   // its pattern stopped or the runtime closed
+	queued    uint64 // id of the batch that last queued it
+	changedIn uint64 // id of the batch that last noted its fields (batch.changing)
+	detached  bool   // its pattern stopped or the runtime closed
 
 	err        string
 	runs, hits int
@@ -96,6 +97,19 @@ type batch struct {
 	timed   bool   // measure computes (someone is subscribed)
 	scratch Inputs // reused for computes
 	args    []any  // reused for bound computes (node.args)
+	// undo restores what processing changed of the nodes, for an attempt
+	// run again (see batch): the fields a batch sets on a node, as they
+	// were before this attempt first set them.
+	undo []nodeFields
+}
+
+// nodeFields are the fields of a node that a batch sets while it runs
+// (the rest it sets after the commit, in then).
+type nodeFields struct {
+	n             *node
+	waiting       bool
+	failedUp, err string
+	runs          int
 }
 
 // batch runs fn and the propagation it causes in one transaction, then,
@@ -103,8 +117,15 @@ type batch struct {
 // post-commit actions. Callers hold r.mu.
 func (r *Runtime) batch(fn func(*batch) error) error {
 	r.batchID++
-	b := &batch{r: r, id: r.batchID, timed: r.nsubs.Load() > 0, queue: &r.queue, touched: r.touched}
+	b := &batch{r: r, id: r.batchID, timed: r.nsubs.Load() > 0, queue: &r.queue, touched: r.touched, undo: r.undo}
+	attempts := 0
 	err := r.store.Update(context.Background(), func(tx cells.Tx) error {
+		// A store shared with other servers runs fn again when its commit
+		// met another's (cells.Store.Update): the attempt starts from what
+		// the last commit left, as if the one before had never run.
+		if attempts++; attempts > 1 {
+			b.restart()
+		}
 		b.tx = tx
 		if err := fn(b); err != nil {
 			return err
@@ -115,9 +136,11 @@ func (r *Runtime) batch(fn func(*batch) error) error {
 		return nil
 	})
 	b.queue.reset()
-	defer func() { // keep the array for the next batch, without its slots
+	defer func() { // keep the arrays for the next batch, without their slots and nodes
 		clear(b.touched)
 		r.touched = b.touched[:0]
+		clear(b.undo)
+		r.undo = b.undo[:0]
 	}()
 	if err != nil {
 		return err
@@ -132,6 +155,31 @@ func (r *Runtime) batch(fn func(*batch) error) error {
 		r.emit(s)
 	}
 	return nil
+}
+
+// restart forgets an attempt that was not committed: its staged values
+// (a new batch id stages none), queue, post-commit actions and statuses,
+// and what it changed of the nodes.
+func (b *batch) restart() {
+	for i := len(b.undo) - 1; i >= 0; i-- {
+		u := b.undo[i]
+		u.n.waiting, u.n.failedUp, u.n.err, u.n.runs = u.waiting, u.failedUp, u.err, u.runs
+	}
+	b.undo = b.undo[:0]
+	b.r.batchID++
+	b.id = b.r.batchID
+	clear(b.touched)
+	b.touched = b.touched[:0]
+	b.after, b.status = b.after[:0], b.status[:0]
+	b.queue.reset()
+}
+
+// changing notes a node's fields before the batch first changes them.
+func (b *batch) changing(n *node) {
+	if n.changedIn != b.id {
+		n.changedIn = b.id
+		b.undo = append(b.undo, nodeFields{n: n, waiting: n.waiting, failedUp: n.failedUp, err: n.err, runs: n.runs})
+	}
 }
 
 func (b *batch) then(f func()) { b.after = append(b.after, f) }
@@ -326,6 +374,7 @@ func upstream(i input, err string) string {
 
 func (b *batch) process(n *node) {
 	in, inErr, waiting, failedUp := b.inputs(n)
+	b.changing(n)
 	if n.waiting && !waiting || n.failedUp != failedUp {
 		b.mark(n.out) // readers waiting or failing through n may go on, changed output or not
 	}

@@ -53,8 +53,9 @@ type Runtime struct {
 	slots    map[cells.Address]*slot // cells the graph reads or writes
 	streams  map[cells.Address]streamRef
 	batchID  uint64
-	queue    levels  // of the batch in progress
-	touched  []*slot // spare array of batch.touched
+	queue    levels       // of the batch in progress
+	touched  []*slot      // spare array of batch.touched
+	undo     []nodeFields // spare array of batch.undo
 	runID    uint64
 	busy     int
 	idle     chan struct{} // closed when busy drops to 0
