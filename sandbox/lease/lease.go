@@ -44,6 +44,9 @@ type Lease struct {
 	Token   uint64
 	TTL     time.Duration
 	Expires time.Time
+	// ID is the Leaser's own handle of the lease (etcd's lease id); 0 for
+	// Local.
+	ID int64
 }
 
 // Leaser grants leases. Its methods are safe for concurrent use.

@@ -1,0 +1,463 @@
+// Package etcdkv is a cells.KV over etcd: the cell store of several
+// cellbox servers that share one etcd cluster (cells.Open over it).
+//
+// Layout, under a prefix (default "/cellbox/cells/"):
+//
+//	PREFIX b/BUCKET \x00 KEY   a bucket's key (keys sort as the KV wants:
+//	                           bytewise, bucket by bucket)
+//	PREFIX rev                 the KV's revision: the count of versioned
+//	                           commits, decimal
+//	PREFIX del/BUCKET          touched by every commit that deletes in
+//	                           BUCKET (see Commit)
+//
+// A transaction reads one etcd revision (its snapshot: every Get and Scan
+// is a read at that revision), buffers its writes, and commits them in one
+// etcd transaction guarded by what it read, so transactions of any number
+// of servers run at once and the one that commits second after reading
+// what the first changed fails with cells.ErrConflict:
+//
+//   - a key it got: its mod revision is still the one it read (0: still
+//     missing);
+//   - a range it scanned: no key in it has a mod revision past the
+//     snapshot (nothing put there since), and the bucket's del key has
+//     none either (nothing deleted there since: a deleted key leaves no
+//     mod revision to compare);
+//   - a versioned commit: the rev key's mod revision is the snapshot's, so
+//     two versioned commits at once conflict and revisions stay dense.
+//
+// etcd's own revision moves on every write of the cluster and so is not
+// the cells' version (cells.KV says why); the rev key is.
+//
+// Limits (etcd's, not the contract's): a commit is one etcd request, so
+// its puts, deletes and guards are each at most the server's
+// --max-txn-ops (128 by default: docs/cluster.md asks for 4096) and its
+// bytes at most --max-request-bytes (1.5 MiB by default). A commit past
+// either fails with an error saying which flag to raise; nothing of it is
+// written.
+package etcdkv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cellbox/cellbox/cells"
+	"github.com/cellbox/cellbox/internal/etcdconn"
+)
+
+// DefaultPrefix is where Open keeps the cells when given no prefix.
+const DefaultPrefix = "/cellbox/cells/"
+
+// scanPage is how many keys a Scan reads from etcd at a time.
+const scanPage = 512
+
+// KV is a cells.KV over an etcd client. It does not own the client:
+// Close stops its watch, and the caller closes the client.
+type KV struct {
+	c      *clientv3.Client
+	prefix string
+	revKey string
+
+	mu     sync.Mutex
+	rev    uint64
+	moved  chan struct{} // closed when rev moves or the KV closes
+	closed bool
+	stop   context.CancelFunc
+}
+
+// Open returns the KV of the cells under prefix ("" for DefaultPrefix)
+// of c's cluster, reading its revision and watching it from then on.
+func Open(ctx context.Context, c *clientv3.Client, prefix string) (*KV, error) {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	k := &KV{c: c, prefix: prefix, revKey: prefix + "rev", moved: make(chan struct{})}
+	resp, err := c.Get(ctx, k.revKey)
+	if err != nil {
+		return nil, fmt.Errorf("etcd: read the cells' revision: %w", err)
+	}
+	rev, err := k.parseRev(resp.Kvs)
+	if err != nil {
+		return nil, err
+	}
+	k.rev = rev
+	wctx, stop := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
+	k.stop = stop
+	go k.watch(wctx, resp.Header.Revision+1)
+	return k, nil
+}
+
+// watch follows the rev key from etcd revision from, so that Wait hears
+// of other servers' commits. A watch that breaks (its member died, the
+// leader was lost) is made again from the last revision seen; etcd
+// replays what it missed.
+func (k *KV) watch(ctx context.Context, from int64) {
+	for ctx.Err() == nil && k.c.Ctx().Err() == nil {
+		wctx, cancel := context.WithCancel(ctx)
+		for wr := range k.c.Watch(wctx, k.revKey, clientv3.WithRev(from)) {
+			if wr.CompactRevision != 0 {
+				// The revisions between were compacted: read the key as it
+				// is (below) and watch on from there.
+				break
+			}
+			for _, ev := range wr.Events {
+				if v, err := strconv.ParseUint(string(ev.Kv.Value), 10, 64); err == nil {
+					k.set(v)
+				}
+				from = ev.Kv.ModRevision + 1
+			}
+		}
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if resp, err := k.c.Get(ctx, k.revKey); err == nil {
+			if v, err := k.parseRev(resp.Kvs); err == nil {
+				k.set(v)
+			}
+			from = max(from, resp.Header.Revision+1)
+		} else {
+			select { // the cluster is unreachable: try again soon
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+}
+
+func (k *KV) parseRev(kvs []*mvccpb.KeyValue) (uint64, error) {
+	if len(kvs) == 0 {
+		return 0, nil
+	}
+	v, err := strconv.ParseUint(string(kvs[0].Value), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("etcd: %s holds %q, not a revision: it is not cellbox's (use another --etcd-prefix)", k.revKey, kvs[0].Value)
+	}
+	return v, nil
+}
+
+func (k *KV) set(v uint64) {
+	k.mu.Lock()
+	if v > k.rev {
+		k.rev = v
+		close(k.moved)
+		k.moved = make(chan struct{})
+	}
+	k.mu.Unlock()
+}
+
+// Revision implements cells.KV.
+func (k *KV) Revision() uint64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.rev
+}
+
+// Wait implements cells.KV.
+func (k *KV) Wait(ctx context.Context, after uint64) (uint64, error) {
+	for {
+		k.mu.Lock()
+		v, moved, closed := k.rev, k.moved, k.closed
+		k.mu.Unlock()
+		switch {
+		case v > after:
+			return v, nil
+		case closed:
+			return v, cells.ErrClosed
+		}
+		select {
+		case <-moved:
+		case <-ctx.Done():
+			return v, ctx.Err()
+		}
+	}
+}
+
+// Close implements cells.KV: it stops the watch; the client stays open.
+func (k *KV) Close() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.closed {
+		k.closed = true
+		close(k.moved)
+		k.stop()
+	}
+	return nil
+}
+
+// Begin implements cells.KV: one read of the rev key fixes the snapshot.
+func (k *KV) Begin(ctx context.Context, writable bool) (cells.KVTx, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	k.mu.Lock()
+	closed := k.closed
+	k.mu.Unlock()
+	if closed {
+		return nil, cells.ErrClosed
+	}
+	resp, err := k.c.Get(ctx, k.revKey)
+	if err != nil {
+		return nil, fmt.Errorf("etcd: begin a transaction: %w", err)
+	}
+	rev, err := k.parseRev(resp.Kvs)
+	if err != nil {
+		return nil, err
+	}
+	k.set(rev)
+	t := &tx{kv: k, writable: writable, snap: resp.Header.Revision, rev: rev}
+	if len(resp.Kvs) > 0 {
+		t.revMod = resp.Kvs[0].ModRevision
+	}
+	if writable {
+		t.got = map[string]int64{}
+		t.writes = map[string]map[string]*write{}
+	}
+	return t, nil
+}
+
+// tx is a transaction: a snapshot (an etcd revision), what it read (for
+// the guards of its commit) and what it wrote (sent at Commit).
+type tx struct {
+	kv       *KV
+	writable bool
+	done     bool
+	snap     int64  // the etcd revision it reads
+	rev      uint64 // the KV revision as of snap
+	revMod   int64  // the rev key's mod revision as of snap (0: none)
+
+	got     map[string]int64 // etcd key -> its mod revision as read
+	scanned []keyRange
+	buckets []string                     // scanned or deleted in, for the del guards
+	writes  map[string]map[string]*write // bucket -> key -> write
+}
+
+type keyRange struct{ from, to string } // etcd keys; to "" for no end
+
+type write struct {
+	val []byte
+	del bool
+}
+
+func (t *tx) Revision() uint64 { return t.rev }
+
+func (t *tx) Bucket(name string) (cells.KVBucket, error) {
+	if name == "" || strings.IndexByte(name, 0) >= 0 {
+		return nil, fmt.Errorf("etcdkv: bucket name %q: want a non-empty name without NUL", name)
+	}
+	return &bucket{t: t, name: name, base: t.kv.prefix + "b/" + name + "\x00"}, nil
+}
+
+func (t *tx) Rollback() { t.done = true }
+
+// delKey is the key every commit that deletes in bucket touches.
+func (t *tx) delKey(bucket string) string { return t.kv.prefix + "del/" + bucket }
+
+func (t *tx) Commit(ctx context.Context, versioned bool) (uint64, error) {
+	if t.done {
+		return 0, errors.New("etcdkv: commit of an ended transaction")
+	}
+	t.done = true
+	if !t.writable {
+		return 0, cells.ErrReadOnly
+	}
+	var cmps []clientv3.Cmp
+	var ops []clientv3.Op
+	for key, mod := range t.got {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", mod))
+	}
+	for _, r := range t.scanned {
+		c := clientv3.Compare(clientv3.ModRevision(r.from), "<", t.snap+1)
+		cmps = append(cmps, c.WithRange(r.to))
+	}
+	deleted := map[string]bool{}
+	for b, keys := range t.writes {
+		base := t.kv.prefix + "b/" + b + "\x00"
+		for key, w := range keys {
+			if w.del {
+				ops = append(ops, clientv3.OpDelete(base+key))
+				deleted[b] = true
+			} else {
+				ops = append(ops, clientv3.OpPut(base+key, string(w.val)))
+			}
+		}
+	}
+	for b := range deleted {
+		ops = append(ops, clientv3.OpPut(t.delKey(b), ""))
+	}
+	for _, b := range t.buckets {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(t.delKey(b)), "<", t.snap+1))
+	}
+	next := t.rev
+	if versioned {
+		next++
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(t.kv.revKey), "=", t.revMod))
+		ops = append(ops, clientv3.OpPut(t.kv.revKey, strconv.FormatUint(next, 10)))
+	}
+	if len(ops) == 0 {
+		return t.rev, nil
+	}
+	resp, err := t.kv.c.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return 0, explain(err, len(ops), len(cmps))
+	}
+	if !resp.Succeeded {
+		return 0, fmt.Errorf("etcdkv: %w", cells.ErrConflict)
+	}
+	if versioned {
+		t.kv.set(next)
+	}
+	return next, nil
+}
+
+// explain says what to do about etcd's refusals of a commit too big.
+func explain(err error, ops, cmps int) error {
+	return etcdconn.Explain(fmt.Sprintf("commit of %d writes and %d guards", ops, cmps), err)
+}
+
+// readErr says what a failed read means: a snapshot etcd has compacted
+// away is a conflict (the Store begins again on a newer one).
+func readErr(err error) error {
+	if errors.Is(err, rpctypes.ErrCompacted) {
+		return fmt.Errorf("etcdkv: the transaction's snapshot was compacted: %w", cells.ErrConflict)
+	}
+	return fmt.Errorf("etcdkv: read: %w", err)
+}
+
+type bucket struct {
+	t    *tx
+	name string
+	base string // the etcd prefix of its keys
+}
+
+func (b *bucket) Get(ctx context.Context, key string) ([]byte, error) {
+	if w := b.t.writes[b.name][key]; w != nil {
+		if w.del {
+			return nil, nil
+		}
+		return w.val, nil
+	}
+	resp, err := b.t.kv.c.Get(ctx, b.base+key, clientv3.WithRev(b.t.snap))
+	if err != nil {
+		return nil, readErr(err)
+	}
+	var mod int64
+	var val []byte
+	if len(resp.Kvs) > 0 {
+		mod, val = resp.Kvs[0].ModRevision, resp.Kvs[0].Value
+		if val == nil {
+			val = []byte{}
+		}
+	}
+	if b.t.writable {
+		if _, ok := b.t.got[b.base+key]; !ok {
+			b.t.got[b.base+key] = mod
+		}
+	}
+	return val, nil
+}
+
+func (b *bucket) Put(key string, value []byte) error {
+	if !b.t.writable {
+		return cells.ErrReadOnly
+	}
+	if key == "" {
+		return errors.New("etcdkv: put of an empty key")
+	}
+	b.keys()[key] = &write{val: value}
+	return nil
+}
+
+func (b *bucket) Delete(key string) error {
+	if !b.t.writable {
+		return cells.ErrReadOnly
+	}
+	b.keys()[key] = &write{del: true}
+	return nil
+}
+
+func (b *bucket) keys() map[string]*write {
+	m := b.t.writes[b.name]
+	if m == nil {
+		m = map[string]*write{}
+		b.t.writes[b.name] = m
+	}
+	return m
+}
+
+// Scan reads the range a page at a time at the snapshot and merges the
+// transaction's own writes into it, in key order.
+func (b *bucket) Scan(ctx context.Context, from, to string, fn func(string, []byte) bool) error {
+	start := b.base + from
+	end := b.base + to
+	if to == "" {
+		end = clientv3.GetPrefixRangeEnd(b.base)
+	}
+	if b.t.writable {
+		b.t.scanned = append(b.t.scanned, keyRange{start, end})
+		if !slices.Contains(b.t.buckets, b.name) {
+			b.t.buckets = append(b.t.buckets, b.name)
+		}
+	}
+	// Own writes in the range, sorted: the bucket's writes do not change
+	// during the scan (fn writes only to other buckets).
+	var mine []string
+	for k := range b.t.writes[b.name] {
+		if k >= from && (to == "" || k < to) {
+			mine = append(mine, k)
+		}
+	}
+	slices.Sort(mine)
+	emitMine := func(upTo string, all bool) bool {
+		for len(mine) > 0 && (all || mine[0] < upTo) {
+			k := mine[0]
+			mine = mine[1:]
+			if w := b.t.writes[b.name][k]; !w.del {
+				if !fn(k, w.val) {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	for {
+		resp, err := b.t.kv.c.Get(ctx, start, clientv3.WithRange(end), clientv3.WithRev(b.t.snap),
+			clientv3.WithLimit(scanPage), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+		if err != nil {
+			return readErr(err)
+		}
+		for _, kv := range resp.Kvs {
+			k := string(kv.Key[len(b.base):])
+			if !emitMine(k, false) {
+				return nil
+			}
+			if _, ok := b.t.writes[b.name][k]; ok {
+				continue // written by this transaction: emitted (or not, if deleted) from mine
+			}
+			v := kv.Value
+			if v == nil {
+				v = []byte{}
+			}
+			if !fn(k, v) {
+				return nil
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		last := resp.Kvs[len(resp.Kvs)-1].Key
+		start = string(append(bytes.Clone(last), 0))
+	}
+	emitMine("", true)
+	return nil
+}

@@ -1,0 +1,150 @@
+// Package etcdlease is a lease.Leaser on etcd's leases, for several
+// cellbox servers that share one etcd cluster.
+//
+// A lease on NAME is the key PREFIX NAME (default prefix
+// "/cellbox/leases/"), holding the holder's name, attached to an etcd
+// lease of the time to live: etcd deletes the key when its lease expires
+// unrenewed, by the cluster's clock, whichever server asks. The key is
+// created only where none is (a transaction compares its create revision
+// with 0), so one holder wins; the Token is the key's create revision,
+// which grows each time the name changes hands and stays while its holder
+// renews.
+//
+// etcd rounds a time to live up to whole seconds and to its own least
+// (1.5 election timeouts: 2 s on a default cluster); the Lease returned
+// says what was granted.
+package etcdlease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cellbox/cellbox/sandbox/lease"
+)
+
+// DefaultPrefix is where New keeps the leases when given no prefix.
+const DefaultPrefix = "/cellbox/leases/"
+
+// Leaser grants leases on an etcd client it does not own.
+type Leaser struct {
+	c      *clientv3.Client
+	prefix string
+}
+
+// New returns the Leaser of the names under prefix ("" for
+// DefaultPrefix) of c's cluster.
+func New(c *clientv3.Client, prefix string) *Leaser {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return &Leaser{c: c, prefix: prefix}
+}
+
+// Key is the etcd key of name's lease: a store that fences the writes of
+// the lease's holder compares its create revision with the Token.
+func (l *Leaser) Key(name string) string { return l.prefix + name }
+
+// Acquire implements lease.Leaser.
+func (l *Leaser) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (lease.Lease, error) {
+	if name == "" || holder == "" {
+		return lease.Lease{}, errors.New("lease: a name and a holder are needed")
+	}
+	if ttl <= 0 {
+		return lease.Lease{}, fmt.Errorf("lease %s: ttl %s: want a positive time to live", name, ttl)
+	}
+	key := l.Key(name)
+	for {
+		resp, err := l.c.Get(ctx, key)
+		if err != nil {
+			return lease.Lease{}, fmt.Errorf("lease %s: etcd: %w", name, err)
+		}
+		if len(resp.Kvs) > 0 {
+			kv := resp.Kvs[0]
+			if string(kv.Value) != holder {
+				return lease.Lease{}, fmt.Errorf("lease %s: %w: %s", name, lease.ErrHeld, kv.Value)
+			}
+			// Acquiring what one holds renews it.
+			cur := lease.Lease{Name: name, Holder: holder, Token: uint64(kv.CreateRevision), ID: kv.Lease, TTL: ttl}
+			nl, err := l.Renew(ctx, cur)
+			if errors.Is(err, lease.ErrLost) {
+				continue // it expired between the read and the renewal: take it anew
+			}
+			return nl, err
+		}
+		start := time.Now()
+		g, err := l.c.Grant(ctx, int64(math.Ceil(ttl.Seconds())))
+		if err != nil {
+			return lease.Lease{}, fmt.Errorf("lease %s: etcd grant: %w", name, err)
+		}
+		tr, err := l.c.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, holder, clientv3.WithLease(g.ID))).
+			Else(clientv3.OpGet(key)).Commit()
+		if err != nil || !tr.Succeeded {
+			l.c.Revoke(context.WithoutCancel(ctx), g.ID)
+		}
+		if err != nil {
+			return lease.Lease{}, fmt.Errorf("lease %s: etcd: %w", name, err)
+		}
+		if !tr.Succeeded {
+			continue // another took it since the read: say who (or renew ours)
+		}
+		granted := time.Duration(g.TTL) * time.Second
+		return lease.Lease{Name: name, Holder: holder, Token: uint64(tr.Header.Revision), ID: int64(g.ID),
+			TTL: granted, Expires: start.Add(granted)}, nil
+	}
+}
+
+// Renew implements lease.Leaser: it keeps the etcd lease alive, then
+// checks the key is still this holder's (the same create revision).
+func (l *Leaser) Renew(ctx context.Context, le lease.Lease) (lease.Lease, error) {
+	start := time.Now()
+	ka, err := l.c.KeepAliveOnce(ctx, clientv3.LeaseID(le.ID))
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return lease.Lease{}, fmt.Errorf("lease %s of %s: %w", le.Name, le.Holder, lease.ErrLost)
+	}
+	if err != nil {
+		return lease.Lease{}, fmt.Errorf("lease %s: etcd keepalive: %w", le.Name, err)
+	}
+	resp, err := l.c.Get(ctx, l.Key(le.Name))
+	if err != nil {
+		return lease.Lease{}, fmt.Errorf("lease %s: etcd: %w", le.Name, err)
+	}
+	if len(resp.Kvs) == 0 || uint64(resp.Kvs[0].CreateRevision) != le.Token || resp.Kvs[0].Lease != le.ID {
+		return lease.Lease{}, fmt.Errorf("lease %s of %s: %w", le.Name, le.Holder, lease.ErrLost)
+	}
+	le.TTL = time.Duration(ka.TTL) * time.Second
+	le.Expires = start.Add(le.TTL)
+	return le, nil
+}
+
+// Release implements lease.Leaser: revoking the etcd lease deletes the
+// key with it (and only a key of this lease).
+func (l *Leaser) Release(ctx context.Context, le lease.Lease) error {
+	if le.ID == 0 {
+		return nil
+	}
+	_, err := l.c.Revoke(ctx, clientv3.LeaseID(le.ID))
+	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("lease %s: etcd revoke: %w", le.Name, err)
+	}
+	return nil
+}
+
+// Holder implements lease.Leaser.
+func (l *Leaser) Holder(ctx context.Context, name string) (string, error) {
+	resp, err := l.c.Get(ctx, l.Key(name))
+	if err != nil {
+		return "", fmt.Errorf("lease %s: etcd: %w", name, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", nil
+	}
+	return string(resp.Kvs[0].Value), nil
+}
