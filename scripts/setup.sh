@@ -4,13 +4,23 @@
 set -euo pipefail
 
 need=()
-for pkg in bubblewrap docker.io debootstrap python3 ca-certificates patch; do
+for pkg in bubblewrap docker.io debootstrap python3 ca-certificates patch etcd-server; do
 	dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
 	echo "setup: installing ${need[*]}"
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+	# etcd-server (only /usr/bin/etcd is wanted: the tests start their own
+	# members) starts a system etcd on 2379 where an init system runs: stop it.
+	if [[ " ${need[*]} " == *" etcd-server "* ]]; then
+		if [ -d /run/systemd/system ]; then
+			systemctl disable --now etcd.service >/dev/null 2>&1 || true
+		else
+			service etcd stop >/dev/null 2>&1 || true
+			update-rc.d etcd disable >/dev/null 2>&1 || true
+		fi
+	fi
 fi
 
 # The Engine: Debian's docker.io. Start dockerd when nothing answers.
