@@ -68,6 +68,12 @@ type KV struct {
 	prefix string
 	revKey string
 
+	// writer lets one writable transaction of this client run at a time:
+	// this server's own writers would only conflict with each other on the
+	// rev key (and run again); serialized, they conflict only with other
+	// servers'. A channel, so that Begin can give up when its ctx ends.
+	writer chan struct{}
+
 	mu     sync.Mutex
 	rev    uint64
 	moved  chan struct{} // closed when rev moves or the KV closes
@@ -81,7 +87,7 @@ func Open(ctx context.Context, c *clientv3.Client, prefix string) (*KV, error) {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	k := &KV{c: c, prefix: prefix, revKey: prefix + "rev", moved: make(chan struct{})}
+	k := &KV{c: c, prefix: prefix, revKey: prefix + "rev", moved: make(chan struct{}), writer: make(chan struct{}, 1)}
 	resp, err := c.Get(ctx, k.revKey)
 	if err != nil {
 		return nil, fmt.Errorf("etcd: read the cells' revision: %w", err)
@@ -206,16 +212,26 @@ func (k *KV) Begin(ctx context.Context, writable bool) (cells.KVTx, error) {
 	if closed {
 		return nil, cells.ErrClosed
 	}
+	if writable {
+		select {
+		case k.writer <- struct{}{}:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	t := &tx{kv: k, writable: writable}
 	resp, err := k.c.Get(ctx, k.revKey)
 	if err != nil {
+		t.end()
 		return nil, fmt.Errorf("etcd: begin a transaction: %w", err)
 	}
 	rev, err := k.parseRev(resp.Kvs)
 	if err != nil {
+		t.end()
 		return nil, err
 	}
 	k.set(rev)
-	t := &tx{kv: k, writable: writable, snap: resp.Header.Revision, rev: rev}
+	t.snap, t.rev = resp.Header.Revision, rev
 	if len(resp.Kvs) > 0 {
 		t.revMod = resp.Kvs[0].ModRevision
 	}
@@ -258,7 +274,15 @@ func (t *tx) Bucket(name string) (cells.KVBucket, error) {
 	return &bucket{t: t, name: name, base: t.kv.prefix + "b/" + name + "\x00"}, nil
 }
 
-func (t *tx) Rollback() { t.done = true }
+func (t *tx) Rollback() { t.end() }
+
+// end ends the transaction, letting the next writable one begin.
+func (t *tx) end() {
+	if !t.done && t.writable {
+		<-t.kv.writer
+	}
+	t.done = true
+}
 
 // delKey is the key every commit that deletes in bucket touches.
 func (t *tx) delKey(bucket string) string { return t.kv.prefix + "del/" + bucket }
@@ -267,10 +291,11 @@ func (t *tx) Commit(ctx context.Context, versioned bool) (uint64, error) {
 	if t.done {
 		return 0, errors.New("etcdkv: commit of an ended transaction")
 	}
-	t.done = true
 	if !t.writable {
+		t.end()
 		return 0, cells.ErrReadOnly
 	}
+	defer t.end()
 	var cmps []clientv3.Cmp
 	var ops []clientv3.Op
 	for key, mod := range t.got {
