@@ -35,29 +35,11 @@ func (s *Service) reconcile(ctx context.Context) error {
 	}
 	var changes []change
 	for _, rec := range boxes {
-		b := &box{rec: rec, state: stateSleeping, previews: rec.Previews}
-		b.rec.Previews = nil
-		b.lastUsed.Store(rec.LastUsed.UnixNano())
-		b.saved = b.lastUsed.Load()
-		s.loadPolicy(b)
 		info, ok := infos[rec.ID]
 		delete(infos, rec.ID)
-		switch {
-		case !ok:
-			b.state = stateGone
-			if !rec.Gone {
-				s.log.Warn("box is gone from the backend; it will be recreated empty on next use", "box", rec.ID, "backend", s.be.Name())
-				b.rec.Gone = true
-				changes = append(changes, change{box: b.record()})
-			}
-		case info.State == backend.StateRunning:
-			cl, err := s.connect(ctx, rec.ID, 5*time.Second)
-			if err != nil {
-				s.log.Warn("running box did not answer; it will be restarted on next use", "box", rec.ID, "err", err)
-				break
-			}
-			b.state, b.client = stateRunning, cl
-			s.log.Info("box reattached", "box", rec.ID)
+		b, ch := s.boxFromRecord(ctx, rec, info, ok)
+		if ch != nil {
+			changes = append(changes, *ch)
 		}
 		s.boxes[rec.ID] = b
 		for port, pid := range rec.Previews {
@@ -65,35 +47,9 @@ func (s *Service) reconcile(ctx context.Context) error {
 		}
 	}
 	for _, rec := range sessions {
-		sess := &Session{
-			ID:       rec.ID,
-			Created:  rec.Created,
-			sem:      make(chan struct{}, s.cfg.SessionConcurrency),
-			boxes:    map[string]*box{},
-			allowed:  rec.AllowedCommands,
-			defaults: rec.Defaults,
+		if sess := s.sessionFromRecord(rec, func(id string) *box { return s.boxes[id] }); sess != nil {
+			s.sessions[rec.ID] = sess
 		}
-		if h, err := hex.DecodeString(rec.TokenHash); err != nil || len(h) != len(sess.tokenHash) {
-			s.log.Error("session with a bad token hash skipped", "session", rec.ID)
-			continue
-		} else {
-			copy(sess.tokenHash[:], h)
-		}
-		for name, id := range rec.Boxes {
-			if b := s.boxes[id]; b != nil {
-				sess.boxes[name] = b
-			} else {
-				s.log.Warn("session names a box the store does not have", "session", rec.ID, "name", name, "box", id)
-			}
-		}
-		last := rec.Created
-		for _, b := range sess.boxes {
-			if lu := b.rec.LastUsed; lu.After(last) {
-				last = lu
-			}
-		}
-		sess.lastUsed.Store(last.UnixNano())
-		s.sessions[rec.ID] = sess
 	}
 	// Boxes no session names (a crash between writes) are orphans too.
 	used := map[*box]bool{}
@@ -151,4 +107,69 @@ func (s *Service) sweepHostDirs() {
 			s.log.Warn("remove box host dir", "box", e.Name(), "err", err)
 		}
 	}
+}
+
+// boxFromRecord makes the box of a stored record, matched with what the
+// backend says of it (info; known false: the backend does not have it):
+// a running box is reattached, a stopped one sleeps, a missing one is
+// gone (and the change that records it so is returned).
+func (s *Service) boxFromRecord(ctx context.Context, rec boxRecord, info backend.Info, known bool) (*box, *change) {
+	b := &box{rec: rec, state: stateSleeping, previews: rec.Previews}
+	b.rec.Previews = nil
+	b.lastUsed.Store(rec.LastUsed.UnixNano())
+	b.saved = b.lastUsed.Load()
+	s.loadPolicy(b)
+	var ch *change
+	switch {
+	case !known:
+		b.state = stateGone
+		if !rec.Gone {
+			s.log.Warn("box is gone from the backend; it will be recreated empty on next use", "box", rec.ID, "backend", s.be.Name())
+			b.rec.Gone = true
+			ch = &change{box: b.record()}
+		}
+	case info.State == backend.StateRunning:
+		cl, err := s.connect(ctx, rec.ID, 5*time.Second)
+		if err != nil {
+			s.log.Warn("running box did not answer; it will be restarted on next use", "box", rec.ID, "err", err)
+			break
+		}
+		b.state, b.client = stateRunning, cl
+		s.log.Info("box reattached", "box", rec.ID)
+	}
+	return b, ch
+}
+
+// sessionFromRecord makes the session of a stored record, its boxes found
+// by boxOf; nil for a record that cannot be a session (a bad token hash).
+func (s *Service) sessionFromRecord(rec sessionRecord, boxOf func(id string) *box) *Session {
+	sess := &Session{
+		ID:       rec.ID,
+		Created:  rec.Created,
+		sem:      make(chan struct{}, s.cfg.SessionConcurrency),
+		boxes:    map[string]*box{},
+		allowed:  rec.AllowedCommands,
+		defaults: rec.Defaults,
+	}
+	if h, err := hex.DecodeString(rec.TokenHash); err != nil || len(h) != len(sess.tokenHash) {
+		s.log.Error("session with a bad token hash skipped", "session", rec.ID)
+		return nil
+	} else {
+		copy(sess.tokenHash[:], h)
+	}
+	for name, id := range rec.Boxes {
+		if b := boxOf(id); b != nil {
+			sess.boxes[name] = b
+		} else {
+			s.log.Warn("session names a box the store does not have", "session", rec.ID, "name", name, "box", id)
+		}
+	}
+	last := rec.Created
+	for _, b := range sess.boxes {
+		if lu := b.rec.LastUsed; lu.After(last) {
+			last = lu
+		}
+	}
+	sess.lastUsed.Store(last.UnixNano())
+	return sess
 }

@@ -147,6 +147,12 @@ type Config struct {
 	// Holder names this server to Leaser. Default: host, pid and a random
 	// part.
 	Holder string
+	// Shared says that State is shared with other servers (etcd): each
+	// session is served by the one server that holds its lease, taken
+	// when a call first needs it here (shared.go); New loads nothing and
+	// removes no orphans, since the boxes it finds may be another
+	// server's.
+	Shared bool
 	// ReadyTimeout bounds the wait for a started box's agent. Default 30s,
 	// 3m on a backend whose boxes run elsewhere (Capabilities.Remote).
 	ReadyTimeout time.Duration
@@ -215,6 +221,7 @@ type Service struct {
 	hostDirMu sync.Mutex
 	leaseMu   sync.Mutex
 	held      map[string]*leases.Held // the leases this server holds, by name
+	adoptMu   sync.Mutex              // one session taken over at a time (shared.go)
 	// asleep is set by SleepAll: the process is shutting down, and no box
 	// starts again (wake refuses) to run on after it exits.
 	asleep atomic.Bool
@@ -325,7 +332,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		proxies:  map[string]*boxProxy{},
 	}
 	s.SetBaseURL(cfg.BaseURL)
-	if err := s.reconcile(ctx); err != nil {
+	if cfg.Shared {
+		s.log.Info("state shared with other servers: sessions are taken over as calls need them")
+	} else if err := s.reconcile(ctx); err != nil {
 		cancel()
 		st.close()
 		return nil, err

@@ -87,10 +87,15 @@ func (s *Service) NewSessionWith(ctx context.Context, opts api.NewSessionRequest
 	s.sessions[id] = sess
 	rec := s.sessionRecordLocked(sess)
 	s.mu.Unlock()
-	if err := s.st.apply(change{session: &rec}); err != nil {
+	err = s.holdSession(id)
+	if err == nil {
+		err = s.st.apply(change{session: &rec})
+	}
+	if err != nil {
 		s.mu.Lock()
 		delete(s.sessions, id)
 		s.mu.Unlock()
+		s.releaseSession(id)
 		return "", "", fmt.Errorf("create session: %w", err)
 	}
 	s.log.Info("session created", "session", id)
@@ -113,8 +118,11 @@ func (s *Service) Authenticate(id, token string) (*Session, error) {
 
 func (s *Service) session(id string) (*Session, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	sess, err := s.liveSessionLocked(id)
+	s.mu.Unlock()
+	if err != nil && s.cfg.Shared && errors.Is(err, ErrNoSession) {
+		sess, err = s.adoptSession(id) // served by no server now, or by another
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -166,6 +174,7 @@ func (s *Service) DeleteSession(ctx context.Context, id string) error {
 	if err := s.st.apply(change{delSession: id}); err != nil {
 		errs = append(errs, err)
 	}
+	s.releaseSession(id)
 	s.log.Info("session deleted", "session", id, "boxes", len(names))
 	return errors.Join(errs...)
 }

@@ -1,0 +1,198 @@
+package sandbox
+
+// Several servers, one state (Config.Shared): the sessions and boxes are
+// records every server reads, and each session is served by one server at
+// a time, the holder of its lease ("session/ID"). A call to a session no
+// server holds (new to this server, or its server died and the lease ran
+// out) takes the lease here and loads the session from the store, its
+// running boxes reattached as a restarted server's are (boxFromRecord).
+// A call to a session another server holds is that server's: this one
+// answers ErrElsewhere, and the HTTP server in front forwards the request
+// to the holder (SessionHolder tells it which). A server that loses a
+// session's lease (cut off from etcd past its time to live) forgets the
+// session at once, before another may take it: its boxes keep running,
+// for the next holder to reattach.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	leases "github.com/cellbox/cellbox/sandbox/lease"
+	"github.com/cellbox/cellbox/sandbox/previews"
+	"github.com/cellbox/cellbox/sandbox/state"
+)
+
+// sessionLeaseTTL is how long a session stays with a server that stopped
+// renewing its lease: another takes it over after at most this.
+const sessionLeaseTTL = 5 * time.Second
+
+func sessionLease(id string) string { return "session/" + id }
+
+// ErrElsewhere: the session is served by another server (Config.Shared).
+var ErrElsewhere = errors.New("the session is served by another server")
+
+// SessionHolder names the server that serves session id: "" when it is
+// this one, or may be (no server holds it: the call takes it here).
+func (s *Service) SessionHolder(ctx context.Context, id string) (string, error) {
+	if !s.cfg.Shared {
+		return "", nil
+	}
+	s.mu.Lock()
+	local := s.sessions[id] != nil
+	s.mu.Unlock()
+	if local {
+		return "", nil
+	}
+	h, err := s.cfg.Leaser.Holder(ctx, sessionLease(id))
+	if err != nil || h == s.cfg.Holder {
+		return "", err
+	}
+	return h, nil
+}
+
+// holdSession takes the lease of a new session (Config.Shared).
+func (s *Service) holdSession(id string) error {
+	if !s.cfg.Shared {
+		return nil
+	}
+	h, err := leases.Keep(s.ctx, s.cfg.Leaser, sessionLease(id), s.cfg.Holder, sessionLeaseTTL)
+	if err != nil {
+		return err
+	}
+	s.leaseMu.Lock()
+	s.held[sessionLease(id)] = h
+	s.leaseMu.Unlock()
+	go s.watchSession(id, h)
+	return nil
+}
+
+// releaseSession gives a deleted session's lease up.
+func (s *Service) releaseSession(id string) {
+	s.leaseMu.Lock()
+	h := s.held[sessionLease(id)]
+	delete(s.held, sessionLease(id))
+	s.leaseMu.Unlock()
+	if h != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		h.Release(ctx)
+	}
+}
+
+// adoptSession takes the lease of session id and loads it from the store, with
+// its boxes. One adoption runs at a time.
+func (s *Service) adoptSession(id string) (*Session, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
+	defer cancel()
+	s.adoptMu.Lock()
+	defer s.adoptMu.Unlock()
+	s.mu.Lock()
+	sess, err := s.liveSessionLocked(id)
+	s.mu.Unlock()
+	if err == nil || !errors.Is(err, ErrNoSession) {
+		return sess, err // adopted by a call that came first
+	}
+	r, err := s.st.st.Get(ctx, state.Sessions, id)
+	if errors.Is(err, state.ErrNotFound) {
+		return nil, fmt.Errorf("session %q: %w", id, ErrNoSession)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read session %s: %w", id, err)
+	}
+	var rec sessionRecord
+	if err := json.Unmarshal(r.Value, &rec); err != nil {
+		return nil, fmt.Errorf("session %s: %w", id, err)
+	}
+	h, err := leases.Keep(s.ctx, s.cfg.Leaser, sessionLease(id), s.cfg.Holder, sessionLeaseTTL)
+	if errors.Is(err, leases.ErrHeld) {
+		return nil, fmt.Errorf("%w (%v)", ErrElsewhere, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("take session %s: %w", id, err)
+	}
+	boxes := map[string]*box{}
+	var changes []change
+	for _, bid := range rec.Boxes {
+		br, err := s.st.st.Get(ctx, state.Boxes, bid)
+		if err != nil {
+			continue // named but not stored: sessionFromRecord says so
+		}
+		var brec boxRecord
+		if json.Unmarshal(br.Value, &brec) != nil {
+			continue
+		}
+		info, err := s.be.Inspect(ctx, bid)
+		b, ch := s.boxFromRecord(ctx, brec, info, err == nil)
+		if ch != nil {
+			changes = append(changes, *ch)
+		}
+		boxes[bid] = b
+	}
+	sess = s.sessionFromRecord(rec, func(bid string) *box { return boxes[bid] })
+	if sess == nil {
+		h.Release(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("session %q: %w", id, ErrNoSession)
+	}
+	s.mu.Lock()
+	for bid, b := range boxes {
+		s.boxes[bid] = b
+		for port, pid := range b.previews {
+			s.previews.Add(pid, previews.Target{Box: bid, Port: port})
+		}
+	}
+	s.sessions[id] = sess
+	s.mu.Unlock()
+	s.leaseMu.Lock()
+	s.held[sessionLease(id)] = h
+	s.leaseMu.Unlock()
+	for bid, b := range boxes {
+		if b.state == stateRunning && !b.rec.Network {
+			if err := s.prepareHost(bid, false); err != nil {
+				s.log.Warn("box egress proxy not started; its network is closed", "box", bid, "err", err)
+			}
+		}
+	}
+	if len(changes) > 0 {
+		if err := s.st.apply(changes...); err != nil {
+			s.log.Warn("record boxes gone", "session", id, "err", err)
+		}
+	}
+	go s.watchSession(id, h)
+	s.log.Info("session taken over from the shared state", "session", id, "boxes", len(boxes))
+	return sess, nil
+}
+
+// watchSession forgets session id here when its lease is lost: another
+// server may take it from then on. Its boxes keep running.
+func (s *Service) watchSession(id string, h *leases.Held) {
+	select {
+	case <-h.Lost():
+	case <-s.ctx.Done():
+		return
+	}
+	s.leaseMu.Lock()
+	if s.held[sessionLease(id)] == h {
+		delete(s.held, sessionLease(id))
+	}
+	s.leaseMu.Unlock()
+	s.mu.Lock()
+	sess := s.sessions[id]
+	if sess != nil {
+		delete(s.sessions, id)
+		for _, b := range sess.boxes {
+			if b.client != nil {
+				b.client.Close()
+				b.client = nil
+			}
+			for _, pid := range b.previews {
+				s.previews.Drop(pid)
+			}
+			delete(s.boxes, b.rec.ID)
+		}
+	}
+	s.mu.Unlock()
+	s.log.Warn("lost the lease of a session: this server no longer serves it", "session", id)
+}
