@@ -322,6 +322,9 @@ func (s *Server) handleSet(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, errorf(400, "%s is a stream: send it events (POST /v1/send/%s, `cellbox send %s JSON`)", c.Addr, c.Addr, c.Addr))
 		return
 	}
+	if s.forwarded(w, r, c.Addr) {
+		return
+	}
 	if node := s.nodeOf(c.Addr); node != "" {
 		writeErr(w, errorf(409, "%s is the output of node %s: set the cells it reads instead", c.Addr, node))
 		return
@@ -366,6 +369,9 @@ func (s *Server) handleSend(w http.ResponseWriter, r *http.Request) {
 	c, err := Lookup(s.store, s.loaded(), r.PathValue("addr"))
 	if err != nil {
 		writeErr(w, err)
+		return
+	}
+	if s.forwarded(w, r, c.Addr) {
 		return
 	}
 	if !c.Stream {

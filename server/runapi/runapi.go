@@ -106,11 +106,17 @@ type Config struct {
 	Leaser lease.Leaser
 	// Holder names this server to Leaser; default lease.DefaultHolder().
 	Holder string
+	// Forward, for servers that share the store (docs/cluster.md), sends a
+	// write (a cell set, an event, a retry) to a pattern instance that runs
+	// on another server there, and reports whether it did; a bare cell
+	// name then resolves against every server's instances, not only this
+	// one's.
+	Forward func(w http.ResponseWriter, r *http.Request, instance string) bool
 }
 
 // patternLeaseTTL is how long a pattern instance's lease outlives a server
 // that stopped renewing it: another server resumes it after at most this.
-const patternLeaseTTL = 10 * time.Second
+const patternLeaseTTL = 5 * time.Second
 
 // Server serves the runtime API. Create it with New; it is an
 // http.Handler and safe for concurrent use.
@@ -126,6 +132,7 @@ type Server struct {
 
 	leaser   lease.Leaser
 	holder   string
+	forward  func(w http.ResponseWriter, r *http.Request, instance string) bool
 	leaseCtx context.Context // the leases' renewals; ends at Shutdown
 	endLease context.CancelFunc
 
@@ -154,7 +161,7 @@ func New(cfg Config) *Server {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{rt: cfg.Runtime, store: cfg.Store, env: cfg.Env, log: cfg.Logger, persist: cfg.Persist, shutdown: make(chan struct{}),
-		leaser: cfg.Leaser, holder: cfg.Holder}
+		leaser: cfg.Leaser, holder: cfg.Holder, forward: cfg.Forward}
 	if s.leaser == nil {
 		s.leaser = lease.NewLocal()
 	}
@@ -343,24 +350,24 @@ func (s *Server) Reload(ctx context.Context, name string, p *patterns.Pattern) (
 // compiles) is reported in the error and kept, to be tried again at the
 // next start (Stop of its name forgets it).
 func (s *Server) Resume(ctx context.Context) ([]Instance, error) {
-	var recs []instanceRecord
-	err := s.store.View(ctx, func(tx cells.Tx) error {
-		return tx.Meta(instancesBucket).ForEach("", func(_ string, v []byte) error {
-			var o instanceRecord
-			if json.Unmarshal(v, &o) == nil {
-				recs = append(recs, o)
-			}
-			return nil
-		})
-	})
+	recs, err := s.records(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read the loaded patterns: %w", err)
+		return nil, err
 	}
-	slices.SortStableFunc(recs, func(a, b instanceRecord) int { return cmp.Compare(a.Seq, b.Seq) })
 	var out []Instance
 	var errs []error
 	for _, r := range recs {
 		o := r.LoadOptions
+		key := o.Space + "/" + o.Name
+		s.mu.Lock()
+		loaded := s.find(key) != nil
+		s.mu.Unlock()
+		if loaded {
+			continue
+		}
+		if h, err := s.leaser.Holder(ctx, "pattern/"+key); err == nil && h != "" && h != s.holder {
+			continue // runs on another server (a cheap check before parsing it)
+		}
 		var p *patterns.Pattern
 		if o.YAML != "" {
 			p, err = patterns.Parse("request.yaml", []byte(o.YAML), nil)
@@ -384,6 +391,63 @@ func (s *Server) Resume(ctx context.Context) ([]Instance, error) {
 		out = append(out, in)
 	}
 	return out, errors.Join(errs...)
+}
+
+// Adopt resumes, every interval until ctx ends, the loaded instances no
+// server runs: those of a server that died or was cut off, once their
+// lease ran out (servers sharing one store, docs/cluster.md). Each is
+// resumed as at a restart (Resume): from the store, where it stood.
+func (s *Server) Adopt(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.leaseCtx.Done():
+			return
+		case <-t.C:
+		}
+		ins, err := s.Resume(ctx)
+		for _, in := range ins {
+			s.log.Info("took over a pattern no server ran", "pattern", in.Space+"/"+in.Name)
+		}
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("take over patterns", "err", err)
+		}
+	}
+}
+
+// records returns the recorded instances, in the order they were loaded.
+func (s *Server) records(ctx context.Context) ([]instanceRecord, error) {
+	var recs []instanceRecord
+	err := s.store.View(ctx, func(tx cells.Tx) error {
+		return tx.Meta(instancesBucket).ForEach("", func(_ string, v []byte) error {
+			var o instanceRecord
+			if json.Unmarshal(v, &o) == nil {
+				recs = append(recs, o)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the loaded patterns: %w", err)
+	}
+	slices.SortStableFunc(recs, func(a, b instanceRecord) int { return cmp.Compare(a.Seq, b.Seq) })
+	return recs, nil
+}
+
+// forwarded reports whether a write to cell a went to the server that runs
+// its instance (Config.Forward): it is not loaded here.
+func (s *Server) forwarded(w http.ResponseWriter, r *http.Request, a cells.Address) bool {
+	if s.forward == nil {
+		return false
+	}
+	key := a.Space + "/" + a.Pattern
+	s.mu.Lock()
+	here := s.find(key) != nil
+	s.mu.Unlock()
+	return !here && s.forward(w, r, key)
 }
 
 // forgetUnresumed forgets the record of an instance that is not loaded
@@ -546,6 +610,16 @@ func (s *Server) loadedNames() string {
 
 // loaded returns the instance keys in load order.
 func (s *Server) loaded() []Loaded {
+	if s.forward != nil {
+		// Every server's instances, in the order they were loaded.
+		if recs, err := s.records(context.Background()); err == nil {
+			out := make([]Loaded, len(recs))
+			for i, r := range recs {
+				out[i] = Loaded{Space: r.Space, Name: r.Name}
+			}
+			return out
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]Loaded, len(s.instances))
@@ -593,6 +667,9 @@ func (s *Server) handleRetry(w http.ResponseWriter, r *http.Request) {
 	c, err := Lookup(s.store, s.loaded(), r.PathValue("addr"))
 	if err != nil {
 		writeErr(w, err)
+		return
+	}
+	if s.forwarded(w, r, c.Addr) {
 		return
 	}
 	err = s.rt.Retry(r.Context(), c.Addr)
