@@ -56,6 +56,9 @@ func browseTool(ctx context.Context, c *call, in api.BrowseInput) (api.BrowseOut
 		if err := s.st.apply(change{box: rec}); err != nil {
 			return out, err
 		}
+		if err := s.recordPreview(ctx, id, c.sess.ID); err != nil {
+			return out, err
+		}
 	}
 	out.URL, err = previews.URL(base, id, "/")
 	if err != nil {

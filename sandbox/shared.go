@@ -196,3 +196,48 @@ func (s *Service) watchSession(id string, h *leases.Held) {
 	s.mu.Unlock()
 	s.log.Warn("lost the lease of a session: this server no longer serves it", "session", id)
 }
+
+// previewRecord is a preview as the shared state keeps it (kind
+// Previews), so that any server finds the session behind a preview id.
+type previewRecord struct {
+	Session string `json:"session"`
+	Box     string `json:"box"`
+}
+
+// recordPreview records a new preview id's session (Config.Shared).
+func (s *Service) recordPreview(ctx context.Context, id, session string) error {
+	if !s.cfg.Shared {
+		return nil
+	}
+	b, _ := json.Marshal(previewRecord{Session: session})
+	_, err := s.st.st.Commit(context.WithoutCancel(ctx), state.Put(state.Previews, id, b))
+	return err
+}
+
+// PreviewSession names the session of preview id when another server
+// may serve it ("" when this one does, or none has it): the HTTP server
+// forwards the preview there (Config.Shared).
+func (s *Service) PreviewSession(ctx context.Context, id string) (string, error) {
+	if _, ok := s.previews.Get(id); ok || !s.cfg.Shared {
+		return "", nil
+	}
+	r, err := s.st.st.Get(ctx, state.Previews, id)
+	if errors.Is(err, state.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	var rec previewRecord
+	if err := json.Unmarshal(r.Value, &rec); err != nil {
+		return "", err
+	}
+	return rec.Session, nil
+}
+
+// TakeSession makes this server serve session id if no server does
+// (Config.Shared): it fails with ErrElsewhere when another does.
+func (s *Service) TakeSession(id string) error {
+	_, err := s.session(id)
+	return err
+}
