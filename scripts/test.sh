@@ -24,6 +24,13 @@ if [ -n "$unformatted" ]; then
 fi
 go vet ./...
 CGO_ENABLED=0 go build -o bin/cellbox ./cmd/cellbox
+# The S3 blob store's tests (sandbox/blobs/s3blobs) run against a real
+# S3-compatible server, versitygw, built from its Go module on first use
+# (scripts/s3-server.sh; ~3 minutes from a cold Go build cache on 2 cores);
+# each test starts its own (internal/s3test).
+ts=$(date +%s)
+bash scripts/s3-server.sh build
+echo "test: s3 server build $(($(date +%s) - ts)) s"
 # The kubernetes backend's tests run on a real two-node cluster of this
 # machine: built from Go modules on first use (scripts/kube-cluster.sh;
 # ~25 minutes from a cold Go build cache on 2 cores), started fresh, and
