@@ -46,6 +46,7 @@ type Host struct {
 	reqs    context.Context
 	endReqs context.CancelCauseFunc
 	gone    sync.WaitGroup // removeBox calls
+	cluster *cluster       // the shared state's, or nil
 }
 
 // HostConfig says what a Host runs over.
@@ -65,6 +66,9 @@ type HostConfig struct {
 	Persist bool
 	// HTTP are the options of the servers.
 	HTTP HTTPOptions
+	// cluster is the shared state's (Config.Cluster): the patterns' leases
+	// are its, and sessions other servers serve are forwarded there.
+	cluster *cluster
 }
 
 // errShuttingDown ends the requests still in flight when a stop's grace
@@ -83,14 +87,18 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Host{dataDir: cfg.DataDir, boxes: cfg.Sandboxes, opts: cfg.HTTP, teardowns: env.Teardowns}
+	h := &Host{dataDir: cfg.DataDir, boxes: cfg.Sandboxes, opts: cfg.HTTP, teardowns: env.Teardowns, cluster: cfg.cluster}
 	h.reqs, h.endReqs = context.WithCancelCause(context.Background())
 	h.rt = runtime.New(cfg.Store, runtime.Options{Logger: log, MemoLimit: memoLimit, OnGone: func(node cells.Address, builtin string) {
 		if builtin == string(patterns.KindSandbox) {
 			h.removeBox(env, log, node)
 		}
 	}})
-	h.api = runapi.New(runapi.Config{Runtime: h.rt, Store: cfg.Store, Env: env, Logger: log, Persist: cfg.Persist})
+	rc := runapi.Config{Runtime: h.rt, Store: cfg.Store, Env: env, Logger: log, Persist: cfg.Persist}
+	if cfg.cluster != nil {
+		rc.Leaser, rc.Holder, rc.Forward = cfg.cluster.leaser, cfg.cluster.holder, cfg.cluster.forwardPattern
+	}
+	h.api = runapi.New(rc)
 	return h, nil
 }
 

@@ -149,6 +149,17 @@ func (h *Host) ServeTCP(addr string) (*Endpoint, error) {
 	boxes := h.boxes.Handler(func(svc *sandbox.Service) http.Handler {
 		return httpapi.HandlerWith(svc, httpapi.Options{MCPIdleTTL: TTL(h.opts.MCPIdleTTL)})
 	})
+	if cl := h.cluster; cl != nil {
+		cl.key.Store(&key)
+		boxes = cl.forwardSessions(func(ctx context.Context) (*sandbox.Service, error) {
+			svc, _, err := h.boxes.Get(ctx)
+			return svc, err
+		}, cl.forwardMCP(boxes))
+		if err := cl.announce(h.reqs, base); err != nil {
+			ln.Close()
+			return nil, err
+		}
+	}
 	g := NewGuard(key, hosts, boxes, withRuntimeAPI(boxes, h.api, lazyHandler(webui.Handler)))
 	stopped := h.Serve(ln, WithBodyPace(h.opts.Pace(), g))
 	return &Endpoint{URL: base, Key: key, KeyCreated: created, Stopped: stopped}, nil

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -28,6 +29,10 @@ type Sandboxes struct {
 	log   *slog.Logger
 	open  func(ctx context.Context) (*sandbox.Service, error) // opens the service, or returns the one given
 	owned bool                                                // close closes svc (false: the service was given)
+	// sessionKey is where in sessionBucket the runtime's session is
+	// recorded: sessionKey, or one of this server's own when servers
+	// share the store (each runtime has a session of its own).
+	sessionKey string
 
 	once    sync.Once
 	mu      sync.Mutex
@@ -82,7 +87,7 @@ func (s *Sandboxes) start(ctx context.Context) (*sandbox.Service, string, error)
 	if err != nil {
 		return nil, "", err
 	}
-	session, err := runtimeSession(ctx, s.store, svc)
+	session, err := runtimeSession(ctx, s.store, svc, cmp.Or(s.sessionKey, sessionKey))
 	if err != nil {
 		if s.owned {
 			svc.Close()
@@ -106,11 +111,11 @@ const sessionBucket, sessionKey = "cmd.cellbox", "sandbox.session"
 // runtimeSession returns the sandbox session the runtime's boxes live in:
 // the one recorded in the store if the service still has it, else a new
 // one, recorded.
-func runtimeSession(ctx context.Context, store cells.Store, svc *sandbox.Service) (string, error) {
+func runtimeSession(ctx context.Context, store cells.Store, svc *sandbox.Service, key string) (string, error) {
 	type rec struct{ ID, Token string }
 	var r rec
 	err := store.View(ctx, func(tx cells.Tx) error {
-		if b, ok := tx.Meta(sessionBucket).Get(sessionKey); ok {
+		if b, ok := tx.Meta(sessionBucket).Get(key); ok {
 			return json.Unmarshal(b, &r)
 		}
 		return nil
@@ -125,7 +130,7 @@ func runtimeSession(ctx context.Context, store cells.Store, svc *sandbox.Service
 		return "", fmt.Errorf("create the runtime's sandbox session: %w", err)
 	}
 	b, _ := json.Marshal(r)
-	err = store.Update(ctx, func(tx cells.Tx) error { return tx.Meta(sessionBucket).Put(sessionKey, b) })
+	err = store.Update(ctx, func(tx cells.Tx) error { return tx.Meta(sessionBucket).Put(key, b) })
 	if err != nil {
 		return "", fmt.Errorf("record the runtime's sandbox session: %w", err)
 	}

@@ -57,6 +57,9 @@ type Config struct {
 	HTTP HTTPOptions
 	// Logger: default slog.Default().
 	Logger *slog.Logger
+	// Cluster shares the state with other servers (docs/cluster.md); the
+	// zero value keeps it in DataDir.
+	Cluster ClusterConfig
 }
 
 // Server is what Open opened: the data directory's state, the sandbox
@@ -79,9 +82,15 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 			s.Close()
 		}
 	}()
-	if s.State, err = OpenState(cfg.DataDir); err != nil {
+	if cfg.Cluster.On() {
+		s.State, err = openCluster(ctx, cfg.DataDir, cfg.Cluster)
+	} else {
+		s.State, err = OpenState(cfg.DataDir)
+	}
+	if err != nil {
 		return nil, err
 	}
+	cl := s.State.cluster
 	openService := func(ctx context.Context) (*sandbox.Service, error) {
 		be, err := OpenBackend(ctx, cfg.Backend, cfg.DataDir, cfg.Sandbox.AgentBinary)
 		if err != nil {
@@ -89,6 +98,12 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 		}
 		sc := cfg.Sandbox
 		sc.Backend, sc.DataDir, sc.State = be, cfg.DataDir, s.State.Sandbox
+		if cl != nil {
+			sc.Shared, sc.Leaser, sc.Holder = true, cl.leaser, cl.holder
+			if sc.Blobs, err = openBlobs(ctx, cfg.Cluster); err != nil {
+				return nil, err
+			}
+		}
 		return sandbox.New(ctx, sc)
 	}
 	if cfg.Lazy {
@@ -101,11 +116,17 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 		s.Sandboxes = LazySandboxes(s.State.Cells, log, func(context.Context) (*sandbox.Service, error) { return svc, nil })
+		if cl != nil {
+			s.Sandboxes.sessionKey = sessionKey + "/" + cl.holder
+		}
 		if _, _, err := s.Sandboxes.Get(ctx); err != nil {
 			return nil, err
 		}
 	}
-	if s.Host, err = NewHost(HostConfig{DataDir: cfg.DataDir, Store: s.State.Cells, Sandboxes: s.Sandboxes, Logger: log, Persist: cfg.Persist, HTTP: cfg.HTTP}); err != nil {
+	if cfg.Lazy && cl != nil {
+		s.Sandboxes.sessionKey = sessionKey + "/" + cl.holder
+	}
+	if s.Host, err = NewHost(HostConfig{DataDir: cfg.DataDir, Store: s.State.Cells, Sandboxes: s.Sandboxes, Logger: log, Persist: cfg.Persist, HTTP: cfg.HTTP, cluster: cl}); err != nil {
 		return nil, err
 	}
 	return s, nil

@@ -22,7 +22,8 @@ import (
 type State struct {
 	Cells   cells.Store
 	Sandbox state.Store
-	db      *bolt.DB
+	db      *bolt.DB // one machine's file (nil when the state is shared)
+	cluster *cluster // the shared state's etcd (nil on one machine)
 }
 
 // OpenState opens (creating) DATA/cellbox.db; a file another process holds
@@ -67,7 +68,14 @@ func RememberSchemas(dataDir string) {
 	jsonschema.RememberValid(filepath.Join(dataDir, SchemaCacheFile))
 }
 
-// Close closes the stores, then the file.
+// Close closes the stores, then the file (or the etcd client).
 func (d *State) Close() error {
-	return errors.Join(d.Sandbox.Close(), d.Cells.Close(), d.db.Close())
+	errs := []error{d.Sandbox.Close(), d.Cells.Close()}
+	if d.db != nil {
+		errs = append(errs, d.db.Close())
+	}
+	if d.cluster != nil {
+		errs = append(errs, d.cluster.close())
+	}
+	return errors.Join(errs...)
 }

@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/backend"
@@ -18,7 +20,7 @@ import (
 func init() {
 	register(command{
 		name:  "serve",
-		usage: "[--addr 127.0.0.1:7077] [--data DIR] [--backend auto|docker|docker-remote|kubernetes|local] [--pool N] [--max-boxes-per-session N] [--max-boxes N] [--max-sessions N] [--max-snapshot-bytes N] [--session-ttl 24h] [--agent-binary PATH] [--key-file F] [--allowed-host H]...  serve the sandbox tool API and the runtime API (patterns, cells) over HTTP",
+		usage: "[--addr 127.0.0.1:7077] [--data DIR] [--backend auto|docker|docker-remote|kubernetes|local] [--pool N] [--max-boxes-per-session N] [--max-boxes N] [--max-sessions N] [--max-snapshot-bytes N] [--session-ttl 24h] [--agent-binary PATH] [--etcd URLS [--etcd-prefix P] [--blobs s3://…]] [--key-file F] [--allowed-host H]...  serve the sandbox tool API and the runtime API (patterns, cells) over HTTP",
 		run:   runServe,
 	})
 }
@@ -38,6 +40,9 @@ func runServe(ctx context.Context, args []string) error {
 	maxSessions := fs.Int("max-sessions", sandbox.DefaultMaxSessions, "sessions that may exist at once")
 	maxSnapBytes := fs.Int64("max-snapshot-bytes", sandbox.DefaultMaxSnapshotBytes, "bytes one session's snapshots may take in the store (deduplicated)")
 	sessionTTL := fs.Duration("session-ttl", sandbox.DefaultSessionTTL, "delete a session and its boxes after it was idle this long (0: never)")
+	etcd := fs.String("etcd", "", "share the state with other servers in this etcd cluster: its client `URLs`, comma-separated (docs/cluster.md); default: the data dir's file")
+	etcdPrefix := fs.String("etcd-prefix", "/cellbox/", "where in etcd the state lives: servers with one prefix share everything")
+	blobs := fs.String("blobs", "", "keep snapshot content in an S3 bucket every server reaches: s3://BUCKET/PREFIX?endpoint=URL (credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); default: the data dir")
 	httpOpts := server.AddHTTPFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -49,8 +54,16 @@ func runServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// Cells, sessions and boxes: one file; the sandbox service opened now.
+	cluster := server.ClusterConfig{Prefix: *etcdPrefix, Blobs: *blobs}
+	if *etcd != "" {
+		cluster.Etcd = strings.Split(*etcd, ",")
+	} else if *blobs != "" {
+		return fmt.Errorf("--blobs shares snapshots between servers, which share their state with --etcd: give both, or neither")
+	}
+	// Cells, sessions and boxes: one file (or etcd); the sandbox service
+	// opened now.
 	srv, err := server.Open(ctx, server.Config{
+		Cluster: cluster,
 		DataDir: dataDir,
 		Backend: *backendName,
 		Sandbox: sandbox.Config{
@@ -86,6 +99,10 @@ func runServe(ctx context.Context, args []string) error {
 	}
 	for _, in := range resumed {
 		fmt.Fprintf(os.Stderr, "cellbox: resumed pattern %s/%s\n", in.Space, in.Name)
+	}
+	if cluster.On() {
+		// Patterns whose server died are taken over by a live one.
+		go host.API().Adopt(ctx, time.Second)
 	}
 	be, base := srv.Backend(), ep.URL
 	slog.Info("cellbox serving", "url", base, "backend", be.Name(), "data", dataDir)

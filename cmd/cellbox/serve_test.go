@@ -133,7 +133,15 @@ func startServe(t *testing.T, data string, args ...string) *serveProc {
 // startServeEnv is startServe with env added to serve's environment.
 func startServeEnv(t *testing.T, data string, env []string, args ...string) *serveProc {
 	t.Helper()
-	cmd := exec.Command(testenv.CellboxBinary(t), append([]string{"serve", "--backend", "local", "--data", data, "--addr", "127.0.0.1:0"}, args...)...)
+	return startServeIn(t, nil, data, env, args...)
+}
+
+// startServeIn is startServeEnv run under wrap (ip netns exec NS: a
+// server in a network namespace), whose --addr args give.
+func startServeIn(t *testing.T, wrap []string, data string, env []string, args ...string) *serveProc {
+	t.Helper()
+	argv := append(append(wrap, testenv.CellboxBinary(t), "serve", "--backend", "local", "--data", data, "--addr", "127.0.0.1:0"), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(cleanEnv(), env...)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
@@ -142,7 +150,7 @@ func startServeEnv(t *testing.T, data string, env []string, args ...string) *ser
 	urls := make(chan [2]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
-		re := regexp.MustCompile(`page: (http://127\.0\.0\.1:\d+)/#token=([0-9a-f]+) `)
+		re := regexp.MustCompile(`page: (http://[0-9.]+:\d+)/#token=([0-9a-f]+) `)
 		for sc.Scan() {
 			fmt.Fprintln(p.stderr, sc.Text())
 			if m := re.FindStringSubmatch(sc.Text()); m != nil {
