@@ -24,6 +24,7 @@ import (
 	"github.com/cellbox/cellbox/internal/etcdconn"
 	"github.com/cellbox/cellbox/internal/etcdtest"
 	"github.com/cellbox/cellbox/internal/mcptest"
+	"github.com/cellbox/cellbox/internal/s3test"
 	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/server/runapi"
 )
@@ -183,32 +184,10 @@ func TestClusterSessionAcrossServers(t *testing.T) {
 	dataA := t.TempDir()
 	a := startServe(t, dataA, "--pool", "0", "--etcd", eps)
 	b := startServe(t, t.TempDir(), "--pool", "0", "--etcd", eps)
-	bin := testenv.CellboxBinary(t)
-	run := func(env []string, args ...string) (string, error) {
-		cmd := exec.Command(bin, args...)
-		cmd.Env = append(cleanEnv(), env...)
-		out, err := cmd.CombinedOutput()
-		return string(out), err
-	}
-	out, err := run(nil, "session", "new", "--server", a.url, "--data", dataA)
-	require.NoError(t, err, out)
-	var envA []string
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		envA = append(envA, strings.TrimPrefix(line, "export "))
-	}
+	run := cli(t)
+	envA := newSession(t, a.url, dataA)
 	envB := append([]string{"CELLBOX_SERVER=" + b.url}, envA[1:]...)
-	stdout := func(env []string, cmd string) (string, error) {
-		out, err := run(env, "tool", "shell", fmt.Sprintf(`{"command":%q}`, cmd))
-		if err != nil {
-			return out, err
-		}
-		var res map[string]any
-		if err := json.Unmarshal([]byte(out), &res); err != nil {
-			return out, err
-		}
-		s, _ := res["stdout"].(string)
-		return s, nil
-	}
+	stdout := func(env []string, cmd string) (string, error) { return shellStdout(run, env, cmd) }
 	got, err := stdout(envA, "echo made on a > /workspace/f.txt && hostname")
 	require.NoError(t, err, got)
 	got, err = stdout(envB, "cat /workspace/f.txt")
@@ -233,7 +212,7 @@ func TestClusterSessionAcrossServers(t *testing.T) {
 	// A preview of a server in the box, opened through the other server.
 	_, err = run(envA, "tool", "shell", `{"command":"echo preview-ok > index.html && python3 -m http.server 8000 --bind 127.0.0.1","background":true}`)
 	require.NoError(t, err)
-	out, err = run(envA, "tool", "wait_port", `{"port":8000}`)
+	out, err := run(envA, "tool", "wait_port", `{"port":8000}`)
 	require.NoError(t, err, out)
 	out, err = run(envA, "tool", "browse", `{"port":8000}`)
 	require.NoError(t, err, out)
@@ -461,4 +440,83 @@ func TestClusterMCPSession(t *testing.T) {
 	c2 := mcptest.MustConnect(t, mcptest.HTTP(b.url+"/v1/mcp", b.key))
 	res = c2.Shell(t, "echo fresh")
 	assert.Equal(t, "fresh\n", res["stdout"], "a new MCP session begins on the live server")
+}
+
+// cli returns a runner of the cellbox CLI with env added to a clean
+// environment; it returns what the command printed.
+func cli(t *testing.T) func(env []string, args ...string) (string, error) {
+	bin := testenv.CellboxBinary(t)
+	return func(env []string, args ...string) (string, error) {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(cleanEnv(), env...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+}
+
+// newSession makes a session on the server at url (its key in data) and
+// returns its environment: CELLBOX_SERVER, CELLBOX_SESSION, CELLBOX_TOKEN.
+func newSession(t *testing.T, url, data string) []string {
+	out, err := cli(t)(nil, "session", "new", "--server", url, "--data", data)
+	require.NoError(t, err, out)
+	var env []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		env = append(env, strings.TrimPrefix(line, "export "))
+	}
+	require.Len(t, env, 3)
+	return env
+}
+
+// shellStdout runs a shell tool call and returns its stdout.
+func shellStdout(run func([]string, ...string) (string, error), env []string, cmd string) (string, error) {
+	out, err := run(env, "tool", "shell", fmt.Sprintf(`{"command":%q}`, cmd))
+	if err != nil {
+		return out, err
+	}
+	var res map[string]any
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		return out, err
+	}
+	s, _ := res["stdout"].(string)
+	return s, nil
+}
+
+// TestClusterSnapshotAcrossServers: servers sharing an S3 bucket for
+// snapshot content (--blobs, a real S3 server): a snapshot taken on the
+// server of a session is restored through another once that server is
+// dead, into the box that came back empty.
+func TestClusterSnapshotAcrossServers(t *testing.T) {
+	testenv.RequireBwrap(t)
+	_, eps := startCluster(t)
+	blobs := s3test.Start(t)
+	dataA := t.TempDir()
+	a := startServe(t, dataA, "--pool", "0", "--etcd", eps, "--blobs", blobs)
+	b := startServe(t, t.TempDir(), "--pool", "0", "--etcd", eps, "--blobs", blobs)
+	run := cli(t)
+	envA := newSession(t, a.url, dataA)
+	envB := append([]string{"CELLBOX_SERVER=" + b.url}, envA[1:]...)
+	got, err := shellStdout(run, envA, "mkdir -p src && echo kept > src/notes.txt && head -c 300000 /dev/urandom > src/blob.bin && sha256sum src/blob.bin")
+	require.NoError(t, err, got)
+	sum := got
+	out, err := run(envA, "tool", "snapshot", `{"label":"before"}`)
+	require.NoError(t, err, out)
+	var snap struct{ ID string }
+	require.NoError(t, json.Unmarshal([]byte(out), &snap), out)
+
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGKILL))
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got, err = shellStdout(run, envB, "ls /workspace")
+		if err == nil {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the session was never taken over: %v %s", err, got)
+		time.Sleep(200 * time.Millisecond)
+	}
+	assert.NotContains(t, got, "src", "the box came back empty (its server's data dir is gone with it)")
+	out, err = run(envB, "tool", "restore", fmt.Sprintf(`{"snapshot":%q}`, snap.ID))
+	require.NoError(t, err, out)
+	got, err = shellStdout(run, envB, "cat src/notes.txt && sha256sum src/blob.bin")
+	require.NoError(t, err, got)
+	assert.Equal(t, "kept\n"+sum, got, "restored from the shared bucket through the other server")
 }
