@@ -20,7 +20,7 @@ import (
 // runBench runs `cellbox-bench SUBCOMMAND` and writes its report to w.
 func runBench(ctx context.Context, args []string, w io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("want a subcommand: boxes, pipeline or runtime")
+		return errors.New("want a subcommand: boxes, pipeline, runtime or cluster")
 	}
 	var rep *benchReport
 	var asJSON bool
@@ -32,8 +32,10 @@ func runBench(ctx context.Context, args []string, w io.Writer) error {
 		rep, asJSON, err = benchPipelineCmd(ctx, args[1:])
 	case "runtime":
 		rep, asJSON, err = benchRuntimeCmd(ctx, args[1:])
+	case "cluster":
+		rep, asJSON, err = benchClusterCmd(ctx, args[1:])
 	default:
-		return fmt.Errorf("unknown subcommand %q: want boxes, pipeline or runtime", args[0])
+		return fmt.Errorf("unknown subcommand %q: want boxes, pipeline, runtime or cluster", args[0])
 	}
 	if rep == nil || (err != nil && len(rep.Rows) == 0) {
 		return err
@@ -57,7 +59,7 @@ func runBench(ctx context.Context, args []string, w io.Writer) error {
 // benchRow is one measurement: its percentiles, the baseline measured in the
 // same run (if any) and the ratio of the two p50s.
 type benchRow struct {
-	Backend     string        `json:"backend"` // docker|local, or the cell store (memory|bbolt)
+	Backend     string        `json:"backend"` // docker|local, or the cell store (memory|bbolt|etcd ×N)
 	What        string        `json:"what"`
 	N           int           `json:"n"`
 	P50         time.Duration `json:"p50_ns"`
@@ -75,7 +77,7 @@ type benchRow struct {
 
 // benchReport is the output of one bench run.
 type benchReport struct {
-	Bench    string     `json:"bench"` // boxes|pipeline|runtime
+	Bench    string     `json:"bench"` // boxes|pipeline|runtime|cluster
 	Started  time.Time  `json:"started"`
 	Duration string     `json:"duration"`
 	Host     benchHost  `json:"host"`

@@ -132,6 +132,63 @@ func TestBenchRuntime(t *testing.T) {
 	}
 }
 
+// TestBenchCluster runs the cluster bench with tiny numbers (its own
+// three-member etcd, servers on the local backend) and checks its JSON:
+// every figure, the etcd ones against their bbolt ones with the target,
+// and the notes on the target and the etcd requests.
+func TestBenchCluster(t *testing.T) {
+	testenv.RequireBwrap(t)
+	testenv.RequireCommand(t, "etcd")
+	bin := testenv.CellboxBinary(t)
+	var out bytes.Buffer
+	err := runBench(context.Background(), []string{"cluster", "--n", "3", "--agent-binary", bin, "--json"}, &out)
+	require.NoError(t, err, out.String())
+	var rep benchReport
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
+	assert.Equal(t, "cluster", rep.Bench)
+
+	var got []string
+	for _, r := range rep.Rows {
+		got = append(got, r.Backend+": "+r.What)
+		assert.Equal(t, 3, r.N, r.What)
+		assert.Positive(t, r.P50, r.What)
+		assert.GreaterOrEqual(t, r.P95, r.P50, r.What)
+		assert.Positive(t, r.Mean, r.What)
+		assert.NotEmpty(t, r.Baseline, r.What)
+		assert.Positive(t, r.BaselineP50, r.What)
+		assert.Positive(t, r.Ratio, r.What)
+		if strings.Contains(r.Backend, "etcd") && strings.HasPrefix(r.Baseline, "clientv3") {
+			assert.Nil(t, r.Met, r.What)
+		}
+	}
+	assert.Equal(t, []string{
+		"etcd ×3: clientv3 Put of one key (a write's round trip)",
+		"etcd ×3: clientv3 Get of one key (linearizable: a read's round trip)",
+		"bbolt: cell write → watcher notified (the same store)",
+		"etcd ×3: cell write → watcher notified (a second store, on another client)",
+		"bbolt: propagate a 50-level chain of computed nodes, per node",
+		"etcd ×3: propagate a 50-level chain of computed nodes, per node",
+		"local, one machine: session create (sandbox service NewSession)",
+		"local, etcd ×3: session create (sandbox service NewSession)",
+		"local, one machine: warm `shell` `true` over HTTP",
+		"local, etcd ×3: warm `shell` `true` over HTTP to the session's server",
+		"local, etcd ×3: warm `shell` `true` over HTTP to another server (forwarded)",
+	}, got)
+	for i, r := range rep.Rows {
+		if i == 3 || i == 5 || i == 7 || i == 9 || i == 10 {
+			require.NotNil(t, r.Met, "%s has a target", r.What)
+			assert.Greater(t, r.Target, time.Duration(float64(r.BaselineP50)*clusterFactor), r.What)
+		} else {
+			assert.Nil(t, r.Met, "%s has no target", r.What)
+		}
+	}
+	notes := strings.Join(rep.Notes, "\n")
+	assert.Contains(t, notes, "target: holds for ")
+	assert.Contains(t, notes, "of 5 figures")
+	assert.Regexp(t, "`shell` `true` to another server: Range [0-9.]+", notes, "the forwarded call reads etcd")
+	assert.NotContains(t, notes, "stopped early")
+}
+
 // TestBenchPipelineLocal runs the pipeline bench with tiny numbers on the
 // local backend: every scenario under cellbox beside make + bwrap, and
 // make + bwrap beside plain make, with sane numbers and targets.
@@ -158,7 +215,7 @@ func TestBenchBadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		{nil, "want a subcommand: boxes, pipeline or runtime"},
+		{nil, "want a subcommand: boxes, pipeline, runtime or cluster"},
 		{[]string{"disks"}, `unknown subcommand "disks"`},
 		{[]string{"boxes", "--backend", "podman"}, `--backend "podman": want docker, local, kubernetes or both (docker and local)`},
 		{[]string{"boxes", "--n", "0"}, "--n 0: want a positive number"},
@@ -171,6 +228,8 @@ func TestBenchBadInput(t *testing.T) {
 		{[]string{"pipeline", "--n", "-1"}, "--n -1: want a positive number"},
 		{[]string{"runtime", "--watch-n", "-5"}, "--watch-n -5: want a positive number"},
 		{[]string{"runtime", "--backend", "k8s"}, `--backend "k8s": want docker, local, both or none`},
+		{[]string{"cluster", "--backend", "docker"}, "--backend docker: the cluster bench runs boxes on the local backend only: want local or none"},
+		{[]string{"cluster", "--members", "0"}, "--members 0: want a positive number"},
 		// The test binary has no cellbox beside it: --agent-binary is needed.
 		{[]string{"boxes", "--backend", "local", "--n", "1"}, "no cellbox binary beside "},
 	}

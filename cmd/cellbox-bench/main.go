@@ -1,7 +1,8 @@
 // Command cellbox-bench measures cellbox's latencies against baselines
 // measured in the same run: boxes (creates, tool calls, files, transfers,
 // forks, run_code, storms), pipeline (`cellbox run` beside make with and
-// without a sandbox) and runtime (propagation, watchers, file bindings).
+// without a sandbox), runtime (propagation, watchers, file bindings) and
+// cluster (the same figures over etcd beside bbolt, issue 22).
 //
 // It is a binary of its own so that cellbox, the binary mounted into
 // every box as its agent, does not carry it; it runs cellbox in the boxes
@@ -21,7 +22,7 @@ import (
 )
 
 // usage is the one line of what the command takes.
-const usage = "boxes|pipeline|runtime [--json] [...]  measure box, pipeline and runtime latencies against baselines (cellbox-bench boxes -h, pipeline -h, runtime -h)"
+const usage = "boxes|pipeline|runtime|cluster [--json] [...]  measure box, pipeline, runtime and cluster (etcd) latencies against baselines (cellbox-bench boxes -h, pipeline -h, runtime -h, cluster -h)"
 
 func main() {
 	args := os.Args[1:]

@@ -68,7 +68,7 @@ func WithArgs(args ...string) Option {
 // Member.Restart fails the test given to Start: call it from that test's
 // goroutine.
 type Cluster struct {
-	t       testing.TB
+	t       testing.TB // Start's; nil for StartProcs
 	bin     string
 	cfg     config
 	token   string
@@ -111,8 +111,7 @@ var lookPath = func() (string, error) {
 // reads). The members are killed when the test ends.
 func Start(t testing.TB, members int, opts ...Option) *Cluster {
 	t.Helper()
-	bin, err := lookPath()
-	if err != nil {
+	if _, err := lookPath(); err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatalf("etcdtest: no etcd binary (/usr/bin/etcd or etcd in PATH): %v; `bash scripts/setup.sh` installs it (Debian's etcd-server)", err)
 		}
@@ -121,13 +120,51 @@ func Start(t testing.TB, members int, opts ...Option) *Cluster {
 	if members < 1 {
 		t.Fatalf("etcdtest: Start with %d members", members)
 	}
+	c, err := startProcs(t.TempDir(), members, t.Logf, opts)
+	if c != nil {
+		c.t = t
+		t.Cleanup(c.cleanup) // prints the members' logs if starting failed
+	}
+	if err != nil {
+		t.Fatalf("etcdtest: %v", err)
+	}
+	return c
+}
+
+// StartProcs starts a cluster as Start does, outside a test (a benchmark
+// binary): the members' data dirs and logs go under dir, which the caller
+// removes after Close, which kills the members. Member.Restart is only for
+// a cluster of Start. A member dies with the OS thread that started it
+// (Pdeathsig): in a process whose goroutines may end their threads (one
+// that returns locked to its thread, as sandbox/local's staging does),
+// call StartProcs from a goroutine locked to its thread until Close.
+func StartProcs(dir string, members int, opts ...Option) (*Cluster, error) {
+	if _, err := lookPath(); err != nil {
+		return nil, fmt.Errorf("etcdtest: no etcd binary (/usr/bin/etcd or etcd in PATH): %w; `bash scripts/setup.sh` installs it (Debian's etcd-server)", err)
+	}
+	if members < 1 {
+		return nil, fmt.Errorf("etcdtest: StartProcs with %d members", members)
+	}
+	c, err := startProcs(dir, members, func(string, ...any) {}, opts)
+	if err != nil {
+		return nil, fmt.Errorf("etcdtest: %w", err)
+	}
+	return c, nil
+}
+
+// startProcs starts the members under dir; on an error the members are
+// killed, and the cluster is returned if any were started (their logs
+// tell why).
+func startProcs(dir string, members int, logf func(string, ...any), opts []Option) (*Cluster, error) {
+	bin, err := lookPath()
+	if err != nil {
+		return nil, err
+	}
 	cfg := config{maxTxnOps: 4096, maxRequestBytes: 4 << 20, logLevel: "error", timeout: 30 * time.Second}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	dir := t.TempDir() // before the Cleanup below, so it is removed after it
-	c := &Cluster{t: t, bin: bin, cfg: cfg}
-	t.Cleanup(c.cleanup)
+	c := &Cluster{bin: bin, cfg: cfg}
 
 	// A free port can be taken by someone else between our probe and etcd's
 	// bind: then a member exits at once, and the cluster is started anew on
@@ -135,15 +172,24 @@ func Start(t testing.TB, members int, opts ...Option) *Cluster {
 	for attempt := 1; ; attempt++ {
 		err := c.start(filepath.Join(dir, "try"+strconv.Itoa(attempt)), members)
 		if err == nil {
-			return c
+			return c, nil
 		}
 		inUse := c.anyLogContains("address already in use")
 		c.killAll()
 		if !inUse || attempt == 3 {
-			t.Fatalf("etcdtest: starting %d members: %v", members, err)
+			return c, fmt.Errorf("starting %d members: %w", members, err)
 		}
-		t.Logf("etcdtest: a port was taken meanwhile (%v); starting again on other ports", err)
+		logf("etcdtest: a port was taken meanwhile (%v); starting again on other ports", err)
 	}
+}
+
+// Close kills the members of a cluster of StartProcs (a cluster of Start
+// is killed when its test ends).
+func (c *Cluster) Close() {
+	if c.client != nil {
+		c.client.Close()
+	}
+	c.killAll()
 }
 
 func (c *Cluster) start(dir string, n int) error {
@@ -470,10 +516,7 @@ func (m *Member) Restart() {
 }
 
 func (c *Cluster) cleanup() {
-	if c.client != nil {
-		c.client.Close()
-	}
-	c.killAll()
+	c.Close()
 	if c.t.Failed() {
 		c.printLogs()
 	}
