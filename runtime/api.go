@@ -257,6 +257,11 @@ type Options struct {
 	// node kept outside the store (a sandbox node's box) can go too. It is
 	// called with the runtime locked: it must not block or call back.
 	OnGone func(node cells.Address, builtin string)
+	// Fence returns the context a batch of instance space/pattern commits
+	// under: with the instance's lease as a cells.Fence (cells.WithFence),
+	// so that a server that lost the lease writes nothing more of it (its
+	// commits fail with cells.ErrFenced). nil: no fence (one process).
+	Fence func(ctx context.Context, space, pattern string) context.Context
 }
 
 // StatusKind is what happened to a node.

@@ -199,7 +199,7 @@ func (r *Runtime) progress(n *node, id uint64, key string, v any) error {
 	if n.cur != id || n.detached || r.closed {
 		return nil
 	}
-	return r.batch(func(b *batch) error {
+	return r.batch(n.addr, func(b *batch) error {
 		b.writeAsync(n, envelope{Pending: true, Result: raw}, key, true, n.run)
 		return nil
 	})
@@ -297,7 +297,7 @@ func (r *Runtime) storeRun(n *node, id uint64, key string, memo bool, env envelo
 		r.end()
 		return true
 	}
-	err := r.batch(func(b *batch) error {
+	err := r.batch(n.addr, func(b *batch) error {
 		b.writeAsync(n, env, key, false, "")
 		if memo {
 			if err := r.memo(b.tx).put(key, raw); err != nil {
@@ -314,7 +314,7 @@ func (r *Runtime) storeRun(n *node, id uint64, key string, memo bool, env envelo
 	n.cur, n.cancel = 0, nil
 	if err != nil {
 		msg := fmt.Sprintf("store the run's result: %v (retry the node once the store takes writes again)", err)
-		if werr := r.batch(func(b *batch) error { b.writeAsync(n, envelope{Error: &msg}, key, false, ""); return nil }); werr != nil {
+		if werr := r.batch(n.addr, func(b *batch) error { b.writeAsync(n, envelope{Error: &msg}, key, false, ""); return nil }); werr != nil {
 			// Nothing can be written: the cell stays pending and the run
 			// runs again on the next start; the node's state says why.
 			msg += fmt.Sprintf("; storing this error failed too (%v): the run stays pending and runs again on the next start", werr)

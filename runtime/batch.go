@@ -114,12 +114,17 @@ type nodeFields struct {
 
 // batch runs fn and the propagation it causes in one transaction, then,
 // once committed, updates the runtime's copy of the cells and runs the
-// post-commit actions. Callers hold r.mu.
-func (r *Runtime) batch(fn func(*batch) error) error {
+// post-commit actions. at is a cell of the instance the batch is for: its
+// commit carries the instance's fence (Options.Fence). Callers hold r.mu.
+func (r *Runtime) batch(at cells.Address, fn func(*batch) error) error {
 	r.batchID++
 	b := &batch{r: r, id: r.batchID, timed: r.nsubs.Load() > 0, queue: &r.queue, touched: r.touched, undo: r.undo}
 	attempts := 0
-	err := r.store.Update(context.Background(), func(tx cells.Tx) error {
+	ctx := context.Background()
+	if r.opts.Fence != nil {
+		ctx = r.opts.Fence(ctx, at.Space, at.Pattern)
+	}
+	err := r.store.Update(ctx, func(tx cells.Tx) error {
 		// A store shared with other servers runs fn again when its commit
 		// met another's (cells.Store.Update): the attempt starts from what
 		// the last commit left, as if the one before had never run.

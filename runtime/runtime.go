@@ -216,7 +216,7 @@ func (r *Runtime) Load(ctx context.Context, p Pattern) error {
 	if err := r.link(pat); err != nil {
 		return err
 	}
-	err = r.batch(func(b *batch) error { return b.load(pat, p) })
+	err = r.batch(cells.Address{Space: p.Space, Pattern: p.Name}, func(b *batch) error { return b.load(pat, p) })
 	if err != nil {
 		r.unlink(pat)
 		return fmt.Errorf("load pattern %s: %w", pat.key(), err)
@@ -287,7 +287,7 @@ func (r *Runtime) Set(ctx context.Context, addr cells.Address, v json.RawMessage
 	if n, ok := r.nodes[addr]; ok {
 		return fmt.Errorf("set %s: it is the output of node %s (%s); set its inputs instead", addr, n.decl.Name, n.kindName())
 	}
-	return r.batch(func(b *batch) error {
+	return r.batch(addr, func(b *batch) error {
 		_, err := b.set(r.slotFor(addr), v)
 		return err
 	})
@@ -311,7 +311,7 @@ func (r *Runtime) Send(ctx context.Context, addr cells.Address, payload json.Raw
 		}
 	}
 	var ev cells.Event
-	err := r.batch(func(b *batch) error {
+	err := r.batch(addr, func(b *batch) error {
 		var err error
 		ev, err = b.tx.Send(addr, payload)
 		return err
@@ -479,7 +479,7 @@ func (r *Runtime) Retry(ctx context.Context, addr cells.Address) error {
 	if n.cur != 0 {
 		return fmt.Errorf("retry %s: %w: node %s is running", addr, ErrNotRetryable, n.decl.Name)
 	}
-	err := r.batch(func(b *batch) error {
+	err := r.batch(n.addr, func(b *batch) error {
 		// The stored cell says whether the last run failed (n.err, which
 		// Load restores from it, says the same).
 		var env envelope

@@ -42,7 +42,7 @@ func (r *Runtime) openService(n *node) {
 		if err != nil {
 			n.err = fmt.Sprintf("open: %v", err)
 			r.emit(Status{Node: n.addr, Kind: Failed, Duration: time.Since(start), Err: n.err})
-			if berr := r.batch(func(b *batch) error { b.setError(n.out, n.err); return nil }); berr != nil {
+			if berr := r.batch(n.addr, func(b *batch) error { b.setError(n.out, n.err); return nil }); berr != nil {
 				r.log.Error("write node error", "node", n.addr.String(), "error", berr)
 			}
 			return
@@ -151,7 +151,7 @@ func (r *Runtime) claim(n *node) (string, cells.Event, bool) {
 			found  bool
 			reject error
 		)
-		err := r.batch(func(b *batch) error {
+		err := r.batch(n.addr, func(b *batch) error {
 			for _, name := range n.decl.Streams {
 				evs, err := b.tx.Events(streamAddr(n, name))
 				if err != nil {
@@ -325,7 +325,7 @@ func (r *Runtime) write(n *node, fn func(cur json.RawMessage) (any, error)) erro
 		return nil
 	}
 	var changed bool
-	if err := r.batch(func(b *batch) error {
+	if err := r.batch(n.addr, func(b *batch) error {
 		var err error
 		changed, err = b.setCompact(n.out, raw)
 		return err
@@ -358,7 +358,7 @@ func (r *Runtime) countChange(n *node, now time.Time) {
 	n.err = fmt.Sprintf("node %s changed its output %d times within %s: holding its writes back for %s",
 		n.decl.Name, len(n.changes), r.opts.ChangeWindow, delay)
 	n.changes = nil
-	if err := r.batch(func(b *batch) error { b.setError(n.out, n.err); return nil }); err != nil {
+	if err := r.batch(n.addr, func(b *batch) error { b.setError(n.out, n.err); return nil }); err != nil {
 		r.log.Error("write node error", "node", n.addr.String(), "error", err)
 	}
 	r.emit(Status{Node: n.addr, Kind: BackedOff, Err: n.err})
@@ -375,7 +375,7 @@ func (r *Runtime) endBackoff(n *node) {
 	n.backoffUntil, n.backoffEnd, n.err = time.Time{}, time.Now(), ""
 	held := n.held
 	n.held = nil
-	err := r.batch(func(b *batch) error {
+	err := r.batch(n.addr, func(b *batch) error {
 		if held != nil {
 			if _, err := b.setCompact(n.out, held); err != nil {
 				return err

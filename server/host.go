@@ -89,11 +89,19 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	}
 	h := &Host{dataDir: cfg.DataDir, boxes: cfg.Sandboxes, opts: cfg.HTTP, teardowns: env.Teardowns, cluster: cfg.cluster}
 	h.reqs, h.endReqs = context.WithCancelCause(context.Background())
-	h.rt = runtime.New(cfg.Store, runtime.Options{Logger: log, MemoLimit: memoLimit, OnGone: func(node cells.Address, builtin string) {
+	ro := runtime.Options{Logger: log, MemoLimit: memoLimit, OnGone: func(node cells.Address, builtin string) {
 		if builtin == string(patterns.KindSandbox) {
 			h.removeBox(env, log, node)
 		}
-	}})
+	}}
+	if cfg.cluster != nil {
+		// Each instance's commits carry its lease: a server that lost it
+		// writes nothing more of it (docs/cluster.md).
+		ro.Fence = func(ctx context.Context, space, pattern string) context.Context {
+			return h.api.FenceContext(ctx, space, pattern)
+		}
+	}
+	h.rt = runtime.New(cfg.Store, ro)
 	rc := runapi.Config{Runtime: h.rt, Store: cfg.Store, Env: env, Logger: log, Persist: cfg.Persist}
 	if cfg.cluster != nil {
 		rc.Leaser, rc.Holder, rc.Forward = cfg.cluster.leaser, cfg.cluster.holder, cfg.cluster.forwardPattern

@@ -281,3 +281,41 @@ func TestLeaderKilledMidWrite(t *testing.T) {
 		}
 	}
 }
+
+// TestFence: a commit under a fence goes through while the fence's key
+// keeps its create revision, and fails with cells.ErrFenced, writing
+// nothing and without running again, once the key was made anew (the
+// lease is another holder's).
+func TestFence(t *testing.T) {
+	c := dial(t, startCluster(t, 1))
+	s := open(t, c, nextPrefix(), cells.Options{})
+	defer s.Close()
+	put, err := c.Put(t.Context(), "/lease/x", "a")
+	require.NoError(t, err)
+	fence := cells.Fence{Key: "/lease/x", Rev: put.Header.Revision}
+	x := cells.Address{Space: "s", Pattern: "p", Name: "x"}
+	runs := 0
+	set := func(v string) error {
+		return s.Update(cells.WithFence(t.Context(), fence), func(tx cells.Tx) error {
+			runs++
+			_, err := tx.Set(x, json.RawMessage(v))
+			return err
+		})
+	}
+	require.NoError(t, set(`1`), "the lease is the fence's")
+	_, err = c.Delete(t.Context(), "/lease/x")
+	require.NoError(t, err)
+	_, err = c.Put(t.Context(), "/lease/x", "b")
+	require.NoError(t, err)
+	runs = 0
+	err = set(`2`)
+	require.ErrorIs(t, err, cells.ErrFenced)
+	assert.Equal(t, 1, runs, "a fenced commit is not run again")
+	got, err := s.Get(t.Context(), x)
+	require.NoError(t, err)
+	assert.JSONEq(t, `1`, string(got.Value), "nothing of the fenced commit was written")
+	require.NoError(t, s.Update(t.Context(), func(tx cells.Tx) error {
+		_, err := tx.Set(x, json.RawMessage(`3`))
+		return err
+	}), "a commit without a fence goes through")
+}

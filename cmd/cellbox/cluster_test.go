@@ -520,3 +520,54 @@ func TestClusterSnapshotAcrossServers(t *testing.T) {
 	require.NoError(t, err, got)
 	assert.Equal(t, "kept\n"+sum, got, "restored from the shared bucket through the other server")
 }
+
+// TestClusterPausedServer: the server running the pipeline is paused
+// (SIGSTOP, as a frozen machine) while a stage runs, past its lease; the
+// other takes the pattern over and runs the stage again. When the first
+// wakes, the result of its own run, which finished in the box meanwhile,
+// is not written: it stops the pattern when it sees the lease lost, and a
+// write that comes first is refused by the store (its commits carry the
+// lease it lost; server TestFencedWrites makes that case sure). Only the
+// new owner's runs show.
+func TestClusterPausedServer(t *testing.T) {
+	testenv.RequireBwrap(t)
+	_, eps := startCluster(t)
+	a := startServe(t, t.TempDir(), "--pool", "0", "--etcd", eps)
+	b := startServe(t, t.TempDir(), "--pool", "0", "--etcd", eps)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ca := runapi.NewClient(a.url).WithKey(a.key)
+	cb := runapi.NewClient(b.url).WithKey(b.key)
+	ids := &runIDs{ids: map[string]map[string]bool{}}
+	from := uint64(0)
+	go cb.Watch(ctx, "", &from, func(bt runapi.Batch) error { ids.add(bt); return nil })
+
+	_, err := ca.Load(ctx, countingPipeline(t), "", "")
+	require.NoError(t, err)
+	first := waitSummary(t, ctx, ca, "")
+	_, err = ca.Set(ctx, "threshold", json.RawMessage(`100`))
+	require.NoError(t, err)
+	time.Sleep(300 * time.Millisecond) // keep runs (for a second) in its box
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
+	defer a.cmd.Process.Signal(syscall.SIGCONT)
+	for {
+		ins, err := cb.Patterns(ctx)
+		require.NoError(t, err)
+		if len(ins) == 1 {
+			break
+		}
+		require.NoError(t, ctx.Err(), "the pattern was never taken over")
+		time.Sleep(100 * time.Millisecond)
+	}
+	second := waitSummary(t, ctx, cb, first)
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
+	// Awake: its run's result comes back from the box; it must not land.
+	time.Sleep(5 * time.Second)
+	assert.Equal(t, 2, ids.runs("keep"), "keep's runs in the store: the first threshold's and the new owner's, not the paused server's")
+	s, err := cb.Get(ctx, "summary")
+	require.NoError(t, err)
+	assert.Equal(t, second, string(s.Value))
+	ins, err := ca.Patterns(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, ins, "the paused server stopped the pattern it lost")
+}

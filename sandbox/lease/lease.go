@@ -66,6 +66,13 @@ type Leaser interface {
 	Holder(ctx context.Context, name string) (string, error)
 }
 
+// Fencer is a Leaser whose leases a store it shares can check: FenceKey
+// is the key of name's lease there, whose create revision is a lease's
+// Token (cells.Fence).
+type Fencer interface {
+	FenceKey(name string) string
+}
+
 // Local is the Leaser of one process: leases in memory, expiring by this
 // process's clock. It lets several holders contend (the suite's test of
 // it does); a server on one machine is its only holder.
@@ -223,6 +230,10 @@ func (h *Held) Lease() Lease {
 
 // Lost is closed when the lease is gone: stop acting on its name.
 func (h *Held) Lost() <-chan struct{} { return h.lost }
+
+// Done is closed when the lease is no longer kept: lost, released, or its
+// context ended.
+func (h *Held) Done() <-chan struct{} { return h.done }
 
 // Release stops renewing and gives the lease up.
 func (h *Held) Release(ctx context.Context) error {

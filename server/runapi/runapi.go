@@ -133,6 +133,7 @@ type Server struct {
 	leaser   lease.Leaser
 	holder   string
 	forward  func(w http.ResponseWriter, r *http.Request, instance string) bool
+	fences   sync.Map        // instance key -> the cells.Fence of its lease (FenceContext)
 	leaseCtx context.Context // the leases' renewals; ends at Shutdown
 	endLease context.CancelFunc
 
@@ -239,6 +240,9 @@ func (s *Server) Load(ctx context.Context, p *patterns.Pattern, opts LoadOptions
 		return Instance{}, fmt.Errorf("take the lease of pattern %s: %w", in.key(), err)
 	}
 	in.held = held
+	if f, ok := s.leaser.(lease.Fencer); ok {
+		s.fences.Store(in.key(), cells.Fence{Key: f.FenceKey("pattern/" + in.key()), Rev: int64(held.Lease().Token)})
+	}
 	resets, err := s.loadRuntime(ctx, in, rp)
 	if err != nil {
 		held.Release(context.WithoutCancel(ctx))
@@ -435,6 +439,17 @@ func (s *Server) records(ctx context.Context) ([]instanceRecord, error) {
 	}
 	slices.SortStableFunc(recs, func(a, b instanceRecord) int { return cmp.Compare(a.Seq, b.Seq) })
 	return recs, nil
+}
+
+// FenceContext is the runtime's Options.Fence: the commits of instance
+// space/pattern carry its lease (when the Leaser is a lease.Fencer), so
+// that once the lease is another server's, this one writes nothing more
+// of the instance, however late its writes come.
+func (s *Server) FenceContext(ctx context.Context, space, pattern string) context.Context {
+	if f, ok := s.fences.Load(space + "/" + pattern); ok {
+		return cells.WithFence(ctx, f.(cells.Fence))
+	}
+	return ctx
 }
 
 // forwarded reports whether a write to cell a went to the server that runs

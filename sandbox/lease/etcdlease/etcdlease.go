@@ -46,9 +46,12 @@ func New(c *clientv3.Client, prefix string) *Leaser {
 	return &Leaser{c: c, prefix: prefix}
 }
 
-// Key is the etcd key of name's lease: a store that fences the writes of
-// the lease's holder compares its create revision with the Token.
+// Key is the etcd key of name's lease.
 func (l *Leaser) Key(name string) string { return l.prefix + name }
+
+// FenceKey implements lease.Fencer: a commit fenced by name's lease
+// compares this key's create revision with the lease's Token.
+func (l *Leaser) FenceKey(name string) string { return l.Key(name) }
 
 // Acquire implements lease.Leaser.
 func (l *Leaser) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (lease.Lease, error) {
