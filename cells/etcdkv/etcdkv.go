@@ -23,7 +23,9 @@
 //     none either (nothing deleted there since: a deleted key leaves no
 //     mod revision to compare);
 //   - a versioned commit: the rev key's mod revision is the snapshot's, so
-//     two versioned commits at once conflict and revisions stay dense.
+//     two versioned commits at once conflict and revisions stay dense;
+//   - a fenced one (cells.WithFence): the lease key's create revision is
+//     the fence's, or the commit fails with cells.ErrFenced.
 //
 // etcd's own revision moves on every write of the cluster and so is not
 // the cells' version (cells.KV says why); the rev key is.
@@ -332,11 +334,22 @@ func (t *tx) Commit(ctx context.Context, versioned bool) (uint64, error) {
 	if len(ops) == 0 {
 		return t.rev, nil
 	}
-	resp, err := t.kv.c.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	fence, fenced := cells.FenceOf(ctx)
+	var orElse []clientv3.Op
+	if fenced {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(fence.Key), "=", fence.Rev))
+		orElse = append(orElse, clientv3.OpGet(fence.Key, clientv3.WithKeysOnly()))
+	}
+	resp, err := t.kv.c.Txn(ctx).If(cmps...).Then(ops...).Else(orElse...).Commit()
 	if err != nil {
 		return 0, explain(err, len(ops), len(cmps))
 	}
 	if !resp.Succeeded {
+		if fenced {
+			if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].CreateRevision != fence.Rev {
+				return 0, fmt.Errorf("etcdkv: %s: %w", fence.Key, cells.ErrFenced)
+			}
+		}
 		return 0, fmt.Errorf("etcdkv: %w", cells.ErrConflict)
 	}
 	if versioned {
@@ -348,6 +361,20 @@ func (t *tx) Commit(ctx context.Context, versioned bool) (uint64, error) {
 // explain says what to do about etcd's refusals of a commit too big.
 func explain(err error, ops, cmps int) error {
 	return etcdconn.Explain(fmt.Sprintf("commit of %d writes and %d guards", ops, cmps), err)
+}
+
+// snapGet reads at the transaction's snapshot, a revision the cluster
+// has committed (Begin read it linearizably): the member the client talks
+// to answers it from what it has applied, without a round of the quorum
+// (a serializable read), unless it has not applied that revision yet; it
+// is asked again linearizably then.
+func (k *KV) snapGet(ctx context.Context, snap int64, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	opts = append(opts, clientv3.WithRev(snap))
+	resp, err := k.c.Get(ctx, key, append(opts, clientv3.WithSerializable())...)
+	if errors.Is(err, rpctypes.ErrFutureRev) {
+		resp, err = k.c.Get(ctx, key, opts...)
+	}
+	return resp, err
 }
 
 // readErr says what a failed read means: a snapshot etcd has compacted
@@ -372,7 +399,7 @@ func (b *bucket) Get(ctx context.Context, key string) ([]byte, error) {
 		}
 		return w.val, nil
 	}
-	resp, err := b.t.kv.c.Get(ctx, b.base+key, clientv3.WithRev(b.t.snap))
+	resp, err := b.t.kv.snapGet(ctx, b.t.snap, b.base+key)
 	if err != nil {
 		return nil, readErr(err)
 	}
@@ -456,7 +483,7 @@ func (b *bucket) Scan(ctx context.Context, from, to string, fn func(string, []by
 		return true
 	}
 	for {
-		resp, err := b.t.kv.c.Get(ctx, start, clientv3.WithRange(end), clientv3.WithRev(b.t.snap),
+		resp, err := b.t.kv.snapGet(ctx, b.t.snap, start, clientv3.WithRange(end),
 			clientv3.WithLimit(scanPage), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
 		if err != nil {
 			return readErr(err)
