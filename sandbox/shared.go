@@ -169,8 +169,13 @@ func (s *Service) adoptSession(id string) (*Session, error) {
 // server may take it from then on. Its boxes keep running.
 func (s *Service) watchSession(id string, h *leases.Held) {
 	select {
-	case <-h.Lost():
+	case <-h.Done(): // lost, or given up (the session deleted, the service closed)
 	case <-s.ctx.Done():
+		return
+	}
+	select {
+	case <-h.Lost():
+	default:
 		return
 	}
 	s.leaseMu.Lock()
