@@ -87,15 +87,20 @@ func (s *Service) NewSessionWith(ctx context.Context, opts api.NewSessionRequest
 	s.sessions[id] = sess
 	rec := s.sessionRecordLocked(sess)
 	s.mu.Unlock()
-	err = s.holdSession(id)
-	if err == nil {
-		err = s.st.apply(change{session: &rec})
-	}
+	// The session's lease (a shared state's) and its record, at once: the
+	// id is new, so no server can take it between the two.
+	held := make(chan error, 1)
+	go func() { held <- s.holdSession(id) }()
+	stored := s.st.apply(change{session: &rec})
+	err = errors.Join(stored, <-held)
 	if err != nil {
 		s.mu.Lock()
 		delete(s.sessions, id)
 		s.mu.Unlock()
 		s.releaseSession(id)
+		if stored == nil {
+			s.st.apply(change{delSession: id}) // no half-made session stays
+		}
 		return "", "", fmt.Errorf("create session: %w", err)
 	}
 	s.log.Info("session created", "session", id)

@@ -62,24 +62,10 @@ func (l *Leaser) Acquire(ctx context.Context, name, holder string, ttl time.Dura
 		return lease.Lease{}, fmt.Errorf("lease %s: ttl %s: want a positive time to live", name, ttl)
 	}
 	key := l.Key(name)
+	// Grant first and create the key where none is, reading it otherwise,
+	// in one transaction: two round trips to take a free name (a new
+	// session's, a new pattern's), whatever is there.
 	for {
-		resp, err := l.c.Get(ctx, key)
-		if err != nil {
-			return lease.Lease{}, fmt.Errorf("lease %s: etcd: %w", name, err)
-		}
-		if len(resp.Kvs) > 0 {
-			kv := resp.Kvs[0]
-			if string(kv.Value) != holder {
-				return lease.Lease{}, fmt.Errorf("lease %s: %w: %s", name, lease.ErrHeld, kv.Value)
-			}
-			// Acquiring what one holds renews it.
-			cur := lease.Lease{Name: name, Holder: holder, Token: uint64(kv.CreateRevision), ID: kv.Lease, TTL: ttl}
-			nl, err := l.Renew(ctx, cur)
-			if errors.Is(err, lease.ErrLost) {
-				continue // it expired between the read and the renewal: take it anew
-			}
-			return nl, err
-		}
 		start := time.Now()
 		g, err := l.c.Grant(ctx, int64(math.Ceil(ttl.Seconds())))
 		if err != nil {
@@ -90,17 +76,33 @@ func (l *Leaser) Acquire(ctx context.Context, name, holder string, ttl time.Dura
 			Then(clientv3.OpPut(key, holder, clientv3.WithLease(g.ID))).
 			Else(clientv3.OpGet(key)).Commit()
 		if err != nil || !tr.Succeeded {
-			l.c.Revoke(context.WithoutCancel(ctx), g.ID)
+			// The grant is not needed: given back off the caller's path
+			// (it would expire by itself).
+			go l.c.Revoke(context.WithoutCancel(ctx), g.ID)
 		}
 		if err != nil {
 			return lease.Lease{}, fmt.Errorf("lease %s: etcd: %w", name, err)
 		}
-		if !tr.Succeeded {
-			continue // another took it since the read: say who (or renew ours)
+		if tr.Succeeded {
+			granted := time.Duration(g.TTL) * time.Second
+			return lease.Lease{Name: name, Holder: holder, Token: uint64(tr.Header.Revision), ID: int64(g.ID),
+				TTL: granted, Expires: start.Add(granted)}, nil
 		}
-		granted := time.Duration(g.TTL) * time.Second
-		return lease.Lease{Name: name, Holder: holder, Token: uint64(tr.Header.Revision), ID: int64(g.ID),
-			TTL: granted, Expires: start.Add(granted)}, nil
+		kvs := tr.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			continue // gone since the compare: try again
+		}
+		kv := kvs[0]
+		if string(kv.Value) != holder {
+			return lease.Lease{}, fmt.Errorf("lease %s: %w: %s", name, lease.ErrHeld, kv.Value)
+		}
+		// Acquiring what one holds renews it.
+		cur := lease.Lease{Name: name, Holder: holder, Token: uint64(kv.CreateRevision), ID: kv.Lease, TTL: ttl}
+		nl, err := l.Renew(ctx, cur)
+		if errors.Is(err, lease.ErrLost) {
+			continue // it expired between the read and the renewal: take it anew
+		}
+		return nl, err
 	}
 }
 
