@@ -22,7 +22,7 @@ import (
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/cells/etcdkv"
 	"github.com/cellbox/cellbox/internal/etcdconn"
-	"github.com/cellbox/cellbox/internal/etcdtest"
+	"github.com/cellbox/cellbox/internal/etcdproc"
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/backend"
@@ -71,7 +71,7 @@ type clusterBench struct {
 	o       clusterOptions
 	rep     *benchReport
 	dir     string
-	etcd    *etcdtest.Cluster
+	etcd    *etcdproc.Cluster
 	c1, c2  *clientv3.Client
 	label   string        // the backend column of etcd: "etcd ×3"
 	putRTT  time.Duration // p50 of a clientv3 Put
@@ -99,7 +99,7 @@ func benchCluster(ctx context.Context, o clusterOptions) (_ *benchReport, err er
 	b := &clusterBench{o: o, rep: newBenchReport("cluster"), dir: dir, label: fmt.Sprintf("etcd ×%d", o.members)}
 	start := time.Now()
 	var stopEtcd func()
-	b.etcd, stopEtcd, err = startEtcd(filepath.Join(dir, "etcd"), o.members, etcdtest.WithMaxRequestBytes(etcdconn.MaxRequestBytes), etcdtest.WithMaxTxnOps(4096))
+	b.etcd, stopEtcd, err = startEtcd(filepath.Join(dir, "etcd"), o.members, etcdproc.WithMaxRequestBytes(etcdconn.MaxRequestBytes), etcdproc.WithMaxTxnOps(4096))
 	if err != nil {
 		return nil, err
 	}
@@ -142,20 +142,20 @@ func benchCluster(ctx context.Context, o clusterOptions) (_ *benchReport, err er
 	return rep, nil
 }
 
-// startEtcd starts the members (etcdtest.StartProcs) from a goroutine
-// locked to its OS thread until stop kills them: etcdtest starts each
+// startEtcd starts the members (etcdproc.Start) from a goroutine
+// locked to its OS thread until stop kills them: etcdproc starts each
 // member with Pdeathsig, which kills it when the thread that started it
 // ends, and the local backend's servers in this process end threads
 // (sandbox/local's stage returns locked to one), which took members down
 // in the middle of a run when they were started from any goroutine.
-func startEtcd(dir string, members int, opts ...etcdtest.Option) (cl *etcdtest.Cluster, stop func(), err error) {
+func startEtcd(dir string, members int, opts ...etcdproc.Option) (cl *etcdproc.Cluster, stop func(), err error) {
 	started := make(chan error, 1)
 	done, closed := make(chan struct{}), make(chan struct{})
 	go func() {
 		goruntime.LockOSThread()
 		defer goruntime.UnlockOSThread()
 		var err error
-		cl, err = etcdtest.StartProcs(dir, members, opts...)
+		cl, err = etcdproc.Start(dir, members, opts...)
 		started <- err
 		if err == nil {
 			<-done
@@ -164,6 +164,14 @@ func startEtcd(dir string, members int, opts ...etcdtest.Option) (cl *etcdtest.C
 		}
 	}()
 	if err := <-started; err != nil {
+		// The members' logs go with dir: tell what they said.
+		if cl != nil {
+			for i := range cl.Len() {
+				if tail, terr := cl.Member(i).LogTail(10); terr == nil {
+					err = fmt.Errorf("%w\nmember %d's log ends:\n%s", err, i, tail)
+				}
+			}
+		}
 		return nil, nil, err
 	}
 	return cl, func() { close(done); <-closed }, nil
