@@ -61,6 +61,17 @@ type ToolLister interface {
 	Tools(ctx context.Context) ([]api.ToolInfo, error)
 }
 
+// ImageDigester is a Client that also says which build of an image a box
+// created now would run: a digest that changes whenever the image is
+// rebuilt under its name, "" when the service cannot tell (an image it
+// does not have, one no digest describes). The exec node kind keys its
+// memo cache by it. The service's in-process client is one; the HTTP
+// client is not (the API has no endpoint for it), so exec nodes over HTTP
+// key results by the image's name.
+type ImageDigester interface {
+	ImageDigest(ctx context.Context, image string) (string, error)
+}
+
 // ToolError is a tool result with is_error: true: its Code and Message
 // (errors.Is(err, ErrX) holds for the code's sentinel).
 type ToolError = api.ToolError

@@ -30,8 +30,12 @@ import (
 	"github.com/cellbox/cellbox/sandboxclient"
 )
 
-// The service hands out an in-process implementation of Client.
-var _ sandboxclient.Client = (*sandbox.LocalClient)(nil)
+// The service hands out an in-process implementation of Client, which
+// also reports image digests (for the exec node's memo key).
+var (
+	_ sandboxclient.Client        = (*sandbox.LocalClient)(nil)
+	_ sandboxclient.ImageDigester = (*sandbox.LocalClient)(nil)
+)
 
 // backends are the real backends the end-to-end tests run on.
 var backends = []struct {

@@ -304,3 +304,23 @@ type Cloner interface {
 type Checkpointer interface {
 	Checkpoint(ctx context.Context, id string) error
 }
+
+// ImageDigester is an optional capability of a Backend that can say which
+// build of an image a box made now would run. ImageDigest returns an id
+// that changes whenever the image is rebuilt or replaced under its name
+// (a Docker engine's image ID, sha256:...; the build of a local rootfs),
+// and "" when the backend cannot tell: an image it does not have, or one
+// no digest describes (DefaultImage where it is the host's own /usr). An
+// error is a failure to ask (an engine that does not answer).
+//
+// The exec node's memo key holds it, so that a result computed on one
+// build is never taken for another's: it is asked before every run
+// decision and must be cheap. A backend checks a cheap stamp on each call,
+// or caches what is costly to learn for at most ImageDigestTTL, so that a
+// rebuild is seen within it.
+type ImageDigester interface {
+	ImageDigest(ctx context.Context, image string) (string, error)
+}
+
+// ImageDigestTTL is the longest an ImageDigester may answer from a cache.
+const ImageDigestTTL = time.Second

@@ -134,9 +134,15 @@ type engine struct {
 
 	accountsMu sync.Mutex
 	accountsOf map[string][2][]byte // image ID → its /etc/passwd and /etc/group
+
+	digestsMu sync.Mutex
+	digests   map[string]cachedDigest // image ref → its ID, as last asked
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend       = (*Backend)(nil)
+	_ backend.ImageDigester = (*Backend)(nil)
+)
 
 // New connects to a Docker Engine and negotiates the API version. It fails
 // when no engine answers.
@@ -939,6 +945,46 @@ func (e *engine) ImageID(ctx context.Context, ref string) (string, error) {
 		return "", fmt.Errorf("inspect image %s: %w", ref, err)
 	}
 	return res.ID, nil
+}
+
+// ImageDigest is the engine's ID of image (backend.ImageDigester), "" for
+// one the engine does not have, and for backend.DefaultImage: its boxes
+// run the host's own /usr, which no image ID describes.
+func (b *Backend) ImageDigest(ctx context.Context, image string) (string, error) {
+	if image == backend.DefaultImage {
+		return "", nil
+	}
+	return b.imageDigest(ctx, image)
+}
+
+// cachedDigest is an image's ID as the engine said it at a time.
+type cachedDigest struct {
+	id string
+	at time.Time
+}
+
+// imageDigest is ImageID, remembered for backend.ImageDigestTTL: the
+// engine is asked at most once a second per image (about a millisecond
+// over its socket), and a rebuild is seen within that second.
+func (e *engine) imageDigest(ctx context.Context, ref string) (string, error) {
+	now := time.Now()
+	e.digestsMu.Lock()
+	c, ok := e.digests[ref]
+	e.digestsMu.Unlock()
+	if ok && now.Sub(c.at) < backend.ImageDigestTTL && !now.Before(c.at) {
+		return c.id, nil
+	}
+	id, err := e.ImageID(ctx, ref)
+	if err != nil {
+		return "", err
+	}
+	e.digestsMu.Lock()
+	defer e.digestsMu.Unlock()
+	if e.digests == nil || len(e.digests) >= 1024 { // names come and go: start over
+		e.digests = map[string]cachedDigest{}
+	}
+	e.digests[ref] = cachedDigest{id: id, at: now} // as of before the ask
+	return id, nil
 }
 
 // ImportImage imports a root filesystem tar stream as image ref (like

@@ -58,7 +58,10 @@ type Remote struct {
 	agents  map[string]bool // agent volumes known to exist
 }
 
-var _ backend.Backend = (*Remote)(nil)
+var (
+	_ backend.Backend       = (*Remote)(nil)
+	_ backend.ImageDigester = (*Remote)(nil)
+)
 
 // RemoteOptions configure NewRemote.
 type RemoteOptions struct {
@@ -137,6 +140,16 @@ func (r *Remote) Create(ctx context.Context, spec backend.Spec) (backend.Info, e
 		return backend.Info{}, fmt.Errorf("create box %s: %w", spec.ID, err)
 	}
 	return r.Inspect(ctx, spec.ID)
+}
+
+// ImageDigest is the engine's ID of image (backend.ImageDigester), "" for
+// one the engine does not have; backend.DefaultImage is
+// RemoteOptions.DefaultImage's.
+func (r *Remote) ImageDigest(ctx context.Context, image string) (string, error) {
+	if image == backend.DefaultImage {
+		image = r.defaultImage
+	}
+	return r.imageDigest(ctx, image)
 }
 
 // remoteSocket is where a remote box's agent listens: an abstract unix

@@ -239,6 +239,16 @@ func (b *Backend) Name() string { return "kubernetes" }
 // Capabilities: see New.
 func (b *Backend) Capabilities() backend.Capabilities { return b.caps }
 
+// ImageDigest is always "" (backend.ImageDigester): an image is a
+// reference each node's kubelet pulls, and what it stands for is known
+// only to the registry (or the node) at the moment of the pull, so the
+// memo cache keys exec results by the image's name. Name images by digest
+// (registry/x@sha256:...) or by a tag never reused to be safe from a
+// rebuilt image.
+func (b *Backend) ImageDigest(ctx context.Context, image string) (string, error) { return "", nil }
+
+var _ backend.ImageDigester = (*Backend)(nil)
+
 // Namespace is where the boxes are.
 func (b *Backend) Namespace() string { return b.ns }
 

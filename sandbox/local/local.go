@@ -106,6 +106,9 @@ type Backend struct {
 
 	mu    sync.Mutex
 	locks map[string]*boxLock // per box: Create, Start, Stop, Remove
+
+	digestsMu sync.Mutex
+	digests   map[string]localDigest // image name → its build, as last read (imagedigest.go)
 }
 
 // boxLock serializes the operations on one box. It stays in Backend.locks
@@ -116,7 +119,10 @@ type boxLock struct {
 	refs int
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend       = (*Backend)(nil)
+	_ backend.ImageDigester = (*Backend)(nil)
+)
 
 // New prepares Root (and the shared /etc of DefaultImage boxes in
 // Root/.etc), finds bwrap and the cgroups it may use.
