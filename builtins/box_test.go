@@ -107,6 +107,15 @@ func (c *counting) Tools(ctx context.Context) ([]api.ToolInfo, error) {
 	return c.Client.(sandboxclient.ToolLister).Tools(ctx)
 }
 
+// ImageDigest passes the client's image digests on
+// (sandboxclient.ImageDigester), for the exec node's memo key.
+func (c *counting) ImageDigest(ctx context.Context, image string) (string, error) {
+	if d, ok := c.Client.(sandboxclient.ImageDigester); ok {
+		return d.ImageDigest(ctx, image)
+	}
+	return "", nil
+}
+
 func (c *counting) CreateBox(ctx context.Context, in api.SandboxCreateInput) (api.SandboxCreateOutput, error) {
 	out, err := c.Client.CreateBox(ctx, in)
 	if err == nil && out.Created {

@@ -17,6 +17,7 @@ import (
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/runtime"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandboxclient"
 )
 
 // DefaultExecTimeout bounds one exec run (all its commands) when the node
@@ -62,9 +63,9 @@ type ExecSpec struct {
 // not write fails a successful run; a "json" output that does not parse
 // fails it naming the file.
 //
-// The memo key is a SHA-256 over the image name (the sandbox service
-// exposes no image digest, so rebuilding an image under the same name
-// does not invalidate results), the commands, the env, the input files'
+// The memo key is a SHA-256 over the image name and its digest (the build
+// the sandbox service would run, see imageDigest: an image rebuilt under
+// the same name runs again), the commands, the env, the input files'
 // content and the output declarations.
 type Exec struct {
 	env  Env
@@ -121,12 +122,15 @@ func NewExec(env Env, spec ExecSpec) (*Exec, error) {
 // execJob is one run, resolved from the inputs; its JSON is hashed into the
 // memo key.
 type execJob struct {
-	Image    string            `json:"image"`
-	Commands []string          `json:"commands"`
-	Env      map[string]string `json:"env,omitempty"`
-	Inputs   map[string]string `json:"inputs,omitempty"`  // path -> content
-	Outputs  map[string]string `json:"outputs,omitempty"` // path -> format
-	Network  *api.Network      `json:"network,omitempty"`
+	Image string `json:"image"`
+	// ImageDigest is the build of Image the service would run, "" when it
+	// cannot tell (the key is then the name's, as it was before digests).
+	ImageDigest string            `json:"image_digest,omitempty"`
+	Commands    []string          `json:"commands"`
+	Env         map[string]string `json:"env,omitempty"`
+	Inputs      map[string]string `json:"inputs,omitempty"`  // path -> content
+	Outputs     map[string]string `json:"outputs,omitempty"` // path -> format
+	Network     *api.Network      `json:"network,omitempty"`
 	// Timeout is the run's bound when it is not the default: a run that
 	// timed out runs again once the pattern gives it more time.
 	Timeout string `json:"timeout,omitempty"`
@@ -193,7 +197,35 @@ func (x *Exec) Key(in runtime.Inputs) (string, bool, error) {
 	if err != nil {
 		return "", false, err
 	}
+	job.ImageDigest = x.imageDigest(job.Image)
 	return memoKey("exec/v1", job, !x.spec.NoCache)
+}
+
+// digestTimeout bounds asking the service for an image's digest: Key runs
+// inside the runtime's batch.
+const digestTimeout = 2 * time.Second
+
+// imageDigest is the digest of the build of image a run would get, from
+// the client (sandboxclient.ImageDigester), "" when it cannot say. It is
+// cheap: the backend checks a stamp (a local rootfs's marker, one stat) or
+// caches the engine's answer for at most a second (Docker), so a rebuild
+// is seen at the next decision (Docker: within a second). An image that is
+// not there has no digest: the key is the name's, and the run fails
+// saying the image is missing (failures are not memoized). A failure to
+// ask (the engine does not answer) falls back to the name too.
+func (x *Exec) imageDigest(image string) string {
+	d, ok := x.env.Client.(sandboxclient.ImageDigester)
+	if !ok {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), digestTimeout)
+	defer cancel()
+	digest, err := d.ImageDigest(ctx, image)
+	if err != nil {
+		x.log.Warn("could not read the image's digest; the memo key holds its name alone", "image", imageName(image), "err", err)
+		return ""
+	}
+	return digest
 }
 
 // memoKey is the memo key of an async node's resolved job: kind's prefix
