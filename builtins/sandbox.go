@@ -138,6 +138,7 @@ type Sandbox struct {
 	image     string // the image the box was made with
 	alive     bool
 	fresh     bool                // opened with no state: a box of its name is not its own (start)
+	reopen    bool                // opening a node that had a box: a new box gets its output files back (start)
 	written   map[string][32]byte // input path -> hash of the content last written
 	stopWatch context.CancelFunc
 	watchers  sync.WaitGroup
@@ -286,6 +287,11 @@ func (s *Sandbox) Open(ctx context.Context, h runtime.Handle, in runtime.Inputs)
 	// A command in flight when the runner stopped is lost (events are
 	// handled at most once): it is not pending any more.
 	s.modify(ctx, func(o *sandboxOutput) { o.Pending = false })
+	// A box made now, for a node that had one, replaces a box that was
+	// lost (not destroyed: a destroyed node does not come up here), and
+	// gets the node's output files back (start).
+	s.reopen = !s.fresh
+	defer func() { s.reopen = false }()
 	return s.up(ctx)
 }
 
@@ -411,6 +417,14 @@ func (s *Sandbox) start(ctx context.Context) error {
 				s.log.Warn("destroy the box that failed to start", "box", s.box, "error", derr)
 			}
 			return err
+		}
+	}
+	if out.Created && s.reopen && s.spec.Snapshot == nil {
+		// The node had a box, and this one is new (its box was lost: its
+		// server died with a one-machine backend, or the box was gone):
+		// the output files it synced out go back in.
+		if err := s.restoreOutputs(ctx); err != nil {
+			s.log.Warn("put the node's output files back into its new box", "box", s.box, "error", err)
 		}
 	}
 	s.alive, s.image, s.written = true, image, map[string][32]byte{}

@@ -68,6 +68,35 @@ func (s *Sandbox) writeInputs(ctx context.Context) error {
 	return nil
 }
 
+// restoreOutputs writes the output files the node last read from its box,
+// as its output cell keeps them, into a box made anew. Callers hold s.mu.
+func (s *Sandbox) restoreOutputs(ctx context.Context) error {
+	raw, err := s.h.Get()
+	if err != nil {
+		return err
+	}
+	var o sandboxOutput
+	if err := json.Unmarshal(raw, &o); err != nil || len(o.Files) == 0 {
+		return err
+	}
+	for _, p := range s.outputs() {
+		v, ok := o.Files[p]
+		if !ok || string(v) == "null" {
+			continue
+		}
+		content := string(v) // a json output: its JSON
+		if s.spec.Files[p].Output == OutputText {
+			if err := json.Unmarshal(v, &content); err != nil {
+				return fmt.Errorf("output %s: %w", p, err)
+			}
+		}
+		if err := upload(ctx, s.env.Client, s.box, p, content); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // outputs returns the output paths, sorted.
 func (s *Sandbox) outputs() []string {
 	var out []string

@@ -130,17 +130,7 @@ func TestClusterPatternFailover(t *testing.T) {
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGKILL))
 	killed := time.Now()
 
-	var took time.Duration
-	for {
-		ins, err := cb.Patterns(ctx)
-		require.NoError(t, err)
-		if len(ins) == 1 {
-			took = time.Since(killed)
-			break
-		}
-		require.NoError(t, ctx.Err(), "the pattern was never taken over")
-		time.Sleep(100 * time.Millisecond)
-	}
+	took := waitTakeover(t, ctx, cb, killed)
 	t.Logf("the second server took the pattern over %s after the first was killed", took.Round(time.Millisecond))
 	assert.Less(t, took, 10*time.Second, "failover within 10 s")
 
@@ -356,17 +346,7 @@ func TestClusterPartition(t *testing.T) {
 	first := waitSummary(t, ctx, ca, "")
 
 	ns.cut(t, true)
-	cut := time.Now()
-	for {
-		ins, err := cb.Patterns(ctx)
-		require.NoError(t, err)
-		if len(ins) == 1 {
-			break
-		}
-		require.NoError(t, ctx.Err(), "the pattern was never taken over")
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Logf("taken over %s after the cut", time.Since(cut).Round(time.Millisecond))
+	t.Logf("taken over %s after the cut", waitTakeover(t, ctx, cb, time.Now()).Round(time.Millisecond))
 	_, err = cb.Set(ctx, "threshold", json.RawMessage(`100`))
 	require.NoError(t, err)
 	second := waitSummary(t, ctx, cb, first)
@@ -550,15 +530,7 @@ func TestClusterPausedServer(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // keep runs (for a second) in its box
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
 	defer a.cmd.Process.Signal(syscall.SIGCONT)
-	for {
-		ins, err := cb.Patterns(ctx)
-		require.NoError(t, err)
-		if len(ins) == 1 {
-			break
-		}
-		require.NoError(t, ctx.Err(), "the pattern was never taken over")
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitTakeover(t, ctx, cb, time.Now())
 	second := waitSummary(t, ctx, cb, first)
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
 	// Awake: its run's result comes back from the box; it must not land.
@@ -570,4 +542,68 @@ func TestClusterPausedServer(t *testing.T) {
 	ins, err := ca.Patterns(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, ins, "the paused server stopped the pattern it lost")
+}
+
+// waitTakeover waits until the server of c runs the one pattern, and
+// returns how long after since that was.
+func waitTakeover(t *testing.T, ctx context.Context, c *runapi.Client, since time.Time) time.Duration {
+	t.Helper()
+	for {
+		ins, err := c.Patterns(ctx)
+		require.NoError(t, err)
+		if len(ins) == 1 {
+			return time.Since(since)
+		}
+		require.NoError(t, ctx.Err(), "the pattern was never taken over")
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestClusterSandboxNodeFailover: the repl example (a sandbox node: a box
+// that stays, driven by its run stream, its history and notes file in
+// cells) on one server; commands sent through the other; the server
+// killed. The other takes the pattern over and the next command runs in a
+// new box there, with the history and the synced file carried over.
+func TestClusterSandboxNodeFailover(t *testing.T) {
+	testenv.RequireBwrap(t)
+	_, eps := startCluster(t)
+	a := startServe(t, t.TempDir(), "--pool", "0", "--etcd", eps)
+	b := startServe(t, t.TempDir(), "--pool", "0", "--etcd", eps)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ca := runapi.NewClient(a.url).WithKey(a.key)
+	cb := runapi.NewClient(b.url).WithKey(b.key)
+	repl, err := filepath.Abs(filepath.Join("..", "..", "examples", "repl"))
+	require.NoError(t, err)
+	_, err = ca.Load(ctx, repl, "", "")
+	require.NoError(t, err)
+	waitCell := func(c *runapi.Client, name, want string) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for {
+			cell, err := c.Get(ctx, name)
+			if err == nil && string(cell.Value) == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				r, _ := c.Get(ctx, "repl")
+				t.Fatalf("%s never became %s (last: %v %s); repl: %s", name, want, err, cell.Value, r.Value)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	_, err = cb.Send(ctx, "repl.run", json.RawMessage(`{"command":"echo first >> notes.txt"}`))
+	require.NoError(t, err, "a command sent through the other server")
+	waitCell(cb, "commands", `1`)
+	waitCell(cb, "notes", `"first\n"`)
+
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGKILL))
+	t.Logf("taken over %s after the kill", waitTakeover(t, ctx, cb, time.Now()).Round(time.Millisecond))
+	_, err = cb.Send(ctx, "repl.run", json.RawMessage(`{"command":"echo second >> notes.txt; cat notes.txt"}`))
+	require.NoError(t, err)
+	waitCell(cb, "commands", `2`)
+	waitCell(cb, "notes", `"first\nsecond\n"`)
+	out, err := cb.Get(ctx, "last_output")
+	require.NoError(t, err)
+	assert.JSONEq(t, `"first\nsecond\n"`, string(out.Value), "the new box had the synced file")
 }
