@@ -14,8 +14,8 @@ import (
 	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/sandbox"
-	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandboxclient"
 )
 
