@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cellbox/cellbox/cells"
-	"github.com/cellbox/cellbox/internal/etcdconn"
 	"github.com/cellbox/cellbox/internal/etcdtest"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/server"
@@ -20,7 +19,7 @@ import (
 // (behind its back, before its renewal notices) writes nothing more of the
 // pattern: its commits carry the lease, and the store refuses them.
 func TestFencedWrites(t *testing.T) {
-	cl := etcdtest.Start(t, 1, etcdtest.WithMaxRequestBytes(etcdconn.MaxRequestBytes))
+	cl := etcdtest.Start(t, 1)
 	ctx := context.Background()
 	srv, err := server.Open(ctx, server.Config{DataDir: t.TempDir(), Backend: "local", Lazy: true,
 		HTTP: server.DefaultHTTPOptions(), Cluster: server.ClusterConfig{Etcd: cl.Endpoints()}})

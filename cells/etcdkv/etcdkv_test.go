@@ -17,7 +17,6 @@ import (
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/cells/cellstest"
 	"github.com/cellbox/cellbox/cells/etcdkv"
-	"github.com/cellbox/cellbox/internal/etcdconn"
 	"github.com/cellbox/cellbox/internal/etcdtest"
 )
 
@@ -45,7 +44,7 @@ func open(t *testing.T, c *clientv3.Client, prefix string, opts cells.Options) c
 // TestStore runs the cells conformance suite on a Store over etcd,
 // reopened over the same prefix.
 func TestStore(t *testing.T) {
-	c := dial(t, startCluster(t, 1))
+	c := etcdtest.Start(t, 1).Dial(t)
 	cellstest.Run(t, func(t *testing.T, opts cells.Options) (cells.Store, func(*testing.T) cells.Store) {
 		prefix := nextPrefix()
 		return open(t, c, prefix, opts), func(t *testing.T) cells.Store { return open(t, c, prefix, opts) }
@@ -56,10 +55,10 @@ func TestStore(t *testing.T) {
 // read-modify-writing one counter cell at once, lose no increment, and a
 // watch on either sees every version of both.
 func TestTwoServersConflict(t *testing.T) {
-	cl := startCluster(t, 1)
+	cl := etcdtest.Start(t, 1)
 	prefix := nextPrefix()
-	a := open(t, dial(t, cl), prefix, cells.Options{})
-	b := open(t, dial(t, cl), prefix, cells.Options{})
+	a := open(t, cl.Dial(t), prefix, cells.Options{})
+	b := open(t, cl.Dial(t), prefix, cells.Options{})
 	defer a.Close()
 	defer b.Close()
 	n := cells.Address{Space: "s", Pattern: "p", Name: "n"}
@@ -106,8 +105,8 @@ func TestTwoServersConflict(t *testing.T) {
 // TestTooManyOps: a commit past the server's --max-txn-ops fails saying
 // which flag to raise, and writes nothing.
 func TestTooManyOps(t *testing.T) {
-	cl := startCluster(t, 1, etcdtest.WithMaxTxnOps(128))
-	s := open(t, dial(t, cl), nextPrefix(), cells.Options{})
+	cl := etcdtest.Start(t, 1, etcdtest.WithMaxTxnOps(128))
+	s := open(t, cl.Dial(t), nextPrefix(), cells.Options{})
 	defer s.Close()
 	err := s.Update(t.Context(), func(tx cells.Tx) error {
 		for i := range 200 {
@@ -129,12 +128,12 @@ func TestTooManyOps(t *testing.T) {
 // TestWaitHearsOtherServers: a Store's watch wakes for a commit another
 // server made (through the rev key's etcd watch), with no write of its own.
 func TestWaitHearsOtherServers(t *testing.T) {
-	cl := startCluster(t, 1)
+	cl := etcdtest.Start(t, 1)
 	prefix := nextPrefix()
-	kv, err := etcdkv.Open(t.Context(), dial(t, cl), prefix)
+	kv, err := etcdkv.Open(t.Context(), cl.Dial(t), prefix)
 	require.NoError(t, err)
 	defer kv.Close()
-	other := open(t, dial(t, cl), prefix, cells.Options{})
+	other := open(t, cl.Dial(t), prefix, cells.Options{})
 	defer other.Close()
 	done := make(chan uint64, 1)
 	go func() {
@@ -156,7 +155,7 @@ func TestWaitHearsOtherServers(t *testing.T) {
 // TestForeignRevKey: a prefix whose rev key is not a number (another
 // program's data) is refused with a clear error.
 func TestForeignRevKey(t *testing.T) {
-	c := dial(t, startCluster(t, 1))
+	c := etcdtest.Start(t, 1).Dial(t)
 	prefix := nextPrefix()
 	_, err := c.Put(t.Context(), prefix+"rev", "hello")
 	require.NoError(t, err)
@@ -165,30 +164,15 @@ func TestForeignRevKey(t *testing.T) {
 	assert.True(t, strings.Contains(err.Error(), "not a revision"), err.Error())
 }
 
-// startCluster starts etcd members that take what cellbox asks of them
-// (docs/cluster.md: --max-request-bytes).
-func startCluster(t *testing.T, members int, opts ...etcdtest.Option) *etcdtest.Cluster {
-	opts = append([]etcdtest.Option{etcdtest.WithMaxRequestBytes(etcdconn.MaxRequestBytes)}, opts...)
-	return etcdtest.Start(t, members, opts...)
-}
-
-// dial is a client of cl as a cellbox server makes it (etcdconn.Dial).
-func dial(t *testing.T, cl *etcdtest.Cluster) *clientv3.Client {
-	c, err := etcdconn.Dial(t.Context(), cl.Endpoints())
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 // TestLeaderKilledMidWrite: writers commit two cells together, through
 // clients of every member, while the leader is killed. Each commit
 // either succeeds or fails with an error (none hangs), no acknowledged
 // write is lost, no commit is half there, and the versions a watch sees
 // stay dense and in order.
 func TestLeaderKilledMidWrite(t *testing.T) {
-	cl := startCluster(t, 3)
+	cl := etcdtest.Start(t, 3)
 	prefix := nextPrefix()
-	st := open(t, dial(t, cl), prefix, cells.Options{})
+	st := open(t, cl.Dial(t), prefix, cells.Options{})
 	defer st.Close()
 	w, err := st.Watch(t.Context(), "", 0)
 	require.NoError(t, err)
@@ -201,7 +185,7 @@ func TestLeaderKilledMidWrite(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range writers {
-		s := open(t, dial(t, cl), prefix, cells.Options{})
+		s := open(t, cl.Dial(t), prefix, cells.Options{})
 		defer s.Close()
 		wg.Add(1)
 		go func() {
@@ -287,7 +271,7 @@ func TestLeaderKilledMidWrite(t *testing.T) {
 // nothing and without running again, once the key was made anew (the
 // lease is another holder's).
 func TestFence(t *testing.T) {
-	c := dial(t, startCluster(t, 1))
+	c := etcdtest.Start(t, 1).Dial(t)
 	s := open(t, c, nextPrefix(), cells.Options{})
 	defer s.Close()
 	put, err := c.Put(t.Context(), "/lease/x", "a")

@@ -21,7 +21,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cellbox/cellbox/internal/etcdconn"
 	"github.com/cellbox/cellbox/internal/etcdtest"
 	"github.com/cellbox/cellbox/internal/mcptest"
 	"github.com/cellbox/cellbox/internal/s3test"
@@ -32,7 +31,7 @@ import (
 // startCluster starts a three-member etcd as docs/cluster.md asks for it,
 // and returns the --etcd flag of the servers over it.
 func startCluster(t *testing.T) (*etcdtest.Cluster, string) {
-	cl := etcdtest.Start(t, 3, etcdtest.WithMaxRequestBytes(etcdconn.MaxRequestBytes))
+	cl := etcdtest.Start(t, 3)
 	return cl, strings.Join(cl.Endpoints(), ",")
 }
 

@@ -34,6 +34,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cellbox/cellbox/internal/etcdconn"
 	"go.uber.org/zap"
 )
 
@@ -68,7 +70,7 @@ type config struct {
 // WithMaxTxnOps sets --max-txn-ops (4096 by default; etcd's own is 128).
 func WithMaxTxnOps(n int) Option { return func(c *config) { c.maxTxnOps = n } }
 
-// WithMaxRequestBytes sets --max-request-bytes (4 MiB by default; etcd's own
+// WithMaxRequestBytes sets --max-request-bytes (etcdconn.MaxRequestBytes, 8 MiB, by default; etcd's own
 // is 1.5 MiB).
 func WithMaxRequestBytes(n int) Option { return func(c *config) { c.maxRequestBytes = n } }
 
@@ -138,7 +140,7 @@ func Start(dir string, members int, opts ...Option) (*Cluster, error) {
 	if members < 1 {
 		return nil, fmt.Errorf("etcdproc: Start with %d members", members)
 	}
-	cfg := config{maxTxnOps: 4096, maxRequestBytes: 4 << 20, logLevel: "error", timeout: 30 * time.Second, logf: func(string, ...any) {}}
+	cfg := config{maxTxnOps: 4096, maxRequestBytes: etcdconn.MaxRequestBytes, logLevel: "error", timeout: 30 * time.Second, logf: func(string, ...any) {}}
 	for _, o := range opts {
 		o(&cfg)
 	}

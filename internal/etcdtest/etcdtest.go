@@ -10,12 +10,14 @@
 package etcdtest
 
 import (
+	"context"
 	"os"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/cellbox/cellbox/internal/etcdconn"
 	"github.com/cellbox/cellbox/internal/etcdproc"
 )
 
@@ -25,7 +27,7 @@ type Option = etcdproc.Option
 // WithMaxTxnOps sets --max-txn-ops (4096 by default; etcd's own is 128).
 func WithMaxTxnOps(n int) Option { return etcdproc.WithMaxTxnOps(n) }
 
-// WithMaxRequestBytes sets --max-request-bytes (4 MiB by default; etcd's own
+// WithMaxRequestBytes sets --max-request-bytes (etcdconn.MaxRequestBytes, 8 MiB, by default; etcd's own
 // is 1.5 MiB).
 func WithMaxRequestBytes(n int) Option { return etcdproc.WithMaxRequestBytes(n) }
 
@@ -102,6 +104,18 @@ func (c *Cluster) Client(t testing.TB) *clientv3.Client {
 	cli, err := c.NewClient()
 	if err != nil {
 		t.Fatalf("etcdtest: client: %v", err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// Dial returns a client of the members as a cellbox server makes it
+// (etcdconn.Dial), closed when the test ends.
+func (c *Cluster) Dial(t testing.TB) *clientv3.Client {
+	t.Helper()
+	cli, err := etcdconn.Dial(context.Background(), c.Endpoints())
+	if err != nil {
+		t.Fatalf("etcdtest: dial: %v", err)
 	}
 	t.Cleanup(func() { cli.Close() })
 	return cli

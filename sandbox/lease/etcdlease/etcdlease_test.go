@@ -9,9 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/cellbox/cellbox/internal/etcdconn"
 	"github.com/cellbox/cellbox/internal/etcdtest"
 	"github.com/cellbox/cellbox/sandbox/lease"
 	"github.com/cellbox/cellbox/sandbox/lease/etcdlease"
@@ -21,7 +19,7 @@ import (
 // TestLeaser runs the lease conformance suite on etcd's leases, each
 // Leaser under a prefix of its own.
 func TestLeaser(t *testing.T) {
-	c := dial(t, startCluster(t, 1))
+	c := etcdtest.Start(t, 1).Dial(t)
 	var mu sync.Mutex
 	n := 0
 	leasetest.Run(t, func(t *testing.T) lease.Leaser {
@@ -37,9 +35,9 @@ func TestLeaser(t *testing.T) {
 // time to live runs out, and a server on another member takes it with a
 // greater token.
 func TestHolderDies(t *testing.T) {
-	cl := startCluster(t, 3)
-	a := etcdlease.New(dial(t, cl), "")
-	dying := dial(t, cl)
+	cl := etcdtest.Start(t, 3)
+	a := etcdlease.New(cl.Dial(t), "")
+	dying := cl.Dial(t)
 	d := etcdlease.New(dying, "")
 	held, err := d.Acquire(t.Context(), "pattern/x", "dying", 2*time.Second)
 	require.NoError(t, err)
@@ -60,19 +58,4 @@ func TestHolderDies(t *testing.T) {
 	assert.Greater(t, got.Token, held.Token)
 	_, err = d.Renew(context.Background(), held)
 	assert.Error(t, err, "the dead holder cannot renew")
-}
-
-// startCluster starts etcd members that take what cellbox asks of them
-// (docs/cluster.md: --max-request-bytes).
-func startCluster(t *testing.T, members int, opts ...etcdtest.Option) *etcdtest.Cluster {
-	opts = append([]etcdtest.Option{etcdtest.WithMaxRequestBytes(etcdconn.MaxRequestBytes)}, opts...)
-	return etcdtest.Start(t, members, opts...)
-}
-
-// dial is a client of cl as a cellbox server makes it (etcdconn.Dial).
-func dial(t *testing.T, cl *etcdtest.Cluster) *clientv3.Client {
-	c, err := etcdconn.Dial(t.Context(), cl.Endpoints())
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	return c
 }

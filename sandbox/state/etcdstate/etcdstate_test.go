@@ -8,9 +8,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/cellbox/cellbox/internal/etcdconn"
 	"github.com/cellbox/cellbox/internal/etcdtest"
 	"github.com/cellbox/cellbox/sandbox/state"
 	"github.com/cellbox/cellbox/sandbox/state/etcdstate"
@@ -20,7 +18,7 @@ import (
 // TestStore runs the state conformance suite on etcd, each store under a
 // prefix of its own, reopened over the same prefix.
 func TestStore(t *testing.T) {
-	c := dial(t, startCluster(t, 1))
+	c := etcdtest.Start(t, 1).Dial(t)
 	var mu sync.Mutex
 	n := 0
 	statetest.Run(t, func(t *testing.T) (state.Store, func(*testing.T) state.Store) {
@@ -36,9 +34,9 @@ func TestStore(t *testing.T) {
 // reserve one cap at once and never admit more than its limit between
 // them, and both read the one instance id.
 func TestCapAcrossServers(t *testing.T) {
-	cl := startCluster(t, 3)
-	a := etcdstate.Open(dial(t, cl), "")
-	b := etcdstate.Open(dial(t, cl), "")
+	cl := etcdtest.Start(t, 3)
+	a := etcdstate.Open(cl.Dial(t), "")
+	b := etcdstate.Open(cl.Dial(t), "")
 	ia, err := a.Instance(t.Context())
 	require.NoError(t, err)
 	ib, err := b.Instance(t.Context())
@@ -77,25 +75,10 @@ func TestCapAcrossServers(t *testing.T) {
 // TestTooLarge: a record past the server's request limit is refused with
 // an error that names the flag, and nothing is written.
 func TestTooLarge(t *testing.T) {
-	s := etcdstate.Open(dial(t, startCluster(t, 1)), "")
+	s := etcdstate.Open(etcdtest.Start(t, 1).Dial(t), "")
 	_, err := s.Commit(t.Context(), state.Put(state.Boxes, "big", []byte(strings.Repeat("x", 9<<20))))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--max-request-bytes")
 	_, err = s.Get(t.Context(), state.Boxes, "big")
 	assert.ErrorIs(t, err, state.ErrNotFound)
-}
-
-// startCluster starts etcd members that take what cellbox asks of them
-// (docs/cluster.md: --max-request-bytes).
-func startCluster(t *testing.T, members int, opts ...etcdtest.Option) *etcdtest.Cluster {
-	opts = append([]etcdtest.Option{etcdtest.WithMaxRequestBytes(etcdconn.MaxRequestBytes)}, opts...)
-	return etcdtest.Start(t, members, opts...)
-}
-
-// dial is a client of cl as a cellbox server makes it (etcdconn.Dial).
-func dial(t *testing.T, cl *etcdtest.Cluster) *clientv3.Client {
-	c, err := etcdconn.Dial(t.Context(), cl.Endpoints())
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	return c
 }
