@@ -27,6 +27,12 @@ import (
 // agentBinary is the static cellbox binary boxes run ("": this process's
 // own), which the kubernetes backend's network policy probe runs too.
 func OpenBackend(ctx context.Context, name, dataDir, agentBinary string) (backend.Backend, error) {
+	return openBackend(ctx, name, dataDir, agentBinary, nil)
+}
+
+// openBackend is OpenBackend with the Keeper of the kubernetes backend's
+// stopped boxes' workspaces (nil: DATA/kube-kept, this server's).
+func openBackend(ctx context.Context, name, dataDir, agentBinary string, keeper backend.Keeper) (backend.Backend, error) {
 	openLocal := func() (backend.Backend, error) {
 		return local.New(local.Options{Root: filepath.Join(dataDir, "local"), ImagesDir: DefaultImagesDir()})
 	}
@@ -41,7 +47,7 @@ func OpenBackend(ctx context.Context, name, dataDir, agentBinary string) (backen
 		// forwarded over ssh), sharing nothing but its API.
 		return docker.NewRemote(ctx, docker.RemoteOptions{DefaultImage: os.Getenv(RemoteImageEnv)})
 	case "kubernetes":
-		return openKube(ctx, dataDir, agentBinary)
+		return openKube(ctx, dataDir, agentBinary, keeper)
 	case "auto":
 		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
@@ -70,8 +76,11 @@ const (
 )
 
 // openKube opens the kubernetes backend as the environment says. Stopped
-// boxes' workspaces are kept in DATA/kube-kept.
-func openKube(ctx context.Context, dataDir, agentBinary string) (backend.Backend, error) {
+// boxes' workspaces are kept by keeper (nil: in DATA/kube-kept).
+func openKube(ctx context.Context, dataDir, agentBinary string, keeper backend.Keeper) (backend.Backend, error) {
+	if keeper == nil {
+		keeper = backend.DirKeeper(filepath.Join(dataDir, "kube-kept"))
+	}
 	o := kube.Options{
 		AgentBinary:      agentBinary,
 		Namespace:        os.Getenv(KubeNamespaceEnv),
@@ -81,7 +90,7 @@ func openKube(ctx context.Context, dataDir, agentBinary string) (backend.Backend
 		RuntimeClass:     os.Getenv(KubeRuntimeClassEnv),
 		SeccompLocalhost: os.Getenv(KubeSeccompEnv),
 		PullPolicy:       corev1.PullPolicy(os.Getenv(KubePullPolicyEnv)),
-		Keeper:           backend.DirKeeper(filepath.Join(dataDir, "kube-kept")),
+		Keeper:           keeper,
 	}
 	switch o.NetworkPolicy {
 	case "", "probe", "enforced", "unenforced":

@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -33,6 +34,7 @@ import (
 	"github.com/cellbox/cellbox/cells/etcdkv"
 	"github.com/cellbox/cellbox/internal/etcdconn"
 	"github.com/cellbox/cellbox/sandbox"
+	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/blobs"
 	"github.com/cellbox/cellbox/sandbox/blobs/s3blobs"
 	"github.com/cellbox/cellbox/sandbox/lease"
@@ -196,13 +198,45 @@ func (cl *cluster) shareKey(ctx context.Context, path string) error {
 	return os.Rename(path+".new", path)
 }
 
-// openBlobs opens the snapshot store of cfg ("" : nil, the data
+// openBlobs opens the snapshot store of cfg (nil for none: the data
 // directory's).
-func openBlobs(ctx context.Context, cfg ClusterConfig) (blobs.Store, error) {
+func openBlobs(ctx context.Context, cfg ClusterConfig) (*s3blobs.Store, error) {
 	if cfg.Blobs == "" {
 		return nil, nil
 	}
 	return s3blobs.Open(ctx, cfg.Blobs)
+}
+
+// keptKeeper keeps the workspaces of the kubernetes backend's stopped
+// boxes beside the snapshots, so that any server wakes a box another put
+// to sleep (backend.Keeper over s3blobs.Kept).
+type keptKeeper struct{ k *s3blobs.Kept }
+
+var _ backend.Keeper = keptKeeper{}
+
+func (k keptKeeper) Put(ctx context.Context, id string, r io.Reader) error {
+	if err := backend.ValidID(id); err != nil {
+		return err
+	}
+	return k.k.Put(ctx, id+".tar", r)
+}
+
+func (k keptKeeper) Get(ctx context.Context, id string) (io.ReadCloser, error) {
+	if err := backend.ValidID(id); err != nil {
+		return nil, err
+	}
+	rc, err := k.k.Get(ctx, id+".tar")
+	if errors.Is(err, blobs.ErrNotFound) {
+		return nil, fmt.Errorf("kept workspace of %s: %w", id, backend.ErrNotFound)
+	}
+	return rc, err
+}
+
+func (k keptKeeper) Delete(ctx context.Context, id string) error {
+	if err := backend.ValidID(id); err != nil {
+		return err
+	}
+	return k.k.Delete(ctx, id+".tar")
 }
 
 // The registry of servers: PREFIX servers/NAME holds the URL other

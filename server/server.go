@@ -92,18 +92,25 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	cl := s.State.cluster
 	openService := func(ctx context.Context) (*sandbox.Service, error) {
-		be, err := OpenBackend(ctx, cfg.Backend, cfg.DataDir, cfg.Sandbox.AgentBinary)
+		sc := cfg.Sandbox
+		var keeper backend.Keeper
+		if cl != nil {
+			sc.Shared, sc.Leaser, sc.Holder = true, cl.leaser, cl.holder
+			s3, err := openBlobs(ctx, cfg.Cluster)
+			if err != nil {
+				return nil, err
+			}
+			if s3 != nil {
+				// Snapshots, and the kept workspaces of stopped pods, in
+				// the bucket every server reaches.
+				sc.Blobs, keeper = s3, keptKeeper{s3.Kept()}
+			}
+		}
+		be, err := openBackend(ctx, cfg.Backend, cfg.DataDir, cfg.Sandbox.AgentBinary, keeper)
 		if err != nil {
 			return nil, err
 		}
-		sc := cfg.Sandbox
 		sc.Backend, sc.DataDir, sc.State = be, cfg.DataDir, s.State.Sandbox
-		if cl != nil {
-			sc.Shared, sc.Leaser, sc.Holder = true, cl.leaser, cl.holder
-			if sc.Blobs, err = openBlobs(ctx, cfg.Cluster); err != nil {
-				return nil, err
-			}
-		}
 		return sandbox.New(ctx, sc)
 	}
 	if cfg.Lazy {
