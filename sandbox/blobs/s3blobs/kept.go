@@ -104,4 +104,3 @@ func (k *Kept) Delete(ctx context.Context, name string) error {
 	}
 	return nil
 }
-
