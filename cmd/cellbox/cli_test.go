@@ -248,7 +248,7 @@ func TestBenchRunsCellboxBench(t *testing.T) {
 	testenv.BenchBinary(t)
 	out, errOut, err := cellbox(t, "bench", "disks")
 	assert.Equal(t, 1, exitCode(t, err), "stdout:\n%s\nstderr:\n%s", out, errOut)
-	assert.Contains(t, errOut, `cellbox-bench: unknown subcommand "disks": want boxes, pipeline or runtime`)
+	assert.Contains(t, errOut, `cellbox-bench: unknown subcommand "disks": want boxes, pipeline, runtime or cluster`)
 
 	alone := filepath.Join(t.TempDir(), "cellbox")
 	data, err := os.ReadFile(testenv.CellboxBinary(t))

@@ -108,15 +108,8 @@ func TestClusterPatternFailover(t *testing.T) {
 	cb := runapi.NewClient(b.url).WithKey(b.key)
 
 	// Every commit, as the second server sees it through the shared store.
-	ids := &runIDs{ids: map[string]map[string]bool{}}
-	from := uint64(0)
-	go cb.Watch(ctx, "", &from, func(bt runapi.Batch) error { ids.add(bt); return nil })
-
-	dir := countingPipeline(t)
-	_, err := ca.Load(ctx, dir, "", "")
-	require.NoError(t, err)
-	first := waitSummary(t, ctx, ca, "")
-	_, err = cb.Get(ctx, "summary")
+	ids, first := startPipeline(t, ctx, ca, cb)
+	_, err := cb.Get(ctx, "summary")
 	require.NoError(t, err, "the other server reads the pattern's cells")
 
 	// A change through the other server (forwarded to the owner, a bare
@@ -336,13 +329,8 @@ func TestClusterPartition(t *testing.T) {
 	defer cancel()
 	ca := runapi.NewClient(a.url).WithKey(a.key)
 	cb := runapi.NewClient(b.url).WithKey(b.key)
-	ids := &runIDs{ids: map[string]map[string]bool{}}
-	from := uint64(0)
-	go cb.Watch(ctx, "", &from, func(bt runapi.Batch) error { ids.add(bt); return nil })
-
-	_, err := ca.Load(ctx, countingPipeline(t), "", "")
-	require.NoError(t, err)
-	first := waitSummary(t, ctx, ca, "")
+	ids, first := startPipeline(t, ctx, ca, cb)
+	var err error
 
 	ns.cut(t, true)
 	t.Logf("taken over %s after the cut", waitTakeover(t, ctx, cb, time.Now()).Round(time.Millisecond))
@@ -517,13 +505,8 @@ func TestClusterPausedServer(t *testing.T) {
 	defer cancel()
 	ca := runapi.NewClient(a.url).WithKey(a.key)
 	cb := runapi.NewClient(b.url).WithKey(b.key)
-	ids := &runIDs{ids: map[string]map[string]bool{}}
-	from := uint64(0)
-	go cb.Watch(ctx, "", &from, func(bt runapi.Batch) error { ids.add(bt); return nil })
-
-	_, err := ca.Load(ctx, countingPipeline(t), "", "")
-	require.NoError(t, err)
-	first := waitSummary(t, ctx, ca, "")
+	ids, first := startPipeline(t, ctx, ca, cb)
+	var err error
 	_, err = ca.Set(ctx, "threshold", json.RawMessage(`100`))
 	require.NoError(t, err)
 	time.Sleep(300 * time.Millisecond) // keep runs (for a second) in its box
@@ -605,4 +588,17 @@ func TestClusterSandboxNodeFailover(t *testing.T) {
 	out, err := cb.Get(ctx, "last_output")
 	require.NoError(t, err)
 	assert.JSONEq(t, `"first\nsecond\n"`, string(out.Value), "the new box had the synced file")
+}
+
+// startPipeline loads the counting pipeline through ca and waits for its
+// first summary; ids collects, from every commit cb's server sees, the
+// runs of each stage.
+func startPipeline(t *testing.T, ctx context.Context, ca, cb *runapi.Client) (*runIDs, string) {
+	t.Helper()
+	ids := &runIDs{ids: map[string]map[string]bool{}}
+	from := uint64(0)
+	go cb.Watch(ctx, "", &from, func(bt runapi.Batch) error { ids.add(bt); return nil })
+	_, err := ca.Load(ctx, countingPipeline(t), "", "")
+	require.NoError(t, err)
+	return ids, waitSummary(t, ctx, ca, "")
 }
