@@ -45,7 +45,14 @@ func TestShellLeftoversAndKillAll(t *testing.T) {
 
 	call("deerflow", "bash", map[string]any{"description": "start", "command": "nohup sleep 992 >/dev/null 2>&1 &"})
 	call("", "shell", map[string]any{"command": "sleep 993", "background": true})
-	assert.Equal(t, "2\n", sleeps(), "the profile tool's leftover and the background job live on")
+	// A background job is started when the call returns, but its shell
+	// may not have become `sleep` yet (seen in a loaded CI run): wait for
+	// it, with a safety net.
+	got := sleeps()
+	for deadline := time.Now().Add(30 * time.Second); got != "2\n" && time.Now().Before(deadline); got = sleeps() {
+		time.Sleep(50 * time.Millisecond)
+	}
+	assert.Equal(t, "2\n", got, "the profile tool's leftover and the background job live on")
 
 	k := call("", "process", map[string]any{"action": "kill_all"})
 	assert.Equal(t, true, k["ok"])
