@@ -225,7 +225,17 @@ func TestLeaderKilledMidWrite(t *testing.T) {
 	mu.Lock()
 	atKill := acked[0] + acked[1] + acked[2] + acked[3]
 	mu.Unlock()
-	time.Sleep(2 * time.Second)
+	// Writes go on once a new leader is elected: wait until four more were
+	// acknowledged (a loaded machine takes seconds to elect), with a
+	// safety net.
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		mu.Lock()
+		now := acked[0] + acked[1] + acked[2] + acked[3]
+		mu.Unlock()
+		if now >= atKill+4 {
+			break
+		}
+	}
 	close(stop)
 	wg.Wait()
 	t.Logf("acknowledged %v of %v tried; %d failed", acked, tried, failed)
