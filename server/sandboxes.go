@@ -15,7 +15,6 @@ import (
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/api"
-	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandboxclient"
 )
 
@@ -269,24 +268,4 @@ func (c lazyClient) Tools(ctx context.Context) ([]api.ToolInfo, error) {
 		return nil, err
 	}
 	return cl.Tools(ctx)
-}
-
-// ImageDigest is sandboxclient.ImageDigester: the exec memo keys results
-// by the digest of the image they ran in. The default image answers ""
-// without opening the service: a run with nothing to do computes every
-// exec node's key and must not open (or probe) the backend for it, and a
-// key must not change with whether the service happens to be open. (Only
-// the remote engine's default image has a digest: a rebuild of it is not
-// seen by the memo.)
-var _ sandboxclient.ImageDigester = lazyClient{}
-
-func (c lazyClient) ImageDigest(ctx context.Context, image string) (string, error) {
-	if image == "" || image == backend.DefaultImage {
-		return "", nil
-	}
-	cl, err := c.get(ctx)
-	if err != nil {
-		return "", err
-	}
-	return cl.ImageDigest(ctx, image)
 }
