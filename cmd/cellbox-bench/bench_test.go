@@ -185,7 +185,7 @@ func TestBenchCluster(t *testing.T) {
 	notes := strings.Join(rep.Notes, "\n")
 	assert.Contains(t, notes, "target: holds for ")
 	assert.Contains(t, notes, "of 5 figures")
-	assert.Regexp(t, "`shell` `true` to another server: Range [0-9.]+", notes, "the forwarded call reads etcd")
+	assert.Regexp(t, "`shell` `true` to another server: [^;]*Range [0-9.]+", notes, "the forwarded call reads etcd (leases renewed meanwhile may be counted too)")
 	assert.NotContains(t, notes, "stopped early")
 }
 
