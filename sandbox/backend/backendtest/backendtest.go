@@ -813,7 +813,12 @@ func (s *suite) oomSparesAgent(t *testing.T) {
 
 	// 40 processes of ~5 MiB each: 200 MiB in a 128 MiB box, every one
 	// smaller than the agent.
-	res := sh(t, c, `for i in $(seq 40); do python3 -c 'import time; x = bytearray(5 << 20); time.sleep(5)' & done; wait; echo done`)
+	// Forty interpreters starting in a box short of memory take long on a
+	// busy machine (a loaded CI run passed the 30 s of sh): a timeout of
+	// minutes is a safety net, not a pass mark.
+	res, err := c.Exec(ctxFor(t, 4*time.Minute), agent.ExecRequest{TimeoutMs: 180000,
+		Command: `for i in $(seq 40); do python3 -c 'import time; x = bytearray(5 << 20); time.sleep(5)' & done; wait; echo done`}, nil)
+	require.NoError(t, err)
 	assert.Contains(t, res.Stdout, "done", "exit %d, timed out %v, stderr %q", res.ExitCode, res.TimedOut, res.Stderr)
 	assert.Contains(t, res.Stderr, "Killed", "the box ran out of memory and lost commands")
 	assert.Equal(t, "alive", ok(t, c, "echo alive"), "the agent survived the box's OOM")
