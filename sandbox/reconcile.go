@@ -41,10 +41,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 		if ch != nil {
 			changes = append(changes, *ch)
 		}
-		s.boxes[rec.ID] = b
-		for port, pid := range rec.Previews {
-			s.previews.Add(pid, previews.Target{Box: rec.ID, Port: port})
-		}
+		s.placeBoxLocked(b)
 	}
 	for _, rec := range sessions {
 		if sess := s.sessionFromRecord(rec, func(id string) *box { return s.boxes[id] }); sess != nil {
@@ -75,13 +72,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 		s.removeBox(ctx, id)
 	}
 	s.sweepHostDirs()
-	for id, b := range s.boxes {
-		if b.state == stateRunning && !b.rec.Network {
-			if err := s.prepareHost(id, false); err != nil {
-				s.log.Warn("box egress proxy not started; its network is closed", "box", id, "err", err)
-			}
-		}
-	}
+	s.prepareHosts(s.boxes)
 	if len(changes) > 0 {
 		return s.st.apply(changes...)
 	}
@@ -172,4 +163,25 @@ func (s *Service) sessionFromRecord(rec sessionRecord, boxOf func(id string) *bo
 	}
 	sess.lastUsed.Store(last.UnixNano())
 	return sess
+}
+
+// placeBoxLocked puts a box loaded from the store among the service's, its
+// previews with it; the caller holds s.mu (or is New, before any call).
+func (s *Service) placeBoxLocked(b *box) {
+	s.boxes[b.rec.ID] = b
+	for port, pid := range b.previews {
+		s.previews.Add(pid, previews.Target{Box: b.rec.ID, Port: port})
+	}
+}
+
+// prepareHosts starts the egress proxies of the running boxes among boxes
+// that have no full network (boxes loaded from the store).
+func (s *Service) prepareHosts(boxes map[string]*box) {
+	for id, b := range boxes {
+		if b.state == stateRunning && !b.rec.Network {
+			if err := s.prepareHost(id, false); err != nil {
+				s.log.Warn("box egress proxy not started; its network is closed", "box", id, "err", err)
+			}
+		}
+	}
 }

@@ -21,7 +21,6 @@ import (
 	"time"
 
 	leases "github.com/cellbox/cellbox/sandbox/lease"
-	"github.com/cellbox/cellbox/sandbox/previews"
 	"github.com/cellbox/cellbox/sandbox/state"
 )
 
@@ -137,24 +136,15 @@ func (s *Service) adoptSession(id string) (*Session, error) {
 		return nil, fmt.Errorf("session %q: %w", id, ErrNoSession)
 	}
 	s.mu.Lock()
-	for bid, b := range boxes {
-		s.boxes[bid] = b
-		for port, pid := range b.previews {
-			s.previews.Add(pid, previews.Target{Box: bid, Port: port})
-		}
+	for _, b := range boxes {
+		s.placeBoxLocked(b)
 	}
 	s.sessions[id] = sess
 	s.mu.Unlock()
 	s.leaseMu.Lock()
 	s.held[sessionLease(id)] = h
 	s.leaseMu.Unlock()
-	for bid, b := range boxes {
-		if b.state == stateRunning && !b.rec.Network {
-			if err := s.prepareHost(bid, false); err != nil {
-				s.log.Warn("box egress proxy not started; its network is closed", "box", bid, "err", err)
-			}
-		}
-	}
+	s.prepareHosts(boxes)
 	if len(changes) > 0 {
 		if err := s.st.apply(changes...); err != nil {
 			s.log.Warn("record boxes gone", "session", id, "err", err)
