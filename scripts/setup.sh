@@ -3,9 +3,14 @@
 # Docker Engine when none answers. Safe to rerun: it only does what is missing.
 set -euo pipefail
 
+# installed: the package is installed, not only known (a package removed
+# but for its config files is "deinstall ok config-files", which dpkg -s
+# answers with success).
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -qx 'install ok installed'; }
+
 need=()
 for pkg in bubblewrap docker.io debootstrap python3 ca-certificates patch etcd-server; do
-	dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+	installed "$pkg" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
 	echo "setup: installing ${need[*]}"

@@ -9,7 +9,7 @@ bash scripts/setup.sh
 # in the default image (the host's /usr, sandbox/code_test.go). Only the
 # tests need them.
 need=()
-dpkg -s chromium >/dev/null 2>&1 || need+=(chromium)
+dpkg-query -W -f='${Status}' chromium 2>/dev/null | grep -qx 'install ok installed' || need+=(chromium)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 if [ ${#need[@]} -gt 0 ]; then
 	echo "test: installing ${need[*]}"
