@@ -20,18 +20,6 @@ import (
 	"github.com/cellbox/cellbox/internal/etcdtest"
 )
 
-// prefixes hands each store of a test a prefix of its own on the one
-// cluster the package's tests share.
-var prefixes = make(chan int, 1)
-
-func init() { prefixes <- 0 }
-
-func nextPrefix() string {
-	n := <-prefixes
-	prefixes <- n + 1
-	return fmt.Sprintf("/t%d/", n)
-}
-
 func open(t *testing.T, c *clientv3.Client, prefix string, opts cells.Options) cells.Store {
 	t.Helper()
 	kv, err := etcdkv.Open(t.Context(), c, prefix)
@@ -46,7 +34,7 @@ func open(t *testing.T, c *clientv3.Client, prefix string, opts cells.Options) c
 func TestStore(t *testing.T) {
 	c := etcdtest.Start(t, 1).Dial(t)
 	cellstest.Run(t, func(t *testing.T, opts cells.Options) (cells.Store, func(*testing.T) cells.Store) {
-		prefix := nextPrefix()
+		prefix := etcdtest.Prefix()
 		return open(t, c, prefix, opts), func(t *testing.T) cells.Store { return open(t, c, prefix, opts) }
 	})
 }
@@ -56,7 +44,7 @@ func TestStore(t *testing.T) {
 // watch on either sees every version of both.
 func TestTwoServersConflict(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
-	prefix := nextPrefix()
+	prefix := etcdtest.Prefix()
 	a := open(t, cl.Dial(t), prefix, cells.Options{})
 	b := open(t, cl.Dial(t), prefix, cells.Options{})
 	defer a.Close()
@@ -106,7 +94,7 @@ func TestTwoServersConflict(t *testing.T) {
 // which flag to raise, and writes nothing.
 func TestTooManyOps(t *testing.T) {
 	cl := etcdtest.Start(t, 1, etcdtest.WithMaxTxnOps(128))
-	s := open(t, cl.Dial(t), nextPrefix(), cells.Options{})
+	s := open(t, cl.Dial(t), etcdtest.Prefix(), cells.Options{})
 	defer s.Close()
 	err := s.Update(t.Context(), func(tx cells.Tx) error {
 		for i := range 200 {
@@ -129,7 +117,7 @@ func TestTooManyOps(t *testing.T) {
 // server made (through the rev key's etcd watch), with no write of its own.
 func TestWaitHearsOtherServers(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
-	prefix := nextPrefix()
+	prefix := etcdtest.Prefix()
 	kv, err := etcdkv.Open(t.Context(), cl.Dial(t), prefix)
 	require.NoError(t, err)
 	defer kv.Close()
@@ -156,7 +144,7 @@ func TestWaitHearsOtherServers(t *testing.T) {
 // program's data) is refused with a clear error.
 func TestForeignRevKey(t *testing.T) {
 	c := etcdtest.Start(t, 1).Dial(t)
-	prefix := nextPrefix()
+	prefix := etcdtest.Prefix()
 	_, err := c.Put(t.Context(), prefix+"rev", "hello")
 	require.NoError(t, err)
 	_, err = etcdkv.Open(t.Context(), c, prefix)
@@ -171,7 +159,7 @@ func TestForeignRevKey(t *testing.T) {
 // stay dense and in order.
 func TestLeaderKilledMidWrite(t *testing.T) {
 	cl := etcdtest.Start(t, 3)
-	prefix := nextPrefix()
+	prefix := etcdtest.Prefix()
 	st := open(t, cl.Dial(t), prefix, cells.Options{})
 	defer st.Close()
 	w, err := st.Watch(t.Context(), "", 0)
@@ -282,7 +270,7 @@ func TestLeaderKilledMidWrite(t *testing.T) {
 // lease is another holder's).
 func TestFence(t *testing.T) {
 	c := etcdtest.Start(t, 1).Dial(t)
-	s := open(t, c, nextPrefix(), cells.Options{})
+	s := open(t, c, etcdtest.Prefix(), cells.Options{})
 	defer s.Close()
 	put, err := c.Put(t.Context(), "/lease/x", "a")
 	require.NoError(t, err)

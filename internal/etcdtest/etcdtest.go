@@ -11,7 +11,9 @@ package etcdtest
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,6 +110,13 @@ func (c *Cluster) Client(t testing.TB) *clientv3.Client {
 	t.Cleanup(func() { cli.Close() })
 	return cli
 }
+
+// prefixes counts the prefixes Prefix handed out.
+var prefixes atomic.Int64
+
+// Prefix returns a key prefix no other caller in this process got ("/tN/"),
+// so that the stores of several tests share one cluster apart.
+func Prefix() string { return fmt.Sprintf("/t%d/", prefixes.Add(1)) }
 
 // Dial returns a client of the members as a cellbox server makes it
 // (etcdconn.Dial), closed when the test ends.

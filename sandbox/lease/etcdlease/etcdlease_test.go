@@ -2,8 +2,6 @@ package etcdlease_test
 
 import (
 	"context"
-	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,13 +18,8 @@ import (
 // Leaser under a prefix of its own.
 func TestLeaser(t *testing.T) {
 	c := etcdtest.Start(t, 1).Dial(t)
-	var mu sync.Mutex
-	n := 0
 	leasetest.Run(t, func(t *testing.T) lease.Leaser {
-		mu.Lock()
-		n++
-		defer mu.Unlock()
-		return etcdlease.New(c, fmt.Sprintf("/t%d/", n))
+		return etcdlease.New(c, etcdtest.Prefix())
 	})
 }
 

@@ -19,13 +19,8 @@ import (
 // prefix of its own, reopened over the same prefix.
 func TestStore(t *testing.T) {
 	c := etcdtest.Start(t, 1).Dial(t)
-	var mu sync.Mutex
-	n := 0
 	statetest.Run(t, func(t *testing.T) (state.Store, func(*testing.T) state.Store) {
-		mu.Lock()
-		n++
-		prefix := fmt.Sprintf("/t%d/", n)
-		mu.Unlock()
+		prefix := etcdtest.Prefix()
 		return etcdstate.Open(c, prefix), func(*testing.T) state.Store { return etcdstate.Open(c, prefix) }
 	})
 }
