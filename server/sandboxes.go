@@ -15,6 +15,7 @@ import (
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/api"
+	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandboxclient"
 )
 
@@ -27,14 +28,21 @@ import (
 type Sandboxes struct {
 	store cells.Store
 	log   *slog.Logger
-	open  func(ctx context.Context) (*sandbox.Service, error) // opens the service, or returns the one given
-	owned bool                                                // close closes svc (false: the service was given)
+	// openBackend opens the backend alone (nil when the service was
+	// given): image digests are asked of it before the service is open.
+	openBackend func(ctx context.Context) (backend.Backend, error)
+	// open opens the service over the backend, or returns the one given.
+	open  func(ctx context.Context, be backend.Backend) (*sandbox.Service, error)
+	owned bool // close closes svc (false: the service was given)
 	// sessionKey is where in sessionBucket the runtime's session is
 	// recorded: sessionKey, or one of this server's own when servers
 	// share the store (each runtime has a session of its own).
 	sessionKey string
 
 	once    sync.Once
+	beOnce  sync.Once
+	be      backend.Backend
+	beErr   error
 	mu      sync.Mutex
 	svc     *sandbox.Service
 	session string
@@ -45,17 +53,19 @@ type Sandboxes struct {
 // openTimeout bounds opening the backend and the service on first need.
 const openTimeout = 2 * time.Minute
 
-// LazySandboxes opens the service with open on first need (and closes it
-// at Close). The runtime's session is recorded in store, so that a
-// restart finds its boxes again.
-func LazySandboxes(store cells.Store, log *slog.Logger, open func(ctx context.Context) (*sandbox.Service, error)) *Sandboxes {
-	return &Sandboxes{store: store, log: log, open: open, owned: true}
+// LazySandboxes opens the service on first need (and closes it at
+// Close): the backend with openBackend, then the service over it with
+// open. The backend alone opens first when an exec node's memo key asks
+// for an image's digest (lazyClient.ImageDigest). The runtime's session
+// is recorded in store, so that a restart finds its boxes again.
+func LazySandboxes(store cells.Store, log *slog.Logger, openBackend func(ctx context.Context) (backend.Backend, error), open func(ctx context.Context, be backend.Backend) (*sandbox.Service, error)) *Sandboxes {
+	return &Sandboxes{store: store, log: log, openBackend: openBackend, open: open, owned: true}
 }
 
 // OpenSandboxes uses the open service svc, its caller's to close; the
 // session is found (or made) at once.
 func OpenSandboxes(ctx context.Context, store cells.Store, log *slog.Logger, svc *sandbox.Service) (*Sandboxes, error) {
-	s := &Sandboxes{store: store, log: log, open: func(context.Context) (*sandbox.Service, error) { return svc, nil }}
+	s := &Sandboxes{store: store, log: log, open: func(context.Context, backend.Backend) (*sandbox.Service, error) { return svc, nil }}
 	_, _, err := s.Get(ctx)
 	return s, err
 }
@@ -83,7 +93,14 @@ func (s *Sandboxes) Get(ctx context.Context) (*sandbox.Service, string, error) {
 // start opens the service, finds the session and removes the exec boxes
 // a killed process left in it.
 func (s *Sandboxes) start(ctx context.Context) (*sandbox.Service, string, error) {
-	svc, err := s.open(ctx)
+	var be backend.Backend
+	if s.openBackend != nil {
+		var err error
+		if be, err = s.backend(ctx); err != nil {
+			return nil, "", err
+		}
+	}
+	svc, err := s.open(ctx, be)
 	if err != nil {
 		return nil, "", err
 	}
@@ -101,6 +118,17 @@ func (s *Sandboxes) start(ctx context.Context) (*sandbox.Service, string, error)
 		s.log.Warn("remove leftover exec boxes", "error", err)
 	}
 	return svc, session, nil
+}
+
+// backend opens the backend alone, once (openBackend). The first caller's
+// cancellation does not cut the opening short for the others.
+func (s *Sandboxes) backend(ctx context.Context) (backend.Backend, error) {
+	s.beOnce.Do(func() {
+		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), openTimeout)
+		defer cancel()
+		s.be, s.beErr = s.openBackend(octx)
+	})
+	return s.be, s.beErr
 }
 
 // sessionBucket and sessionKey are where the runtime's session is
@@ -268,4 +296,36 @@ func (c lazyClient) Tools(ctx context.Context) ([]api.ToolInfo, error) {
 		return nil, err
 	}
 	return cl.Tools(ctx)
+}
+
+var _ sandboxclient.ImageDigester = lazyClient{}
+
+// ImageDigest is sandboxclient.ImageDigester: the exec memo keys results
+// by the build of the image they ran in. It is asked while the runtime's
+// batch holds the store's write transaction (an exec node's Key), so it
+// must not open the service (whose opening writes to that store and would
+// wait on the transaction): before the service is open, the backend alone
+// answers, opened for it if need be (no store: an engine ping, a stat).
+// The default image answers "" without opening anything, so a run with
+// nothing to do in the default image opens no backend; every other image's
+// key is its digest whether or not the service is open.
+func (c lazyClient) ImageDigest(ctx context.Context, image string) (string, error) {
+	if image == "" || image == backend.DefaultImage {
+		return "", nil
+	}
+	if svc, _ := c.s.Opened(); svc != nil {
+		return svc.ImageDigest(ctx, image)
+	}
+	if c.s.openBackend == nil {
+		return "", nil // a service was given but failed to open
+	}
+	be, err := c.s.backend(ctx)
+	if err != nil {
+		return "", err
+	}
+	d, ok := be.(backend.ImageDigester)
+	if !ok {
+		return "", nil
+	}
+	return d.ImageDigest(ctx, image)
 }

@@ -91,8 +91,11 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	cl := s.State.cluster
-	openService := func(ctx context.Context) (*sandbox.Service, error) {
-		sc := cfg.Sandbox
+	// The backend opens first, alone (an exec node's memo key may ask it
+	// for an image's digest before any box is made), then the service
+	// over it.
+	sc := cfg.Sandbox
+	openBE := func(ctx context.Context) (backend.Backend, error) {
 		var keeper backend.Keeper
 		if cl != nil {
 			sc.Shared, sc.Leaser, sc.Holder = true, cl.leaser, cl.holder
@@ -106,32 +109,35 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 				sc.Blobs, keeper = s3, keptKeeper{s3.Kept()}
 			}
 		}
-		be, err := openBackend(ctx, cfg.Backend, cfg.DataDir, cfg.Sandbox.AgentBinary, keeper)
-		if err != nil {
-			return nil, err
-		}
-		sc.Backend, sc.DataDir, sc.State = be, cfg.DataDir, s.State.Sandbox
-		return sandbox.New(ctx, sc)
+		return openBackend(ctx, cfg.Backend, cfg.DataDir, cfg.Sandbox.AgentBinary, keeper)
 	}
-	if cfg.Lazy {
-		s.Sandboxes = LazySandboxes(s.State.Cells, log, openService)
-	} else {
-		// Opened under ctx, so that an interrupt cuts it short; the
+	openService := func(ctx context.Context, be backend.Backend) (*sandbox.Service, error) {
+		c := sc
+		c.Backend, c.DataDir, c.State = be, cfg.DataDir, s.State.Sandbox
+		return sandbox.New(ctx, c)
+	}
+	if !cfg.Lazy {
+		// Opened now under ctx, so that an interrupt cuts it short; the
 		// Sandboxes own it from here on.
-		svc, err := openService(ctx)
+		be, err := openBE(ctx)
 		if err != nil {
 			return nil, err
 		}
-		s.Sandboxes = LazySandboxes(s.State.Cells, log, func(context.Context) (*sandbox.Service, error) { return svc, nil })
-		if cl != nil {
-			s.Sandboxes.sessionKey = sessionKey + "/" + cl.holder
+		svc, err := openService(ctx, be)
+		if err != nil {
+			return nil, err
 		}
+		openBE = func(context.Context) (backend.Backend, error) { return be, nil }
+		openService = func(context.Context, backend.Backend) (*sandbox.Service, error) { return svc, nil }
+	}
+	s.Sandboxes = LazySandboxes(s.State.Cells, log, openBE, openService)
+	if cl != nil {
+		s.Sandboxes.sessionKey = sessionKey + "/" + cl.holder
+	}
+	if !cfg.Lazy {
 		if _, _, err := s.Sandboxes.Get(ctx); err != nil {
 			return nil, err
 		}
-	}
-	if cfg.Lazy && cl != nil {
-		s.Sandboxes.sessionKey = sessionKey + "/" + cl.holder
 	}
 	if s.Host, err = NewHost(HostConfig{DataDir: cfg.DataDir, Store: s.State.Cells, Sandboxes: s.Sandboxes, Logger: log, Persist: cfg.Persist, HTTP: cfg.HTTP, cluster: cl}); err != nil {
 		return nil, err

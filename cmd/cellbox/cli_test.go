@@ -159,6 +159,45 @@ nodes:
 	assert.Contains(t, out, `"stdout":"from the shared image\n"`)
 }
 
+// TestImageRebuiltRunsAgain: under `cellbox run`, an exec node's memo
+// key holds the build of its image, so a stage whose image was rebuilt
+// under the same name runs again rather than answering from the memo
+// (before, the key held the image's name alone under run and serve: the
+// second run printed the first build's answer).
+func TestImageRebuiltRunsAgain(t *testing.T) {
+	testenv.RequireBwrap(t)
+	home := t.TempDir()
+	t.Setenv("CELLBOX_DATA", home)
+	t.Setenv(server.ImagesEnv, "")
+	rootfs := filepath.Join(home, "images", "tiny", "rootfs")
+	build := func(id string) {
+		next := rootfs + ".new"
+		makeRootfs(t, next)
+		require.NoError(t, os.WriteFile(filepath.Join(next, "build-id"), []byte(id+"\n"), 0o644))
+		require.NoError(t, os.RemoveAll(rootfs))
+		require.NoError(t, os.Rename(next, rootfs)) // as a build puts a new rootfs in place
+	}
+	pattern := writePattern(t, `name: rebuilt
+nodes:
+  job:
+    exec:
+      image: cellbox/tiny
+      command: read id < /build-id; echo "build $id"
+`)
+	data := t.TempDir()
+	run := func() string {
+		out, errOut, err := cellbox(t, "run", pattern, "--once", "--backend", "local", "--data", data)
+		require.NoError(t, err, errOut)
+		return out
+	}
+	build("one")
+	assert.Contains(t, run(), `"stdout":"build one\n"`)
+	build("two")
+	out := run()
+	assert.Contains(t, out, `"stdout":"build two\n"`, "the stage runs again in the rebuilt image")
+	assert.NotContains(t, out, "build one")
+}
+
 // TestMissingImageHintDocker: a box whose cellbox image the engine lacks,
 // one that `cellbox image build` does not make, fails saying which it
 // makes (it proposed `cellbox image build NAME`, which was then refused).
