@@ -13,6 +13,14 @@
 // etcd rounds a time to live up to whole seconds and to its own least
 // (1.5 election timeouts: 2 s on a default cluster); the Lease returned
 // says what was granted.
+//
+// Each name has an etcd lease of its own (so that a name its holder stops
+// renewing expires alone), granted ahead: Acquire takes a spare lease
+// granted for the same time to live when one is fresh (granted less than
+// a fifth of it ago), and grants the next spare off the caller's path, so
+// that taking a free name is one round trip when names are taken one
+// after another (sessions made in a row), two when the spare had gone
+// stale. A spare left unused expires by itself (it holds no key).
 package etcdlease
 
 import (
@@ -20,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -35,6 +44,23 @@ const DefaultPrefix = "/cellbox/leases/"
 type Leaser struct {
 	c      *clientv3.Client
 	prefix string
+
+	mu        sync.Mutex
+	spares    map[int64]grant // by time to live asked, in seconds
+	refilling map[int64]bool
+}
+
+// grant is an etcd lease granted, with when it was asked for (its
+// expiry counts from then, at the latest).
+type grant struct {
+	id    clientv3.LeaseID
+	ttl   int64 // as granted, seconds
+	start time.Time
+}
+
+// fresh says whether g has at least four fifths of its time to live left.
+func (g grant) fresh() bool {
+	return time.Since(g.start) < time.Duration(g.ttl)*time.Second/5
 }
 
 // New returns the Leaser of the names under prefix ("" for
@@ -43,7 +69,72 @@ func New(c *clientv3.Client, prefix string) *Leaser {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	return &Leaser{c: c, prefix: prefix}
+	return &Leaser{c: c, prefix: prefix, spares: map[int64]grant{}, refilling: map[int64]bool{}}
+}
+
+// spareGrantTimeout bounds granting a spare in the background.
+const spareGrantTimeout = 10 * time.Second
+
+// grant returns an etcd lease of secs seconds: the spare when it is fresh,
+// else a new grant.
+func (l *Leaser) grant(ctx context.Context, secs int64) (grant, error) {
+	l.mu.Lock()
+	sp, ok := l.spares[secs]
+	delete(l.spares, secs)
+	l.mu.Unlock()
+	if ok && sp.fresh() {
+		return sp, nil
+	}
+	if ok { // stale: given back
+		go l.c.Revoke(context.WithoutCancel(ctx), sp.id)
+	}
+	return l.grantNow(ctx, secs)
+}
+
+func (l *Leaser) grantNow(ctx context.Context, secs int64) (grant, error) {
+	start := time.Now()
+	g, err := l.c.Grant(ctx, secs)
+	if err != nil {
+		return grant{}, err
+	}
+	return grant{id: g.ID, ttl: g.TTL, start: start}, nil
+}
+
+// refill grants a spare of secs seconds in the background, unless one is
+// there or on its way.
+func (l *Leaser) refill(secs int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.spares[secs]; ok || l.refilling[secs] {
+		return
+	}
+	l.refilling[secs] = true
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), spareGrantTimeout)
+		defer cancel()
+		g, err := l.grantNow(ctx, secs)
+		l.mu.Lock()
+		delete(l.refilling, secs)
+		l.mu.Unlock()
+		if err == nil {
+			l.giveBack(ctx, secs, g)
+		}
+	}()
+}
+
+// giveBack keeps g, unused, as the spare of secs seconds if it is fresh
+// and none is there; otherwise it is revoked (it would expire by itself).
+func (l *Leaser) giveBack(ctx context.Context, secs int64, g grant) {
+	l.mu.Lock()
+	_, have := l.spares[secs]
+	keep := !have && g.fresh()
+	if keep {
+		l.spares[secs] = g
+	}
+	l.mu.Unlock()
+	if !keep {
+		go l.c.Revoke(context.WithoutCancel(ctx), g.id)
+	}
 }
 
 // Key is the etcd key of name's lease.
@@ -62,32 +153,33 @@ func (l *Leaser) Acquire(ctx context.Context, name, holder string, ttl time.Dura
 		return lease.Lease{}, fmt.Errorf("lease %s: ttl %s: want a positive time to live", name, ttl)
 	}
 	key := l.Key(name)
-	// Grant first and create the key where none is, reading it otherwise,
-	// in one transaction: two round trips to take a free name (a new
-	// session's, a new pattern's), whatever is there.
+	secs := int64(math.Ceil(ttl.Seconds()))
+	// A grant (a spare, most often: see the package comment), then a
+	// transaction that creates the key where none is and reads it
+	// otherwise. The next spare is granted once this is done, so that its
+	// grant does not compete with the transaction.
+	defer l.refill(secs)
 	for {
-		start := time.Now()
-		g, err := l.c.Grant(ctx, int64(math.Ceil(ttl.Seconds())))
+		g, err := l.grant(ctx, secs)
 		if err != nil {
 			return lease.Lease{}, fmt.Errorf("lease %s: etcd grant: %w", name, err)
 		}
 		tr, err := l.c.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, holder, clientv3.WithLease(g.ID))).
+			Then(clientv3.OpPut(key, holder, clientv3.WithLease(g.id))).
 			Else(clientv3.OpGet(key)).Commit()
-		if err != nil || !tr.Succeeded {
-			// The grant is not needed: given back off the caller's path
-			// (it would expire by itself).
-			go l.c.Revoke(context.WithoutCancel(ctx), g.ID)
-		}
 		if err != nil {
+			// Perhaps attached: given back off the caller's path (it
+			// would expire by itself).
+			go l.c.Revoke(context.WithoutCancel(ctx), g.id)
 			return lease.Lease{}, fmt.Errorf("lease %s: etcd: %w", name, err)
 		}
 		if tr.Succeeded {
-			granted := time.Duration(g.TTL) * time.Second
-			return lease.Lease{Name: name, Holder: holder, Token: uint64(tr.Header.Revision), ID: int64(g.ID),
-				TTL: granted, Expires: start.Add(granted)}, nil
+			granted := time.Duration(g.ttl) * time.Second
+			return lease.Lease{Name: name, Holder: holder, Token: uint64(tr.Header.Revision), ID: int64(g.id),
+				TTL: granted, Expires: g.start.Add(granted)}, nil
 		}
+		l.giveBack(ctx, secs, g) // not attached: the next Acquire's
 		kvs := tr.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
 			continue // gone since the compare: try again

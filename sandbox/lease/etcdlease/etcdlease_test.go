@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/cellbox/cellbox/internal/etcdtest"
 	"github.com/cellbox/cellbox/sandbox/lease"
@@ -51,4 +52,27 @@ func TestHolderDies(t *testing.T) {
 	assert.Greater(t, got.Token, held.Token)
 	_, err = d.Renew(context.Background(), held)
 	assert.Error(t, err, "the dead holder cannot renew")
+}
+
+// TestSpareGrants: names taken one after another each get an etcd lease
+// of their own (a name its holder stops renewing expires alone), and a
+// lease granted ahead that went stale is not handed out: every lease
+// acquired has nearly its whole time to live left in etcd, whatever the
+// pause before it.
+func TestSpareGrants(t *testing.T) {
+	c := etcdtest.Start(t, 1).Dial(t)
+	l := etcdlease.New(c, etcdtest.Prefix())
+	ids := map[int64]string{}
+	for i, pause := range []time.Duration{0, 0, 3 * time.Second, 0, 2500 * time.Millisecond} {
+		time.Sleep(pause)
+		name := "session/" + string(rune('a'+i))
+		le, err := l.Acquire(t.Context(), name, "me", 3*time.Second)
+		require.NoError(t, err)
+		require.NotContains(t, ids, le.ID, "%s shares its etcd lease with %s", name, ids[le.ID])
+		ids[le.ID] = name
+		ttl, err := c.TimeToLive(t.Context(), clientv3.LeaseID(le.ID))
+		require.NoError(t, err)
+		assert.GreaterOrEqual(t, ttl.TTL, int64(2), "%s after a pause of %s: %d s left of 3", name, pause, ttl.TTL)
+		assert.WithinDuration(t, time.Now().Add(3*time.Second), le.Expires, 800*time.Millisecond, "what Acquire says is what etcd keeps")
+	}
 }
