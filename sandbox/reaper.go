@@ -45,6 +45,10 @@ func (s *Service) reaper() {
 func (s *Service) tick() {
 	defer safe.Recover(s.log, "reaper", nil)
 	if s.holds(leaseReaper) {
+		if now := time.Now(); now.Sub(s.orphansScanned) >= orphanScanInterval {
+			s.orphansScanned = now
+			s.adoptOrphans(s.ctx)
+		}
 		s.expireSessions(s.ctx)
 		s.reap(s.ctx)
 	}

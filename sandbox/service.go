@@ -222,6 +222,9 @@ type Service struct {
 	leaseMu   sync.Mutex
 	held      map[string]*leases.Held // the leases this server holds, by name
 	adoptMu   sync.Mutex              // one session taken over at a time (shared.go)
+	// orphansScanned is when the reaper last looked for sessions no
+	// server serves (adoptOrphans); the reaper's goroutine's alone.
+	orphansScanned time.Time
 	// asleep is set by SleepAll: the process is shutting down, and no box
 	// starts again (wake refuses) to run on after it exits.
 	asleep atomic.Bool

@@ -155,6 +155,43 @@ func (s *Service) adoptSession(id string) (*Session, error) {
 	return sess, nil
 }
 
+// orphanScanInterval is how often the reaper's holder looks for sessions
+// no server serves (adoptOrphans).
+var orphanScanInterval = 30 * time.Second
+
+// adoptOrphans takes over every session in the shared state that no
+// server holds — its server died and no client came back to it — so that
+// the reaper expires it and puts its boxes to sleep as it does its own
+// (otherwise a dead server's sessions, and their boxes, would stay for
+// ever). The reaper's holder calls it every orphanScanInterval: one read
+// of the session records, and one of a lease per session not served here.
+func (s *Service) adoptOrphans(ctx context.Context) {
+	if !s.cfg.Shared {
+		return
+	}
+	recs, err := s.st.st.List(ctx, state.Sessions, "")
+	if err != nil {
+		s.log.Warn("list sessions to find those no server serves", "err", err)
+		return
+	}
+	for _, r := range recs {
+		s.mu.Lock()
+		local := s.sessions[r.Key] != nil
+		s.mu.Unlock()
+		if local || ctx.Err() != nil {
+			continue
+		}
+		if h, err := s.cfg.Leaser.Holder(ctx, sessionLease(r.Key)); err != nil || h != "" {
+			continue
+		}
+		if _, err := s.adoptSession(r.Key); err != nil && !errors.Is(err, ErrElsewhere) && !errors.Is(err, ErrNoSession) {
+			s.log.Warn("take over a session no server serves", "session", r.Key, "err", err)
+		} else if err == nil {
+			s.log.Info("took over a session no server served, for the reaper", "session", r.Key)
+		}
+	}
+}
+
 // watchSession forgets session id here when its lease is lost: another
 // server may take it from then on. Its boxes keep running.
 func (s *Service) watchSession(id string, h *leases.Held) {
