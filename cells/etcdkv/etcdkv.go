@@ -9,12 +9,39 @@
 //	                           commits, decimal
 //	PREFIX del/BUCKET          touched by every commit that deletes in
 //	                           BUCKET (see Commit)
+//	PREFIX commit              touched by every commit: its mod revision
+//	                           is the prefix's last commit's
 //
-// A transaction reads one etcd revision (its snapshot: every Get and Scan
-// is a read at that revision), buffers its writes, and commits them in one
-// etcd transaction guarded by what it read, so transactions of any number
-// of servers run at once and the one that commits second after reading
-// what the first changed fails with cells.ErrConflict:
+// Every server keeps the whole prefix in memory: Open reads it once (a
+// paged read at one etcd revision) and watches the prefix from there; the
+// cache keeps each bucket key's latest value and mod revision, sorted per
+// bucket, and a tombstone (the delete's revision) for a key deleted since.
+// Its revision C is the etcd revision the watch has delivered up to.
+// Memory: the cells, their change log and the Store's other buckets, as
+// etcd holds them, on every server.
+//
+// A transaction's snapshot S is C when it begins (no request to etcd),
+// once C has reached this KV's last commit (its transactions read their
+// own commits: Begin waits for the watch to deliver it, or past a second
+// takes S from one read of the rev key as before the cache, its reads then
+// going to etcd). It reads a key from the cache when the key's entry is
+// not newer than S (a tombstone: missing; no entry: missing), and a Scan
+// page likewise when no entry in it is newer than S; what changed since S
+// is read from etcd at S (a serializable read at that revision). The
+// cache says "missing" only at snapshots from its floor on: the revision
+// it was loaded at, raised as tombstones are dropped (those at or before
+// every open transaction's snapshot, as the watch delivers). A watch that
+// finds its revision compacted (cut off that long) loads the prefix again
+// in place of the cache; a transaction of an older snapshot then reads
+// from etcd what the cache cannot answer, and a snapshot etcd compacted is
+// a conflict.
+//
+// Writes are buffered and committed in one etcd transaction guarded by
+// what the transaction read, so transactions of any number of servers run
+// at once and the one that commits second after reading what the first
+// changed fails with cells.ErrConflict (a snapshot the cache had not
+// brought up to date costs a conflict, no more; the next Begin waits for
+// the cache to have the commit met, found by the commit key):
 //
 //   - a key it got: its mod revision is still the one it read (0: still
 //     missing);
@@ -31,15 +58,14 @@
 // the cells' version (cells.KV says why); the rev key is.
 //
 // Limits (etcd's, not the contract's): a commit is one etcd request, so
-// its puts, deletes and guards are each at most the server's
-// --max-txn-ops (128 by default: docs/cluster.md asks for 4096) and its
-// bytes at most --max-request-bytes (1.5 MiB by default). A commit past
+// its puts, deletes (and the commit key's put) and guards are each at
+// most the server's --max-txn-ops (128 by default: docs/cluster.md asks
+// for 4096) and its bytes at most --max-request-bytes (1.5 MiB by default). A commit past
 // either fails with an error saying which flag to raise; nothing of it is
 // written.
 package etcdkv
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -47,6 +73,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -60,15 +87,21 @@ import (
 // DefaultPrefix is where Open keeps the cells when given no prefix.
 const DefaultPrefix = "/cellbox/cells/"
 
-// scanPage is how many keys a Scan reads from etcd at a time.
+// scanPage is how many keys a Scan (or a load of the prefix) reads from
+// etcd at a time, and looks at in the cache at a time.
 const scanPage = 512
 
 // KV is a cells.KV over an etcd client. It does not own the client:
 // Close stops its watch, and the caller closes the client.
 type KV struct {
-	c      *clientv3.Client
-	prefix string
-	revKey string
+	c         *clientv3.Client
+	prefix    string
+	revKey    string
+	commitKey string
+	cache     *cache
+	// beforeApply, when set (by tests), runs before the watch puts events
+	// into the cache: a test holds the cache back with it.
+	beforeApply atomic.Pointer[func()]
 
 	// writer lets one writable transaction of this client run at a time:
 	// this server's own writers would only conflict with each other on the
@@ -84,63 +117,84 @@ type KV struct {
 }
 
 // Open returns the KV of the cells under prefix ("" for DefaultPrefix)
-// of c's cluster, reading its revision and watching it from then on.
+// of c's cluster, reading all of it and watching it from then on.
 func Open(ctx context.Context, c *clientv3.Client, prefix string) (*KV, error) {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	k := &KV{c: c, prefix: prefix, revKey: prefix + "rev", moved: make(chan struct{}), writer: make(chan struct{}, 1)}
-	resp, err := c.Get(ctx, k.revKey)
-	if err != nil {
-		return nil, fmt.Errorf("etcd: read the cells' revision: %w", err)
-	}
-	rev, err := k.parseRev(resp.Kvs)
+	k := &KV{c: c, prefix: prefix, revKey: prefix + "rev", commitKey: prefix + "commit", cache: newCache(),
+		moved: make(chan struct{}), writer: make(chan struct{}, 1)}
+	l, err := k.load(ctx)
 	if err != nil {
 		return nil, err
 	}
-	k.rev = rev
+	k.cache.swap(l)
+	k.rev = l.revVal
 	wctx, stop := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
 	k.stop = stop
-	go k.watch(wctx, resp.Header.Revision+1)
+	go k.watch(wctx)
 	return k, nil
 }
 
-// watch follows the rev key from etcd revision from, so that Wait hears
+// watch follows the prefix from the cache's revision on: every event
+// goes into the cache, and the rev key's into Revision, so that Wait hears
 // of other servers' commits. A watch that breaks (its member died, the
-// leader was lost) is made again from the last revision seen; etcd
-// replays what it missed.
-func (k *KV) watch(ctx context.Context, from int64) {
+// leader was lost) is made again from the cache's revision; etcd replays
+// what it missed, or, when it compacted that, says so and the prefix is
+// loaded again (reload).
+//
+// C moves with the events only, not with progress notifications: in
+// etcd 3.4 before its fix, a requested one is not ordered with the
+// stream's events (etcd issue 15220), and a C past an event not in the
+// cache would serve a stale read as a snapshot's. Nothing needs C past the prefix's last
+// event: every commit of the KV puts a key of the prefix.
+func (k *KV) watch(ctx context.Context) {
 	for ctx.Err() == nil && k.c.Ctx().Err() == nil {
 		wctx, cancel := context.WithCancel(ctx)
-		for wr := range k.c.Watch(wctx, k.revKey, clientv3.WithRev(from)) {
+		compacted := false
+		for wr := range k.c.Watch(wctx, k.prefix, clientv3.WithPrefix(), clientv3.WithRev(k.cache.revision()+1)) {
 			if wr.CompactRevision != 0 {
-				// The revisions between were compacted: read the key as it
-				// is (below) and watch on from there.
+				compacted = true
 				break
 			}
-			for _, ev := range wr.Events {
-				if v, err := strconv.ParseUint(string(ev.Kv.Value), 10, 64); err == nil {
+			if wr.Err() != nil {
+				break // cancelled by the server (no leader): watch again
+			}
+			if len(wr.Events) > 0 {
+				if h := k.beforeApply.Load(); h != nil {
+					(*h)()
+				}
+				if v, ok := k.cache.apply(k.prefix, wr.Events); ok {
 					k.set(v)
 				}
-				from = ev.Kv.ModRevision + 1
 			}
 		}
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		if resp, err := k.c.Get(ctx, k.revKey); err == nil {
-			if v, err := k.parseRev(resp.Kvs); err == nil {
-				k.set(v)
-			}
-			from = max(from, resp.Header.Revision+1)
-		} else {
-			select { // the cluster is unreachable: try again soon
-			case <-ctx.Done():
-			case <-time.After(200 * time.Millisecond):
+		if compacted {
+			if err := k.reload(ctx); err == nil {
+				continue
 			}
 		}
+		select { // the cluster is unreachable, or has no leader: try again soon
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
+}
+
+// reload loads the prefix again, at a fresh revision, in place of the
+// cache: the watch's revision was compacted.
+func (k *KV) reload(ctx context.Context) error {
+	l, err := k.load(ctx)
+	if err != nil {
+		return err
+	}
+	k.cache.swap(l)
+	k.set(l.revVal)
+	return nil
 }
 
 func (k *KV) parseRev(kvs []*mvccpb.KeyValue) (uint64, error) {
@@ -199,11 +253,13 @@ func (k *KV) Close() error {
 		k.closed = true
 		close(k.moved)
 		k.stop()
+		k.cache.close()
 	}
 	return nil
 }
 
-// Begin implements cells.KV: one read of the rev key fixes the snapshot.
+// Begin implements cells.KV: the snapshot is the cache's revision, once
+// it has reached this KV's last commit (or the commit a conflict met).
 func (k *KV) Begin(ctx context.Context, writable bool) (cells.KVTx, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -222,26 +278,68 @@ func (k *KV) Begin(ctx context.Context, writable bool) (cells.KVTx, error) {
 		}
 	}
 	t := &tx{kv: k, writable: writable}
-	resp, err := k.c.Get(ctx, k.revKey)
-	if err != nil {
-		t.end()
-		return nil, fmt.Errorf("etcd: begin a transaction: %w", err)
-	}
-	rev, err := k.parseRev(resp.Kvs)
-	if err != nil {
+	if err := k.snapshot(ctx, t); err != nil {
 		t.end()
 		return nil, err
 	}
-	k.set(rev)
-	t.snap, t.rev = resp.Header.Revision, rev
-	if len(resp.Kvs) > 0 {
-		t.revMod = resp.Kvs[0].ModRevision
-	}
+	t.held = true
+	k.set(t.rev)
 	if writable {
 		t.got = map[string]int64{}
 		t.writes = map[string]map[string]*write{}
 	}
 	return t, nil
+}
+
+// waitLimit is how long Begin waits for the cache to reach the revision
+// it needs (a watch cut off, being made again) before it takes its
+// snapshot from etcd instead.
+var waitLimit = time.Second
+
+// snapshot sets t's snapshot: the cache's, or, when the cache is behind
+// for waitLimit, one read of the rev key's (as a Begin without the cache
+// did: its reads then go to etcd until the cache has caught up).
+func (k *KV) snapshot(ctx context.Context, t *tx) error {
+	var timeout <-chan time.Time
+	for {
+		snap, rev, revMod, moved, closed, ok := k.cache.begin()
+		switch {
+		case ok:
+			t.snap, t.rev, t.revMod = snap, rev, revMod
+			return nil
+		case closed:
+			return cells.ErrClosed
+		}
+		if timeout == nil {
+			tm := time.NewTimer(waitLimit)
+			defer tm.Stop()
+			timeout = tm.C
+		}
+		select {
+		case <-moved:
+		case <-timeout:
+			return k.snapshotOfEtcd(ctx, t)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (k *KV) snapshotOfEtcd(ctx context.Context, t *tx) error {
+	resp, err := k.c.Get(ctx, k.revKey)
+	if err != nil {
+		return fmt.Errorf("etcd: begin a transaction: %w", err)
+	}
+	rev, err := k.parseRev(resp.Kvs)
+	if err != nil {
+		return err
+	}
+	t.snap, t.rev = resp.Header.Revision, rev
+	if len(resp.Kvs) > 0 {
+		t.revMod = resp.Kvs[0].ModRevision
+	}
+	k.cache.hold(t.snap)
+	return nil
 }
 
 // tx is a transaction: a snapshot (an etcd revision), what it read (for
@@ -250,6 +348,7 @@ type tx struct {
 	kv       *KV
 	writable bool
 	done     bool
+	held     bool   // snap is noted open in the cache (until end)
 	snap     int64  // the etcd revision it reads
 	rev      uint64 // the KV revision as of snap
 	revMod   int64  // the rev key's mod revision as of snap (0: none)
@@ -278,10 +377,14 @@ func (t *tx) Bucket(name string) (cells.KVBucket, error) {
 
 func (t *tx) Rollback() { t.end() }
 
-// end ends the transaction, letting the next writable one begin.
+// end ends the transaction, letting the next writable one begin and the
+// cache drop the tombstones its snapshot kept.
 func (t *tx) end() {
 	if !t.done && t.writable {
 		<-t.kv.writer
+	}
+	if !t.done && t.held {
+		t.kv.cache.release(t.snap)
 	}
 	t.done = true
 }
@@ -334,12 +437,14 @@ func (t *tx) Commit(ctx context.Context, versioned bool) (uint64, error) {
 	if len(ops) == 0 {
 		return t.rev, nil
 	}
+	ops = append(ops, clientv3.OpPut(t.kv.commitKey, ""))
 	fence, fenced := cells.FenceOf(ctx)
 	var orElse []clientv3.Op
 	if fenced {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(fence.Key), "=", fence.Rev))
 		orElse = append(orElse, clientv3.OpGet(fence.Key, clientv3.WithKeysOnly()))
 	}
+	orElse = append(orElse, clientv3.OpGet(t.kv.commitKey, clientv3.WithKeysOnly()))
 	resp, err := t.kv.c.Txn(ctx).If(cmps...).Then(ops...).Else(orElse...).Commit()
 	if err != nil {
 		return 0, explain(err, len(ops), len(cmps))
@@ -350,8 +455,19 @@ func (t *tx) Commit(ctx context.Context, versioned bool) (uint64, error) {
 				return 0, fmt.Errorf("etcdkv: %s: %w", fence.Key, cells.ErrFenced)
 			}
 		}
+		// The next Begin waits for the cache to have the commit this one
+		// met (the last of the prefix, by the commit key), so that the
+		// Store's next attempt does not read what this one read.
+		last := t.snap + 1
+		if kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs; len(kvs) > 0 {
+			last = max(last, kvs[0].ModRevision)
+		}
+		t.kv.cache.wantRev(last)
 		return 0, fmt.Errorf("etcdkv: %w", cells.ErrConflict)
 	}
+	// The next Begin waits for the cache to have this commit: the KV's
+	// transactions read their own commits.
+	t.kv.cache.wantRev(resp.Header.Revision)
 	if versioned {
 		t.kv.set(next)
 	}
@@ -364,10 +480,10 @@ func explain(err error, ops, cmps int) error {
 }
 
 // snapGet reads at the transaction's snapshot, a revision the cluster
-// has committed (Begin read it linearizably): the member the client talks
-// to answers it from what it has applied, without a round of the quorum
-// (a serializable read), unless it has not applied that revision yet; it
-// is asked again linearizably then.
+// has committed (the watch delivered it, or Begin read it linearizably):
+// the member the client talks to answers it from what it has applied,
+// without a round of the quorum (a serializable read), unless it has not
+// applied that revision yet; it is asked again linearizably then.
 func (k *KV) snapGet(ctx context.Context, snap int64, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
 	opts = append(opts, clientv3.WithRev(snap))
 	resp, err := k.c.Get(ctx, key, append(opts, clientv3.WithSerializable())...)
@@ -399,16 +515,17 @@ func (b *bucket) Get(ctx context.Context, key string) ([]byte, error) {
 		}
 		return w.val, nil
 	}
-	resp, err := b.t.kv.snapGet(ctx, b.t.snap, b.base+key)
-	if err != nil {
-		return nil, readErr(err)
-	}
-	var mod int64
-	var val []byte
-	if len(resp.Kvs) > 0 {
-		mod, val = resp.Kvs[0].ModRevision, resp.Kvs[0].Value
-		if val == nil {
-			val = []byte{}
+	val, mod, ok := b.t.kv.cache.get(b.name, key, b.t.snap)
+	if !ok { // changed since the snapshot: etcd has it as it was
+		resp, err := b.t.kv.snapGet(ctx, b.t.snap, b.base+key)
+		if err != nil {
+			return nil, readErr(err)
+		}
+		if len(resp.Kvs) > 0 {
+			mod, val = resp.Kvs[0].ModRevision, resp.Kvs[0].Value
+			if val == nil {
+				val = []byte{}
+			}
 		}
 	}
 	if b.t.writable {
@@ -447,16 +564,17 @@ func (b *bucket) keys() map[string]*write {
 	return m
 }
 
-// Scan reads the range a page at a time at the snapshot and merges the
-// transaction's own writes into it, in key order.
+// Scan reads the range a page at a time at the snapshot, from the cache
+// while it can answer (nothing in the page changed since the snapshot),
+// else from etcd, and merges the transaction's own writes into it, in key
+// order.
 func (b *bucket) Scan(ctx context.Context, from, to string, fn func(string, []byte) bool) error {
-	start := b.base + from
 	end := b.base + to
 	if to == "" {
 		end = clientv3.GetPrefixRangeEnd(b.base)
 	}
 	if b.t.writable {
-		b.t.scanned = append(b.t.scanned, keyRange{start, end})
+		b.t.scanned = append(b.t.scanned, keyRange{b.base + from, end})
 		if !slices.Contains(b.t.buckets, b.name) {
 			b.t.buckets = append(b.t.buckets, b.name)
 		}
@@ -482,33 +600,51 @@ func (b *bucket) Scan(ctx context.Context, from, to string, fn func(string, []by
 		}
 		return true
 	}
+	start := from // the bucket's key the next page starts at
+	cached := true
+	var page []pair
 	for {
-		resp, err := b.t.kv.snapGet(ctx, b.t.snap, start, clientv3.WithRange(end),
-			clientv3.WithLimit(scanPage), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
-		if err != nil {
-			return readErr(err)
+		var next string // where the page after starts ("" for none)
+		if cached {
+			var ok bool
+			page, next, ok = b.t.kv.cache.page(b.name, start, to, b.t.snap, page[:0])
+			if !ok { // changed since the snapshot: etcd has it as it was
+				cached = false
+				continue
+			}
+		} else {
+			resp, err := b.t.kv.snapGet(ctx, b.t.snap, b.base+start, clientv3.WithRange(end),
+				clientv3.WithLimit(scanPage), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+			if err != nil {
+				return readErr(err)
+			}
+			page = page[:0]
+			for _, kv := range resp.Kvs {
+				v := kv.Value
+				if v == nil {
+					v = []byte{}
+				}
+				page = append(page, pair{string(kv.Key[len(b.base):]), v})
+			}
+			if resp.More && len(page) > 0 {
+				next = page[len(page)-1].key + "\x00"
+			}
 		}
-		for _, kv := range resp.Kvs {
-			k := string(kv.Key[len(b.base):])
-			if !emitMine(k, false) {
+		for _, p := range page {
+			if !emitMine(p.key, false) {
 				return nil
 			}
-			if _, ok := b.t.writes[b.name][k]; ok {
+			if _, ok := b.t.writes[b.name][p.key]; ok {
 				continue // written by this transaction: emitted (or not, if deleted) from mine
 			}
-			v := kv.Value
-			if v == nil {
-				v = []byte{}
-			}
-			if !fn(k, v) {
+			if !fn(p.key, p.val) {
 				return nil
 			}
 		}
-		if !resp.More || len(resp.Kvs) == 0 {
+		if next == "" {
 			break
 		}
-		last := resp.Kvs[len(resp.Kvs)-1].Key
-		start = string(append(bytes.Clone(last), 0))
+		start = next
 	}
 	emitMine("", true)
 	return nil
