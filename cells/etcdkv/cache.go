@@ -195,6 +195,41 @@ func (c *cache) get(bucket, key string, snap int64) (val []byte, mod int64, ok b
 	return e.val, e.mod, true
 }
 
+// own puts the KV's own commit, at rev, into the cache when the cache
+// has the prefix's commit before it (prev, the commit key's mod revision
+// as the commit read it, 0 for none) and not yet rev: then no event lies
+// between, and the commit's writes are all of rev's events (the watch
+// delivers them again, the same). It reports whether the cache has rev.
+func (c *cache) own(prev, rev int64, writes map[string]map[string]*write, versioned bool, revVal uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.rev >= rev {
+		return true
+	}
+	if prev == 0 || c.rev < prev || c.closed {
+		return false
+	}
+	for bucket, keys := range writes {
+		for key, w := range keys {
+			switch {
+			case w.del:
+				c.set(bucket, key, nil, rev)
+			case w.val == nil:
+				c.set(bucket, key, []byte{}, rev)
+			default:
+				c.set(bucket, key, w.val, rev)
+			}
+		}
+	}
+	if versioned {
+		c.revVal, c.revMod = revVal, rev
+	}
+	c.rev = rev
+	c.prune()
+	c.wake()
+	return true
+}
+
 // page answers a page of a Scan at snap from the cache: the live keys of
 // [from, to) (to "" for no end) as of snap, in order, among the first
 // scanPage entries there (tombstones count), and the key the next page

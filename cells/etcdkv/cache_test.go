@@ -401,8 +401,9 @@ func (p *proxy) restore() {
 // and sees that it is never read stale where it matters: Wait does not
 // say another's version is there before the cache has it; after a
 // conflict, Begin waits for the cache to have the commit met (else the
-// Store's next attempt would read the same and conflict again); after
-// its own commit, Begin waits for it, and past a second reads etcd.
+// Store's next attempt would read the same and conflict again); its own
+// commit is in the cache at once if the cache had all before it, else
+// Begin waits for it, and past a second reads etcd.
 func TestBeginWaitsForCache(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	prefix := etcdtest.Prefix()
@@ -469,13 +470,24 @@ func TestBeginWaitsForCache(t *testing.T) {
 	release()
 	assert.Equal(t, "x=3", x(<-began))
 
-	// Its own commit: the next Begin waits for it, for a second at most,
-	// then reads etcd.
+	// Its own commit, the cache having every commit before it: in the
+	// cache at once, though the watch has not brought it.
 	release = a.HoldCache()
 	defer release()
-	commit(t, a, map[string][]byte{"x": []byte("4")})
+	commit(t, a, map[string][]byte{"x": []byte("4"), "y": []byte("4")})
 	t0 := time.Now()
 	tx = <-begin()
+	assert.Less(t, time.Since(t0), 500*time.Millisecond, "Begin did not wait for the watch")
+	assert.Equal(t, "x=4", x(tx))
+
+	// Its own commit after another's the cache has not: the next Begin
+	// waits for the watch, for a second at most, then reads etcd.
+	commit(t, b, map[string][]byte{"y": []byte("5")})
+	commit(t, a, map[string][]byte{"x": []byte("6")})
+	t0 = time.Now()
+	tx = <-begin()
 	assert.GreaterOrEqual(t, time.Since(t0), 900*time.Millisecond, "Begin waited for the cache")
-	assert.Equal(t, "x=4", x(tx), "then read etcd")
+	got, _ := read(t, tx, "x", "y")
+	tx.Rollback()
+	assert.Equal(t, []string{"x=6", "y=5"}, got, "then read etcd")
 }

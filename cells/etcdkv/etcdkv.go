@@ -22,9 +22,11 @@
 //
 // A transaction's snapshot S is C when it begins (no request to etcd),
 // once C has reached this KV's last commit (its transactions read their
-// own commits: Begin waits for the watch to deliver it, or past a second
-// takes S from one read of the rev key as before the cache, its reads then
-// going to etcd). It reads a key from the cache when the key's entry is
+// own commits). A commit goes into the cache at once when the cache had
+// the prefix's commit before it (the commit key's mod revision, read in
+// the commit): nothing else happened between. Else Begin waits for the
+// watch to deliver it, or past a second takes S from one read of the rev
+// key as before the cache, its reads then going to etcd. It reads a key from the cache when the key's entry is
 // not newer than S (a tombstone: missing; no entry: missing), and a Scan
 // page likewise when no entry in it is newer than S; what changed since S
 // is read from etcd at S (a serializable read at that revision). The
@@ -62,7 +64,9 @@
 // most the server's --max-txn-ops (128 by default: docs/cluster.md asks
 // for 4096) and its bytes at most --max-request-bytes (1.5 MiB by default). A commit past
 // either fails with an error saying which flag to raise; nothing of it is
-// written.
+// written. Every server of a prefix puts the commit key: one of a version
+// from before it could commit unseen between the commit key's last put
+// and a commit put into the cache at once.
 package etcdkv
 
 import (
@@ -437,6 +441,9 @@ func (t *tx) Commit(ctx context.Context, versioned bool) (uint64, error) {
 	if len(ops) == 0 {
 		return t.rev, nil
 	}
+	// The commit key: read first (the prefix's last commit before this
+	// one: see own), then put.
+	ops = append([]clientv3.Op{clientv3.OpGet(t.kv.commitKey, clientv3.WithKeysOnly())}, ops...)
 	ops = append(ops, clientv3.OpPut(t.kv.commitKey, ""))
 	fence, fenced := cells.FenceOf(ctx)
 	var orElse []clientv3.Op
@@ -465,8 +472,14 @@ func (t *tx) Commit(ctx context.Context, versioned bool) (uint64, error) {
 		t.kv.cache.wantRev(last)
 		return 0, fmt.Errorf("etcdkv: %w", cells.ErrConflict)
 	}
-	// The next Begin waits for the cache to have this commit: the KV's
-	// transactions read their own commits.
+	// The KV's transactions read their own commits: this one goes into
+	// the cache now if the cache has every commit before it, else the next
+	// Begin waits for the watch to bring it.
+	var prev int64
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		prev = kvs[0].ModRevision
+	}
+	t.kv.cache.own(prev, resp.Header.Revision, t.writes, versioned, next)
 	t.kv.cache.wantRev(resp.Header.Revision)
 	if versioned {
 		t.kv.set(next)
