@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -195,4 +196,92 @@ func TestCopyImagesAndAdopt(t *testing.T) {
 	assert.NoFileExists(t, filepath.Join(dir, "new"), "a failed copy leaves nothing")
 	require.NoError(t, boxdisk.CopyImages(ctx, src, []string{files[0]}))
 	assert.ErrorIs(t, dsts[0].Adopt(ctx, files[0]), os.ErrExist, "adopting onto an existing disk")
+}
+
+// Disks are copies of a template of their size, made once per directory:
+// each copy is a filesystem of its own (what one box writes the other
+// does not see), of the size asked, and a disk of another size gets a
+// template of its own.
+func TestDisksFromTemplate(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	disk := func(name string, size int64) boxdisk.Disk {
+		d := boxdisk.Disk{File: filepath.Join(dir, name+".img"), Dir: filepath.Join(dir, name)}
+		t.Cleanup(func() { _ = d.Remove(context.Background()) })
+		require.NoError(t, d.Make(ctx, size, 1000, 1000))
+		return d
+	}
+	a := disk("a", 64<<20)
+	tpl := filepath.Join(dir, ".template-67108864.img")
+	before, err := os.Stat(tpl)
+	require.NoError(t, err, "the first disk of a size makes its template")
+	b := disk("b", 64<<20)
+	after, err := os.Stat(tpl)
+	require.NoError(t, err)
+	assert.True(t, os.SameFile(before, after), "the second disk copies the same template")
+	require.NoError(t, os.WriteFile(filepath.Join(a.Workspace(), "mine"), []byte("a's"), 0o644))
+	assert.NoFileExists(t, filepath.Join(b.Workspace(), "mine"), "each copy is a filesystem of its own")
+	for _, d := range []boxdisk.Disk{a, b} {
+		var st unix.Statfs_t
+		require.NoError(t, unix.Statfs(d.Dir, &st))
+		total := int64(st.Blocks) * st.Bsize
+		assert.True(t, total > 48<<20 && total <= 64<<20, "a 64 MiB filesystem: %d bytes of blocks", total)
+		fi, err := os.Stat(d.File)
+		require.NoError(t, err)
+		assert.EqualValues(t, 64<<20, fi.Size())
+	}
+	c := disk("c", 32<<20)
+	assert.FileExists(t, filepath.Join(dir, ".template-33554432.img"))
+	var st unix.Statfs_t
+	require.NoError(t, unix.Statfs(c.Dir, &st))
+	total := int64(st.Blocks) * st.Bsize
+	assert.True(t, total > 16<<20 && total <= 32<<20, "a 32 MiB filesystem: %d bytes of blocks", total)
+	// A box fills its disk: ENOSPC in it, the template untouched.
+	big := make([]byte, 1<<20)
+	var werr error
+	f, err := os.Create(filepath.Join(c.Workspace(), "fill"))
+	require.NoError(t, err)
+	for range 64 {
+		if _, werr = f.Write(big); werr != nil {
+			break
+		}
+	}
+	f.Close()
+	assert.ErrorIs(t, werr, unix.ENOSPC)
+	fi, err := os.Stat(filepath.Join(dir, ".template-33554432.img"))
+	require.NoError(t, err)
+	assert.EqualValues(t, 32<<20, fi.Size())
+}
+
+// BenchmarkMake: a disk made (copied from its template, mounted, its
+// directories made) and removed, beside the same with mkfs.ext4 run for
+// each disk as before templates.
+func BenchmarkMake(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("box disks need root (mount)")
+	}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		tpl  bool
+	}{{"template", true}, {"mkfs each", false}} {
+		b.Run(tc.name, func(b *testing.B) {
+			dir := b.TempDir()
+			if !tc.tpl { // templates of other sizes up to the cap: each disk formatted on its own
+				for i := range 8 {
+					require.NoError(b, os.WriteFile(filepath.Join(dir, ".template-"+strconv.Itoa(i)+".img"), nil, 0o600))
+				}
+			}
+			for b.Loop() {
+				d := boxdisk.Disk{File: filepath.Join(dir, "d.img"), Dir: filepath.Join(dir, "d")}
+				if err := d.Make(ctx, 1<<30, 1000, 1000); err != nil {
+					b.Fatal(err)
+				}
+				if err := d.Remove(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
