@@ -338,10 +338,13 @@ type loaded struct {
 // swap replaces the cache's keys with a load's (after a watch found its
 // revision compacted). Transactions at older snapshots read what changed
 // since theirs from etcd, and keys it has no entry for too (the floor).
+// The revision is the load's even if the cache was past it (own put a
+// commit made during the load in the keys the load replaces): the watch
+// goes on from there, and snapshots past it read etcd meanwhile.
 func (c *cache) swap(l *loaded) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.rev = max(c.rev, l.rev)
+	c.rev = l.rev
 	c.floor = l.rev
 	c.buckets = l.buckets
 	c.revVal, c.revMod = l.revVal, l.revMod

@@ -491,3 +491,50 @@ func TestBeginWaitsForCache(t *testing.T) {
 	tx.Rollback()
 	assert.Equal(t, []string{"x=6", "y=5"}, got, "then read etcd")
 }
+
+// TestScanPages: a Scan of more keys than a page, through the cache, with
+// a page of tombstones only (kept for an older open snapshot) and bounds;
+// the older snapshot's scan of the same reads them all.
+func TestScanPages(t *testing.T) {
+	cl := etcdtest.Start(t, 1)
+	prefix := etcdtest.Prefix()
+	a, err := etcdkv.Open(t.Context(), cl.Dial(t), prefix)
+	require.NoError(t, err)
+	defer a.Close()
+	const n = 1300
+	puts, dels := map[string][]byte{}, map[string][]byte{}
+	for i := range n {
+		k := fmt.Sprintf("k%04d", i)
+		puts[k] = []byte(fmt.Sprint(i))
+		if i < 700 {
+			dels[k] = nil
+		}
+	}
+	commit(t, a, puts)
+	old, err := a.Begin(t.Context(), false)
+	require.NoError(t, err)
+	defer old.Rollback()
+	commit(t, a, dels)
+	now, err := a.Begin(t.Context(), false)
+	require.NoError(t, err)
+	defer now.Rollback()
+	scan := func(tx cells.KVTx, from, to string) (keys []string) {
+		b, err := tx.Bucket("b")
+		require.NoError(t, err)
+		require.NoError(t, b.Scan(t.Context(), from, to, func(k string, v []byte) bool {
+			keys = append(keys, k)
+			return true
+		}))
+		return keys
+	}
+	want := func(from, to int) (keys []string) {
+		for i := from; i < to; i++ {
+			keys = append(keys, fmt.Sprintf("k%04d", i))
+		}
+		return keys
+	}
+	assert.Equal(t, want(700, n), scan(now, "", ""))
+	assert.Equal(t, want(700, 1250), scan(now, "k0100", "k1250"))
+	assert.Equal(t, want(0, n), scan(old, "", ""))
+	assert.Equal(t, want(100, 1250), scan(old, "k0100", "k1250"))
+}

@@ -150,8 +150,9 @@ func Open(ctx context.Context, c *clientv3.Client, prefix string) (*KV, error) {
 // C moves with the events only, not with progress notifications: in
 // etcd 3.4 before its fix, a requested one is not ordered with the
 // stream's events (etcd issue 15220), and a C past an event not in the
-// cache would serve a stale read as a snapshot's. Nothing needs C past the prefix's last
-// event: every commit of the KV puts a key of the prefix.
+// cache would serve a stale read as a snapshot's. Nothing needs C past
+// the prefix's last event: every commit of the KV puts a key of the
+// prefix.
 func (k *KV) watch(ctx context.Context) {
 	for ctx.Err() == nil && k.c.Ctx().Err() == nil {
 		wctx, cancel := context.WithCancel(ctx)
