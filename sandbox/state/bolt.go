@@ -68,6 +68,21 @@ func OpenBolt(ctx context.Context, db *bolt.DB) (Store, error) {
 		return nil, err
 	}
 	s := &boltStore{db: db}
+	// A file already set up opens without a write (a commit costs two
+	// fdatasyncs: most of a `cellbox run --once` with nothing to do).
+	if err := db.View(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil || tx.Bucket(bucketRecords) == nil || tx.Bucket(bucketReservations) == nil ||
+			string(meta.Get(keySchema)) != strconv.Itoa(boltSchema) {
+			return nil
+		}
+		if v := meta.Get(keyInstance); v != nil {
+			s.instance = string(v)
+		}
+		return nil
+	}); err == nil && s.instance != "" {
+		return s, nil
+	}
 	err := db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {

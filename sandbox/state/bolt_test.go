@@ -198,3 +198,28 @@ func TestBoltCloseLeavesDB(t *testing.T) {
 		return err
 	}), "the DB is still open")
 }
+
+// TestOpenBoltWritesOnlyWhatIsNew: a state file set up before opens
+// without a commit (the file's bytes stay as they were, and its instance
+// id with them); a new one is set up once.
+func TestOpenBoltWritesOnlyWhatIsNew(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	open := func() string {
+		db, err := bolt.Open(path, 0o600, nil)
+		require.NoError(t, err)
+		st, err := state.OpenBolt(t.Context(), db)
+		require.NoError(t, err)
+		id, err := st.Instance(t.Context())
+		require.NoError(t, err)
+		require.NoError(t, st.Close())
+		require.NoError(t, db.Close())
+		return id
+	}
+	first := open()
+	before, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, first, open(), "the instance id stays")
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(before, after), "opening a state file set up before wrote to it")
+}
