@@ -106,11 +106,18 @@ func (b *cbucket) remove(key string) {
 
 // apply adds a watch response's events (whole etcd revisions, in order)
 // and moves rev past them. It returns the rev key's value if they put it.
+// Events the cache has (its rev is theirs or past: own put them in
+// first) are skipped: the watch may bring an older own commit's after a
+// newer one went in.
 func (c *cache) apply(prefix string, evs []*clientv3.Event) (revVal uint64, revPut bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	had := c.rev
 	for _, ev := range evs {
 		kv := ev.Kv
+		if kv.ModRevision <= had {
+			continue
+		}
 		c.rev = max(c.rev, kv.ModRevision)
 		key := string(kv.Key)
 		if !strings.HasPrefix(key, prefix) {

@@ -430,7 +430,7 @@ func TestBeginWaitsForCache(t *testing.T) {
 	}
 
 	// Wait hears of b's commit only with the cache.
-	release := a.HoldCache()
+	release, _ := a.HoldCache()
 	rev := commit(t, b, map[string][]byte{"x": []byte("2")})
 	waited := make(chan uint64, 1)
 	go func() {
@@ -456,7 +456,7 @@ func TestBeginWaitsForCache(t *testing.T) {
 	v, err := bw.Get(t.Context(), "x")
 	require.NoError(t, err)
 	assert.Equal(t, "2", string(v))
-	release = a.HoldCache()
+	release, _ = a.HoldCache()
 	commit(t, b, map[string][]byte{"x": []byte("3")})
 	require.NoError(t, bw.Put("x", []byte("no")))
 	_, err = w.Commit(t.Context(), true)
@@ -472,7 +472,7 @@ func TestBeginWaitsForCache(t *testing.T) {
 
 	// Its own commit, the cache having every commit before it: in the
 	// cache at once, though the watch has not brought it.
-	release = a.HoldCache()
+	release, _ = a.HoldCache()
 	defer release()
 	commit(t, a, map[string][]byte{"x": []byte("4"), "y": []byte("4")})
 	t0 := time.Now()
@@ -537,4 +537,30 @@ func TestScanPages(t *testing.T) {
 	assert.Equal(t, want(700, 1250), scan(now, "k0100", "k1250"))
 	assert.Equal(t, want(0, n), scan(old, "", ""))
 	assert.Equal(t, want(100, 1250), scan(old, "k0100", "k1250"))
+}
+
+// TestLateEventsOfOwnCommits: the KV's own commits go into the cache at
+// once; the watch's events of them, arriving after, change nothing (an
+// older commit's events must not undo a newer one's keys).
+func TestLateEventsOfOwnCommits(t *testing.T) {
+	cl := etcdtest.Start(t, 1)
+	prefix := etcdtest.Prefix()
+	a, err := etcdkv.Open(t.Context(), cl.Dial(t), prefix)
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := etcdkv.Open(t.Context(), cl.Dial(t), prefix)
+	require.NoError(t, err)
+	defer b.Close()
+	waitRev(t, a, commit(t, b, map[string][]byte{"x": []byte("0")})) // the watch is there
+	release, step := a.HoldCache()
+	defer release()
+	commit(t, a, map[string][]byte{"x": []byte("1")})
+	commit(t, a, map[string][]byte{"x": []byte("2")})
+	step() // the watch brings the first of the two, and holds the second
+	time.Sleep(100 * time.Millisecond)
+	tx, err := a.Begin(t.Context(), false)
+	require.NoError(t, err)
+	got, _ := read(t, tx, "x")
+	tx.Rollback()
+	assert.Equal(t, []string{"x=2"}, got)
 }

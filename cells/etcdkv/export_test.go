@@ -9,10 +9,22 @@ func (k *KV) Loads() int {
 }
 
 // HoldCache makes k's watch stop before it puts the next events into the
-// cache, until the returned func is called.
-func (k *KV) HoldCache() (release func()) {
+// cache. release lets it go on; step lets one response of events in and
+// holds the watch before the next.
+func (k *KV) HoldCache() (release, step func()) {
 	ch := make(chan struct{})
-	f := func() { <-ch }
-	k.beforeApply.Store(&f)
-	return func() { k.beforeApply.Store(nil); close(ch) }
+	hold := func() {
+		ch = make(chan struct{})
+		c := ch
+		f := func() { <-c }
+		k.beforeApply.Store(&f)
+	}
+	hold()
+	release = func() { k.beforeApply.Store(nil); close(ch) }
+	step = func() {
+		old := ch
+		hold() // before the old one lets go: the next response meets it
+		close(old)
+	}
+	return release, step
 }
