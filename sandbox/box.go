@@ -163,7 +163,7 @@ func (s *Service) acquireBox(ctx context.Context, sess *Session, name string, no
 				s.mu.Unlock()
 				return nil, fmt.Errorf("create sandbox %q: %w", name, err)
 			}
-			b = s.newBoxLocked(sess, boxSpec{OneShot: s.oneShot(name)})
+			b = s.newBoxLocked(sess, boxSpec{OneShot: s.oneShot(sess.ID, name)})
 			sess.boxes[name] = b
 		}
 		s.mu.Unlock()
@@ -184,8 +184,11 @@ const maxRetries = 8
 // errRetry says the box changed under the caller; look it up again.
 var errRetry = errors.New("retry")
 
-// oneShot says whether the box name lives for one run (Config.OneShot).
-func (s *Service) oneShot(name string) bool { return s.cfg.OneShot != nil && s.cfg.OneShot(name) }
+// oneShot says whether the box name of session lives for one run
+// (Config.OneShot).
+func (s *Service) oneShot(session, name string) bool {
+	return s.cfg.OneShot != nil && s.cfg.OneShot(session, name)
+}
 
 // newBoxLocked makes a not-yet-created box of sess from spec.
 func (s *Service) newBoxLocked(sess *Session, spec boxSpec) *box {
@@ -364,7 +367,7 @@ func (s *Service) create(ctx context.Context, sess *Session, name string, b *box
 	start := time.Now()
 	rec := b.rec
 	if rec.ID == "" && rec.Limits == (api.Limits{}) && !rec.Network && rec.WorkspaceDir == "" {
-		if id, cl, ok := s.takeWarm(rec.Image, name); ok {
+		if id, cl, ok := s.takeWarm(rec.Image, rec.OneShot); ok {
 			s.setID(b, id)
 			if err := s.adopt(sess, name, b, cl); err != nil {
 				s.removeBox(context.WithoutCancel(ctx), id)

@@ -119,14 +119,15 @@ type Config struct {
 	// grows it by one, every PoolIdle without one shrinks it by one
 	// (cellbox run: exec stages get warm boxes, an idle run keeps none).
 	PoolFollowsUse bool
-	// OneShot, if set, names the boxes that live for one run (cellbox run:
-	// exec stages' boxes). Their creations are the uses a use-following
+	// OneShot, if set, names the boxes that live for one run, by session
+	// and box name (cellbox run and serve: the exec stages' boxes of the
+	// runtime's session). Their creations are the uses a use-following
 	// pool follows (other boxes still take a ready box, but neither grow
 	// the pool nor keep it from shrinking), and they are not stored: no
 	// commit on their way in or out; a process that dies leaves them to
 	// the next start's reconcile, which removes backend boxes the store
 	// does not know.
-	OneShot func(name string) bool
+	OneShot func(session, name string) bool
 	// PoolIdle is how long a use-following pool stays unused before it
 	// shrinks by a box. Default DefaultPoolIdle.
 	PoolIdle time.Duration

@@ -480,7 +480,7 @@ func TestWarmPoolFollowsUse(t *testing.T) {
 func TestOneShotBoxesAreNotStored(t *testing.T) {
 	be := newFakeBackend(t)
 	dir := t.TempDir()
-	oneShot := func(c *Config) { c.OneShot = func(name string) bool { return strings.HasPrefix(name, "run-") } }
+	oneShot := func(c *Config) { c.OneShot = func(_, name string) bool { return strings.HasPrefix(name, "run-") } }
 	s := newTestService(t, be, dir, oneShot)
 	h := newSession(t, s)
 	h.tool("shell", map[string]any{"sandbox": "keep", "command": "true"})

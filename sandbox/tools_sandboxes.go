@@ -139,7 +139,7 @@ func sandboxCreateTool(ctx context.Context, c *call, in api.SandboxCreateInput) 
 			s.mu.Unlock()
 			return out, fmt.Errorf("create sandbox %q: %w", name, err)
 		}
-		spec.OneShot = s.oneShot(name)
+		spec.OneShot = s.oneShot(sess.ID, name)
 		b = s.newBoxLocked(sess, spec)
 		sess.boxes[name] = b
 		created = true

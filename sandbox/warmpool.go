@@ -61,11 +61,12 @@ func (s *Service) makeWarm(ctx context.Context, image string) (warmBox, error) {
 	return warmBox{id: rec.ID, client: cl}, nil
 }
 
-// takeWarm takes a pre-started box of image for the box name, if one is
-// ready. Each call for a name that Config.OneShot accepts (or every call,
-// without OneShot) counts as a use of the pool.
-func (s *Service) takeWarm(image, name string) (string, *agent.Client, bool) {
-	w, ok := s.pools.Take(image, s.cfg.OneShot == nil || s.cfg.OneShot(name))
+// takeWarm takes a pre-started box of image for a new box, if one is
+// ready. A use-following pool counts the calls for one-shot boxes
+// (Config.OneShot; every call without OneShot) as its uses; a pool of a
+// fixed size counts every call (its last use delays its refill).
+func (s *Service) takeWarm(image string, oneShot bool) (string, *agent.Client, bool) {
+	w, ok := s.pools.Take(image, !s.cfg.PoolFollowsUse || s.cfg.OneShot == nil || oneShot)
 	if !ok {
 		return "", nil, false
 	}

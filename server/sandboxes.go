@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cellbox/cellbox/builtins"
@@ -48,6 +49,9 @@ type Sandboxes struct {
 	session string
 	err     error
 	baseURL string
+	// runtimeSession is session, read without mu: the sandbox service
+	// asks it (execBox) under its own lock.
+	runtimeSession atomic.Pointer[string]
 }
 
 // openTimeout bounds opening the backend and the service on first need.
@@ -78,6 +82,9 @@ func (s *Sandboxes) Get(ctx context.Context) (*sandbox.Service, string, error) {
 		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), openTimeout)
 		defer cancel()
 		svc, session, err := s.start(octx)
+		if err == nil {
+			s.runtimeSession.Store(&session)
+		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.svc, s.session, s.err = svc, session, err
@@ -163,6 +170,15 @@ func runtimeSession(ctx context.Context, store cells.Store, svc *sandbox.Service
 		return "", fmt.Errorf("record the runtime's sandbox session: %w", err)
 	}
 	return r.ID, nil
+}
+
+// execBox says whether the box name of session is an exec run's box of
+// the runtime's session: one that lives for one run
+// (sandbox.Config.OneShot). A tool API session's box is never one, whatever
+// its name.
+func (s *Sandboxes) execBox(session, name string) bool {
+	rs := s.runtimeSession.Load()
+	return rs != nil && *rs == session && builtins.IsExecBox(name)
 }
 
 // Opened returns the service and session if they are open (nil and ""

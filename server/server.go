@@ -28,7 +28,6 @@ import (
 	"errors"
 	"log/slog"
 
-	"github.com/cellbox/cellbox/builtins"
 	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/sandbox/backend"
 )
@@ -114,6 +113,14 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	openService := func(ctx context.Context, be backend.Backend) (*sandbox.Service, error) {
 		c := sc
 		c.Backend, c.DataDir, c.State = be, cfg.DataDir, s.State.Sandbox
+		if cl == nil && c.OneShot == nil {
+			// The exec stages' boxes live for one run: not stored, so no
+			// commit (and its sync) on their way in or out; one a killed
+			// process leaves is an orphan the next start removes. Not
+			// with servers sharing the state, where a box the store does
+			// not know may be another server's.
+			c.OneShot = s.execBox
+		}
 		return sandbox.New(ctx, c)
 	}
 	if !cfg.Lazy {
@@ -143,6 +150,12 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// execBox says whether a box lives for one run: an exec stage's box in
+// the runtime's session (nil Sandboxes, before Open made them: none).
+func (s *Server) execBox(session, name string) bool {
+	return s.Sandboxes != nil && s.Sandboxes.execBox(session, name)
 }
 
 // Backend is the box backend, nil until the sandbox service is open.
@@ -178,14 +191,15 @@ const RunPool = 2
 // sandbox service open on first need; exec stages take fresh boxes from a
 // warm pool of the default image whose size follows their use (none
 // until a stage runs, at most RunPool, shrinking again when the run is
-// idle); loaded patterns are not recorded. agentBinary "" is this
-// executable.
+// idle), and, as under every server that keeps its state to itself, their
+// boxes are not stored (Open); loaded patterns are not recorded.
+// agentBinary "" is this executable.
 func RunConfig(dataDir, backendName, agentBinary string, log *slog.Logger) Config {
 	return Config{
 		DataDir: dataDir,
 		Backend: backendName,
 		Sandbox: sandbox.Config{AgentBinary: agentBinary, Pool: map[string]int{backend.DefaultImage: RunPool},
-			PoolFollowsUse: true, OneShot: builtins.IsExecBox, Logger: log},
+			PoolFollowsUse: true, Logger: log},
 		Lazy:   true,
 		HTTP:   DefaultHTTPOptions(),
 		Logger: log,

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandbox/image"
 	"github.com/cellbox/cellbox/server"
+	"github.com/cellbox/cellbox/server/runapi"
 )
 
 // TestRunKilledMidStageLeavesNoBox kills `cellbox run` (kill -9) while an
@@ -78,6 +80,63 @@ nodes:
 			}
 		})
 	}
+}
+
+// TestServeKilledMidStageLeavesNoBox is TestRunKilledMidStageLeavesNoBox
+// under `cellbox serve` (bubblewrap), whose exec boxes are not stored
+// either (one-shot, like run's): the killed server's box is an orphan
+// that the next start removes, and the resumed pattern finishes the stage
+// in a fresh box. A box of a tool API session named like an exec box is
+// stored and kept asleep across the restart.
+func TestServeKilledMidStageLeavesNoBox(t *testing.T) {
+	testenv.RequireBwrap(t)
+	ctx := context.Background()
+	data := t.TempDir()
+	name := "leftover" + randomHex(t)
+	pattern := writePattern(t, `name: `+name+`
+cells:
+  n: 1
+nodes:
+  slow:
+    exec:
+      command: 'sleep ${n == 1 ? 300 : 3}; echo done ${n}'
+      cache: false
+`)
+	boxes := func() []string { return execBoxes(t, "local", data, name) }
+	srv := startServe(t, data, "--pool", "0")
+	c := runapi.NewClient(srv.url).WithKey(srv.key)
+	_, err := c.Load(ctx, pattern, "", "")
+	require.NoError(t, err)
+	// A tool API session's box named like an exec box is an ordinary box.
+	run := cli(t)
+	env := newSession(t, srv.url, data)
+	toolBox := "exec-" + name + ".mine-1"
+	out, err := run(env, "tool", "shell", `{"sandbox":"`+toolBox+`","command":"echo kept > f"}`)
+	require.NoError(t, err, out)
+
+	poll(t, "the first run's box", func() bool { return len(boxes()) == 2 })
+	_, err = c.Set(ctx, "n", json.RawMessage(`2`))
+	require.NoError(t, err)
+	poll(t, "the second run's box, beside the tool's", func() bool {
+		b := boxes()
+		return len(b) == 2 && slices.Contains(b, "exec-"+name+".slow-2")
+	})
+	require.NoError(t, srv.cmd.Process.Signal(syscall.SIGKILL))
+	<-srv.done
+	srv.done <- nil
+
+	srv = startServe(t, data, "--pool", "0")
+	c = runapi.NewClient(srv.url).WithKey(srv.key)
+	poll(t, "the resumed stage's result", func() bool {
+		cell, err := c.Get(ctx, name+"/slow")
+		return err == nil && strings.Contains(string(cell.Value), `"stdout":"done 2\n"`)
+	})
+	// The resumed run's box goes once its result is in.
+	poll(t, "the killed server's and the resumed run's boxes removed, the tool's kept", func() bool { return slices.Equal(boxes(), []string{toolBox}) })
+	env[0] = "CELLBOX_SERVER=" + srv.url // the restarted server's port
+	out, err = run(env, "tool", "shell", `{"sandbox":"`+toolBox+`","command":"cat f"}`)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, `"stdout": "kept\n"`, "the tool session's box was kept, with its files")
 }
 
 // execBoxes lists the names of the exec boxes of pattern that exist on the
