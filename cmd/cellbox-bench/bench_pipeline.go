@@ -78,6 +78,12 @@ type pipelineBench struct {
 	// be written with their baselines.
 	cellboxRuns []scenarioSamples          // one per backend, in order
 	peers       map[string]scenarioSamples // by peer
+	// makeDirs are the make peers' csv folders, by peer.
+	makeDirs map[string]string
+	// first are the first full runs, by backend and by peer; apiRun and
+	// apiServe the csv reruns through the HTTP API of `cellbox run` and
+	// `cellbox serve`, by backend.
+	first, apiRun, apiServe map[string][]time.Duration
 }
 
 // scenarioSamples are the samples of the three scenarios on one backend
@@ -105,7 +111,8 @@ func benchPipeline(ctx context.Context, o pipelineOptions) (*benchReport, error)
 		return nil, err
 	}
 	defer os.RemoveAll(root)
-	b := &pipelineBench{o: o, rep: newBenchReport("pipeline"), root: root, peers: map[string]scenarioSamples{}}
+	b := &pipelineBench{o: o, rep: newBenchReport("pipeline"), root: root, peers: map[string]scenarioSamples{},
+		makeDirs: map[string]string{}, first: map[string][]time.Duration{}, apiRun: map[string][]time.Duration{}, apiServe: map[string][]time.Duration{}}
 	b.rep.note("csv rerun: the stages of %s (keep, summarize) after the threshold cell (make: the threshold file) flips between 50 and 100, with memoization off (`cache: false`) so that every change reruns them, as under make. cellbox: `cellbox run`'s runtime, backend and sandbox service in this process, from Runtime.Set of the cell until Runtime.Wait returns (the results are in their cells); before each change the bench waits, untimed, until run's warm pool (which grows with use, to %d boxes) is full again, as when changes come slower than it refills.", o.example, server.RunPool)
 	b.rep.note("one stage: an exec node running `true` with /workspace/in.txt bound to a cell; make: a rule from in.txt running `true` in the sandbox, then touching its target.")
 	b.rep.note("nothing to do: `cellbox run PATTERN --once` over a data dir where the pattern is settled (a new process), against `make` with everything up to date.")
@@ -136,6 +143,19 @@ func benchPipeline(ctx context.Context, o pipelineOptions) (*benchReport, error)
 		}
 	}
 	b.rows()
+	// The cold path (issue 23): rows of their own, in interleaved rounds.
+	b.rep.note("first full run: `cellbox run %s --once` (the example as shipped, memoization on: a fresh data dir holds no memo, so every stage runs, checked in its final cells) over a fresh data dir each round, a new process, until it exits; nothing may be left behind (box directories, mounts, containers of its instance); against `make` from clean (the three targets removed, untimed). Interleaved: each round runs every backend and every peer once.", b.o.example)
+	b.rep.note("csv rerun through the HTTP API: the same change as the csv rerun, sent as `PUT /v1/cells/csv-pipeline/threshold` (server key) to a `cellbox serve --pool %d` process (the pattern loaded with `POST /v1/patterns`) and to a `cellbox run` process of the pattern, from the PUT until summarize's new result arrives on a watch (`GET /v1/watch`) opened before; interleaved rounds, each first waiting (untimed) until the warm pools of both processes are full (`/metrics`), so that neither's refill competes with the other's rerun.", servePool)
+	if err := b.firstRuns(ctx, peers); err != nil {
+		return b.rep, fmt.Errorf("first full run: %w", err)
+	}
+	b.firstRows(peers)
+	for _, be := range o.backends {
+		if err := b.serveRerun(ctx, be); err != nil {
+			return b.rep, fmt.Errorf("csv rerun under cellbox serve on the %s backend: %w", be, err)
+		}
+	}
+	b.serveRows()
 	return b.rep, nil
 }
 
@@ -366,6 +386,7 @@ func peerPrefix(peer, dir string) (run, w string) {
 func (b *pipelineBench) makePeer(ctx context.Context, peer string) error {
 	slug := strings.NewReplacer(" ", "", ",", "-", "+", "-").Replace(peer)
 	csvDir, stageDir := filepath.Join(b.root, "make-csv-"+slug), filepath.Join(b.root, "make-stage-"+slug)
+	b.makeDirs[peer] = csvDir
 	if err := copyExample(b.o.example, csvDir); err != nil {
 		return err
 	}

@@ -191,7 +191,9 @@ func TestBenchCluster(t *testing.T) {
 
 // TestBenchPipelineLocal runs the pipeline bench with tiny numbers on the
 // local backend: every scenario under cellbox beside make + bwrap, and
-// make + bwrap beside plain make, with sane numbers and targets.
+// make + bwrap beside plain make, with sane numbers and targets; the
+// first full run beside make from clean, and the rerun under `cellbox
+// serve` beside `cellbox run` through the same API.
 func TestBenchPipelineLocal(t *testing.T) {
 	testenv.RequireBwrap(t)
 	bin := testenv.CellboxBinary(t)
@@ -207,6 +209,10 @@ func TestBenchPipelineLocal(t *testing.T) {
 		{"one stage running `true` with one input file, `cellbox run`", "make + bwrap", true},
 		{"one stage running `true` with one input file, make + bwrap", "make, no sandbox", false},
 		{"nothing to do, `cellbox run --once`", "`make`, nothing to do", true},
+		{"first full run of the csv pipeline (3 stages), `cellbox run --once`, fresh data dir", "make + bwrap from clean", true},
+		{"first full run of the csv pipeline (3 stages), make + bwrap from clean", "make, no sandbox from clean", false},
+		{"csv rerun after a threshold change (2 stages), through the HTTP API, `cellbox serve --pool 2`", "`cellbox run`, same loop", true},
+		{"csv rerun after a threshold change (2 stages), through the HTTP API, `cellbox run`", "make + bwrap", false},
 	})
 }
 
