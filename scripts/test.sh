@@ -23,7 +23,7 @@ if [ -n "$unformatted" ]; then
 	echo "gofmt would change:"; echo "$unformatted"; exit 1
 fi
 go vet ./...
-CGO_ENABLED=0 go build -o bin/cellbox ./cmd/cellbox
+CGO_ENABLED=0 go build -o bin/ ./cmd/cellbox ./cmd/cellbox-agent
 # The S3 blob store's tests (sandbox/blobs/s3blobs) run against a real
 # S3-compatible server, versitygw, built from its Go module on first use
 # (scripts/s3-server.sh; ~3 minutes from a cold Go build cache on 2 cores);

@@ -113,6 +113,9 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	openService := func(ctx context.Context, be backend.Backend) (*sandbox.Service, error) {
 		c := sc
 		c.Backend, c.DataDir, c.State = be, cfg.DataDir, s.State.Sandbox
+		if c.AgentBinary == "" && mountsAgent(be) {
+			c.AgentBinary = AgentBinary(log)
+		}
 		if cl == nil && c.OneShot == nil {
 			// The exec stages' boxes live for one run: not stored, so no
 			// commit (and its sync) on their way in or out; one a killed

@@ -198,6 +198,29 @@ nodes:
 	assert.NotContains(t, out, "build one")
 }
 
+// TestBoxesRunTheAgentBinary: boxes run cellbox-agent (the agent alone,
+// built beside cellbox by the test harness as by the README) when both
+// binaries are of one source; cellbox itself when the agent beside it is
+// older than a build together allows (cellbox rebuilt alone since: the
+// agent may be of other code).
+func TestBoxesRunTheAgentBinary(t *testing.T) {
+	testenv.RequireBwrap(t)
+	pattern := writePattern(t, "name: agentbin\nnodes:\n  job:\n    exec:\n      command: /.cellbox/cellbox version\n      cache: false\n")
+	run := func() string {
+		out, errOut, err := cellbox(t, "run", pattern, "--once", "--backend", "local", "--data", t.TempDir())
+		require.NoError(t, err, errOut)
+		return out
+	}
+	assert.Contains(t, run(), `"stdout":"cellbox-agent (devel)`, "boxes run cellbox-agent")
+
+	agentBin := filepath.Join(filepath.Dir(testenv.CellboxBinary(t)), server.AgentName)
+	fi, err := os.Stat(agentBin)
+	require.NoError(t, err)
+	require.NoError(t, os.Chtimes(agentBin, fi.ModTime(), fi.ModTime().Add(-time.Hour)))
+	t.Cleanup(func() { os.Chtimes(agentBin, fi.ModTime(), fi.ModTime()) })
+	assert.Contains(t, run(), `"stdout":"cellbox (devel)`, "an agent older than its cellbox is not run")
+}
+
 // TestMissingImageHintDocker: a box whose cellbox image the engine lacks,
 // one that `cellbox image build` does not make, fails saying which it
 // makes (it proposed `cellbox image build NAME`, which was then refused).

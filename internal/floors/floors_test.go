@@ -94,8 +94,10 @@ var house = []floor{
 	// suite every store passes. It knows nothing of snapshots or sessions.
 	{"blobs", []string{"sandbox/blobs/..."}, []string{"internal"}},
 	// The Backend contract (with backendtest, its suite, and its disk, uid
-	// and seccomp helpers), the Docker and bubblewrap backends, images.
-	{"backends", []string{"sandbox/backend/...", "sandbox/docker/...", "sandbox/local", "sandbox/image", "sandbox/kube/..."},
+	// and seccomp helpers), the Docker and bubblewrap backends, images,
+	// and the agent's command line (agentcmd: the agent as the backends
+	// start it, in cellbox and cellbox-agent).
+	{"backends", []string{"sandbox/backend/...", "sandbox/docker/...", "sandbox/local", "sandbox/image", "sandbox/kube/...", "sandbox/agent/agentcmd"},
 		[]string{"box", "wire", "internal"}},
 	// What a box runs and is reached through besides its backend: the
 	// in-box agent and its client, the egress proxy, text edits.

@@ -104,14 +104,20 @@ var (
 	binDir     string
 	binDirErr  error
 	cellboxBin built
+	agentBin   built
 	benchBin   built
 )
 
 // CellboxBinary builds cmd/cellbox once per test process, statically
 // (CGO_ENABLED=0, as in every box), and returns its path. Tests use it as the
 // agent binary mounted into boxes and to run the CLI.
+//
+// cmd/cellbox-agent is built beside it first: the server runs it as the
+// boxes' agent when both are of one clean commit (server.AgentBinary), as
+// in CI's clone.
 func CellboxBinary(t testing.TB) string {
 	t.Helper()
+	buildBinary(t, &agentBin, "cellbox-agent")
 	return buildBinary(t, &cellboxBin, "cellbox")
 }
 
