@@ -194,7 +194,7 @@ func (b *boxesBench) measure(ctx context.Context) error {
 	c := srv.c
 	if b.o.want("create") {
 		warmSamples, err = benchLoop(ctx, min(b.o.n, 20), b.o.budget, func(i int) (time.Duration, error) {
-			if err := waitPool(ctx, srv.url, benchPoolSize); err != nil {
+			if err := waitPool(ctx, srv.url, "", benchPoolSize); err != nil {
 				return 0, err
 			}
 			return createFirstResult(ctx, c, fmt.Sprintf("warm%d", i))
@@ -802,13 +802,16 @@ func readFilePaged(ctx context.Context, c *sandboxclient.HTTP, box, path string,
 }
 
 // waitPool waits until the server's warm pool holds want boxes (read from
-// /metrics).
-func waitPool(ctx context.Context, url string, want int) error {
+// /metrics, with key as the bearer when it is not "").
+func waitPool(ctx context.Context, url, key string, want int) error {
 	ctx, cancel := context.WithTimeout(ctx, benchPoolWait)
 	defer cancel()
 	prefix := fmt.Sprintf("cellbox_pool_ready{image=%q} ", backend.DefaultImage)
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/metrics", nil)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			sc := bufio.NewScanner(resp.Body)

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/server"
 	"github.com/cellbox/cellbox/server/runapi"
 )
@@ -291,33 +288,12 @@ func (s *apiServer) rerun(ctx context.Context, i int, all []*apiServer) (time.Du
 	})
 }
 
-// waitPool waits until the server's warm pool holds want boxes (from
-// /metrics, with the server key).
+// waitPool waits until the server's warm pool holds want boxes.
 func (s *apiServer) waitPool(ctx context.Context, want int) error {
-	ctx, cancel := context.WithTimeout(ctx, benchPoolWait)
-	defer cancel()
-	prefix := fmt.Sprintf("cellbox_pool_ready{image=%q} ", backend.DefaultImage)
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.url+"/metrics", nil)
-		req.Header.Set("Authorization", "Bearer "+s.key)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			sc := bufio.NewScanner(resp.Body)
-			for sc.Scan() {
-				if v, ok := strings.CutPrefix(sc.Text(), prefix); ok {
-					if n, _ := strconv.Atoi(v); n >= want {
-						resp.Body.Close()
-						return nil
-					}
-				}
-			}
-			resp.Body.Close()
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s: wait for %d warm boxes: %w", s.name, want, ctx.Err())
-		case <-time.After(5 * time.Millisecond):
-		}
+	if err := waitPool(ctx, s.url, s.key, want); err != nil {
+		return fmt.Errorf("%s: %w", s.name, err)
 	}
+	return nil
 }
 
 // stop stops the pattern (its boxes destroyed), then the process (Ctrl-C),

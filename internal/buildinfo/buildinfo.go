@@ -20,18 +20,10 @@ func Line(name string, info *debug.BuildInfo) string {
 		return name + " (no build info)"
 	}
 	line := name + " " + info.Main.Version
-	var rev, when, dirty string
-	for _, s := range info.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.time":
-			when = s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				dirty = "+dirty"
-			}
-		}
+	rev, when, modified := vcs(info)
+	dirty := ""
+	if modified == "true" {
+		dirty = "+dirty"
 	}
 	if rev != "" {
 		line += fmt.Sprintf(" commit %.12s%s %s", rev, dirty, when)
@@ -54,8 +46,8 @@ func SameSource(a, b *debug.BuildInfo) Verdict {
 		a.GoVersion != b.GoVersion || !sameDeps(a.Deps, b.Deps) {
 		return Different
 	}
-	ra, ma := vcs(a)
-	rb, mb := vcs(b)
+	ra, _, ma := vcs(a)
+	rb, _, mb := vcs(b)
 	switch {
 	case ra != "" && rb != "" && ra != rb:
 		return Different
@@ -89,14 +81,16 @@ func sameDeps(a, b []*debug.Module) bool {
 	return true
 }
 
-func vcs(info *debug.BuildInfo) (revision, modified string) {
+func vcs(info *debug.BuildInfo) (revision, time, modified string) {
 	for _, s := range info.Settings {
 		switch s.Key {
 		case "vcs.revision":
 			revision = s.Value
+		case "vcs.time":
+			time = s.Value
 		case "vcs.modified":
 			modified = s.Value
 		}
 	}
-	return revision, modified
+	return revision, time, modified
 }
