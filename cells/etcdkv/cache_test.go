@@ -172,13 +172,21 @@ func TestReadYourWrites(t *testing.T) {
 	}
 	s := open(t, cl.Dial(t), etcdtest.Prefix(), cells.Options{})
 	defer s.Close()
+	writeThenRead(t, s, s, func() {})
+}
+
+// writeThenRead sets a cell through w thirty times, each time reading it
+// back through r after heard() returns.
+func writeThenRead(t *testing.T, w, r cells.Store, heard func()) {
+	t.Helper()
 	x := cells.Address{Space: "s", Pattern: "p", Name: "x"}
 	for i := range 30 {
-		require.NoError(t, s.Update(t.Context(), func(tx cells.Tx) error {
+		require.NoError(t, w.Update(t.Context(), func(tx cells.Tx) error {
 			_, err := tx.Set(x, json.RawMessage(fmt.Sprint(i)))
 			return err
 		}))
-		c, err := s.Get(t.Context(), x)
+		heard()
+		c, err := r.Get(t.Context(), x)
 		require.NoError(t, err)
 		require.Equal(t, fmt.Sprint(i), string(c.Value), "update %d", i)
 	}
@@ -196,17 +204,7 @@ func TestOtherStoreSees(t *testing.T) {
 	b, err := cells.Open(t.Context(), bkv, cells.Options{})
 	require.NoError(t, err)
 	defer b.Close()
-	x := cells.Address{Space: "s", Pattern: "p", Name: "x"}
-	for i := range 30 {
-		require.NoError(t, a.Update(t.Context(), func(tx cells.Tx) error {
-			_, err := tx.Set(x, json.RawMessage(fmt.Sprint(i)))
-			return err
-		}))
-		waitRev(t, bkv, a.Version())
-		c, err := b.Get(t.Context(), x)
-		require.NoError(t, err)
-		require.Equal(t, fmt.Sprint(i), string(c.Value), "update %d", i)
-	}
+	writeThenRead(t, a, b, func() { waitRev(t, bkv, a.Version()) })
 }
 
 // TestReadsFromCache counts the etcd requests of a KV: none for the reads
