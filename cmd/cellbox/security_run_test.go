@@ -42,15 +42,7 @@ func TestRunKilledMidStageLeavesNoBox(t *testing.T) {
 			}
 			data := t.TempDir()
 			name := "leftover" + randomHex(t)
-			pattern := writePattern(t, `name: `+name+`
-cells:
-  n: 1
-nodes:
-  slow:
-    exec:
-      command: 'sleep ${n == 1 ? 300 : 3}; echo done ${n}'
-      cache: false
-`)
+			pattern := slowPattern(t, name)
 			boxes := func() []string { return execBoxes(t, be, data, name) }
 			if be == "docker" {
 				t.Cleanup(func() { removeContainers(t, name) }) // if the test fails, its containers go
@@ -82,6 +74,20 @@ nodes:
 	}
 }
 
+// slowPattern is a pattern whose stage sleeps 300 s while n is 1 and 3 s
+// after, then says "done N".
+func slowPattern(t *testing.T, name string) string {
+	return writePattern(t, `name: `+name+`
+cells:
+  n: 1
+nodes:
+  slow:
+    exec:
+      command: 'sleep ${n == 1 ? 300 : 3}; echo done ${n}'
+      cache: false
+`)
+}
+
 // TestServeKilledMidStageLeavesNoBox is TestRunKilledMidStageLeavesNoBox
 // under `cellbox serve` (bubblewrap), whose exec boxes are not stored
 // either (one-shot, like run's): the killed server's box is an orphan
@@ -93,15 +99,7 @@ func TestServeKilledMidStageLeavesNoBox(t *testing.T) {
 	ctx := context.Background()
 	data := t.TempDir()
 	name := "leftover" + randomHex(t)
-	pattern := writePattern(t, `name: `+name+`
-cells:
-  n: 1
-nodes:
-  slow:
-    exec:
-      command: 'sleep ${n == 1 ? 300 : 3}; echo done ${n}'
-      cache: false
-`)
+	pattern := slowPattern(t, name)
 	boxes := func() []string { return execBoxes(t, "local", data, name) }
 	srv := startServe(t, data, "--pool", "0")
 	c := runapi.NewClient(srv.url).WithKey(srv.key)
