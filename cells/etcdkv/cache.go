@@ -40,7 +40,12 @@ type cache struct {
 	need    int64         // Begin waits until rev reaches it (the KV's own commits, a conflict's)
 	moved   chan struct{} // closed when rev moves, or the KV closes
 	closed  bool
-	loads   int // times the prefix was loaded (Open's, and each reload)
+	// cut: the watch is broken (its member lost the leader, the cluster is
+	// out of reach) and not made again yet. Begin does not take the
+	// cache's revision while it is set: a server cut off from etcd would
+	// go on answering reads from a copy nothing updates.
+	cut   bool
+	loads int // times the prefix was loaded (Open's, and each reload)
 }
 
 // cbucket is a bucket's keys: each key's latest value and mod revision,
@@ -281,7 +286,7 @@ func (c *cache) begin() (snap int64, revVal uint64, revMod int64, moved <-chan s
 	if c.closed {
 		return 0, 0, 0, nil, true, false
 	}
-	if c.rev < c.need {
+	if c.rev < c.need || c.cut {
 		return 0, 0, 0, c.moved, false, false
 	}
 	c.open[c.rev]++
@@ -315,6 +320,16 @@ func (c *cache) revision() int64 {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.rev
+}
+
+// setCut notes the watch broken (true) or made again (false).
+func (c *cache) setCut(cut bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cut != cut {
+		c.cut = cut
+		c.wake()
+	}
 }
 
 // wake tells the Begins waiting that rev moved.

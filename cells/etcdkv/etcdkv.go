@@ -157,7 +157,10 @@ func (k *KV) watch(ctx context.Context) {
 	for ctx.Err() == nil && k.c.Ctx().Err() == nil {
 		wctx, cancel := context.WithCancel(ctx)
 		compacted := false
-		for wr := range k.c.Watch(wctx, k.prefix, clientv3.WithPrefix(), clientv3.WithRev(k.cache.revision()+1)) {
+		for wr := range k.c.Watch(wctx, k.prefix, clientv3.WithPrefix(), clientv3.WithRev(k.cache.revision()+1), clientv3.WithCreatedNotify()) {
+			if wr.Created {
+				k.cache.setCut(false)
+			}
 			if wr.CompactRevision != 0 {
 				compacted = true
 				break
@@ -175,6 +178,7 @@ func (k *KV) watch(ctx context.Context) {
 			}
 		}
 		cancel()
+		k.cache.setCut(true)
 		if ctx.Err() != nil {
 			return
 		}

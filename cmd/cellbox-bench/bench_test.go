@@ -203,7 +203,7 @@ func TestBenchPipelineLocal(t *testing.T) {
 	require.NoError(t, err, out.String())
 	t.Log("\n" + out.String())
 
-	checkBenchRows(t, out.String(), "local", `^< [\d.]+ ms [✔✘]$`, []benchRowWant{
+	checkBenchRows(t, out.String(), "local", `^< [\d.]+ (ms|s) [✔✘]$`, []benchRowWant{
 		{"csv rerun after a threshold change (2 stages), `cellbox run`", "make + bwrap", true},
 		{"csv rerun after a threshold change (2 stages), make + bwrap", "make, no sandbox", false},
 		{"one stage running `true` with one input file, `cellbox run`", "make + bwrap", true},

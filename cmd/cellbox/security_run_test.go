@@ -74,8 +74,9 @@ func TestRunKilledMidStageLeavesNoBox(t *testing.T) {
 	}
 }
 
-// slowPattern is a pattern whose stage sleeps 300 s while n is 1 and 3 s
-// after, then says "done N".
+// slowPattern is a pattern whose stage sleeps 300 s while n is 1 and 10 s
+// after (long enough that the second run's box is still there when the
+// first's, aborted, is gone on a loaded machine), then says "done N".
 func slowPattern(t *testing.T, name string) string {
 	return writePattern(t, `name: `+name+`
 cells:
@@ -83,7 +84,7 @@ cells:
 nodes:
   slow:
     exec:
-      command: 'sleep ${n == 1 ? 300 : 3}; echo done ${n}'
+      command: 'sleep ${n == 1 ? 300 : 10}; echo done ${n}'
       cache: false
 `)
 }
