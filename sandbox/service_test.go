@@ -443,8 +443,8 @@ func TestWarmPool(t *testing.T) {
 }
 
 // TestWarmPoolFollowsUse: a use-following pool (cellbox run) makes no box
-// before one is asked for, grows to its size when one is asked for and
-// none is ready, and shrinks back to nothing when unused.
+// before one is asked for, grows with use up to its size, and shrinks
+// back to nothing when unused.
 func TestWarmPoolFollowsUse(t *testing.T) {
 	be := newFakeBackend(t)
 	s := newTestService(t, be, "", func(c *Config) {
@@ -458,9 +458,9 @@ func TestWarmPoolFollowsUse(t *testing.T) {
 	time.Sleep(30 * time.Millisecond) // three reaper rounds
 	assert.Equal(t, 0, be.count(), "no box before one is asked for")
 
-	h.tool("sandbox_create", map[string]any{"sandbox": "a"}) // a miss: the pool grows to its size, 2
-	require.Eventually(t, func() bool { return ready() == 2 }, 5*time.Second, 2*time.Millisecond)
-	h.tool("sandbox_create", map[string]any{"sandbox": "b"}) // a hit
+	h.tool("sandbox_create", map[string]any{"sandbox": "a"}) // a miss: the pool grows to 1
+	require.Eventually(t, func() bool { return ready() == 1 }, 5*time.Second, 2*time.Millisecond)
+	h.tool("sandbox_create", map[string]any{"sandbox": "b"}) // a hit: it grows to 2
 	assert.EqualValues(t, 1, s.Metrics().WarmTaken)
 	require.Eventually(t, func() bool { return ready() == 2 }, 5*time.Second, 2*time.Millisecond)
 	h.tool("sandbox_create", map[string]any{"sandbox": "c"}) // a hit; it stays at 2

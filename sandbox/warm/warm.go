@@ -9,10 +9,8 @@
 // removing one is the caller's (the sandbox service's).
 //
 // With Config.FollowsUse (cellbox run) a pool starts empty and its size
-// follows use: a take that counts and finds no box grows it to its size
-// at once (the boxes of the stages that follow are made while the first
-// runs), one that finds a box grows it by one, and each Config.Idle
-// without a take shrinks it by one (Shrink
+// follows use: each take that counts, hit or miss, grows it by one up to
+// its size, and each Config.Idle without one shrinks it by one (Shrink
 // removes a ready box). Fills wait until no box was taken for
 // Config.Quiet, and run one at a time over all pools, so that refilling
 // does not compete for the CPU with the work that takes the boxes.
@@ -110,13 +108,7 @@ func (p *Pools[B]) Take(image string, use bool) (B, bool) {
 	}
 	if use {
 		wp.lastUse = time.Now()
-		switch {
-		case !p.cfg.FollowsUse:
-		case len(wp.ready) == 0:
-			// A miss: the boxes of the stages that follow are made while
-			// this one runs (a run's first stage meets an empty pool).
-			wp.size = wp.max
-		case wp.size < wp.max:
+		if p.cfg.FollowsUse && wp.size < wp.max {
 			wp.size++
 		}
 	}

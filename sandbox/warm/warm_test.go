@@ -90,9 +90,8 @@ func TestFillAndTake(t *testing.T) {
 }
 
 // TestFollowsUse: a use-following pool makes nothing before a use, grows
-// to its size at a counted take that finds it empty (the boxes of a run's
-// later stages are made while its first runs), ignores takes that do not
-// count, and shrinks by one box per idle period.
+// by one per counted take up to its size, ignores takes that do not count,
+// and shrinks by one box per idle period.
 func TestFollowsUse(t *testing.T) {
 	b := &boxes{}
 	p := newPools(t, b, func(c *warm.Config[string]) { c.FollowsUse = true; c.Idle = time.Hour })
@@ -104,14 +103,17 @@ func TestFollowsUse(t *testing.T) {
 	made, _ := b.counts()
 	assert.Equal(t, 0, made, "no use, no box")
 
-	_, ok = p.Take("img", true) // a miss: its full size, 2, at once
+	_, ok = p.Take("img", true) // a miss: size 1
 	assert.False(t, ok)
-	require.Eventually(t, func() bool { return p.Ready()["img"] == 2 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return p.Ready()["img"] == 1 }, 10*time.Second, time.Millisecond)
+	_, ok = p.Take("img", true) // a hit: size 2
+	assert.True(t, ok)
+	require.Eventually(t, ready(p), 10*time.Second, time.Millisecond)
 	_, ok = p.Take("img", true) // a hit: size stays 2
 	assert.True(t, ok)
 	require.Eventually(t, ready(p), 10*time.Second, time.Millisecond)
 	made, _ = b.counts()
-	assert.Equal(t, 3, made)
+	assert.Equal(t, 4, made)
 
 	p.Shrink(context.Background())
 	_, discarded := b.counts()
@@ -119,11 +121,9 @@ func TestFollowsUse(t *testing.T) {
 
 	q := newPools(t, &boxes{}, func(c *warm.Config[string]) { c.FollowsUse = true; c.Idle = time.Nanosecond })
 	q.Take("img", true)
-	require.Eventually(t, func() bool { return q.Ready()["img"] == 2 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return q.Ready()["img"] == 1 }, 10*time.Second, time.Millisecond)
 	q.Shrink(context.Background())
-	assert.Equal(t, 1, q.Ready()["img"], "an idle pool gives a box back")
-	q.Shrink(context.Background())
-	assert.Equal(t, 0, q.Ready()["img"], "one per idle period")
+	assert.Equal(t, 0, q.Ready()["img"], "an idle pool gives its box back")
 	q.Fill()
 	assert.Equal(t, 0, q.Ready()["img"], "and stays at its new size")
 }
