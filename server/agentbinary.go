@@ -48,6 +48,21 @@ func AgentBinary(log *slog.Logger) string {
 	if err != nil {
 		return ""
 	}
+	mine, _ := debug.ReadBuildInfo()
+	return agentBeside(self, mine, log)
+}
+
+// AgentBeside is AgentBinary for the cellbox binary at path (a process
+// that is not cellbox itself, as cellbox-bench, runs boxes with it).
+func AgentBeside(cellbox string, log *slog.Logger) string {
+	info, err := dbuildinfo.ReadFile(cellbox)
+	if err != nil {
+		return ""
+	}
+	return agentBeside(cellbox, info, log)
+}
+
+func agentBeside(self string, mine *debug.BuildInfo, log *slog.Logger) string {
 	path := filepath.Join(filepath.Dir(self), AgentName)
 	agentFile, err := os.Stat(path)
 	if err != nil {
@@ -57,7 +72,6 @@ func AgentBinary(log *slog.Logger) string {
 	if err != nil {
 		return ""
 	}
-	mine, _ := debug.ReadBuildInfo()
 	theirs, err := dbuildinfo.ReadFile(path)
 	if err != nil {
 		theirs = nil

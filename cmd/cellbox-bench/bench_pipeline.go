@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -221,7 +222,10 @@ func copyExample(src, dir string) error {
 // cellbox measures the three scenarios under `cellbox run` on backend be.
 func (b *pipelineBench) cellbox(ctx context.Context, be string) error {
 	data := filepath.Join(b.root, "data-"+be)
-	r, err := server.Open(ctx, server.RunConfig(data, be, b.o.agentBinary, benchLogger()))
+	// The agent `cellbox run` would give its boxes: cellbox-agent beside
+	// cellbox when it is of the same source (server.AgentBinary).
+	agent := cmp.Or(server.AgentBeside(b.o.agentBinary, nil), b.o.agentBinary)
+	r, err := server.Open(ctx, server.RunConfig(data, be, agent, benchLogger()))
 	if err != nil {
 		return fmt.Errorf("%w (pick the backends to measure with --backend)", err)
 	}
