@@ -157,7 +157,9 @@ build() {
 		echo "kube: built kube-router in $(($(date +%s) - start)) s ($(stat -c %s "$bin/kube-router") bytes)"
 	fi
 	pause_image
-	"$bin/kubectl" version --client | head -1
+	# sed, not head: head exits after one line, and kubectl, cut off before its
+	# second, dies of SIGPIPE, which pipefail makes this build's failure.
+	"$bin/kubectl" version --client | sed -n 1p
 }
 
 # mkoci ROOTFS NAME OUT.tar ENTRYPOINT_JSON: an OCI image archive of one
