@@ -38,8 +38,11 @@ func TestReaperTakesOverOrphanedSessions(t *testing.T) {
 	b := newTestService(t, be, "", sharedCfg("b", 20*time.Millisecond))
 	require.Eventually(t, func() bool { return be.count() == 0 }, 30*time.Second, 10*time.Millisecond,
 		"the orphaned session was never expired: its box %s still runs", id)
-	_, err := st.Get(context.Background(), state.Sessions, h.id)
-	assert.True(t, errors.Is(err, state.ErrNotFound), "the session's record is gone: %v", err)
-	_, err = b.session(h.id)
+	// Its record goes after its boxes (DeleteSession).
+	require.Eventually(t, func() bool {
+		_, err := st.Get(context.Background(), state.Sessions, h.id)
+		return errors.Is(err, state.ErrNotFound)
+	}, 30*time.Second, 10*time.Millisecond, "the session's record is gone")
+	_, err := b.session(h.id)
 	assert.ErrorIs(t, err, ErrNoSession)
 }
