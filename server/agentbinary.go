@@ -72,10 +72,7 @@ func agentBeside(self string, mine *debug.BuildInfo, log *slog.Logger) string {
 	if err != nil {
 		return ""
 	}
-	theirs, err := dbuildinfo.ReadFile(path)
-	if err != nil {
-		theirs = nil
-	}
+	theirs, _ := dbuildinfo.ReadFile(path) // nil when unreadable: not the same source
 	same := buildinfo.SameSource(mine, theirs)
 	if same == buildinfo.Unknown && !agentFile.ModTime().Before(selfFile.ModTime().Add(-agentSlack)) {
 		same = buildinfo.Same

@@ -141,9 +141,6 @@ var templateMu sync.Mutex // one template made at a time, per process
 // template returns the template of size in dir, making it if need be.
 func template(ctx context.Context, mkfs, dir string, size int64) (*os.File, error) {
 	path := filepath.Join(dir, fmt.Sprintf("%s%d.img", templatePrefix, size))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("box disk: templates: %w", err)
-	}
 	if f, err := os.Open(path); err == nil {
 		return f, nil
 	}
@@ -151,6 +148,9 @@ func template(ctx context.Context, mkfs, dir string, size int64) (*os.File, erro
 	defer templateMu.Unlock()
 	if f, err := os.Open(path); err == nil {
 		return f, nil // made meanwhile
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("box disk: templates: %w", err)
 	}
 	if n, _ := filepath.Glob(filepath.Join(dir, templatePrefix+"*.img")); len(n) >= maxTemplates {
 		return nil, fmt.Errorf("box disk: %d templates in %s already", len(n), dir)
