@@ -112,12 +112,8 @@ func counted(t *testing.T, cl *etcdtest.Cluster) (*clientv3.Client, *countKV) {
 func TestSnapshotThroughCache(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	prefix := etcdtest.Prefix()
-	a, err := etcdkv.Open(t.Context(), cl.Dial(t), prefix)
-	require.NoError(t, err)
-	defer a.Close()
-	b, err := etcdkv.Open(t.Context(), cl.Dial(t), prefix)
-	require.NoError(t, err)
-	defer b.Close()
+	a := openKV(t, cl.Dial(t), prefix)
+	b := openKV(t, cl.Dial(t), prefix)
 
 	rev := commit(t, a, map[string][]byte{"x": []byte("1"), "y": []byte("1"), "z": []byte("1")})
 	old, err := a.Begin(t.Context(), false)
@@ -157,9 +153,7 @@ func TestSnapshotThroughCache(t *testing.T) {
 func TestReadYourWrites(t *testing.T) {
 	cl := etcdtest.Start(t, 3) // the watch and the commits on different members
 	prefix := etcdtest.Prefix()
-	kv, err := etcdkv.Open(t.Context(), cl.Dial(t), prefix)
-	require.NoError(t, err)
-	defer kv.Close()
+	kv := openKV(t, cl.Dial(t), prefix)
 	for i := range 30 {
 		v := fmt.Sprint(i)
 		rev := commit(t, kv, map[string][]byte{"x": []byte(v)})
@@ -214,12 +208,8 @@ func TestReadsFromCache(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	prefix := etcdtest.Prefix()
 	c, n := counted(t, cl)
-	kv, err := etcdkv.Open(t.Context(), c, prefix)
-	require.NoError(t, err)
-	defer kv.Close()
-	other, err := etcdkv.Open(t.Context(), cl.Dial(t), prefix)
-	require.NoError(t, err)
-	defer other.Close()
+	kv := openKV(t, c, prefix)
+	other := openKV(t, cl.Dial(t), prefix)
 	gets := n.gets.Load()
 
 	commit(t, kv, map[string][]byte{"x": []byte("1"), "y": []byte("1")})
@@ -273,13 +263,9 @@ func TestCompactedWatchReloads(t *testing.T) {
 	pc, err := etcdconn.Dial(t.Context(), []string{p.endpoint()})
 	require.NoError(t, err)
 	defer pc.Close()
-	kv, err := etcdkv.Open(t.Context(), pc, prefix)
-	require.NoError(t, err)
-	defer kv.Close()
+	kv := openKV(t, pc, prefix)
 	c := cl.Dial(t)
-	other, err := etcdkv.Open(t.Context(), c, prefix)
-	require.NoError(t, err)
-	defer other.Close()
+	other := openKV(t, c, prefix)
 
 	rev := commit(t, kv, map[string][]byte{"x": []byte("1"), "y": []byte("1"), "z": []byte("1")})
 	old, err := kv.Begin(t.Context(), false)
@@ -405,12 +391,8 @@ func (p *proxy) restore() {
 func TestBeginWaitsForCache(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	prefix := etcdtest.Prefix()
-	a, err := etcdkv.Open(t.Context(), cl.Dial(t), prefix)
-	require.NoError(t, err)
-	defer a.Close()
-	b, err := etcdkv.Open(t.Context(), cl.Dial(t), prefix)
-	require.NoError(t, err)
-	defer b.Close()
+	a := openKV(t, cl.Dial(t), prefix)
+	b := openKV(t, cl.Dial(t), prefix)
 	waitRev(t, a, commit(t, b, map[string][]byte{"x": []byte("1")}))
 	begin := func() <-chan cells.KVTx {
 		ch := make(chan cells.KVTx, 1)
@@ -496,9 +478,7 @@ func TestBeginWaitsForCache(t *testing.T) {
 func TestScanPages(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	prefix := etcdtest.Prefix()
-	a, err := etcdkv.Open(t.Context(), cl.Dial(t), prefix)
-	require.NoError(t, err)
-	defer a.Close()
+	a := openKV(t, cl.Dial(t), prefix)
 	const n = 1300
 	puts, dels := map[string][]byte{}, map[string][]byte{}
 	for i := range n {
@@ -543,12 +523,8 @@ func TestScanPages(t *testing.T) {
 func TestLateEventsOfOwnCommits(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	prefix := etcdtest.Prefix()
-	a, err := etcdkv.Open(t.Context(), cl.Dial(t), prefix)
-	require.NoError(t, err)
-	defer a.Close()
-	b, err := etcdkv.Open(t.Context(), cl.Dial(t), prefix)
-	require.NoError(t, err)
-	defer b.Close()
+	a := openKV(t, cl.Dial(t), prefix)
+	b := openKV(t, cl.Dial(t), prefix)
 	waitRev(t, a, commit(t, b, map[string][]byte{"x": []byte("0")})) // the watch is there
 	release, step := a.HoldCache()
 	defer release()

@@ -20,6 +20,15 @@ import (
 	"github.com/cellbox/cellbox/internal/etcdtest"
 )
 
+// openKV opens the KV of prefix over c, closed when the test ends.
+func openKV(t *testing.T, c *clientv3.Client, prefix string) *etcdkv.KV {
+	t.Helper()
+	kv, err := etcdkv.Open(t.Context(), c, prefix)
+	require.NoError(t, err)
+	t.Cleanup(func() { kv.Close() })
+	return kv
+}
+
 func open(t *testing.T, c *clientv3.Client, prefix string, opts cells.Options) cells.Store {
 	t.Helper()
 	kv, err := etcdkv.Open(t.Context(), c, prefix)
@@ -121,9 +130,7 @@ func TestTooManyOps(t *testing.T) {
 func TestWaitHearsOtherServers(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	prefix := etcdtest.Prefix()
-	kv, err := etcdkv.Open(t.Context(), cl.Dial(t), prefix)
-	require.NoError(t, err)
-	defer kv.Close()
+	kv := openKV(t, cl.Dial(t), prefix)
 	other := open(t, cl.Dial(t), prefix, cells.Options{})
 	defer other.Close()
 	done := make(chan uint64, 1)
@@ -137,7 +144,7 @@ func TestWaitHearsOtherServers(t *testing.T) {
 	}))
 	assert.Equal(t, uint64(1), <-done)
 	require.NoError(t, kv.Close())
-	_, err = kv.Wait(context.Background(), 5)
+	_, err := kv.Wait(context.Background(), 5)
 	assert.True(t, errors.Is(err, cells.ErrClosed))
 	_, err = kv.Begin(t.Context(), false)
 	assert.True(t, errors.Is(err, cells.ErrClosed))
