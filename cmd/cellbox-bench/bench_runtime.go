@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -32,9 +33,11 @@ const (
 
 // runtimeOptions are the flags of `cellbox bench runtime`.
 type runtimeOptions struct {
-	benchCommon     // n: propagations per graph; backends: of the file-binding rows
-	nodes       int // nodes of each graph
-	watchN      int // writes of the watch measurement
+	benchCommon        // n: propagations per graph; backends: of the file-binding rows
+	nodes       int    // nodes of each graph
+	watchN      int    // writes of the watch measurement
+	js          bool   // measure alien-signals on the same shapes (node)
+	node        string // the node binary of the JS rows
 }
 
 func benchRuntimeCmd(ctx context.Context, args []string) (*benchReport, bool, error) {
@@ -44,6 +47,8 @@ func benchRuntimeCmd(ctx context.Context, args []string) (*benchReport, bool, er
 		"box backend of the file-binding measurements: docker, local, both or none", "static cellbox binary run as the agent in every box (default: cellbox beside this executable)", true)
 	fs.IntVar(&o.nodes, "nodes", 10000, "nodes of each computed graph")
 	fs.IntVar(&o.watchN, "watch-n", 200, "cell writes of the watcher measurement")
+	fs.BoolVar(&o.js, "js", true, "measure alien-signals (JS, run by node) on the same shapes, the target's reference")
+	fs.StringVar(&o.node, "node", "node", "node binary of the alien-signals rows")
 	err := o.parse(fs, args, func() error { return positive("watch-n", o.watchN) }, func() error {
 		if o.nodes < 3 {
 			return fmt.Errorf("--nodes %d: want at least 3 (one diamond)", o.nodes)
@@ -123,6 +128,7 @@ func benchRuntime(ctx context.Context, o runtimeOptions) (*benchReport, error) {
 		rep.note("file bindings: a sandbox node (builtins.Sandbox) with %s bound to the cell content and %s bound to files[%q] of its output, on a runtime over bbolt with the sandbox service in-process (as `cellbox run` has them). Cell → file: from Runtime.Set until the box's file holds the value (polled through the service). File → cell: from the start of a write of the file through the service until a store watcher sees the output cell with it; the agent debounces file events by 10 ms.", bindIn, bindOut, bindOut)
 	}
 
+	memPerNode := map[string][]time.Duration{} // by shape
 	for _, st := range []string{"memory", "bbolt"} {
 		for _, sh := range shapes {
 			base, err := directEval(ctx, sh.nodes, o.budget)
@@ -140,9 +146,13 @@ func benchRuntime(ctx context.Context, o runtimeOptions) (*benchReport, error) {
 			target := time.Duration(0)
 			if st == "memory" {
 				target = targetPerNode
+				memPerNode[sh.name] = perNode
 			}
 			rep.add(st, fmt.Sprintf("propagate %s of %d computed nodes, per node", sh.name, len(sh.nodes)), perNode,
 				"expressions evaluated directly, per node", base, target)
+		}
+		if st == "memory" && o.js {
+			alienRows(ctx, rep, shapes, memPerNode, o)
 		}
 		samples, err := propagate(ctx, dir, st, chain50[0], o)
 		if err != nil {
@@ -176,6 +186,44 @@ func benchRuntime(ctx context.Context, o runtimeOptions) (*benchReport, error) {
 		}
 	}
 	return rep, nil
+}
+
+// alienRows measures alien-signals on the same shapes and adds, per
+// shape, its row and the target row: cellbox's per-node figure on the
+// memory store (perNode) against it. Without node or npm, or when the
+// install or the run fails, a note says why and the bench goes on.
+func alienRows(ctx context.Context, rep *benchReport, shapes []graphShape, perNode map[string][]time.Duration, o runtimeOptions) {
+	run, err := runAlienSignals(ctx, o.node, o.nodes, o.n)
+	if err != nil {
+		rep.note("alien-signals rows skipped: %v", err)
+		return
+	}
+	var held []string
+	for _, sh := range shapes {
+		js := run.perNode[sh.name]
+		if len(js) == 0 {
+			rep.note("alien-signals row of %s skipped: the JS run gave no figure", sh.name)
+			continue
+		}
+		what := fmt.Sprintf("propagate %s of %d computed nodes, per node", sh.name, len(sh.nodes))
+		var direct time.Duration // the shape's Go baseline, measured above
+		for _, row := range rep.Rows {
+			if row.Backend == "memory" && row.What == what {
+				direct = row.BaselineP50
+			}
+		}
+		rep.add(run.label, what, js, "expressions evaluated directly (Go), per node", direct, 0)
+		jsP50 := rep.Rows[len(rep.Rows)-1].P50
+		rep.add("memory", what+", against alien-signals", perNode[sh.name], "alien-signals, same shape, per node", jsP50, alienSignalsFactor*jsP50)
+		row := rep.Rows[len(rep.Rows)-1]
+		mark := "missed"
+		if *row.Met {
+			mark = "held"
+		}
+		held = append(held, fmt.Sprintf("%s %.3g× (%s)", sh.name, row.Ratio, mark))
+	}
+	rep.note("alien-signals: %s, installed with npm in the user's cache directory (cellbox-bench/js); the same shapes built with signal and computed, and one effect reading the sinks (chain: the last node; fan-out: every node; diamonds: the last bottom), so that every node recomputes on each write of root, as in cellbox; %d untimed writes first (V8 compiles the hot paths), then one sample per write of root (its effect run included, which alien-signals runs synchronously); per node = that time / nodes. All in one process's memory: no store, no log, no JSON.", run.label, alienWarmup)
+	rep.note("target (issue 23): cellbox's per-node p50 on the memory store within %d× alien-signals' on each shape (the target column holds %d× alien-signals' p50): %s.", alienSignalsFactor, alienSignalsFactor, strings.Join(held, ", "))
 }
 
 // benchRuntimeInstance is a runtime over a fresh store (memory, or a

@@ -92,7 +92,7 @@ func TestBenchRuntime(t *testing.T) {
 	testenv.RequireBwrap(t)
 	bin := testenv.CellboxBinary(t)
 	var out bytes.Buffer
-	err := runBench(context.Background(), []string{"runtime", "--nodes", "300", "--n", "3", "--watch-n", "5",
+	err := runBench(context.Background(), []string{"runtime", "--nodes", "300", "--n", "3", "--watch-n", "5", "--js=false",
 		"--backend", "local", "--agent-binary", bin, "--json"}, &out)
 	require.NoError(t, err, out.String())
 	var rep benchReport
@@ -130,6 +130,21 @@ func TestBenchRuntime(t *testing.T) {
 	for _, i := range []int{0, 1, 2, 8, 11, 12} {
 		assert.NotNil(t, rep.Rows[i].Met, "%s has a target", rep.Rows[i].What)
 	}
+}
+
+// TestBenchRuntimeNoNode: without node, the alien-signals rows are
+// skipped with the reason, and the rest of the bench runs.
+func TestBenchRuntimeNoNode(t *testing.T) {
+	var out bytes.Buffer
+	err := runBench(context.Background(), []string{"runtime", "--nodes", "30", "--n", "2", "--watch-n", "2",
+		"--backend", "none", "--node", filepath.Join(t.TempDir(), "no-node"), "--json"}, &out)
+	require.NoError(t, err, out.String())
+	var rep benchReport
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
+	for _, r := range rep.Rows {
+		assert.NotContains(t, r.Backend, "alien-signals")
+	}
+	assert.Contains(t, strings.Join(rep.Notes, "\n"), "alien-signals rows skipped: no node to run it")
 }
 
 // TestBenchCluster runs the cluster bench with tiny numbers (its own
