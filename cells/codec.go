@@ -23,7 +23,9 @@ type record struct {
 var errCorrupt = errors.New("corrupt record")
 
 func (r *record) encode() []byte {
-	b := make([]byte, 0, 1+3*binary.MaxVarintLen64+len(r.err)+len(r.value))
+	// The exact size (a smaller allocation than a bound of 3 varints of
+	// 10 bytes: one per cell written).
+	b := make([]byte, 0, 1+uvarintLen(r.version)+varintLen(r.changed)+uvarintLen(uint64(len(r.err)))+len(r.err)+len(r.value))
 	b = append(b, r.flags)
 	b = binary.AppendUvarint(b, r.version)
 	b = binary.AppendVarint(b, r.changed)
@@ -95,11 +97,18 @@ type logChange struct {
 }
 
 func encodeLog(at int64, changes []logChange) []byte {
-	size := binary.MaxVarintLen64 * 2
+	// The exact size: a commit of thousands of cells makes one entry, and
+	// a bound of 5 varints of 10 bytes per change more than doubled it.
+	size := varintLen(at) + uvarintLen(uint64(len(changes)))
 	for i := range changes {
-		size += 1 + 5*binary.MaxVarintLen64 + len(changes[i].key) + len(changes[i].rec)
-		if changes[i].event != nil {
-			size += len(changes[i].event.Payload)
+		c := &changes[i]
+		size += 1 + uvarintLen(uint64(len(c.key))) + len(c.key)
+		if c.kind == changeDeleted {
+			continue
+		}
+		size += uvarintLen(uint64(len(c.rec))) + len(c.rec)
+		if c.kind == changeEvent {
+			size += uvarintLen(c.event.ID) + uvarintLen(uint64(len(c.event.Payload))) + len(c.event.Payload)
 		}
 	}
 	b := make([]byte, 0, size)
@@ -123,6 +132,18 @@ func encodeLog(at int64, changes []logChange) []byte {
 	}
 	return b
 }
+
+// uvarintLen is the length of binary.AppendUvarint's encoding of v.
+func uvarintLen(v uint64) int {
+	n := 1
+	for ; v >= 0x80; v >>= 7 {
+		n++
+	}
+	return n
+}
+
+// varintLen is the length of binary.AppendVarint's encoding of x.
+func varintLen(x int64) int { return uvarintLen(uint64(x)<<1 ^ uint64(x>>63)) }
 
 // decodeLog decodes a log entry, keeping the changes whose address is
 // under prefix (HasPrefix). The result owns its bytes.

@@ -282,6 +282,7 @@ type tx struct {
 	err error
 
 	buckets map[string]KVBucket
+	cells   KVBucket // buckets[bucketCells], once opened: every cell read and write takes it
 	changes []logChange
 	index   map[string]int // cell changes by address
 }
@@ -298,6 +299,9 @@ func (t *tx) fail(err error) error {
 }
 
 func (t *tx) bucket(name string) (KVBucket, error) {
+	if name == bucketCells && t.cells != nil {
+		return t.cells, nil
+	}
 	if b, ok := t.buckets[name]; ok {
 		return b, nil
 	}
@@ -309,6 +313,9 @@ func (t *tx) bucket(name string) (KVBucket, error) {
 		t.buckets = map[string]KVBucket{}
 	}
 	t.buckets[name] = b
+	if name == bucketCells {
+		t.cells = b
+	}
 	return b, nil
 }
 
