@@ -16,34 +16,37 @@ import (
 	"github.com/cellbox/cellbox/internal/jsonschema"
 )
 
-// node is a loaded node. Its fields are guarded by Runtime.mu.
+// node is a loaded node. Its fields are guarded by Runtime.mu. Those a
+// batch reads and writes for every node it runs come first, so that a
+// propagation through thousands of nodes touches one or two cache lines
+// of each, not the whole struct.
 type node struct {
-	addr    cells.Address
-	decl    Node
-	pat     *pattern
-	inputs  []input
-	out     *slot // its output cell
-	height  int
-	shape   shape
-	compute Compute
-	args    func([]any) (any, error) // compute bound to its inputs' order (BindArgs), or nil
-	async   Async
-	service Service
-
 	queued    uint64 // id of the batch that last queued it
 	changedIn uint64 // id of the batch that last noted its fields (batch.changing)
-	detached  bool   // its pattern stopped or the runtime closed
-
-	err        string
-	runs, hits int
-	last       time.Duration
+	inputs    []input
+	out       *slot                    // its output cell
+	args      func([]any) (any, error) // compute bound to its inputs' order (BindArgs), or nil
+	height    int
+	shape     shape
+	detached  bool // its pattern stopped or the runtime closed
 	// waiting: an input (or its inputs, transitively) is an async node
 	// with no first result yet, or a service with no output yet; see
 	// batch.inputs.
 	waiting bool
+	runs    int
+	err     string
 	// failedUp: an input (or its inputs, transitively) is an async node
 	// whose last run failed; the reason, or "". See batch.inputs.
 	failedUp string
+	compute  Compute
+
+	addr    cells.Address
+	decl    Node
+	pat     *pattern
+	async   Async
+	service Service
+	hits    int
+	last    time.Duration
 
 	// async
 	key     string // key of the current or last run

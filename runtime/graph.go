@@ -21,9 +21,9 @@ func (s shape) String() string { return [...]string{"compute", "async", "service
 
 // input is one resolved input of a node.
 type input struct {
+	slot *slot // set by link; first, the one field a batch reads
 	name string
 	addr cells.Address
-	slot *slot // set by link
 }
 
 // pattern is a loaded pattern instance.

@@ -74,15 +74,17 @@ type streamRef struct {
 
 // slot is a cell the graph reads or writes: its readers, its producer and
 // the runtime's copy of its value.
+//
+// The fields a batch reads for every cell it touches come first.
 type slot struct {
-	addr     cells.Address
-	readers  []*node
-	producer *node
-	val      value // committed, if known
-	known    bool  // val was read or written
-	next     value // the value in batch nextID
 	nextID   uint64
+	known    bool // val was read or written
+	producer *node
+	readers  []*node
 	ref      *cells.Ref // for writes; nil until the first
+	next     value      // the value in batch nextID
+	val      value      // committed, if known
+	addr     cells.Address
 }
 
 // slotFor returns the graph's slot of a cell, or a new unregistered one.
@@ -98,8 +100,8 @@ func (r *Runtime) slotFor(a cells.Address) *slot {
 type value struct {
 	raw     json.RawMessage
 	err     string
-	decoded bool
 	val     any
+	decoded bool
 	missing bool // the cell does not exist yet
 }
 
