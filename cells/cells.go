@@ -307,6 +307,11 @@ type Tx interface {
 	// same cells transaction after transaction (see Ref). It behaves as
 	// Set in every way, through deletes and re-creations of the cell.
 	SetRef(r *Ref, value json.RawMessage) (changed bool, err error)
+	// SetRefStored is SetRef that also returns, when it changed the cell,
+	// the value as stored (compact). It is the caller's to keep: the store
+	// never changes it. value itself is not kept (it may be a buffer the
+	// caller reuses).
+	SetRefStored(r *Ref, value json.RawMessage) (stored json.RawMessage, changed bool, err error)
 	// SetError marks the cell failed with msg, keeping its value; "" clears
 	// it. A missing cell is created (value null) by a msg that is not "".
 	// It reports whether anything changed: the same msg again, or "" on a

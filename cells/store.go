@@ -445,16 +445,17 @@ func (t *tx) List(prefix string) ([]Cell, error) {
 	return out, err
 }
 
-// putCell stores rec and records the change.
-func (t *tx) putCell(key string, rec *record, kind byte, ev *Event) error {
+// putCell stores rec and records the change. It returns the record's
+// value as stored (within the encoded record, which nothing changes).
+func (t *tx) putCell(key string, rec *record, kind byte, ev *Event) ([]byte, error) {
 	again := rec.version == t.version // changed earlier in this transaction
 	rec.version, rec.changed = t.version, t.now
 	enc := rec.encode()
 	if err := t.put(bucketCells, key, enc); err != nil {
-		return err
+		return nil, err
 	}
 	t.record(logChange{kind: kind, key: key, rec: enc, event: ev}, again)
-	return nil
+	return enc[len(enc)-len(rec.value):], nil
 }
 
 // record adds a change to the commit's log entry. A cell changed again
@@ -525,7 +526,8 @@ func (t *tx) Declare(addr Address, spec Spec) error {
 		return t.put(bucketCells, key, rec.encode())
 	}
 	rec = record{flags: flags, value: []byte("null")}
-	return t.putCell(key, &rec, changeCell, nil)
+	_, err = t.putCell(key, &rec, changeCell, nil)
+	return err
 }
 
 func (t *tx) Spec(addr Address) (Spec, error) {
@@ -551,42 +553,51 @@ func (t *tx) Set(addr Address, value json.RawMessage) (bool, error) {
 	if err := addr.Valid(); err != nil {
 		return false, err
 	}
-	return t.set(addr, addr.String(), nil, value)
+	_, changed, err := t.set(addr, addr.String(), nil, value)
+	return changed, err
 }
 
 func (t *tx) SetRef(r *Ref, value json.RawMessage) (bool, error) {
+	_, changed, err := t.set(r.addr, r.key, &r.hint, value)
+	return changed, err
+}
+
+func (t *tx) SetRefStored(r *Ref, value json.RawMessage) (json.RawMessage, bool, error) {
 	return t.set(r.addr, r.key, &r.hint, value)
 }
 
-func (t *tx) set(addr Address, key string, hint *kvHint, value json.RawMessage) (bool, error) {
+// set writes the cell's record with value (copied into it) and returns
+// the value as stored, when it changed the cell.
+func (t *tx) set(addr Address, key string, hint *kvHint, value json.RawMessage) ([]byte, bool, error) {
 	if !t.writable {
-		return false, ErrReadOnly
+		return nil, false, ErrReadOnly
 	}
 	rec, found, err := t.loadKey(key, hint)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	if found && rec.flags&flagStream != 0 {
-		return false, fmt.Errorf("set %s: it is a stream: send events to it instead", key)
+		return nil, false, fmt.Errorf("set %s: it is a stream: send events to it instead", key)
 	}
 	v, err := compactValue(value)
 	if err != nil {
-		return false, fmt.Errorf("set %s: %w", key, err)
+		return nil, false, fmt.Errorf("set %s: %w", key, err)
 	}
 	if found && len(rec.err) == 0 && bytes.Equal(rec.value, v) {
-		return false, nil
+		return nil, false, nil
 	}
 	if found && rec.flags&flagHasSchema != 0 {
 		schema, err := t.get(bucketSchemas, key)
 		if err != nil {
-			return false, err
+			return nil, false, err
 		}
 		if err := jsonschema.Validate(schema, v); err != nil {
-			return false, &SchemaError{Addr: addr, Err: err}
+			return nil, false, &SchemaError{Addr: addr, Err: err}
 		}
 	}
 	rec.value, rec.err = v, nil
-	return true, t.putCell(key, &rec, changeCell, nil)
+	stored, err := t.putCell(key, &rec, changeCell, nil)
+	return stored, true, err
 }
 
 // compactValue validates a JSON value and returns it compact. A scalar
@@ -648,7 +659,8 @@ func (t *tx) SetError(addr Address, msg string) (bool, error) {
 		rec.value = []byte("null")
 	}
 	rec.err = []byte(msg)
-	return true, t.putCell(key, &rec, changeCell, nil)
+	_, err = t.putCell(key, &rec, changeCell, nil)
+	return true, err
 }
 
 func (t *tx) Delete(addr Address) error {
@@ -734,7 +746,8 @@ func (t *tx) Send(addr Address, payload json.RawMessage) (Event, error) {
 	if err := t.put(bucketEvents, eventKey(key, ev.ID), append(binaryVarint(t.now), ev.Payload...)); err != nil {
 		return Event{}, err
 	}
-	return ev, t.putCell(key, &rec, changeEvent, &ev)
+	_, err = t.putCell(key, &rec, changeEvent, &ev)
+	return ev, err
 }
 
 func (t *tx) Events(addr Address) ([]Event, error) {

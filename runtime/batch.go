@@ -100,6 +100,7 @@ type batch struct {
 	timed   bool   // measure computes (someone is subscribed)
 	scratch Inputs // reused for computes
 	args    []any  // reused for bound computes (node.args)
+	enc     []byte // reused for the JSON of computes' scalar outputs
 	// undo restores what processing changed of the nodes, for an attempt
 	// run again (see batch): the fields a batch sets on a node, as they
 	// were before this attempt first set them.
@@ -235,7 +236,8 @@ func (b *batch) setCompact(s *slot, raw json.RawMessage) (bool, error) {
 }
 
 // setValue writes v.raw (compact JSON); v may carry its decoded form
-// already (see decodedAs), which spares its readers a decode.
+// already (see decodedAs), which spares its readers a decode. v.raw is
+// not kept: the slot keeps the store's copy.
 func (b *batch) setValue(s *slot, v value) (bool, error) {
 	raw := v.raw
 	cur := b.get(s)
@@ -249,10 +251,11 @@ func (b *batch) setValue(s *slot, v value) (bool, error) {
 		}
 		s.ref = ref
 	}
-	changed, err := b.tx.SetRef(s.ref, raw)
+	stored, changed, err := b.tx.SetRefStored(s.ref, raw)
 	if err != nil || !changed {
 		return changed, err
 	}
+	v.raw = stored // raw may be the batch's scratch (compute)
 	b.stage(s, v)
 	b.mark(s)
 	return true, nil
@@ -419,8 +422,15 @@ func (b *batch) compute(n *node, in Inputs, inErr string, waiting bool) {
 			out, err = safeCompute(n.compute, in)
 		}
 		if err == nil {
-			var raw json.RawMessage
-			if raw, err = encode(out); err == nil {
+			// A scalar is written into the batch's buffer: the store
+			// copies it into the cell's record, and the slot keeps that.
+			raw, ok := appendScalar(b.enc[:0], out)
+			if ok {
+				b.enc = raw
+			} else {
+				raw, err = encode(out)
+			}
+			if err == nil {
 				_, err = b.setValue(n.out, decodedAs(raw, out))
 			}
 		}
@@ -538,25 +548,39 @@ func encode(v any) (json.RawMessage, error) {
 // false for anything else (strings, collections, floats that JSON writes
 // with an exponent or cannot write), which take the encoder.
 func encodeScalar(v any) (json.RawMessage, bool) {
-	switch x := v.(type) {
+	switch v.(type) {
 	case nil:
 		return json.RawMessage("null"), true
 	case bool:
-		if x {
+		if v.(bool) {
 			return json.RawMessage("true"), true
 		}
 		return json.RawMessage("false"), true
+	}
+	return appendScalar(make([]byte, 0, 16), v)
+}
+
+// appendScalar appends what encodeScalar returns to dst.
+func appendScalar(dst []byte, v any) (json.RawMessage, bool) {
+	switch x := v.(type) {
+	case nil:
+		return append(dst, "null"...), true
+	case bool:
+		if x {
+			return append(dst, "true"...), true
+		}
+		return append(dst, "false"...), true
 	case int:
-		return strconv.AppendInt(make([]byte, 0, 8), int64(x), 10), true
+		return strconv.AppendInt(dst, int64(x), 10), true
 	case int64:
-		return strconv.AppendInt(make([]byte, 0, 8), x, 10), true
+		return strconv.AppendInt(dst, x, 10), true
 	case float64:
 		if exactInt(x) { // as 'f' writes it, without the shortest-digits search
-			return strconv.AppendInt(make([]byte, 0, 8), int64(x), 10), true
+			return strconv.AppendInt(dst, int64(x), 10), true
 		}
 		// encoding/json writes 'f' format in [1e-6, 1e21) and 0.
 		if a := math.Abs(x); a == 0 || a >= 1e-6 && a < 1e21 {
-			return strconv.AppendFloat(make([]byte, 0, 16), x, 'f', -1, 64), true
+			return strconv.AppendFloat(dst, x, 'f', -1, 64), true
 		}
 	}
 	return nil, false

@@ -26,6 +26,9 @@ func TestEncodeScalarMatchesEncoder(t *testing.T) {
 		got, err := encode(v)
 		require.NoError(t, err)
 		assert.Equal(t, string(want), string(got), "%#v", v)
+		if a, ok := appendScalar([]byte("x"), v); ok { // what computes write into the batch's buffer
+			assert.Equal(t, "x"+string(want), string(a), "%#v", v)
+		}
 	}
 	for _, v := range []any{"s", 1e21, 1e-7, []any{1}, map[string]any{"a": 1}} {
 		_, ok := encodeScalar(v)

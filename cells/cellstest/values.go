@@ -428,6 +428,37 @@ func (s *suite) setRef(t *testing.T) {
 	assert.True(t, setRef(`6`))
 	assert.Equal(t, "6", value(t, st, at("a")))
 
+	// SetRefStored returns the value as stored, apart from the buffer it
+	// was given (which the caller may reuse).
+	buf := []byte(` [ 7 ] `)
+	var stored json.RawMessage
+	var changed bool
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
+		stored, changed, err = tx.SetRefStored(r, buf)
+		if err == nil {
+			copy(buf, "xxxxxxx")
+		}
+		return err
+	}))
+	assert.True(t, changed)
+	assert.Equal(t, "[7]", string(stored))
+	assert.Equal(t, "[7]", value(t, st, at("a")))
+	buf = append(buf[:0], "8"...)
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
+		stored, changed, err = tx.SetRefStored(r, buf)
+		buf[0] = 'x'
+		return err
+	}))
+	assert.True(t, changed)
+	assert.Equal(t, "8", string(stored))
+	assert.Equal(t, "8", value(t, st, at("a")))
+	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error {
+		stored, changed, err = tx.SetRefStored(r, json.RawMessage(`8`))
+		return err
+	}))
+	assert.False(t, changed, "unchanged")
+	assert.Nil(t, stored)
+
 	// Set's checks hold: errors cleared, schemas, streams, bad JSON.
 	require.NoError(t, st.Update(t.Context(), func(tx cells.Tx) error { _, err := tx.SetError(at("a"), "boom"); return err }))
 	assert.True(t, setRef(`6`), "clears the error")
