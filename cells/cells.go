@@ -357,6 +357,20 @@ type Ref struct {
 	hint kvHint
 }
 
+// recCache is the last record a Ref read or wrote, encoded and decoded:
+// the memory KV hands back the very bytes it was given, never changed,
+// so the same bytes again (same address and length, which the cache's
+// hold on them keeps from being reused) decode as the same record.
+type recCache struct {
+	enc []byte
+	rec record
+}
+
+// hit reports whether raw are the cached bytes.
+func (c *recCache) hit(raw []byte) bool {
+	return len(raw) > 0 && len(raw) == len(c.enc) && &raw[0] == &c.enc[0]
+}
+
 // NewRef returns a Ref to the cell at a.
 func NewRef(a Address) (*Ref, error) {
 	if err := a.Valid(); err != nil {

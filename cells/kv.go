@@ -245,4 +245,5 @@ type kvHint struct {
 	b   *memBucket
 	e   *memEntry
 	gen uint64
+	rec recCache // the entry's record as last read or written through the hint
 }

@@ -394,8 +394,12 @@ func (t *tx) loadKey(key string, hint *kvHint) (rec record, found bool, err erro
 		return rec, false, err
 	}
 	var raw []byte
+	hinted := false
 	if hb, ok := b.(hintedBucket); ok && hint != nil {
-		raw = hb.getHinted(key, hint)
+		raw, hinted = hb.getHinted(key, hint), true
+		if hint.rec.hit(raw) { // the record this hint last saw: no decode
+			return hint.rec.rec, true, nil
+		}
 	} else if raw, err = b.Get(t.ctx, key); err != nil {
 		return rec, false, t.fail(fmt.Errorf("read cell %s: %w", key, err))
 	}
@@ -405,6 +409,9 @@ func (t *tx) loadKey(key string, hint *kvHint) (rec record, found bool, err erro
 	rec, err = decodeRecord(raw)
 	if err != nil {
 		return rec, false, fmt.Errorf("cell %s: %w", key, err)
+	}
+	if hinted {
+		hint.rec = recCache{enc: raw, rec: rec}
 	}
 	return rec, true, nil
 }
@@ -448,6 +455,12 @@ func (t *tx) List(prefix string) ([]Cell, error) {
 // putCell stores rec and records the change. It returns the record's
 // value as stored (within the encoded record, which nothing changes).
 func (t *tx) putCell(key string, rec *record, kind byte, ev *Event) ([]byte, error) {
+	return t.putCellHinted(key, nil, rec, kind, ev)
+}
+
+// putCellHinted is putCell through a Ref's hint (nil for none), which
+// then caches the record (see recCache).
+func (t *tx) putCellHinted(key string, hint *kvHint, rec *record, kind byte, ev *Event) ([]byte, error) {
 	again := rec.version == t.version // changed earlier in this transaction
 	rec.version, rec.changed = t.version, t.now
 	enc := rec.encode()
@@ -455,7 +468,13 @@ func (t *tx) putCell(key string, rec *record, kind byte, ev *Event) ([]byte, err
 		return nil, err
 	}
 	t.record(logChange{kind: kind, key: key, rec: enc, event: ev}, again)
-	return enc[len(enc)-len(rec.value):], nil
+	stored := enc[len(enc)-len(rec.value):]
+	if hint != nil {
+		c := &hint.rec
+		c.enc, c.rec = enc, *rec
+		c.rec.err, c.rec.value = enc[len(enc)-len(rec.value)-len(rec.err):len(enc)-len(rec.value)], stored
+	}
+	return stored, nil
 }
 
 // record adds a change to the commit's log entry. A cell changed again
@@ -596,7 +615,7 @@ func (t *tx) set(addr Address, key string, hint *kvHint, value json.RawMessage) 
 		}
 	}
 	rec.value, rec.err = v, nil
-	stored, err := t.putCell(key, &rec, changeCell, nil)
+	stored, err := t.putCellHinted(key, hint, &rec, changeCell, nil)
 	return stored, true, err
 }
 
