@@ -23,12 +23,16 @@ import (
 type node struct {
 	queued    uint64 // id of the batch that last queued it
 	changedIn uint64 // id of the batch that last noted its fields (batch.changing)
-	inputs    []input
-	out       *slot                    // its output cell
-	args      func([]any) (any, error) // compute bound to its inputs' order (BindArgs), or nil
-	height    int
-	shape     shape
-	detached  bool // its pattern stopped or the runtime closed
+	// in are the slots of inputs, in their order (set by link); up to
+	// two in inBuf, within the node's first cache line rather than in an
+	// array of their own.
+	in       []*slot
+	inBuf    [2]*slot
+	out      *slot                    // its output cell
+	args     func([]any) (any, error) // compute bound to its inputs' order (BindArgs), or nil
+	height   int
+	shape    shape
+	detached bool // its pattern stopped or the runtime closed
 	// waiting: an input (or its inputs, transitively) is an async node
 	// with no first result yet, or a service with no output yet; see
 	// batch.inputs.
@@ -40,6 +44,7 @@ type node struct {
 	failedUp string
 	compute  Compute
 
+	inputs  []input
 	addr    cells.Address
 	decl    Node
 	pat     *pattern
@@ -323,19 +328,18 @@ func (b *batch) inputs(n *node) (in Inputs, inErr string, waiting bool, failedUp
 	default:
 		in = make(Inputs, len(n.inputs))
 	}
-	for k := range n.inputs {
-		i := &n.inputs[k]
-		v := b.get(i.slot)
+	for k, s := range n.in {
+		v := b.get(s)
 		if v.err != "" {
-			return nil, upstream(*i, v.err), false, ""
+			return nil, upstream(n.inputs[k], v.err), false, ""
 		}
 		x := v.get()
 		if n.args != nil {
 			b.args[k] = x
 		} else {
-			in[i.name] = x
+			in[n.inputs[k].name] = x
 		}
-		p := i.slot.producer
+		p := s.producer
 		if p == nil {
 			continue
 		}
@@ -344,7 +348,7 @@ func (b *batch) inputs(n *node) (in Inputs, inErr string, waiting bool, failedUp
 		}
 		if failedUp == "" {
 			if msg, ok := runError(p, x); ok {
-				failedUp = upstream(*i, msg)
+				failedUp = upstream(n.inputs[k], msg)
 			} else if p.failedUp != "" {
 				failedUp = p.failedUp
 			}

@@ -169,10 +169,12 @@ func (r *Runtime) link(pat *pattern) error {
 		r.nodes[n.addr] = n
 		n.out = register(n.addr)
 		n.out.producer = n
+		n.in = n.inBuf[:0]
 		for i := range n.inputs {
 			s := register(n.inputs[i].addr)
 			s.readers = append(s.readers, n)
 			n.inputs[i].slot = s
+			n.in = append(n.in, s)
 		}
 		for _, s := range n.decl.Streams {
 			r.streams[streamAddr(n, s)] = streamRef{node: n, name: s}
