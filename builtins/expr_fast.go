@@ -53,6 +53,7 @@ type operand struct {
 	kind operandKind
 	c    any             // constant
 	get  func([]any) any // read, deref: the name's reader
+	idx  int             // read, deref: the name's slot, or -1 (none)
 }
 
 type operandKind int
@@ -99,14 +100,18 @@ func compileFast(p *vm.Program, slot map[string]int) fast {
 				return nil
 			}
 			get := fromSlot(slot, name)
-			push(operand{f: get, kind: read, get: get})
+			idx, ok := slot[name]
+			if !ok {
+				idx = -1
+			}
+			push(operand{f: get, kind: read, get: get, idx: idx})
 		case vm.OpDeref:
 			a, ok := pop(1)
 			if !ok {
 				return nil
 			}
 			if get := a[0].get; a[0].kind == read {
-				push(operand{f: func(env []any) any { return plain(get(env)) }, kind: deref, get: get})
+				push(operand{f: func(env []any) any { return plain(get(env)) }, kind: deref, get: get, idx: a[0].idx})
 				break
 			}
 			x := a[0].f
@@ -134,7 +139,7 @@ func compileFast(p *vm.Program, slot map[string]int) fast {
 			if !ok {
 				return nil
 			}
-			push(operand{f: binary(f, ab[0], ab[1])})
+			push(operand{f: binary(op, f, ab[0], ab[1])})
 		}
 	}
 	if len(stack) != 1 {
@@ -143,10 +148,40 @@ func compileFast(p *vm.Program, slot map[string]int) fast {
 	return stack[0].f
 }
 
-// binary returns the closure of f(a, b), reading a dereferenced name and
-// a constant inline.
-func binary(f func(a, b any) any, a, b operand) fast {
+// binary returns the closure of f(a, b) (f is op's), reading a
+// dereferenced name and a constant inline. name + int and name - int read
+// the name's slot directly and add ints without f when the name holds an
+// int, as f would (expr's runtime.Add and Subtract give int for two ints,
+// wrapping as Go does).
+func binary(op vm.Opcode, f func(a, b any) any, a, b operand) fast {
+	c, cInt := b.c.(int)
 	switch {
+	case a.kind == deref && a.idx >= 0 && b.kind == constant && cInt && op == vm.OpAdd:
+		i := a.idx
+		return func(env []any) any {
+			if x, ok := env[i].(int); ok {
+				return x + c
+			}
+			return f(plain(env[i]), c)
+		}
+	case a.kind == deref && a.idx >= 0 && b.kind == constant && cInt && op == vm.OpSubtract:
+		i := a.idx
+		return func(env []any) any {
+			if x, ok := env[i].(int); ok {
+				return x - c
+			}
+			return f(plain(env[i]), c)
+		}
+	case a.kind == deref && a.idx >= 0 && b.kind == deref && b.idx >= 0 && op == vm.OpAdd:
+		i, j := a.idx, b.idx
+		return func(env []any) any {
+			if x, ok := env[i].(int); ok {
+				if y, ok := env[j].(int); ok {
+					return x + y
+				}
+			}
+			return f(plain(env[i]), plain(env[j]))
+		}
 	case a.kind == deref && b.kind == constant:
 		get, c := a.get, b.c
 		return func(env []any) any { return f(plain(get(env)), c) }

@@ -180,6 +180,7 @@ func TestExprFastMatchesVM(t *testing.T) {
 		"(a + b) / 2", "a + f", "f * 2.5", "s + s", "s + a", "a + s", "a == b", "a != b", "a < b", "a >= f",
 		"s <= s", "m.k + 1", "m.n.k", "m.missing", `m["k"]`, "l[0]", "l[5]", "a in l", `"x" in l`, "1 + 2",
 		"t == true", "nil", "a", "missing + 1", "-f", "a / 0", "a % 0", "2 ** 0.5", "b", "b == 0", "f",
+		"a - 1", "f - 1", "s - 1", "t + 1", "b + a", "a + b + 1", "missing - 2", "missing + a", "a + 2.5", "a - -1",
 	}
 	for _, src := range srcs {
 		e, err := Parse(src)
