@@ -640,10 +640,16 @@ func recoverTo(err *error) {
 // with O(1) pushes and pops, where a heap cost O(log n) comparisons of
 // scattered nodes each. The buckets are the runtime's, reused by every
 // batch (batches hold r.mu, one at a time).
+//
+// A node pushed on an empty queue waits in one, outside the buckets, until
+// it is popped or another comes: a chain (each node queues the next, then
+// the queue is empty again) never touches a bucket, which cost two cache
+// misses per node (the bucket and its array) in a chain of thousands.
 type levels struct {
 	by  []level
-	cur int // no queued node is below this height
-	n   int // nodes queued
+	cur int   // no queued node is below this height
+	n   int   // nodes queued
+	one *node // the one node queued, when it is in no bucket
 }
 
 type level struct {
@@ -652,6 +658,19 @@ type level struct {
 }
 
 func (q *levels) push(n *node) {
+	if q.n == 0 {
+		q.one, q.n = n, 1
+		return
+	}
+	if one := q.one; one != nil { // a second node: the first to its bucket
+		q.one, q.n = nil, 0
+		q.bucket(one)
+	}
+	q.bucket(n)
+}
+
+// bucket queues n in the bucket of its height.
+func (q *levels) bucket(n *node) {
 	h := n.height
 	if h >= len(q.by) {
 		q.by = append(q.by, make([]level, h+1-len(q.by))...)
@@ -665,6 +684,10 @@ func (q *levels) push(n *node) {
 
 // pop returns the next node to run; the queue must not be empty.
 func (q *levels) pop() *node {
+	if n := q.one; n != nil {
+		q.one, q.n = nil, 0
+		return n
+	}
 	for {
 		l := &q.by[q.cur]
 		if l.head < len(l.nodes) {
@@ -695,5 +718,5 @@ func (q *levels) reset() {
 	for i := range q.by {
 		q.by[i].drain()
 	}
-	q.n, q.cur = 0, 0
+	q.n, q.cur, q.one = 0, 0, nil
 }
