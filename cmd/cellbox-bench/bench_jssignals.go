@@ -24,7 +24,10 @@ const alienSignalsFactor = 3
 
 // alienWarmup is the number of untimed propagations the JS run makes
 // first, so that V8 has compiled the hot paths (the Go runtime gets one).
-const alienWarmup = 20
+// After 20, diamonds still ran at 88-109 ns per node in some runs and
+// 40 ns in others; after 200, at 33-37 ns in every run (chain and
+// fan-out were as fast after 20). It costs well under a second.
+const alienWarmup = 200
 
 // alienSignalsJS builds the bench's three shapes with alien-signals'
 // signal and computed, and one effect that reads the shape's sinks (chain:
