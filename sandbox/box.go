@@ -367,7 +367,7 @@ func (s *Service) create(ctx context.Context, sess *Session, name string, b *box
 	start := time.Now()
 	rec := b.rec
 	if rec.ID == "" && rec.Limits == (api.Limits{}) && !rec.Network && rec.WorkspaceDir == "" {
-		if id, cl, ok := s.takeWarm(rec.Image, rec.OneShot); ok {
+		if id, cl, ok := s.takeWarm(ctx, rec.Image, rec.OneShot); ok {
 			s.setID(b, id)
 			if err := s.adopt(sess, name, b, cl); err != nil {
 				s.removeBox(context.WithoutCancel(ctx), id)

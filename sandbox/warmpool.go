@@ -65,11 +65,22 @@ func (s *Service) makeWarm(ctx context.Context, image string) (warmBox, error) {
 // ready. A use-following pool counts the calls for one-shot boxes
 // (Config.OneShot; every call without OneShot) as its uses; a pool of a
 // fixed size counts every call (its last use delays its refill).
-func (s *Service) takeWarm(image string, oneShot bool) (string, *agent.Client, bool) {
-	w, ok := s.pools.Take(image, !s.cfg.PoolFollowsUse || s.cfg.OneShot == nil || oneShot)
+func (s *Service) takeWarm(ctx context.Context, image string, oneShot bool) (string, *agent.Client, bool) {
+	w, ok := s.pools.Take(ctx, image, !s.cfg.PoolFollowsUse || s.cfg.OneShot == nil || oneShot)
 	if !ok {
 		return "", nil, false
 	}
 	s.metrics.observeWarmTake()
 	return w.id, w.client, true
+}
+
+// ExpectBoxes says that n boxes of image ("" the default image) will be
+// taken soon, one after another: a run's exec stages. The first of them
+// to be taken fills the pool for the rest at once (warm.Pools.Expect), so
+// a later stage finds its box made while the earlier ones ran.
+func (s *Service) ExpectBoxes(image string, n int) {
+	if image == "" {
+		image = s.cfg.DefaultImage
+	}
+	s.pools.Expect(image, n)
 }

@@ -52,6 +52,8 @@ type Sandboxes struct {
 	// runtimeSession is session, read without mu: the sandbox service
 	// asks it (execBox) under its own lock.
 	runtimeSession atomic.Pointer[string]
+	// expect is ExpectBoxes' hint, handed to the service when it opens.
+	expect map[string]int
 }
 
 // openTimeout bounds opening the backend and the service on first need.
@@ -90,6 +92,11 @@ func (s *Sandboxes) Get(ctx context.Context) (*sandbox.Service, string, error) {
 		s.svc, s.session, s.err = svc, session, err
 		if svc != nil && s.baseURL != "" {
 			svc.SetBaseURL(s.baseURL)
+		}
+		if svc != nil {
+			for image, n := range s.expect {
+				svc.ExpectBoxes(image, n)
+			}
 		}
 	})
 	s.mu.Lock()
@@ -187,6 +194,22 @@ func (s *Sandboxes) Opened() (*sandbox.Service, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.svc, s.session
+}
+
+// ExpectBoxes says that n boxes of image ("" the default) will be taken
+// soon, one after another (sandbox.Service.ExpectBoxes), now or when the
+// service opens: it opens nothing.
+func (s *Sandboxes) ExpectBoxes(image string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.svc != nil {
+		s.svc.ExpectBoxes(image, n)
+		return
+	}
+	if s.expect == nil {
+		s.expect = map[string]int{}
+	}
+	s.expect[image] = n
 }
 
 // SetBaseURL sets the base URL of previews, now or when the service opens.

@@ -76,7 +76,7 @@ func runRun(ctx context.Context, args []string) error {
 		return fmt.Errorf("open log: %w", err)
 	}
 	defer logf.Close()
-	log := slog.New(slog.NewTextHandler(logf, nil))
+	log := slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: logLevel()}))
 	slog.SetDefault(log) // the backend and the sandbox log there too, not over the view
 	cfg := server.RunConfig(dataDir, *backendName, "", log)
 	cfg.HTTP = *httpOpts
@@ -103,6 +103,7 @@ func runRun(ctx context.Context, args []string) error {
 		return err
 	}
 	base := ep.URL
+	expectExecBoxes(host.Sandboxes(), p)
 	inst, err := host.API().Load(ctx, p, runapi.LoadOptions{Space: runapi.DefaultSpace, Name: p.Name, Source: source})
 	if err != nil {
 		finishView()
@@ -174,6 +175,37 @@ func patternFile(source string) string {
 // reloadDebounce is how long a pattern file must be still after a change
 // before it is read again: an editor's save is several events.
 const reloadDebounce = 150 * time.Millisecond
+
+// expectExecBoxes tells the sandbox service how many exec boxes of each
+// image the pattern's first run may take, one stage after another: when
+// the first stage takes its box, the boxes of the later ones are made
+// beside its run rather than each after the stage before it. A run with
+// nothing to do takes none, and nothing is made.
+func expectExecBoxes(boxes *server.Sandboxes, p *patterns.Pattern) {
+	n := map[string]int{}
+	for _, nd := range p.Nodes {
+		x := nd.Exec
+		if x == nil || x.Network != nil || !(x.Image.IsZero() || x.Image.Kind == patterns.ValueLiteral) {
+			continue // a box with a network, or an image known only when it runs, is never pooled
+		}
+		n[x.Image.Text]++
+	}
+	for image, k := range n {
+		boxes.ExpectBoxes(image, k)
+	}
+}
+
+// logLevelEnv sets the level of run.log: debug adds where each exec
+// run's time goes (create, upload, commands, outputs).
+const logLevelEnv = "CELLBOX_LOG_LEVEL"
+
+func logLevel() slog.Level {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(os.Getenv(logLevelEnv))); err != nil {
+		return slog.LevelInfo
+	}
+	return l
+}
 
 // watchPattern calls reload whenever file changes, until ctx ends, as a
 // dev server (air, nodemon, Vite) reloads on a save: its directory is

@@ -14,6 +14,12 @@
 // removes a ready box). Fills wait until no box was taken for
 // Config.Quiet, and run one at a time over all pools, so that refilling
 // does not compete for the CPU with the work that takes the boxes.
+//
+// Expect says a burst of takes is coming (a run whose stages will each
+// take a box): the next counted take sizes the pool for the rest of the
+// burst and fills it at once, in parallel, without the quiet wait. A take
+// that finds the pool empty while a box is being made for it waits for
+// that box rather than make its own.
 package warm
 
 import (
@@ -72,7 +78,20 @@ type pool[B any] struct {
 	size    int // boxes to keep: max, or following use (FollowsUse)
 	lastUse time.Time
 	ready   []B
-	filling int
+	filling int // fills started, waiting or making
+	making  int // fills making a box now
+	waiting int // takes waiting for one of them
+	// changed is closed (and replaced) when a box is ready or a fill ends.
+	changed chan struct{}
+	// expect is Expect's burst, for the next counted take; rush is the
+	// number of fills to start without the quiet wait or the filler.
+	expect, rush int
+}
+
+// signal wakes the takes waiting on wp (Pools.mu held).
+func (wp *pool[B]) signal() {
+	close(wp.changed)
+	wp.changed = make(chan struct{})
 }
 
 // New makes the pools of cfg, empty: Fill starts filling them.
@@ -85,7 +104,7 @@ func New[B any](cfg Config[B]) *Pools[B] {
 		if n <= 0 {
 			continue
 		}
-		wp := &pool[B]{image: image, max: n, size: n, lastUse: time.Now()}
+		wp := &pool[B]{image: image, max: n, size: n, lastUse: time.Now(), changed: make(chan struct{})}
 		if cfg.FollowsUse {
 			wp.size = 0
 		}
@@ -94,11 +113,26 @@ func New[B any](cfg Config[B]) *Pools[B] {
 	return p
 }
 
-// Take takes a ready box of image, if the pool has one. use says whether
-// the take counts as a use of the pool (its last use, and with FollowsUse
-// its growth), hit or miss. Either way a fill starts if the pool lacks
-// boxes.
-func (p *Pools[B]) Take(image string, use bool) (B, bool) {
+// Expect says that n boxes of image will be taken soon, one after another
+// (the stages of a run). The next take that counts as a use sizes the
+// pool to the rest of them (up to its Config.Sizes entry) and starts their
+// fills at once, side by side, without waiting for Config.Quiet: each
+// later take finds its box made, or being made. Nothing is made before
+// that take (a run with nothing to do makes no box).
+func (p *Pools[B]) Expect(image string, n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if wp := p.pools[image]; wp != nil {
+		wp.expect = n
+	}
+}
+
+// Take takes a ready box of image, if the pool has one, or one being made
+// that no other take waits for (until ctx ends). use says whether the
+// take counts as a use of the pool (its last use, with FollowsUse its
+// growth, and Expect's burst), hit or miss. Either way a fill starts if
+// the pool lacks boxes.
+func (p *Pools[B]) Take(ctx context.Context, image string, use bool) (B, bool) {
 	var zero B
 	p.mu.Lock()
 	wp := p.pools[image]
@@ -111,11 +145,35 @@ func (p *Pools[B]) Take(image string, use bool) (B, bool) {
 		if p.cfg.FollowsUse && wp.size < wp.max {
 			wp.size++
 		}
+		if wp.expect > 0 {
+			// This take is the burst's first: the pool holds the rest.
+			rest := min(wp.expect-1, wp.max)
+			wp.size = max(wp.size, rest)
+			wp.rush = max(0, rest-len(wp.ready)-wp.filling)
+			wp.expect = 0
+		}
 	}
-	if len(wp.ready) == 0 {
+	for len(wp.ready) == 0 {
+		if wp.making <= wp.waiting || p.closed {
+			p.mu.Unlock()
+			p.Fill()
+			return zero, false
+		}
+		wp.waiting++
+		ch := wp.changed
 		p.mu.Unlock()
-		p.Fill()
-		return zero, false
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		case <-p.done:
+		}
+		p.mu.Lock()
+		wp.waiting--
+		if ctx.Err() != nil {
+			p.mu.Unlock()
+			p.Fill()
+			return zero, false
+		}
 	}
 	b := wp.ready[len(wp.ready)-1]
 	wp.ready = wp.ready[:len(wp.ready)-1]
@@ -138,13 +196,20 @@ func (p *Pools[B]) Fill() {
 	for _, wp := range p.pools {
 		for len(wp.ready)+wp.filling < wp.size {
 			wp.filling++
+			rush := wp.rush > 0
+			if rush {
+				wp.rush--
+			}
 			p.wg.Add(1)
-			go p.fillOne(wp)
+			go p.fillOne(wp, rush)
 		}
 	}
 }
 
-func (p *Pools[B]) fillOne(wp *pool[B]) {
+// fillOne makes a box for wp. A rush fill (Expect's burst) starts at
+// once, beside the others; any other waits for Config.Quiet and makes one
+// box at a time over all pools.
+func (p *Pools[B]) fillOne(wp *pool[B], rush bool) {
 	defer p.wg.Done()
 	defer safe.Recover(p.log, "warm pool", nil)
 	made := false
@@ -152,39 +217,49 @@ func (p *Pools[B]) fillOne(wp *pool[B]) {
 		if !made {
 			p.mu.Lock()
 			wp.filling--
+			wp.signal()
 			p.mu.Unlock()
 		}
 	}()
-	// Not while boxes are being taken: a run's stages take one each, and
-	// a box made meanwhile competes with their commands for the CPU.
-	for {
-		p.mu.Lock()
-		wait := p.cfg.Quiet - time.Since(wp.lastUse)
-		p.mu.Unlock()
-		if wait <= 0 {
-			break
+	if !rush {
+		// Not while boxes are being taken: a run's stages take one each,
+		// and a box made meanwhile competes with their commands for the
+		// CPU.
+		for {
+			p.mu.Lock()
+			wait := p.cfg.Quiet - time.Since(wp.lastUse)
+			p.mu.Unlock()
+			if wait <= 0 {
+				break
+			}
+			select {
+			case <-time.After(wait):
+			case <-p.done:
+				return
+			}
 		}
+		// One fill at a time; one that waited past Close, or past the
+		// pool shrinking, makes nothing.
 		select {
-		case <-time.After(wait):
+		case p.filler <- struct{}{}:
 		case <-p.done:
 			return
 		}
+		defer func() { <-p.filler }()
 	}
-	// One fill at a time; one that waited past Close, or past the pool
-	// shrinking, makes nothing.
-	select {
-	case p.filler <- struct{}{}:
-	case <-p.done:
-		return
-	}
-	defer func() { <-p.filler }()
 	p.mu.Lock()
 	wanted := !p.closed && len(wp.ready)+wp.filling <= wp.size
+	if wanted {
+		wp.making++
+	}
 	p.mu.Unlock()
 	if !wanted {
 		return
 	}
 	b, err := p.cfg.Make(context.Background(), wp.image)
+	p.mu.Lock()
+	wp.making--
+	p.mu.Unlock()
 	if err != nil {
 		p.log.Warn("warm pool: create box", "image", wp.image, "err", err)
 		return
@@ -193,11 +268,13 @@ func (p *Pools[B]) fillOne(wp *pool[B]) {
 	wp.filling--
 	made = true
 	if p.closed {
+		wp.signal()
 		p.mu.Unlock()
 		p.cfg.Discard(context.Background(), b)
 		return
 	}
 	wp.ready = append(wp.ready, b)
+	wp.signal()
 	p.mu.Unlock()
 }
 

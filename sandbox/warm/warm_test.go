@@ -2,6 +2,7 @@ package warm_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -23,12 +24,41 @@ type boxes struct {
 	discarded []string
 	entered   chan struct{}
 	gate      chan struct{}
+	quit      chan struct{} // closed when the test ends: a gated Make gives up
+}
+
+// within bounds the waits of a test, so that a broken pool fails it
+// rather than hang it.
+const within = 10 * time.Second
+
+// inMake waits until a Make has entered the gate.
+func (b *boxes) inMake(t *testing.T) {
+	t.Helper()
+	select {
+	case <-b.entered:
+	case <-time.After(within):
+		t.Fatal("no box is being made")
+	}
+}
+
+// open lets one gated Make finish.
+func (b *boxes) open(t *testing.T) {
+	t.Helper()
+	select {
+	case b.gate <- struct{}{}:
+	case <-time.After(within):
+		t.Fatal("no box is being made to let through")
+	}
 }
 
 func (b *boxes) make(ctx context.Context, image string) (string, error) {
 	if b.gate != nil {
 		b.entered <- struct{}{}
-		<-b.gate
+		select {
+		case <-b.gate:
+		case <-b.quit:
+			return "", errors.New("the test ended")
+		}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -56,7 +86,11 @@ func newPools(t *testing.T, b *boxes, edit func(*warm.Config[string])) *warm.Poo
 		edit(&cfg)
 	}
 	p := warm.New(cfg)
-	t.Cleanup(func() { p.Close(context.Background()) })
+	b.quit = make(chan struct{})
+	t.Cleanup(func() {
+		close(b.quit)
+		p.Close(context.Background())
+	})
 	return p
 }
 
@@ -74,7 +108,7 @@ func TestFillAndTake(t *testing.T) {
 	require.Eventually(t, ready(p), 10*time.Second, time.Millisecond)
 	seen := map[string]bool{}
 	for range 5 {
-		id, ok := p.Take("img", true)
+		id, ok := p.Take(context.Background(), "img", true)
 		require.True(t, ok)
 		assert.False(t, seen[id], "box %s handed over twice", id)
 		seen[id] = true
@@ -82,9 +116,9 @@ func TestFillAndTake(t *testing.T) {
 	}
 	made, _ := b.counts()
 	assert.Equal(t, 7, made, "two at first, one per take")
-	_, ok := p.Take("none", true)
+	_, ok := p.Take(context.Background(), "none", true)
 	assert.False(t, ok)
-	_, ok = p.Take("other", true)
+	_, ok = p.Take(context.Background(), "other", true)
 	assert.False(t, ok)
 	assert.Equal(t, map[string]int{"img": 2}, p.Ready(), "no pool for a size of 0")
 }
@@ -96,20 +130,20 @@ func TestFollowsUse(t *testing.T) {
 	b := &boxes{}
 	p := newPools(t, b, func(c *warm.Config[string]) { c.FollowsUse = true; c.Idle = time.Hour })
 	p.Fill()
-	_, ok := p.Take("img", false)
+	_, ok := p.Take(context.Background(), "img", false)
 	assert.False(t, ok)
 	p.Fill()
 	p.Shrink(context.Background())
 	made, _ := b.counts()
 	assert.Equal(t, 0, made, "no use, no box")
 
-	_, ok = p.Take("img", true) // a miss: size 1
+	_, ok = p.Take(context.Background(), "img", true) // a miss: size 1
 	assert.False(t, ok)
 	require.Eventually(t, func() bool { return p.Ready()["img"] == 1 }, 10*time.Second, time.Millisecond)
-	_, ok = p.Take("img", true) // a hit: size 2
+	_, ok = p.Take(context.Background(), "img", true) // a hit: size 2
 	assert.True(t, ok)
 	require.Eventually(t, ready(p), 10*time.Second, time.Millisecond)
-	_, ok = p.Take("img", true) // a hit: size stays 2
+	_, ok = p.Take(context.Background(), "img", true) // a hit: size stays 2
 	assert.True(t, ok)
 	require.Eventually(t, ready(p), 10*time.Second, time.Millisecond)
 	made, _ = b.counts()
@@ -120,7 +154,7 @@ func TestFollowsUse(t *testing.T) {
 	assert.Equal(t, 0, discarded, "not idle for Idle yet")
 
 	q := newPools(t, &boxes{}, func(c *warm.Config[string]) { c.FollowsUse = true; c.Idle = time.Nanosecond })
-	q.Take("img", true)
+	q.Take(context.Background(), "img", true)
 	require.Eventually(t, func() bool { return q.Ready()["img"] == 1 }, 10*time.Second, time.Millisecond)
 	q.Shrink(context.Background())
 	assert.Equal(t, 0, q.Ready()["img"], "an idle pool gives its box back")
@@ -137,7 +171,7 @@ func TestMayFill(t *testing.T) {
 		c.MayFill = func() bool { mu.Lock(); defer mu.Unlock(); return may }
 	})
 	p.Fill()
-	p.Take("img", true)
+	p.Take(context.Background(), "img", true)
 	made, _ := b.counts()
 	assert.Equal(t, 0, made)
 	mu.Lock()
@@ -155,7 +189,7 @@ func TestQuiet(t *testing.T) {
 	p.Fill()
 	require.Eventually(t, ready(p), 10*time.Second, time.Millisecond)
 	taken := time.Now()
-	p.Take("img", true)
+	p.Take(context.Background(), "img", true)
 	require.Eventually(t, ready(p), 10*time.Second, time.Millisecond)
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -169,12 +203,12 @@ func TestClose(t *testing.T) {
 	p := newPools(t, b, func(c *warm.Config[string]) { c.Sizes = map[string]int{"img": 3} })
 	p.Fill()
 	for range 3 {
-		<-b.entered
-		b.gate <- struct{}{}
+		b.inMake(t)
+		b.open(t)
 	}
 	require.Eventually(t, func() bool { return p.Ready()["img"] == 3 }, 10*time.Second, time.Millisecond)
-	p.Take("img", true)
-	<-b.entered // the refill is inside Make, held by the gate
+	p.Take(context.Background(), "img", true)
+	b.inMake(t) // the refill is inside Make, held by the gate
 	closed := make(chan struct{})
 	go func() { p.Close(context.Background()); close(closed) }()
 	select {
@@ -182,15 +216,87 @@ func TestClose(t *testing.T) {
 		t.Fatal("Close returned while a fill was making a box")
 	case <-time.After(50 * time.Millisecond):
 	}
-	b.gate <- struct{}{}
+	b.open(t)
 	<-closed
 	made, discarded := b.counts()
 	assert.Equal(t, 4, made)
 	assert.Equal(t, 3, discarded, "the ready boxes and the one made during Close")
 	assert.Equal(t, 0, p.Ready()["img"])
 	p.Fill()
-	_, ok := p.Take("img", true)
+	_, ok := p.Take(context.Background(), "img", true)
 	assert.False(t, ok)
 	made, _ = b.counts()
 	assert.Equal(t, 4, made, "nothing fills after Close")
+}
+
+// TestExpectFillsTheBurstAtOnce: after Expect, the burst's first take
+// sizes a use-following pool for the rest of the burst and fills it at
+// once, side by side, although Quiet would hold a refill for an hour;
+// nothing is made before that take.
+func TestExpectFillsTheBurstAtOnce(t *testing.T) {
+	b := &boxes{entered: make(chan struct{}, 4), gate: make(chan struct{})}
+	p := newPools(t, b, func(c *warm.Config[string]) {
+		c.Sizes = map[string]int{"img": 3}
+		c.FollowsUse, c.Idle, c.Quiet = true, time.Hour, time.Hour
+	})
+	p.Expect("img", 3)
+	p.Fill()
+	select {
+	case <-b.entered:
+		t.Fatal("a box was made before the burst's first take")
+	case <-time.After(20 * time.Millisecond):
+	}
+	_, ok := p.Take(context.Background(), "img", true)
+	assert.False(t, ok, "nothing was made yet: the first stage makes its own")
+	b.inMake(t)
+	b.inMake(t) // both fills are making their box at once, not one after the other
+	b.open(t)
+	b.open(t)
+	require.Eventually(t, func() bool { return p.Ready()["img"] == 2 }, 10*time.Second, time.Millisecond)
+	for range 2 {
+		_, ok := p.Take(context.Background(), "img", true)
+		assert.True(t, ok)
+	}
+	made, _ := b.counts()
+	assert.Equal(t, 2, made, "the refill after the burst waits for Quiet again")
+}
+
+// TestTakeWaitsForABoxBeingMade: a take that finds the pool empty while a
+// box is being made waits for that box (a later stage, whose box began
+// while the earlier one ran); one whose context ends stops waiting.
+func TestTakeWaitsForABoxBeingMade(t *testing.T) {
+	b := &boxes{entered: make(chan struct{}, 4), gate: make(chan struct{})}
+	p := newPools(t, b, func(c *warm.Config[string]) {
+		c.Sizes = map[string]int{"img": 2}
+		c.FollowsUse, c.Idle, c.Quiet = true, time.Hour, time.Hour
+	})
+	p.Expect("img", 2)
+	_, ok := p.Take(context.Background(), "img", true)
+	require.False(t, ok)
+	b.inMake(t) // the burst's one fill is inside Make
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	_, ok = p.Take(ctx, "img", false)
+	assert.False(t, ok, "a take whose context ended waits no more")
+
+	got := make(chan bool, 1)
+	go func() {
+		_, ok := p.Take(context.Background(), "img", true)
+		got <- ok
+	}()
+	select {
+	case <-got:
+		t.Fatal("the take did not wait for the box being made")
+	case <-time.After(30 * time.Millisecond):
+	}
+	b.open(t)
+	select {
+	case ok := <-got:
+		assert.True(t, ok, "the take got the box it waited for")
+	case <-time.After(within):
+		t.Fatal("the waiting take never got its box")
+	}
+	made, _ := b.counts()
+	assert.Equal(t, 1, made, "no second box for the waiting take")
 }
