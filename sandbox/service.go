@@ -119,6 +119,10 @@ type Config struct {
 	// grows it by one, every PoolIdle without one shrinks it by one
 	// (cellbox run: exec stages get warm boxes, an idle run keeps none).
 	PoolFollowsUse bool
+	// PoolBurstsOnly (with PoolFollowsUse) sizes each pool by
+	// ExpectBoxes alone: the boxes of the stages a run expects, and none
+	// after them (cellbox run --once, which exits when its run is done).
+	PoolBurstsOnly bool
 	// OneShot, if set, names the boxes that live for one run, by session
 	// and box name (cellbox run and serve: the exec stages' boxes of the
 	// runtime's session). Their creations are the uses a use-following

@@ -31,6 +31,7 @@ func (s *Service) newPools() *warm.Pools[warmBox] {
 	return warm.New(warm.Config[warmBox]{
 		Sizes:      s.cfg.Pool,
 		FollowsUse: s.cfg.PoolFollowsUse,
+		BurstsOnly: s.cfg.PoolBurstsOnly,
 		Idle:       s.cfg.PoolIdle,
 		Quiet:      fillQuiet,
 		Make:       s.makeWarm,

@@ -80,6 +80,9 @@ func runRun(ctx context.Context, args []string) error {
 	slog.SetDefault(log) // the backend and the sandbox log there too, not over the view
 	cfg := server.RunConfig(dataDir, *backendName, "", log)
 	cfg.HTTP = *httpOpts
+	// --once exits when the run is done: its pool makes the boxes of the
+	// stages it expects (expectExecBoxes) and no refill after them.
+	cfg.Sandbox.PoolBurstsOnly = *once
 	r, err := server.Open(ctx, cfg)
 	if err != nil {
 		return err

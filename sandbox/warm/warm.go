@@ -19,7 +19,8 @@
 // take a box): the next counted take sizes the pool for the rest of the
 // burst and fills it at once, in parallel, without the quiet wait. A take
 // that finds the pool empty while a box is being made for it waits for
-// that box rather than make its own.
+// that box rather than make its own. With Config.BurstsOnly, bursts are
+// all that size a pool.
 package warm
 
 import (
@@ -38,7 +39,11 @@ type Config[B any] struct {
 	Sizes map[string]int
 	// FollowsUse starts each pool empty and lets its size follow use (see
 	// the package comment).
-	FollowsUse bool
+	// BurstsOnly (with FollowsUse) sizes a pool by Expect's bursts alone:
+	// it does not grow with use, and shrinks to the rest of the burst as
+	// its boxes are taken, so that a process that exits when its run is
+	// done (`cellbox run --once`) makes no box it will not use.
+	FollowsUse, BurstsOnly bool
 	// Idle is how long a use-following pool stays unused before Shrink
 	// takes a box from it.
 	Idle time.Duration
@@ -79,13 +84,15 @@ type pool[B any] struct {
 	lastUse time.Time
 	ready   []B
 	filling int // fills started, waiting or making
-	making  int // fills making a box now
+	making  int // fills making a box now, or rushing to
 	waiting int // takes waiting for one of them
 	// changed is closed (and replaced) when a box is ready or a fill ends.
 	changed chan struct{}
-	// expect is Expect's burst, for the next counted take; rush is the
-	// number of fills to start without the quiet wait or the filler.
-	expect, rush int
+	// expect is Expect's burst, for the next counted take; burst is the
+	// number of its takes still to come. While the burst needs more boxes
+	// than the pool has or is making, fills start without the quiet wait
+	// or the filler (rush).
+	expect, burst int
 }
 
 // signal wakes the takes waiting on wp (Pools.mu held).
@@ -142,15 +149,19 @@ func (p *Pools[B]) Take(ctx context.Context, image string, use bool) (B, bool) {
 	}
 	if use {
 		wp.lastUse = time.Now()
-		if p.cfg.FollowsUse && wp.size < wp.max {
+		if p.cfg.FollowsUse && !p.cfg.BurstsOnly && wp.size < wp.max {
 			wp.size++
 		}
-		if wp.expect > 0 {
+		switch {
+		case wp.expect > 0:
 			// This take is the burst's first: the pool holds the rest.
-			rest := min(wp.expect-1, wp.max)
-			wp.size = max(wp.size, rest)
-			wp.rush = max(0, rest-len(wp.ready)-wp.filling)
-			wp.expect = 0
+			wp.burst, wp.expect = wp.expect-1, 0
+			wp.size = max(wp.size, min(wp.burst, wp.max))
+		case wp.burst > 0:
+			wp.burst--
+		}
+		if p.cfg.BurstsOnly {
+			wp.size = min(wp.burst, wp.max)
 		}
 	}
 	for len(wp.ready) == 0 {
@@ -195,10 +206,10 @@ func (p *Pools[B]) Fill() {
 	}
 	for _, wp := range p.pools {
 		for len(wp.ready)+wp.filling < wp.size {
+			rush := wp.burst > len(wp.ready)+wp.filling
 			wp.filling++
-			rush := wp.rush > 0
 			if rush {
-				wp.rush--
+				wp.making++ // from now: a take waits for it
 			}
 			p.wg.Add(1)
 			go p.fillOne(wp, rush)
@@ -248,9 +259,15 @@ func (p *Pools[B]) fillOne(wp *pool[B], rush bool) {
 		defer func() { <-p.filler }()
 	}
 	p.mu.Lock()
-	wanted := !p.closed && len(wp.ready)+wp.filling <= wp.size
-	if wanted {
+	// Wanted unless the pool shrank meanwhile; a take waiting for a box
+	// wants it whatever the size (the last of a burst shrinks the pool
+	// to nothing, its own box included).
+	wanted := !p.closed && len(wp.ready)+wp.filling <= wp.size+wp.waiting
+	switch {
+	case wanted && !rush:
 		wp.making++
+	case !wanted && rush:
+		wp.making--
 	}
 	p.mu.Unlock()
 	if !wanted {

@@ -300,3 +300,29 @@ func TestTakeWaitsForABoxBeingMade(t *testing.T) {
 	made, _ := b.counts()
 	assert.Equal(t, 1, made, "no second box for the waiting take")
 }
+
+// TestBurstsOnly: a pool sized by bursts alone makes the boxes of the
+// burst (each later take finds one) and none after it — `cellbox run
+// --once` exits when its stages are done, and a refill would be made
+// only to be thrown away on the way out.
+func TestBurstsOnly(t *testing.T) {
+	b := &boxes{}
+	p := newPools(t, b, func(c *warm.Config[string]) {
+		c.Sizes = map[string]int{"img": 2}
+		c.FollowsUse, c.BurstsOnly, c.Idle, c.Quiet = true, true, time.Hour, 0
+	})
+	p.Expect("img", 4)
+	_, ok := p.Take(context.Background(), "img", true)
+	require.False(t, ok, "the burst's first take makes its own box")
+	for range 3 {
+		_, ok := p.Take(context.Background(), "img", true)
+		assert.True(t, ok, "a later take of the burst finds its box made, or being made")
+	}
+	time.Sleep(50 * time.Millisecond) // time for a refill that should not be
+	_, ok = p.Take(context.Background(), "img", true)
+	assert.False(t, ok, "after the burst the pool keeps nothing")
+	time.Sleep(50 * time.Millisecond)
+	made, _ := b.counts()
+	assert.Equal(t, 3, made, "the burst's later takes, and not one box more")
+	assert.Equal(t, 0, p.Ready()["img"])
+}
