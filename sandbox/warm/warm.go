@@ -273,10 +273,14 @@ func (p *Pools[B]) fillOne(wp *pool[B], rush bool) {
 	if !wanted {
 		return
 	}
-	b, err := p.cfg.Make(context.Background(), wp.image)
-	p.mu.Lock()
-	wp.making--
-	p.mu.Unlock()
+	b, err := func() (B, error) {
+		defer func() { // also if Make panics: no take waits for it then
+			p.mu.Lock()
+			wp.making--
+			p.mu.Unlock()
+		}()
+		return p.cfg.Make(context.Background(), wp.image)
+	}()
 	if err != nil {
 		p.log.Warn("warm pool: create box", "image", wp.image, "err", err)
 		return
