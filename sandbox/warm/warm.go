@@ -149,19 +149,20 @@ func (p *Pools[B]) Take(ctx context.Context, image string, use bool) (B, bool) {
 	}
 	if use {
 		wp.lastUse = time.Now()
-		if p.cfg.FollowsUse && !p.cfg.BurstsOnly && wp.size < wp.max {
-			wp.size++
-		}
 		switch {
-		case wp.expect > 0:
-			// This take is the burst's first: the pool holds the rest.
+		case wp.expect > 0: // the burst's first take: the pool holds the rest
 			wp.burst, wp.expect = wp.expect-1, 0
-			wp.size = max(wp.size, min(wp.burst, wp.max))
 		case wp.burst > 0:
 			wp.burst--
 		}
-		if p.cfg.BurstsOnly {
+		// A pool of a fixed size keeps it (max); one following use grows
+		// by one, at once to the rest of a burst; one sized by bursts
+		// alone holds their rest and nothing more.
+		switch {
+		case p.cfg.BurstsOnly:
 			wp.size = min(wp.burst, wp.max)
+		case p.cfg.FollowsUse:
+			wp.size = min(max(wp.size+1, wp.burst), wp.max)
 		}
 	}
 	for len(wp.ready) == 0 {
