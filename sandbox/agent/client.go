@@ -397,9 +397,12 @@ func newDirWatch(dir string) *dirWatch {
 	return &dirWatch{fd: fd}
 }
 
+// close closes the watch in the background: closing an inotify instance
+// waits for the kernel's fsnotify SRCU grace period (10-15 ms here), which
+// was a quarter of every box's create+start → agent ready.
 func (w *dirWatch) close() {
 	if w != nil {
-		unix.Close(w.fd)
+		go unix.Close(w.fd)
 	}
 }
 
