@@ -85,3 +85,13 @@ func (s *Service) ExpectBoxes(image string, n int) {
 	}
 	s.pools.Expect(image, n)
 }
+
+// BeginBoxes starts the burst ExpectBoxes announced for image ("" the
+// default image) now, before its first take (warm.Pools.Begin): for a
+// caller that knows every stage will run.
+func (s *Service) BeginBoxes(image string) {
+	if image == "" {
+		image = s.cfg.DefaultImage
+	}
+	s.pools.Begin(image)
+}

@@ -52,8 +52,10 @@ type Sandboxes struct {
 	// runtimeSession is session, read without mu: the sandbox service
 	// asks it (execBox) under its own lock.
 	runtimeSession atomic.Pointer[string]
-	// expect is ExpectBoxes' hint, handed to the service when it opens.
+	// expect is ExpectBoxes' hint, handed to the service when it opens;
+	// begin is BeginBoxes', for the same moment.
 	expect map[string]int
+	begin  bool
 }
 
 // openTimeout bounds opening the backend and the service on first need.
@@ -96,6 +98,9 @@ func (s *Sandboxes) Get(ctx context.Context) (*sandbox.Service, string, error) {
 		if svc != nil {
 			for image, n := range s.expect {
 				svc.ExpectBoxes(image, n)
+				if s.begin {
+					svc.BeginBoxes(image)
+				}
 			}
 		}
 	})
@@ -202,14 +207,31 @@ func (s *Sandboxes) Opened() (*sandbox.Service, string) {
 func (s *Sandboxes) ExpectBoxes(image string, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.svc != nil {
-		s.svc.ExpectBoxes(image, n)
-		return
-	}
 	if s.expect == nil {
 		s.expect = map[string]int{}
 	}
 	s.expect[image] = n
+	if s.svc != nil {
+		s.svc.ExpectBoxes(image, n)
+	}
+}
+
+// BeginBoxes starts making the boxes ExpectBoxes announced now, before
+// the first is taken (sandbox.Service.BeginBoxes), opening the service in
+// the background if it is not open: for a run that knows every stage will
+// run (its data dir is new), whose first box is then made while the
+// pattern loads.
+func (s *Sandboxes) BeginBoxes(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.svc == nil {
+		s.begin = true
+		go func() { _, _, _ = s.Get(ctx) }() // an error is every later Get's
+		return
+	}
+	for image := range s.expect {
+		s.svc.BeginBoxes(image)
+	}
 }
 
 // SetBaseURL sets the base URL of previews, now or when the service opens.
@@ -236,6 +258,12 @@ func (s *Sandboxes) Sleep(ctx context.Context) error {
 
 // Close closes a service this opened (LazySandboxes).
 func (s *Sandboxes) Close() error {
+	s.mu.Lock()
+	begun := s.begin
+	s.mu.Unlock()
+	if begun { // BeginBoxes' opening may still run: its boxes are ours to remove
+		_, _, _ = s.Get(context.Background())
+	}
 	if svc, _ := s.Opened(); svc != nil && s.owned {
 		return svc.Close()
 	}

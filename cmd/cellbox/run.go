@@ -23,6 +23,7 @@ import (
 	"github.com/cellbox/cellbox/cells"
 	"github.com/cellbox/cellbox/patterns"
 	"github.com/cellbox/cellbox/runtime"
+	"github.com/cellbox/cellbox/sandbox"
 	"github.com/cellbox/cellbox/server"
 	"github.com/cellbox/cellbox/server/runapi"
 )
@@ -66,6 +67,9 @@ func runRun(ctx context.Context, args []string) error {
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
+	// A new data dir: the first run runs every stage (expectExecBoxes).
+	_, statErr := os.Stat(filepath.Join(dataDir, sandbox.StateFile))
+	fresh := errors.Is(statErr, os.ErrNotExist)
 	server.RememberSchemas(dataDir) // before the pattern's cell schemas compile
 	p, err := patterns.Load(source)
 	if err != nil {
@@ -89,6 +93,7 @@ func runRun(ctx context.Context, args []string) error {
 	}
 	defer r.Close()
 	host, store := r.Host, r.State.Cells
+	expectExecBoxes(ctx, host.Sandboxes(), p, fresh)
 
 	tty := isTerminal(os.Stdout)
 	progress := io.Writer(os.Stdout)
@@ -106,7 +111,6 @@ func runRun(ctx context.Context, args []string) error {
 		return err
 	}
 	base := ep.URL
-	expectExecBoxes(host.Sandboxes(), p)
 	inst, err := host.API().Load(ctx, p, runapi.LoadOptions{Space: runapi.DefaultSpace, Name: p.Name, Source: source})
 	if err != nil {
 		finishView()
@@ -183,8 +187,11 @@ const reloadDebounce = 150 * time.Millisecond
 // image the pattern's first run may take, one stage after another: when
 // the first stage takes its box, the boxes of the later ones are made
 // beside its run rather than each after the stage before it. A run with
-// nothing to do takes none, and nothing is made.
-func expectExecBoxes(boxes *server.Sandboxes, p *patterns.Pattern) {
+// nothing to do takes none, and nothing is made. Over a fresh data dir
+// every stage runs: the boxes are begun at once, the first made while the
+// pattern loads (a pattern whose stages all wait on cells nobody set
+// makes them for nothing).
+func expectExecBoxes(ctx context.Context, boxes *server.Sandboxes, p *patterns.Pattern, fresh bool) {
 	n := map[string]int{}
 	for _, nd := range p.Nodes {
 		x := nd.Exec
@@ -195,6 +202,9 @@ func expectExecBoxes(boxes *server.Sandboxes, p *patterns.Pattern) {
 	}
 	for image, k := range n {
 		boxes.ExpectBoxes(image, k)
+	}
+	if fresh && len(n) > 0 {
+		boxes.BeginBoxes(ctx)
 	}
 }
 

@@ -663,3 +663,51 @@ func TestRunOpensNoBackendWithoutBoxes(t *testing.T) {
 	require.Error(t, err, "a stage needs the backend")
 	assert.Contains(t, out+errOut, "start the sandbox service")
 }
+
+// TestRunBeginsBoxesOverANewDataDir: over a new data dir, where every
+// stage runs, the boxes of a run's exec stages are begun while the
+// pattern loads, and the first stage takes one of them (run.log says
+// "from warm pool"); over a data dir that has run before, the first stage
+// that reruns makes its own (a run with nothing to do must make none). A
+// pattern whose stage never runs (its input failed) leaves no box behind
+// when --once exits.
+func TestRunBeginsBoxesOverANewDataDir(t *testing.T) {
+	testenv.RequireBwrap(t)
+	data := t.TempDir()
+	name := "begin" + randomHex(t)
+	yaml := func(word string) string {
+		return "name: " + name + "\nnodes:\n  head:\n    exec:\n      command: echo " + word +
+			"\n  tail:\n    exec:\n      command: echo ${trim(head.result.stdout)} again\n"
+	}
+	pattern := writePattern(t, yaml("one"))
+	log := func() string {
+		b, err := os.ReadFile(filepath.Join(data, "run.log"))
+		require.NoError(t, err)
+		return string(b)
+	}
+	out, errOut, err := cellbox(t, "run", pattern, "--once", "--data", data, "--backend", "local")
+	require.NoError(t, err, errOut)
+	assert.Contains(t, out, `one again`)
+	assert.Contains(t, log(), `msg="box created from warm pool" session=`)
+	assert.Regexp(t, `msg="box created from warm pool" session=\S+ name=exec-`+name+`\.head-1 `, log(), "the first stage took a box begun while the pattern loaded")
+
+	require.NoError(t, os.WriteFile(filepath.Join(pattern, "pattern.yaml"), []byte(yaml("two")), 0o644))
+	before := len(log())
+	out, errOut, err = cellbox(t, "run", pattern, "--once", "--data", data, "--backend", "local")
+	require.NoError(t, err, errOut)
+	assert.Contains(t, out, `two again`)
+	second := log()[before:]
+	assert.Regexp(t, `msg="box created" session=\S+ name=exec-`+name+`\.head-\d+ `, second, "a data dir that ran before: the first stage makes its box")
+	assert.Empty(t, dataDirBoxes(t, "local", data), "no box is left")
+
+	fresh := t.TempDir()
+	_, errOut, err = cellbox(t, "run", writePattern(t, "name: never"+randomHex(t)+"\nnodes:\n  bad: {computed: '${int(\"x\")}'}\n  stage:\n    exec:\n      command: echo ${bad}\n"),
+		"--once", "--data", fresh, "--backend", "local")
+	require.Error(t, err, "the failed node fails the run")
+	assert.NotContains(t, errOut, "panic")
+	assert.Empty(t, dataDirBoxes(t, "local", fresh), "the boxes begun for a stage that never ran are removed")
+	entries, err := os.ReadDir(filepath.Join(fresh, "boxes"))
+	if err == nil {
+		assert.Empty(t, entries, "no box directory is left")
+	}
+}

@@ -134,6 +134,38 @@ func (p *Pools[B]) Expect(image string, n int) {
 	}
 }
 
+// Begin starts the burst Expect announced for image now, before its
+// first take: its boxes are made at once (up to the pool's Config.Sizes
+// entry, the rest as they are taken), and its first take waits for one
+// of them instead of making its own. For a caller that knows the burst
+// will come (the first run over a fresh data dir runs every stage); a
+// burst that never comes leaves its boxes in the pool.
+func (p *Pools[B]) Begin(image string) {
+	p.mu.Lock()
+	wp := p.pools[image]
+	if wp == nil || wp.expect == 0 {
+		p.mu.Unlock()
+		return
+	}
+	wp.burst, wp.expect = wp.expect, 0
+	p.resize(wp, 0)
+	p.mu.Unlock()
+	p.Fill()
+}
+
+// resize sets wp's size after a counted take (grow 1) or the start of a
+// burst (grow 0), Pools.mu held. A pool of a fixed size keeps it (max);
+// one following use grows by one per take, at once to the rest of a
+// burst; one sized by bursts alone holds their rest and nothing more.
+func (p *Pools[B]) resize(wp *pool[B], grow int) {
+	switch {
+	case p.cfg.BurstsOnly:
+		wp.size = min(wp.burst, wp.max)
+	case p.cfg.FollowsUse:
+		wp.size = min(max(wp.size+grow, wp.burst), wp.max)
+	}
+}
+
 // Take takes a ready box of image, if the pool has one, or one being made
 // that no other take waits for (until ctx ends). use says whether the
 // take counts as a use of the pool (its last use, with FollowsUse its
@@ -155,15 +187,7 @@ func (p *Pools[B]) Take(ctx context.Context, image string, use bool) (B, bool) {
 		case wp.burst > 0:
 			wp.burst--
 		}
-		// A pool of a fixed size keeps it (max); one following use grows
-		// by one, at once to the rest of a burst; one sized by bursts
-		// alone holds their rest and nothing more.
-		switch {
-		case p.cfg.BurstsOnly:
-			wp.size = min(wp.burst, wp.max)
-		case p.cfg.FollowsUse:
-			wp.size = min(max(wp.size+1, wp.burst), wp.max)
-		}
+		p.resize(wp, 1)
 	}
 	for len(wp.ready) == 0 {
 		if wp.making <= wp.waiting || p.closed {

@@ -326,3 +326,49 @@ func TestBurstsOnly(t *testing.T) {
 	assert.Equal(t, 3, made, "the burst's later takes, and not one box more")
 	assert.Equal(t, 0, p.Ready()["img"])
 }
+
+// TestBeginMakesTheBurstBeforeItsFirstTake: Begin starts the expected
+// burst at once, its boxes side by side up to the pool's size; the first
+// take waits for one of them rather than make its own, and the rest of
+// the burst is made as boxes are taken. Without Expect, Begin makes
+// nothing.
+func TestBeginMakesTheBurstBeforeItsFirstTake(t *testing.T) {
+	b := &boxes{entered: make(chan struct{}, 4), gate: make(chan struct{})}
+	p := newPools(t, b, func(c *warm.Config[string]) {
+		c.Sizes = map[string]int{"img": 2, "other": 2}
+		c.FollowsUse, c.BurstsOnly, c.Idle, c.Quiet = true, true, time.Hour, time.Hour
+	})
+	p.Begin("other") // no burst expected there
+	p.Expect("img", 3)
+	p.Begin("img")
+	b.inMake(t)
+	b.inMake(t) // two at once, before any take
+
+	got := make(chan bool, 1)
+	go func() {
+		_, ok := p.Take(context.Background(), "img", true)
+		got <- ok
+	}()
+	select {
+	case <-got:
+		t.Fatal("the first take did not wait for the burst's boxes")
+	case <-time.After(30 * time.Millisecond):
+	}
+	b.open(t)
+	select {
+	case ok := <-got:
+		assert.True(t, ok, "the first take got a box of the burst")
+	case <-time.After(within):
+		t.Fatal("the first take never got its box")
+	}
+	b.inMake(t) // the burst's third box, begun once the first was taken
+	b.open(t)
+	b.open(t)
+	for range 2 {
+		_, ok := p.Take(context.Background(), "img", true)
+		assert.True(t, ok, "a later take of the burst finds its box")
+	}
+	made, _ := b.counts()
+	assert.Equal(t, 3, made, "the burst's boxes and none for the pool without a burst")
+	assert.Equal(t, 0, p.Ready()["img"]+p.Ready()["other"])
+}
