@@ -93,6 +93,10 @@ type pool[B any] struct {
 	// than the pool has or is making, fills start without the quiet wait
 	// or the filler (rush).
 	expect, burst int
+	// lead is 1 from Begin to the burst's first take: that take's box,
+	// made by the pool (without Begin the take makes it itself), on top
+	// of the pool's size.
+	lead int
 }
 
 // signal wakes the takes waiting on wp (Pools.mu held).
@@ -136,8 +140,8 @@ func (p *Pools[B]) Expect(image string, n int) {
 
 // Begin starts the burst Expect announced for image now, before its
 // first take: its boxes are made at once (up to the pool's Config.Sizes
-// entry, the rest as they are taken), and its first take waits for one
-// of them instead of making its own. For a caller that knows the burst
+// entry and the first take's own, the rest as they are taken), and its
+// first take waits for one of them instead of making its own. For a caller that knows the burst
 // will come (the first run over a fresh data dir runs every stage); a
 // burst that never comes leaves its boxes in the pool.
 func (p *Pools[B]) Begin(image string) {
@@ -147,7 +151,7 @@ func (p *Pools[B]) Begin(image string) {
 		p.mu.Unlock()
 		return
 	}
-	wp.burst, wp.expect = wp.expect, 0
+	wp.burst, wp.expect, wp.lead = wp.expect, 0, 1
 	p.resize(wp, 0)
 	p.mu.Unlock()
 	p.Fill()
@@ -156,13 +160,14 @@ func (p *Pools[B]) Begin(image string) {
 // resize sets wp's size after a counted take (grow 1) or the start of a
 // burst (grow 0), Pools.mu held. A pool of a fixed size keeps it (max);
 // one following use grows by one per take, at once to the rest of a
-// burst; one sized by bursts alone holds their rest and nothing more.
+// burst; one sized by bursts alone holds their rest and nothing more. A
+// begun burst's first box comes on top (lead).
 func (p *Pools[B]) resize(wp *pool[B], grow int) {
 	switch {
 	case p.cfg.BurstsOnly:
-		wp.size = min(wp.burst, wp.max)
+		wp.size = min(wp.burst, wp.max+wp.lead)
 	case p.cfg.FollowsUse:
-		wp.size = min(max(wp.size+grow, wp.burst), wp.max)
+		wp.size = min(max(wp.size+grow, wp.burst), wp.max+wp.lead)
 	}
 }
 
@@ -187,6 +192,7 @@ func (p *Pools[B]) Take(ctx context.Context, image string, use bool) (B, bool) {
 		case wp.burst > 0:
 			wp.burst--
 		}
+		wp.lead = 0
 		p.resize(wp, 1)
 	}
 	for len(wp.ready) == 0 {

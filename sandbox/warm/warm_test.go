@@ -328,21 +328,28 @@ func TestBurstsOnly(t *testing.T) {
 }
 
 // TestBeginMakesTheBurstBeforeItsFirstTake: Begin starts the expected
-// burst at once, its boxes side by side up to the pool's size; the first
-// take waits for one of them rather than make its own, and the rest of
-// the burst is made as boxes are taken. Without Expect, Begin makes
-// nothing.
+// burst at once, its boxes side by side up to the pool's size and the
+// first take's own on top (without Begin that take makes its box
+// itself); the first take waits for one of them rather than make its
+// own, and the rest of the burst is made as boxes are taken. Without
+// Expect, Begin makes nothing.
 func TestBeginMakesTheBurstBeforeItsFirstTake(t *testing.T) {
-	b := &boxes{entered: make(chan struct{}, 4), gate: make(chan struct{})}
+	b := &boxes{entered: make(chan struct{}, 8), gate: make(chan struct{})}
 	p := newPools(t, b, func(c *warm.Config[string]) {
 		c.Sizes = map[string]int{"img": 2, "other": 2}
 		c.FollowsUse, c.BurstsOnly, c.Idle, c.Quiet = true, true, time.Hour, time.Hour
 	})
 	p.Begin("other") // no burst expected there
-	p.Expect("img", 3)
+	p.Expect("img", 4)
 	p.Begin("img")
-	b.inMake(t)
-	b.inMake(t) // two at once, before any take
+	for range 3 { // three at once, before any take
+		b.inMake(t)
+	}
+	select {
+	case <-b.entered:
+		t.Fatal("more boxes begun than the pool's size and the first take's")
+	case <-time.After(30 * time.Millisecond):
+	}
 
 	got := make(chan bool, 1)
 	go func() {
@@ -361,14 +368,17 @@ func TestBeginMakesTheBurstBeforeItsFirstTake(t *testing.T) {
 	case <-time.After(within):
 		t.Fatal("the first take never got its box")
 	}
-	b.inMake(t) // the burst's third box, begun once the first was taken
 	b.open(t)
+	b.open(t)
+	_, ok := p.Take(context.Background(), "img", true)
+	assert.True(t, ok, "the second take finds its box")
+	b.inMake(t) // the burst's fourth box, begun once the pool had room for it
 	b.open(t)
 	for range 2 {
 		_, ok := p.Take(context.Background(), "img", true)
 		assert.True(t, ok, "a later take of the burst finds its box")
 	}
 	made, _ := b.counts()
-	assert.Equal(t, 3, made, "the burst's boxes and none for the pool without a burst")
+	assert.Equal(t, 4, made, "the burst's boxes and none for the pool without a burst")
 	assert.Equal(t, 0, p.Ready()["img"]+p.Ready()["other"])
 }
