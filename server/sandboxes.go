@@ -123,7 +123,7 @@ func (s *Sandboxes) start(ctx context.Context) (*sandbox.Service, string, error)
 	if err != nil {
 		return nil, "", err
 	}
-	session, err := runtimeSession(ctx, s.store, svc, cmp.Or(s.sessionKey, sessionKey))
+	session, made, err := runtimeSession(ctx, s.store, svc, cmp.Or(s.sessionKey, sessionKey))
 	if err != nil {
 		if s.owned {
 			svc.Close()
@@ -131,10 +131,13 @@ func (s *Sandboxes) start(ctx context.Context) (*sandbox.Service, string, error)
 		return nil, "", err
 	}
 	// No box of this process exists yet (every call waits for this open),
-	// so an exec box in the session is a killed process's leftover.
-	env := builtins.Env{Client: svc.Client(session), Logger: s.log}
-	if _, err := builtins.RemoveLeftoverExecBoxes(ctx, env); err != nil {
-		s.log.Warn("remove leftover exec boxes", "error", err)
+	// so an exec box in the session is a killed process's leftover; a
+	// session made just now has none.
+	if !made {
+		env := builtins.Env{Client: svc.Client(session), Logger: s.log}
+		if _, err := builtins.RemoveLeftoverExecBoxes(ctx, env); err != nil {
+			s.log.Warn("remove leftover exec boxes", "error", err)
+		}
 	}
 	return svc, session, nil
 }
@@ -157,11 +160,11 @@ const sessionBucket, sessionKey = "cmd.cellbox", "sandbox.session"
 
 // runtimeSession returns the sandbox session the runtime's boxes live in:
 // the one recorded in the store if the service still has it, else a new
-// one, recorded.
-func runtimeSession(ctx context.Context, store cells.Store, svc *sandbox.Service, key string) (string, error) {
+// one, recorded (made says so).
+func runtimeSession(ctx context.Context, store cells.Store, svc *sandbox.Service, key string) (id string, made bool, err error) {
 	type rec struct{ ID, Token string }
 	var r rec
-	err := store.View(ctx, func(tx cells.Tx) error {
+	err = store.View(ctx, func(tx cells.Tx) error {
 		if b, ok := tx.Meta(sessionBucket).Get(key); ok {
 			return json.Unmarshal(b, &r)
 		}
@@ -169,19 +172,19 @@ func runtimeSession(ctx context.Context, store cells.Store, svc *sandbox.Service
 	})
 	if err == nil && r.ID != "" {
 		if _, err := svc.Authenticate(r.ID, r.Token); err == nil {
-			return r.ID, nil
+			return r.ID, false, nil
 		}
 	}
 	r.ID, r.Token, err = svc.NewSession(ctx)
 	if err != nil {
-		return "", fmt.Errorf("create the runtime's sandbox session: %w", err)
+		return "", false, fmt.Errorf("create the runtime's sandbox session: %w", err)
 	}
 	b, _ := json.Marshal(r)
 	err = store.Update(ctx, func(tx cells.Tx) error { return tx.Meta(sessionBucket).Put(key, b) })
 	if err != nil {
-		return "", fmt.Errorf("record the runtime's sandbox session: %w", err)
+		return "", false, fmt.Errorf("record the runtime's sandbox session: %w", err)
 	}
-	return r.ID, nil
+	return r.ID, true, nil
 }
 
 // execBox says whether the box name of session is an exec run's box of
