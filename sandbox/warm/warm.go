@@ -19,8 +19,9 @@
 // take a box): the next counted take sizes the pool for the rest of the
 // burst and fills it at once, in parallel, without the quiet wait. A take
 // that finds the pool empty while a box is being made for it waits for
-// that box rather than make its own. With Config.BurstsOnly, bursts are
-// all that size a pool.
+// that box rather than make its own. Begin starts an expected burst
+// before its first take, that take's box included. With
+// Config.BurstsOnly, bursts are all that size a pool.
 package warm
 
 import (
@@ -141,9 +142,10 @@ func (p *Pools[B]) Expect(image string, n int) {
 // Begin starts the burst Expect announced for image now, before its
 // first take: its boxes are made at once (up to the pool's Config.Sizes
 // entry and the first take's own, the rest as they are taken), and its
-// first take waits for one of them instead of making its own. For a caller that knows the burst
-// will come (the first run over a fresh data dir runs every stage); a
-// burst that never comes leaves its boxes in the pool.
+// first take waits for one of them instead of making its own. For a
+// caller that knows the burst will come (the first run over a fresh data
+// dir runs every stage); a burst that never comes leaves its boxes in
+// the pool.
 func (p *Pools[B]) Begin(image string) {
 	p.mu.Lock()
 	wp := p.pools[image]
