@@ -280,6 +280,16 @@ func TestTakeWaitsForABoxBeingMade(t *testing.T) {
 	_, ok = p.Take(ctx, "img", false)
 	assert.False(t, ok, "a take whose context ended waits no more")
 
+	takeWaitsForTheBoxBeingMade(t, p, b)
+	made, _ := b.counts()
+	assert.Equal(t, 1, made, "no second box for the waiting take")
+}
+
+// takeWaitsForTheBoxBeingMade checks that a counted take of "img", with
+// the pool's boxes all being made (gated), waits until one is let
+// through, then gets that one.
+func takeWaitsForTheBoxBeingMade(t *testing.T, p *warm.Pools[string], b *boxes) {
+	t.Helper()
 	got := make(chan bool, 1)
 	go func() {
 		_, ok := p.Take(context.Background(), "img", true)
@@ -297,8 +307,6 @@ func TestTakeWaitsForABoxBeingMade(t *testing.T) {
 	case <-time.After(within):
 		t.Fatal("the waiting take never got its box")
 	}
-	made, _ := b.counts()
-	assert.Equal(t, 1, made, "no second box for the waiting take")
 }
 
 // TestBurstsOnly: a pool sized by bursts alone makes the boxes of the
@@ -351,23 +359,7 @@ func TestBeginMakesTheBurstBeforeItsFirstTake(t *testing.T) {
 	case <-time.After(30 * time.Millisecond):
 	}
 
-	got := make(chan bool, 1)
-	go func() {
-		_, ok := p.Take(context.Background(), "img", true)
-		got <- ok
-	}()
-	select {
-	case <-got:
-		t.Fatal("the first take did not wait for the burst's boxes")
-	case <-time.After(30 * time.Millisecond):
-	}
-	b.open(t)
-	select {
-	case ok := <-got:
-		assert.True(t, ok, "the first take got a box of the burst")
-	case <-time.After(within):
-		t.Fatal("the first take never got its box")
-	}
+	takeWaitsForTheBoxBeingMade(t, p, b)
 	b.open(t)
 	b.open(t)
 	_, ok := p.Take(context.Background(), "img", true)
