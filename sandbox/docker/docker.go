@@ -687,7 +687,7 @@ func withBoxUser(file []byte, uid int, passwd bool) []byte {
 
 // disk is the box's disk (see boxdisk).
 func (b *Backend) disk(id string) boxdisk.Disk {
-	return boxdisk.Disk{File: filepath.Join(b.disks, id+".img"), Dir: filepath.Join(b.disks, id)}
+	return boxdisk.Disk{File: filepath.Join(b.disks, id+".img"), Dir: filepath.Join(b.disks, id), Templates: boxdisk.SharedTemplates()}
 }
 
 // Start starts the container; the agent is PID 1.

@@ -38,6 +38,7 @@ package local
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -294,8 +295,9 @@ func (b *Backend) rootfs(img string) (string, error) {
 // Create makes the box directory and its workspace.
 func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Info, error) {
 	return b.create(ctx, spec, func(d boxdisk.Disk, uid int) error {
-		// Templates of every box's disk beside the boxes (a dot: not a box).
-		d.Templates = filepath.Join(b.root, ".disk-templates")
+		// Templates of every box's disk shared by the user's data dirs,
+		// else beside the boxes (a dot: not a box).
+		d.Templates = cmp.Or(boxdisk.SharedTemplates(), filepath.Join(b.root, ".disk-templates"))
 		return d.Make(ctx, spec.Limits.Defaults().DiskBytes, uid, uid)
 	})
 }

@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -124,37 +125,51 @@ func format(ctx context.Context, mkfs, file string) error {
 }
 
 // Templates. A disk is a copy of a template of its size: an image
-// formatted once (by mkfs.ext4) and kept in the disks' directory as
-// .template-SIZE.img (Disk.Templates), copied block for block where it was written (a few
-// hundred KiB for a GiB: copy_file_range, a millisecond) instead of
-// running mkfs.ext4 for every box (a process: tens of milliseconds, on
-// the path of every box made; `cellbox bench` pipeline's first run). The
-// copies share the template's filesystem UUID, which nothing here looks
-// at (disks are mounted by file). At most maxTemplates sizes are kept per
-// directory; a disk of another size is formatted on its own.
+// formatted once (by mkfs.ext4) and kept as .template-SIZE.img in
+// Disk.Templates — by the backends, SharedTemplates, one directory for
+// every data dir of the user —, copied block for block where it was
+// written (a few hundred KiB for a GiB: copy_file_range, a millisecond)
+// instead of running mkfs.ext4 for every box (a process: tens of
+// milliseconds, on the path of every box made; `cellbox bench`
+// pipeline's first run). The copies share the template's filesystem
+// UUID, which nothing here looks at (disks are mounted by file). At most
+// maxTemplates sizes are kept per directory: making another removes the
+// one used longest ago (each use touches its template).
 const maxTemplates = 8
 
 const templatePrefix = ".template-"
 
 var templateMu sync.Mutex // one template made at a time, per process
 
+// SharedTemplates is the directory of the disk templates every data dir
+// of this user shares: $XDG_CACHE_HOME/cellbox/disk-templates, else
+// ~/.cache/cellbox/disk-templates ("" without a home). A template is the
+// same for every disk of its size, so the first box of a new data dir
+// copies one instead of formatting it (about 10 ms of a first run). It
+// is a cache: removing it costs the next box one mkfs.ext4.
+func SharedTemplates() string {
+	d, err := os.UserCacheDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(d, "cellbox", "disk-templates")
+}
+
 // template returns the template of size in dir, making it if need be.
 func template(ctx context.Context, mkfs, dir string, size int64) (*os.File, error) {
 	path := filepath.Join(dir, fmt.Sprintf("%s%d.img", templatePrefix, size))
-	if f, err := os.Open(path); err == nil {
+	if f, err := useTemplate(path); err == nil {
 		return f, nil
 	}
 	templateMu.Lock()
 	defer templateMu.Unlock()
-	if f, err := os.Open(path); err == nil {
+	if f, err := useTemplate(path); err == nil {
 		return f, nil // made meanwhile
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("box disk: templates: %w", err)
 	}
-	if n, _ := filepath.Glob(filepath.Join(dir, templatePrefix+"*.img")); len(n) >= maxTemplates {
-		return nil, fmt.Errorf("box disk: %d templates in %s already", len(n), dir)
-	}
+	evictTemplates(dir)
 	// Made under another name and renamed into place, so that no process
 	// copies a template half made (one a killed process left is removed
 	// here, an hour on).
@@ -186,6 +201,40 @@ func template(ctx context.Context, mkfs, dir string, size int64) (*os.File, erro
 	return os.Open(path)
 }
 
+// useTemplate opens the template at path and marks it used now (its
+// modification time, which evictTemplates goes by).
+func useTemplate(path string) (*os.File, error) {
+	f, err := os.Open(path)
+	if err == nil {
+		now := time.Now()
+		_ = os.Chtimes(path, now, now)
+	}
+	return f, err
+}
+
+// evictTemplates removes the templates of dir used longest ago until
+// there is room for one more. A process copying one keeps its open file.
+func evictTemplates(dir string) {
+	tpls, _ := filepath.Glob(filepath.Join(dir, templatePrefix+"[0-9]*.img"))
+	if len(tpls) < maxTemplates {
+		return
+	}
+	type tpl struct {
+		path string
+		used time.Time
+	}
+	var all []tpl
+	for _, p := range tpls {
+		if fi, err := os.Stat(p); err == nil {
+			all = append(all, tpl{p, fi.ModTime()})
+		}
+	}
+	slices.SortFunc(all, func(a, b tpl) int { return a.used.Compare(b.used) })
+	for _, t := range all[:max(0, len(all)-maxTemplates+1)] {
+		os.Remove(t.path)
+	}
+}
+
 // copySparse copies the data of src (of size bytes) into the empty file
 // dst, leaving holes where src has them, and closes src.
 func copySparse(src, dst *os.File, size int64) error {
@@ -209,6 +258,15 @@ func copySparse(src, dst *os.File, size int64) error {
 		in, out := data, data
 		for in < hole {
 			n, err := unix.CopyFileRange(sfd, &in, dfd, &out, int(hole-in), 0)
+			if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) {
+				// Another filesystem (SharedTemplates is in the home,
+				// the disk in the data dir) where the kernel does not
+				// copy across: through this process instead.
+				if _, err := io.Copy(io.NewOffsetWriter(dst, in), io.NewSectionReader(src, in, hole-in)); err != nil {
+					return fmt.Errorf("copy the template: %w", err)
+				}
+				break
+			}
 			if err != nil {
 				return fmt.Errorf("copy the template: %w", err)
 			}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -268,13 +269,13 @@ func BenchmarkMake(b *testing.B) {
 	}{{"template", true}, {"mkfs each", false}} {
 		b.Run(tc.name, func(b *testing.B) {
 			dir := b.TempDir()
-			if !tc.tpl { // templates of other sizes up to the cap: each disk formatted on its own
-				for i := range 8 {
-					require.NoError(b, os.WriteFile(filepath.Join(dir, ".template-"+strconv.Itoa(i)+".img"), nil, 0o600))
-				}
+			tpls := dir
+			if !tc.tpl { // a templates dir that cannot be made: each disk formatted on its own
+				require.NoError(b, os.WriteFile(filepath.Join(dir, "file"), nil, 0o600))
+				tpls = filepath.Join(dir, "file", "templates")
 			}
 			for b.Loop() {
-				d := boxdisk.Disk{File: filepath.Join(dir, "d.img"), Dir: filepath.Join(dir, "d")}
+				d := boxdisk.Disk{File: filepath.Join(dir, "d.img"), Dir: filepath.Join(dir, "d"), Templates: tpls}
 				if err := d.Make(ctx, 1<<30, 1000, 1000); err != nil {
 					b.Fatal(err)
 				}
@@ -284,4 +285,60 @@ func BenchmarkMake(b *testing.B) {
 			}
 		})
 	}
+}
+
+// A templates dir holds at most 8 sizes: making a ninth removes the one
+// used longest ago (a use, not only the making, counts), and the disk of
+// the new size is made from its own template.
+func TestTemplatesEvictTheLeastRecentlyUsed(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	dir, tpls := t.TempDir(), t.TempDir()
+	disk := func(name string, size int64) {
+		d := boxdisk.Disk{File: filepath.Join(dir, name+".img"), Dir: filepath.Join(dir, name), Templates: tpls}
+		require.NoError(t, d.Make(ctx, size, 1000, 1000))
+		require.NoError(t, d.Remove(ctx))
+	}
+	disk("used", 32<<20) // the real template of 32 MiB, used below
+	old := time.Now().Add(-time.Hour)
+	for i := range 7 { // seven more sizes, older than any use
+		p := filepath.Join(tpls, ".template-"+strconv.Itoa(1000+i)+".img")
+		require.NoError(t, os.WriteFile(p, nil, 0o600))
+		require.NoError(t, os.Chtimes(p, old.Add(time.Duration(i)*time.Minute), old.Add(time.Duration(i)*time.Minute)))
+	}
+	require.NoError(t, os.Chtimes(filepath.Join(tpls, ".template-33554432.img"), old.Add(-time.Hour), old.Add(-time.Hour)))
+	disk("used-again", 32<<20) // a use: its template is the newest now
+
+	disk("new", 48<<20)
+	assert.FileExists(t, filepath.Join(tpls, ".template-50331648.img"), "the new size's template")
+	assert.NoFileExists(t, filepath.Join(tpls, ".template-1000.img"), "the template used longest ago is removed")
+	assert.FileExists(t, filepath.Join(tpls, ".template-33554432.img"), "a template used since is kept")
+	n, err := filepath.Glob(filepath.Join(tpls, ".template-*.img"))
+	require.NoError(t, err)
+	assert.Len(t, n, 8)
+}
+
+// A template on another filesystem than the disk (the shared templates in
+// the home, the data dir elsewhere) is copied where the kernel does not
+// copy across filesystems.
+func TestTemplateOnAnotherFilesystem(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	tpls := t.TempDir()
+	require.NoError(t, unix.Mount("cbtest-tpl", tpls, "tmpfs", 0, "size=64m"))
+	t.Cleanup(func() { _ = unix.Unmount(tpls, unix.MNT_DETACH) })
+	dir := t.TempDir()
+	for _, name := range []string{"a", "b"} { // the first makes the template, the second only copies it
+		d := boxdisk.Disk{File: filepath.Join(dir, name+".img"), Dir: filepath.Join(dir, name), Templates: tpls}
+		require.NoError(t, d.Make(ctx, 32<<20, 1000, 1000))
+		t.Cleanup(func() { _ = d.Remove(context.Background()) })
+		require.NoError(t, os.WriteFile(filepath.Join(d.Workspace(), "f"), []byte("x"), 0o644))
+	}
+	assert.FileExists(t, filepath.Join(tpls, ".template-33554432.img"))
+}
+
+// SharedTemplates is under the user's cache dir.
+func TestSharedTemplates(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", "/somewhere/cache")
+	assert.Equal(t, "/somewhere/cache/cellbox/disk-templates", boxdisk.SharedTemplates())
 }
