@@ -242,7 +242,7 @@ func copySparse(src, dst *os.File, size int64) error {
 	if err := dst.Truncate(size); err != nil {
 		return err
 	}
-	sfd, dfd := int(src.Fd()), int(dst.Fd())
+	sfd := int(src.Fd())
 	for off := int64(0); off < size; {
 		data, err := unix.Seek(sfd, off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
@@ -255,24 +255,21 @@ func copySparse(src, dst *os.File, size int64) error {
 		if err != nil {
 			return fmt.Errorf("copy the template: %w", err)
 		}
-		in, out := data, data
-		for in < hole {
-			n, err := unix.CopyFileRange(sfd, &in, dfd, &out, int(hole-in), 0)
-			if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) {
-				// Another filesystem (SharedTemplates is in the home,
-				// the disk in the data dir) where the kernel does not
-				// copy across: through this process instead.
-				if _, err := io.Copy(io.NewOffsetWriter(dst, in), io.NewSectionReader(src, in, hole-in)); err != nil {
-					return fmt.Errorf("copy the template: %w", err)
-				}
-				break
-			}
-			if err != nil {
-				return fmt.Errorf("copy the template: %w", err)
-			}
-			if n == 0 {
-				return fmt.Errorf("copy the template: %w", io.ErrUnexpectedEOF)
-			}
+		if _, err := src.Seek(data, io.SeekStart); err != nil {
+			return fmt.Errorf("copy the template: %w", err)
+		}
+		if _, err := dst.Seek(data, io.SeekStart); err != nil {
+			return fmt.Errorf("copy the template: %w", err)
+		}
+		// os.File.ReadFrom copies with copy_file_range, and through this
+		// process where the kernel does not copy across filesystems
+		// (SharedTemplates in the home, the disk in the data dir).
+		n, err := dst.ReadFrom(io.LimitReader(src, hole-data))
+		if err == nil && n != hole-data {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			return fmt.Errorf("copy the template: %w", err)
 		}
 		off = hole
 	}
