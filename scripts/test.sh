@@ -24,6 +24,10 @@ if [ -n "$unformatted" ]; then
 fi
 go vet ./...
 CGO_ENABLED=0 go build -o bin/ ./cmd/cellbox ./cmd/cellbox-agent
+# cellbox with the cluster's clients (etcd, S3, Kubernetes): cellbox runs
+# it for --etcd and --backend kubernetes (docs/cluster.md).
+go vet -tags cluster ./cmd/cellbox
+CGO_ENABLED=0 go build -tags cluster -o bin/cellbox-cluster ./cmd/cellbox
 # The S3 blob store's tests (sandbox/blobs/s3blobs) run against a real
 # S3-compatible server, versitygw, built from its Go module on first use
 # (scripts/s3-server.sh; ~3 minutes from a cold Go build cache on 2 cores);

@@ -46,7 +46,7 @@ type Host struct {
 	reqs    context.Context
 	endReqs context.CancelCauseFunc
 	gone    sync.WaitGroup // removeBox calls
-	cluster *cluster       // the shared state's, or nil
+	shared  Shared         // the shared state's, or nil
 }
 
 // HostConfig says what a Host runs over.
@@ -66,9 +66,9 @@ type HostConfig struct {
 	Persist bool
 	// HTTP are the options of the servers.
 	HTTP HTTPOptions
-	// cluster is the shared state's (Config.Cluster): the patterns' leases
+	// shared is the shared state's (Config.Cluster): the patterns' leases
 	// are its, and sessions other servers serve are forwarded there.
-	cluster *cluster
+	shared Shared
 }
 
 // errShuttingDown ends the requests still in flight when a stop's grace
@@ -87,14 +87,14 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Host{dataDir: cfg.DataDir, boxes: cfg.Sandboxes, opts: cfg.HTTP, teardowns: env.Teardowns, cluster: cfg.cluster}
+	h := &Host{dataDir: cfg.DataDir, boxes: cfg.Sandboxes, opts: cfg.HTTP, teardowns: env.Teardowns, shared: cfg.shared}
 	h.reqs, h.endReqs = context.WithCancelCause(context.Background())
 	ro := runtime.Options{Logger: log, MemoLimit: memoLimit, OnGone: func(node cells.Address, builtin string) {
 		if builtin == string(patterns.KindSandbox) {
 			h.removeBox(env, log, node)
 		}
 	}}
-	if cfg.cluster != nil {
+	if cfg.shared != nil {
 		// Each instance's commits carry its lease: a server that lost it
 		// writes nothing more of it (docs/cluster.md).
 		ro.Fence = func(ctx context.Context, space, pattern string) context.Context {
@@ -103,8 +103,8 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	}
 	h.rt = runtime.New(cfg.Store, ro)
 	rc := runapi.Config{Runtime: h.rt, Store: cfg.Store, Env: env, Logger: log, Persist: cfg.Persist}
-	if cfg.cluster != nil {
-		rc.Leaser, rc.Holder, rc.Forward = cfg.cluster.leaser, cfg.cluster.holder, cfg.cluster.forwardPattern
+	if cfg.shared != nil {
+		rc.Leaser, rc.Holder, rc.Forward = cfg.shared.Leaser(), cfg.shared.Holder(), cfg.shared.ForwardPattern
 	}
 	h.api = runapi.New(rc)
 	return h, nil

@@ -149,13 +149,13 @@ func (h *Host) ServeTCP(addr string) (*Endpoint, error) {
 	boxes := h.boxes.Handler(func(svc *sandbox.Service) http.Handler {
 		return httpapi.HandlerWith(svc, httpapi.Options{MCPIdleTTL: TTL(h.opts.MCPIdleTTL)})
 	})
-	if cl := h.cluster; cl != nil {
-		cl.key.Store(&key)
-		boxes = cl.forwardSessions(func(ctx context.Context) (*sandbox.Service, error) {
+	if sh := h.shared; sh != nil {
+		var err error
+		boxes, err = sh.Serve(h.reqs, key, base, func(ctx context.Context) (*sandbox.Service, error) {
 			svc, _, err := h.boxes.Get(ctx)
 			return svc, err
-		}, cl.forwardMCP(boxes))
-		if err := cl.announce(h.reqs, base); err != nil {
+		}, boxes)
+		if err != nil {
 			ln.Close()
 			return nil, err
 		}

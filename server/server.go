@@ -82,14 +82,14 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 		}
 	}()
 	if cfg.Cluster.On() {
-		s.State, err = openCluster(ctx, cfg.DataDir, cfg.Cluster)
+		s.State, err = openShared(ctx, cfg.DataDir, cfg.Cluster)
 	} else {
 		s.State, err = OpenState(cfg.DataDir)
 	}
 	if err != nil {
 		return nil, err
 	}
-	cl := s.State.cluster
+	cl := s.State.shared
 	// The backend opens first, alone (an exec node's memo key may ask it
 	// for an image's digest before any box is made), then the service
 	// over it.
@@ -97,15 +97,15 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	openBE := func(ctx context.Context) (backend.Backend, error) {
 		var keeper backend.Keeper
 		if cl != nil {
-			sc.Shared, sc.Leaser, sc.Holder = true, cl.leaser, cl.holder
-			s3, err := openBlobs(ctx, cfg.Cluster)
+			sc.Shared, sc.Leaser, sc.Holder = true, cl.Leaser(), cl.Holder()
+			bs, k, err := cl.Blobs(ctx)
 			if err != nil {
 				return nil, err
 			}
-			if s3 != nil {
+			if bs != nil {
 				// Snapshots, and the kept workspaces of stopped pods, in
 				// the bucket every server reaches.
-				sc.Blobs, keeper = s3, keptKeeper{s3.Kept()}
+				sc.Blobs, keeper = bs, k
 			}
 		}
 		return openBackend(ctx, cfg.Backend, cfg.DataDir, cfg.Sandbox.AgentBinary, keeper)
@@ -142,14 +142,14 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	s.Sandboxes = LazySandboxes(s.State.Cells, log, openBE, openService)
 	if cl != nil {
-		s.Sandboxes.sessionKey = sessionKey + "/" + cl.holder
+		s.Sandboxes.sessionKey = sessionKey + "/" + cl.Holder()
 	}
 	if !cfg.Lazy {
 		if _, _, err := s.Sandboxes.Get(ctx); err != nil {
 			return nil, err
 		}
 	}
-	if s.Host, err = NewHost(HostConfig{DataDir: cfg.DataDir, Store: s.State.Cells, Sandboxes: s.Sandboxes, Logger: log, Persist: cfg.Persist, HTTP: cfg.HTTP, cluster: cl}); err != nil {
+	if s.Host, err = NewHost(HostConfig{DataDir: cfg.DataDir, Store: s.State.Cells, Sandboxes: s.Sandboxes, Logger: log, Persist: cfg.Persist, HTTP: cfg.HTTP, shared: cl}); err != nil {
 		return nil, err
 	}
 	return s, nil

@@ -23,7 +23,7 @@ type State struct {
 	Cells   cells.Store
 	Sandbox state.Store
 	db      *bolt.DB // one machine's file (nil when the state is shared)
-	cluster *cluster // the shared state's etcd (nil on one machine)
+	shared  Shared   // the shared state's (nil on one machine)
 }
 
 // OpenState opens (creating) DATA/cellbox.db; a file another process holds
@@ -74,8 +74,8 @@ func (d *State) Close() error {
 	if d.db != nil {
 		errs = append(errs, d.db.Close())
 	}
-	if d.cluster != nil {
-		errs = append(errs, d.cluster.close())
+	if d.shared != nil {
+		errs = append(errs, d.shared.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/kube"
 	"github.com/cellbox/cellbox/sandboxclient"
 	"github.com/cellbox/cellbox/server"
+	"github.com/cellbox/cellbox/server/cluster"
 )
 
 // Targets of the boxes bench (issue 2), and its sizes and time limits.
@@ -882,7 +883,7 @@ func writeTree(dir string, k int) error {
 // kubectl is a kubectl command line in the box namespace.
 func kubectl(args ...string) []string {
 	bin := cmp.Or(os.Getenv("CELLBOX_KUBECTL"), "kubectl")
-	return append([]string{bin, "-n", cmp.Or(os.Getenv(server.KubeNamespaceEnv), kube.DefaultNamespace)}, args...)
+	return append([]string{bin, "-n", cmp.Or(os.Getenv(cluster.KubeNamespaceEnv), kube.DefaultNamespace)}, args...)
 }
 
 // kubePod is the namespace-less pod name of box id, as kubectl cp takes it.
@@ -892,7 +893,7 @@ func kubePod(id string) string { return id }
 // (kubectl run + kubectl wait; deleted untimed), and kubectl exec of
 // true in the box's own pod.
 func (b *boxesBench) kubeBaselines(ctx context.Context, boxID string) (string, time.Duration, string, time.Duration, error) {
-	image := cmp.Or(os.Getenv(server.KubeImageEnv), kube.DefaultImage)
+	image := cmp.Or(os.Getenv(cluster.KubeImageEnv), kube.DefaultImage)
 	overrides := `{"spec":{"automountServiceAccountToken":false,"securityContext":{"runAsNonRoot":true,"runAsUser":1000,"seccompProfile":{"type":"RuntimeDefault"}},` +
 		`"containers":[{"name":"c","image":"` + image + `","imagePullPolicy":"Never","command":["sleep","3600"],` +
 		`"securityContext":{"allowPrivilegeEscalation":false,"readOnlyRootFilesystem":true,"capabilities":{"drop":["ALL"]}}}]}}`

@@ -29,8 +29,10 @@ import (
 )
 
 // startCluster starts a three-member etcd as docs/cluster.md asks for it,
-// and returns the --etcd flag of the servers over it.
+// and returns the --etcd flag of the servers over it. cellbox-cluster is
+// built beside cellbox: the servers' cellbox execs it for --etcd.
 func startCluster(t *testing.T) (*etcdtest.Cluster, string) {
+	testenv.ClusterBinary(t)
 	cl := etcdtest.Start(t, 3)
 	return cl, strings.Join(cl.Endpoints(), ",")
 }

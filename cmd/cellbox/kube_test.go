@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cellbox/cellbox/internal/testenv"
 	"github.com/cellbox/cellbox/sandbox/kube/kubetest"
 )
 
@@ -15,6 +16,7 @@ import (
 // right; no pod of the run is left once it ends.
 func TestRunOnKubernetes(t *testing.T) {
 	kc, ns := kubetest.Setup(t)
+	testenv.ClusterBinary(t) // cellbox execs it for the kubernetes backend
 	runCSVPipeline(t, "kubernetes", kubetest.ProcessEnv(kc, ns)...)
 
 	pods, err := kubetest.Kubectl(kc, "-n", ns, "get", "pods,secrets,networkpolicies", "-l", "app.kubernetes.io/managed-by=cellbox", "-o", "name")

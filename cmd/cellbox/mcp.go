@@ -65,6 +65,9 @@ func runMCP(ctx context.Context, args []string) error {
 	if set["session"] || set["token"] {
 		return errors.New("--session and --token need --server URL (or CELLBOX_SERVER)")
 	}
+	if err := needCluster(*backendName, false); err != nil {
+		return err
+	}
 	return mcpLocal(ctx, *data, *backendName, *agentBinary, *pool, *profile)
 }
 

@@ -50,6 +50,9 @@ func runRun(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := needCluster(*backendName, false); err != nil {
+		return err
+	}
 	if len(pos) != 1 {
 		return fmt.Errorf("want one PATTERN (a folder holding %s, or a .yaml file), got %d arguments", patterns.FileName, len(pos))
 	}

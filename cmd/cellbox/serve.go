@@ -60,6 +60,9 @@ func runServe(ctx context.Context, args []string) error {
 	} else if *blobs != "" {
 		return fmt.Errorf("--blobs shares snapshots between servers, which share their state with --etcd: give both, or neither")
 	}
+	if err := needCluster(*backendName, cluster.On()); err != nil {
+		return err
+	}
 	// Cells, sessions and boxes: one file (or etcd); the sandbox service
 	// opened now.
 	srv, err := server.Open(ctx, server.Config{

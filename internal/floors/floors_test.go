@@ -296,3 +296,37 @@ func TestFloorOf(t *testing.T) {
 		}
 	}
 }
+
+// TestCellboxLinksNoClusterClients: cellbox itself starts without the
+// cluster's clients (etcd's gRPC, client-go, minio: twice the binary and
+// ~10 ms of every command's start); they are linked only into
+// cellbox-cluster (-tags cluster), which cellbox execs for --etcd and the
+// kubernetes backend (server/shared.go). A package of cellbox's that
+// imports one of them again fails here.
+func TestCellboxLinksNoClusterClients(t *testing.T) {
+	goBin := testenv.RequireCommand(t, "go")
+	deps := func(tags ...string) []string {
+		args := append(append([]string{"list", "-deps"}, tags...), "./cmd/cellbox")
+		cmd := exec.Command(goBin, args...)
+		cmd.Dir = testenv.RepoRoot()
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go %s: %v", strings.Join(args, " "), err)
+		}
+		return strings.Fields(string(out))
+	}
+	clients := []string{"k8s.io/", "go.etcd.io/etcd/", "github.com/minio/", "google.golang.org/grpc", module + "/server/cluster"}
+	client := func(p string) bool {
+		return slices.ContainsFunc(clients, func(c string) bool { return strings.HasPrefix(p, c) })
+	}
+	for _, p := range deps() {
+		if client(p) {
+			t.Errorf("cellbox links %s: the cluster's clients belong to cellbox-cluster alone (import them from server/cluster)", p)
+		}
+	}
+	// The cluster build has them: the test would pass on a list that
+	// names nothing.
+	if !slices.ContainsFunc(deps("-tags", "cluster"), client) {
+		t.Errorf("cellbox -tags cluster links none of %v", clients)
+	}
+}

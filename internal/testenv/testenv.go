@@ -106,6 +106,7 @@ var (
 	cellboxBin built
 	agentBin   built
 	benchBin   built
+	clusterBin built
 )
 
 // CellboxBinary builds cmd/cellbox once per test process, statically
@@ -119,6 +120,16 @@ func CellboxBinary(t testing.TB) string {
 	t.Helper()
 	buildBinary(t, &agentBin, "cellbox-agent")
 	return buildBinary(t, &cellboxBin, "cellbox")
+}
+
+// ClusterBinary builds cellbox-cluster (cmd/cellbox with -tags cluster:
+// the cluster's clients linked) beside CellboxBinary's cellbox, which
+// execs it for --etcd and --backend kubernetes, and returns cellbox's
+// path: call it in a test that asks cellbox for either.
+func ClusterBinary(t testing.TB) string {
+	t.Helper()
+	buildBinary(t, &clusterBin, "cellbox-cluster")
+	return CellboxBinary(t)
 }
 
 // BenchBinary builds cmd/cellbox-bench once per test process, as
@@ -145,7 +156,11 @@ func buildBinary(t testing.TB, b *built, name string) string {
 		b.path = filepath.Join(binDir, name)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", b.path, "./cmd/"+name)
+		args := []string{"build", "-o", b.path, "./cmd/" + name}
+		if name == "cellbox-cluster" {
+			args = []string{"build", "-tags", "cluster", "-o", b.path, "./cmd/cellbox"}
+		}
+		cmd := exec.CommandContext(ctx, "go", args...)
 		cmd.Dir = RepoRoot()
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {

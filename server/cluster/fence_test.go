@@ -1,4 +1,4 @@
-package server_test
+package cluster_test
 
 import (
 	"context"

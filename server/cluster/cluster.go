@@ -1,12 +1,17 @@
-package server
-
-// Several servers, one state (docs/cluster.md): with ClusterConfig.Etcd,
-// the cells, the sandbox service's records and the leases live in etcd,
-// and every server over it is the same server to a client. What stays a
-// server's own is its data directory (sockets, box directories, images)
-// and the boxes' connections; a session is served by the server holding
-// its lease, and a request that reaches another is forwarded to it
-// (forwardSessions).
+// Package cluster is cellbox past one machine (docs/cluster.md): the
+// state several servers share in etcd, snapshots in S3, boxes as pods of
+// Kubernetes. It registers itself with package server as it initialises
+// (server.RegisterCluster): a binary that imports it (cellbox-cluster,
+// cellbox-bench) serves --etcd, --blobs and --backend kubernetes; cellbox
+// itself starts without these clients.
+//
+// Several servers, one state: with ClusterConfig.Etcd, the cells, the
+// sandbox service's records and the leases live in etcd, and every server
+// over it is the same server to a client. What stays a server's own is its
+// data directory (sockets, box directories, images) and the boxes'
+// connections; a session is served by the server holding its lease, and a
+// request that reaches another is forwarded to it (forwardSessions).
+package cluster
 
 import (
 	"context"
@@ -40,36 +45,12 @@ import (
 	"github.com/cellbox/cellbox/sandbox/lease"
 	"github.com/cellbox/cellbox/sandbox/lease/etcdlease"
 	"github.com/cellbox/cellbox/sandbox/previews"
+	"github.com/cellbox/cellbox/sandbox/state"
 	"github.com/cellbox/cellbox/sandbox/state/etcdstate"
+	"github.com/cellbox/cellbox/server"
 )
 
-// ClusterConfig puts a server's state where several servers share it.
-// The zero value is one machine: the data directory's bbolt file.
-type ClusterConfig struct {
-	// Etcd are the client URLs of the etcd cluster (--etcd).
-	Etcd []string
-	// Prefix is where in etcd this cellbox's data lives (--etcd-prefix):
-	// default "/cellbox/". Servers with one prefix share everything.
-	Prefix string
-	// Blobs is the snapshot content store (--blobs): s3://BUCKET/PREFIX?…
-	// shared by every server; "" keeps it in the data directory (a
-	// snapshot is then restorable only where it was taken).
-	Blobs string
-}
-
-// On reports whether the state is shared.
-func (c ClusterConfig) On() bool { return len(c.Etcd) > 0 }
-
-func (c ClusterConfig) prefix() string {
-	p := c.Prefix
-	if p == "" {
-		p = "/cellbox/"
-	}
-	if !strings.HasSuffix(p, "/") {
-		p += "/"
-	}
-	return p
-}
+func init() { server.RegisterCluster(open, openKube) }
 
 // cluster is what a server of a shared state holds: its etcd client, its
 // name among the servers, and the leases.
@@ -79,6 +60,7 @@ type cluster struct {
 	holder string
 	leaser lease.Leaser
 	lock   *os.File // DATA/server.lock, flocked: one process a data dir
+	blobs  string   // --blobs
 	// key is the server key once the HTTP server has it (ServeTCP): the
 	// mark of forwarded requests is made with it.
 	key atomic.Pointer[string]
@@ -87,28 +69,28 @@ type cluster struct {
 	alive atomic.Int64
 }
 
-// openCluster opens the shared state of cfg for the server of dataDir:
-// the cells, the sandbox records, the leases; and makes the server key
-// the cluster's (DATA/server.key holds a copy, for this machine's CLI).
-func openCluster(ctx context.Context, dataDir string, cfg ClusterConfig) (*State, error) {
+// open opens the shared state of cfg for the server of dataDir: the
+// cells, the sandbox records, the leases; and makes the server key the
+// cluster's (DATA/server.key holds a copy, for this machine's CLI).
+func open(ctx context.Context, dataDir string, cfg server.ClusterConfig) (cells.Store, state.Store, server.Shared, error) {
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create data dir: %w", err)
+		return nil, nil, nil, fmt.Errorf("create data dir: %w", err)
 	}
-	RememberSchemas(dataDir)
+	server.RememberSchemas(dataDir)
 	lock, err := lockDataDir(dataDir)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	c, err := etcdconn.Dial(ctx, cfg.Etcd)
 	if err != nil {
 		lock.Close()
-		return nil, err
+		return nil, nil, nil, err
 	}
-	cl := &cluster{c: c, prefix: cfg.prefix(), lock: lock}
-	fail := func(err error) (*State, error) {
+	cl := &cluster{c: c, prefix: cfg.PrefixOrDefault(), lock: lock, blobs: cfg.Blobs}
+	fail := func(err error) (cells.Store, state.Store, server.Shared, error) {
 		c.Close()
 		lock.Close()
-		return nil, err
+		return nil, nil, nil, err
 	}
 	if cl.holder, err = serverName(dataDir); err != nil {
 		return fail(err)
@@ -123,17 +105,21 @@ func openCluster(ctx context.Context, dataDir string, cfg ClusterConfig) (*State
 		kv.Close()
 		return fail(err)
 	}
-	if os.Getenv(KeyEnv) == "" {
-		if err := cl.shareKey(ctx, filepath.Join(dataDir, KeyFile)); err != nil {
+	if os.Getenv(server.KeyEnv) == "" {
+		if err := cl.shareKey(ctx, filepath.Join(dataDir, server.KeyFile)); err != nil {
 			store.Close()
 			return fail(err)
 		}
 	}
-	return &State{Cells: store, Sandbox: etcdstate.Open(c, cl.prefix+"state/"), cluster: cl}, nil
+	return store, etcdstate.Open(c, cl.prefix+"state/"), cl, nil
 }
 
-// close closes the client and frees the data directory.
-func (cl *cluster) close() error {
+func (cl *cluster) Leaser() lease.Leaser { return cl.leaser }
+
+func (cl *cluster) Holder() string { return cl.holder }
+
+// Close closes the client and frees the data directory.
+func (cl *cluster) Close() error {
 	return errors.Join(cl.c.Close(), cl.lock.Close())
 }
 
@@ -189,7 +175,7 @@ func (cl *cluster) shareKey(ctx context.Context, path string) error {
 	if !resp.Succeeded {
 		key = string(resp.Responses[0].GetResponseRange().Kvs[0].Value)
 	}
-	if cur, err := ReadKey(path); err == nil && cur == key {
+	if cur, err := server.ReadKey(path); err == nil && cur == key {
 		return nil
 	}
 	if err := os.WriteFile(path+".new", []byte(key+"\n"), 0o600); err != nil {
@@ -198,13 +184,29 @@ func (cl *cluster) shareKey(ctx context.Context, path string) error {
 	return os.Rename(path+".new", path)
 }
 
-// openBlobs opens the snapshot store of cfg (nil for none: the data
-// directory's).
-func openBlobs(ctx context.Context, cfg ClusterConfig) (*s3blobs.Store, error) {
-	if cfg.Blobs == "" {
-		return nil, nil
+// Blobs opens the snapshot store of --blobs, and keeps the kubernetes
+// backend's stopped boxes' workspaces beside the snapshots (nil, nil
+// without --blobs: the data directory's).
+func (cl *cluster) Blobs(ctx context.Context) (blobs.Store, backend.Keeper, error) {
+	if cl.blobs == "" {
+		return nil, nil, nil
 	}
-	return s3blobs.Open(ctx, cfg.Blobs)
+	s3, err := s3blobs.Open(ctx, cl.blobs)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s3, keptKeeper{s3.Kept()}, nil
+}
+
+// Serve puts the forwarding of sessions and MCP sessions other servers
+// serve in front of next, and announces this server at base.
+func (cl *cluster) Serve(ctx context.Context, key, base string, svc func(context.Context) (*sandbox.Service, error), next http.Handler) (http.Handler, error) {
+	cl.key.Store(&key)
+	h := cl.forwardSessions(svc, cl.forwardMCP(next))
+	if err := cl.announce(ctx, base); err != nil {
+		return nil, err
+	}
+	return h, nil
 }
 
 // keptKeeper keeps the workspaces of the kubernetes backend's stopped
@@ -424,9 +426,9 @@ func (m *mcpNoter) Flush() { http.NewResponseController(m.ResponseWriter).Flush(
 
 func (m *mcpNoter) Unwrap() http.ResponseWriter { return m.ResponseWriter }
 
-// forwardPattern is runapi's Config.Forward: a write to an instance
+// ForwardPattern is runapi's Config.Forward: a write to an instance
 // another server runs goes there.
-func (cl *cluster) forwardPattern(w http.ResponseWriter, r *http.Request, instance string) bool {
+func (cl *cluster) ForwardPattern(w http.ResponseWriter, r *http.Request, instance string) bool {
 	subject := "pattern/" + instance
 	if cl.wasForwarded(r, subject) {
 		return false

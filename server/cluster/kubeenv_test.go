@@ -1,10 +1,12 @@
-package server
+package cluster
 
 import (
 	"context"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/cellbox/cellbox/server"
 )
 
 // The kubernetes backend's environment is checked before any cluster is
@@ -18,7 +20,7 @@ func TestKubeEnvRefused(t *testing.T) {
 	} {
 		t.Run(env, func(t *testing.T) {
 			t.Setenv(env, "[nope")
-			_, err := OpenBackend(context.Background(), "kubernetes", t.TempDir(), "")
+			_, err := server.OpenBackend(context.Background(), "kubernetes", t.TempDir(), "")
 			assert.ErrorContains(t, err, want)
 		})
 	}
