@@ -116,6 +116,9 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 		if c.AgentBinary == "" && mountsAgent(be) {
 			c.AgentBinary = AgentBinary(log)
 		}
+		if c.AgentBinary == "" {
+			c.AgentBinary = Executable()
+		}
 		if cl == nil && c.OneShot == nil {
 			// The exec stages' boxes live for one run: not stored, so no
 			// commit (and its sync) on their way in or out; one a killed

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 
 	"github.com/cellbox/cellbox/cells"
@@ -106,6 +107,17 @@ func ClusterLinked() bool { return linked.open != nil }
 // their agent by default — the one `cellbox image agent` made their image
 // of — not cellbox-cluster.
 const ExecutableEnv = "CELLBOX_EXECUTABLE"
+
+// Executable is the cellbox binary this process stands for, which boxes
+// run as their agent when no other is given: ExecutableEnv's when cellbox
+// ran this cellbox-cluster, else this executable ("" if it is unknown).
+func Executable() string {
+	if exe := os.Getenv(ExecutableEnv); exe != "" {
+		return exe
+	}
+	exe, _ := os.Executable()
+	return exe
+}
 
 // ErrClusterNotLinked is what a binary without the cluster's clients says
 // to --etcd, --blobs or the kubernetes backend.

@@ -35,7 +35,7 @@ func openKube(ctx context.Context, dataDir, agentBinary string, keeper backend.K
 	if agentBinary == "" {
 		// The cellbox that ran this cellbox-cluster, if one did: its agent
 		// image is the one `cellbox image agent` made.
-		agentBinary = os.Getenv(server.ExecutableEnv)
+		agentBinary = server.Executable()
 	}
 	if keeper == nil {
 		keeper = backend.DirKeeper(filepath.Join(dataDir, "kube-kept"))
