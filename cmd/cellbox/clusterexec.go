@@ -49,6 +49,11 @@ func needCluster(backendName string, shared bool) error {
 		}
 		path = p
 	}
+	if sameFile(path, self) {
+		// A cellbox without the clients named cellbox-cluster: it would
+		// exec itself for ever.
+		return fmt.Errorf("%s needs the cluster's clients, and %s is built without them: build it with `CGO_ENABLED=0 go build -tags cluster -o %s ./cmd/cellbox` (docs/cluster.md)", what, path, path)
+	}
 	slog.Debug("exec the cluster build", "for", what, "path", path)
 	env := os.Environ()
 	if self != "" {
@@ -56,6 +61,15 @@ func needCluster(backendName string, shared bool) error {
 	}
 	err = syscall.Exec(path, append([]string{path}, os.Args[1:]...), env)
 	return fmt.Errorf("%s: exec %s: %w", what, path, err)
+}
+
+func sameFile(a, b string) bool {
+	fa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	fb, err := os.Stat(b)
+	return err == nil && os.SameFile(fa, fb)
 }
 
 func isExecutable(path string) bool {

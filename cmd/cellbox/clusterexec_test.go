@@ -52,6 +52,20 @@ func TestClusterAsksRunTheClusterBuild(t *testing.T) {
 		}
 	})
 
+	t.Run("a cellbox named cellbox-cluster", func(t *testing.T) {
+		// cellbox copied as cellbox-cluster (no -tags cluster): refused,
+		// not exec'd over and over.
+		dir := t.TempDir()
+		copyFile(t, bin, filepath.Join(dir, "cellbox"))
+		copyFile(t, bin, filepath.Join(dir, "cellbox-cluster"))
+		for _, b := range []string{"cellbox", "cellbox-cluster"} {
+			out, data, err := run(t, filepath.Join(dir, b), nil, asks["serve --etcd"])
+			require.Error(t, err, out)
+			assert.Contains(t, out, filepath.Join(dir, "cellbox-cluster")+" is built without them")
+			assert.NoDirExists(t, data)
+		}
+	})
+
 	t.Run("beside", func(t *testing.T) {
 		// A check only the cluster build makes: the kubernetes backend's
 		// environment, refused before any cluster is asked.
