@@ -8,6 +8,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/cellbox/cellbox/sandbox/agent"
@@ -56,6 +57,9 @@ func (s *Service) makeWarm(ctx context.Context, image string) (warmBox, error) {
 	defer release()
 	rec := boxRecord{ID: "cb-" + randomID(8), Image: image}
 	cl, err := s.makeBox(ctx, rec, "", "", false)
+	if err != nil && s.asleep.Load() {
+		return warmBox{}, fmt.Errorf("%w: %w", warm.ErrStopping, err)
+	}
 	if err != nil {
 		return warmBox{}, err
 	}

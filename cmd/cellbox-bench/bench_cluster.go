@@ -28,6 +28,7 @@ import (
 	"github.com/cellbox/cellbox/sandbox/backend"
 	"github.com/cellbox/cellbox/sandboxclient"
 	"github.com/cellbox/cellbox/server"
+	_ "github.com/cellbox/cellbox/server/cluster" // --etcd servers in this process: it registers itself with server
 )
 
 // The target of issue 22: every figure over etcd within clusterFactor of

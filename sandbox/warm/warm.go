@@ -26,12 +26,17 @@ package warm
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/cellbox/cellbox/internal/safe"
 )
+
+// ErrStopping, wrapped in an error of Config.Make, says that the maker is
+// shutting down: the fill is dropped without a warning.
+var ErrStopping = errors.New("the box maker is shutting down")
 
 // Config says which pools to keep and how their boxes are made.
 type Config[B any] struct {
@@ -315,7 +320,11 @@ func (p *Pools[B]) fillOne(wp *pool[B], rush bool) {
 		return p.cfg.Make(context.Background(), wp.image)
 	}()
 	if err != nil {
-		p.log.Warn("warm pool: create box", "image", wp.image, "err", err)
+		if errors.Is(err, ErrStopping) { // a shutdown, not a failure
+			p.log.Debug("warm pool: create box", "image", wp.image, "err", err)
+		} else {
+			p.log.Warn("warm pool: create box", "image", wp.image, "err", err)
+		}
 		return
 	}
 	p.mu.Lock()

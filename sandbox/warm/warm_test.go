@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -373,4 +375,69 @@ func TestBeginMakesTheBurstBeforeItsFirstTake(t *testing.T) {
 	made, _ := b.counts()
 	assert.Equal(t, 4, made, "the burst's boxes and none for the pool without a burst")
 	assert.Equal(t, 0, p.Ready()["img"]+p.Ready()["other"])
+}
+
+// TestAStoppingMakerIsNotAWarning: a fill whose Make fails is a warning in
+// the log, unless Make says its maker is shutting down (ErrStopping: a
+// server stopping while its pool fills).
+func TestAStoppingMakerIsNotAWarning(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		warn bool
+	}{
+		{"failure", errors.New("no space left on device"), true},
+		{"stopping", fmt.Errorf("%w: box cb-1 was not started", warm.ErrStopping), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var logged warnings
+			tried := make(chan struct{}, 8)
+			p := newPools(t, &boxes{}, func(cfg *warm.Config[string]) {
+				cfg.Sizes = map[string]int{"img": 1}
+				cfg.Make = func(context.Context, string) (string, error) {
+					tried <- struct{}{}
+					return "", c.err
+				}
+				cfg.Log = slog.New(&logged)
+			})
+			p.Fill()
+			select {
+			case <-tried:
+			case <-time.After(within):
+				t.Fatal("the pool made no box")
+			}
+			require.Eventually(t, func() bool { return logged.count() > 0 }, within, time.Millisecond)
+			assert.Equal(t, c.warn, logged.warned(), "a warning in the log")
+		})
+	}
+}
+
+// warnings is a slog.Handler that keeps the levels of what it is given.
+type warnings struct {
+	mu     sync.Mutex
+	levels []slog.Level
+}
+
+func (w *warnings) Enabled(context.Context, slog.Level) bool { return true }
+
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.levels = append(w.levels, r.Level)
+	return nil
+}
+
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w *warnings) WithGroup(string) slog.Handler      { return w }
+
+func (w *warnings) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.levels)
+}
+
+func (w *warnings) warned() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.ContainsFunc(w.levels, func(l slog.Level) bool { return l >= slog.LevelWarn })
 }
