@@ -98,7 +98,7 @@ type SandboxSpec struct {
 // each capped at HistoryOutputLimit, and older entries are compacted into
 // a leading {"dropped": N}. files maps each output path to its value
 // (text: a string; json: the parsed value; null: the file does not exist),
-// kept up to date by a watch in the box (the agent's 10 ms debounce); a
+// kept up to date by a watch in the box (the agent's: after 10 ms still); a
 // file that fails to read or parse keeps its last value and sets error.
 // previews, present when the spec declares Ports, maps each port (as a
 // string) to its preview URLs {url, host_url?} (see api.BrowseOutput):

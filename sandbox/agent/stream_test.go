@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -218,6 +220,50 @@ func TestWatch(t *testing.T) {
 
 	_, err = a.c.Watch(ctx, "w/sub/a.txt", 0)
 	requireCode(t, err, CodeNotDir)
+}
+
+// TestWatchWaitsForAWholeFile: a file written in pieces, each soon after
+// the one before, is reported once its writer is done — a reader of the
+// event (a sandbox node's output) reads it whole, not its first piece.
+// Without a quiet tree the batch went one debounce after the first piece.
+func TestWatchWaitsForAWholeFile(t *testing.T) {
+	a := startAgent(t)
+	ctx := ctxT(t)
+	require.NoError(t, os.MkdirAll(a.path("w"), 0o755))
+	// A debounce far longer than the pauses between pieces, even on a
+	// loaded machine, and shorter than the whole write.
+	const debounce = 200 * time.Millisecond
+	events, err := a.c.Watch(ctx, "w", debounce)
+	require.NoError(t, err)
+
+	var done atomic.Bool
+	go func() {
+		f, err := os.Create(a.path("w/out.json"))
+		if !assert.NoError(t, err) {
+			return
+		}
+		for i := range 60 {
+			fmt.Fprintf(f, "%q,", strconv.Itoa(i))
+			time.Sleep(5 * time.Millisecond)
+		}
+		f.Close()
+		done.Store(true)
+	}()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case batch, ok := <-events:
+			require.True(t, ok, "watch stream closed")
+			for _, e := range batch {
+				if e.Path == a.path("w/out.json") {
+					assert.True(t, done.Load(), "the file was reported while it was being written")
+					return
+				}
+			}
+		case <-timeout:
+			t.Fatal("the file was never reported")
+		}
+	}
 }
 
 func TestWatchEndsWithContext(t *testing.T) {

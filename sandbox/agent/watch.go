@@ -17,6 +17,9 @@ import (
 const (
 	defaultDebounce = 10 * time.Millisecond
 	maxBatch        = 1000 // events per frame
+	// maxHold bounds, in debounces, how long events wait for a quiet
+	// tree: a file written without pause still shows every so often.
+	maxHold = 10
 )
 
 func (s *server) handleWatch(w http.ResponseWriter, r *http.Request) {
@@ -53,10 +56,29 @@ func (s *server) handleWatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	// A batch goes once the tree has been quiet for debounce (at most
+	// maxHold debounces after its first event): a file written in several
+	// pieces is reported once it is whole, not after its first piece —
+	// a reader (a sandbox node's output) would read it half-written.
 	pending := map[string]Event{}
 	var order []string
-	var timer <-chan time.Time
+	var (
+		timer *time.Timer
+		fire  <-chan time.Time
+		first time.Time // of the pending batch
+	)
 	add := func(e Event) {
+		now := time.Now()
+		if fire == nil {
+			first = now
+		}
+		wait := min(debounce, first.Add(maxHold*debounce).Sub(now))
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait) // Go 1.23: no stale value is received after Reset
+		}
+		fire = timer.C
 		if old, ok := pending[e.Path]; ok {
 			// Coalesce: a create followed by writes stays a create; a
 			// remove or rename wins.
@@ -68,10 +90,12 @@ func (s *server) handleWatch(w http.ResponseWriter, r *http.Request) {
 		}
 		pending[e.Path] = e
 		order = append(order, e.Path)
-		if timer == nil {
-			timer = time.After(debounce)
-		}
 	}
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for {
 		select {
 		case <-r.Context().Done():
@@ -90,8 +114,8 @@ func (s *server) handleWatch(w http.ResponseWriter, r *http.Request) {
 			for _, e := range wt.translate(ev) {
 				add(e)
 			}
-		case <-timer:
-			timer = nil
+		case <-fire:
+			fire = nil
 			for len(order) > 0 {
 				n := min(len(order), maxBatch)
 				batch := make([]Event, n)
