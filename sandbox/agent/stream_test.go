@@ -266,6 +266,40 @@ func TestWatchWaitsForAWholeFile(t *testing.T) {
 	}
 }
 
+// TestWatchReportsAFileWrittenWithoutPause: a tree that is never still
+// (a log written without pause) is still reported, ten debounces after the
+// batch's first event at most — not once the writer stops.
+func TestWatchReportsAFileWrittenWithoutPause(t *testing.T) {
+	a := startAgent(t)
+	ctx := ctxT(t)
+	require.NoError(t, os.MkdirAll(a.path("w"), 0o755))
+	events, err := a.c.Watch(ctx, "w", 100*time.Millisecond)
+	require.NoError(t, err)
+
+	var stop, stopped atomic.Bool
+	go func() {
+		defer stopped.Store(true)
+		f, err := os.Create(a.path("w/log"))
+		if !assert.NoError(t, err) {
+			return
+		}
+		defer f.Close()
+		for deadline := time.Now().Add(10 * time.Second); !stop.Load() && time.Now().Before(deadline); {
+			f.WriteString("x\n")
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	defer stop.Store(true)
+	select {
+	case batch, ok := <-events:
+		require.True(t, ok, "watch stream closed")
+		require.NotEmpty(t, batch)
+		assert.False(t, stopped.Load(), "reported only once the writer stopped")
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing reported")
+	}
+}
+
 func TestWatchEndsWithContext(t *testing.T) {
 	a := startAgent(t)
 	ctx, cancel := cancelCtx(t)
