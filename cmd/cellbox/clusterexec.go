@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"os"
@@ -45,7 +46,8 @@ func needCluster(backendName string, shared bool) error {
 	if path == "" {
 		p, err := exec.LookPath(clusterBinary)
 		if err != nil {
-			return fmt.Errorf("%s needs %s (cellbox with the cluster's clients) beside this cellbox or on PATH; build it with `CGO_ENABLED=0 go build -tags cluster -o %s ./cmd/cellbox` (docs/cluster.md)", what, clusterBinary, filepath.Join(filepath.Dir(os.Args[0]), clusterBinary))
+			beside := filepath.Dir(cmp.Or(self, os.Args[0]))
+			return fmt.Errorf("%s needs %s (cellbox with the cluster's clients) beside this cellbox or on PATH; build it with `CGO_ENABLED=0 go build -tags cluster -o %s ./cmd/cellbox` (docs/cluster.md)", what, clusterBinary, filepath.Join(beside, clusterBinary))
 		}
 		path = p
 	}
