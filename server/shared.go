@@ -111,8 +111,9 @@ const ExecutableEnv = "CELLBOX_EXECUTABLE"
 // Executable is the cellbox binary this process stands for, which boxes
 // run as their agent when no other is given: ExecutableEnv's when cellbox
 // ran this cellbox-cluster, else this executable ("" if it is unknown).
+// A plain cellbox ignores ExecutableEnv.
 func Executable() string {
-	if exe := os.Getenv(ExecutableEnv); exe != "" {
+	if exe := os.Getenv(ExecutableEnv); exe != "" && ClusterLinked() {
 		return exe
 	}
 	exe, _ := os.Executable()
