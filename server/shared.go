@@ -78,8 +78,9 @@ type Shared interface {
 	Close() error
 }
 
-// SharedOpener opens the shared state of cfg for the server of dataDir:
-// its cell store, the sandbox service's records and the rest.
+// SharedOpener opens the shared state of cfg for the server of dataDir
+// (made, its schema cache the process's): its cell store, the sandbox
+// service's records and the rest.
 type SharedOpener func(ctx context.Context, dataDir string, cfg ClusterConfig) (cells.Store, state.Store, Shared, error)
 
 // BackendOpener opens the kubernetes backend for the server of dataDir
@@ -127,6 +128,9 @@ var ErrClusterNotLinked = errors.New("this binary is built without the cluster's
 func openShared(ctx context.Context, dataDir string, cfg ClusterConfig) (*State, error) {
 	if linked.open == nil {
 		return nil, fmt.Errorf("--etcd: %w", ErrClusterNotLinked)
+	}
+	if err := prepareDataDir(dataDir); err != nil {
+		return nil, err
 	}
 	store, sandboxState, sh, err := linked.open(ctx, dataDir, cfg)
 	if err != nil {

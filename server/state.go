@@ -31,10 +31,9 @@ type State struct {
 // directory. It makes the data directory's schema cache the process's
 // (RememberSchemas).
 func OpenState(dataDir string) (*State, error) {
-	if err := os.MkdirAll(dataDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create data dir: %w", err)
+	if err := prepareDataDir(dataDir); err != nil {
+		return nil, err
 	}
-	RememberSchemas(dataDir)
 	path := filepath.Join(dataDir, sandbox.StateFile)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
 	if errors.Is(err, bolt.ErrTimeout) {
@@ -55,6 +54,17 @@ func OpenState(dataDir string) (*State, error) {
 		return nil, err
 	}
 	return &State{Cells: store, Sandbox: sandboxState, db: db}, nil
+}
+
+// prepareDataDir makes dataDir if need be and its schema cache the
+// process's: what opening a data dir's state does first, on one machine
+// or shared.
+func prepareDataDir(dataDir string) error {
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	RememberSchemas(dataDir)
+	return nil
 }
 
 // SchemaCacheFile, in the data dir, names the cell schemas that passed the

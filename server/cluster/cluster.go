@@ -73,10 +73,6 @@ type cluster struct {
 // cells, the sandbox records, the leases; and makes the server key the
 // cluster's (DATA/server.key holds a copy, for this machine's CLI).
 func open(ctx context.Context, dataDir string, cfg server.ClusterConfig) (cells.Store, state.Store, server.Shared, error) {
-	if err := os.MkdirAll(dataDir, 0o700); err != nil {
-		return nil, nil, nil, fmt.Errorf("create data dir: %w", err)
-	}
-	server.RememberSchemas(dataDir)
 	lock, err := lockDataDir(dataDir)
 	if err != nil {
 		return nil, nil, nil, err
