@@ -128,7 +128,7 @@ func CellboxBinary(t testing.TB) string {
 // path: call it in a test that asks cellbox for either.
 func ClusterBinary(t testing.TB) string {
 	t.Helper()
-	buildBinary(t, &clusterBin, "cellbox-cluster")
+	buildBinary(t, &clusterBin, "cellbox-cluster", "-tags", "cluster", "./cmd/cellbox")
 	return CellboxBinary(t)
 }
 
@@ -141,8 +141,9 @@ func BenchBinary(t testing.TB) string {
 	return buildBinary(t, &benchBin, "cellbox-bench")
 }
 
-// buildBinary builds ./cmd/NAME into the process's binary directory once.
-func buildBinary(t testing.TB, b *built, name string) string {
+// buildBinary builds ./cmd/NAME (or what args say: build flags and a
+// package) as NAME into the process's binary directory once.
+func buildBinary(t testing.TB, b *built, name string, args ...string) string {
 	t.Helper()
 	b.once.Do(func() {
 		binDirOnce.Do(func() {
@@ -156,11 +157,10 @@ func buildBinary(t testing.TB, b *built, name string) string {
 		b.path = filepath.Join(binDir, name)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		args := []string{"build", "-o", b.path, "./cmd/" + name}
-		if name == "cellbox-cluster" {
-			args = []string{"build", "-tags", "cluster", "-o", b.path, "./cmd/cellbox"}
+		if len(args) == 0 {
+			args = []string{"./cmd/" + name}
 		}
-		cmd := exec.CommandContext(ctx, "go", args...)
+		cmd := exec.CommandContext(ctx, "go", append([]string{"build", "-o", b.path}, args...)...)
 		cmd.Dir = RepoRoot()
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
