@@ -46,15 +46,15 @@ func needCluster(backendName string, shared bool) error {
 	if path == "" {
 		p, err := exec.LookPath(clusterBinary)
 		if err != nil {
-			beside := filepath.Dir(cmp.Or(self, os.Args[0]))
-			return fmt.Errorf("%s needs %s (cellbox with the cluster's clients) beside this cellbox or on PATH; build it with `CGO_ENABLED=0 go build -tags cluster -o %s ./cmd/cellbox` (docs/cluster.md)", what, clusterBinary, filepath.Join(beside, clusterBinary))
+			beside := filepath.Join(filepath.Dir(cmp.Or(self, os.Args[0])), clusterBinary)
+			return fmt.Errorf("%s needs %s (cellbox with the cluster's clients) beside this cellbox or on PATH; %s", what, clusterBinary, buildCluster(beside))
 		}
 		path = p
 	}
 	if sameFile(path, self) {
 		// A cellbox without the clients named cellbox-cluster: it would
 		// exec itself for ever.
-		return fmt.Errorf("%s needs the cluster's clients, and %s is built without them: build it with `CGO_ENABLED=0 go build -tags cluster -o %s ./cmd/cellbox` (docs/cluster.md)", what, path, path)
+		return fmt.Errorf("%s needs the cluster's clients, and %s is built without them: %s", what, path, buildCluster(path))
 	}
 	slog.Debug("exec the cluster build", "for", what, "path", path)
 	env := os.Environ()
@@ -63,6 +63,11 @@ func needCluster(backendName string, shared bool) error {
 	}
 	err = syscall.Exec(path, append([]string{path}, os.Args[1:]...), env)
 	return fmt.Errorf("%s: exec %s: %w", what, path, err)
+}
+
+// buildCluster says how to build cellbox-cluster at path.
+func buildCluster(path string) string {
+	return "build it with `CGO_ENABLED=0 go build -tags cluster -o " + path + " ./cmd/cellbox` (docs/cluster.md)"
 }
 
 func sameFile(a, b string) bool {
