@@ -62,22 +62,19 @@ func (s *server) handleWatch(w http.ResponseWriter, r *http.Request) {
 	// a reader (a sandbox node's output) would read it half-written.
 	pending := map[string]Event{}
 	var order []string
+	timer := time.NewTimer(debounce)
+	timer.Stop()
 	var (
-		timer *time.Timer
-		fire  <-chan time.Time
-		first time.Time // of the pending batch
+		fire  <-chan time.Time // timer.C while a batch is pending
+		first time.Time        // of the pending batch
 	)
 	add := func(e Event) {
 		now := time.Now()
 		if fire == nil {
 			first = now
 		}
-		wait := min(debounce, first.Add(maxHold*debounce).Sub(now))
-		if timer == nil {
-			timer = time.NewTimer(wait)
-		} else {
-			timer.Reset(wait) // Go 1.23: no stale value is received after Reset
-		}
+		// Go 1.23 on: no stale value is received after Reset.
+		timer.Reset(min(debounce, first.Add(maxHold*debounce).Sub(now)))
 		fire = timer.C
 		if old, ok := pending[e.Path]; ok {
 			// Coalesce: a create followed by writes stays a create; a
@@ -91,11 +88,6 @@ func (s *server) handleWatch(w http.ResponseWriter, r *http.Request) {
 		pending[e.Path] = e
 		order = append(order, e.Path)
 	}
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	for {
 		select {
 		case <-r.Context().Done():

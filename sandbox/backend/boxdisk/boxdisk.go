@@ -346,9 +346,7 @@ func (d Disk) Unmount(ctx context.Context) error {
 // flush reaches the file through the loop device as an fsync of the host
 // file: it was most of a box's teardown (BenchmarkRemove).
 func (d Disk) Remove(ctx context.Context) error {
-	if d.Mounted() {
-		d.shutdown()
-	}
+	d.shutdown() // a no-op unless the disk is mounted
 	if err := d.Unmount(ctx); err != nil {
 		return err
 	}
