@@ -79,11 +79,12 @@ func TestImageBuildStop(t *testing.T) {
 			for !fetching(t, images, tc.fetch) {
 				select {
 				case err := <-done:
+					done <- err // for the cleanup, which waits for it
 					t.Fatalf("the build ended (%v) before debootstrap fetched %s:\n%s", err, tc.fetch, fileText(out))
 				default:
 				}
 				require.True(t, time.Now().Before(deadline), "debootstrap did not fetch %s within 3 minutes:\n%s", tc.fetch, fileText(out))
-				time.Sleep(20 * time.Millisecond)
+				time.Sleep(5 * time.Millisecond) // a fetch from a near mirror is short
 			}
 
 			require.NoError(t, cmd.Process.Signal(sig))
