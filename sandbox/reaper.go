@@ -26,6 +26,7 @@ import (
 func (s *Service) reaper() {
 	defer s.wg.Done()
 	if s.holds(leaseReaper) { // blobs a capture of another server is writing are not orphans
+		s.swept = time.Now()
 		s.snaps.Sweep(s.ctx, s.log)
 	}
 	t := time.NewTicker(s.cfg.ReapInterval)
@@ -51,6 +52,13 @@ func (s *Service) tick() {
 		}
 		s.expireSessions(s.ctx)
 		s.reap(s.ctx)
+		// Servers sharing a store also leave blobs between starts: a
+		// snapshot deleted while another server captured in its session
+		// frees nothing then (snapshots.Store.Delete).
+		if now := time.Now(); s.cfg.Shared && now.Sub(s.swept) >= sharedSweepInterval {
+			s.swept = now
+			s.snaps.Sweep(s.ctx, s.log)
+		}
 	}
 	s.flushLastUsed()
 	s.pools.Shrink(s.ctx)

@@ -230,6 +230,9 @@ type Service struct {
 	// orphansScanned is when the reaper last looked for sessions no
 	// server serves (adoptOrphans); the reaper's goroutine's alone.
 	orphansScanned time.Time
+	// swept is when the reaper last swept the snapshot blobs (its
+	// goroutine's alone).
+	swept time.Time
 	// asleep is set by SleepAll: the process is shutting down, and no box
 	// starts again (wake refuses) to run on after it exits.
 	asleep atomic.Bool
@@ -316,7 +319,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	snaps, err := snapshots.Open(st.st, cfg.Blobs, cfg.DataDir)
+	snaps, err := snapshots.Open(st.st, cfg.Blobs, cfg.DataDir, cfg.Shared)
 	if err != nil {
 		st.close()
 		return nil, err

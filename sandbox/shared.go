@@ -155,6 +155,10 @@ func (s *Service) adoptSession(id string) (*Session, error) {
 	return sess, nil
 }
 
+// sharedSweepInterval is how often the reaper's holder sweeps the snapshot
+// blobs of a shared store (snapshots.Store.Sweep), besides at its start.
+const sharedSweepInterval = time.Hour
+
 // orphanScanInterval is how often the reaper's holder looks for sessions
 // no server serves (adoptOrphans).
 var orphanScanInterval = 30 * time.Second

@@ -94,7 +94,11 @@ func snapshotTool(ctx context.Context, c *call, in api.SnapshotInput) (api.Snaps
 	}
 	l.b.workspace.Lock()
 	defer l.b.workspace.Unlock()
-	defer ss.Hold()()
+	release, err := ss.Hold(ctx, c.sess.ID)
+	if err != nil {
+		return api.SnapshotInfo{}, err
+	}
+	defer release()
 	entries, added, err := c.s.captureBox(ctx, c.sess.ID, l, most-used)
 	if err != nil {
 		ss.FreeLater(c.s.log, c.sess.ID) // what it stored before it failed
@@ -181,7 +185,11 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 	// take them), then the snapshot again: it may be gone meanwhile.
 	l.b.workspace.Lock()
 	defer l.b.workspace.Unlock()
-	defer ss.Hold()()
+	release, err := ss.Hold(ctx, c.sess.ID)
+	if err != nil {
+		return api.SeedOutput{}, err
+	}
+	defer release()
 	_, entries, err := ss.Get(ctx, c.sess.ID, in.Snapshot)
 	if err != nil {
 		return api.SeedOutput{}, err
@@ -235,7 +243,11 @@ func restoreTool(ctx context.Context, c *call, in api.RestoreInput) (api.SeedOut
 
 func branchTool(ctx context.Context, c *call, in api.BranchInput) (api.SeedOutput, error) {
 	ss := c.s.snaps
-	defer ss.Hold()()
+	release, err := ss.Hold(ctx, c.sess.ID)
+	if err != nil {
+		return api.SeedOutput{}, err
+	}
+	defer release()
 	rec, entries, err := ss.Get(ctx, c.sess.ID, in.Snapshot)
 	if err != nil {
 		return api.SeedOutput{}, err
@@ -291,7 +303,11 @@ func forkTool(ctx context.Context, c *call, in api.ForkInput) (api.ForkOutput, e
 		}
 	}
 	ss := c.s.snaps
-	defer ss.Hold()()
+	release, err := ss.Hold(ctx, c.sess.ID)
+	if err != nil {
+		return out, fmt.Errorf("fork %q: %w", src.name, err)
+	}
+	defer release()
 	// The portable path: the source's workspace into the store once (what
 	// is there already is not written again), then into every new box.
 	entries, _, err := c.s.captureBox(ctx, c.sess.ID, src, math.MaxInt64) // transient: not counted against the snapshot cap

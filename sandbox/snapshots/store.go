@@ -148,12 +148,16 @@ type Store struct {
 	// referenced: the blob store leaves a delete racing a Put of the same
 	// content to its caller.
 	gc sync.RWMutex
+	// shared: other servers hold and collect in the same stores; holds and
+	// collections also meet in the state store (gc.go).
+	shared bool
 }
 
 // Open returns the store of the snapshots in st, their content in b.
 // With b nil it keeps the blobs in dataDir/snapshots (blobs.OpenDir),
-// where every version has kept them.
-func Open(st state.Store, b blobs.Store, dataDir string) (*Store, error) {
+// where every version has kept them. shared says that other servers use
+// st and b too (each with a Store of its own).
+func Open(st state.Store, b blobs.Store, dataDir string, shared bool) (*Store, error) {
 	if b == nil {
 		d, err := blobs.OpenDir(filepath.Join(dataDir, "snapshots"))
 		if err != nil {
@@ -161,19 +165,32 @@ func Open(st state.Store, b blobs.Store, dataDir string) (*Store, error) {
 		}
 		b = d
 	}
-	return &Store{st: st, blobs: b}, nil
+	return &Store{st: st, blobs: b, shared: shared}, nil
 }
 
-// Hold keeps the blobs from being collected (by Delete, FreeLater, Sweep)
-// until release is called. Hold it across Capture and the Put of its
-// manifest, and while a manifest is in use (WriteTar; a capture that is
-// never Put, such as fork's transient copy): a collection would take
-// blobs no stored manifest names yet. Delete waits for every hold to be
-// released, so a goroutine that holds must not call it.
-// defer s.Hold()() holds it for the rest of a function.
-func (s *Store) Hold() (release func()) {
+// Hold keeps session's blobs from being collected (by Delete, FreeLater,
+// Sweep) until release is called. Hold it across Capture and the Put of
+// its manifest, and while a manifest is in use (WriteTar; a capture that
+// is never Put, such as fork's transient copy): a collection would take
+// blobs no stored manifest names yet. Delete waits for every hold of this
+// Store to be released, so a goroutine that holds must not call it. In a
+// shared store a hold also keeps other servers' collections of the session
+// off (gc.go), and waits for one that runs (an error: ctx ended, or the
+// state store failed).
+func (s *Store) Hold(ctx context.Context, session string) (release func(), err error) {
 	s.gc.RLock()
-	return s.gc.RUnlock
+	if !s.shared {
+		return s.gc.RUnlock, nil
+	}
+	key, err := s.holdShared(ctx, session)
+	if err != nil {
+		s.gc.RUnlock()
+		return nil, err
+	}
+	return func() {
+		s.releaseShared(key)
+		s.gc.RUnlock()
+	}, nil
 }
 
 // DataBytes is the bytes of a file entry's data: its blob's size.
@@ -303,8 +320,10 @@ func (s *Store) all(ctx context.Context) ([]Record, error) {
 
 // Delete removes snapshots (of session) and then the session's blobs no
 // remaining snapshot of it references; it returns the bytes freed. It is
-// not cancelled with ctx once it has begun. It waits for every Hold to be
-// released.
+// not cancelled with ctx once it has begun. It waits for every Hold of
+// this Store to be released. In a shared store, while another server holds
+// the session's blobs or collects them, it frees none (a later Sweep
+// does).
 func (s *Store) Delete(ctx context.Context, session string, ids ...string) (int64, error) {
 	s.gc.Lock()
 	defer s.gc.Unlock()
@@ -324,6 +343,14 @@ func (s *Store) Delete(ctx context.Context, session string, ids ...string) (int6
 			return 0, err
 		}
 	}
+	if s.shared {
+		cctx, end, ok, err := s.beginCollect(ctx, session)
+		if err != nil || !ok {
+			return 0, err
+		}
+		defer end()
+		ctx = cctx
+	}
 	// The blobs the session's remaining snapshots name: no capture adds a
 	// snapshot while gc is held.
 	live := map[string]bool{}
@@ -333,6 +360,9 @@ func (s *Store) Delete(ctx context.Context, session string, ids ...string) (int6
 	}
 	for _, rec := range recs {
 		entries, err := s.manifest(ctx, rec.ID)
+		if errors.Is(err, state.ErrNotFound) {
+			continue // deleted since the list (by another server): it names nothing
+		}
 		if err != nil {
 			return 0, err
 		}

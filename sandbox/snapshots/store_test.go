@@ -51,7 +51,7 @@ func TestSnapshotHostileTar(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			ss, err := Open(state.NewMemory(), nil, dir)
+			ss, err := Open(state.NewMemory(), nil, dir, false)
 			require.NoError(t, err)
 			var buf bytes.Buffer
 			tw := tar.NewWriter(&buf)
@@ -80,7 +80,7 @@ func TestSnapshotHostileTar(t *testing.T) {
 // venv's bin/python) are kept.
 func TestSnapshotCaptureKeepsLinks(t *testing.T) {
 	dir := t.TempDir()
-	ss, err := Open(state.NewMemory(), nil, dir)
+	ss, err := Open(state.NewMemory(), nil, dir, false)
 	require.NoError(t, err)
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -132,7 +132,7 @@ func TestRecordLayout(t *testing.T) {
 		{Path: "l", Type: tar.TypeSymlink, Mode: 0o777, Link: "to\xfe"},
 	}
 	st := state.NewMemory()
-	ss, err := Open(st, nil, t.TempDir())
+	ss, err := Open(st, nil, t.TempDir(), false)
 	require.NoError(t, err)
 	ctx := context.Background()
 	require.NoError(t, ss.Put(ctx, rec, entries))
@@ -155,6 +155,15 @@ func TestRecordLayout(t *testing.T) {
 // capture stores a workspace of files (name -> content) for session.
 func capture(t *testing.T, ss *Store, session string, files map[string]string) ([]Entry, int64) {
 	t.Helper()
+	release, err := ss.Hold(context.Background(), session)
+	require.NoError(t, err)
+	defer release()
+	return captureHeld(t, ss, session, files)
+}
+
+// captureHeld is capture for a caller that holds the store.
+func captureHeld(t *testing.T, ss *Store, session string, files map[string]string) ([]Entry, int64) {
+	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	require.NoError(t, tw.WriteHeader(&tar.Header{Name: "workspace/", Typeflag: tar.TypeDir, Mode: 0o755}))
@@ -163,7 +172,6 @@ func capture(t *testing.T, ss *Store, session string, files map[string]string) (
 		io.WriteString(tw, body)
 	}
 	require.NoError(t, tw.Close())
-	defer ss.Hold()()
 	entries, added, err := ss.Capture(session, &buf, math.MaxInt64, math.MaxInt64)
 	require.NoError(t, err)
 	return entries, added
@@ -175,7 +183,7 @@ func capture(t *testing.T, ss *Store, session string, files map[string]string) (
 // another session's id is not found.
 func TestStoreLifecycle(t *testing.T) {
 	ctx := context.Background()
-	ss, err := Open(state.NewMemory(), nil, t.TempDir())
+	ss, err := Open(state.NewMemory(), nil, t.TempDir(), false)
 	require.NoError(t, err)
 	put := func(session, id string, created time.Time, files map[string]string) ([]Entry, int64) {
 		entries, added := capture(t, ss, session, files)
@@ -250,7 +258,7 @@ func TestStoreLifecycle(t *testing.T) {
 func TestStoreSweep(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	ss, err := Open(state.NewMemory(), nil, dir)
+	ss, err := Open(state.NewMemory(), nil, dir, false)
 	require.NoError(t, err)
 	entries, _ := capture(t, ss, "s-a", map[string]string{"kept": "kept"})
 	require.NoError(t, ss.Put(ctx, Record{ID: "snap-1", Session: "s-a", Spec: json.RawMessage(`{}`)}, entries))
@@ -260,8 +268,9 @@ func TestStoreSweep(t *testing.T) {
 	assert.EqualValues(t, 4, ss.Bytes("s-a"))
 	assert.NoDirExists(t, filepath.Join(dir, "blobs", "s-gone"))
 
-	release := ss.Hold()
-	capture(t, ss, "s-a", map[string]string{"transient": "a fork's copy"})
+	release, err := ss.Hold(ctx, "s-a")
+	require.NoError(t, err)
+	captureHeld(t, ss, "s-a", map[string]string{"transient": "a fork's copy"})
 	ss.FreeLater(slog.New(slog.DiscardHandler), "s-a")
 	time.Sleep(50 * time.Millisecond)
 	assert.EqualValues(t, 4+len("a fork's copy"), ss.Bytes("s-a"), "not while held")
@@ -275,7 +284,7 @@ func TestOpenGivenBlobs(t *testing.T) {
 	b, err := blobs.OpenDir(t.TempDir())
 	require.NoError(t, err)
 	dataDir := t.TempDir()
-	ss, err := Open(state.NewMemory(), b, dataDir)
+	ss, err := Open(state.NewMemory(), b, dataDir, false)
 	require.NoError(t, err)
 	capture(t, ss, "s-a", map[string]string{"f": "in the given store"})
 	n, err := b.Size(context.Background(), "s-a")

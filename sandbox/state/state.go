@@ -71,6 +71,13 @@ const (
 	// SnapshotManifests: snapshot id -> its manifest (the files and the
 	// hashes of their blobs), written in the commit of its snapshot.
 	SnapshotManifests Kind = "snapshot_manifests"
+	// SnapshotHolds: SESSION/id -> until when a capture of the session
+	// keeps its blobs from being collected (sandbox/snapshots, servers
+	// sharing a store).
+	SnapshotHolds Kind = "snapshot_holds"
+	// SnapshotGC: session -> until when a server collects the session's
+	// unreferenced blobs (sandbox/snapshots, servers sharing a store).
+	SnapshotGC Kind = "snapshot_gc"
 	// Previews: preview id -> its box and port. Reserved: the service
 	// keeps previews in their box's record for now.
 	Previews Kind = "previews"
