@@ -516,7 +516,7 @@ func (s *Service) destroyBox(ctx context.Context, sess *Session, name string) er
 	if prev != stateNew || b.made { // made: a fork made it before its first use
 		s.removeBox(ctx, id)
 		if !b.rec.OneShot {
-			changes = append(changes, change{delBox: id})
+			changes = append(changes, change{delBox: id, owner: sess.ID})
 		}
 	}
 	s.log.Info("box destroyed", "session", sess.ID, "name", name, "box", id)

@@ -226,6 +226,10 @@ type Service struct {
 	hostDirMu sync.Mutex
 	leaseMu   sync.Mutex
 	held      map[string]*leases.Held // the leases this server holds, by name
+	// fenced is the fence of each session whose lease this server took
+	// (Config.Shared), kept when the lease is lost: a write of its records
+	// from here on is refused (sessionFences).
+	fenced map[string]state.Fence
 	adoptMu   sync.Mutex              // one session taken over at a time (shared.go)
 	// orphansScanned is when the reaper last looked for sessions no
 	// server serves (adoptOrphans); the reaper's goroutine's alone.
@@ -338,12 +342,14 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		cancel:   cancel,
 		sessions: map[string]*Session{},
 		held:     map[string]*leases.Held{},
+		fenced:   map[string]state.Fence{},
 		boxes:    map[string]*box{},
 		previews: previews.NewTable(),
 		proxies:  map[string]*boxProxy{},
 	}
 	s.SetBaseURL(cfg.BaseURL)
 	if cfg.Shared {
+		st.fences = s.sessionFences
 		s.log.Info("state shared with other servers: sessions are taken over as calls need them")
 	} else if err := s.reconcile(ctx); err != nil {
 		cancel()
@@ -381,13 +387,15 @@ func (s *Service) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
+	// Before the leases go (a session's, cancelled with s.ctx, fences the
+	// writes of its records).
+	s.flushLastUsed()
 	s.cancel()
 	s.wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s.pools.Close(ctx)
 	s.stopAllEgress()
-	s.flushLastUsed()
 	s.releaseLeases()
 	s.mu.Lock()
 	for _, b := range s.boxes {

@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	leases "github.com/cellbox/cellbox/sandbox/lease"
@@ -61,11 +62,41 @@ func (s *Service) holdSession(id string) error {
 	if err != nil {
 		return err
 	}
-	s.leaseMu.Lock()
-	s.held[sessionLease(id)] = h
-	s.leaseMu.Unlock()
+	s.heldSession(id, h)
 	go s.watchSession(id, h)
 	return nil
+}
+
+// heldSession notes h, the lease of session id this server took, and the
+// fence of its writes of the session's records.
+func (s *Service) heldSession(id string, h *leases.Held) {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	s.held[sessionLease(id)] = h
+	if f, ok := s.cfg.Leaser.(leases.Fencer); ok {
+		s.fenced[id] = state.Fence{Key: f.FenceKey(sessionLease(id)), Rev: int64(h.Lease().Token)}
+	}
+}
+
+// lostFenceKeep is how long a server keeps the fence of a session whose
+// lease it lost: longer than any call begun before may write.
+const lostFenceKeep = time.Hour
+
+// sessionFences are the fences of a commit of the records of sessions:
+// of each that this server took, the lease it took, whether it still
+// holds it or not (a commit of a lost one writes nothing). A session it
+// never took (a new one, whose lease is being taken beside its first
+// record; one the reaper expires) has none.
+func (s *Service) sessionFences(sessions []string) []state.Fence {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	var out []state.Fence
+	for i, id := range sessions {
+		if f, ok := s.fenced[id]; ok && !slices.Contains(sessions[:i], id) {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // releaseSession gives a deleted session's lease up.
@@ -73,6 +104,7 @@ func (s *Service) releaseSession(id string) {
 	s.leaseMu.Lock()
 	h := s.held[sessionLease(id)]
 	delete(s.held, sessionLease(id))
+	delete(s.fenced, id)
 	s.leaseMu.Unlock()
 	if h != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -141,9 +173,7 @@ func (s *Service) adoptSession(id string) (*Session, error) {
 	}
 	s.sessions[id] = sess
 	s.mu.Unlock()
-	s.leaseMu.Lock()
-	s.held[sessionLease(id)] = h
-	s.leaseMu.Unlock()
+	s.heldSession(id, h)
 	s.prepareHosts(boxes)
 	if len(changes) > 0 {
 		if err := s.st.apply(changes...); err != nil {
@@ -213,7 +243,16 @@ func (s *Service) watchSession(id string, h *leases.Held) {
 	if s.held[sessionLease(id)] == h {
 		delete(s.held, sessionLease(id))
 	}
+	fence := s.fenced[id]
 	s.leaseMu.Unlock()
+	// Its fence stays while calls begun here may still write (sessionFences).
+	time.AfterFunc(lostFenceKeep, func() {
+		s.leaseMu.Lock()
+		if s.fenced[id] == fence {
+			delete(s.fenced, id)
+		}
+		s.leaseMu.Unlock()
+	})
 	s.mu.Lock()
 	sess := s.sessions[id]
 	if sess != nil {

@@ -59,11 +59,16 @@ type boxRecord struct {
 // gives (Config.State), or one over the data dir's own bbolt file. Records
 // are JSON, under their ids. The service keeps its maps as the working
 // copy and writes every change through, unguarded: it is the store's only
-// writer.
+// writer — of a session's records, the server that holds its lease, and
+// fences says so (servers sharing the state: a server that lost the lease
+// writes nothing more of the session).
 type store struct {
 	st       state.Store
 	db       *bolt.DB // the file opened here (no Config.State), closed by close
 	instance string   // random id of the data; labels its backend boxes
+	// fences returns the fences of a commit of the records of sessions
+	// (nil: none).
+	fences func(sessions []string) []state.Fence
 }
 
 // openStore returns the store over shared, or (shared nil) over a bbolt
@@ -140,6 +145,21 @@ type change struct {
 	box        *boxRecord
 	delSession string
 	delBox     string
+	owner      string // delBox's session, "" for a box of none
+}
+
+// sessionOf is the session whose record c writes or whose box it is ("":
+// a shared box, an orphan).
+func (c change) sessionOf() string {
+	switch {
+	case c.session != nil:
+		return c.session.ID
+	case c.box != nil:
+		return c.box.Session
+	case c.delSession != "":
+		return c.delSession
+	}
+	return c.owner
 }
 
 // apply writes changes in one commit. It is not cancelled: the caller's
@@ -170,7 +190,17 @@ func (s *store) apply(changes ...change) error {
 		}
 		ops = append(ops, op)
 	}
-	_, err := s.st.Commit(context.Background(), lastWins(ops)...)
+	ctx := context.Background()
+	if s.fences != nil {
+		sessions := make([]string, 0, len(changes))
+		for _, c := range changes {
+			if id := c.sessionOf(); id != "" {
+				sessions = append(sessions, id)
+			}
+		}
+		ctx = state.WithFences(ctx, s.fences(sessions)...)
+	}
+	_, err := s.st.Commit(ctx, lastWins(ops)...)
 	return err
 }
 

@@ -32,7 +32,10 @@ type Store interface {
 	// error wraps ErrConflict (the caller reads again and retries: see the
 	// package comment). Ops that name one record twice, or a bad kind or
 	// key, are refused with ErrInvalid. A commit of no ops writes nothing
-	// and returns 0.
+	// and returns 0. A commit whose ctx carries fences (WithFences) writes
+	// only while each fence holds, in a store several processes share; if
+	// one does not, nothing is written and the error wraps ErrFenced. A
+	// store of one process ignores fences: it is the only writer there is.
 	Commit(ctx context.Context, ops ...Op) (uint64, error)
 
 	// Reserve makes holder a holder of counter if fewer than limit hold it
@@ -126,6 +129,36 @@ func (op Op) If(rev uint64) Op {
 	return op
 }
 
+// Fence makes a commit conditional on a lease: the commits made under a
+// context carrying it (WithFences) go through only while Key (the lease's
+// own key, in the store the state shares with its leases) still has the
+// create revision Rev, that is, while the lease its writer took is still
+// the one there. A server that lost the lease (paused past it: a stopped
+// process, a frozen machine) then writes nothing: ErrFenced.
+type Fence struct {
+	Key string
+	Rev int64
+}
+
+type fencesKey struct{}
+
+// WithFences returns ctx carrying fences (with those ctx carries already)
+// for the commits made under it.
+func WithFences(ctx context.Context, fences ...Fence) context.Context {
+	if len(fences) == 0 {
+		return ctx
+	}
+	all := append(FencesOf(ctx), fences...)
+	return context.WithValue(ctx, fencesKey{}, all[:len(all):len(all)])
+}
+
+// FencesOf returns the fences ctx carries: a shared store's Commit checks
+// them.
+func FencesOf(ctx context.Context) []Fence {
+	f, _ := ctx.Value(fencesKey{}).([]Fence)
+	return f
+}
+
 // MaxKey is the longest key, counter and holder, in bytes.
 const MaxKey = 1024
 
@@ -139,6 +172,10 @@ var (
 	// ErrInvalid: a call the contract does not define (a bad kind, key,
 	// counter or holder; one record twice in a commit).
 	ErrInvalid = errors.New("invalid state operation")
+	// ErrFenced: a fence of a commit no longer holds (its lease is
+	// another's now, or ran out); nothing was written, and trying again
+	// would not help.
+	ErrFenced = errors.New("the lease this write was made under is no longer held")
 	// ErrClosed: the store is closed.
 	ErrClosed = errors.New("state store is closed")
 )

@@ -43,3 +43,18 @@ func openDB(t *testing.T, path string) *bolt.DB {
 }
 
 var ctx = context.Background()
+
+// TestOneProcessIgnoresFences: the stores of one process commit under
+// fences as without them (no lease key of theirs to compare).
+func TestOneProcessIgnoresFences(t *testing.T) {
+	bs, err := state.OpenBolt(ctx, openDB(t, filepath.Join(t.TempDir(), "cellbox.db")))
+	require.NoError(t, err)
+	for _, s := range []state.Store{state.NewMemory(), bs} {
+		fenced := state.WithFences(ctx, state.Fence{Key: "/no/such/lease", Rev: 7})
+		_, err := s.Commit(fenced, state.Put(state.Sessions, "s-1", []byte("v")))
+		require.NoError(t, err)
+		r, err := s.Get(ctx, state.Sessions, "s-1")
+		require.NoError(t, err)
+		require.Equal(t, "v", string(r.Value))
+	}
+}

@@ -174,11 +174,22 @@ func (s *Store) Commit(ctx context.Context, ops ...state.Op) (uint64, error) {
 			then = append(then, clientv3.OpPut(k, string(op.Value)))
 		}
 	}
-	resp, err := s.c.Txn(ctx).If(cmps...).Then(then...).Commit()
+	fences := state.FencesOf(ctx)
+	var orElse []clientv3.Op
+	for _, f := range fences {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(f.Key), "=", f.Rev))
+		orElse = append(orElse, clientv3.OpGet(f.Key, clientv3.WithKeysOnly()))
+	}
+	resp, err := s.c.Txn(ctx).If(cmps...).Then(then...).Else(orElse...).Commit()
 	if err != nil {
 		return 0, fail(fmt.Sprintf("commit of %d ops", len(ops)), err)
 	}
 	if !resp.Succeeded {
+		for i, f := range fences {
+			if kvs := resp.Responses[i].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].CreateRevision != f.Rev {
+				return 0, fmt.Errorf("commit of %d ops: %s: %w", len(ops), f.Key, state.ErrFenced)
+			}
+		}
 		return 0, fmt.Errorf("commit of %d ops: a guarded record has another revision: %w", len(ops), state.ErrConflict)
 	}
 	return uint64(resp.Header.Revision), nil

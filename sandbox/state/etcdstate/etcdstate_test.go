@@ -77,3 +77,48 @@ func TestTooLarge(t *testing.T) {
 	_, err = s.Get(t.Context(), state.Boxes, "big")
 	assert.ErrorIs(t, err, state.ErrNotFound)
 }
+
+// TestFence: a commit under fences goes through while each fence's key
+// keeps its create revision, and fails with state.ErrFenced, writing
+// nothing, once one was made anew (the lease is another holder's) or is
+// gone (it ran out); a guard that fails beside a fence that holds is
+// still a conflict.
+func TestFence(t *testing.T) {
+	c := etcdtest.Start(t, 1).Dial(t)
+	ctx := t.Context()
+	s := etcdstate.Open(c, etcdtest.Prefix())
+	mine, err := c.Put(ctx, "/lease/a", "me")
+	require.NoError(t, err)
+	_, err = c.Put(ctx, "/lease/b", "me")
+	require.NoError(t, err)
+	fa := state.Fence{Key: "/lease/a", Rev: mine.Header.Revision}
+	got, err := c.Get(ctx, "/lease/b")
+	require.NoError(t, err)
+	fb := state.Fence{Key: "/lease/b", Rev: got.Kvs[0].CreateRevision}
+	fenced := state.WithFences(ctx, fa, fb)
+
+	_, err = s.Commit(fenced, state.Put(state.Sessions, "s-1", []byte("v1")))
+	require.NoError(t, err, "both leases are the writer's")
+	_, err = s.Commit(fenced, state.Put(state.Sessions, "s-1", []byte("v2")).If(1))
+	require.ErrorIs(t, err, state.ErrConflict, "a stale guard, the fences holding")
+
+	// Another holder takes lease b between two renewals.
+	_, err = c.Delete(ctx, "/lease/b")
+	require.NoError(t, err)
+	_, err = c.Put(ctx, "/lease/b", "another")
+	require.NoError(t, err)
+	_, err = s.Commit(fenced, state.Put(state.Sessions, "s-1", []byte("stale")), state.Delete(state.Boxes, "b-1"))
+	require.ErrorIs(t, err, state.ErrFenced)
+	assert.Contains(t, err.Error(), "/lease/b")
+	r, err := s.Get(ctx, state.Sessions, "s-1")
+	require.NoError(t, err)
+	assert.Equal(t, "v1", string(r.Value), "nothing written")
+
+	// Lease a ran out (its key is gone).
+	_, err = c.Delete(ctx, "/lease/a")
+	require.NoError(t, err)
+	_, err = s.Commit(state.WithFences(ctx, fa), state.Put(state.Sessions, "s-1", []byte("stale")))
+	require.ErrorIs(t, err, state.ErrFenced)
+	_, err = s.Commit(ctx, state.Put(state.Sessions, "s-1", []byte("v2")))
+	require.NoError(t, err, "a commit without fences")
+}
