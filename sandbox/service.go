@@ -229,8 +229,8 @@ type Service struct {
 	// fenced is the fence of each session whose lease this server took
 	// (Config.Shared), kept when the lease is lost: a write of its records
 	// from here on is refused (sessionFences).
-	fenced map[string]state.Fence
-	adoptMu   sync.Mutex              // one session taken over at a time (shared.go)
+	fenced  map[string]state.Fence
+	adoptMu sync.Mutex // one session taken over at a time (shared.go)
 	// orphansScanned is when the reaper last looked for sessions no
 	// server serves (adoptOrphans); the reaper's goroutine's alone.
 	orphansScanned time.Time
