@@ -269,8 +269,6 @@ func (s *Service) expireSessions(ctx context.Context) {
 	}
 }
 
-// clientSessionsLocked counts the sessions clients made: the server's own
-// do not count against MaxSessions. The caller holds s.mu.
 // ClientSessions counts the sessions that count against MaxSessions.
 func (s *Service) ClientSessions() int {
 	s.mu.Lock()
@@ -278,6 +276,8 @@ func (s *Service) ClientSessions() int {
 	return s.clientSessionsLocked()
 }
 
+// clientSessionsLocked counts the sessions clients made: the server's own
+// do not count against MaxSessions. The caller holds s.mu.
 func (s *Service) clientSessionsLocked() int {
 	n := 0
 	for _, sess := range s.sessions {
