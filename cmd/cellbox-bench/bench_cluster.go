@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -143,29 +142,11 @@ func benchCluster(ctx context.Context, o clusterOptions) (_ *benchReport, err er
 	return rep, nil
 }
 
-// startEtcd starts the members (etcdproc.Start) from a goroutine
-// locked to its OS thread until stop kills them: etcdproc starts each
-// member with Pdeathsig, which kills it when the thread that started it
-// ends, and the local backend's servers in this process end threads
-// (sandbox/local's stage returns locked to one), which took members down
-// in the middle of a run when they were started from any goroutine.
+// startEtcd starts the members (etcdproc.Start); stop kills them. A
+// failed start tells what the members' logs said (they go with dir).
 func startEtcd(dir string, members int, opts ...etcdproc.Option) (cl *etcdproc.Cluster, stop func(), err error) {
-	started := make(chan error, 1)
-	done, closed := make(chan struct{}), make(chan struct{})
-	go func() {
-		goruntime.LockOSThread()
-		defer goruntime.UnlockOSThread()
-		var err error
-		cl, err = etcdproc.Start(dir, members, opts...)
-		started <- err
-		if err == nil {
-			<-done
-			cl.Close()
-			close(closed)
-		}
-	}()
-	if err := <-started; err != nil {
-		// The members' logs go with dir: tell what they said.
+	cl, err = etcdproc.Start(dir, members, opts...)
+	if err != nil {
 		if cl != nil {
 			for i := range cl.Len() {
 				if tail, terr := cl.Member(i).LogTail(10); terr == nil {
@@ -175,7 +156,7 @@ func startEtcd(dir string, members int, opts ...etcdproc.Option) (cl *etcdproc.C
 		}
 		return nil, nil, err
 	}
-	return cl, func() { close(done); <-closed }, nil
+	return cl, cl.Close, nil
 }
 
 // addTarget adds a row of an etcd figure against its bbolt figure's p50,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -102,4 +103,39 @@ func TestStartFails(t *testing.T) {
 	if _, err := Start(t.TempDir(), 0); err == nil {
 		t.Error("Start with 0 members: no error")
 	}
+}
+
+// TestMembersOutliveTheStartingThread: a cluster started from a goroutine
+// that ends its thread (it returns locked to it, as sandbox/local's
+// staging may) keeps its members, and a member restarted from another such
+// goroutine too: they are started on the cluster's own thread, not the
+// caller's, whose end would kill them (Pdeathsig).
+func TestMembersOutliveTheStartingThread(t *testing.T) {
+	requireEtcd(t)
+	onEndedThread := func(fn func() error) error {
+		errc := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+			errc <- fn()
+		}()
+		return <-errc
+	}
+	var c *Cluster
+	if err := onEndedThread(func() (err error) { c, err = Start(t.TempDir(), 1, WithLogLevel("warn")); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	alive := func(what string) {
+		t.Helper()
+		time.Sleep(300 * time.Millisecond) // Pdeathsig comes at once; give the exit time to show
+		if !c.Member(0).Running() {
+			tail, _ := c.Member(0).LogTail(5)
+			t.Fatalf("the member died %s:\n%s", what, tail)
+		}
+	}
+	alive("when the thread that started the cluster ended")
+	if err := onEndedThread(c.Member(0).Restart); err != nil {
+		t.Fatal(err)
+	}
+	alive("when the thread that restarted it ended")
 }
