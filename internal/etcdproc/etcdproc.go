@@ -10,7 +10,7 @@
 // process may end threads (a goroutine that returns locked to its thread,
 // as sandbox/local's staging does, takes its thread with it): so every
 // member is started on one thread that a goroutine of the cluster holds
-// (runtime.LockOSThread) until Close (starter).
+// until Close (internal/heldthread).
 package etcdproc
 
 import (
@@ -27,7 +27,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,6 +36,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/cellbox/cellbox/internal/etcdconn"
+	"github.com/cellbox/cellbox/internal/heldthread"
 	"go.uber.org/zap"
 )
 
@@ -103,58 +103,12 @@ type Cluster struct {
 	token   string
 	members []*Member
 
-	starter *starter // starts the members' processes
+	starter *heldthread.Starter // starts the members' processes
 
 	mu        sync.Mutex
 	client    *clientv3.Client // for Leader; closed by Close
 	clientErr error
 	closed    bool
-}
-
-// starter starts processes on one OS thread, which a goroutine of its own
-// holds until stop: a child started with Pdeathsig lives as long as the
-// thread that started it (see the package doc). Hand-written because
-// os/exec has no way to say which thread forks.
-type starter struct {
-	mu   sync.Mutex
-	reqs chan func() // nil once stopped
-}
-
-func newStarter() *starter {
-	s := &starter{reqs: make(chan func())}
-	reqs := s.reqs
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		for f := range reqs {
-			f()
-		}
-	}()
-	return s
-}
-
-// run starts cmd on the starter's thread.
-func (s *starter) run(cmd *exec.Cmd) error {
-	errc := make(chan error, 1)
-	s.mu.Lock()
-	if s.reqs == nil {
-		s.mu.Unlock()
-		return errors.New("the cluster is closed")
-	}
-	s.reqs <- func() { errc <- cmd.Start() }
-	s.mu.Unlock()
-	return <-errc
-}
-
-// stop ends the starter's goroutine (after the members it started are
-// gone: its thread may then end).
-func (s *starter) stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.reqs != nil {
-		close(s.reqs)
-		s.reqs = nil
-	}
 }
 
 // Member is one etcd process of a Cluster.
@@ -193,7 +147,7 @@ func Start(dir string, members int, opts ...Option) (*Cluster, error) {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	c := &Cluster{bin: bin, cfg: cfg, starter: newStarter()}
+	c := &Cluster{bin: bin, cfg: cfg, starter: heldthread.New()}
 
 	// A free port can be taken by someone else between our probe and etcd's
 	// bind: then a member exits at once, and the cluster is started anew on
@@ -206,7 +160,7 @@ func Start(dir string, members int, opts ...Option) (*Cluster, error) {
 		inUse := c.anyLogContains("address already in use")
 		c.killAll()
 		if !inUse || attempt == 3 {
-			c.starter.stop()
+			c.starter.Stop()
 			if len(c.members) == 0 {
 				c = nil
 			}
@@ -227,7 +181,7 @@ func (c *Cluster) Close() {
 		cli.Close()
 	}
 	c.killAll()
-	c.starter.stop()
+	c.starter.Stop()
 }
 
 func (c *Cluster) start(dir string, n int) error {
@@ -327,7 +281,7 @@ func (m *Member) spawn(initialCluster, state string) error {
 	// Should this process die without Close, the members die with it (with
 	// the thread that starts them: see the package doc).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	err = m.c.starter.run(cmd)
+	err = m.c.starter.Start(cmd)
 	logf.Close() // the child has its own copy
 	if err != nil {
 		return fmt.Errorf("member %d: %w", m.index, err)

@@ -32,6 +32,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cellbox/cellbox/internal/heldthread"
 )
 
 // DefaultBin is where `bash scripts/s3-server.sh build` puts the server;
@@ -53,6 +55,10 @@ type Server struct {
 	logPath        string
 	port           int
 	access, secret string
+
+	// starter starts the process on a thread held until cleanup: it dies
+	// with that thread (Pdeathsig), and a test's goroutines may end theirs.
+	starter *heldthread.Starter
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -93,6 +99,8 @@ func StartServer(t testing.TB) *Server {
 		dir:    t.TempDir(),
 		access: "cellbox" + randomHex(6),
 		secret: randomHex(20),
+
+		starter: heldthread.New(),
 	}
 	s.logPath = filepath.Join(s.dir, "server.log")
 	if err := os.Mkdir(filepath.Join(s.dir, "data"), 0o700); err != nil {
@@ -180,7 +188,7 @@ func (s *Server) start() error {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Dies with the test process, should it be killed before its cleanup.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := s.starter.Start(cmd); err != nil {
 		return err
 	}
 	done := make(chan struct{})
@@ -230,6 +238,7 @@ func (s *Server) kill() {
 
 func (s *Server) cleanup() {
 	s.Stop()
+	s.starter.Stop()
 	if s.t.Failed() {
 		s.t.Logf("s3test: the tail of the server's log (%s):\n%s", s.logPath, s.log())
 	}
