@@ -24,7 +24,6 @@ package snapshots
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -61,29 +60,38 @@ func runOut(v []byte, now time.Time) bool {
 	return json.Unmarshal(v, &r) != nil || !now.Before(r.Until)
 }
 
+// collection reads session's SnapshotGC record: its revision (0: none) and
+// whether a collection runs (a record that ran out is its dead server's:
+// the next commit guarded on rev takes it over).
+func (s *Store) collection(ctx context.Context, session string) (rev uint64, runs bool, err error) {
+	r, err := s.st.Get(ctx, state.SnapshotGC, session)
+	if errors.Is(err, state.ErrNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	return r.Revision, !runOut(r.Value, time.Now()), nil
+}
+
 // holdShared records a hold of session's blobs in the state store, once no
 // collection of the session runs; it returns the hold's key.
 func (s *Store) holdShared(ctx context.Context, session string) (string, error) {
-	var id [8]byte
-	_, _ = rand.Read(id[:])
-	key := session + "/" + hex.EncodeToString(id[:])
+	key := session + "/" + rand.Text()
 	for {
-		guard := state.Delete(state.SnapshotGC, session).If(0)
-		r, err := s.st.Get(ctx, state.SnapshotGC, session)
-		switch {
-		case errors.Is(err, state.ErrNotFound):
-		case err != nil:
+		rev, runs, err := s.collection(ctx, session)
+		if err != nil {
 			return "", fmt.Errorf("snapshot store: %w", err)
-		case !runOut(r.Value, time.Now()):
-			select { // another server collects the session's blobs
+		}
+		if runs { // on another server
+			select {
 			case <-time.After(holdPoll):
 				continue
 			case <-ctx.Done():
 				return "", fmt.Errorf("snapshot store: waiting for a collection of this session's unused blobs on another server: %w", ctx.Err())
 			}
-		default: // its server died collecting
-			guard = state.Delete(state.SnapshotGC, session).If(r.Revision)
 		}
+		guard := state.Delete(state.SnapshotGC, session).If(rev) // none, or a dead server's
 		_, err = s.st.Commit(ctx, state.Put(state.SnapshotHolds, key, gcValue(time.Now().Add(holdTTL))), guard)
 		if errors.Is(err, state.ErrConflict) {
 			continue // a collection began meanwhile
@@ -111,18 +119,11 @@ func (s *Store) beginCollect(ctx context.Context, session string) (_ context.Con
 	until := time.Now().Add(collectTTL)
 	var rev uint64
 	for tries := 0; ; tries++ {
-		op := state.Put(state.SnapshotGC, session, gcValue(until)).If(0)
-		r, err := s.st.Get(ctx, state.SnapshotGC, session)
-		switch {
-		case errors.Is(err, state.ErrNotFound):
-		case err != nil:
+		cur, runs, err := s.collection(ctx, session)
+		if err != nil || runs { // runs: on another server, now
 			return nil, nil, false, err
-		case !runOut(r.Value, time.Now()):
-			return nil, nil, false, nil // another server collects it now
-		default:
-			op = op.If(r.Revision)
 		}
-		rev, err = s.st.Commit(ctx, op)
+		rev, err = s.st.Commit(ctx, state.Put(state.SnapshotGC, session, gcValue(until)).If(cur))
 		if errors.Is(err, state.ErrConflict) && tries < 10 {
 			continue
 		}
