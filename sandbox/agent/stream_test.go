@@ -165,12 +165,22 @@ func TestTarInKeepsLinksOut(t *testing.T) {
 	assert.Equal(t, before.Mode(), after.Mode(), "the link's target was not chmodded")
 }
 
-func TestWatch(t *testing.T) {
+// watching starts an agent whose root holds the directory w (and dirs, of
+// it) and watches w with debounce.
+func watching(t *testing.T, debounce time.Duration, dirs ...string) (*testAgent, <-chan []Event) {
+	t.Helper()
 	a := startAgent(t)
-	ctx := ctxT(t)
-	require.NoError(t, os.MkdirAll(a.path("w/sub"), 0o755))
-	events, err := a.c.Watch(ctx, "w", 20*time.Millisecond)
+	for _, d := range append([]string{"w"}, dirs...) {
+		require.NoError(t, os.MkdirAll(a.path(d), 0o755))
+	}
+	events, err := a.c.Watch(ctxT(t), "w", debounce)
 	require.NoError(t, err)
+	return a, events
+}
+
+func TestWatch(t *testing.T) {
+	a, events := watching(t, 20*time.Millisecond, "w/sub")
+	ctx := ctxT(t)
 
 	collect := func(until func(map[string]string) bool) map[string]string {
 		seen := map[string]string{}
@@ -218,7 +228,7 @@ func TestWatch(t *testing.T) {
 	assert.NotContains(t, seen, a.path("w/.git/objects/x"))
 	assert.NotContains(t, seen, a.path("w/.git"))
 
-	_, err = a.c.Watch(ctx, "w/sub/a.txt", 0)
+	_, err := a.c.Watch(ctx, "w/sub/a.txt", 0)
 	requireCode(t, err, CodeNotDir)
 }
 
@@ -227,14 +237,10 @@ func TestWatch(t *testing.T) {
 // event (a sandbox node's output) reads it whole, not its first piece.
 // Without a quiet tree the batch went one debounce after the first piece.
 func TestWatchWaitsForAWholeFile(t *testing.T) {
-	a := startAgent(t)
-	ctx := ctxT(t)
-	require.NoError(t, os.MkdirAll(a.path("w"), 0o755))
 	// A debounce far longer than the pauses between pieces, even on a
 	// loaded machine, and shorter than the whole write.
 	const debounce = 200 * time.Millisecond
-	events, err := a.c.Watch(ctx, "w", debounce)
-	require.NoError(t, err)
+	a, events := watching(t, debounce)
 
 	var done atomic.Bool
 	go func() {
@@ -270,11 +276,7 @@ func TestWatchWaitsForAWholeFile(t *testing.T) {
 // (a log written without pause) is still reported, ten debounces after the
 // batch's first event at most — not once the writer stops.
 func TestWatchReportsAFileWrittenWithoutPause(t *testing.T) {
-	a := startAgent(t)
-	ctx := ctxT(t)
-	require.NoError(t, os.MkdirAll(a.path("w"), 0o755))
-	events, err := a.c.Watch(ctx, "w", 100*time.Millisecond)
-	require.NoError(t, err)
+	a, events := watching(t, 100*time.Millisecond)
 
 	var stop, stopped atomic.Bool
 	go func() {
