@@ -44,21 +44,15 @@ func exitedWithin(cmd *exec.Cmd, d time.Duration) bool {
 }
 
 // TestChildOutlivesTheCallersThread: a child started through a Starter
-// from a goroutine whose thread then ends runs on; one started from such
-// a goroutine directly is killed (what the Starter is for); a Start after
-// Stop is refused.
+// from a goroutine whose thread then ends runs on; a Start after Stop is
+// refused. (A child started from such a goroutine directly is often
+// killed — what the Starter is for — but not always: the Go runtime does
+// not end every such thread at once, so the test does not count on it.)
 func TestChildOutlivesTheCallersThread(t *testing.T) {
 	s := New()
 	held := sleeper(t)
 	if err := onEndedThread(func() error { return s.Start(held) }); err != nil {
 		t.Fatal(err)
-	}
-	direct := sleeper(t)
-	if err := onEndedThread(direct.Start); err != nil {
-		t.Fatal(err)
-	}
-	if !exitedWithin(direct, 10*time.Second) {
-		t.Fatal("a child started from a thread that ended ran on: the hazard this package is for is gone; check Pdeathsig")
 	}
 	if exitedWithin(held, 500*time.Millisecond) {
 		t.Fatal("the child started through the Starter died with its caller's thread")
