@@ -78,17 +78,22 @@ func (s *Store) collection(ctx context.Context, session string) (rev uint64, run
 // collection of the session runs; it returns the hold's key.
 func (s *Store) holdShared(ctx context.Context, session string) (string, error) {
 	key := session + "/" + rand.Text()
+	waited := false
 	for {
 		rev, runs, err := s.collection(ctx, session)
+		if err != nil && waited && ctx.Err() != nil {
+			err = errWaited(ctx) // it ended during the read, not the wait
+		}
 		if err != nil {
 			return "", fmt.Errorf("snapshot store: %w", err)
 		}
 		if runs { // on another server
+			waited = true
 			select {
 			case <-time.After(holdPoll):
 				continue
 			case <-ctx.Done():
-				return "", fmt.Errorf("snapshot store: waiting for a collection of this session's unused blobs on another server: %w", ctx.Err())
+				return "", fmt.Errorf("snapshot store: %w", errWaited(ctx))
 			}
 		}
 		guard := state.Delete(state.SnapshotGC, session).If(rev) // none, or a dead server's
@@ -101,6 +106,11 @@ func (s *Store) holdShared(ctx context.Context, session string) (string, error) 
 		}
 		return key, nil
 	}
+}
+
+// errWaited says that ctx ended while a hold waited for a collection.
+func errWaited(ctx context.Context) error {
+	return fmt.Errorf("waiting for a collection of this session's unused blobs on another server: %w", ctx.Err())
 }
 
 // releaseShared removes hold key; if it cannot, the hold runs out.
